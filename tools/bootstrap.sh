@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs every Debian package ZeroShard's build, tests and demo need.
+# Idempotent and non-interactive; uses sudo when not root; quick when all is present.
+set -euo pipefail
+
+PACKAGES=(
+  # Build system (Bazel 4.2.3 from Debian, offline) and its rule repositories.
+  bazel-bootstrap bazel-rules-java bazel-skylib bazel-platforms
+  # Compilers and formatting.
+  g++ clang-14 clang-format lld
+  # gRPC, protobuf, abseil.
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  # Tests and benchmarks.
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  # Collectives, storage, math, HTTP, config files.
+  libgloo-dev libsqlite3-dev sqlite3 libopenblas-dev libcpp-httplib-dev libyaml-cpp-dev
+  # Tools the scripts use.
+  python3 python3-numpy curl procps
+)
+
+SUDO=""
+if [[ "$(id -u)" != 0 ]]; then SUDO="sudo"; fi
+
+missing=()
+for pkg in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$pkg")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "bootstrap: all ${#PACKAGES[@]} packages present"
+else
+  echo "bootstrap: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
+  echo "bootstrap: note: /usr/local/cuda/bin/nvcc not found; --config=cuda builds will fail" >&2
+fi
