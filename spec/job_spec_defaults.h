@@ -1,0 +1,29 @@
+// The defaults of a JobSpec, applied in one place. The values are those the proto comments
+// in proto/zeroshard/v1/job.proto document (a test checks the two agree).
+#ifndef ZEROSHARD_SPEC_JOB_SPEC_DEFAULTS_H_
+#define ZEROSHARD_SPEC_JOB_SPEC_DEFAULTS_H_
+
+#include <cstdint>
+
+#include "zeroshard/v1/job.pb.h"
+
+namespace zeroshard {
+
+inline constexpr int64_t kDefaultBucketElems = int64_t{1} << 22;
+inline constexpr int64_t kDefaultDatasetSize = 1024;
+inline constexpr int64_t kDefaultSteps = 100;
+inline constexpr int64_t kDefaultGlobalBatch = 128;
+inline constexpr int32_t kDefaultMaxAttempts = 3;
+inline constexpr int32_t kDefaultCheckpointKeep = 2;
+inline constexpr double kDefaultFp16LossScale = 65536.0;
+inline constexpr int64_t kDefaultLossScaleGrowthInterval = 2000;
+
+// Returns `spec` with every unset field that has a default set to it. Fields already set are
+// kept as given (validation judges them). Some defaults depend on other fields (the optimizer
+// kind, the grad dtype, the job id), so this runs on the whole spec. `job_id` names the default
+// checkpoint directory.
+zeroshard::v1::JobSpec WithDefaults(zeroshard::v1::JobSpec spec, const std::string& job_id = "");
+
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_SPEC_JOB_SPEC_DEFAULTS_H_
