@@ -7,8 +7,8 @@ namespace {
 class RealClock : public Clock {
  public:
   absl::Time Now() const override { return absl::Now(); }
-  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
-                         absl::Time deadline) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     return mu->AwaitWithDeadline(cond, deadline);
   }
 };

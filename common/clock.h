@@ -18,8 +18,7 @@ class Clock {
   virtual absl::Time Now() const = 0;
   // Blocks until Now() >= deadline, or until `cond` holds (checked under `mu`, which the
   // caller holds). Returns whether `cond` became true.
-  virtual bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
-                                 absl::Time deadline)
+  virtual bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) = 0;
 
   // The process-wide real clock.
@@ -33,8 +32,8 @@ class FakeClock : public Clock {
   explicit FakeClock(absl::Time start = absl::UnixEpoch() + absl::Hours(24 * 365 * 56));
 
   absl::Time Now() const override;
-  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond,
-                         absl::Time deadline) override ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  bool AwaitWithDeadline(absl::Mutex* mu, const absl::Condition& cond, absl::Time deadline) override
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
   void Advance(absl::Duration d);
   void SetTime(absl::Time t);

@@ -52,8 +52,7 @@ TEST(FakeClockTest, AwaitWakesWhenConditionBecomesTrue) {
   bool result;
   {
     absl::MutexLock lock(&mu);
-    result = clock.AwaitWithDeadline(&mu, absl::Condition(&ready),
-                                     clock.Now() + absl::Hours(1));
+    result = clock.AwaitWithDeadline(&mu, absl::Condition(&ready), clock.Now() + absl::Hours(1));
   }
   setter.join();
   EXPECT_TRUE(result);

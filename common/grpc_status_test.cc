@@ -15,8 +15,7 @@ TEST(GrpcStatusTest, EveryCodeRoundTripsBothWays) {
     EXPECT_EQ(grpc_status.error_message(), std::string(absl_status.message()));
     EXPECT_EQ(FromGrpcStatus(grpc_status), absl_status);
 
-    const grpc::Status from_grpc(static_cast<grpc::StatusCode>(code),
-                                 code == 0 ? "" : "other");
+    const grpc::Status from_grpc(static_cast<grpc::StatusCode>(code), code == 0 ? "" : "other");
     const absl::Status back = FromGrpcStatus(from_grpc);
     EXPECT_EQ(static_cast<int>(back.code()), code);
     EXPECT_EQ(ToGrpcStatus(back).error_code(), from_grpc.error_code());

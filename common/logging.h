@@ -44,12 +44,11 @@ struct Voidify {
 #define ZS_LOG_LEVEL_ERROR ::zeroshard::LogLevel::kError
 #define ZS_LOG_LEVEL_FATAL ::zeroshard::LogLevel::kFatal
 
-#define ZS_LOG(severity)                                                       \
-  (ZS_LOG_LEVEL_##severity < ::zeroshard::MinLogLevel())                       \
-      ? (void)0                                                                \
-      : ::zeroshard::logging_internal::Voidify() &                             \
-            ::zeroshard::logging_internal::LogMessage(ZS_LOG_LEVEL_##severity, \
-                                                      __FILE__, __LINE__)      \
+#define ZS_LOG(severity)                                                                           \
+  (ZS_LOG_LEVEL_##severity < ::zeroshard::MinLogLevel())                                           \
+      ? (void)0                                                                                    \
+      : ::zeroshard::logging_internal::Voidify() &                                                 \
+            ::zeroshard::logging_internal::LogMessage(ZS_LOG_LEVEL_##severity, __FILE__, __LINE__) \
                 .stream()
 
 #endif  // ZEROSHARD_COMMON_LOGGING_H_

@@ -26,9 +26,7 @@ TEST(LoggingTest, DisabledLevelsDoNotEvaluateTheirArguments) {
   SetMinLogLevel(LogLevel::kInfo);
 }
 
-TEST(LoggingTest, FatalAborts) {
-  EXPECT_DEATH(ZS_LOG(FATAL) << "boom", "boom");
-}
+TEST(LoggingTest, FatalAborts) { EXPECT_DEATH(ZS_LOG(FATAL) << "boom", "boom"); }
 
 }  // namespace
 }  // namespace zeroshard

@@ -8,10 +8,10 @@
 #include "absl/status/statusor.h"
 
 // Returns `expr` from the enclosing function when it is not OK.
-#define ZS_RETURN_IF_ERROR(expr)                       \
-  do {                                                 \
-    ::absl::Status zs_status_ = (expr);                \
-    if (!zs_status_.ok()) return zs_status_;           \
+#define ZS_RETURN_IF_ERROR(expr)             \
+  do {                                       \
+    ::absl::Status zs_status_ = (expr);      \
+    if (!zs_status_.ok()) return zs_status_; \
   } while (false)
 
 #define ZS_STATUS_CONCAT_INNER_(a, b) a##b
@@ -22,8 +22,8 @@
 #define ZS_ASSIGN_OR_RETURN(lhs, expr) \
   ZS_ASSIGN_OR_RETURN_IMPL_(ZS_STATUS_CONCAT_(zs_statusor_, __LINE__), lhs, expr)
 
-#define ZS_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr) \
-  auto statusor = (expr);                              \
+#define ZS_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, expr)     \
+  auto statusor = (expr);                                  \
   if (!statusor.ok()) return std::move(statusor).status(); \
   lhs = std::move(statusor).value()
 

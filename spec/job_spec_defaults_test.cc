@@ -240,8 +240,8 @@ TEST(JobSpecJsonTest, RoundTripsThroughJson) {
                   .ok());
   EXPECT_EQ(from_snake.mode(), v1::DDP);
   EXPECT_EQ(from_snake.global_batch(), 128);
-  EXPECT_FALSE(google::protobuf::util::JsonStringToMessage(R"({"mode":"ZERO9"})", &from_snake)
-                   .ok());
+  EXPECT_FALSE(
+      google::protobuf::util::JsonStringToMessage(R"({"mode":"ZERO9"})", &from_snake).ok());
 }
 
 }  // namespace
