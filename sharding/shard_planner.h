@@ -143,9 +143,13 @@ class ShardPlan {
   // Elements each rank owns (padded_elems() / world_size()).
   int64_t elems_per_rank() const { return padded_elems_ / world_size_; }
 
-  // 64-bit FNV-1a over the inputs (tensor names, shapes, options, world size, bucket_elems) and
-  // the resulting layout. The same in every process and build; workers refuse a plan whose
-  // hash differs from the one they compute.
+  // 64-bit FNV-1a over the inputs and the resulting layout. The same in every process and
+  // build; workers refuse a plan whose hash differs from the one they compute. Byte stream
+  // (integers as 8 little-endian bytes, strings as length then bytes, bools as one byte,
+  // floats as their IEEE bits widened to 8 bytes): "zeroshard.shard_plan.v1", world size,
+  // bucket_elems, tensor count; per tensor name, rank, dims, num_elements, weight_decay,
+  // lr_scale; per tensor flat_offset, bucket; bucket count; per bucket flat_begin,
+  // padded_elems, piece_elems, first_tensor, num_tensors; padded_elems().
   uint64_t layout_hash() const { return layout_hash_; }
 
   // The pieces and fragments of one rank: O(buckets + its fragments). InvalidArgument naming

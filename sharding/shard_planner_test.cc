@@ -232,7 +232,8 @@ TEST(ShardPlannerTest, LayoutHashIsPinnedAndStableAcrossCalls) {
   const uint64_t hash = MustPlan(SeedTensors(), 4).layout_hash();
   EXPECT_EQ(MustPlan(SeedTensors(), 4).layout_hash(), hash);
   // Pinned: the hash must be the same in every process and build. The value was computed
-  // independently (a few lines of Python feeding the documented byte stream to FNV-1a).
+  // independently (a few lines of Python feeding the byte stream that shard_planner.h
+  // documents to FNV-1a).
   // Changing the layout or the hash input format is a protocol change (workers compare
   // hashes) and must update this.
   EXPECT_EQ(hash, uint64_t{0x8a7137b761f3838e});
