@@ -147,7 +147,7 @@ class ShardPlan {
   // build; workers refuse a plan whose hash differs from the one they compute. Byte stream
   // (integers as 8 little-endian bytes, strings as length then bytes, bools as one byte,
   // floats as their IEEE bits widened to 8 bytes): "zeroshard.shard_plan.v1", world size,
-  // bucket_elems, tensor count; per tensor name, rank, dims, num_elements, weight_decay,
+  // bucket_elems, tensor count; per tensor name, dim count, dims, num_elements, weight_decay,
   // lr_scale; per tensor flat_offset, bucket; bucket count; per bucket flat_begin,
   // padded_elems, piece_elems, first_tensor, num_tensors; padded_elems().
   uint64_t layout_hash() const { return layout_hash_; }
