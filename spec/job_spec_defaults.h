@@ -1,15 +1,15 @@
-// The defaults of a JobSpec, applied in one place. The values are those the proto comments
-// in proto/zeroshard/v1/job.proto document (a test checks the two agree).
+// The defaults of a JobSpec, applied in one place: the values job.proto's comments document (a
+// test checks the two agree). The default bucket size is the planner's kDefaultBucketElems.
 #ifndef ZEROSHARD_SPEC_JOB_SPEC_DEFAULTS_H_
 #define ZEROSHARD_SPEC_JOB_SPEC_DEFAULTS_H_
 
 #include <cstdint>
 
+#include "sharding/shard_planner.h"
 #include "zeroshard/v1/job.pb.h"
 
 namespace zeroshard {
 
-inline constexpr int64_t kDefaultBucketElems = int64_t{1} << 22;
 inline constexpr int64_t kDefaultDatasetSize = 1024;
 inline constexpr int64_t kDefaultSteps = 100;
 inline constexpr int64_t kDefaultGlobalBatch = 128;

@@ -1,0 +1,85 @@
+// Job spec -> tensors -> shard plan -> v1::ShardPlan.
+#include "spec/job_plan.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "sharding/model_catalog.h"
+
+namespace zeroshard {
+
+absl::StatusOr<std::vector<TensorSpec>> TensorsForJob(const v1::JobSpec& spec) {
+  WorkloadSpec workload;
+  workload.preset = spec.workload().preset();
+  workload.layer_sizes.assign(spec.workload().layer_sizes().begin(),
+                              spec.workload().layer_sizes().end());
+  absl::StatusOr<std::vector<TensorSpec>> tensors = BuildTensorList(workload);
+  if (!tensors.ok()) {
+    return absl::Status(tensors.status().code(),
+                        absl::StrCat("workload: ", tensors.status().message()));
+  }
+  return tensors;
+}
+
+absl::StatusOr<ShardPlan> PlanForJob(const v1::JobSpec& spec, int64_t world_size) {
+  ZS_ASSIGN_OR_RETURN(std::vector<TensorSpec> tensors, TensorsForJob(spec));
+  ShardPlanOptions options;
+  options.bucket_elems = spec.bucket_elems();
+  return ShardPlan::Create(std::move(tensors), world_size, options);
+}
+
+absl::StatusOr<v1::ShardPlan> PlanToProto(const ShardPlan& plan, int64_t rank,
+                                          bool include_layout) {
+  ZS_ASSIGN_OR_RETURN(RankView view, plan.ViewForRank(rank));
+  v1::ShardPlan out;
+  out.set_world_size(static_cast<int32_t>(plan.world_size()));
+  out.set_bucket_elems(plan.bucket_elems());
+  out.set_layout_hash(plan.layout_hash());
+  out.set_total_elems(plan.padded_elems());
+  out.set_model_elems(plan.tensor_elems());
+  out.set_tensor_count(static_cast<int32_t>(plan.num_tensors()));
+  out.set_bucket_count(static_cast<int32_t>(plan.num_buckets()));
+  out.set_rank(static_cast<int32_t>(rank));
+  if (include_layout) {
+    for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+      const TensorSpec& spec = plan.tensors()[t];
+      const TensorPlacement& placement = plan.placement(t);
+      v1::PlanTensor* tensor = out.add_tensors();
+      tensor->set_name(spec.name);
+      for (int64_t dim : spec.shape) tensor->add_shape(dim);
+      tensor->set_flat_offset(placement.flat_offset);
+      tensor->set_elements(placement.num_elements);
+      tensor->set_weight_decay(spec.weight_decay);
+      tensor->set_lr_scale(spec.lr_scale);
+      tensor->set_bucket(static_cast<int32_t>(placement.bucket));
+    }
+    for (int64_t b = 0; b < plan.num_buckets(); ++b) {
+      const BucketLayout& layout = plan.buckets()[b];
+      v1::PlanBucket* bucket = out.add_buckets();
+      bucket->set_index(static_cast<int32_t>(b));
+      bucket->set_flat_begin(layout.flat_begin);
+      bucket->set_padded_elems(layout.padded_elems);
+      bucket->set_piece_elems(layout.piece_elems);
+      bucket->set_first_tensor(static_cast<int32_t>(layout.first_tensor));
+      bucket->set_tensor_count(static_cast<int32_t>(layout.num_tensors));
+    }
+  }
+  for (const OwnedPiece& owned : view.pieces()) {
+    v1::PlanPiece* piece = out.add_pieces();
+    piece->set_bucket(static_cast<int32_t>(owned.bucket));
+    piece->set_flat_begin(owned.flat_begin);
+    piece->set_flat_end(owned.flat_end);
+    for (const TensorFragment& fragment : view.FragmentsOf(owned)) {
+      v1::PlanFragment* out_fragment = piece->add_fragments();
+      out_fragment->set_tensor(static_cast<int32_t>(fragment.tensor));
+      out_fragment->set_begin(fragment.tensor_begin);
+      out_fragment->set_end(fragment.tensor_end);
+      out_fragment->set_flat_offset(fragment.flat_begin);
+    }
+  }
+  return out;
+}
+
+}  // namespace zeroshard
