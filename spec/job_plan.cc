@@ -4,7 +4,6 @@
 #include <string>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "sharding/model_catalog.h"
 
@@ -15,12 +14,7 @@ absl::StatusOr<std::vector<TensorSpec>> TensorsForJob(const v1::JobSpec& spec) {
   workload.preset = spec.workload().preset();
   workload.layer_sizes.assign(spec.workload().layer_sizes().begin(),
                               spec.workload().layer_sizes().end());
-  absl::StatusOr<std::vector<TensorSpec>> tensors = BuildTensorList(workload);
-  if (!tensors.ok()) {
-    return absl::Status(tensors.status().code(),
-                        absl::StrCat("workload: ", tensors.status().message()));
-  }
-  return tensors;
+  return BuildTensorList(workload);
 }
 
 absl::StatusOr<ShardPlan> PlanForJob(const v1::JobSpec& spec, int64_t world_size) {

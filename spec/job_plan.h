@@ -14,7 +14,7 @@
 
 namespace zeroshard {
 
-// The model's tensors in gradient-ready order. Errors name the `workload.` field.
+// The model's tensors in gradient-ready order (the catalog's errors name the `workload` field).
 absl::StatusOr<std::vector<TensorSpec>> TensorsForJob(const v1::JobSpec& spec);
 
 // The plan of `spec` (defaults applied) at `world_size` ranks.
