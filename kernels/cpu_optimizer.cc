@@ -1,0 +1,185 @@
+// The CPU implementation of the optimizer API: validation, dispatch to an instruction set, and
+// threading over fixed-size chunks.
+#include "kernels/cpu_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu_simd.h"
+
+namespace zeroshard {
+namespace kernels {
+namespace {
+
+using cpu_internal::kSumLanes;
+using cpu_internal::SumSquaresFn;
+using cpu_internal::UpdateArrays;
+using cpu_internal::UpdateRangeFn;
+
+// A chunk of one piece: elements [begin, end).
+struct Chunk {
+  int64_t piece;
+  int64_t begin;
+  int64_t end;
+};
+
+template <class Piece>
+std::vector<Chunk> CutIntoChunks(absl::Span<const Piece> pieces) {
+  std::vector<Chunk> chunks;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    for (int64_t begin = 0; begin < pieces[p].length; begin += kCpuChunkElements) {
+      const int64_t end = std::min(pieces[p].length, begin + kCpuChunkElements);
+      chunks.push_back(Chunk{static_cast<int64_t>(p), begin, end});
+    }
+  }
+  return chunks;
+}
+
+void RunChunks(ThreadPool* pool, int64_t num_chunks, absl::FunctionRef<void(int64_t)> task) {
+  if (pool == nullptr) {
+    for (int64_t i = 0; i < num_chunks; ++i) task(i);
+  } else {
+    pool->ParallelFor(num_chunks, task);
+  }
+}
+
+absl::StatusOr<SimdLevel> ResolveSimd(SimdLevel simd) {
+  if (simd == SimdLevel::kAuto) return BestSimdLevel();
+  if (!SimdLevelSupported(simd)) {
+    return absl::UnavailableError(
+        absl::StrCat("this processor does not support ", SimdLevelName(simd)));
+  }
+  return simd;
+}
+
+UpdateRangeFn SelectUpdateRange(SimdLevel simd, OptimizerKind kind, DType grad_dtype,
+                                int param_copy_dtype) {
+  switch (simd) {
+    case SimdLevel::kAvx512:
+      return cpu_internal::SelectUpdateRangeAvx512(kind, grad_dtype, param_copy_dtype);
+    case SimdLevel::kAvx2:
+      return cpu_internal::SelectUpdateRangeAvx2(kind, grad_dtype, param_copy_dtype);
+    default:
+      return cpu_internal::SelectUpdateRangeScalar(kind, grad_dtype, param_copy_dtype);
+  }
+}
+
+SumSquaresFn SelectSumSquares(SimdLevel simd, DType dtype) {
+  switch (simd) {
+    case SimdLevel::kAvx512:
+      return cpu_internal::SelectSumSquaresAvx512(dtype);
+    case SimdLevel::kAvx2:
+      return cpu_internal::SelectSumSquaresAvx2(dtype);
+    default:
+      return cpu_internal::SelectSumSquaresScalar(dtype);
+  }
+}
+
+// Lane k + half joins lane k, halving until one is left: a fixed tree.
+double CombineLanes(double lanes[kSumLanes]) {
+  for (int half = kSumLanes / 2; half >= 1; half /= 2) {
+    for (int k = 0; k < half; ++k) lanes[k] = lanes[k] + lanes[k + half];
+  }
+  return lanes[0];
+}
+
+}  // namespace
+
+const char* SimdLevelName(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kAuto:
+      return "auto";
+    case SimdLevel::kScalar:
+      return "scalar";
+    case SimdLevel::kAvx2:
+      return "avx2";
+    case SimdLevel::kAvx512:
+      return "avx512";
+  }
+  return "invalid";
+}
+
+bool SimdLevelSupported(SimdLevel level) {
+  switch (level) {
+    case SimdLevel::kAuto:
+    case SimdLevel::kScalar:
+      return true;
+#if defined(__x86_64__)
+    case SimdLevel::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case SimdLevel::kAvx512:
+      return __builtin_cpu_supports("avx512f");
+#endif
+    default:
+      return false;
+  }
+}
+
+SimdLevel BestSimdLevel() {
+  static const SimdLevel best = SimdLevelSupported(SimdLevel::kAvx512) ? SimdLevel::kAvx512
+                                : SimdLevelSupported(SimdLevel::kAvx2) ? SimdLevel::kAvx2
+                                                                       : SimdLevel::kScalar;
+  return best;
+}
+
+absl::Status ApplyUpdateCpu(const OptimizerConfig& config, int64_t step, float grad_scale,
+                            absl::Span<const UpdatePiece> pieces, ThreadPool* pool,
+                            SimdLevel simd) {
+  absl::Status valid = ValidateUpdate(config, step, grad_scale, pieces);
+  if (!valid.ok()) return valid;
+  absl::StatusOr<SimdLevel> level = ResolveSimd(simd);
+  if (!level.ok()) return level.status();
+
+  const int state_arrays = StateArraysPerParam(config);
+  const bool has_momentum = config.kind == OptimizerKind::kSgd && config.momentum != 0.0;
+  std::vector<ElementScalars> scalars;
+  std::vector<UpdateArrays> arrays;
+  std::vector<UpdateRangeFn> kernels;
+  scalars.reserve(pieces.size());
+  arrays.reserve(pieces.size());
+  kernels.reserve(pieces.size());
+  for (const UpdatePiece& piece : pieces) {
+    scalars.push_back(MakeElementScalars(config, step, grad_scale, piece));
+    UpdateArrays a{piece.grad, piece.master, {nullptr, nullptr, nullptr}, piece.param_copy};
+    for (int s = 0; s < state_arrays; ++s) a.state[s] = piece.state[s];
+    arrays.push_back(a);
+    const int copy_dtype =
+        piece.param_copy == nullptr ? cpu_internal::kNoParamCopyDType : static_cast<int>(piece.param_dtype);
+    kernels.push_back(SelectUpdateRange(*level, config.kind, piece.grad_dtype, copy_dtype));
+  }
+  const std::vector<Chunk> chunks = CutIntoChunks(pieces);
+  RunChunks(pool, static_cast<int64_t>(chunks.size()), [&](int64_t i) {
+    const Chunk& c = chunks[i];
+    kernels[c.piece](scalars[c.piece], has_momentum, arrays[c.piece], c.begin, c.end);
+  });
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces,
+                                              ThreadPool* pool, SimdLevel simd) {
+  absl::Status valid = ValidateGradPieces(pieces);
+  if (!valid.ok()) return valid;
+  absl::StatusOr<SimdLevel> level = ResolveSimd(simd);
+  if (!level.ok()) return level.status();
+
+  const std::vector<Chunk> chunks = CutIntoChunks(pieces);
+  std::vector<double> chunk_sums(chunks.size());
+  RunChunks(pool, static_cast<int64_t>(chunks.size()), [&](int64_t i) {
+    const Chunk& c = chunks[i];
+    const GradPiece& piece = pieces[c.piece];
+    double lanes[kSumLanes];
+    SelectSumSquares(*level, piece.dtype)(piece.data, c.begin, c.end, lanes);
+    chunk_sums[i] = CombineLanes(lanes);
+  });
+  GradStats stats;
+  for (double sum : chunk_sums) stats.sum_squares += sum;
+  // A finite fp32 square is below 2^256, so a sum of fewer than 2^700 of them stays finite:
+  // the sum is non-finite exactly when some element is NaN or +-Inf.
+  stats.non_finite = !std::isfinite(stats.sum_squares);
+  return stats;
+}
+
+}  // namespace kernels
+}  // namespace zeroshard

@@ -1,0 +1,46 @@
+// The portable scalar path of the CPU kernels: one element per "vector", baseline x86-64 (or any
+// architecture). The reference the SIMD paths must match bit for bit.
+#include "kernels/cpu_simd.h"
+#include "kernels/cpu_update_loop.h"
+#include "kernels/dtype.h"
+
+namespace zeroshard {
+namespace kernels {
+namespace cpu_internal {
+namespace {
+
+struct ScalarOps {
+  using V = float;
+  static constexpr int kWidth = 1;
+  struct Accumulator {
+    double lane[kSumLanes];
+  };
+
+  static float LoadF32(const float* p) { return *p; }
+  static void StoreF32(float* p, float v) { *p = v; }
+  static float LoadBF16(const uint16_t* p) { return BFloat16ToFloat(*p); }
+  static void StoreBF16(uint16_t* p, float v) { *p = FloatToBFloat16(v); }
+  static float LoadF16(const uint16_t* p) { return HalfToFloat(*p); }
+  static void StoreF16(uint16_t* p, float v) { *p = FloatToHalf(v); }
+
+  static Accumulator ZeroAccumulator() { return Accumulator{}; }
+  static void AccumulateSquares(Accumulator& acc, int lane, float x) {
+    const double wide = x;
+    acc.lane[lane] = acc.lane[lane] + wide * wide;
+  }
+  static void StoreLanes(const Accumulator& acc, double lanes[kSumLanes]) {
+    for (int k = 0; k < kSumLanes; ++k) lanes[k] = acc.lane[k];
+  }
+};
+
+}  // namespace
+
+UpdateRangeFn SelectUpdateRangeScalar(OptimizerKind kind, DType grad_dtype, int param_copy_dtype) {
+  return SelectUpdateRange<ScalarOps>(kind, grad_dtype, param_copy_dtype);
+}
+
+SumSquaresFn SelectSumSquaresScalar(DType dtype) { return SelectSumSquares<ScalarOps>(dtype); }
+
+}  // namespace cpu_internal
+}  // namespace kernels
+}  // namespace zeroshard

@@ -1,0 +1,204 @@
+// Internal to the CPU kernels: the loops over a range of elements, written once over an
+// instruction set's `Ops` (vector type V, kWidth lanes, loads, stores, conversions) and
+// instantiated by each instruction set's translation unit. Tails shorter than a vector go
+// through zero-padded stack buffers, so every element sees the same vector arithmetic.
+//
+// Everything here is a template on Ops, whose types have internal linkage in each instruction
+// set's file, so no function compiled with one set of -m flags can be linked into another path.
+#ifndef ZEROSHARD_KERNELS_CPU_UPDATE_LOOP_H_
+#define ZEROSHARD_KERNELS_CPU_UPDATE_LOOP_H_
+
+#include <cstdint>
+
+#include "kernels/cpu_simd.h"
+#include "kernels/dtype.h"
+#include "kernels/update_math.h"
+
+namespace zeroshard {
+namespace kernels {
+namespace cpu_internal {
+
+template <DType kDType>
+inline constexpr int kDTypeBytes = kDType == DType::kFloat32 ? 4 : 2;
+
+template <class Ops, DType kDType>
+inline typename Ops::V LoadAs(const void* data, int64_t i) {
+  if constexpr (kDType == DType::kFloat32) {
+    return Ops::LoadF32(static_cast<const float*>(data) + i);
+  } else if constexpr (kDType == DType::kBFloat16) {
+    return Ops::LoadBF16(static_cast<const uint16_t*>(data) + i);
+  } else {
+    return Ops::LoadF16(static_cast<const uint16_t*>(data) + i);
+  }
+}
+
+template <class Ops, int kCopy>
+inline void StoreParamCopy(void* copy, int64_t i, typename Ops::V value) {
+  if constexpr (kCopy == static_cast<int>(DType::kFloat32)) {
+    Ops::StoreF32(static_cast<float*>(copy) + i, value);
+  } else if constexpr (kCopy == static_cast<int>(DType::kBFloat16)) {
+    Ops::StoreBF16(static_cast<uint16_t*>(copy) + i, value);
+  } else if constexpr (kCopy == static_cast<int>(DType::kFloat16)) {
+    Ops::StoreF16(static_cast<uint16_t*>(copy) + i, value);
+  }
+}
+
+// Updates the kWidth elements at [i, i + kWidth).
+template <class Ops, OptimizerKind kKind, DType kGrad, int kCopy>
+inline void UpdateVector(const ElementScalars& s, bool has_momentum, const UpdateArrays& a,
+                         int64_t i) {
+  using V = typename Ops::V;
+  const V g = ScaledGradient(s, LoadAs<Ops, kGrad>(a.grad, i));
+  V param = Ops::LoadF32(a.master + i);
+  if constexpr (kKind == OptimizerKind::kSgd) {
+    if (has_momentum) {
+      V buf = Ops::LoadF32(a.state[0] + i);
+      SgdElement(s, g, param, buf, true);
+      Ops::StoreF32(a.state[0] + i, buf);
+    } else {
+      V no_buffer(0.0f);
+      SgdElement(s, g, param, no_buffer, false);
+    }
+  } else if constexpr (kKind == OptimizerKind::kAdam || kKind == OptimizerKind::kAdamW) {
+    V exp_avg = Ops::LoadF32(a.state[0] + i);
+    V exp_avg_sq = Ops::LoadF32(a.state[1] + i);
+    V max_exp_avg_sq = s.amsgrad ? Ops::LoadF32(a.state[2] + i) : V(0.0f);
+    AdamElement(s, kKind == OptimizerKind::kAdamW, g, param, exp_avg, exp_avg_sq, max_exp_avg_sq);
+    Ops::StoreF32(a.state[0] + i, exp_avg);
+    Ops::StoreF32(a.state[1] + i, exp_avg_sq);
+    if (s.amsgrad) Ops::StoreF32(a.state[2] + i, max_exp_avg_sq);
+  } else if constexpr (kKind == OptimizerKind::kAdagrad) {
+    V sum = Ops::LoadF32(a.state[0] + i);
+    AdagradElement(s, g, param, sum);
+    Ops::StoreF32(a.state[0] + i, sum);
+  } else {
+    V exp_avg = Ops::LoadF32(a.state[0] + i);
+    LionElement(s, g, param, exp_avg);
+    Ops::StoreF32(a.state[0] + i, exp_avg);
+  }
+  Ops::StoreF32(a.master + i, param);
+  StoreParamCopy<Ops, kCopy>(a.param_copy, i, param);
+}
+
+template <class Ops, OptimizerKind kKind, DType kGrad, int kCopy>
+void UpdateRange(const ElementScalars& s, bool has_momentum, const UpdateArrays& a, int64_t begin,
+                 int64_t end) {
+  constexpr int kWidth = Ops::kWidth;
+  int64_t i = begin;
+  for (; i + kWidth <= end; i += kWidth) {
+    UpdateVector<Ops, kKind, kGrad, kCopy>(s, has_momentum, a, i);
+  }
+  if (i == end) return;
+  // The tail: copy in, run one vector, copy back what the update wrote.
+  const int64_t n = end - i;
+  alignas(64) unsigned char grad[kWidth * 4] = {};
+  alignas(64) float master[kWidth] = {};
+  alignas(64) float state[kMaxStateArrays][kWidth] = {};
+  alignas(64) unsigned char copy[kWidth * 4] = {};
+  constexpr int kGradBytes = kDTypeBytes<kGrad>;
+  constexpr int kCopyBytes = kCopy == static_cast<int>(DType::kFloat32) ? 4 : 2;
+  UpdateArrays tail{grad, master, {nullptr, nullptr, nullptr}, nullptr};
+  __builtin_memcpy(grad, static_cast<const unsigned char*>(a.grad) + i * kGradBytes,
+                   n * kGradBytes);
+  __builtin_memcpy(master, a.master + i, n * sizeof(float));
+  for (int k = 0; k < kMaxStateArrays; ++k) {
+    if (a.state[k] == nullptr) continue;
+    __builtin_memcpy(state[k], a.state[k] + i, n * sizeof(float));
+    tail.state[k] = state[k];
+  }
+  if (kCopy != kNoParamCopyDType) tail.param_copy = copy;
+  UpdateVector<Ops, kKind, kGrad, kCopy>(s, has_momentum, tail, 0);
+  __builtin_memcpy(a.master + i, master, n * sizeof(float));
+  for (int k = 0; k < kMaxStateArrays; ++k) {
+    if (a.state[k] != nullptr) __builtin_memcpy(a.state[k] + i, state[k], n * sizeof(float));
+  }
+  if (kCopy != kNoParamCopyDType) {
+    __builtin_memcpy(static_cast<unsigned char*>(a.param_copy) + i * kCopyBytes, copy,
+                     n * kCopyBytes);
+  }
+}
+
+template <class Ops, OptimizerKind kKind, DType kGrad>
+UpdateRangeFn SelectForCopy(int param_copy_dtype) {
+  switch (param_copy_dtype) {
+    case static_cast<int>(DType::kFloat32):
+      return &UpdateRange<Ops, kKind, kGrad, static_cast<int>(DType::kFloat32)>;
+    case static_cast<int>(DType::kBFloat16):
+      return &UpdateRange<Ops, kKind, kGrad, static_cast<int>(DType::kBFloat16)>;
+    case static_cast<int>(DType::kFloat16):
+      return &UpdateRange<Ops, kKind, kGrad, static_cast<int>(DType::kFloat16)>;
+    default:
+      return &UpdateRange<Ops, kKind, kGrad, kNoParamCopyDType>;
+  }
+}
+
+template <class Ops, OptimizerKind kKind>
+UpdateRangeFn SelectForGrad(DType grad_dtype, int param_copy_dtype) {
+  switch (grad_dtype) {
+    case DType::kBFloat16:
+      return SelectForCopy<Ops, kKind, DType::kBFloat16>(param_copy_dtype);
+    case DType::kFloat16:
+      return SelectForCopy<Ops, kKind, DType::kFloat16>(param_copy_dtype);
+    default:
+      return SelectForCopy<Ops, kKind, DType::kFloat32>(param_copy_dtype);
+  }
+}
+
+template <class Ops>
+UpdateRangeFn SelectUpdateRange(OptimizerKind kind, DType grad_dtype, int param_copy_dtype) {
+  switch (kind) {
+    case OptimizerKind::kSgd:
+      return SelectForGrad<Ops, OptimizerKind::kSgd>(grad_dtype, param_copy_dtype);
+    case OptimizerKind::kAdam:
+      return SelectForGrad<Ops, OptimizerKind::kAdam>(grad_dtype, param_copy_dtype);
+    case OptimizerKind::kAdamW:
+      return SelectForGrad<Ops, OptimizerKind::kAdamW>(grad_dtype, param_copy_dtype);
+    case OptimizerKind::kAdagrad:
+      return SelectForGrad<Ops, OptimizerKind::kAdagrad>(grad_dtype, param_copy_dtype);
+    default:
+      return SelectForGrad<Ops, OptimizerKind::kLion>(grad_dtype, param_copy_dtype);
+  }
+}
+
+// Adds the squares of [begin, end) into kSumLanes accumulators (see SumSquaresFn).
+template <class Ops, DType kDType>
+void SumSquares(const void* data, int64_t begin, int64_t end, double lanes[kSumLanes]) {
+  constexpr int kWidth = Ops::kWidth;
+  static_assert(kSumLanes % kWidth == 0, "a vector must fill whole lanes");
+  typename Ops::Accumulator acc = Ops::ZeroAccumulator();
+  int64_t i = begin;
+  for (; i + kSumLanes <= end; i += kSumLanes) {
+    for (int k = 0; k < kSumLanes; k += kWidth) {
+      Ops::AccumulateSquares(acc, k, LoadAs<Ops, kDType>(data, i + k));
+    }
+  }
+  if (i < end) {
+    // Zero padding adds +0 to lanes that hold +0 or more: their bits do not change.
+    constexpr int kBytes = kDTypeBytes<kDType>;
+    alignas(64) unsigned char tail[kSumLanes * 4] = {};
+    __builtin_memcpy(tail, static_cast<const unsigned char*>(data) + i * kBytes,
+                     (end - i) * kBytes);
+    for (int k = 0; k < kSumLanes; k += kWidth) {
+      Ops::AccumulateSquares(acc, k, LoadAs<Ops, kDType>(tail, k));
+    }
+  }
+  Ops::StoreLanes(acc, lanes);
+}
+
+template <class Ops>
+SumSquaresFn SelectSumSquares(DType dtype) {
+  switch (dtype) {
+    case DType::kBFloat16:
+      return &SumSquares<Ops, DType::kBFloat16>;
+    case DType::kFloat16:
+      return &SumSquares<Ops, DType::kFloat16>;
+    default:
+      return &SumSquares<Ops, DType::kFloat32>;
+  }
+}
+
+}  // namespace cpu_internal
+}  // namespace kernels
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_KERNELS_CPU_UPDATE_LOOP_H_

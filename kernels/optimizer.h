@@ -1,0 +1,93 @@
+// The optimizer API shared by the CPU and CUDA implementations: the configuration, the flat
+// pieces one call updates, the gradient-statistics request, and their validation.
+// Plain C++ (no CUDA headers); the semantics of each optimizer are in docs/kernels.md.
+#ifndef ZEROSHARD_KERNELS_OPTIMIZER_H_
+#define ZEROSHARD_KERNELS_OPTIMIZER_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/dtype.h"
+#include "kernels/update_math.h"
+
+namespace zeroshard {
+namespace kernels {
+
+enum class OptimizerKind : int32_t {
+  kSgd = 0,
+  kAdam = 1,
+  kAdamW = 2,
+  kAdagrad = 3,
+  kLion = 4,
+};
+
+const char* OptimizerKindName(OptimizerKind kind);
+
+// Hyperparameters, in double as torch.optim holds them. Defaults are torch.optim.Adam's; set
+// the ones your optimizer uses (e.g. AdamW's usual weight_decay is 0.01, Lion's betas 0.9/0.99).
+struct OptimizerConfig {
+  OptimizerKind kind = OptimizerKind::kAdam;
+  double lr = 1e-3;
+  double beta1 = 0.9;   // Adam, AdamW, Lion
+  double beta2 = 0.999; // Adam, AdamW, Lion
+  double eps = 1e-8;    // Adam, AdamW, Adagrad (torch's Adagrad default is 1e-10)
+  double weight_decay = 0.0;
+  double momentum = 0.0;   // SGD
+  double dampening = 0.0;  // SGD
+  bool nesterov = false;   // SGD
+  bool amsgrad = false;    // Adam, AdamW
+  bool maximize = false;
+  double lr_decay = 0.0;                   // Adagrad
+  double initial_accumulator_value = 0.0;  // Adagrad
+};
+
+// The most fp32 state arrays any optimizer needs per parameter.
+inline constexpr int kMaxStateArrays = 3;
+
+// How many fp32 state arrays per parameter `config` needs, in the order UpdatePiece::state
+// holds them: SGD: momentum_buffer (none when momentum == 0); Adam/AdamW: exp_avg, exp_avg_sq,
+// and max_exp_avg_sq under amsgrad; Adagrad: sum; Lion: exp_avg.
+int StateArraysPerParam(const OptimizerConfig& config);
+
+// One flat piece of parameters updated in place. Arrays of one piece have `length` elements and
+// must not overlap. The step with step == 1 initialises the state arrays (their contents are
+// ignored then), so the caller never has to fill them.
+struct UpdatePiece {
+  const void* grad = nullptr;  // `length` elements of grad_dtype
+  DType grad_dtype = DType::kFloat32;
+  float* master = nullptr;                     // fp32 master weights, updated in place
+  float* state[kMaxStateArrays] = {};          // the first StateArraysPerParam(config) are used
+  void* param_copy = nullptr;                  // optional: receives the updated weights
+  DType param_dtype = DType::kFloat32;         // ... rounded to this type (nearest even)
+  int64_t length = 0;
+  bool weight_decay = true;  // false: this piece is never decayed (biases, norms)
+  double lr_scale = 1.0;     // this piece's learning rate is lr * lr_scale
+};
+
+// One flat piece of gradients whose statistics are wanted.
+struct GradPiece {
+  const void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  int64_t length = 0;
+};
+
+struct GradStats {
+  double sum_squares = 0.0;  // sum of the squared elements, accumulated in fp64
+  bool non_finite = false;   // some element is NaN or +-Inf (then sum_squares is too)
+};
+
+// Checks the configuration, the step (counted from 1, as torch.optim counts) and every piece:
+// InvalidArgument naming the field otherwise.
+absl::Status ValidateUpdate(const OptimizerConfig& config, int64_t step, float grad_scale,
+                            absl::Span<const UpdatePiece> pieces);
+absl::Status ValidateGradPieces(absl::Span<const GradPiece> pieces);
+
+// The constants the element arithmetic of `piece` uses at `step` (1-based).
+ElementScalars MakeElementScalars(const OptimizerConfig& config, int64_t step, float grad_scale,
+                                  const UpdatePiece& piece);
+
+}  // namespace kernels
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_KERNELS_OPTIMIZER_H_

@@ -1,0 +1,122 @@
+// Tests of the optimizer API's validation, state-array counts and per-step constants.
+#include "kernels/optimizer.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace zeroshard {
+namespace kernels {
+namespace {
+
+OptimizerConfig Config(OptimizerKind kind) {
+  OptimizerConfig config;
+  config.kind = kind;
+  return config;
+}
+
+TEST(OptimizerTest, StateArraysPerParam) {
+  OptimizerConfig sgd = Config(OptimizerKind::kSgd);
+  EXPECT_EQ(StateArraysPerParam(sgd), 0);
+  sgd.momentum = 0.9;
+  EXPECT_EQ(StateArraysPerParam(sgd), 1);
+  OptimizerConfig adam = Config(OptimizerKind::kAdam);
+  EXPECT_EQ(StateArraysPerParam(adam), 2);
+  adam.amsgrad = true;
+  EXPECT_EQ(StateArraysPerParam(adam), 3);
+  EXPECT_EQ(StateArraysPerParam(Config(OptimizerKind::kAdamW)), 2);
+  EXPECT_EQ(StateArraysPerParam(Config(OptimizerKind::kAdagrad)), 1);
+  EXPECT_EQ(StateArraysPerParam(Config(OptimizerKind::kLion)), 1);
+}
+
+TEST(OptimizerTest, ValidPiecesPass) {
+  std::vector<float> grad(4), master(4), m(4), v(4);
+  UpdatePiece piece;
+  piece.grad = grad.data();
+  piece.master = master.data();
+  piece.state[0] = m.data();
+  piece.state[1] = v.data();
+  piece.length = 4;
+  UpdatePiece empty;  // length 0 needs no arrays
+  EXPECT_TRUE(ValidateUpdate(Config(OptimizerKind::kAdam), 1, 1.0f, {piece, empty}).ok());
+}
+
+TEST(OptimizerTest, RejectsBadInput) {
+  std::vector<float> grad(4), master(4), m(4);
+  UpdatePiece piece;
+  piece.grad = grad.data();
+  piece.master = master.data();
+  piece.state[0] = m.data();
+  piece.length = 4;
+  const OptimizerConfig adam = Config(OptimizerKind::kAdam);
+  // Adam needs two state arrays.
+  absl::Status status = ValidateUpdate(adam, 1, 1.0f, {piece});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("pieces[0].state[1]"), std::string::npos) << status;
+
+  const OptimizerConfig lion = Config(OptimizerKind::kLion);
+  EXPECT_TRUE(ValidateUpdate(lion, 1, 1.0f, {piece}).ok());
+  EXPECT_EQ(ValidateUpdate(lion, 0, 1.0f, {piece}).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ValidateUpdate(lion, 1, INFINITY, {piece}).code(), absl::StatusCode::kInvalidArgument);
+
+  UpdatePiece bad = piece;
+  bad.length = -1;
+  EXPECT_EQ(ValidateUpdate(lion, 1, 1.0f, {bad}).code(), absl::StatusCode::kInvalidArgument);
+  bad = piece;
+  bad.grad = nullptr;
+  EXPECT_EQ(ValidateUpdate(lion, 1, 1.0f, {bad}).code(), absl::StatusCode::kInvalidArgument);
+  bad = piece;
+  bad.grad_dtype = static_cast<DType>(9);
+  EXPECT_EQ(ValidateUpdate(lion, 1, 1.0f, {bad}).code(), absl::StatusCode::kInvalidArgument);
+  bad = piece;
+  bad.lr_scale = -1.0;
+  EXPECT_EQ(ValidateUpdate(lion, 1, 1.0f, {bad}).code(), absl::StatusCode::kInvalidArgument);
+
+  OptimizerConfig config = Config(OptimizerKind::kSgd);
+  config.nesterov = true;
+  EXPECT_EQ(ValidateUpdate(config, 1, 1.0f, {piece}).code(), absl::StatusCode::kInvalidArgument);
+  config.momentum = 0.9;
+  EXPECT_TRUE(ValidateUpdate(config, 1, 1.0f, {piece}).ok());
+  config.dampening = 0.1;
+  EXPECT_EQ(ValidateUpdate(config, 1, 1.0f, {piece}).code(), absl::StatusCode::kInvalidArgument);
+
+  config = Config(OptimizerKind::kAdamW);
+  config.beta2 = 1.0;
+  EXPECT_EQ(ValidateUpdate(config, 1, 1.0f, {}).code(), absl::StatusCode::kInvalidArgument);
+  config = Config(OptimizerKind::kAdamW);
+  config.lr = -1.0;
+  EXPECT_EQ(ValidateUpdate(config, 1, 1.0f, {}).code(), absl::StatusCode::kInvalidArgument);
+  config = Config(static_cast<OptimizerKind>(42));
+  EXPECT_EQ(ValidateUpdate(config, 1, 1.0f, {}).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(OptimizerTest, AdamScalarsFollowTorch) {
+  OptimizerConfig config = Config(OptimizerKind::kAdamW);
+  config.lr = 0.01;
+  config.weight_decay = 0.1;
+  UpdatePiece piece;
+  piece.lr_scale = 0.5;
+  const ElementScalars s = MakeElementScalars(config, 3, 0.25f, piece);
+  EXPECT_EQ(s.grad_scale, 0.25f);
+  EXPECT_EQ(s.neg_step_size, static_cast<float>(-(0.005 / (1.0 - std::pow(0.9, 3.0)))));
+  EXPECT_EQ(s.bias_correction2_sqrt, static_cast<float>(std::sqrt(1.0 - std::pow(0.999, 3.0))));
+  EXPECT_EQ(s.decay_factor, static_cast<float>(1.0 - 0.005 * 0.1));
+  EXPECT_EQ(s.one_minus_beta1, static_cast<float>(1.0 - 0.9));
+  EXPECT_FALSE(s.first_step);
+  piece.weight_decay = false;
+  EXPECT_EQ(MakeElementScalars(config, 1, 1.0f, piece).decay_factor, 1.0f);
+  EXPECT_TRUE(MakeElementScalars(config, 1, 1.0f, piece).first_step);
+}
+
+TEST(OptimizerTest, AdagradLearningRateDecays) {
+  OptimizerConfig config = Config(OptimizerKind::kAdagrad);
+  config.lr = 0.1;
+  config.lr_decay = 0.5;
+  const ElementScalars s = MakeElementScalars(config, 5, 1.0f, UpdatePiece());
+  EXPECT_EQ(s.neg_step_size, static_cast<float>(-(0.1 / (1.0 + 4 * 0.5))));
+}
+
+}  // namespace
+}  // namespace kernels
+}  // namespace zeroshard
