@@ -1,0 +1,28 @@
+// Work handles that are finished when they are returned.
+#include "worker/comm/communicator.h"
+
+#include <utility>
+
+namespace zeroshard {
+namespace comm {
+namespace {
+
+// Immutable after construction, so thread-safe.
+class FinishedWork : public Work {
+ public:
+  explicit FinishedWork(absl::Status status) : status_(std::move(status)) {}
+  absl::Status Wait(absl::Duration /*timeout*/) override { return status_; }
+  bool Done() const override { return true; }
+
+ private:
+  const absl::Status status_;
+};
+
+}  // namespace
+
+std::unique_ptr<Work> MakeFinishedWork(absl::Status status) {
+  return std::make_unique<FinishedWork>(std::move(status));
+}
+
+}  // namespace comm
+}  // namespace zeroshard
