@@ -1,0 +1,198 @@
+// SQLite-backed job store. Every sqlite3 error is turned into a Status here.
+#include "coordinator/job_store.h"
+
+#include <sqlite3.h>
+
+#include <filesystem>
+#include <system_error>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace zeroshard::coordinator {
+namespace {
+
+constexpr char kSchema[] = R"sql(
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY,
+  job BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+  job_id TEXT NOT NULL,
+  sequence INTEGER NOT NULL,
+  event BLOB NOT NULL,
+  PRIMARY KEY (job_id, sequence)
+);
+CREATE TABLE IF NOT EXISTS checkpoint_commits (
+  job_id TEXT NOT NULL,
+  generation INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  rank INTEGER NOT NULL,
+  commit_request BLOB NOT NULL,
+  PRIMARY KEY (job_id, generation, step, rank)
+);
+)sql";
+
+// A prepared statement, finalized on scope exit.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) : db_(db) {
+    status_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  absl::Status Prepared() const {
+    if (status_ == SQLITE_OK) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("sqlite prepare: ", sqlite3_errmsg(db_)));
+  }
+  void BindText(int index, const std::string& text) {
+    sqlite3_bind_text(stmt_, index, text.data(), static_cast<int>(text.size()), SQLITE_TRANSIENT);
+  }
+  void BindBlob(int index, const std::string& blob) {
+    sqlite3_bind_blob(stmt_, index, blob.data(), static_cast<int>(blob.size()), SQLITE_TRANSIENT);
+  }
+  void BindInt(int index, int64_t value) { sqlite3_bind_int64(stmt_, index, value); }
+  // SQLITE_ROW, SQLITE_DONE, or an error code.
+  int Step() { return sqlite3_step(stmt_); }
+  absl::Status StepDone() {
+    const int rc = sqlite3_step(stmt_);
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
+    if (rc == SQLITE_DONE) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("sqlite step: ", sqlite3_errmsg(db_)));
+  }
+  std::string ColumnBlob(int column) {
+    const void* data = sqlite3_column_blob(stmt_, column);
+    return std::string(static_cast<const char*>(data), sqlite3_column_bytes(stmt_, column));
+  }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int status_;
+};
+
+template <typename Proto>
+absl::StatusOr<std::vector<Proto>> LoadRows(Statement& statement, const char* what) {
+  std::vector<Proto> rows;
+  int rc;
+  while ((rc = statement.Step()) == SQLITE_ROW) {
+    Proto row;
+    if (!row.ParseFromString(statement.ColumnBlob(0))) {
+      return absl::DataLossError(absl::StrCat("state store: a stored ", what, " is corrupt"));
+    }
+    rows.push_back(std::move(row));
+  }
+  if (rc != SQLITE_DONE) return absl::InternalError("state store: reading failed");
+  return rows;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& state_dir) {
+  std::error_code error;
+  std::filesystem::create_directories(state_dir, error);
+  if (error) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("state_dir: cannot create ", state_dir, ": ", error.message()));
+  }
+  const std::string path = (std::filesystem::path(state_dir) / "zeroshard.db").string();
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, nullptr) !=
+      SQLITE_OK) {
+    const std::string message = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return absl::FailedPreconditionError(
+        absl::StrCat("state_dir: cannot open ", path, ": ", message));
+  }
+  std::unique_ptr<JobStore> store(new JobStore(db));
+  ZS_RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL;"));
+  ZS_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL;"));
+  ZS_RETURN_IF_ERROR(store->Exec(kSchema));
+  return store;
+}
+
+JobStore::JobStore(sqlite3* db) : db_(db) {}
+
+JobStore::~JobStore() { sqlite3_close(db_); }
+
+absl::Status JobStore::Exec(const char* sql) {
+  char* error = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) != SQLITE_OK) {
+    absl::Status status = absl::InternalError(absl::StrCat("state store: ", error ? error : ""));
+    sqlite3_free(error);
+    return status;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobStore::Save(absl::Span<const v1::Job* const> jobs,
+                            absl::Span<const v1::JobEvent> events) {
+  ZS_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
+  absl::Status status = [&]() -> absl::Status {
+    Statement put_job(db_, "INSERT OR REPLACE INTO jobs (id, job) VALUES (?, ?);");
+    ZS_RETURN_IF_ERROR(put_job.Prepared());
+    for (const v1::Job* job : jobs) {
+      put_job.BindText(1, job->id());
+      put_job.BindBlob(2, job->SerializeAsString());
+      ZS_RETURN_IF_ERROR(put_job.StepDone());
+    }
+    Statement put_event(
+        db_, "INSERT OR REPLACE INTO events (job_id, sequence, event) VALUES (?, ?, ?);");
+    ZS_RETURN_IF_ERROR(put_event.Prepared());
+    for (const v1::JobEvent& event : events) {
+      put_event.BindText(1, event.job_id());
+      put_event.BindInt(2, event.sequence());
+      put_event.BindBlob(3, event.SerializeAsString());
+      ZS_RETURN_IF_ERROR(put_event.StepDone());
+    }
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return status;
+  }
+  return Exec("COMMIT;");
+}
+
+absl::StatusOr<std::vector<v1::Job>> JobStore::LoadJobs() {
+  Statement statement(db_, "SELECT job FROM jobs ORDER BY id;");
+  ZS_RETURN_IF_ERROR(statement.Prepared());
+  return LoadRows<v1::Job>(statement, "job");
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LoadEvents(const std::string& job_id) {
+  Statement statement(db_, "SELECT event FROM events WHERE job_id = ? ORDER BY sequence;");
+  ZS_RETURN_IF_ERROR(statement.Prepared());
+  statement.BindText(1, job_id);
+  return LoadRows<v1::JobEvent>(statement, "event");
+}
+
+absl::Status JobStore::SaveCheckpointCommit(const v1::CommitCheckpointRequest& commit) {
+  Statement statement(db_,
+                      "INSERT OR REPLACE INTO checkpoint_commits "
+                      "(job_id, generation, step, rank, commit_request) VALUES (?, ?, ?, ?, ?);");
+  ZS_RETURN_IF_ERROR(statement.Prepared());
+  statement.BindText(1, commit.job_id());
+  statement.BindInt(2, commit.generation());
+  statement.BindInt(3, commit.step());
+  statement.BindInt(4, commit.rank());
+  statement.BindBlob(5, commit.SerializeAsString());
+  return statement.StepDone();
+}
+
+absl::StatusOr<std::vector<v1::CommitCheckpointRequest>> JobStore::LoadCheckpointCommits(
+    const std::string& job_id, int64_t generation, int64_t step) {
+  Statement statement(db_,
+                      "SELECT commit_request FROM checkpoint_commits WHERE job_id = ? AND "
+                      "generation = ? AND step = ? ORDER BY rank;");
+  ZS_RETURN_IF_ERROR(statement.Prepared());
+  statement.BindText(1, job_id);
+  statement.BindInt(2, generation);
+  statement.BindInt(3, step);
+  return LoadRows<v1::CommitCheckpointRequest>(statement, "checkpoint commit");
+}
+
+}  // namespace zeroshard::coordinator

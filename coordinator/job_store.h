@@ -1,0 +1,52 @@
+// Durable job state in SQLite (WAL): jobs with their specs and state, their event histories, and
+// checkpoint commits. Survives kill -9 of the coordinator.
+#ifndef ZEROSHARD_COORDINATOR_JOB_STORE_H_
+#define ZEROSHARD_COORDINATOR_JOB_STORE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "zeroshard/v1/coordinator.pb.h"
+#include "zeroshard/v1/job.pb.h"
+
+struct sqlite3;
+
+namespace zeroshard::coordinator {
+
+// Not thread-safe: the owner (JobManager) serializes calls. Every Save* is one transaction,
+// committed with synchronous=FULL before it returns.
+class JobStore {
+ public:
+  // Opens (creating if needed) `state_dir`/zeroshard.db.
+  static absl::StatusOr<std::unique_ptr<JobStore>> Open(const std::string& state_dir);
+  ~JobStore();
+  JobStore(const JobStore&) = delete;
+  JobStore& operator=(const JobStore&) = delete;
+
+  // Writes the jobs (insert or replace) and appends the events, atomically.
+  absl::Status Save(absl::Span<const v1::Job* const> jobs, absl::Span<const v1::JobEvent> events);
+
+  // Every job, in id order.
+  absl::StatusOr<std::vector<v1::Job>> LoadJobs();
+  // A job's events in sequence order.
+  absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(const std::string& job_id);
+
+  // Records one rank's checkpoint commit (idempotent per job, generation, step and rank).
+  absl::Status SaveCheckpointCommit(const v1::CommitCheckpointRequest& commit);
+  // The ranks that committed `step` of `generation`.
+  absl::StatusOr<std::vector<v1::CommitCheckpointRequest>> LoadCheckpointCommits(
+      const std::string& job_id, int64_t generation, int64_t step);
+
+ private:
+  explicit JobStore(sqlite3* db);
+  absl::Status Exec(const char* sql);
+
+  sqlite3* db_;
+};
+
+}  // namespace zeroshard::coordinator
+
+#endif  // ZEROSHARD_COORDINATOR_JOB_STORE_H_

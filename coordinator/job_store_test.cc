@@ -1,0 +1,111 @@
+// Tests for the SQLite job store: round trips, reopening, atomicity of a save.
+#include "coordinator/job_store.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace zeroshard::coordinator {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(base ? base : "/tmp") + "/" + name;
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+v1::Job MakeJob(const std::string& id, v1::JobState state) {
+  v1::Job job;
+  job.set_id(id);
+  job.set_state(state);
+  job.mutable_spec()->set_name("demo");
+  job.mutable_spec()->mutable_optimizer()->set_kind(v1::ADAMW);
+  job.set_generation(2);
+  job.add_worker_ids("worker-000001");
+  return job;
+}
+
+v1::JobEvent MakeEvent(const std::string& job_id, int64_t sequence) {
+  v1::JobEvent event;
+  event.set_job_id(job_id);
+  event.set_sequence(sequence);
+  event.set_type(v1::STATE_CHANGED);
+  event.set_state(v1::RUNNING);
+  return event;
+}
+
+TEST(JobStoreTest, JobsAndEventsSurviveReopening) {
+  const std::string dir = TempDir("reopen");
+  const v1::Job a = MakeJob("job-000001", v1::RUNNING);
+  const v1::Job b = MakeJob("job-000002", v1::PENDING);
+  {
+    auto store = JobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    const v1::Job* jobs[] = {&b, &a};
+    ASSERT_TRUE((*store)
+                    ->Save(jobs, {MakeEvent("job-000001", 1), MakeEvent("job-000001", 2),
+                                  MakeEvent("job-000002", 1)})
+                    .ok());
+  }
+  auto store = JobStore::Open(dir);
+  ASSERT_TRUE(store.ok());
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok());
+  ASSERT_EQ(jobs->size(), 2u);
+  EXPECT_TRUE(MessageDifferencer::Equals((*jobs)[0], a));
+  EXPECT_TRUE(MessageDifferencer::Equals((*jobs)[1], b));
+  auto events = (*store)->LoadEvents("job-000001");
+  ASSERT_TRUE(events.ok());
+  ASSERT_EQ(events->size(), 2u);
+  EXPECT_EQ((*events)[1].sequence(), 2);
+  EXPECT_EQ((*store)->LoadEvents("job-000009")->size(), 0u);
+}
+
+TEST(JobStoreTest, SaveReplacesAJob) {
+  auto store = JobStore::Open(TempDir("replace"));
+  ASSERT_TRUE(store.ok());
+  v1::Job job = MakeJob("job-000001", v1::PENDING);
+  const v1::Job* jobs[] = {&job};
+  ASSERT_TRUE((*store)->Save(jobs, {}).ok());
+  job.set_state(v1::SUCCEEDED);
+  ASSERT_TRUE((*store)->Save(jobs, {}).ok());
+  auto loaded = (*store)->LoadJobs();
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_EQ((*loaded)[0].state(), v1::SUCCEEDED);
+}
+
+TEST(JobStoreTest, CheckpointCommitsAreIdempotentPerRank) {
+  auto store = JobStore::Open(TempDir("commits"));
+  ASSERT_TRUE(store.ok());
+  v1::CommitCheckpointRequest commit;
+  commit.set_job_id("job-000001");
+  commit.set_generation(1);
+  commit.set_step(10);
+  for (int rank : {1, 0, 1}) {
+    commit.set_rank(rank);
+    commit.set_path("job-000001/step-10/rank-" + std::to_string(rank));
+    ASSERT_TRUE((*store)->SaveCheckpointCommit(commit).ok());
+  }
+  auto commits = (*store)->LoadCheckpointCommits("job-000001", 1, 10);
+  ASSERT_TRUE(commits.ok());
+  ASSERT_EQ(commits->size(), 2u);
+  EXPECT_EQ((*commits)[0].rank(), 0);
+  EXPECT_EQ((*store)->LoadCheckpointCommits("job-000001", 1, 11)->size(), 0u);
+}
+
+TEST(JobStoreTest, UnusableStateDirIsAnErrorNamingTheFlag) {
+  const std::string file = TempDir("not-a-dir");
+  std::filesystem::create_directories(std::filesystem::path(file).parent_path());
+  { std::ofstream(file) << "x"; }
+  auto store = JobStore::Open(file + "/sub");
+  ASSERT_FALSE(store.ok());
+  EXPECT_NE(store.status().message().find("state_dir"), absl::string_view::npos);
+}
+
+}  // namespace
+}  // namespace zeroshard::coordinator

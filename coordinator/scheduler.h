@@ -1,0 +1,55 @@
+// Gang scheduling, FIFO with bounded backfill: a pure function from the pending jobs and the free
+// workers to the jobs that start now and the workers (in rank order) each one gets.
+#ifndef ZEROSHARD_COORDINATOR_SCHEDULER_H_
+#define ZEROSHARD_COORDINATOR_SCHEDULER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "zeroshard/v1/types.pb.h"
+
+namespace zeroshard::coordinator {
+
+struct PendingJob {
+  std::string job_id;
+  v1::DeviceKind device_kind = v1::CPU;
+  int64_t min_workers = 1;
+  int64_t max_workers = 1;
+  int64_t global_batch = 1;
+  // When the job became pending (submission or the end of its last generation).
+  absl::Time pending_since;
+};
+
+struct FreeWorker {
+  std::string worker_id;
+  std::string host;
+  v1::DeviceKind device_kind = v1::CPU;
+};
+
+struct Placement {
+  std::string job_id;
+  // Rank order: workers of one host are contiguous.
+  std::vector<std::string> worker_ids;
+};
+
+struct SchedulerOptions {
+  // Policy: jobs are considered in FIFO order. A later job may start ahead of an earlier one that
+  // does not fit ("backfill") only while that earlier job has been pending for less than this;
+  // after that the earlier job reserves the workers of its device kind, and nothing behind it
+  // starts until it does. So no job waits behind later ones for longer than this.
+  absl::Duration max_backfill_wait = absl::Seconds(30);
+};
+
+// The largest W in [min_workers, min(max_workers, available)] that divides global_batch, or 0.
+int64_t ChooseWorldSize(const PendingJob& job, int64_t available);
+
+// `pending` is in FIFO order; `free_workers` in registration order. Deterministic.
+std::vector<Placement> Schedule(const std::vector<PendingJob>& pending,
+                                const std::vector<FreeWorker>& free_workers, absl::Time now,
+                                const SchedulerOptions& options = {});
+
+}  // namespace zeroshard::coordinator
+
+#endif  // ZEROSHARD_COORDINATOR_SCHEDULER_H_

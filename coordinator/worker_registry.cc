@@ -1,0 +1,139 @@
+// Worker membership with leases.
+#include "coordinator/worker_registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace zeroshard::coordinator {
+namespace {
+
+google::protobuf::Timestamp ToTimestamp(absl::Time t) {
+  return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+bool IsLive(const v1::WorkerInfo& info) {
+  return info.state() == v1::IDLE || info.state() == v1::BUSY;
+}
+
+}  // namespace
+
+WorkerRegistry::WorkerRegistry(LeaseOptions options) : options_(options) {}
+
+const v1::WorkerInfo& WorkerRegistry::Register(const v1::RegisterWorkerRequest& request,
+                                               absl::Time now) {
+  const int64_t number = next_number_++;
+  Entry& entry = workers_[number];
+  v1::WorkerInfo& info = entry.info;
+  info.set_id(absl::StrFormat("worker-%06d", number));
+  info.set_name(request.name());
+  info.set_host(request.host());
+  info.set_device_kind(request.device_kind());
+  info.set_device_memory_bytes(request.device_memory_bytes());
+  *info.mutable_labels() = request.labels();
+  info.set_state(v1::IDLE);
+  *info.mutable_register_time() = ToTimestamp(now);
+  *info.mutable_last_heartbeat_time() = ToTimestamp(now);
+  info.mutable_assignment()->set_kind(v1::ASSIGNMENT_IDLE);
+  entry.lease_end = now + options_.lease();
+  number_by_id_[info.id()] = number;
+  return info;
+}
+
+absl::StatusOr<v1::WorkerInfo*> WorkerRegistry::Renew(const std::string& worker_id,
+                                                      absl::Time now) {
+  auto it = number_by_id_.find(worker_id);
+  if (it == number_by_id_.end() || !IsLive(workers_[it->second].info)) {
+    return absl::NotFoundError(absl::StrCat("worker_id: ", worker_id,
+                                            " is not registered (or its lease ended); "
+                                            "register again"));
+  }
+  Entry& entry = workers_[it->second];
+  entry.lease_end = now + options_.lease();
+  *entry.info.mutable_last_heartbeat_time() = ToTimestamp(now);
+  return &entry.info;
+}
+
+absl::StatusOr<v1::WorkerInfo*> WorkerRegistry::Leave(const std::string& worker_id) {
+  auto it = number_by_id_.find(worker_id);
+  if (it == number_by_id_.end()) {
+    return absl::NotFoundError(absl::StrCat("worker_id: ", worker_id, " is not registered"));
+  }
+  v1::WorkerInfo& info = workers_[it->second].info;
+  info.set_state(v1::LEFT);
+  info.mutable_assignment()->Clear();
+  info.mutable_assignment()->set_kind(v1::ASSIGNMENT_IDLE);
+  return &info;
+}
+
+std::vector<std::string> WorkerRegistry::ExpireLeases(absl::Time now) {
+  std::vector<std::string> expired;
+  for (auto& [number, entry] : workers_) {
+    if (IsLive(entry.info) && entry.lease_end < now) {
+      entry.info.set_state(v1::DEAD);
+      expired.push_back(entry.info.id());
+    }
+  }
+  return expired;
+}
+
+v1::WorkerInfo* WorkerRegistry::FindLive(const std::string& worker_id) {
+  auto it = number_by_id_.find(worker_id);
+  if (it == number_by_id_.end()) return nullptr;
+  v1::WorkerInfo& info = workers_[it->second].info;
+  return IsLive(info) ? &info : nullptr;
+}
+
+const v1::WorkerInfo* WorkerRegistry::Find(const std::string& worker_id) const {
+  auto it = number_by_id_.find(worker_id);
+  if (it == number_by_id_.end()) return nullptr;
+  return &workers_.at(it->second).info;
+}
+
+std::vector<const v1::WorkerInfo*> WorkerRegistry::IdleWorkers(v1::DeviceKind kind) const {
+  std::vector<const v1::WorkerInfo*> idle;
+  for (const auto& [number, entry] : workers_) {
+    if (entry.info.state() == v1::IDLE && entry.info.device_kind() == kind &&
+        entry.info.assignment().kind() != v1::ASSIGNMENT_ABORT) {
+      idle.push_back(&entry.info);
+    }
+  }
+  return idle;
+}
+
+std::vector<const v1::WorkerInfo*> WorkerRegistry::List(v1::WorkerState state) const {
+  std::vector<const v1::WorkerInfo*> out;
+  for (const auto& [number, entry] : workers_) {
+    if (state == v1::WORKER_STATE_UNSPECIFIED || entry.info.state() == state) {
+      out.push_back(&entry.info);
+    }
+  }
+  return out;
+}
+
+int64_t WorkerRegistry::CountInState(v1::WorkerState state) const {
+  int64_t count = 0;
+  for (const auto& [number, entry] : workers_) count += entry.info.state() == state;
+  return count;
+}
+
+void WorkerRegistry::Assign(v1::WorkerInfo& worker, const v1::Assignment& assignment) {
+  *worker.mutable_assignment() = assignment;
+  if (IsLive(worker)) {
+    worker.set_state(assignment.kind() == v1::ASSIGNMENT_RUN ? v1::BUSY : v1::IDLE);
+  }
+}
+
+void WorkerRegistry::ForgetGone(absl::Time horizon) {
+  for (auto it = workers_.begin(); it != workers_.end();) {
+    const v1::WorkerInfo& info = it->second.info;
+    if (!IsLive(info) && it->second.lease_end < horizon) {
+      number_by_id_.erase(info.id());
+      it = workers_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+}  // namespace zeroshard::coordinator

@@ -1,0 +1,81 @@
+// Worker membership: registration, leases renewed by heartbeats, expiry, and each worker's
+// desired assignment (level-triggered: repeated on every heartbeat reply).
+#ifndef ZEROSHARD_COORDINATOR_WORKER_REGISTRY_H_
+#define ZEROSHARD_COORDINATOR_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "zeroshard/v1/coordinator.pb.h"
+#include "zeroshard/v1/worker.pb.h"
+
+namespace zeroshard::coordinator {
+
+struct LeaseOptions {
+  absl::Duration heartbeat_period = absl::Seconds(1);
+  // A worker is dead after this many periods without a heartbeat.
+  int missed_heartbeats = 3;
+  absl::Duration lease() const { return heartbeat_period * missed_heartbeats; }
+};
+
+// The workers the coordinator knows. Not thread-safe: its owner (JobManager) serializes access.
+// Membership is soft state: nothing here is persisted.
+class WorkerRegistry {
+ public:
+  explicit WorkerRegistry(LeaseOptions options);
+
+  const LeaseOptions& options() const { return options_; }
+
+  // Registers a new worker (a re-registering worker gets a new id) with a lease from `now`.
+  // The request must be validated already.
+  const v1::WorkerInfo& Register(const v1::RegisterWorkerRequest& request, absl::Time now);
+
+  // Renews the lease of a live worker. NOT_FOUND for unknown, dead or departed ids (the worker
+  // must register again).
+  absl::StatusOr<v1::WorkerInfo*> Renew(const std::string& worker_id, absl::Time now);
+
+  // Marks a worker departed. NOT_FOUND for unknown ids.
+  absl::StatusOr<v1::WorkerInfo*> Leave(const std::string& worker_id);
+
+  // Marks every live worker whose lease ended before `now` dead and returns their ids.
+  std::vector<std::string> ExpireLeases(absl::Time now);
+
+  // A live (IDLE or BUSY) worker, or nullptr.
+  v1::WorkerInfo* FindLive(const std::string& worker_id);
+  const v1::WorkerInfo* Find(const std::string& worker_id) const;
+
+  // Idle workers of `kind`, in registration order.
+  std::vector<const v1::WorkerInfo*> IdleWorkers(v1::DeviceKind kind) const;
+
+  // Workers (optionally only those in `state`), in registration order.
+  std::vector<const v1::WorkerInfo*> List(v1::WorkerState state) const;
+
+  int64_t CountInState(v1::WorkerState state) const;
+
+  // Sets a worker's assignment and the state that follows from it (RUN -> BUSY, else IDLE).
+  void Assign(v1::WorkerInfo& worker, const v1::Assignment& assignment);
+
+  // Forgets dead and departed workers whose last heartbeat is older than `horizon`.
+  void ForgetGone(absl::Time horizon);
+
+ private:
+  struct Entry {
+    v1::WorkerInfo info;
+    absl::Time lease_end;
+  };
+
+  LeaseOptions options_;
+  int64_t next_number_ = 1;
+  // Ordered by registration number, so listings and scheduling are deterministic.
+  std::map<int64_t, Entry> workers_;
+  absl::flat_hash_map<std::string, int64_t> number_by_id_;
+};
+
+}  // namespace zeroshard::coordinator
+
+#endif  // ZEROSHARD_COORDINATOR_WORKER_REGISTRY_H_

@@ -1,0 +1,84 @@
+// Tests for worker membership: ids, leases on explicit times, expiry, leaving, assignment state.
+#include "coordinator/worker_registry.h"
+
+#include "gtest/gtest.h"
+
+namespace zeroshard::coordinator {
+namespace {
+
+const absl::Time kStart = absl::FromUnixSeconds(1000);
+
+v1::RegisterWorkerRequest Request(const std::string& name, v1::DeviceKind kind = v1::CPU) {
+  v1::RegisterWorkerRequest request;
+  request.set_name(name);
+  request.set_host("host-a");
+  request.set_device_kind(kind);
+  return request;
+}
+
+TEST(WorkerRegistryTest, RegisterAssignsDistinctIdsAndIdleState) {
+  WorkerRegistry registry({absl::Seconds(1), 3});
+  const std::string a = registry.Register(Request("a"), kStart).id();
+  const std::string b = registry.Register(Request("b"), kStart).id();
+  EXPECT_EQ(a, "worker-000001");
+  EXPECT_EQ(b, "worker-000002");
+  EXPECT_EQ(registry.Find(a)->state(), v1::IDLE);
+  EXPECT_EQ(registry.Find(a)->assignment().kind(), v1::ASSIGNMENT_IDLE);
+  EXPECT_EQ(registry.IdleWorkers(v1::CPU).size(), 2u);
+  EXPECT_EQ(registry.IdleWorkers(v1::CUDA).size(), 0u);
+}
+
+TEST(WorkerRegistryTest, LeaseExpiresAfterMissedHeartbeats) {
+  WorkerRegistry registry({absl::Seconds(1), 3});
+  const std::string a = registry.Register(Request("a"), kStart).id();
+  const std::string b = registry.Register(Request("b"), kStart).id();
+  ASSERT_TRUE(registry.Renew(a, kStart + absl::Seconds(2)).ok());
+  EXPECT_TRUE(registry.ExpireLeases(kStart + absl::Seconds(3)).empty());  // lease is 3 s
+  EXPECT_EQ(registry.ExpireLeases(kStart + absl::Seconds(3) + absl::Milliseconds(1)),
+            std::vector<std::string>{b});
+  EXPECT_EQ(registry.Find(b)->state(), v1::DEAD);
+  EXPECT_EQ(registry.Renew(b, kStart + absl::Seconds(4)).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.ExpireLeases(kStart + absl::Seconds(5) + absl::Milliseconds(1)),
+            std::vector<std::string>{a});
+}
+
+TEST(WorkerRegistryTest, UnknownIdsAreNotFound) {
+  WorkerRegistry registry({});
+  EXPECT_EQ(registry.Renew("worker-000042", kStart).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.Leave("worker-000042").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.FindLive("worker-000042"), nullptr);
+}
+
+TEST(WorkerRegistryTest, LeaveAndForget) {
+  WorkerRegistry registry({absl::Seconds(1), 3});
+  const std::string a = registry.Register(Request("a"), kStart).id();
+  ASSERT_TRUE(registry.Leave(a).ok());
+  EXPECT_EQ(registry.Find(a)->state(), v1::LEFT);
+  EXPECT_EQ(registry.FindLive(a), nullptr);
+  EXPECT_EQ(registry.CountInState(v1::LEFT), 1);
+  registry.ForgetGone(kStart + absl::Hours(1));
+  EXPECT_EQ(registry.Find(a), nullptr);
+}
+
+TEST(WorkerRegistryTest, AssignmentDrivesBusyAndIdle) {
+  WorkerRegistry registry({});
+  v1::WorkerInfo* worker = registry.FindLive(registry.Register(Request("a"), kStart).id());
+  v1::Assignment run;
+  run.set_kind(v1::ASSIGNMENT_RUN);
+  run.set_job_id("job-000001");
+  registry.Assign(*worker, run);
+  EXPECT_EQ(worker->state(), v1::BUSY);
+  EXPECT_TRUE(registry.IdleWorkers(v1::CPU).empty());
+  v1::Assignment abort;
+  abort.set_kind(v1::ASSIGNMENT_ABORT);
+  registry.Assign(*worker, abort);
+  EXPECT_EQ(worker->state(), v1::IDLE);
+  // A worker still aborting a generation is not free yet.
+  EXPECT_TRUE(registry.IdleWorkers(v1::CPU).empty());
+  EXPECT_EQ(registry.List(v1::IDLE).size(), 1u);
+  EXPECT_EQ(registry.List(v1::WORKER_STATE_UNSPECIFIED).size(), 1u);
+}
+
+}  // namespace
+}  // namespace zeroshard::coordinator
