@@ -1,0 +1,248 @@
+// ValidateJobSpec and ValidateCheckpointPath: the ranges of job.proto's comments, checked in
+// field order, plus the workload (through the model catalog) and the batch/world-size rule.
+#include "spec/job_spec_validation.h"
+
+#include <initializer_list>
+#include <string>
+#include <vector>
+
+#include "absl/algorithm/container.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/status_macros.h"
+#include "sharding/model_catalog.h"
+#include "sharding/shard_planner.h"
+#include "spec/job_spec_defaults.h"
+#include "spec/job_spec_validation_checks.h"
+
+namespace zeroshard {
+namespace {
+
+using validation::Bound;
+using validation::CheckDoubleInRange;
+using validation::CheckEnumIn;
+using validation::CheckIntInRange;
+using validation::Quote;
+using ::zeroshard::v1::JobSpec;
+using ::zeroshard::v1::OptimizerKind;
+using ::zeroshard::v1::OptimizerSpec;
+using ::zeroshard::v1::PrecisionSpec;
+
+constexpr int64_t kMaxDatasetSize = int64_t{1} << 40;
+constexpr double kMaxLr = 10;
+constexpr double kMaxWeightDecay = 10;
+constexpr double kMaxInitialAccumulator = 1e6;
+constexpr double kMaxLossScale = 16777216;  // 2^24
+constexpr int64_t kMaxLossScaleGrowthInterval = 1000000;
+constexpr double kMaxClipGradNorm = 1e6;
+constexpr int64_t kMaxSteps = 1000000000;
+constexpr int64_t kMaxGlobalBatch = int64_t{1} << 24;
+constexpr int64_t kMaxCheckpointEverySteps = 1000000000;
+constexpr int64_t kMaxCheckpointKeep = 100;
+constexpr int64_t kMaxAttempts = 100;
+
+absl::Status ValidateWorkload(const v1::WorkloadSpec& workload) {
+  WorkloadSpec catalog_spec;
+  catalog_spec.preset = workload.preset();
+  catalog_spec.layer_sizes.assign(workload.layer_sizes().begin(), workload.layer_sizes().end());
+  // The catalog names the workload fields itself; its errors are all about the request.
+  const absl::StatusOr<std::vector<int64_t>> sizes = ResolveLayerSizes(catalog_spec);
+  if (!sizes.ok()) return absl::InvalidArgumentError(sizes.status().message());
+  return CheckIntInRange("workload.dataset_size", workload.dataset_size(), 1, kMaxDatasetSize);
+}
+
+std::string KindName(OptimizerKind kind) { return v1::OptimizerKind_Name(kind); }
+
+// OK when `kind` is one of `applies_to`, or when the field holds `default_for_kind` (the value
+// WithDefaults gives an unset field), which is what "left unset" looks like after defaults.
+absl::Status CheckAppliesTo(absl::string_view field, OptimizerKind kind,
+                            std::initializer_list<OptimizerKind> applies_to,
+                            bool holds_default_for_kind) {
+  if (holds_default_for_kind || absl::c_linear_search(applies_to, kind)) return absl::OkStatus();
+  std::vector<std::string> names;
+  for (OptimizerKind k : applies_to) names.push_back(KindName(k));
+  const std::string last = names.back();
+  names.pop_back();
+  const std::string kinds =
+      names.empty() ? last : absl::StrCat(absl::StrJoin(names, ", "), " and ", last);
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": only applies to ", kinds, "; leave it unset for ", KindName(kind)));
+}
+
+absl::Status ValidateOptimizer(const OptimizerSpec& opt) {
+  ZS_RETURN_IF_ERROR(CheckEnumIn("optimizer.kind", *v1::OptimizerKind_descriptor(), opt.kind(),
+                                 {v1::SGD, v1::ADAM, v1::ADAMW, v1::ADAGRAD, v1::LION}));
+  const OptimizerKind kind = opt.kind();
+  JobSpec only_kind;
+  only_kind.mutable_optimizer()->set_kind(kind);
+  const OptimizerSpec defaults = WithDefaults(only_kind).optimizer();
+  constexpr OptimizerKind kSgd = v1::SGD, kAdam = v1::ADAM, kAdamW = v1::ADAMW,
+                          kAdagrad = v1::ADAGRAD, kLion = v1::LION;
+
+  ZS_RETURN_IF_ERROR(
+      CheckDoubleInRange("optimizer.lr", opt.lr(), 0, Bound::kOpen, kMaxLr, Bound::kClosed));
+
+  ZS_RETURN_IF_ERROR(
+      CheckDoubleInRange("optimizer.beta1", opt.beta1(), 0, Bound::kClosed, 1, Bound::kOpen));
+  ZS_RETURN_IF_ERROR(CheckAppliesTo("optimizer.beta1", kind, {kAdam, kAdamW, kLion},
+                                    opt.beta1() == defaults.beta1()));
+
+  ZS_RETURN_IF_ERROR(
+      CheckDoubleInRange("optimizer.beta2", opt.beta2(), 0, Bound::kClosed, 1, Bound::kOpen));
+  ZS_RETURN_IF_ERROR(CheckAppliesTo("optimizer.beta2", kind, {kAdam, kAdamW, kLion},
+                                    opt.beta2() == defaults.beta2()));
+
+  ZS_RETURN_IF_ERROR(
+      CheckDoubleInRange("optimizer.eps", opt.eps(), 0, Bound::kClosed, 1, Bound::kClosed));
+  ZS_RETURN_IF_ERROR(CheckAppliesTo("optimizer.eps", kind, {kAdam, kAdamW, kAdagrad},
+                                    opt.eps() == defaults.eps()));
+
+  ZS_RETURN_IF_ERROR(CheckDoubleInRange("optimizer.weight_decay", opt.weight_decay(), 0,
+                                        Bound::kClosed, kMaxWeightDecay, Bound::kClosed));
+
+  ZS_RETURN_IF_ERROR(
+      CheckDoubleInRange("optimizer.momentum", opt.momentum(), 0, Bound::kClosed, 1, Bound::kOpen));
+  ZS_RETURN_IF_ERROR(
+      CheckAppliesTo("optimizer.momentum", kind, {kSgd}, opt.momentum() == defaults.momentum()));
+
+  ZS_RETURN_IF_ERROR(CheckDoubleInRange("optimizer.dampening", opt.dampening(), 0, Bound::kClosed,
+                                        1, Bound::kClosed));
+  ZS_RETURN_IF_ERROR(
+      CheckAppliesTo("optimizer.dampening", kind, {kSgd}, opt.dampening() == defaults.dampening()));
+
+  ZS_RETURN_IF_ERROR(
+      CheckAppliesTo("optimizer.nesterov", kind, {kSgd}, opt.nesterov() == defaults.nesterov()));
+  if (opt.nesterov() && (opt.momentum() <= 0 || opt.dampening() != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer.nesterov: needs momentum > 0 and dampening 0, got momentum ",
+                     validation::FormatDouble(opt.momentum()), " and dampening ",
+                     validation::FormatDouble(opt.dampening())));
+  }
+
+  ZS_RETURN_IF_ERROR(CheckAppliesTo("optimizer.amsgrad", kind, {kAdam, kAdamW},
+                                    opt.amsgrad() == defaults.amsgrad()));
+
+  ZS_RETURN_IF_ERROR(CheckDoubleInRange("optimizer.lr_decay", opt.lr_decay(), 0, Bound::kClosed, 1,
+                                        Bound::kClosed));
+  ZS_RETURN_IF_ERROR(CheckAppliesTo("optimizer.lr_decay", kind, {kAdagrad},
+                                    opt.lr_decay() == defaults.lr_decay()));
+
+  ZS_RETURN_IF_ERROR(CheckDoubleInRange("optimizer.initial_accumulator_value",
+                                        opt.initial_accumulator_value(), 0, Bound::kClosed,
+                                        kMaxInitialAccumulator, Bound::kClosed));
+  ZS_RETURN_IF_ERROR(
+      CheckAppliesTo("optimizer.initial_accumulator_value", kind, {kAdagrad},
+                     opt.initial_accumulator_value() == defaults.initial_accumulator_value()));
+  return absl::OkStatus();
+}
+
+absl::Status ValidateMode(v1::Mode mode) {
+  if (mode == v1::ZERO3) {
+    return absl::InvalidArgumentError(
+        "mode: ZERO3 is not implemented yet; allowed: DDP, ZERO1, ZERO2");
+  }
+  return CheckEnumIn("mode", *v1::Mode_descriptor(), mode, {v1::DDP, v1::ZERO1, v1::ZERO2});
+}
+
+absl::Status ValidatePrecision(const PrecisionSpec& precision) {
+  const v1::DType kCopyDtypes[] = {v1::FLOAT32, v1::BFLOAT16, v1::FLOAT16};
+  const std::vector<int> copy_dtypes(std::begin(kCopyDtypes), std::end(kCopyDtypes));
+  const google::protobuf::EnumDescriptor& dtype = *v1::DType_descriptor();
+  ZS_RETURN_IF_ERROR(
+      CheckEnumIn("precision.param_dtype", dtype, precision.param_dtype(), copy_dtypes));
+  ZS_RETURN_IF_ERROR(
+      CheckEnumIn("precision.grad_dtype", dtype, precision.grad_dtype(), copy_dtypes));
+  ZS_RETURN_IF_ERROR(
+      CheckEnumIn("precision.master_dtype", dtype, precision.master_dtype(), {v1::FLOAT32}));
+  ZS_RETURN_IF_ERROR(
+      CheckEnumIn("precision.reduce_dtype", dtype, precision.reduce_dtype(), copy_dtypes));
+  ZS_RETURN_IF_ERROR(CheckDoubleInRange("precision.initial_loss_scale",
+                                        precision.initial_loss_scale(), 1, Bound::kClosed,
+                                        kMaxLossScale, Bound::kClosed));
+  return CheckIntInRange("precision.loss_scale_growth_interval",
+                         precision.loss_scale_growth_interval(), 1, kMaxLossScaleGrowthInterval);
+}
+
+// DESIGN.md, "Batch": the scheduler picks a world size W in [min_workers, max_workers] that
+// divides the global batch, so at least one must exist.
+absl::Status CheckSomeWorldSizeDividesBatch(const JobSpec& spec) {
+  for (int64_t w = spec.min_workers(); w <= spec.max_workers(); ++w) {
+    if (spec.global_batch() % w == 0) return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "global_batch: ", spec.global_batch(), " has no divisor in [min_workers, max_workers] = [",
+      spec.min_workers(), ", ", spec.max_workers(), "]; the world size must divide it"));
+}
+
+absl::Status ValidateCheckpointPolicy(const v1::CheckpointPolicy& checkpoint) {
+  ZS_RETURN_IF_ERROR(CheckIntInRange("checkpoint.every_steps", checkpoint.every_steps(), 0,
+                                     kMaxCheckpointEverySteps));
+  if (!checkpoint.dir().empty()) {
+    ZS_RETURN_IF_ERROR(ValidateCheckpointPath(checkpoint.dir(), "checkpoint.dir"));
+  }
+  return CheckIntInRange("checkpoint.keep", checkpoint.keep(), 1, kMaxCheckpointKeep);
+}
+
+}  // namespace
+
+absl::Status ValidateJobSpec(const JobSpec& spec) {
+  ZS_RETURN_IF_ERROR(validation::CheckName("name", spec.name()));
+  ZS_RETURN_IF_ERROR(ValidateWorkload(spec.workload()));
+  ZS_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
+  ZS_RETURN_IF_ERROR(ValidateMode(spec.mode()));
+  ZS_RETURN_IF_ERROR(ValidatePrecision(spec.precision()));
+  ZS_RETURN_IF_ERROR(CheckDoubleInRange("clip_grad_norm", spec.clip_grad_norm(), 0, Bound::kClosed,
+                                        kMaxClipGradNorm, Bound::kClosed));
+  ZS_RETURN_IF_ERROR(
+      CheckIntInRange("bucket_elems", spec.bucket_elems(), kMinBucketElems, kMaxBucketElems));
+  ZS_RETURN_IF_ERROR(CheckIntInRange("min_workers", spec.min_workers(), 1, kMaxWorldSize));
+  if (spec.max_workers() < spec.min_workers()) {
+    return absl::InvalidArgumentError(absl::StrCat("max_workers: ", spec.max_workers(),
+                                                   " is below min_workers ", spec.min_workers()));
+  }
+  if (spec.max_workers() > kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("max_workers: ", spec.max_workers(),
+                                                   " is out of range [min_workers, ", kMaxWorldSize,
+                                                   "]"));
+  }
+  ZS_RETURN_IF_ERROR(CheckEnumIn("device_kind", *v1::DeviceKind_descriptor(), spec.device_kind(),
+                                 {v1::CPU, v1::CUDA}));
+  ZS_RETURN_IF_ERROR(CheckIntInRange("steps", spec.steps(), 1, kMaxSteps));
+  ZS_RETURN_IF_ERROR(CheckIntInRange("global_batch", spec.global_batch(), 1, kMaxGlobalBatch));
+  ZS_RETURN_IF_ERROR(CheckSomeWorldSizeDividesBatch(spec));
+  ZS_RETURN_IF_ERROR(ValidateCheckpointPolicy(spec.checkpoint()));
+  return CheckIntInRange("max_attempts", spec.max_attempts(), 1, kMaxAttempts);
+}
+
+absl::Status ValidateCheckpointPath(absl::string_view path, absl::string_view field_path) {
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(field_path, ": required"));
+  ZS_RETURN_IF_ERROR(validation::CheckMaxBytes(field_path, path, kMaxCheckpointPathBytes));
+  for (char c : path) {
+    const unsigned char byte = static_cast<unsigned char>(c);
+    if (byte < 0x20 || byte == 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field_path, ": ", Quote(path), " contains a control character"));
+    }
+  }
+  if (path.front() == '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field_path, ": ", Quote(path),
+                     " is absolute; it must be relative and must not contain \"..\""));
+  }
+  for (absl::string_view component : absl::StrSplit(path, '/')) {
+    if (component == "..") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field_path, ": ", Quote(path),
+                       " has a \"..\" component; it must be relative and must not contain \"..\""));
+    }
+    if (component.empty() || component == ".") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field_path, ": ", Quote(path),
+                       " has an empty or \".\" component (\"//\", \"/./\" or a trailing \"/\")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zeroshard

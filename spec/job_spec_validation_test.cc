@@ -1,0 +1,549 @@
+// ValidateJobSpec and ValidateCheckpointPath: valid specs pass (including every range's edges),
+// and a table of malformed specs each fails with INVALID_ARGUMENT naming the field.
+#include "spec/job_spec_validation.h"
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "spec/job_spec_defaults.h"
+
+namespace zeroshard {
+namespace {
+
+using ::zeroshard::v1::JobSpec;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A valid spec before defaults: what a client would submit.
+JobSpec BaseSpec() {
+  JobSpec spec;
+  spec.set_name("mlp-seed-1");
+  spec.mutable_workload()->set_preset("seed");
+  spec.mutable_optimizer()->set_kind(v1::ADAM);
+  spec.set_min_workers(2);
+  spec.set_max_workers(4);
+  return spec;
+}
+
+absl::Status ValidateWithDefaults(const JobSpec& spec) {
+  return ValidateJobSpec(WithDefaults(spec, "job-000001"));
+}
+
+TEST(ValidateJobSpecTest, BaseSpecIsValid) { EXPECT_TRUE(ValidateWithDefaults(BaseSpec()).ok()); }
+
+TEST(ValidateJobSpecTest, EveryOptimizerKindWithItsDefaultsIsValid) {
+  for (v1::OptimizerKind kind : {v1::SGD, v1::ADAM, v1::ADAMW, v1::ADAGRAD, v1::LION}) {
+    JobSpec spec = BaseSpec();
+    spec.mutable_optimizer()->set_kind(kind);
+    EXPECT_TRUE(ValidateWithDefaults(spec).ok()) << v1::OptimizerKind_Name(kind);
+  }
+}
+
+TEST(ValidateJobSpecTest, EmptyCheckpointDirIsValidBeforeTheJobHasAnId) {
+  EXPECT_TRUE(ValidateJobSpec(WithDefaults(BaseSpec())).ok());
+}
+
+struct ValidCase {
+  std::string name;
+  std::function<void(JobSpec&)> mutate;
+};
+
+void PrintTo(const ValidCase& c, std::ostream* os) { *os << c.name; }
+
+class ValidSpecTest : public ::testing::TestWithParam<ValidCase> {};
+
+TEST_P(ValidSpecTest, Passes) {
+  JobSpec spec = BaseSpec();
+  GetParam().mutate(spec);
+  const absl::Status status = ValidateWithDefaults(spec);
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RangeEdges, ValidSpecTest,
+    ::testing::Values(
+        ValidCase{"LayerSizes",
+                  [](JobSpec& s) {
+                    s.mutable_workload()->clear_preset();
+                    s.mutable_workload()->add_layer_sizes(1);
+                    s.mutable_workload()->add_layer_sizes(1048576);
+                  }},
+        ValidCase{"LargePreset", [](JobSpec& s) { s.mutable_workload()->set_preset("large"); }},
+        ValidCase{"DatasetSizeEdges",
+                  [](JobSpec& s) { s.mutable_workload()->set_dataset_size(int64_t{1} << 40); }},
+        ValidCase{"LrTen", [](JobSpec& s) { s.mutable_optimizer()->set_lr(10); }},
+        ValidCase{"TinyLr", [](JobSpec& s) { s.mutable_optimizer()->set_lr(1e-300); }},
+        ValidCase{"BetasZero",
+                  [](JobSpec& s) {
+                    s.mutable_optimizer()->set_beta1(0);
+                    s.mutable_optimizer()->set_beta2(0);
+                  }},
+        ValidCase{"EpsEdges", [](JobSpec& s) { s.mutable_optimizer()->set_eps(1); }},
+        ValidCase{"WeightDecayTen",
+                  [](JobSpec& s) { s.mutable_optimizer()->set_weight_decay(10); }},
+        ValidCase{"AmsgradOnAdamW",
+                  [](JobSpec& s) {
+                    s.mutable_optimizer()->set_kind(v1::ADAMW);
+                    s.mutable_optimizer()->set_amsgrad(true);
+                  }},
+        ValidCase{"SgdNesterov",
+                  [](JobSpec& s) {
+                    s.mutable_optimizer()->set_kind(v1::SGD);
+                    s.mutable_optimizer()->set_momentum(0.99);
+                    s.mutable_optimizer()->set_nesterov(true);
+                  }},
+        ValidCase{"SgdFullDampening",
+                  [](JobSpec& s) {
+                    s.mutable_optimizer()->set_kind(v1::SGD);
+                    s.mutable_optimizer()->set_momentum(0.5);
+                    s.mutable_optimizer()->set_dampening(1);
+                  }},
+        // Indistinguishable from unset after defaults, so accepted.
+        ValidCase{"SgdWithBeta2AtItsDefault",
+                  [](JobSpec& s) {
+                    s.mutable_optimizer()->set_kind(v1::SGD);
+                    s.mutable_optimizer()->set_beta2(0.999);
+                  }},
+        ValidCase{"AdagradOptions",
+                  [](JobSpec& s) {
+                    s.mutable_optimizer()->set_kind(v1::ADAGRAD);
+                    s.mutable_optimizer()->set_lr_decay(1);
+                    s.mutable_optimizer()->set_initial_accumulator_value(1e6);
+                    s.mutable_optimizer()->set_eps(0);
+                  }},
+        ValidCase{"LionBetas",
+                  [](JobSpec& s) {
+                    s.mutable_optimizer()->set_kind(v1::LION);
+                    s.mutable_optimizer()->set_beta1(0.95);
+                    s.mutable_optimizer()->set_beta2(0.98);
+                    s.mutable_optimizer()->set_maximize(true);
+                  }},
+        ValidCase{"Fp16WithDefaultLossScale",
+                  [](JobSpec& s) { s.mutable_precision()->set_param_dtype(v1::FLOAT16); }},
+        ValidCase{"Bf16Reduce",
+                  [](JobSpec& s) {
+                    s.mutable_precision()->set_param_dtype(v1::BFLOAT16);
+                    s.mutable_precision()->set_reduce_dtype(v1::BFLOAT16);
+                  }},
+        ValidCase{"LossScaleEdges",
+                  [](JobSpec& s) {
+                    s.mutable_precision()->set_initial_loss_scale(16777216);
+                    s.mutable_precision()->set_loss_scale_growth_interval(1000000);
+                  }},
+        ValidCase{"ClipEdge", [](JobSpec& s) { s.set_clip_grad_norm(1e6); }},
+        ValidCase{"BucketLow", [](JobSpec& s) { s.set_bucket_elems(1024); }},
+        ValidCase{"BucketHigh", [](JobSpec& s) { s.set_bucket_elems(int64_t{1} << 30); }},
+        ValidCase{"MostWorkers",
+                  [](JobSpec& s) {
+                    s.set_min_workers(65536);
+                    s.set_max_workers(65536);
+                    s.set_global_batch(65536);
+                  }},
+        ValidCase{"SomeWorldSizeDividesBatch",
+                  [](JobSpec& s) {
+                    s.set_min_workers(3);
+                    s.set_max_workers(5);
+                    s.set_global_batch(100);
+                  }},
+        ValidCase{"ManySteps", [](JobSpec& s) { s.set_steps(1000000000); }},
+        ValidCase{"LargestBatch", [](JobSpec& s) { s.set_global_batch(int64_t{1} << 24); }},
+        ValidCase{"Cuda", [](JobSpec& s) { s.set_device_kind(v1::CUDA); }},
+        ValidCase{"Ddp", [](JobSpec& s) { s.set_mode(v1::DDP); }},
+        ValidCase{"Checkpoints",
+                  [](JobSpec& s) {
+                    s.mutable_checkpoint()->set_every_steps(1000000000);
+                    s.mutable_checkpoint()->set_dir("runs/mlp-seed.1");
+                    s.mutable_checkpoint()->set_keep(100);
+                  }},
+        ValidCase{"MostAttempts", [](JobSpec& s) { s.set_max_attempts(100); }}),
+    [](const ::testing::TestParamInfo<ValidCase>& info) { return info.param.name; });
+
+struct InvalidCase {
+  std::string name;
+  std::function<void(JobSpec&)> mutate;
+  std::string field;     // the message starts with "<field>: "
+  std::string contains;  // and contains this
+};
+
+void PrintTo(const InvalidCase& c, std::ostream* os) { *os << c.name; }
+
+class InvalidSpecTest : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidSpecTest, FailsNamingTheField) {
+  const InvalidCase& c = GetParam();
+  JobSpec spec = BaseSpec();
+  c.mutate(spec);
+  const absl::Status status = ValidateWithDefaults(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StartsWith(status.message(), c.field + ": ")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), c.contains)) << status;
+}
+
+void SetOptimizer(JobSpec& s, v1::OptimizerKind kind) { s.mutable_optimizer()->set_kind(kind); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Malformed, InvalidSpecTest,
+    ::testing::Values(
+        InvalidCase{"EmptyName", [](JobSpec& s) { s.clear_name(); }, "name",
+                    "\"\" must be 1 to 63 characters of [a-z0-9-]"},
+        InvalidCase{"NameWithUpperCase", [](JobSpec& s) { s.set_name("Bad_Name"); }, "name",
+                    "name: \"Bad_Name\" must be 1 to 63 characters of [a-z0-9-]"},
+        InvalidCase{"NameTooLong", [](JobSpec& s) { s.set_name(std::string(64, 'a')); }, "name",
+                    "must be 1 to 63 characters"},
+        InvalidCase{"NameWithSpace", [](JobSpec& s) { s.set_name("my job"); }, "name",
+                    "[a-z0-9-]"},
+        InvalidCase{"NoWorkload", [](JobSpec& s) { s.mutable_workload()->clear_preset(); },
+                    "workload", "preset or layer_sizes"},
+        InvalidCase{"PresetAndLayerSizes",
+                    [](JobSpec& s) {
+                      s.mutable_workload()->add_layer_sizes(4);
+                      s.mutable_workload()->add_layer_sizes(4);
+                    },
+                    "workload", "not both"},
+        InvalidCase{"UnknownPreset", [](JobSpec& s) { s.mutable_workload()->set_preset("huge"); },
+                    "workload.preset", "unknown preset 'huge'; known: seed, small, medium, large"},
+        InvalidCase{"OneLayerSize",
+                    [](JobSpec& s) {
+                      s.mutable_workload()->clear_preset();
+                      s.mutable_workload()->add_layer_sizes(10);
+                    },
+                    "workload.layer_sizes", "at least 2"},
+        InvalidCase{"ZeroLayerSize",
+                    [](JobSpec& s) {
+                      s.mutable_workload()->clear_preset();
+                      s.mutable_workload()->add_layer_sizes(10);
+                      s.mutable_workload()->add_layer_sizes(0);
+                    },
+                    "workload.layer_sizes[1]", "0 is out of range [1, 1048576]"},
+        InvalidCase{"NegativeLayerSize",
+                    [](JobSpec& s) {
+                      s.mutable_workload()->clear_preset();
+                      s.mutable_workload()->add_layer_sizes(-5);
+                      s.mutable_workload()->add_layer_sizes(10);
+                    },
+                    "workload.layer_sizes[0]", "-5 is out of range"},
+        InvalidCase{"HugeLayerSize",
+                    [](JobSpec& s) {
+                      s.mutable_workload()->clear_preset();
+                      s.mutable_workload()->add_layer_sizes(10);
+                      s.mutable_workload()->add_layer_sizes(int64_t{1} << 21);
+                    },
+                    "workload.layer_sizes[1]", "out of range"},
+        InvalidCase{"ZeroDatasetSize", [](JobSpec& s) { s.mutable_workload()->set_dataset_size(0); },
+                    "workload.dataset_size", "0 is out of range [1, 1099511627776]"},
+        InvalidCase{"HugeDatasetSize",
+                    [](JobSpec& s) {
+                      s.mutable_workload()->set_dataset_size((int64_t{1} << 40) + 1);
+                    },
+                    "workload.dataset_size", "out of range"},
+        InvalidCase{"NegativeDatasetSize",
+                    [](JobSpec& s) { s.mutable_workload()->set_dataset_size(-1); },
+                    "workload.dataset_size", "-1 is out of range"},
+        InvalidCase{"NoOptimizerKind", [](JobSpec& s) { s.mutable_optimizer()->clear_kind(); },
+                    "optimizer.kind", "required; allowed: SGD, ADAM, ADAMW, ADAGRAD, LION"},
+        InvalidCase{"UnknownOptimizerKind",
+                    [](JobSpec& s) { SetOptimizer(s, static_cast<v1::OptimizerKind>(99)); },
+                    "optimizer.kind", "unknown OptimizerKind value 99"},
+        InvalidCase{"NegativeLr", [](JobSpec& s) { s.mutable_optimizer()->set_lr(-0.1); },
+                    "optimizer.lr", "optimizer.lr: -0.1 is out of range (0, 10]"},
+        InvalidCase{"ZeroLr", [](JobSpec& s) { s.mutable_optimizer()->set_lr(0); },
+                    "optimizer.lr", "0 is out of range (0, 10]"},
+        InvalidCase{"NaNLr", [](JobSpec& s) { s.mutable_optimizer()->set_lr(kNaN); },
+                    "optimizer.lr", "NaN is not allowed"},
+        InvalidCase{"InfLr", [](JobSpec& s) { s.mutable_optimizer()->set_lr(kInf); },
+                    "optimizer.lr", "Inf is not allowed"},
+        InvalidCase{"MinusInfLr", [](JobSpec& s) { s.mutable_optimizer()->set_lr(-kInf); },
+                    "optimizer.lr", "-Inf is not allowed"},
+        InvalidCase{"LrAboveTen", [](JobSpec& s) { s.mutable_optimizer()->set_lr(10.5); },
+                    "optimizer.lr", "10.5 is out of range (0, 10]"},
+        InvalidCase{"Beta1One", [](JobSpec& s) { s.mutable_optimizer()->set_beta1(1); },
+                    "optimizer.beta1", "1 is out of range [0, 1)"},
+        InvalidCase{"NaNBeta1", [](JobSpec& s) { s.mutable_optimizer()->set_beta1(kNaN); },
+                    "optimizer.beta1", "NaN"},
+        InvalidCase{"NegativeBeta2", [](JobSpec& s) { s.mutable_optimizer()->set_beta2(-0.5); },
+                    "optimizer.beta2", "-0.5 is out of range [0, 1)"},
+        InvalidCase{"EpsTwo", [](JobSpec& s) { s.mutable_optimizer()->set_eps(2); },
+                    "optimizer.eps", "2 is out of range [0, 1]"},
+        InvalidCase{"NaNEps", [](JobSpec& s) { s.mutable_optimizer()->set_eps(kNaN); },
+                    "optimizer.eps", "NaN is not allowed"},
+        InvalidCase{"NegativeWeightDecay",
+                    [](JobSpec& s) { s.mutable_optimizer()->set_weight_decay(-1); },
+                    "optimizer.weight_decay", "-1 is out of range [0, 10]"},
+        InvalidCase{"HugeWeightDecay",
+                    [](JobSpec& s) { s.mutable_optimizer()->set_weight_decay(1e300); },
+                    "optimizer.weight_decay", "1e+300 is out of range [0, 10]"},
+        InvalidCase{"InfWeightDecay",
+                    [](JobSpec& s) { s.mutable_optimizer()->set_weight_decay(kInf); },
+                    "optimizer.weight_decay", "Inf is not allowed"},
+        InvalidCase{"MomentumOnAdam", [](JobSpec& s) { s.mutable_optimizer()->set_momentum(0.9); },
+                    "optimizer.momentum", "only applies to SGD; leave it unset for ADAM"},
+        InvalidCase{"MomentumOne",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::SGD);
+                      s.mutable_optimizer()->set_momentum(1);
+                    },
+                    "optimizer.momentum", "1 is out of range [0, 1)"},
+        InvalidCase{"DampeningAboveOne",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::SGD);
+                      s.mutable_optimizer()->set_dampening(1.5);
+                    },
+                    "optimizer.dampening", "1.5 is out of range [0, 1]"},
+        InvalidCase{"DampeningOnAdamW",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::ADAMW);
+                      s.mutable_optimizer()->set_dampening(0.1);
+                    },
+                    "optimizer.dampening", "only applies to SGD; leave it unset for ADAMW"},
+        InvalidCase{"NesterovWithoutMomentum",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::SGD);
+                      s.mutable_optimizer()->set_nesterov(true);
+                    },
+                    "optimizer.nesterov", "needs momentum > 0 and dampening 0"},
+        InvalidCase{"NesterovWithDampening",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::SGD);
+                      s.mutable_optimizer()->set_momentum(0.9);
+                      s.mutable_optimizer()->set_dampening(0.1);
+                      s.mutable_optimizer()->set_nesterov(true);
+                    },
+                    "optimizer.nesterov", "got momentum 0.9 and dampening 0.1"},
+        InvalidCase{"NesterovOnAdam", [](JobSpec& s) { s.mutable_optimizer()->set_nesterov(true); },
+                    "optimizer.nesterov", "only applies to SGD"},
+        InvalidCase{"AmsgradOnSgd",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::SGD);
+                      s.mutable_optimizer()->set_amsgrad(true);
+                    },
+                    "optimizer.amsgrad", "optimizer.amsgrad: only applies to ADAM and ADAMW"},
+        InvalidCase{"Beta1OnSgd",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::SGD);
+                      s.mutable_optimizer()->set_beta1(0.5);
+                    },
+                    "optimizer.beta1", "only applies to ADAM, ADAMW and LION; leave it unset for SGD"},
+        InvalidCase{"Beta2OnAdagrad",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::ADAGRAD);
+                      s.mutable_optimizer()->set_beta2(0.9);
+                    },
+                    "optimizer.beta2", "leave it unset for ADAGRAD"},
+        InvalidCase{"EpsOnLion",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::LION);
+                      s.mutable_optimizer()->set_eps(1e-6);
+                    },
+                    "optimizer.eps", "only applies to ADAM, ADAMW and ADAGRAD"},
+        InvalidCase{"LrDecayOnAdam", [](JobSpec& s) { s.mutable_optimizer()->set_lr_decay(0.1); },
+                    "optimizer.lr_decay", "only applies to ADAGRAD"},
+        InvalidCase{"LrDecayTwo",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::ADAGRAD);
+                      s.mutable_optimizer()->set_lr_decay(2);
+                    },
+                    "optimizer.lr_decay", "2 is out of range [0, 1]"},
+        InvalidCase{"HugeInitialAccumulator",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::ADAGRAD);
+                      s.mutable_optimizer()->set_initial_accumulator_value(1e7);
+                    },
+                    "optimizer.initial_accumulator_value", "10000000 is out of range [0, 1000000]"},
+        InvalidCase{"InitialAccumulatorOnSgd",
+                    [](JobSpec& s) {
+                      SetOptimizer(s, v1::SGD);
+                      s.mutable_optimizer()->set_initial_accumulator_value(0.1);
+                    },
+                    "optimizer.initial_accumulator_value", "only applies to ADAGRAD"},
+        InvalidCase{"Zero3", [](JobSpec& s) { s.set_mode(v1::ZERO3); }, "mode",
+                    "mode: ZERO3 is not implemented yet"},
+        InvalidCase{"UnknownMode", [](JobSpec& s) { s.set_mode(static_cast<v1::Mode>(99)); },
+                    "mode", "unknown Mode value 99; allowed: DDP, ZERO1, ZERO2"},
+        InvalidCase{"Float64Params",
+                    [](JobSpec& s) { s.mutable_precision()->set_param_dtype(v1::FLOAT64); },
+                    "precision.param_dtype",
+                    "FLOAT64 is not supported; allowed: FLOAT32, BFLOAT16, FLOAT16"},
+        InvalidCase{"UnknownParamDtype",
+                    [](JobSpec& s) {
+                      s.mutable_precision()->set_param_dtype(static_cast<v1::DType>(42));
+                    },
+                    "precision.param_dtype", "unknown DType value 42"},
+        InvalidCase{"Float64Grads",
+                    [](JobSpec& s) { s.mutable_precision()->set_grad_dtype(v1::FLOAT64); },
+                    "precision.grad_dtype", "FLOAT64 is not supported"},
+        InvalidCase{"Bf16Master",
+                    [](JobSpec& s) { s.mutable_precision()->set_master_dtype(v1::BFLOAT16); },
+                    "precision.master_dtype",
+                    "precision.master_dtype: only FLOAT32 is supported, got BFLOAT16"},
+        InvalidCase{"UnknownReduceDtype",
+                    [](JobSpec& s) {
+                      s.mutable_precision()->set_reduce_dtype(static_cast<v1::DType>(-3));
+                    },
+                    "precision.reduce_dtype", "unknown DType value -3"},
+        InvalidCase{"LossScaleBelowOne",
+                    [](JobSpec& s) { s.mutable_precision()->set_initial_loss_scale(0.5); },
+                    "precision.initial_loss_scale", "0.5 is out of range [1, 16777216]"},
+        InvalidCase{"HugeLossScale",
+                    [](JobSpec& s) { s.mutable_precision()->set_initial_loss_scale(16777217); },
+                    "precision.initial_loss_scale", "16777217 is out of range"},
+        InvalidCase{"NaNLossScale",
+                    [](JobSpec& s) { s.mutable_precision()->set_initial_loss_scale(kNaN); },
+                    "precision.initial_loss_scale", "NaN is not allowed"},
+        InvalidCase{"ZeroGrowthInterval",
+                    [](JobSpec& s) { s.mutable_precision()->set_loss_scale_growth_interval(0); },
+                    "precision.loss_scale_growth_interval", "0 is out of range [1, 1000000]"},
+        InvalidCase{"HugeGrowthInterval",
+                    [](JobSpec& s) {
+                      s.mutable_precision()->set_loss_scale_growth_interval(1000001);
+                    },
+                    "precision.loss_scale_growth_interval", "1000001 is out of range"},
+        InvalidCase{"NegativeClip", [](JobSpec& s) { s.set_clip_grad_norm(-1); }, "clip_grad_norm",
+                    "-1 is out of range [0, 1000000]"},
+        InvalidCase{"NaNClip", [](JobSpec& s) { s.set_clip_grad_norm(kNaN); }, "clip_grad_norm",
+                    "NaN is not allowed"},
+        InvalidCase{"HugeClip", [](JobSpec& s) { s.set_clip_grad_norm(1e7); }, "clip_grad_norm",
+                    "out of range"},
+        InvalidCase{"SmallBucket", [](JobSpec& s) { s.set_bucket_elems(1023); }, "bucket_elems",
+                    "1023 is out of range [1024, 1073741824]"},
+        InvalidCase{"HugeBucket", [](JobSpec& s) { s.set_bucket_elems((int64_t{1} << 30) + 1); },
+                    "bucket_elems", "out of range"},
+        InvalidCase{"ZeroBucket", [](JobSpec& s) { s.set_bucket_elems(0); }, "bucket_elems",
+                    "0 is out of range"},
+        InvalidCase{"ZeroMinWorkers", [](JobSpec& s) { s.set_min_workers(0); }, "min_workers",
+                    "0 is out of range [1, 65536]"},
+        InvalidCase{"NegativeMinWorkers", [](JobSpec& s) { s.set_min_workers(-3); },
+                    "min_workers", "-3 is out of range"},
+        InvalidCase{"TooManyMinWorkers",
+                    [](JobSpec& s) {
+                      s.set_min_workers(65537);
+                      s.set_max_workers(65537);
+                    },
+                    "min_workers", "65537 is out of range [1, 65536]"},
+        InvalidCase{"MaxBelowMin",
+                    [](JobSpec& s) {
+                      s.set_min_workers(4);
+                      s.set_max_workers(2);
+                    },
+                    "max_workers", "max_workers: 2 is below min_workers 4"},
+        InvalidCase{"TooManyMaxWorkers", [](JobSpec& s) { s.set_max_workers(70000); },
+                    "max_workers", "70000 is out of range [min_workers, 65536]"},
+        InvalidCase{"UnknownDeviceKind",
+                    [](JobSpec& s) { s.set_device_kind(static_cast<v1::DeviceKind>(7)); },
+                    "device_kind", "unknown DeviceKind value 7; allowed: CPU, CUDA"},
+        InvalidCase{"ZeroSteps", [](JobSpec& s) { s.set_steps(0); }, "steps",
+                    "0 is out of range [1, 1000000000]"},
+        InvalidCase{"NegativeSteps", [](JobSpec& s) { s.set_steps(-1); }, "steps",
+                    "-1 is out of range"},
+        InvalidCase{"HugeSteps", [](JobSpec& s) { s.set_steps(std::numeric_limits<int64_t>::max()); },
+                    "steps", "9223372036854775807 is out of range"},
+        InvalidCase{"ZeroGlobalBatch", [](JobSpec& s) { s.set_global_batch(0); }, "global_batch",
+                    "0 is out of range [1, 16777216]"},
+        InvalidCase{"HugeGlobalBatch", [](JobSpec& s) { s.set_global_batch((int64_t{1} << 24) + 1); },
+                    "global_batch", "out of range"},
+        InvalidCase{"NoWorldSizeDividesBatch",
+                    [](JobSpec& s) {
+                      s.set_min_workers(3);
+                      s.set_max_workers(3);
+                      s.set_global_batch(100);
+                    },
+                    "global_batch",
+                    "global_batch: 100 has no divisor in [min_workers, max_workers] = [3, 3]"},
+        InvalidCase{"PrimeBatch", [](JobSpec& s) { s.set_global_batch(7); }, "global_batch",
+                    "= [2, 4]"},
+        InvalidCase{"NegativeCheckpointEvery",
+                    [](JobSpec& s) { s.mutable_checkpoint()->set_every_steps(-1); },
+                    "checkpoint.every_steps", "-1 is out of range [0, 1000000000]"},
+        InvalidCase{"HugeCheckpointEvery",
+                    [](JobSpec& s) { s.mutable_checkpoint()->set_every_steps(1000000001); },
+                    "checkpoint.every_steps", "out of range"},
+        InvalidCase{"AbsoluteCheckpointDir",
+                    [](JobSpec& s) { s.mutable_checkpoint()->set_dir("/etc"); }, "checkpoint.dir",
+                    "must be relative and must not contain \"..\""},
+        InvalidCase{"CheckpointDirEscapes",
+                    [](JobSpec& s) { s.mutable_checkpoint()->set_dir("../x"); }, "checkpoint.dir",
+                    "must be relative and must not contain \"..\""},
+        InvalidCase{"CheckpointDirDotDotInside",
+                    [](JobSpec& s) { s.mutable_checkpoint()->set_dir("a/../../b"); },
+                    "checkpoint.dir", "\"..\" component"},
+        InvalidCase{"CheckpointDirEmptyComponent",
+                    [](JobSpec& s) { s.mutable_checkpoint()->set_dir("a//b"); }, "checkpoint.dir",
+                    "empty"},
+        InvalidCase{"CheckpointDirWithNul",
+                    [](JobSpec& s) { s.mutable_checkpoint()->set_dir(std::string("a\0b", 3)); },
+                    "checkpoint.dir", "\"a\\000b\" contains a control character"},
+        InvalidCase{"HugeCheckpointDir",
+                    [](JobSpec& s) { s.mutable_checkpoint()->set_dir(std::string(5000, 'd')); },
+                    "checkpoint.dir", "5000 bytes is longer than the limit of 4096"},
+        InvalidCase{"ZeroKeep", [](JobSpec& s) { s.mutable_checkpoint()->set_keep(0); },
+                    "checkpoint.keep", "0 is out of range [1, 100]"},
+        InvalidCase{"TooManyKept", [](JobSpec& s) { s.mutable_checkpoint()->set_keep(101); },
+                    "checkpoint.keep", "101 is out of range"},
+        InvalidCase{"ZeroAttempts", [](JobSpec& s) { s.set_max_attempts(0); }, "max_attempts",
+                    "0 is out of range [1, 100]"},
+        InvalidCase{"TooManyAttempts", [](JobSpec& s) { s.set_max_attempts(101); }, "max_attempts",
+                    "101 is out of range"}),
+    [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.name; });
+
+TEST(ValidateJobSpecTest, FirstErrorInFieldOrderWins) {
+  JobSpec spec = BaseSpec();
+  spec.set_max_attempts(0);
+  spec.set_steps(0);
+  spec.mutable_optimizer()->set_lr(-1);
+  spec.set_name("BAD");
+  const JobSpec defaulted = WithDefaults(spec);
+  EXPECT_TRUE(absl::StartsWith(ValidateJobSpec(defaulted).message(), "name: "));
+  spec.set_name("good");
+  EXPECT_TRUE(absl::StartsWith(ValidateJobSpec(WithDefaults(spec)).message(), "optimizer.lr: "));
+  spec.mutable_optimizer()->set_lr(0.1);
+  EXPECT_TRUE(absl::StartsWith(ValidateJobSpec(WithDefaults(spec)).message(), "steps: "));
+}
+
+TEST(ValidateJobSpecTest, LongValuesAreNotEchoedWhole) {
+  JobSpec spec = BaseSpec();
+  spec.set_name(std::string(100000, 'X'));
+  const absl::Status status = ValidateWithDefaults(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_LT(status.message().size(), 200u) << status;
+}
+
+TEST(ValidateCheckpointPathTest, AcceptsRelativePaths) {
+  const std::string accepted[] = {"a", "job-000001", "job-000001/step-100/rank-0.ckpt", "a..b/c.d",
+                                  std::string(4096, 'p')};
+  for (const std::string& path : accepted) {
+    EXPECT_TRUE(ValidateCheckpointPath(path).ok()) << path.substr(0, 40);
+  }
+}
+
+TEST(ValidateCheckpointPathTest, RejectsPathsOutsideTheRoot) {
+  const std::string rejected[] = {"",
+                                  "/",
+                                  "/abs/x",
+                                  "..",
+                                  "../a",
+                                  "a/..",
+                                  "a/b/",
+                                  "a//b",
+                                  "./a",
+                                  "a/./b",
+                                  ".",
+                                  "a\nb",
+                                  std::string("x\0", 2),
+                                  std::string(4097, 'p')};
+  for (const std::string& path : rejected) {
+    const absl::Status status = ValidateCheckpointPath(path);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << path.substr(0, 40);
+    EXPECT_TRUE(absl::StartsWith(status.message(), "path: ")) << status;
+  }
+  EXPECT_TRUE(absl::StartsWith(ValidateCheckpointPath("/x", "checkpoint.dir").message(),
+                               "checkpoint.dir: \"/x\" is absolute"));
+}
+
+}  // namespace
+}  // namespace zeroshard
