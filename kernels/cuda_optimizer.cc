@@ -1,0 +1,199 @@
+// The CUDA implementation's host side: validation, piece and tile tables, and the one boundary
+// where CUDA errors become absl::Status.
+#include "kernels/cuda_optimizer.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda_launch.h"
+
+namespace zeroshard {
+namespace kernels {
+namespace {
+
+using cuda_internal::DeviceStatsPiece;
+using cuda_internal::DeviceTile;
+using cuda_internal::DeviceUpdatePiece;
+
+static_assert(cuda_internal::kDeviceStateArrays == kMaxStateArrays,
+              "the device piece table holds every state array");
+
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(
+      absl::StrCat(what, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
+}
+
+bool Aligned(const void* p, uintptr_t alignment) {
+  return reinterpret_cast<uintptr_t>(p) % alignment == 0;
+}
+
+template <class Piece>
+std::vector<DeviceTile> CutIntoTiles(absl::Span<const Piece> pieces, int64_t tile_elements) {
+  std::vector<DeviceTile> tiles;
+  for (size_t p = 0; p < pieces.size(); ++p) {
+    for (int64_t begin = 0; begin < pieces[p].length; begin += tile_elements) {
+      const int64_t end = std::min(pieces[p].length, begin + tile_elements);
+      tiles.push_back(DeviceTile{begin, end, static_cast<int32_t>(p)});
+    }
+  }
+  return tiles;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaOptimizerKernels>> CudaOptimizerKernels::Create(void* stream) {
+  int devices = 0;
+  const cudaError_t error = cudaGetDeviceCount(&devices);
+  if (error != cudaSuccess || devices == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "no CUDA device: ", error == cudaSuccess ? "none found" : cudaGetErrorString(error)));
+  }
+  return std::unique_ptr<CudaOptimizerKernels>(new CudaOptimizerKernels(stream));
+}
+
+CudaOptimizerKernels::~CudaOptimizerKernels() {
+  // Errors while freeing are not actionable in a destructor.
+  cudaFree(device_pieces_);
+  cudaFree(device_tiles_);
+  cudaFree(device_sums_);
+}
+
+absl::Status CudaOptimizerKernels::Reserve(void** buffer, size_t* capacity, size_t bytes) {
+  if (bytes <= *capacity) return absl::OkStatus();
+  // Earlier launches on the stream may still read the old buffer.
+  absl::Status synced = CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
+                                   "cudaStreamSynchronize");
+  if (!synced.ok()) return synced;
+  cudaFree(*buffer);
+  *buffer = nullptr;
+  *capacity = 0;
+  const size_t grown = bytes < 4096 ? 4096 : bytes + bytes / 2;
+  absl::Status allocated = CudaStatus(cudaMalloc(buffer, grown), "cudaMalloc");
+  if (!allocated.ok()) return allocated;
+  *capacity = grown;
+  return absl::OkStatus();
+}
+
+absl::Status CudaOptimizerKernels::ApplyUpdate(const OptimizerConfig& config, int64_t step,
+                                               float grad_scale,
+                                               absl::Span<const UpdatePiece> pieces) {
+  absl::Status valid = ValidateUpdate(config, step, grad_scale, pieces);
+  if (!valid.ok()) return valid;
+  if (pieces.size() > static_cast<size_t>(INT32_MAX)) {
+    return absl::InvalidArgumentError("too many pieces for one launch");
+  }
+  const int state_arrays = StateArraysPerParam(config);
+  const bool has_momentum = config.kind == OptimizerKind::kSgd && config.momentum != 0.0;
+  std::vector<DeviceUpdatePiece> table(pieces.size());  // value-initialised: zeros
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    const UpdatePiece& piece = pieces[i];
+    DeviceUpdatePiece& d = table[i];
+    d.scalars = MakeElementScalars(config, step, grad_scale, piece);
+    d.grad = piece.grad;
+    d.master = piece.master;
+    for (int s = 0; s < state_arrays; ++s) d.state[s] = piece.state[s];
+    d.param_copy = piece.param_copy;
+    d.length = piece.length;
+    d.grad_dtype = static_cast<int32_t>(piece.grad_dtype);
+    d.copy_dtype = static_cast<int32_t>(piece.param_dtype);
+    d.has_momentum = has_momentum ? 1 : 0;
+    bool aligned = Aligned(piece.master, 16) &&
+                   Aligned(piece.grad, piece.grad_dtype == DType::kFloat32 ? 16 : 8);
+    for (int s = 0; s < state_arrays; ++s) aligned = aligned && Aligned(piece.state[s], 16);
+    if (piece.param_copy != nullptr) {
+      aligned = aligned &&
+                Aligned(piece.param_copy, piece.param_dtype == DType::kFloat32 ? 16 : 8);
+    }
+    d.vector_aligned = aligned ? 1 : 0;
+  }
+  const std::vector<DeviceTile> tiles =
+      CutIntoTiles(pieces, cuda_internal::kUpdateTileElements);
+  if (tiles.empty()) return absl::OkStatus();
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  const size_t table_bytes = table.size() * sizeof(DeviceUpdatePiece);
+  const size_t tile_bytes = tiles.size() * sizeof(DeviceTile);
+  absl::Status status = Reserve(&device_pieces_, &pieces_capacity_, table_bytes);
+  if (status.ok()) status = Reserve(&device_tiles_, &tiles_capacity_, tile_bytes);
+  // From pageable memory these copies finish reading the host tables before they return.
+  if (status.ok()) {
+    status = CudaStatus(cudaMemcpyAsync(device_pieces_, table.data(), table_bytes,
+                                        cudaMemcpyHostToDevice, stream),
+                        "cudaMemcpyAsync(pieces)");
+  }
+  if (status.ok()) {
+    status = CudaStatus(cudaMemcpyAsync(device_tiles_, tiles.data(), tile_bytes,
+                                        cudaMemcpyHostToDevice, stream),
+                        "cudaMemcpyAsync(tiles)");
+  }
+  if (status.ok()) {
+    status = CudaStatus(
+        cuda_internal::LaunchUpdate(static_cast<int32_t>(config.kind),
+                                    static_cast<const DeviceUpdatePiece*>(device_pieces_),
+                                    static_cast<const DeviceTile*>(device_tiles_),
+                                    static_cast<int64_t>(tiles.size()), stream),
+        "optimizer update launch");
+  }
+  return status;
+}
+
+absl::StatusOr<GradStats> CudaOptimizerKernels::ComputeGradStats(
+    absl::Span<const GradPiece> pieces) {
+  absl::Status valid = ValidateGradPieces(pieces);
+  if (!valid.ok()) return valid;
+  std::vector<DeviceStatsPiece> table(pieces.size());
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    table[i].data = pieces[i].data;
+    table[i].length = pieces[i].length;
+    table[i].dtype = static_cast<int32_t>(pieces[i].dtype);
+  }
+  const std::vector<DeviceTile> tiles = CutIntoTiles(pieces, cuda_internal::kStatsTileElements);
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  const size_t table_bytes = table.size() * sizeof(DeviceStatsPiece);
+  const size_t tile_bytes = tiles.size() * sizeof(DeviceTile);
+  const size_t sums_bytes = (tiles.size() + 1) * sizeof(double);
+  absl::Status status = Reserve(&device_pieces_, &pieces_capacity_, table_bytes);
+  if (status.ok()) status = Reserve(&device_tiles_, &tiles_capacity_, tile_bytes);
+  if (status.ok()) status = Reserve(&device_sums_, &sums_capacity_, sums_bytes);
+  if (status.ok() && table_bytes > 0) {
+    status = CudaStatus(cudaMemcpyAsync(device_pieces_, table.data(), table_bytes,
+                                        cudaMemcpyHostToDevice, stream),
+                        "cudaMemcpyAsync(pieces)");
+  }
+  if (status.ok() && tile_bytes > 0) {
+    status = CudaStatus(cudaMemcpyAsync(device_tiles_, tiles.data(), tile_bytes,
+                                        cudaMemcpyHostToDevice, stream),
+                        "cudaMemcpyAsync(tiles)");
+  }
+  double* sums = static_cast<double*>(device_sums_);
+  const int64_t num_tiles = static_cast<int64_t>(tiles.size());
+  if (status.ok()) {
+    status = CudaStatus(cuda_internal::LaunchSumSquares(
+                            static_cast<const DeviceStatsPiece*>(device_pieces_),
+                            static_cast<const DeviceTile*>(device_tiles_), num_tiles, sums,
+                            sums + num_tiles, stream),
+                        "sum of squares launch");
+  }
+  double total = 0.0;
+  if (status.ok()) {
+    status = CudaStatus(cudaMemcpyAsync(&total, sums + num_tiles, sizeof(double),
+                                        cudaMemcpyDeviceToHost, stream),
+                        "cudaMemcpyAsync(result)");
+  }
+  if (status.ok()) {
+    status = CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+  }
+  if (!status.ok()) return status;
+  GradStats stats;
+  stats.sum_squares = total;
+  // As on the CPU: finite squares cannot overflow an fp64 sum, so only NaN/Inf make it non-finite.
+  stats.non_finite = !std::isfinite(total);
+  return stats;
+}
+
+}  // namespace kernels
+}  // namespace zeroshard

@@ -1,0 +1,59 @@
+// The CUDA implementation of the optimizer API (plain C++ header, no CUDA headers): the fused
+// update of many device-resident pieces in one launch, and the gradient statistics.
+// Built only under --config=cuda.
+#ifndef ZEROSHARD_KERNELS_CUDA_OPTIMIZER_H_
+#define ZEROSHARD_KERNELS_CUDA_OPTIMIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/optimizer.h"
+
+namespace zeroshard {
+namespace kernels {
+
+// Runs the kernels on one CUDA stream, owning the device buffers their piece tables need.
+// Thread contract: not thread-safe; use one instance per stream, from one thread at a time.
+// Every CUDA error becomes a Status here (Internal, with CUDA's message); nothing else in the
+// kernels reports CUDA errors.
+class CudaOptimizerKernels {
+ public:
+  // `stream` is a cudaStream_t (null: the legacy default stream); the caller keeps it alive.
+  // Fails (Unavailable) when there is no usable CUDA device.
+  static absl::StatusOr<std::unique_ptr<CudaOptimizerKernels>> Create(void* stream);
+  ~CudaOptimizerKernels();
+  CudaOptimizerKernels(const CudaOptimizerKernels&) = delete;
+  CudaOptimizerKernels& operator=(const CudaOptimizerKernels&) = delete;
+
+  // As ApplyUpdateCpu, with every array of every piece in device memory. Enqueues one launch
+  // on the stream and returns without waiting for it; the pieces may be reused at once.
+  absl::Status ApplyUpdate(const OptimizerConfig& config, int64_t step, float grad_scale,
+                           absl::Span<const UpdatePiece> pieces);
+
+  // As ComputeGradStatsCpu (fp64 sums; the same bits whatever the launch shape, though not
+  // the CPU's bits), for device-resident pieces. Waits for the stream.
+  absl::StatusOr<GradStats> ComputeGradStats(absl::Span<const GradPiece> pieces);
+
+ private:
+  explicit CudaOptimizerKernels(void* stream) : stream_(stream) {}
+
+  // Makes the device buffer `*buffer` (of `*capacity` bytes) hold at least `bytes`.
+  absl::Status Reserve(void** buffer, size_t* capacity, size_t bytes);
+
+  void* stream_;
+  void* device_pieces_ = nullptr;  // DeviceUpdatePiece or DeviceStatsPiece table
+  size_t pieces_capacity_ = 0;
+  void* device_tiles_ = nullptr;  // DeviceTile table
+  size_t tiles_capacity_ = 0;
+  void* device_sums_ = nullptr;  // per-tile sums, then the total
+  size_t sums_capacity_ = 0;
+};
+
+}  // namespace kernels
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_KERNELS_CUDA_OPTIMIZER_H_
