@@ -1,0 +1,105 @@
+// Wiring of the coordinator's parts into one running server.
+#include "coordinator/coordinator_server.h"
+
+#include <httplib.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/server_builder.h"
+
+namespace zeroshard::coordinator {
+
+absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
+    CoordinatorServerOptions options, Clock* clock) {
+  if (options.state_dir.empty()) {
+    return absl::InvalidArgumentError("state_dir: required (where the job database lives)");
+  }
+  const size_t colon = options.listen_address.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen: '", options.listen_address, "' is not host:port"));
+  }
+  std::unique_ptr<CoordinatorServer> server(new CoordinatorServer());
+  server->options_ = options;
+  server->clock_ = clock;
+  server->host_ = options.listen_address.substr(0, colon);
+  server->rendezvous_ = std::make_unique<RendezvousStore>(clock);
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store, JobStore::Open(options.state_dir));
+  ZS_ASSIGN_OR_RETURN(
+      server->manager_,
+      JobManager::Create(clock, std::move(store), server->rendezvous_.get(), options.manager));
+  server->service_ = std::make_unique<CoordinatorService>(
+      server->manager_.get(), server->rendezvous_.get(), &server->metrics_, options.service);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
+                           &server->grpc_port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->grpc_port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("listen: cannot serve gRPC on ", options.listen_address));
+  }
+
+  if (options.metrics_port >= 0) {
+    server->http_ = std::make_unique<httplib::Server>();
+    CoordinatorServer* raw = server.get();
+    server->http_->Get("/metrics", [raw](const httplib::Request&, httplib::Response& response) {
+      response.set_content(raw->metrics_.RenderPrometheus(raw->manager_->Stats()),
+                           "text/plain; version=0.0.4");
+    });
+    server->http_->Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
+      response.set_content("ok\n", "text/plain");
+    });
+    if (options.metrics_port == 0) {
+      server->metrics_port_ = server->http_->bind_to_any_port(server->host_);
+    } else if (server->http_->bind_to_port(server->host_, options.metrics_port)) {
+      server->metrics_port_ = options.metrics_port;
+    }
+    if (server->metrics_port_ <= 0) {
+      return absl::UnavailableError(absl::StrCat("metrics_port: cannot listen on ", server->host_,
+                                                 ":", options.metrics_port));
+    }
+    server->http_thread_ = std::thread([raw] { raw->http_->listen_after_bind(); });
+  }
+
+  server->ticker_ = std::thread([raw = server.get()] {
+    while (!raw->stopping_.WaitForNotificationWithTimeout(raw->options_.tick_period)) {
+      raw->manager_->Tick();
+    }
+  });
+  ZS_LOG(INFO) << "coordinator serving gRPC on " << server->grpc_target() << ", metrics on port "
+               << server->metrics_port_ << ", state in " << options.state_dir;
+  return server;
+}
+
+std::string CoordinatorServer::grpc_target() const { return absl::StrCat(host_, ":", grpc_port_); }
+
+void CoordinatorServer::Wait() { stopped_.WaitForNotification(); }
+
+void CoordinatorServer::Shutdown() {
+  if (stopping_.HasBeenNotified()) return;
+  stopping_.Notify();
+  if (ticker_.joinable()) ticker_.join();
+  if (http_ != nullptr) {
+    http_->stop();
+    if (http_thread_.joinable()) http_thread_.join();
+  }
+  // Pending StoreGet waits end first (CANCELLED), so the server's shutdown does not wait on them.
+  server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+  server_.reset();
+  rendezvous_.reset();
+  stopped_.Notify();
+}
+
+CoordinatorServer::~CoordinatorServer() {
+  if (server_ != nullptr) Shutdown();
+}
+
+}  // namespace zeroshard::coordinator

@@ -1,0 +1,79 @@
+// A running coordinator: the durable store, rendezvous store, job manager, the gRPC server
+// (with health checking and reflection), the /metrics HTTP endpoint and the ticker that expires
+// leases. `zeroshard-coordinator` is a thin main around it; service tests run it in-process.
+#ifndef ZEROSHARD_COORDINATOR_COORDINATOR_SERVER_H_
+#define ZEROSHARD_COORDINATOR_COORDINATOR_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "common/clock.h"
+#include "coordinator/coordinator_service.h"
+#include "coordinator/job_manager.h"
+#include "coordinator/metrics.h"
+#include "coordinator/rendezvous_store.h"
+#include "grpcpp/server.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace zeroshard::coordinator {
+
+struct CoordinatorServerOptions {
+  // gRPC address, host:port; port 0 picks a free port (see grpc_port()).
+  std::string listen_address = "127.0.0.1:50051";
+  // /metrics HTTP port on the same host; 0 picks a free one; -1 disables it.
+  int metrics_port = 0;
+  std::string state_dir;
+  JobManagerOptions manager;
+  ServiceOptions service;
+  // How often the ticker expires leases and schedules.
+  absl::Duration tick_period = absl::Milliseconds(100);
+  // Largest gRPC message accepted, bytes.
+  int max_message_bytes = 4 << 20;
+};
+
+// Thread contract: Start once, then the accessors from any thread; Shutdown (or the
+// destructor) once.
+class CoordinatorServer {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(CoordinatorServerOptions options,
+                                                                  Clock* clock = Clock::Real());
+  ~CoordinatorServer();
+
+  int grpc_port() const { return grpc_port_; }
+  int metrics_port() const { return metrics_port_; }
+  std::string grpc_target() const;
+  JobManager* manager() { return manager_.get(); }
+
+  // Blocks until Shutdown is called from another thread (or a signal handler's helper).
+  void Wait();
+  void Shutdown();
+
+ private:
+  CoordinatorServer() = default;
+
+  CoordinatorServerOptions options_;
+  Clock* clock_ = nullptr;
+  CoordinatorMetrics metrics_;
+  std::unique_ptr<RendezvousStore> rendezvous_;
+  std::unique_ptr<JobManager> manager_;
+  std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread http_thread_;
+  std::thread ticker_;
+  absl::Notification stopping_;
+  absl::Notification stopped_;
+  int grpc_port_ = 0;
+  int metrics_port_ = -1;
+  std::string host_;
+};
+
+}  // namespace zeroshard::coordinator
+
+#endif  // ZEROSHARD_COORDINATOR_COORDINATOR_SERVER_H_

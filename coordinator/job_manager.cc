@@ -1,0 +1,533 @@
+// Job life cycle and membership (see job_manager.h).
+#include "coordinator/job_manager.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/time_util.h"
+#include "spec/job_plan.h"
+#include "spec/job_spec_defaults.h"
+#include "spec/job_spec_validation.h"
+
+namespace zeroshard::coordinator {
+namespace {
+
+using ::google::protobuf::util::TimeUtil;
+
+google::protobuf::Timestamp ToTimestamp(absl::Time t) {
+  return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+absl::Time FromTimestamp(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixNanos(TimeUtil::TimestampToNanoseconds(t));
+}
+
+bool IsFinal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+bool IsPending(v1::JobState state) { return state == v1::PENDING || state == v1::RECOVERING; }
+
+v1::Assignment IdleAssignment() {
+  v1::Assignment assignment;
+  assignment.set_kind(v1::ASSIGNMENT_IDLE);
+  return assignment;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Clock* clock,
+                                                               std::unique_ptr<JobStore> store,
+                                                               RendezvousStore* rendezvous,
+                                                               JobManagerOptions options) {
+  ZS_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store->LoadJobs());
+  std::unique_ptr<JobManager> manager(
+      new JobManager(clock, std::move(store), rendezvous, std::move(options)));
+  absl::MutexLock lock(&manager->mu_);
+  std::vector<JobRecord*> changed;
+  for (v1::Job& job : jobs) {
+    const std::string id = job.id();
+    ZS_ASSIGN_OR_RETURN(std::vector<v1::JobEvent> events, manager->store_->LoadEvents(id));
+    JobRecord& record = manager->jobs_[id];
+    record.job = std::move(job);
+    record.events = std::move(events);
+    record.pending_since = clock->Now();
+    int64_t number = 0;
+    if (absl::SimpleAtoi(absl::StripPrefix(id, "job-"), &number)) {
+      manager->next_job_number_ = std::max(manager->next_job_number_, number + 1);
+    }
+    if (record.job.state() == v1::RUNNING) {
+      // Workers re-register after a restart with new ids: the generation cannot continue.
+      record.job.clear_worker_ids();
+      const bool retry = record.job.attempts() < record.job.spec().max_attempts();
+      manager->SetStateLocked(
+          record, retry ? v1::RECOVERING : v1::FAILED,
+          absl::StrCat("generation ", record.job.generation(), " ended: coordinator restarted",
+                       retry ? "" : "; no attempts left"));
+      changed.push_back(&record);
+    }
+  }
+  manager->PersistLocked(changed);
+  return manager;
+}
+
+JobManager::JobManager(Clock* clock, std::unique_ptr<JobStore> store, RendezvousStore* rendezvous,
+                       JobManagerOptions options)
+    : clock_(clock),
+      options_(std::move(options)),
+      rendezvous_(rendezvous),
+      store_(std::move(store)),
+      workers_(options_.lease) {}
+
+// ---- Workers ----
+
+v1::RegisterWorkerResponse JobManager::RegisterWorker(const v1::RegisterWorkerRequest& request) {
+  absl::MutexLock lock(&mu_);
+  const v1::WorkerInfo& worker = workers_.Register(request, clock_->Now());
+  v1::RegisterWorkerResponse response;
+  response.set_worker_id(worker.id());
+  response.set_heartbeat_period_ms(absl::ToInt64Milliseconds(options_.lease.heartbeat_period));
+  response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease.lease()));
+  ZS_LOG(INFO) << "worker " << worker.id() << " registered: name=" << request.name()
+               << " host=" << request.host();
+  ScheduleLocked();
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& request) {
+  absl::MutexLock lock(&mu_);
+  ZS_ASSIGN_OR_RETURN(v1::WorkerInfo * worker, workers_.Renew(request.worker_id(), clock_->Now()));
+  const v1::Assignment& assignment = worker->assignment();
+  // An aborting worker that no longer runs the aborted generation is free again.
+  if (assignment.kind() == v1::ASSIGNMENT_ABORT &&
+      (request.status().job_id() != assignment.job_id() ||
+       request.status().generation() != assignment.generation())) {
+    workers_.Assign(*worker, IdleAssignment());
+    ScheduleLocked();
+  }
+  v1::HeartbeatResponse response;
+  *response.mutable_assignment() = worker->assignment();
+  return response;
+}
+
+absl::Status JobManager::LeaveWorker(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  if (workers_.Find(worker_id) == nullptr) {
+    return absl::NotFoundError(absl::StrCat("worker_id: ", worker_id, " is not registered"));
+  }
+  // End its generation first: that reads the assignment Leave clears.
+  HandleLostWorkerLocked(worker_id, "left");
+  ZS_RETURN_IF_ERROR(workers_.Leave(worker_id).status());
+  ZS_LOG(INFO) << "worker " << worker_id << " left";
+  return absl::OkStatus();
+}
+
+std::vector<v1::WorkerInfo> JobManager::ListWorkers(v1::WorkerState state) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::WorkerInfo> out;
+  for (const v1::WorkerInfo* worker : workers_.List(state)) out.push_back(*worker);
+  return out;
+}
+
+// ---- Jobs ----
+
+absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted) {
+  absl::MutexLock lock(&mu_);
+  const std::string id = absl::StrFormat("job-%06d", next_job_number_);
+  v1::JobSpec spec = WithDefaults(submitted, id);
+  ZS_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  // The plan must exist for every allowed world size; check the smallest (the catalog and the
+  // planner's own limits).
+  ZS_RETURN_IF_ERROR(PlanForJob(spec, spec.min_workers()).status());
+
+  JobRecord record;
+  record.job.set_id(id);
+  *record.job.mutable_spec() = std::move(spec);
+  record.job.set_state(v1::PENDING);
+  *record.job.mutable_create_time() = ToTimestamp(clock_->Now());
+  record.pending_since = clock_->Now();
+  v1::JobEvent submitted_event;
+  submitted_event.set_job_id(id);
+  submitted_event.set_sequence(1);
+  *submitted_event.mutable_time() = record.job.create_time();
+  submitted_event.set_type(v1::STATE_CHANGED);
+  submitted_event.set_state(v1::PENDING);
+  submitted_event.set_message("submitted");
+  const v1::Job* to_save[] = {&record.job};
+  // Durable before it is acknowledged: a job the client saw is never lost.
+  if (absl::Status saved = store_->Save(to_save, {submitted_event}); !saved.ok()) {
+    return absl::UnavailableError(absl::StrCat("state store: job not accepted: ", saved.message()));
+  }
+  record.events.push_back(std::move(submitted_event));
+  ++next_job_number_;
+  jobs_.emplace(id, std::move(record));
+  ZS_LOG(INFO) << "job " << id << " submitted";
+  ScheduleLocked();
+  return jobs_[id].job;
+}
+
+absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(job_id));
+  return record->job;
+}
+
+std::vector<v1::Job> JobManager::ListJobs(v1::JobState state, int64_t limit) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Job> out;
+  for (auto it = jobs_.rbegin(); it != jobs_.rend() && static_cast<int64_t>(out.size()) < limit;
+       ++it) {
+    if (state == v1::JOB_STATE_UNSPECIFIED || it->second.job.state() == state) {
+      out.push_back(it->second.job);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& job_id,
+                                              const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(job_id));
+  if (IsFinal(record->job.state())) {
+    return absl::FailedPreconditionError(absl::StrCat("job_id: ", job_id, " already ended (",
+                                                      v1::JobState_Name(record->job.state()), ")"));
+  }
+  const std::string message = reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason);
+  if (record->job.state() == v1::RUNNING) {
+    EndGenerationLocked(*record, v1::CANCELLED, message);
+  } else {
+    SetStateLocked(*record, v1::CANCELLED, message);
+  }
+  JobRecord* changed[] = {record};
+  PersistLocked(changed);
+  ScheduleLocked();
+  return record->job;
+}
+
+absl::StatusOr<v1::ShardPlan> JobManager::GetShardPlan(const v1::GetShardPlanRequest& request) {
+  absl::MutexLock lock(&mu_);
+  ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(request.job_id()));
+  if (!record->plan.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat("job_id: ", request.job_id(),
+                                                      " has no running generation (",
+                                                      v1::JobState_Name(record->job.state()), ")"));
+  }
+  if (request.generation() != 0 && request.generation() != record->job.generation()) {
+    return absl::FailedPreconditionError(absl::StrCat("generation: ", request.generation(),
+                                                      " is not current (current is ",
+                                                      record->job.generation(), ")"));
+  }
+  if (request.rank() >= record->plan->world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank: ", request.rank(), " is out of range [0, ", record->plan->world_size(), ")"));
+  }
+  ZS_ASSIGN_OR_RETURN(v1::ShardPlan plan,
+                      PlanToProto(*record->plan, request.rank(), request.include_layout()));
+  plan.set_job_id(request.job_id());
+  plan.set_generation(record->job.generation());
+  return plan;
+}
+
+absl::Status JobManager::Watch(const std::string& job_id, int64_t after_sequence,
+                               std::shared_ptr<JobEventSink> sink) {
+  absl::MutexLock lock(&mu_);
+  ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(job_id));
+  for (const v1::JobEvent& event : record->events) {
+    if (event.sequence() > after_sequence && !sink->OnEvent(event)) return absl::OkStatus();
+  }
+  if (IsFinal(record->job.state())) {
+    sink->OnJobEnded();
+  } else {
+    record->sinks.push_back(std::move(sink));
+  }
+  return absl::OkStatus();
+}
+
+// ---- From workers ----
+
+absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
+    const v1::ReportProgressRequest& request) {
+  absl::MutexLock lock(&mu_);
+  v1::ReportProgressResponse response;
+  absl::StatusOr<JobRecord*> found =
+      FindRankLocked(request.worker_id(), request.job_id(), request.generation(), request.rank());
+  if (!found.ok()) {
+    // A stale generation is not an error for the worker: it is told to stop.
+    if (found.status().code() == absl::StatusCode::kFailedPrecondition) return response;
+    return found.status();
+  }
+  JobRecord& record = **found;
+  response.set_continue_running(true);
+  if (request.rank() == 0) {
+    *record.job.mutable_progress() = request.metrics();
+    v1::JobEvent event;
+    event.set_type(v1::PROGRESS);
+    event.set_generation(request.generation());
+    *event.mutable_progress() = request.metrics();
+    AddEventLocked(record, std::move(event));
+  }
+  if (request.finished()) {
+    record.finished_ranks.insert(request.rank());
+    if (static_cast<int>(record.finished_ranks.size()) == record.job.worker_ids_size()) {
+      for (const std::string& worker_id : record.job.worker_ids()) {
+        if (v1::WorkerInfo* worker = workers_.FindLive(worker_id)) {
+          workers_.Assign(*worker, IdleAssignment());
+        }
+      }
+      rendezvous_->DropNamespace(record.job.id(), record.job.generation());
+      record.plan.reset();
+      SetStateLocked(record, v1::SUCCEEDED, "all ranks finished");
+      ScheduleLocked();
+    }
+  }
+  JobRecord* changed[] = {&record};
+  PersistLocked(changed);
+  return response;
+}
+
+absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
+    const v1::CommitCheckpointRequest& request) {
+  absl::MutexLock lock(&mu_);
+  ZS_ASSIGN_OR_RETURN(JobRecord * record, FindRankLocked(request.worker_id(), request.job_id(),
+                                                         request.generation(), request.rank()));
+  if (absl::Status saved = store_->SaveCheckpointCommit(request); !saved.ok()) {
+    return absl::UnavailableError(absl::StrCat("state store: ", saved.message()));
+  }
+  ZS_ASSIGN_OR_RETURN(
+      std::vector<v1::CommitCheckpointRequest> commits,
+      store_->LoadCheckpointCommits(request.job_id(), request.generation(), request.step()));
+  v1::CommitCheckpointResponse response;
+  if (static_cast<int>(commits.size()) < record->job.worker_ids_size()) return response;
+  v1::CheckpointRecord checkpoint;
+  checkpoint.set_step(request.step());
+  checkpoint.set_generation(request.generation());
+  checkpoint.set_world_size(record->job.worker_ids_size());
+  checkpoint.set_manifest_path(
+      absl::StrCat(record->job.spec().checkpoint().dir(), "/step-", request.step(), "/manifest"));
+  *checkpoint.mutable_commit_time() = ToTimestamp(clock_->Now());
+  *record->job.mutable_latest_checkpoint() = checkpoint;
+  v1::JobEvent event;
+  event.set_type(v1::CHECKPOINT_COMMITTED);
+  event.set_generation(request.generation());
+  *event.mutable_checkpoint() = checkpoint;
+  AddEventLocked(*record, std::move(event));
+  JobRecord* changed[] = {record};
+  PersistLocked(changed);
+  response.set_complete(true);
+  *response.mutable_checkpoint() = checkpoint;
+  return response;
+}
+
+// ---- Periodic work ----
+
+void JobManager::Tick() {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  for (const std::string& worker_id : workers_.ExpireLeases(now)) {
+    ZS_LOG(WARNING) << "worker " << worker_id << " missed its heartbeats: lease expired";
+    HandleLostWorkerLocked(worker_id, "lease expired");
+  }
+  workers_.ForgetGone(now - options_.forget_gone_workers_after);
+  ScheduleLocked();
+}
+
+ManagerStats JobManager::Stats() {
+  absl::MutexLock lock(&mu_);
+  ManagerStats stats;
+  const absl::Time now = clock_->Now();
+  for (const v1::WorkerInfo* worker : workers_.List(v1::WORKER_STATE_UNSPECIFIED)) {
+    ++stats.workers_by_state[worker->state()];
+    if (worker->state() == v1::IDLE || worker->state() == v1::BUSY) {
+      stats.max_heartbeat_lag =
+          std::max(stats.max_heartbeat_lag, now - FromTimestamp(worker->last_heartbeat_time()));
+    }
+  }
+  for (const auto& [id, record] : jobs_) ++stats.jobs_by_state[record.job.state()];
+  return stats;
+}
+
+// ---- Internals ----
+
+absl::StatusOr<JobManager::JobRecord*> JobManager::FindJobLocked(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job_id: no job ", job_id));
+  }
+  return &it->second;
+}
+
+absl::StatusOr<JobManager::JobRecord*> JobManager::FindRankLocked(const std::string& worker_id,
+                                                                  const std::string& job_id,
+                                                                  int64_t generation,
+                                                                  int32_t rank) {
+  ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(job_id));
+  if (record->job.state() != v1::RUNNING || generation != record->job.generation()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "generation: ", generation, " of ", job_id, " is not running (job is ",
+        v1::JobState_Name(record->job.state()), " in generation ", record->job.generation(), ")"));
+  }
+  if (rank >= record->job.worker_ids_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", rank, " is out of range [0, ", record->job.worker_ids_size(), ")"));
+  }
+  if (record->job.worker_ids(rank) != worker_id) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker_id: ", worker_id, " does not hold rank ", rank, " of ", job_id));
+  }
+  return record;
+}
+
+v1::JobEvent& JobManager::AddEventLocked(JobRecord& record, v1::JobEvent event) {
+  event.set_job_id(record.job.id());
+  event.set_sequence(static_cast<int64_t>(record.events.size()) + 1);
+  *event.mutable_time() = ToTimestamp(clock_->Now());
+  record.sinks.erase(std::remove_if(record.sinks.begin(), record.sinks.end(),
+                                    [&](const std::shared_ptr<JobEventSink>& sink) {
+                                      return !sink->OnEvent(event);
+                                    }),
+                     record.sinks.end());
+  unpersisted_events_.push_back(event);
+  record.events.push_back(std::move(event));
+  return record.events.back();
+}
+
+void JobManager::SetStateLocked(JobRecord& record, v1::JobState state, const std::string& message) {
+  record.job.set_state(state);
+  record.job.set_message(message);
+  if (IsFinal(state)) *record.job.mutable_end_time() = ToTimestamp(clock_->Now());
+  if (IsPending(state)) record.pending_since = clock_->Now();
+  v1::JobEvent event;
+  event.set_type(v1::STATE_CHANGED);
+  event.set_state(state);
+  event.set_generation(record.job.generation());
+  event.set_message(message);
+  AddEventLocked(record, std::move(event));
+  ZS_LOG(INFO) << "job " << record.job.id() << " -> " << v1::JobState_Name(state) << ": "
+               << message;
+  if (IsFinal(state)) EndSinksLocked(record);
+}
+
+void JobManager::EndSinksLocked(JobRecord& record) {
+  for (const std::shared_ptr<JobEventSink>& sink : record.sinks) sink->OnJobEnded();
+  record.sinks.clear();
+}
+
+void JobManager::PersistLocked(absl::Span<JobRecord* const> records) {
+  std::vector<const v1::Job*> jobs;
+  for (JobRecord* record : records) jobs.push_back(&record->job);
+  absl::Status saved = store_->Save(jobs, unpersisted_events_);
+  if (!saved.ok()) {
+    // Keep the events for the next attempt; the in-memory state stays authoritative.
+    ZS_LOG(ERROR) << "state store write failed (will retry with the next change): " << saved;
+    return;
+  }
+  unpersisted_events_.clear();
+}
+
+absl::Status JobManager::StartGenerationLocked(JobRecord& record,
+                                               const std::vector<std::string>& worker_ids) {
+  const int64_t world_size = static_cast<int64_t>(worker_ids.size());
+  ZS_ASSIGN_OR_RETURN(ShardPlan plan, PlanForJob(record.job.spec(), world_size));
+  v1::Job& job = record.job;
+  job.set_generation(job.generation() + 1);
+  job.set_attempts(job.attempts() + 1);
+  job.clear_worker_ids();
+  for (const std::string& id : worker_ids) job.add_worker_ids(id);
+  job.clear_progress();
+  if (!job.has_start_time()) *job.mutable_start_time() = ToTimestamp(clock_->Now());
+  record.finished_ranks.clear();
+  rendezvous_->OpenNamespace(job.id(), job.generation());
+
+  v1::Assignment assignment;
+  assignment.set_kind(v1::ASSIGNMENT_RUN);
+  assignment.set_job_id(job.id());
+  assignment.set_generation(job.generation());
+  assignment.set_world_size(static_cast<int32_t>(world_size));
+  assignment.set_plan_layout_hash(plan.layout_hash());
+  *assignment.mutable_spec() = job.spec();
+  for (int32_t rank = 0; rank < world_size; ++rank) {
+    assignment.set_rank(rank);
+    workers_.Assign(*workers_.FindLive(worker_ids[rank]), assignment);
+  }
+  record.plan.emplace(std::move(plan));
+
+  v1::JobEvent event;
+  event.set_type(v1::GENERATION_STARTED);
+  event.set_generation(job.generation());
+  *event.mutable_worker_ids() = job.worker_ids();
+  AddEventLocked(record, std::move(event));
+  SetStateLocked(record, v1::RUNNING,
+                 absl::StrCat("generation ", job.generation(), " on ", world_size, " workers"));
+  return absl::OkStatus();
+}
+
+void JobManager::EndGenerationLocked(JobRecord& record, v1::JobState next_state,
+                                     const std::string& message) {
+  v1::Job& job = record.job;
+  v1::Assignment abort;
+  abort.set_kind(v1::ASSIGNMENT_ABORT);
+  abort.set_job_id(job.id());
+  abort.set_generation(job.generation());
+  for (const std::string& worker_id : job.worker_ids()) {
+    if (v1::WorkerInfo* worker = workers_.FindLive(worker_id)) workers_.Assign(*worker, abort);
+  }
+  rendezvous_->DropNamespace(job.id(), job.generation());
+  record.plan.reset();
+  SetStateLocked(record, next_state, message);
+}
+
+void JobManager::HandleLostWorkerLocked(const std::string& worker_id, const std::string& why) {
+  const v1::WorkerInfo* worker = workers_.Find(worker_id);
+  if (worker == nullptr || worker->assignment().kind() != v1::ASSIGNMENT_RUN) return;
+  auto it = jobs_.find(worker->assignment().job_id());
+  if (it == jobs_.end()) return;
+  JobRecord& record = it->second;
+  if (record.job.state() != v1::RUNNING ||
+      record.job.generation() != worker->assignment().generation()) {
+    return;
+  }
+  const bool retry = record.job.attempts() < record.job.spec().max_attempts();
+  EndGenerationLocked(
+      record, retry ? v1::RECOVERING : v1::FAILED,
+      absl::StrCat("generation ", record.job.generation(), " ended: worker ", worker_id, " ", why,
+                   retry ? "; restarting from step 0"
+                         : absl::StrCat("; no attempts left (max_attempts ",
+                                        record.job.spec().max_attempts(), ")")));
+  JobRecord* changed[] = {&record};
+  PersistLocked(changed);
+}
+
+void JobManager::ScheduleLocked() {
+  std::vector<PendingJob> pending;
+  for (const auto& [id, record] : jobs_) {
+    if (!IsPending(record.job.state())) continue;
+    const v1::JobSpec& spec = record.job.spec();
+    pending.push_back({id, spec.device_kind(), spec.min_workers(), spec.max_workers(),
+                       spec.global_batch(), record.pending_since});
+  }
+  if (pending.empty()) return;
+  std::vector<FreeWorker> free_workers;
+  for (v1::DeviceKind kind : {v1::CPU, v1::CUDA}) {
+    for (const v1::WorkerInfo* worker : workers_.IdleWorkers(kind)) {
+      free_workers.push_back({worker->id(), worker->host(), kind});
+    }
+  }
+  std::vector<JobRecord*> changed;
+  for (const Placement& placement :
+       Schedule(pending, free_workers, clock_->Now(), options_.scheduler)) {
+    JobRecord& record = jobs_[placement.job_id];
+    if (absl::Status started = StartGenerationLocked(record, placement.worker_ids); !started.ok()) {
+      SetStateLocked(record, v1::FAILED, absl::StrCat("cannot plan: ", started.message()));
+    }
+    changed.push_back(&record);
+  }
+  if (!changed.empty()) PersistLocked(changed);
+}
+
+}  // namespace zeroshard::coordinator

@@ -1,0 +1,151 @@
+// The life of every job and the membership it runs on: submission, gang scheduling into
+// generations, level-triggered worker assignments, progress, cancellation, lost workers and
+// restarts, with every job change written to the durable JobStore before it is acknowledged.
+#ifndef ZEROSHARD_COORDINATOR_JOB_MANAGER_H_
+#define ZEROSHARD_COORDINATOR_JOB_MANAGER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "coordinator/job_store.h"
+#include "coordinator/rendezvous_store.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/worker_registry.h"
+#include "sharding/shard_planner.h"
+#include "zeroshard/v1/coordinator.pb.h"
+
+namespace zeroshard::coordinator {
+
+struct JobManagerOptions {
+  LeaseOptions lease;
+  SchedulerOptions scheduler;
+  // Dead and departed workers are listed for this long, then forgotten.
+  absl::Duration forget_gone_workers_after = absl::Minutes(10);
+};
+
+// Receives one job's events. Called with the manager's lock held: it must not block and must
+// not call back into the manager.
+class JobEventSink {
+ public:
+  virtual ~JobEventSink() = default;
+  // Returns false when the sink is closed (its watcher went away or fell behind); the manager
+  // then drops it.
+  virtual bool OnEvent(const v1::JobEvent& event) = 0;
+  // The job reached a final state: no more events will come.
+  virtual void OnJobEnded() = 0;
+};
+
+struct ManagerStats {
+  absl::flat_hash_map<int, int64_t> workers_by_state;  // v1::WorkerState -> count
+  absl::flat_hash_map<int, int64_t> jobs_by_state;     // v1::JobState -> count
+  // Longest time since a live worker's last heartbeat.
+  absl::Duration max_heartbeat_lag;
+};
+
+// Thread-safe: every public method takes the one mutex, so each is atomic with respect to the
+// others. Inputs must already be validated for shape (coordinator/request_validation.h); the
+// manager checks them against state (ids, generations, ranks) and validates job specs itself.
+class JobManager {
+ public:
+  // Loads the durable state. Jobs that were RUNNING when the coordinator stopped lost their
+  // generation: they are RECOVERING (or FAILED when out of attempts) and restart from step 0.
+  static absl::StatusOr<std::unique_ptr<JobManager>> Create(Clock* clock,
+                                                            std::unique_ptr<JobStore> store,
+                                                            RendezvousStore* rendezvous,
+                                                            JobManagerOptions options);
+
+  // Workers.
+  v1::RegisterWorkerResponse RegisterWorker(const v1::RegisterWorkerRequest& request);
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  absl::Status LeaveWorker(const std::string& worker_id);
+  std::vector<v1::WorkerInfo> ListWorkers(v1::WorkerState state);
+
+  // Jobs.
+  absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  std::vector<v1::Job> ListJobs(v1::JobState state, int64_t limit);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
+  absl::StatusOr<v1::ShardPlan> GetShardPlan(const v1::GetShardPlanRequest& request);
+  // Replays the job's events after `after_sequence` into `sink`, then keeps it subscribed to
+  // new ones. A job already ended gets its history and OnJobEnded at once.
+  absl::Status Watch(const std::string& job_id, int64_t after_sequence,
+                     std::shared_ptr<JobEventSink> sink);
+
+  // From workers.
+  absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
+      const v1::ReportProgressRequest& request);
+  absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
+      const v1::CommitCheckpointRequest& request);
+
+  // Expires leases (ending the generations of lost workers) and schedules pending jobs. The
+  // service calls it periodically; tests call it after moving a fake clock.
+  void Tick();
+
+  ManagerStats Stats();
+
+ private:
+  struct JobRecord {
+    v1::Job job;
+    std::vector<v1::JobEvent> events;
+    absl::Time pending_since;
+    // The current generation's plan (RUNNING only).
+    std::optional<ShardPlan> plan;
+    absl::flat_hash_set<int32_t> finished_ranks;
+    std::vector<std::shared_ptr<JobEventSink>> sinks;
+  };
+
+  JobManager(Clock* clock, std::unique_ptr<JobStore> store, RendezvousStore* rendezvous,
+             JobManagerOptions options);
+
+  absl::StatusOr<JobRecord*> FindJobLocked(const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks that (job, generation, rank) is the current generation and that `worker_id` holds
+  // that rank.
+  absl::StatusOr<JobRecord*> FindRankLocked(const std::string& worker_id, const std::string& job_id,
+                                            int64_t generation, int32_t rank)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends an event (sequence, time, job id filled in) and fans it out to the sinks.
+  v1::JobEvent& AddEventLocked(JobRecord& record, v1::JobEvent event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetStateLocked(JobRecord& record, v1::JobState state, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Persists the records' jobs and their events added since the last persist.
+  void PersistLocked(absl::Span<JobRecord* const> records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StartGenerationLocked(JobRecord& record, const std::vector<std::string>& workers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the current generation of a running job: its live workers are told to abort it. The job
+  // becomes `next_state` (RECOVERING retries if attempts remain, else FAILED).
+  void EndGenerationLocked(JobRecord& record, v1::JobState next_state, const std::string& message)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void HandleLostWorkerLocked(const std::string& worker_id, const std::string& why)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EndSinksLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Clock* const clock_;
+  const JobManagerOptions options_;
+  RendezvousStore* const rendezvous_;
+
+  absl::Mutex mu_;
+  std::unique_ptr<JobStore> store_ ABSL_GUARDED_BY(mu_);
+  WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
+  // Keyed by job id; ids are "job-" + a zero-padded counter, so map order is submission order.
+  std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
+  // Events added since the last PersistLocked.
+  std::vector<v1::JobEvent> unpersisted_events_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zeroshard::coordinator
+
+#endif  // ZEROSHARD_COORDINATOR_JOB_MANAGER_H_

@@ -1,0 +1,311 @@
+// Tests for the job manager on a fake clock with a real SQLite store: scheduling into
+// generations, level-triggered assignments, completion, cancellation, lost workers, restarts.
+#include "coordinator/job_manager.h"
+
+#include <filesystem>
+
+#include "gtest/gtest.h"
+
+namespace zeroshard::coordinator {
+namespace {
+
+std::string FreshDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(base ? base : "/tmp") + "/job_manager_" + name;
+  std::filesystem::remove_all(dir);
+  return dir;
+}
+
+v1::JobSpec SeedSpec(int workers) {
+  v1::JobSpec spec;
+  spec.set_name("seed-job");
+  spec.mutable_workload()->set_preset("seed");
+  spec.mutable_optimizer()->set_kind(v1::SGD);
+  spec.mutable_optimizer()->set_lr(0.01);
+  spec.set_min_workers(workers);
+  spec.set_steps(10);
+  return spec;
+}
+
+// Collects events; can be closed to simulate a watcher that went away.
+class RecordingSink : public JobEventSink {
+ public:
+  bool OnEvent(const v1::JobEvent& event) override {
+    events.push_back(event);
+    return open;
+  }
+  void OnJobEnded() override { ended = true; }
+  std::vector<v1::JobEvent> events;
+  bool ended = false;
+  bool open = true;
+};
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    Start(FreshDir(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  }
+
+  void Start(const std::string& dir) {
+    dir_ = dir;
+    manager_.reset();
+    rendezvous_ = std::make_unique<RendezvousStore>(&clock_);
+    auto store = JobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    JobManagerOptions options;
+    auto manager = JobManager::Create(&clock_, *std::move(store), rendezvous_.get(), options);
+    ASSERT_TRUE(manager.ok()) << manager.status();
+    manager_ = *std::move(manager);
+  }
+
+  std::string Register(const std::string& name, const std::string& host = "host-a") {
+    v1::RegisterWorkerRequest request;
+    request.set_name(name);
+    request.set_host(host);
+    request.set_device_kind(v1::CPU);
+    return manager_->RegisterWorker(request).worker_id();
+  }
+
+  v1::Assignment Beat(const std::string& worker_id, const std::string& running_job = "",
+                      int64_t generation = 0) {
+    v1::HeartbeatRequest request;
+    request.set_worker_id(worker_id);
+    request.mutable_status()->set_job_id(running_job);
+    request.mutable_status()->set_generation(generation);
+    auto response = manager_->Heartbeat(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? response->assignment() : v1::Assignment();
+  }
+
+  absl::Status Finish(const v1::Job& job, int rank, bool finished = true) {
+    v1::ReportProgressRequest request;
+    request.set_worker_id(job.worker_ids(rank));
+    request.set_job_id(job.id());
+    request.set_generation(job.generation());
+    request.set_rank(rank);
+    request.mutable_metrics()->set_step(job.spec().steps());
+    request.mutable_metrics()->set_loss(0.5);
+    request.set_finished(finished);
+    return manager_->ReportProgress(request).status();
+  }
+
+  FakeClock clock_;
+  std::string dir_;
+  std::unique_ptr<RendezvousStore> rendezvous_;
+  std::unique_ptr<JobManager> manager_;
+};
+
+TEST_F(JobManagerTest, JobWaitsForWorkersThenRunsAndSucceeds) {
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->id(), "job-000001");
+  EXPECT_EQ(job->state(), v1::PENDING);
+  EXPECT_EQ(job->spec().mode(), v1::ZERO2);  // defaults applied
+
+  const std::string a = Register("a", "host-b");
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::PENDING);
+  const std::string b = Register("b", "host-a");
+  v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  EXPECT_EQ(running.generation(), 1);
+  // Ranks are ordered by host: host-a's worker first.
+  EXPECT_EQ(running.worker_ids(0), b);
+  EXPECT_EQ(running.worker_ids(1), a);
+
+  const v1::Assignment assignment = Beat(a);
+  EXPECT_EQ(assignment.kind(), v1::ASSIGNMENT_RUN);
+  EXPECT_EQ(assignment.rank(), 1);
+  EXPECT_EQ(assignment.world_size(), 2);
+  EXPECT_NE(assignment.plan_layout_hash(), 0u);
+  EXPECT_EQ(assignment.spec().steps(), 10);
+
+  v1::GetShardPlanRequest plan_request;
+  plan_request.set_job_id(job->id());
+  plan_request.set_rank(1);
+  auto plan = manager_->GetShardPlan(plan_request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->layout_hash(), assignment.plan_layout_hash());
+  plan_request.set_rank(2);
+  EXPECT_EQ(manager_->GetShardPlan(plan_request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  ASSERT_TRUE(Finish(running, 0).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+  ASSERT_TRUE(Finish(running, 1).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::SUCCEEDED);
+  EXPECT_EQ(Beat(a).kind(), v1::ASSIGNMENT_IDLE);
+  EXPECT_EQ(manager_->GetJob(job->id())->progress().loss(), 0.5);
+}
+
+TEST_F(JobManagerTest, InvalidSpecIsRejectedAndNothingChanges) {
+  v1::JobSpec spec = SeedSpec(1);
+  spec.mutable_optimizer()->set_lr(-1);
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(job.status().message().find("optimizer.lr"), absl::string_view::npos);
+  EXPECT_TRUE(manager_->ListJobs(v1::JOB_STATE_UNSPECIFIED, 100).empty());
+  EXPECT_EQ(manager_->SubmitJob(SeedSpec(1))->id(), "job-000001");
+}
+
+TEST_F(JobManagerTest, LostWorkerEndsGenerationAndJobRestartsOnSurvivors) {
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_max_workers(2);
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_EQ(manager_->GetJob(job->id())->worker_ids_size(), 2);
+  const v1::Job first = *manager_->GetJob(job->id());
+
+  // Only a keeps beating; b's lease (3 s) ends.
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Beat(a, job->id(), 1);
+    manager_->Tick();
+  }
+  // a is told to abort generation 1; the job waits for it.
+  v1::Job recovering = *manager_->GetJob(job->id());
+  EXPECT_EQ(recovering.state(), v1::RECOVERING);
+  EXPECT_NE(recovering.message().find("lease expired"), std::string::npos);
+  // a acknowledges by no longer running generation 1; it becomes free and the job restarts.
+  v1::Assignment abort = Beat(a, job->id(), 1);
+  EXPECT_EQ(abort.kind(), v1::ASSIGNMENT_ABORT);
+  EXPECT_EQ(abort.generation(), 1);
+  EXPECT_EQ(Beat(a).kind(), v1::ASSIGNMENT_RUN);
+  v1::Job second = *manager_->GetJob(job->id());
+  EXPECT_EQ(second.state(), v1::RUNNING);
+  EXPECT_EQ(second.generation(), 2);
+  EXPECT_EQ(second.attempts(), 2);
+  EXPECT_EQ(second.worker_ids_size(), 1);
+  // The old generation's reports are refused with "stop".
+  v1::ReportProgressRequest stale;
+  stale.set_worker_id(first.worker_ids(0));
+  stale.set_job_id(job->id());
+  stale.set_generation(1);
+  auto response = manager_->ReportProgress(stale);
+  ASSERT_TRUE(response.ok());
+  EXPECT_FALSE(response->continue_running());
+}
+
+TEST_F(JobManagerTest, JobFailsAfterMaxAttempts) {
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_max_attempts(1);
+  const std::string a = Register("a");
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+  ASSERT_TRUE(manager_->LeaveWorker(a).ok());
+  v1::Job failed = *manager_->GetJob(job->id());
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_NE(failed.message().find("no attempts left"), std::string::npos);
+}
+
+TEST_F(JobManagerTest, CancelStopsWorkersAndFreesThemForTheNextJob) {
+  const std::string a = Register("a");
+  auto first = manager_->SubmitJob(SeedSpec(1));
+  auto second = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_EQ(manager_->GetJob(first->id())->state(), v1::RUNNING);
+  ASSERT_EQ(manager_->GetJob(second->id())->state(), v1::PENDING);
+  auto cancelled = manager_->CancelJob(first->id(), "user asked");
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(cancelled->message(), "cancelled: user asked");
+  EXPECT_EQ(Beat(a, first->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+  const v1::Assignment next = Beat(a);
+  EXPECT_EQ(next.kind(), v1::ASSIGNMENT_RUN);
+  EXPECT_EQ(next.job_id(), second->id());
+  EXPECT_EQ(manager_->CancelJob(first->id(), "").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->CancelJob("job-000999", "").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, WatchReplaysHistoryThenStreamsUntilTheEnd) {
+  const std::string a = Register("a");
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(manager_->Watch(job->id(), 0, sink).ok());
+  const size_t replayed = sink->events.size();
+  EXPECT_GE(replayed, 3u);  // submitted, generation started, running
+  for (size_t i = 0; i < sink->events.size(); ++i) {
+    EXPECT_EQ(sink->events[i].sequence(), static_cast<int64_t>(i + 1));
+  }
+  ASSERT_TRUE(Finish(*manager_->GetJob(job->id()), 0).ok());
+  EXPECT_TRUE(sink->ended);
+  EXPECT_EQ(sink->events.back().state(), v1::SUCCEEDED);
+  EXPECT_EQ(sink->events[replayed].type(), v1::PROGRESS);
+
+  auto late = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(manager_->Watch(job->id(), 2, late).ok());
+  EXPECT_EQ(late->events.front().sequence(), 3);
+  EXPECT_TRUE(late->ended);
+  EXPECT_EQ(manager_->Watch("job-000404", 0, late).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, ClosedWatcherIsDropped) {
+  Register("a");
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(manager_->Watch(job->id(), 0, sink).ok());
+  sink->open = false;
+  const size_t seen = sink->events.size();
+  ASSERT_TRUE(Finish(*manager_->GetJob(job->id()), 0, /*finished=*/false).ok());
+  ASSERT_TRUE(Finish(*manager_->GetJob(job->id()), 0, /*finished=*/false).ok());
+  EXPECT_EQ(sink->events.size(), seen + 1);  // the first event found it closed
+  EXPECT_EQ(sink.use_count(), 1);
+}
+
+TEST_F(JobManagerTest, RestartKeepsJobsAndRestartsRunningOnesInANewGeneration) {
+  Register("a");
+  auto running = manager_->SubmitJob(SeedSpec(1));
+  auto pending = manager_->SubmitJob(SeedSpec(1));
+  const int64_t events_before = manager_->GetJob(running->id())->generation();
+  ASSERT_EQ(events_before, 1);
+
+  Start(dir_);  // a new manager on the same state dir; workers are soft state
+  EXPECT_TRUE(manager_->ListWorkers(v1::WORKER_STATE_UNSPECIFIED).empty());
+  v1::Job recovered = *manager_->GetJob(running->id());
+  EXPECT_EQ(recovered.state(), v1::RECOVERING);
+  EXPECT_NE(recovered.message().find("coordinator restarted"), std::string::npos);
+  EXPECT_EQ(manager_->GetJob(pending->id())->state(), v1::PENDING);
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(manager_->Watch(running->id(), 0, sink).ok());
+  EXPECT_EQ(sink->events.front().message(), "submitted");
+  EXPECT_EQ(sink->events.back().state(), v1::RECOVERING);
+
+  // New ids continue after the stored ones; re-registered workers pick the job up again.
+  EXPECT_EQ(manager_->SubmitJob(SeedSpec(1))->id(), "job-000003");
+  const std::string b = Register("b");
+  EXPECT_EQ(Beat(b).job_id(), running->id());
+  EXPECT_EQ(manager_->GetJob(running->id())->generation(), 2);
+}
+
+TEST_F(JobManagerTest, UnknownWorkerHeartbeatIsNotFound) {
+  v1::HeartbeatRequest request;
+  request.set_worker_id("worker-000123");
+  EXPECT_EQ(manager_->Heartbeat(request).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, CheckpointBecomesLatestWhenEveryRankCommitted) {
+  Register("a");
+  Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  const v1::Job running = *manager_->GetJob(job->id());
+  v1::CommitCheckpointRequest commit;
+  commit.set_job_id(job->id());
+  commit.set_generation(1);
+  commit.set_step(5);
+  for (int rank : {1, 0}) {
+    commit.set_rank(rank);
+    commit.set_worker_id(running.worker_ids(rank));
+    commit.set_path(job->id() + "/step-5/rank-" + std::to_string(rank));
+    auto response = manager_->CommitCheckpoint(commit);
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(response->complete(), rank == 0);
+  }
+  EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 5);
+  commit.set_worker_id(running.worker_ids(1));  // rank 0 claimed by the wrong worker
+  EXPECT_EQ(manager_->CommitCheckpoint(commit).status().code(),
+            absl::StatusCode::kPermissionDenied);
+}
+
+}  // namespace
+}  // namespace zeroshard::coordinator

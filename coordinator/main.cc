@@ -1,0 +1,87 @@
+// zeroshard-coordinator: the control plane. Serves the v1 Coordinator gRPC API (plus health
+// checking and reflection) and Prometheus /metrics; keeps job state in SQLite under --state_dir.
+#include <csignal>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "coordinator/coordinator_server.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
+          "gRPC listen address host:port (port 0 picks one). Loopback by default; binding "
+          "elsewhere needs --insecure_bind_any until TLS exists.");
+ABSL_FLAG(bool, insecure_bind_any, false,
+          "Allow a non-loopback --listen address without TLS (trusted networks only).");
+ABSL_FLAG(int, metrics_port, 0, "Port of the /metrics HTTP endpoint (0 picks one, -1 disables).");
+ABSL_FLAG(std::string, state_dir, "", "Directory of the durable job state (SQLite). Required.");
+ABSL_FLAG(absl::Duration, heartbeat_period, absl::Seconds(1), "Worker heartbeat period.");
+ABSL_FLAG(int, missed_heartbeats, 3, "Missed heartbeat periods after which a worker is dead.");
+ABSL_FLAG(absl::Duration, max_backfill_wait, absl::Seconds(30),
+          "How long a pending job lets later jobs start ahead of it before it reserves workers.");
+ABSL_FLAG(std::string, port_file, "",
+          "If set, the chosen gRPC and metrics ports are written here (\"grpc metrics\") once "
+          "serving.");
+
+namespace {
+
+absl::Notification* g_signal_stop = nullptr;
+
+void OnSignal(int) {
+  // Async-signal-safe: only notify; the main thread shuts down.
+  if (g_signal_stop != nullptr && !g_signal_stop->HasBeenNotified()) g_signal_stop->Notify();
+}
+
+bool IsLoopback(const std::string& address) {
+  return absl::StartsWith(address, "127.") || absl::StartsWith(address, "localhost:") ||
+         absl::StartsWith(address, "[::1]:");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("zeroshard-coordinator --state_dir=DIR [--listen=HOST:PORT]");
+  absl::ParseCommandLine(argc, argv);
+  using zeroshard::coordinator::CoordinatorServer;
+  zeroshard::coordinator::CoordinatorServerOptions options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.manager.lease.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);
+  options.manager.lease.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
+  options.manager.scheduler.max_backfill_wait = absl::GetFlag(FLAGS_max_backfill_wait);
+  if (!IsLoopback(options.listen_address) && !absl::GetFlag(FLAGS_insecure_bind_any)) {
+    ZS_LOG(ERROR) << "--listen=" << options.listen_address
+                  << " is not loopback; pass --insecure_bind_any to serve it without TLS";
+    return 2;
+  }
+  if (options.manager.lease.heartbeat_period < absl::Milliseconds(10) ||
+      options.manager.lease.missed_heartbeats < 1) {
+    ZS_LOG(ERROR) << "--heartbeat_period must be >= 10ms and --missed_heartbeats >= 1";
+    return 2;
+  }
+  auto server = CoordinatorServer::Start(options);
+  if (!server.ok()) {
+    ZS_LOG(ERROR) << "cannot start: " << server.status();
+    return 1;
+  }
+  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
+    const std::string tmp = port_file + ".tmp";
+    if (FILE* f = std::fopen(tmp.c_str(), "w")) {
+      std::fprintf(f, "%d %d\n", (*server)->grpc_port(), (*server)->metrics_port());
+      std::fclose(f);
+      std::rename(tmp.c_str(), port_file.c_str());
+    }
+  }
+  absl::Notification stop;
+  g_signal_stop = &stop;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  stop.WaitForNotification();
+  ZS_LOG(INFO) << "shutting down";
+  (*server)->Shutdown();
+  return 0;
+}

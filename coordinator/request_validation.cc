@@ -1,0 +1,249 @@
+// Shape validation of Coordinator RPC requests: field by field, in proto order.
+#include "coordinator/request_validation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/algorithm/container.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "coordinator/ids.h"
+#include "sharding/shard_planner.h"
+#include "spec/job_spec_defaults.h"
+#include "spec/job_spec_validation.h"
+#include "spec/job_spec_validation_checks.h"
+
+namespace zeroshard {
+namespace {
+
+using validation::CheckEnumIn;
+using validation::CheckFinite;
+using validation::CheckFiniteNonNegative;
+using validation::CheckIntInRange;
+using validation::CheckMaxBytes;
+using validation::Quote;
+
+absl::Status Required(absl::string_view field) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
+}
+
+absl::Status CheckAtLeast(absl::string_view field, int64_t value, int64_t minimum) {
+  if (value >= minimum) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " must be >= ", minimum));
+}
+
+absl::Status CheckNonNegative(absl::string_view field, int64_t value) {
+  return CheckAtLeast(field, value, 0);
+}
+
+absl::Status CheckId(absl::string_view field, absl::string_view id,
+                     bool (*is_valid)(absl::string_view), absl::string_view example) {
+  if (id.empty()) return Required(field);
+  ZS_RETURN_IF_ERROR(CheckMaxBytes(field, id, kMaxIdLength));
+  if (is_valid(id)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", Quote(id),
+                                                 " is not a valid id (like \"", example,
+                                                 "\": a prefix and 6 or more digits)"));
+}
+
+absl::Status CheckWorkerId(absl::string_view field, absl::string_view id) {
+  return CheckId(field, id, IsValidWorkerId, FormatWorkerId(7));
+}
+
+absl::Status CheckJobId(absl::string_view field, absl::string_view id) {
+  return CheckId(field, id, IsValidJobId, FormatJobId(42));
+}
+
+// A live store namespace belongs to a started generation, so 0 (and below) never names one.
+absl::Status CheckStoreScope(absl::string_view job_id, int64_t generation) {
+  ZS_RETURN_IF_ERROR(CheckJobId("job_id", job_id));
+  return CheckAtLeast("generation", generation, 1);
+}
+
+absl::Status CheckStoreKey(absl::string_view key) {
+  if (key.empty()) return Required("key");
+  return CheckMaxBytes("key", key, kMaxStoreKeyBytes);
+}
+
+absl::Status CheckRank(int32_t rank) { return CheckIntInRange("rank", rank, 0, kMaxWorldSize - 1); }
+
+bool IsHostChar(char c) { return absl::ascii_isalnum(c) || c == '.' || c == '-'; }
+
+bool IsLabelKeyChar(char c) {
+  return absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '-' || c == '.' || c == '_' ||
+         c == '/';
+}
+
+absl::Status CheckHost(absl::string_view host) {
+  if (!host.empty() && host.size() <= kMaxHostLength && absl::c_all_of(host, IsHostChar)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat("host: ", Quote(host), " must be 1 to ",
+                                                 kMaxHostLength, " characters of [A-Za-z0-9.-]"));
+}
+
+absl::Status CheckLabels(const google::protobuf::Map<std::string, std::string>& labels) {
+  if (labels.size() > static_cast<size_t>(kMaxWorkerLabels)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "labels: ", labels.size(), " labels is more than the limit of ", kMaxWorkerLabels));
+  }
+  // Map order is unspecified; sorted keys make the first error deterministic.
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : labels) keys.push_back(key);
+  std::sort(keys.begin(), keys.end());
+  for (const std::string& key : keys) {
+    if (key.empty() || key.size() > kMaxLabelKeyLength || !absl::c_all_of(key, IsLabelKeyChar)) {
+      return absl::InvalidArgumentError(absl::StrCat("labels: key ", Quote(key), " must be 1 to ",
+                                                     kMaxLabelKeyLength,
+                                                     " characters of [a-z0-9-._/]"));
+    }
+    ZS_RETURN_IF_ERROR(CheckMaxBytes(absl::StrCat("labels[", Quote(key), "]"), labels.at(key),
+                                     kMaxLabelValueBytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMemory(const v1::MemoryBreakdown& memory) {
+  ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.memory.params_bytes", memory.params_bytes()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.memory.grads_bytes", memory.grads_bytes()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.memory.master_bytes", memory.master_bytes()));
+  ZS_RETURN_IF_ERROR(
+      CheckNonNegative("metrics.memory.optimizer_state_bytes", memory.optimizer_state_bytes()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.memory.bucket_bytes", memory.bucket_bytes()));
+  ZS_RETURN_IF_ERROR(
+      CheckNonNegative("metrics.memory.comm_scratch_bytes", memory.comm_scratch_bytes()));
+  return CheckNonNegative("metrics.memory.total_bytes", memory.total_bytes());
+}
+
+absl::Status CheckMetrics(const v1::StepMetrics& metrics) {
+  const bool skipped = metrics.skipped();
+  ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.step", metrics.step()));
+  // A step skipped for a non-finite gradient may have a non-finite loss and gradient norm.
+  if (!skipped) ZS_RETURN_IF_ERROR(CheckFinite("metrics.loss", metrics.loss()));
+  ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.step_ms", metrics.step_ms()));
+  ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.comm_ms", metrics.comm_ms()));
+  ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.exposed_comm_ms", metrics.exposed_comm_ms()));
+  ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.update_ms", metrics.update_ms()));
+  ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.allgather_ms", metrics.allgather_ms()));
+  if (!skipped || std::isfinite(metrics.grad_norm())) {
+    ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.grad_norm", metrics.grad_norm()));
+  }
+  ZS_RETURN_IF_ERROR(CheckFinite("metrics.loss_scale", metrics.loss_scale()));
+  if (metrics.loss_scale() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics.loss_scale: ", validation::FormatDouble(metrics.loss_scale()), " must be > 0"));
+  }
+  return CheckMemory(metrics.memory());
+}
+
+}  // namespace
+
+absl::Status ValidateRegisterWorkerRequest(const v1::RegisterWorkerRequest& request) {
+  ZS_RETURN_IF_ERROR(validation::CheckName("name", request.name()));
+  ZS_RETURN_IF_ERROR(CheckHost(request.host()));
+  ZS_RETURN_IF_ERROR(CheckEnumIn("device_kind", *v1::DeviceKind_descriptor(), request.device_kind(),
+                                 {v1::CPU, v1::CUDA}));
+  ZS_RETURN_IF_ERROR(CheckIntInRange("device_memory_bytes", request.device_memory_bytes(), 0,
+                                     kMaxDeviceMemoryBytes));
+  return CheckLabels(request.labels());
+}
+
+absl::Status ValidateHeartbeatRequest(const v1::HeartbeatRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckWorkerId("worker_id", request.worker_id()));
+  const v1::WorkerStatus& status = request.status();
+  if (!status.job_id().empty()) ZS_RETURN_IF_ERROR(CheckJobId("status.job_id", status.job_id()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("status.generation", status.generation()));
+  return CheckNonNegative("status.step", status.step());
+}
+
+absl::Status ValidateLeaveWorkerRequest(const v1::LeaveWorkerRequest& request) {
+  return CheckWorkerId("worker_id", request.worker_id());
+}
+
+absl::Status ValidateListWorkersRequest(const v1::ListWorkersRequest& request) {
+  return CheckEnumIn("state", *v1::WorkerState_descriptor(), request.state(),
+                     {v1::WORKER_STATE_UNSPECIFIED, v1::IDLE, v1::BUSY, v1::DEAD, v1::LEFT});
+}
+
+absl::Status ValidateSubmitJobRequest(const v1::SubmitJobRequest& request) {
+  if (!request.has_spec()) return Required("spec");
+  const absl::Status status = ValidateJobSpec(WithDefaults(request.spec()));
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("spec.", status.message()));
+}
+
+absl::Status ValidateGetJobRequest(const v1::GetJobRequest& request) {
+  return CheckJobId("job_id", request.job_id());
+}
+
+absl::Status ValidateListJobsRequest(const v1::ListJobsRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckEnumIn("state", *v1::JobState_descriptor(), request.state(),
+                                 {v1::JOB_STATE_UNSPECIFIED, v1::PENDING, v1::RUNNING,
+                                  v1::RECOVERING, v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}));
+  if (request.has_limit()) {
+    ZS_RETURN_IF_ERROR(CheckIntInRange("limit", request.limit(), 1, kMaxListJobsLimit));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateCancelJobRequest(const v1::CancelJobRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));
+  return CheckMaxBytes("reason", request.reason(), kMaxCancelReasonBytes);
+}
+
+absl::Status ValidateWatchJobRequest(const v1::WatchJobRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));
+  return CheckNonNegative("after_sequence", request.after_sequence());
+}
+
+absl::Status ValidateGetShardPlanRequest(const v1::GetShardPlanRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("generation", request.generation()));
+  return CheckRank(request.rank());
+}
+
+absl::Status ValidateStoreSetRequest(const v1::StoreSetRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckStoreScope(request.job_id(), request.generation()));
+  ZS_RETURN_IF_ERROR(CheckStoreKey(request.key()));
+  return CheckMaxBytes("value", request.value(), kMaxStoreValueBytes);
+}
+
+absl::Status ValidateStoreGetRequest(const v1::StoreGetRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckStoreScope(request.job_id(), request.generation()));
+  ZS_RETURN_IF_ERROR(CheckStoreKey(request.key()));
+  return CheckIntInRange("timeout_ms", request.timeout_ms(), 0, kMaxStoreTimeoutMs);
+}
+
+absl::Status ValidateStoreAddRequest(const v1::StoreAddRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckStoreScope(request.job_id(), request.generation()));
+  return CheckStoreKey(request.key());
+}
+
+absl::Status ValidateStoreDeleteRequest(const v1::StoreDeleteRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckStoreScope(request.job_id(), request.generation()));
+  return CheckStoreKey(request.key());
+}
+
+absl::Status ValidateReportProgressRequest(const v1::ReportProgressRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckWorkerId("worker_id", request.worker_id()));
+  ZS_RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));
+  ZS_RETURN_IF_ERROR(CheckAtLeast("generation", request.generation(), 1));
+  ZS_RETURN_IF_ERROR(CheckRank(request.rank()));
+  if (!request.has_metrics()) return Required("metrics");
+  return CheckMetrics(request.metrics());
+}
+
+absl::Status ValidateCommitCheckpointRequest(const v1::CommitCheckpointRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckWorkerId("worker_id", request.worker_id()));
+  ZS_RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));
+  ZS_RETURN_IF_ERROR(CheckAtLeast("generation", request.generation(), 1));
+  ZS_RETURN_IF_ERROR(CheckRank(request.rank()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("step", request.step()));
+  ZS_RETURN_IF_ERROR(ValidateCheckpointPath(request.path(), "path"));
+  return CheckNonNegative("bytes", request.bytes());
+}
+
+}  // namespace zeroshard
