@@ -1,0 +1,49 @@
+// The seam between a model (a workload) and the ZeRO engine: the workload reads the current
+// parameters, runs forward and backward on its rank's micro-batch, and hands each tensor's
+// gradient to a GradientSink as soon as backward produces it (gradient-ready order).
+#ifndef ZEROSHARD_WORKER_WORKLOADS_WORKLOAD_H_
+#define ZEROSHARD_WORKER_WORKLOADS_WORKLOAD_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace zeroshard::workloads {
+
+// Read access to the full model's current parameters, by tensor index of the catalog's tensor
+// list (sharding/model_catalog.h). Values are fp32 (the engine widens bf16/fp16 copies).
+class ParameterSource {
+ public:
+  virtual ~ParameterSource() = default;
+  virtual absl::Span<const float> Parameters(int64_t tensor) = 0;
+};
+
+// Receives gradients. `gradient` has the tensor's element count and is the gradient of the
+// rank's *mean* loss over its micro-batch; it is only read during the call.
+class GradientSink {
+ public:
+  virtual ~GradientSink() = default;
+  virtual absl::Status GradReady(int64_t tensor, absl::Span<const float> gradient) = 0;
+};
+
+// A model that produces gradients on one rank. Not thread-safe: one step at a time.
+class Workload {
+ public:
+  virtual ~Workload() = default;
+
+  // The initial value of every element of `tensor` (the same on every rank and for every W).
+  virtual absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const = 0;
+
+  // Forward and backward of step `step` (0-based) on this rank's micro-batch: samples
+  // [rank * local_batch, (rank + 1) * local_batch) of the step's global batch. Calls
+  // sink->GradReady once per tensor, in tensor-list order (the reverse of forward order).
+  // Returns the mean loss over the micro-batch.
+  virtual absl::StatusOr<double> ForwardBackward(int64_t step, ParameterSource& params,
+                                                 GradientSink& sink) = 0;
+};
+
+}  // namespace zeroshard::workloads
+
+#endif  // ZEROSHARD_WORKER_WORKLOADS_WORKLOAD_H_
