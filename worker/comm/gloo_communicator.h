@@ -1,0 +1,179 @@
+// GlooCommunicator: the CPU Communicator. Gloo provides the rendezvous and the full mesh of TCP
+// pairs; the collectives are our own pipelined rings over Gloo's unbound buffers.
+#ifndef ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
+#define ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/store.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class UnboundBuffer;
+}  // namespace transport
+}  // namespace gloo
+
+namespace zeroshard {
+namespace comm {
+
+struct GlooCommunicatorOptions {
+  int rank = 0;
+  int world_size = 1;
+  // The rendezvous store, used only inside Create (not needed when world_size is 1).
+  Store* store = nullptr;
+  // Store keys are "<store_prefix>/<gloo's key>"; communicators sharing a Store (and a
+  // generation) need distinct prefixes.
+  std::string store_prefix = "gloo";
+  // The address this rank listens on and announces to its peers.
+  std::string hostname = "127.0.0.1";
+  // Bound on Create: waiting for peers' addresses and connecting to them.
+  absl::Duration rendezvous_timeout = absl::Seconds(60);
+  // Pipeline unit: each ring step moves its piece in segments of at most this many bytes, so
+  // the transfer of one segment overlaps the reduction of the previous one.
+  size_t segment_bytes = 512 * 1024;
+  // Reduce-scatter receives into this many staging segments (the communicator's only scratch
+  // for in-place collectives: staging_segments * segment_bytes).
+  int staging_segments = 8;
+};
+
+// Algorithms (W = world size, r = this rank, pieces p = 0..W-1, next = r+1, prev = r-1 mod W):
+// - ReduceScatter: a ring of W-1 steps; at step s rank r sends its partial sum of piece r-1-s and
+//   receives piece r-2-s, to which it adds its own contribution. Piece p is therefore always
+//   reduced in the order ((x[p+1] + x[p+2]) + ...) + x[p], whatever the timing. bf16/fp16 partial
+//   sums are computed in fp32 and rounded to the element type at every step (each hop carries the
+//   element type, so the bytes on the wire are the buffer's).
+// - AllGather: a ring of W-1 steps forwarding the piece received in the previous step.
+// - AllReduce: that reduce-scatter followed by that all-gather, in place (pieces of a count that
+//   W does not divide differ by at most one element), so its bits equal ReduceScatter's.
+// - Broadcast: a pipelined chain root, root+1, ..., root-1. Barrier: every rank exchanges one
+//   byte with every other rank.
+// Each rank sends and receives (W-1)/W of the buffer per reduce-scatter or all-gather.
+//
+// Thread contract: as Communicator's. Operations run on one communication thread owned by this
+// object (Gloo's TCP device adds its own event-loop thread). Gloo throws; every exception is
+// caught on the communication thread (or in Create) and becomes a Status there.
+class GlooCommunicator : public Communicator {
+ public:
+  // Connects the full mesh (all ranks call this with the same world size and store prefix).
+  // DEADLINE_EXCEEDED when peers do not show up within rendezvous_timeout; UNAVAILABLE for
+  // other transport failures; INVALID_ARGUMENT for bad options.
+  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
+      const GlooCommunicatorOptions& options);
+
+  // Operations still queued or running are aborted (their Work finishes with ABORTED); an idle
+  // communicator closes its connections gracefully.
+  ~GlooCommunicator() override;
+
+  GlooCommunicator(const GlooCommunicator&) = delete;
+  GlooCommunicator& operator=(const GlooCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+
+  std::unique_ptr<Work> ReduceScatter(const void* input, void* output, size_t piece_count,
+                                      ElementType type, ReduceOp op,
+                                      const CollectiveOptions& options = {}) override;
+  std::unique_ptr<Work> ReduceScatterInPlace(void* buffer, size_t piece_count, ElementType type,
+                                             ReduceOp op,
+                                             const CollectiveOptions& options = {}) override;
+  std::unique_ptr<Work> AllGather(const void* input, void* output, size_t piece_count,
+                                  ElementType type, const CollectiveOptions& options = {}) override;
+  std::unique_ptr<Work> AllGatherInPlace(void* buffer, size_t piece_count, ElementType type,
+                                         const CollectiveOptions& options = {}) override;
+  std::unique_ptr<Work> AllReduce(void* buffer, size_t count, ElementType type, ReduceOp op,
+                                  const CollectiveOptions& options = {}) override;
+  std::unique_ptr<Work> Broadcast(void* buffer, size_t count, ElementType type, int root,
+                                  const CollectiveOptions& options = {}) override;
+  std::unique_ptr<Work> Barrier(const CollectiveOptions& options = {}) override;
+  void Abort() override;
+  CommunicatorStats stats() const override;
+
+ private:
+  struct Operation;
+  class Completion;
+  class Ring;
+
+  GlooCommunicator(const GlooCommunicatorOptions& options, std::shared_ptr<gloo::Context> context);
+
+  // Queues `operation` for the communication thread, or returns ABORTED when the communicator
+  // has failed.
+  std::unique_ptr<Work> Enqueue(Operation operation);
+
+  // The communication thread: runs queued operations in order until destruction.
+  void CommunicationLoop();
+  bool HasThreadWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Runs one operation on the communication thread. Gloo exceptions become Status here.
+  absl::Status Execute(const Operation& operation, Ring& ring);
+  absl::Status RunReduceScatter(const Operation& operation, Ring& ring);
+  absl::Status RunAllGather(const Operation& operation, Ring& ring);
+  absl::Status RunAllReduce(const Operation& operation, Ring& ring);
+  absl::Status RunBroadcast(const Operation& operation, Ring& ring);
+  absl::Status RunBarrier(Ring& ring);
+
+  // Blocks the communication thread until `buffer`'s pending receive (or send) completes, the
+  // deadline passes (DEADLINE_EXCEEDED, by Gloo's exception), or Abort() interrupts it (ABORTED).
+  absl::Status WaitOnBuffer(gloo::transport::UnboundBuffer* buffer, bool receive,
+                            absl::Time deadline);
+
+  // Records the communicator's first failure; later operations fail with ABORTED.
+  void MarkFailed(const absl::Status& cause);
+  // Communication thread only: hard-closes every connection (peers see a reset and fail fast),
+  // after which Gloo no longer touches any buffer.
+  void CloseConnections();
+
+  const int rank_;
+  const int world_size_;
+  const size_t segment_bytes_;
+  const int staging_segments_;
+
+  // Owned by the communication thread (and by the destructor after it has joined): null at
+  // world size 1 and after CloseConnections.
+  std::shared_ptr<gloo::Context> context_;
+  // Communication thread only: reduce-scatter staging and out-of-place scratch, kept between
+  // operations so steady-state steps do not allocate.
+  std::vector<char> staging_;
+  std::vector<char> scratch_;
+
+  mutable absl::Mutex mu_;
+  // Issued, not yet started operations, in issue order.
+  std::deque<Operation> queue_ ABSL_GUARDED_BY(mu_);
+  // Sequence number of the next issued operation; identical on every rank because every rank
+  // issues the same operations in the same order. Part of each message's slot.
+  uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set once, by Abort() or by the first failed operation; never cleared.
+  bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
+  // Whether Gloo's connections are still open (they close once after a failure).
+  bool connections_open_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // Whether the communication thread is running an operation.
+  bool running_ ABSL_GUARDED_BY(mu_) = false;
+  // The buffer the communication thread is blocked on, so Abort() can interrupt the wait.
+  gloo::transport::UnboundBuffer* waiting_on_ ABSL_GUARDED_BY(mu_) = nullptr;
+
+  std::atomic<int64_t> operations_completed_{0};
+  std::atomic<int64_t> bytes_sent_{0};
+  std::atomic<int64_t> bytes_received_{0};
+
+  std::thread thread_;
+};
+
+}  // namespace comm
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_

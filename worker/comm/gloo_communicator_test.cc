@@ -1,0 +1,220 @@
+// GlooCommunicator with threads as ranks over an InMemoryStore: every collective for world sizes
+// 1..5, sizes 0, 1, odd and large, every element type; Abort and timeouts.
+#include "worker/comm/gloo_communicator.h"
+
+#include <functional>
+#include <memory>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/comm/collective_checks.h"
+#include "worker/comm/in_memory_store.h"
+
+namespace zeroshard {
+namespace comm {
+namespace {
+
+// Creates `world_size` communicators concurrently (one thread per rank) over one store.
+std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(int world_size, Store* store,
+                                                           size_t segment_bytes = 512 * 1024) {
+  std::vector<std::unique_ptr<GlooCommunicator>> group(world_size);
+  std::vector<absl::Status> statuses(world_size);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      GlooCommunicatorOptions options;
+      options.rank = rank;
+      options.world_size = world_size;
+      options.store = store;
+      options.rendezvous_timeout = absl::Seconds(30);
+      options.segment_bytes = segment_bytes;
+      auto communicator = GlooCommunicator::Create(options);
+      statuses[rank] = communicator.status();
+      if (communicator.ok()) group[rank] = std::move(*communicator);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int rank = 0; rank < world_size; ++rank) {
+    EXPECT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
+  }
+  return group;
+}
+
+// Runs `body` on every rank concurrently and returns each rank's status.
+std::vector<absl::Status> OnEveryRank(std::vector<std::unique_ptr<GlooCommunicator>>& group,
+                                      const std::function<absl::Status(Communicator&)>& body) {
+  std::vector<absl::Status> statuses(group.size());
+  std::vector<std::thread> threads;
+  for (size_t rank = 0; rank < group.size(); ++rank) {
+    threads.emplace_back([&, rank] { statuses[rank] = body(*group[rank]); });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return statuses;
+}
+
+class GlooCollectivesTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooCollectivesTest, EveryCollectiveMatchesTheReference) {
+  const int world_size = GetParam();
+  InMemoryStore store;
+  // Small segments so even the odd sizes cross several pipeline segments.
+  auto group = CreateGroup(world_size, &store, /*segment_bytes=*/1024);
+  ASSERT_EQ(group.size(), static_cast<size_t>(world_size));
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  const ElementType types[] = {ElementType::kFloat32, ElementType::kFloat64, ElementType::kBFloat16,
+                               ElementType::kFloat16, ElementType::kInt32,   ElementType::kInt64};
+  uint64_t seed = 1;
+  for (ElementType type : types) {
+    for (size_t piece_count : {size_t{0}, size_t{1}, size_t{1001}}) {
+      ++seed;
+      auto statuses = OnEveryRank(group, [&](Communicator& communicator) {
+        return CheckAllCollectives(communicator, piece_count, type, seed);
+      });
+      for (int rank = 0; rank < world_size; ++rank) {
+        EXPECT_TRUE(statuses[rank].ok())
+            << "type " << ElementTypeName(type) << ", piece_count " << piece_count << ", rank "
+            << rank << ": " << statuses[rank];
+      }
+    }
+  }
+}
+
+TEST_P(GlooCollectivesTest, LargeBucketWithDefaultSegments) {
+  const int world_size = GetParam();
+  if (world_size > 3) GTEST_SKIP() << "large sizes run at W <= 3 to keep the test fast";
+  InMemoryStore store;
+  auto group = CreateGroup(world_size, &store);
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  const size_t piece_count = (size_t{1} << 20) / world_size;
+  auto statuses = OnEveryRank(group, [&](Communicator& communicator) {
+    return CheckAllCollectives(communicator, piece_count, ElementType::kFloat32, /*seed=*/77);
+  });
+  for (int rank = 0; rank < world_size; ++rank) {
+    EXPECT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCollectivesTest, ::testing::Range(1, 6),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("W", info.param);
+                         });
+
+TEST(GlooCommunicatorTest, StatsCountTheRingTraffic) {
+  InMemoryStore store;
+  auto group = CreateGroup(4, &store);
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  const size_t piece_count = 1000;
+  auto statuses = OnEveryRank(group, [&](Communicator& communicator) {
+    std::vector<float> bucket(4 * piece_count, 1.0f);
+    return communicator
+        .ReduceScatterInPlace(bucket.data(), piece_count, ElementType::kFloat32, ReduceOp::kSum)
+        ->Wait();
+  });
+  for (const absl::Status& status : statuses) ASSERT_TRUE(status.ok()) << status;
+  for (const auto& communicator : group) {
+    // (W-1)/W of the bucket each way.
+    EXPECT_EQ(communicator->stats().bytes_sent, 3 * piece_count * sizeof(float));
+    EXPECT_EQ(communicator->stats().bytes_received, 3 * piece_count * sizeof(float));
+    EXPECT_EQ(communicator->stats().operations_completed, 1);
+  }
+}
+
+TEST(GlooCommunicatorTest, InvalidCallsFailWithoutEndingTheCommunicator) {
+  InMemoryStore store;
+  auto group = CreateGroup(1, &store);
+  ASSERT_NE(group[0], nullptr);
+  float value = 2.0f;
+  EXPECT_EQ(group[0]->Broadcast(&value, 1, ElementType::kFloat32, /*root=*/1)->Wait().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(group[0]->AllReduce(nullptr, 3, ElementType::kFloat32, ReduceOp::kSum)->Wait().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      group[0]->AllReduce(&value, 1, static_cast<ElementType>(42), ReduceOp::kSum)->Wait().code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(group[0]->AllReduce(&value, 1, ElementType::kFloat32, ReduceOp::kSum)->Wait().ok());
+  EXPECT_EQ(value, 2.0f);
+}
+
+TEST(GlooCommunicatorTest, CreateFailsWhenAPeerNeverJoins) {
+  InMemoryStore store;
+  GlooCommunicatorOptions options;
+  options.rank = 0;
+  options.world_size = 2;
+  options.store = &store;
+  options.rendezvous_timeout = absl::Milliseconds(500);
+  const absl::Time start = absl::Now();
+  auto communicator = GlooCommunicator::Create(options);
+  EXPECT_EQ(communicator.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << communicator.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(GlooCommunicatorTest, OperationTimesOutWhenAPeerNeverIssuesIt) {
+  InMemoryStore store;
+  auto group = CreateGroup(2, &store);
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  std::vector<float> bucket(64, 1.0f);
+  CollectiveOptions options;
+  options.timeout = absl::Milliseconds(300);
+  const absl::Time start = absl::Now();
+  absl::Status status =
+      group[0]
+          ->AllReduce(bucket.data(), bucket.size(), ElementType::kFloat32, ReduceOp::kSum, options)
+          ->Wait(absl::Seconds(30));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  // The communicator is over: later calls fail at once.
+  EXPECT_EQ(group[0]->Barrier()->Wait(absl::Seconds(5)).code(), absl::StatusCode::kAborted);
+  // The peer sees the closed connections instead of waiting for its own long timeout.
+  absl::Status peer = group[1]->Barrier()->Wait(absl::Seconds(30));
+  EXPECT_FALSE(peer.ok());
+}
+
+TEST(GlooCommunicatorTest, AbortFromAnotherThreadUnblocksAPendingWait) {
+  InMemoryStore store;
+  auto group = CreateGroup(2, &store);
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  std::vector<float> bucket(1 << 16, 1.0f);
+  CollectiveOptions options;
+  options.timeout = absl::Minutes(10);
+  // Rank 1 never issues the all-reduce, so rank 0's stays pending.
+  std::unique_ptr<Work> work = group[0]->AllReduce(bucket.data(), bucket.size(),
+                                                   ElementType::kFloat32, ReduceOp::kSum, options);
+  std::unique_ptr<Work> queued = group[0]->Barrier(options);
+  EXPECT_EQ(work->Wait(absl::Milliseconds(50)).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(work->Done());
+  absl::Time aborted_at;
+  std::thread aborter([&] {
+    aborted_at = absl::Now();
+    group[0]->Abort();
+  });
+  absl::Status status = work->Wait(absl::Seconds(30));
+  const absl::Time finished_at = absl::Now();
+  aborter.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+  EXPECT_LT(finished_at - aborted_at, absl::Seconds(2));
+  EXPECT_TRUE(work->Done());
+  EXPECT_EQ(queued->Wait(absl::Seconds(5)).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(group[0]->Barrier()->Wait(absl::Seconds(5)).code(), absl::StatusCode::kAborted);
+  group[0]->Abort();  // idempotent
+}
+
+TEST(GlooCommunicatorTest, DestroyingWithAPendingOperationAbortsIt) {
+  InMemoryStore store;
+  auto group = CreateGroup(2, &store);
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  std::vector<float> bucket(128, 1.0f);
+  std::unique_ptr<Work> work =
+      group[0]->AllReduce(bucket.data(), bucket.size(), ElementType::kFloat32, ReduceOp::kSum);
+  const absl::Time start = absl::Now();
+  group[0].reset();
+  EXPECT_EQ(work->Wait(absl::Seconds(5)).code(), absl::StatusCode::kAborted);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace comm
+}  // namespace zeroshard

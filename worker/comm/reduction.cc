@@ -1,0 +1,102 @@
+// ReduceElements: one loop per (type, op), written so the compiler vectorises the fp32/fp64 sums.
+#include "worker/comm/reduction.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace zeroshard {
+namespace comm {
+namespace {
+
+template <typename T>
+void SumLoop(T* out, const T* received, const T* own, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = received[i] + own[i];
+}
+
+template <typename T>
+void FloatMaxLoop(T* out, const T* received, const T* own, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    const T a = received[i];
+    const T b = own[i];
+    out[i] = (std::isnan(a) || std::isnan(b)) ? (a + b) : (a < b ? b : a);
+  }
+}
+
+// Signed overflow wraps: the sum is taken on the unsigned type of the same width.
+template <typename T, typename U>
+void IntSumLoop(T* out, const T* received, const T* own, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    out[i] = static_cast<T>(static_cast<U>(received[i]) + static_cast<U>(own[i]));
+  }
+}
+
+template <typename T>
+void IntMaxLoop(T* out, const T* received, const T* own, size_t count) {
+  for (size_t i = 0; i < count; ++i) out[i] = received[i] < own[i] ? own[i] : received[i];
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void HalfWidthLoop(uint16_t* out, const uint16_t* received, const uint16_t* own, size_t count,
+                   ReduceOp op) {
+  if (op == ReduceOp::kSum) {
+    for (size_t i = 0; i < count; ++i) out[i] = FromFloat(ToFloat(received[i]) + ToFloat(own[i]));
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    const float a = ToFloat(received[i]);
+    const float b = ToFloat(own[i]);
+    out[i] = FromFloat((std::isnan(a) || std::isnan(b)) ? (a + b) : (a < b ? b : a));
+  }
+}
+
+}  // namespace
+
+void ReduceElements(void* out, const void* received, const void* own, size_t count,
+                    ElementType type, ReduceOp op) {
+  const bool sum = op == ReduceOp::kSum;
+  switch (type) {
+    case ElementType::kFloat64: {
+      auto* o = static_cast<double*>(out);
+      auto* r = static_cast<const double*>(received);
+      auto* w = static_cast<const double*>(own);
+      sum ? SumLoop(o, r, w, count) : FloatMaxLoop(o, r, w, count);
+      return;
+    }
+    case ElementType::kFloat32: {
+      auto* o = static_cast<float*>(out);
+      auto* r = static_cast<const float*>(received);
+      auto* w = static_cast<const float*>(own);
+      sum ? SumLoop(o, r, w, count) : FloatMaxLoop(o, r, w, count);
+      return;
+    }
+    case ElementType::kBFloat16:
+      HalfWidthLoop<kernels::BFloat16ToFloat, kernels::FloatToBFloat16>(
+          static_cast<uint16_t*>(out), static_cast<const uint16_t*>(received),
+          static_cast<const uint16_t*>(own), count, op);
+      return;
+    case ElementType::kFloat16:
+      HalfWidthLoop<kernels::HalfToFloat, kernels::FloatToHalf>(
+          static_cast<uint16_t*>(out), static_cast<const uint16_t*>(received),
+          static_cast<const uint16_t*>(own), count, op);
+      return;
+    case ElementType::kInt32: {
+      auto* o = static_cast<int32_t*>(out);
+      auto* r = static_cast<const int32_t*>(received);
+      auto* w = static_cast<const int32_t*>(own);
+      sum ? IntSumLoop<int32_t, uint32_t>(o, r, w, count) : IntMaxLoop(o, r, w, count);
+      return;
+    }
+    case ElementType::kInt64: {
+      auto* o = static_cast<int64_t*>(out);
+      auto* r = static_cast<const int64_t*>(received);
+      auto* w = static_cast<const int64_t*>(own);
+      sum ? IntSumLoop<int64_t, uint64_t>(o, r, w, count) : IntMaxLoop(o, r, w, count);
+      return;
+    }
+  }
+}
+
+}  // namespace comm
+}  // namespace zeroshard

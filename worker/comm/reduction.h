@@ -1,0 +1,22 @@
+// Element-wise reduction of two typed buffers, the one arithmetic step of every CPU reduce ring.
+#ifndef ZEROSHARD_WORKER_COMM_REDUCTION_H_
+#define ZEROSHARD_WORKER_COMM_REDUCTION_H_
+
+#include <cstddef>
+
+#include "worker/comm/communicator.h"
+
+namespace zeroshard {
+namespace comm {
+
+// out[i] = received[i] (op) own[i] for i < count. `out` may alias `own` or `received` exactly.
+// fp32/fp64 use IEEE arithmetic (no contraction); bf16/fp16 are widened to fp32, combined, and
+// rounded back to nearest even (kernels/dtype.h), once per call; integers wrap on overflow.
+// kMax gives NaN when either operand is NaN. Thread-compatible (pure function).
+void ReduceElements(void* out, const void* received, const void* own, size_t count,
+                    ElementType type, ReduceOp op);
+
+}  // namespace comm
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_COMM_REDUCTION_H_
