@@ -1,0 +1,141 @@
+// GlooCommunicator across separate processes (collective_peer, over a FileStore): every
+// collective for W = 1..5, and a rank whose peer never joins or is killed fails within its timeout.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "worker/comm/file_store.h"
+#include "worker/comm/gloo_communicator.h"
+
+extern char** environ;
+
+namespace zeroshard {
+namespace comm {
+namespace {
+
+std::string PeerPath() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/zeroshard/worker/comm/collective_peer");
+}
+
+std::string FreshDirectory(const std::string& name) {
+  const char* root = std::getenv("TEST_TMPDIR");
+  std::string directory = absl::StrCat(root != nullptr ? root : "/tmp", "/", name);
+  std::system(absl::StrCat("rm -rf '", directory, "' && mkdir -p '", directory, "'").c_str());
+  return directory;
+}
+
+pid_t Spawn(const std::vector<std::string>& arguments) {
+  std::vector<char*> argv;
+  for (const std::string& argument : arguments) argv.push_back(const_cast<char*>(argument.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int error = posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ);
+  EXPECT_EQ(error, 0) << "posix_spawn " << arguments[0];
+  return error == 0 ? pid : -1;
+}
+
+// Waits for `pid` until `deadline`, polling; returns its wait status, or -1 (after killing it)
+// if it is still running at the deadline.
+int WaitForExit(pid_t pid, absl::Time deadline) {
+  while (true) {
+    int status = 0;
+    const pid_t done = waitpid(pid, &status, WNOHANG);
+    if (done == pid) return status;
+    if (absl::Now() >= deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return -1;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+}
+
+std::vector<std::string> PeerArguments(const std::string& store_dir, int rank, int world_size,
+                                       const std::string& mode) {
+  return {PeerPath(), absl::StrCat("--store_dir=", store_dir), absl::StrCat("--rank=", rank),
+          absl::StrCat("--world_size=", world_size), absl::StrCat("--mode=", mode)};
+}
+
+class GlooMultiprocessTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GlooMultiprocessTest, EveryCollectiveMatchesTheReference) {
+  const int world_size = GetParam();
+  const std::string store_dir = FreshDirectory(absl::StrCat("collectives_w", world_size));
+  std::vector<pid_t> peers;
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::vector<std::string> arguments = PeerArguments(store_dir, rank, world_size, "check");
+    arguments.push_back(world_size <= 3 ? "--piece_counts=0,1,1001,262144"
+                                        : "--piece_counts=0,1,1001");
+    arguments.push_back("--types=fp32,bf16,fp16,fp64,int32,int64");
+    peers.push_back(Spawn(arguments));
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  for (int rank = 0; rank < world_size; ++rank) {
+    ASSERT_GT(peers[rank], 0);
+    const int status = WaitForExit(peers[rank], deadline);
+    EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << rank << " wait status " << status << " (see its stderr above)";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooMultiprocessTest, ::testing::Range(1, 6),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("W", info.param);
+                         });
+
+TEST(GlooMultiprocessFailureTest, KilledPeerFailsTheCollectiveWithinItsTimeout) {
+  const std::string store_dir = FreshDirectory("killed_peer");
+  FileStore store(store_dir);
+  const pid_t peer = Spawn(PeerArguments(store_dir, 1, 2, "join_and_hang"));
+  ASSERT_GT(peer, 0);
+  GlooCommunicatorOptions options;
+  options.rank = 0;
+  options.world_size = 2;
+  options.store = &store;
+  options.rendezvous_timeout = absl::Seconds(30);
+  auto communicator = GlooCommunicator::Create(options);
+  ASSERT_TRUE(communicator.ok()) << communicator.status();
+  ASSERT_TRUE(store.Get("gloo/joined/1", absl::Seconds(30)).ok());
+  kill(peer, SIGKILL);
+  ASSERT_NE(WaitForExit(peer, absl::Now() + absl::Seconds(10)), -1);
+
+  std::vector<float> bucket(1 << 16, 1.0f);
+  CollectiveOptions collective;
+  collective.timeout = absl::Seconds(5);
+  const absl::Time start = absl::Now();
+  absl::Status status = (*communicator)
+                            ->AllReduce(bucket.data(), bucket.size(), ElementType::kFloat32,
+                                        ReduceOp::kSum, collective)
+                            ->Wait(absl::Seconds(60));
+  const absl::Duration elapsed = absl::Now() - start;
+  EXPECT_FALSE(status.ok());
+  EXPECT_TRUE(absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status)) << status;
+  EXPECT_LT(elapsed, collective.timeout + absl::Seconds(2)) << status;
+}
+
+TEST(GlooMultiprocessFailureTest, PeerThatNeverJoinsFailsCreateWithinTheRendezvousTimeout) {
+  FileStore store(FreshDirectory("never_joins"));
+  GlooCommunicatorOptions options;
+  options.rank = 0;
+  options.world_size = 3;
+  options.store = &store;
+  options.rendezvous_timeout = absl::Seconds(1);
+  const absl::Time start = absl::Now();
+  auto communicator = GlooCommunicator::Create(options);
+  EXPECT_EQ(communicator.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << communicator.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+}
+
+}  // namespace
+}  // namespace comm
+}  // namespace zeroshard
