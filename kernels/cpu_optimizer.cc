@@ -145,8 +145,8 @@ absl::Status ApplyUpdateCpu(const OptimizerConfig& config, int64_t step, float g
     UpdateArrays a{piece.grad, piece.master, {nullptr, nullptr, nullptr}, piece.param_copy};
     for (int s = 0; s < state_arrays; ++s) a.state[s] = piece.state[s];
     arrays.push_back(a);
-    const int copy_dtype =
-        piece.param_copy == nullptr ? cpu_internal::kNoParamCopyDType : static_cast<int>(piece.param_dtype);
+    const int copy_dtype = piece.param_copy == nullptr ? cpu_internal::kNoParamCopyDType
+                                                       : static_cast<int>(piece.param_dtype);
     kernels.push_back(SelectUpdateRange(*level, config.kind, piece.grad_dtype, copy_dtype));
   }
   const std::vector<Chunk> chunks = CutIntoChunks(pieces);
@@ -157,8 +157,8 @@ absl::Status ApplyUpdateCpu(const OptimizerConfig& config, int64_t step, float g
   return absl::OkStatus();
 }
 
-absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces,
-                                              ThreadPool* pool, SimdLevel simd) {
+absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces, ThreadPool* pool,
+                                              SimdLevel simd) {
   absl::Status valid = ValidateGradPieces(pieces);
   if (!valid.ok()) return valid;
   absl::StatusOr<SimdLevel> level = ResolveSimd(simd);

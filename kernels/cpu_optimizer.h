@@ -44,8 +44,7 @@ absl::Status ApplyUpdateCpu(const OptimizerConfig& config, int64_t step, float g
 // The sum of squares (fp64) of every element of every piece and whether any is NaN or Inf, in
 // one pass. The same bits whatever `pool` and `simd`: each chunk sums into 16 fp64 lanes in
 // element order, lanes combine in a fixed tree, and chunks combine in piece and chunk order.
-absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces,
-                                              ThreadPool* pool,
+absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces, ThreadPool* pool,
                                               SimdLevel simd = SimdLevel::kAuto);
 
 }  // namespace kernels

@@ -119,8 +119,8 @@ void ReferenceStep(const OptimizerConfig& c, int64_t step, float grad_scale, boo
           denom = std::sqrt(vmax) / static_cast<float>(bias_correction2_sqrt) +
                   static_cast<float>(c.eps);
         } else {
-          denom = std::sqrt(v) / static_cast<float>(bias_correction2_sqrt) +
-                  static_cast<float>(c.eps);
+          denom =
+              std::sqrt(v) / static_cast<float>(bias_correction2_sqrt) + static_cast<float>(c.eps);
         }
         p = p + static_cast<float>(-step_size) * m / denom;
         break;
@@ -262,11 +262,20 @@ class PieceSet {
         float x = Uniform();
         if (special) {
           switch (i % 11) {
-            case 3: x = 0.0f; break;
-            case 5: x = -0.0f; break;
-            case 7: x = x * 1e-30f; break;
-            case 9: x = x * 3e4f; break;
-            default: break;
+            case 3:
+              x = 0.0f;
+              break;
+            case 5:
+              x = -0.0f;
+              break;
+            case 7:
+              x = x * 1e-30f;
+              break;
+            case 9:
+              x = x * 3e4f;
+              break;
+            default:
+              break;
           }
         }
         unsigned char* at = piece.grad_bytes.data() + (piece.offset + i) * DTypeSize(grad_dtype_);
@@ -311,8 +320,8 @@ class PieceSet {
 
   void ReferenceStepAll(int64_t step, float grad_scale) {
     for (Piece& piece : pieces_) {
-      ReferenceStep(config_, step, grad_scale, piece.weight_decay, piece.lr_scale,
-                    piece.ref_grads, piece.ref);
+      ReferenceStep(config_, step, grad_scale, piece.weight_decay, piece.lr_scale, piece.ref_grads,
+                    piece.ref);
     }
   }
 
@@ -339,8 +348,8 @@ class PieceSet {
         }
         if (copy_dtype_ >= 0 && !CopyMatches(piece, i)) {
           ++failures;
-          ADD_FAILURE() << label << " piece " << k << " param copy[" << i << "] is not "
-                        << kernel << " rounded to " << DTypeName(static_cast<DType>(copy_dtype_));
+          ADD_FAILURE() << label << " piece " << k << " param copy[" << i << "] is not " << kernel
+                        << " rounded to " << DTypeName(static_cast<DType>(copy_dtype_));
         }
       }
     }
@@ -426,8 +435,7 @@ std::string CopyName(int copy_dtype) {
 
 // ---- Against the reference ----
 
-class ReferenceTest
-    : public ::testing::TestWithParam<std::tuple<int, DType, int>> {
+class ReferenceTest : public ::testing::TestWithParam<std::tuple<int, DType, int>> {
  protected:
   NamedConfig named() const { return Configs()[std::get<0>(GetParam())]; }
   DType grad_dtype() const { return std::get<1>(GetParam()); }
@@ -509,14 +517,15 @@ TEST_P(ReferenceTest, BitwiseAcrossThreadsAndInstructionSets) {
   EXPECT_GE(levels_checked, 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    AllOptimizers, ReferenceTest,
-    ::testing::Combine(::testing::Range(0, static_cast<int>(Configs().size())),
-                       ::testing::ValuesIn(kGradDTypes), ::testing::ValuesIn(kCopyDTypes)),
-    [](const ::testing::TestParamInfo<ReferenceTest::ParamType>& info) {
-      return Configs()[std::get<0>(info.param)].name + "_grad_" +
-             DTypeName(std::get<1>(info.param)) + "_copy_" + CopyName(std::get<2>(info.param));
-    });
+INSTANTIATE_TEST_SUITE_P(AllOptimizers, ReferenceTest,
+                         ::testing::Combine(::testing::Range(0, static_cast<int>(Configs().size())),
+                                            ::testing::ValuesIn(kGradDTypes),
+                                            ::testing::ValuesIn(kCopyDTypes)),
+                         [](const ::testing::TestParamInfo<ReferenceTest::ParamType>& info) {
+                           return Configs()[std::get<0>(info.param)].name + "_grad_" +
+                                  DTypeName(std::get<1>(info.param)) + "_copy_" +
+                                  CopyName(std::get<2>(info.param));
+                         });
 
 // ---- Particular behaviours ----
 

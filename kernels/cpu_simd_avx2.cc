@@ -43,7 +43,8 @@ struct Avx2Ops {
   static V LoadF32(const float* p) { return V(_mm256_loadu_ps(p)); }
   static void StoreF32(float* p, V x) { _mm256_storeu_ps(p, x.v); }
   static V LoadBF16(const uint16_t* p) {
-    const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    const __m256i wide =
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return V(_mm256_castsi256_ps(_mm256_slli_epi32(wide, 16)));
   }
   static void StoreBF16(uint16_t* p, V x) {
@@ -51,8 +52,7 @@ struct Avx2Ops {
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
     const __m256i rounding = _mm256_add_epi32(_mm256_set1_epi32(0x7fff), lsb);
     const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(bits, rounding), 16);
-    const __m256i quiet_nan =
-        _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
+    const __m256i quiet_nan = _mm256_or_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(0x40));
     const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(x.v, x.v, _CMP_UNORD_Q));
     const __m256i result = _mm256_blendv_epi8(rounded, quiet_nan, is_nan);
     const __m128i packed =
@@ -68,8 +68,8 @@ struct Avx2Ops {
   }
 
   static Accumulator ZeroAccumulator() {
-    return Accumulator{{_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(),
-                        _mm256_setzero_pd()}};
+    return Accumulator{
+        {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()}};
   }
   // x fills lanes [lane, lane + 8).
   static void AccumulateSquares(Accumulator& acc, int lane, V x) {

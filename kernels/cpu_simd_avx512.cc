@@ -47,7 +47,8 @@ struct Avx512Ops {
   static V LoadF32(const float* p) { return V(_mm512_loadu_ps(p)); }
   static void StoreF32(float* p, V x) { _mm512_storeu_ps(p, x.v); }
   static V LoadBF16(const uint16_t* p) {
-    const __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    const __m512i wide =
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
     return V(_mm512_castsi512_ps(_mm512_slli_epi32(wide, 16)));
   }
   static void StoreBF16(uint16_t* p, V x) {
@@ -68,7 +69,9 @@ struct Avx512Ops {
                         _mm512_cvtps_ph(x.v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
 
-  static Accumulator ZeroAccumulator() { return Accumulator{_mm512_setzero_pd(), _mm512_setzero_pd()}; }
+  static Accumulator ZeroAccumulator() {
+    return Accumulator{_mm512_setzero_pd(), _mm512_setzero_pd()};
+  }
   static void AccumulateSquares(Accumulator& acc, int /*lane*/, V x) {
     const __m512d low = _mm512_cvtps_pd(_mm512_castps512_ps256(x.v));
     const __m512d high =

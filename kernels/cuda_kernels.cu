@@ -42,7 +42,8 @@ __device__ __forceinline__ float4 LoadFour(const void* data, int32_t dtype, int6
   }
   const uint2 raw = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(data) + i)[0];
   const uint16_t h[4] = {static_cast<uint16_t>(raw.x & 0xffffu), static_cast<uint16_t>(raw.x >> 16),
-                         static_cast<uint16_t>(raw.y & 0xffffu), static_cast<uint16_t>(raw.y >> 16)};
+                         static_cast<uint16_t>(raw.y & 0xffffu),
+                         static_cast<uint16_t>(raw.y >> 16)};
   if (dtype == static_cast<int32_t>(DType::kBFloat16)) {
     return make_float4(BFloat16ToFloat(h[0]), BFloat16ToFloat(h[1]), BFloat16ToFloat(h[2]),
                        BFloat16ToFloat(h[3]));
@@ -56,10 +57,10 @@ __device__ __forceinline__ void StoreCopyFour(void* copy, int32_t dtype, int64_t
     return;
   }
   uint2 packed;
-  packed.x = static_cast<uint32_t>(Narrow(v.x, dtype)) |
-             (static_cast<uint32_t>(Narrow(v.y, dtype)) << 16);
-  packed.y = static_cast<uint32_t>(Narrow(v.z, dtype)) |
-             (static_cast<uint32_t>(Narrow(v.w, dtype)) << 16);
+  packed.x =
+      static_cast<uint32_t>(Narrow(v.x, dtype)) | (static_cast<uint32_t>(Narrow(v.y, dtype)) << 16);
+  packed.y =
+      static_cast<uint32_t>(Narrow(v.z, dtype)) | (static_cast<uint32_t>(Narrow(v.w, dtype)) << 16);
   reinterpret_cast<uint2*>(static_cast<uint16_t*>(copy) + i)[0] = packed;
 }
 
@@ -204,30 +205,30 @@ int BlocksFor(int64_t num_tiles) {
 
 }  // namespace
 
-cudaError_t LaunchUpdate(int32_t kind, const DeviceUpdatePiece* pieces,
-                         const DeviceTile* tiles, int64_t num_tiles, cudaStream_t stream) {
+cudaError_t LaunchUpdate(int32_t kind, const DeviceUpdatePiece* pieces, const DeviceTile* tiles,
+                         int64_t num_tiles, cudaStream_t stream) {
   if (num_tiles == 0) return cudaSuccess;
   const int blocks = BlocksFor(num_tiles);
   switch (static_cast<OptimizerKind>(kind)) {
     case OptimizerKind::kSgd:
-      UpdateKernel<OptimizerKind::kSgd><<<blocks, kThreadsPerBlock, 0, stream>>>(pieces, tiles,
-                                                                                 num_tiles);
+      UpdateKernel<OptimizerKind::kSgd>
+          <<<blocks, kThreadsPerBlock, 0, stream>>>(pieces, tiles, num_tiles);
       break;
     case OptimizerKind::kAdam:
-      UpdateKernel<OptimizerKind::kAdam><<<blocks, kThreadsPerBlock, 0, stream>>>(pieces, tiles,
-                                                                                  num_tiles);
+      UpdateKernel<OptimizerKind::kAdam>
+          <<<blocks, kThreadsPerBlock, 0, stream>>>(pieces, tiles, num_tiles);
       break;
     case OptimizerKind::kAdamW:
-      UpdateKernel<OptimizerKind::kAdamW><<<blocks, kThreadsPerBlock, 0, stream>>>(pieces, tiles,
-                                                                                   num_tiles);
+      UpdateKernel<OptimizerKind::kAdamW>
+          <<<blocks, kThreadsPerBlock, 0, stream>>>(pieces, tiles, num_tiles);
       break;
     case OptimizerKind::kAdagrad:
-      UpdateKernel<OptimizerKind::kAdagrad><<<blocks, kThreadsPerBlock, 0, stream>>>(
-          pieces, tiles, num_tiles);
+      UpdateKernel<OptimizerKind::kAdagrad>
+          <<<blocks, kThreadsPerBlock, 0, stream>>>(pieces, tiles, num_tiles);
       break;
     case OptimizerKind::kLion:
-      UpdateKernel<OptimizerKind::kLion><<<blocks, kThreadsPerBlock, 0, stream>>>(pieces, tiles,
-                                                                                  num_tiles);
+      UpdateKernel<OptimizerKind::kLion>
+          <<<blocks, kThreadsPerBlock, 0, stream>>>(pieces, tiles, num_tiles);
       break;
   }
   return cudaGetLastError();

@@ -27,7 +27,7 @@ struct DeviceUpdatePiece {
   const void* grad;
   float* master;
   float* state[kDeviceStateArrays];  // null where the optimizer uses fewer
-  void* param_copy;               // null: no copy
+  void* param_copy;                  // null: no copy
   int64_t length;
   int32_t grad_dtype;  // a DType value
   int32_t copy_dtype;  // a DType value
@@ -50,8 +50,8 @@ struct DeviceTile {
 
 // Enqueues the update of every tile on `stream`. Returns the launch error, if any.
 // `kind` is an OptimizerKind value.
-cudaError_t LaunchUpdate(int32_t kind, const DeviceUpdatePiece* pieces,
-                         const DeviceTile* tiles, int64_t num_tiles, cudaStream_t stream);
+cudaError_t LaunchUpdate(int32_t kind, const DeviceUpdatePiece* pieces, const DeviceTile* tiles,
+                         int64_t num_tiles, cudaStream_t stream);
 
 // Enqueues the two reduction stages: per-tile sums into `tile_sums` (num_tiles doubles), then
 // their sum, in tile order within a fixed tree, into `result` (one double).

@@ -106,13 +106,11 @@ absl::Status CudaOptimizerKernels::ApplyUpdate(const OptimizerConfig& config, in
                    Aligned(piece.grad, piece.grad_dtype == DType::kFloat32 ? 16 : 8);
     for (int s = 0; s < state_arrays; ++s) aligned = aligned && Aligned(piece.state[s], 16);
     if (piece.param_copy != nullptr) {
-      aligned = aligned &&
-                Aligned(piece.param_copy, piece.param_dtype == DType::kFloat32 ? 16 : 8);
+      aligned = aligned && Aligned(piece.param_copy, piece.param_dtype == DType::kFloat32 ? 16 : 8);
     }
     d.vector_aligned = aligned ? 1 : 0;
   }
-  const std::vector<DeviceTile> tiles =
-      CutIntoTiles(pieces, cuda_internal::kUpdateTileElements);
+  const std::vector<DeviceTile> tiles = CutIntoTiles(pieces, cuda_internal::kUpdateTileElements);
   if (tiles.empty()) return absl::OkStatus();
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   const size_t table_bytes = table.size() * sizeof(DeviceUpdatePiece);
@@ -121,14 +119,14 @@ absl::Status CudaOptimizerKernels::ApplyUpdate(const OptimizerConfig& config, in
   if (status.ok()) status = Reserve(&device_tiles_, &tiles_capacity_, tile_bytes);
   // From pageable memory these copies finish reading the host tables before they return.
   if (status.ok()) {
-    status = CudaStatus(cudaMemcpyAsync(device_pieces_, table.data(), table_bytes,
-                                        cudaMemcpyHostToDevice, stream),
-                        "cudaMemcpyAsync(pieces)");
+    status = CudaStatus(
+        cudaMemcpyAsync(device_pieces_, table.data(), table_bytes, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync(pieces)");
   }
   if (status.ok()) {
-    status = CudaStatus(cudaMemcpyAsync(device_tiles_, tiles.data(), tile_bytes,
-                                        cudaMemcpyHostToDevice, stream),
-                        "cudaMemcpyAsync(tiles)");
+    status = CudaStatus(
+        cudaMemcpyAsync(device_tiles_, tiles.data(), tile_bytes, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync(tiles)");
   }
   if (status.ok()) {
     status = CudaStatus(
@@ -160,29 +158,29 @@ absl::StatusOr<GradStats> CudaOptimizerKernels::ComputeGradStats(
   if (status.ok()) status = Reserve(&device_tiles_, &tiles_capacity_, tile_bytes);
   if (status.ok()) status = Reserve(&device_sums_, &sums_capacity_, sums_bytes);
   if (status.ok() && table_bytes > 0) {
-    status = CudaStatus(cudaMemcpyAsync(device_pieces_, table.data(), table_bytes,
-                                        cudaMemcpyHostToDevice, stream),
-                        "cudaMemcpyAsync(pieces)");
+    status = CudaStatus(
+        cudaMemcpyAsync(device_pieces_, table.data(), table_bytes, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync(pieces)");
   }
   if (status.ok() && tile_bytes > 0) {
-    status = CudaStatus(cudaMemcpyAsync(device_tiles_, tiles.data(), tile_bytes,
-                                        cudaMemcpyHostToDevice, stream),
-                        "cudaMemcpyAsync(tiles)");
+    status = CudaStatus(
+        cudaMemcpyAsync(device_tiles_, tiles.data(), tile_bytes, cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync(tiles)");
   }
   double* sums = static_cast<double*>(device_sums_);
   const int64_t num_tiles = static_cast<int64_t>(tiles.size());
   if (status.ok()) {
-    status = CudaStatus(cuda_internal::LaunchSumSquares(
-                            static_cast<const DeviceStatsPiece*>(device_pieces_),
-                            static_cast<const DeviceTile*>(device_tiles_), num_tiles, sums,
-                            sums + num_tiles, stream),
-                        "sum of squares launch");
+    status = CudaStatus(
+        cuda_internal::LaunchSumSquares(static_cast<const DeviceStatsPiece*>(device_pieces_),
+                                        static_cast<const DeviceTile*>(device_tiles_), num_tiles,
+                                        sums, sums + num_tiles, stream),
+        "sum of squares launch");
   }
   double total = 0.0;
   if (status.ok()) {
-    status = CudaStatus(cudaMemcpyAsync(&total, sums + num_tiles, sizeof(double),
-                                        cudaMemcpyDeviceToHost, stream),
-                        "cudaMemcpyAsync(result)");
+    status = CudaStatus(
+        cudaMemcpyAsync(&total, sums + num_tiles, sizeof(double), cudaMemcpyDeviceToHost, stream),
+        "cudaMemcpyAsync(result)");
   }
   if (status.ok()) {
     status = CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");

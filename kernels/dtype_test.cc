@@ -94,9 +94,7 @@ TEST(Float16Test, KnownPatterns) {
   EXPECT_TRUE(std::isnan(HalfToFloat(FloatToHalf(std::nanf("")))));
 }
 
-__attribute__((target("f16c"))) float HardwareHalfToFloat(uint16_t half) {
-  return _cvtsh_ss(half);
-}
+__attribute__((target("f16c"))) float HardwareHalfToFloat(uint16_t half) { return _cvtsh_ss(half); }
 
 __attribute__((target("f16c"))) uint16_t HardwareFloatToHalf(float value) {
   return _cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

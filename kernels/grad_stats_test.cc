@@ -161,9 +161,8 @@ TEST(GradStatsTest, EmptyAndInvalid) {
   EXPECT_EQ(ComputeGradStatsCpu({GradPiece{nullptr, DType::kFloat32, 3}}, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
   float x = 1.0f;
-  EXPECT_EQ(
-      ComputeGradStatsCpu({GradPiece{&x, static_cast<DType>(5), 1}}, nullptr).status().code(),
-      absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ComputeGradStatsCpu({GradPiece{&x, static_cast<DType>(5), 1}}, nullptr).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -142,9 +142,9 @@ absl::Status ValidateUpdate(const OptimizerConfig& config, int64_t step, float g
     }
     for (int s = 0; s < state_arrays; ++s) {
       if (piece.state[s] == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "pieces[", i, "].state[", s, "] is null; ", OptimizerKindName(config.kind), " needs ",
-            state_arrays, " state arrays"));
+        return absl::InvalidArgumentError(absl::StrCat("pieces[", i, "].state[", s, "] is null; ",
+                                                       OptimizerKindName(config.kind), " needs ",
+                                                       state_arrays, " state arrays"));
       }
     }
   }

@@ -29,9 +29,9 @@ const char* OptimizerKindName(OptimizerKind kind);
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdam;
   double lr = 1e-3;
-  double beta1 = 0.9;   // Adam, AdamW, Lion
-  double beta2 = 0.999; // Adam, AdamW, Lion
-  double eps = 1e-8;    // Adam, AdamW, Adagrad (torch's Adagrad default is 1e-10)
+  double beta1 = 0.9;    // Adam, AdamW, Lion
+  double beta2 = 0.999;  // Adam, AdamW, Lion
+  double eps = 1e-8;     // Adam, AdamW, Adagrad (torch's Adagrad default is 1e-10)
   double weight_decay = 0.0;
   double momentum = 0.0;   // SGD
   double dampening = 0.0;  // SGD
@@ -56,10 +56,10 @@ int StateArraysPerParam(const OptimizerConfig& config);
 struct UpdatePiece {
   const void* grad = nullptr;  // `length` elements of grad_dtype
   DType grad_dtype = DType::kFloat32;
-  float* master = nullptr;                     // fp32 master weights, updated in place
-  float* state[kMaxStateArrays] = {};          // the first StateArraysPerParam(config) are used
-  void* param_copy = nullptr;                  // optional: receives the updated weights
-  DType param_dtype = DType::kFloat32;         // ... rounded to this type (nearest even)
+  float* master = nullptr;              // fp32 master weights, updated in place
+  float* state[kMaxStateArrays] = {};   // the first StateArraysPerParam(config) are used
+  void* param_copy = nullptr;           // optional: receives the updated weights
+  DType param_dtype = DType::kFloat32;  // ... rounded to this type (nearest even)
   int64_t length = 0;
   bool weight_decay = true;  // false: this piece is never decayed (biases, norms)
   double lr_scale = 1.0;     // this piece's learning rate is lr * lr_scale

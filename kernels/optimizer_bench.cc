@@ -43,8 +43,8 @@ void ForChunks(ThreadPool& pool, int64_t n, const std::function<void(int64_t, in
 
 ZS_BENCH_TARGET __m512 LoadGrad(const void* grad, DType dtype, int64_t i) {
   if (dtype == DType::kFloat32) return _mm512_loadu_ps(static_cast<const float*>(grad) + i);
-  const __m256i h = _mm256_loadu_si256(
-      reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(grad) + i));
+  const __m256i h =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(grad) + i));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
@@ -80,19 +80,32 @@ ZS_BENCH_TARGET void PassRange(Op op, float* out, const float* a, const void* b,
     const __m512 x = _mm512_loadu_ps(a + i);
     __m512 r;
     switch (op) {
-      case Op::kMul: r = _mm512_mul_ps(x, _mm512_loadu_ps(bf + i)); break;
-      case Op::kAdd: r = _mm512_add_ps(x, _mm512_loadu_ps(bf + i)); break;
-      case Op::kDiv: r = _mm512_div_ps(x, _mm512_loadu_ps(bf + i)); break;
-      case Op::kMax: r = _mm512_max_ps(x, _mm512_loadu_ps(bf + i)); break;
-      case Op::kMulScalar: r = _mm512_mul_ps(x, s); break;
-      case Op::kAddScalar: r = _mm512_add_ps(x, s); break;
-      case Op::kSqrt: r = _mm512_sqrt_ps(x); break;
+      case Op::kMul:
+        r = _mm512_mul_ps(x, _mm512_loadu_ps(bf + i));
+        break;
+      case Op::kAdd:
+        r = _mm512_add_ps(x, _mm512_loadu_ps(bf + i));
+        break;
+      case Op::kDiv:
+        r = _mm512_div_ps(x, _mm512_loadu_ps(bf + i));
+        break;
+      case Op::kMax:
+        r = _mm512_max_ps(x, _mm512_loadu_ps(bf + i));
+        break;
+      case Op::kMulScalar:
+        r = _mm512_mul_ps(x, s);
+        break;
+      case Op::kAddScalar:
+        r = _mm512_add_ps(x, s);
+        break;
+      case Op::kSqrt:
+        r = _mm512_sqrt_ps(x);
+        break;
       case Op::kSign: {
         const __m512 zero = _mm512_setzero_ps();
         r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, zero, _CMP_GT_OQ), zero,
                                  _mm512_set1_ps(1.0f));
-        r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ), r,
-                                 _mm512_set1_ps(-1.0f));
+        r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ), r, _mm512_set1_ps(-1.0f));
         break;
       }
       case Op::kBf16: {
@@ -102,7 +115,9 @@ ZS_BENCH_TARGET void PassRange(Op op, float* out, const float* a, const void* b,
             _mm512_cvtepi32_epi16(upper));
         continue;
       }
-      default: r = x; break;
+      default:
+        r = x;
+        break;
     }
     _mm512_storeu_ps(out + i, r);
   }
@@ -118,9 +133,8 @@ class MultiPass {
  public:
   MultiPass(ThreadPool& pool, int64_t n) : pool_(pool), n_(n) {}
   void Run(Op op, float* out, const float* a, const void* b, float scalar = 0.0f) {
-    ForChunks(pool_, n_, [&](int64_t begin, int64_t end) {
-      PassRange(op, out, a, b, scalar, begin, end);
-    });
+    ForChunks(pool_, n_,
+              [&](int64_t begin, int64_t end) { PassRange(op, out, a, b, scalar, begin, end); });
   }
 
  private:
@@ -219,13 +233,14 @@ struct Case {
 void RunCase(const Case& c, int threads, Arrays& a, int reps) {
   OptimizerConfig config;
   config.kind = c.kind;
-  config.weight_decay = c.kind == OptimizerKind::kAdamW || c.kind == OptimizerKind::kLion ? 0.01 : 0.0;
+  config.weight_decay =
+      c.kind == OptimizerKind::kAdamW || c.kind == OptimizerKind::kLion ? 0.01 : 0.0;
   if (c.kind == OptimizerKind::kSgd) config.momentum = 0.9;
   if (c.kind == OptimizerKind::kLion) config.beta2 = 0.99;
   const int states = StateArraysPerParam(config);
   UpdatePiece piece;
   piece.grad = c.grad_dtype == DType::kFloat32 ? static_cast<const void*>(a.grad32.data())
-                                                : static_cast<const void*>(a.grad16.data());
+                                               : static_cast<const void*>(a.grad16.data());
   piece.grad_dtype = c.grad_dtype;
   piece.master = a.master.data();
   piece.state[0] = a.s0.data();

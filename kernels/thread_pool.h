@@ -42,7 +42,7 @@ class ThreadPool {
   // The current ParallelFor's task; null between calls.
   const absl::FunctionRef<void(int64_t)>* task_ ABSL_GUARDED_BY(mu_) = nullptr;
   int64_t num_tasks_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t next_task_ ABSL_GUARDED_BY(mu_) = 0;      // first unclaimed task
+  int64_t next_task_ ABSL_GUARDED_BY(mu_) = 0;       // first unclaimed task
   int64_t finished_tasks_ ABSL_GUARDED_BY(mu_) = 0;  // tasks that have returned
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> workers_;

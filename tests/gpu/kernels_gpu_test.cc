@@ -61,8 +61,12 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
   unsigned char* data() const { return static_cast<unsigned char*>(data_); }
-  void Upload(const void* host) { CheckCuda(cudaMemcpy(data_, host, bytes_, cudaMemcpyHostToDevice), "upload"); }
-  void Download(void* host) const { CheckCuda(cudaMemcpy(host, data_, bytes_, cudaMemcpyDeviceToHost), "download"); }
+  void Upload(const void* host) {
+    CheckCuda(cudaMemcpy(data_, host, bytes_, cudaMemcpyHostToDevice), "upload");
+  }
+  void Download(void* host) const {
+    CheckCuda(cudaMemcpy(host, data_, bytes_, cudaMemcpyDeviceToHost), "download");
+  }
 
  private:
   void* data_ = nullptr;
@@ -178,10 +182,10 @@ void CheckUpdate(CudaOptimizerKernels& gpu, ThreadPool& pool, const NamedConfig&
                                           : reinterpret_cast<unsigned char*>(p.master.data())) +
           p.offset;
       for (int s = 0; s < states; ++s) {
-        u.state[s] = reinterpret_cast<float*>(
-                         device ? p.d_state[s]->data()
-                                : reinterpret_cast<unsigned char*>(p.state[s].data())) +
-                     p.offset;
+        u.state[s] =
+            reinterpret_cast<float*>(device ? p.d_state[s]->data()
+                                            : reinterpret_cast<unsigned char*>(p.state[s].data())) +
+            p.offset;
       }
       if (copy_dtype >= 0) {
         u.param_dtype = static_cast<DType>(copy_dtype);
@@ -210,8 +214,7 @@ void CheckUpdate(CudaOptimizerKernels& gpu, ThreadPool& pool, const NamedConfig&
       }
       p.d_grad->Upload(p.grad.data());
     }
-    const absl::Status cpu_status =
-        ApplyUpdateCpu(named.config, step, 0.5f, host_pieces, &pool);
+    const absl::Status cpu_status = ApplyUpdateCpu(named.config, step, 0.5f, host_pieces, &pool);
     const absl::Status gpu_status = gpu.ApplyUpdate(named.config, step, 0.5f, device_pieces);
     if (!cpu_status.ok() || !gpu_status.ok()) {
       Report(false, named.name + ": " + cpu_status.ToString() + " / " + gpu_status.ToString());
@@ -291,18 +294,18 @@ void CheckGradStats(CudaOptimizerKernels& gpu, ThreadPool& pool, DType dtype) {
     return;
   }
   const double rel = std::fabs(first->sum_squares - cpu->sum_squares) / cpu->sum_squares;
-  Report(rel <= kSumRelTol && !first->non_finite,
-         std::string("grad stats ") + DTypeName(dtype) + " sum matches the CPU (rel " +
-             std::to_string(rel) + ")");
+  Report(rel <= kSumRelTol && !first->non_finite, std::string("grad stats ") + DTypeName(dtype) +
+                                                      " sum matches the CPU (rel " +
+                                                      std::to_string(rel) + ")");
   Report(std::memcmp(&first->sum_squares, &second->sum_squares, 8) == 0,
          std::string("grad stats ") + DTypeName(dtype) + " repeatable bit for bit");
   // Non-finite values at the start, a tile boundary and the end of the large piece.
   const size_t big = lengths.size() - 1;
   const int64_t offset = big % 4;
   int detected = 0, tried = 0;
-  for (float special : {std::numeric_limits<float>::quiet_NaN(),
-                        std::numeric_limits<float>::infinity(),
-                        -std::numeric_limits<float>::infinity()}) {
+  for (float special :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+        -std::numeric_limits<float>::infinity()}) {
     for (int64_t pos : {int64_t{0}, int64_t{16383}, int64_t{16384}, lengths[big] - 1}) {
       std::vector<unsigned char> poisoned = host[big];
       unsigned char* at = poisoned.data() + (offset + pos) * size;
@@ -368,9 +371,8 @@ void MeasureBandwidth(CudaOptimizerKernels& gpu) {
   const double adamw_s = time([&](int r) {
     if (!gpu.ApplyUpdate(config, r + 1, 1.0f, {piece}).ok()) ++g_failures;
   });
-  const double copy_s = time([&](int) {
-    cudaMemcpyAsync(dst.data(), src.data(), n * 16, cudaMemcpyDeviceToDevice);
-  });
+  const double copy_s =
+      time([&](int) { cudaMemcpyAsync(dst.data(), src.data(), n * 16, cudaMemcpyDeviceToDevice); });
   const double adamw_gbps = 28.0 * n / adamw_s / 1e9;
   const double copy_gbps = 2.0 * 16 * n / copy_s / 1e9;
   std::printf(
