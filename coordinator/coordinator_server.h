@@ -49,6 +49,7 @@ class CoordinatorServer {
   int metrics_port() const { return metrics_port_; }
   std::string grpc_target() const;
   JobManager* manager() { return manager_.get(); }
+  RendezvousStore* rendezvous() { return rendezvous_.get(); }
 
   // Blocks until Shutdown is called from another thread (or a signal handler's helper).
   void Wait();

@@ -1,0 +1,862 @@
+// Service tests: an in-process CoordinatorServer on a loopback port and a real gRPC channel.
+// Covers validation of every RPC, waiting StoreGets without a thread each, WatchJob, the ops
+// surface (health, reflection, /metrics) and leases on a fake clock.
+#include <dirent.h>
+#include <httplib.h>
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "coordinator/coordinator_server.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "gtest/gtest.h"
+#include "zeroshard/v1/coordinator.grpc.pb.h"
+
+namespace zeroshard::coordinator {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+using Stub = v1::Coordinator::Stub;
+
+constexpr absl::Duration kRpcDeadline = absl::Seconds(10);
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout = kRpcDeadline) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+v1::JobSpec Spec(const std::string& name, int workers) {
+  v1::JobSpec spec;
+  spec.set_name(name);
+  spec.mutable_workload()->set_preset("seed");
+  spec.mutable_optimizer()->set_kind(v1::SGD);
+  spec.set_min_workers(workers);
+  spec.set_max_workers(workers);
+  spec.set_global_batch(128);
+  return spec;
+}
+
+v1::StepMetrics Metrics(int64_t step) {
+  v1::StepMetrics metrics;
+  metrics.set_step(step);
+  metrics.set_loss(0.5);
+  metrics.set_step_ms(1.0);
+  metrics.set_loss_scale(1.0);
+  return metrics;
+}
+
+int ThreadCount() {
+  int count = 0;
+  if (DIR* dir = opendir("/proc/self/task")) {
+    while (dirent* entry = readdir(dir)) count += entry->d_name[0] != '.';
+    closedir(dir);
+  }
+  return count;
+}
+
+grpc::ByteBuffer ToByteBuffer(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  return grpc::ByteBuffer(&slice, 1);
+}
+
+std::string FromByteBuffer(const grpc::ByteBuffer& buffer) {
+  std::vector<grpc::Slice> slices;
+  std::string out;
+  if (!buffer.Dump(&slices).ok()) return out;
+  for (const grpc::Slice& slice : slices) {
+    out.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  return out;
+}
+
+// Waits for the next completion-queue event and returns its ok flag (false on timeout).
+bool NextOk(grpc::CompletionQueue& queue, void* expected_tag) {
+  void* tag = nullptr;
+  bool ok = false;
+  const auto status = queue.AsyncNext(&tag, &ok, absl::ToChronoTime(absl::Now() + kRpcDeadline));
+  return status == grpc::CompletionQueue::GOT_EVENT && tag == expected_tag && ok;
+}
+
+class CoordinatorServiceTest : public ::testing::Test {
+ protected:
+  void StartServer(ServiceOptions service = {}) {
+    CoordinatorServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.metrics_port = 0;
+    options.state_dir =
+        absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
+                     ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-state");
+    std::filesystem::remove_all(options.state_dir);
+    options.service = service;
+    absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+        CoordinatorServer::Start(options, &clock_);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ = grpc::CreateChannel(server_->grpc_target(), grpc::InsecureChannelCredentials());
+    stub_ = v1::Coordinator::NewStub(channel_);
+  }
+
+  std::string Register(const std::string& name, const std::string& host = "host-a") {
+    v1::RegisterWorkerRequest request;
+    request.set_name(name);
+    request.set_host(host);
+    request.set_device_kind(v1::CPU);
+    v1::RegisterWorkerResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->RegisterWorker(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.worker_id();
+  }
+
+  v1::Job Submit(const v1::JobSpec& spec) {
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    v1::Job job;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->SubmitJob(&context, request, &job);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return job;
+  }
+
+  v1::Job GetJob(const std::string& job_id) {
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    v1::Job job;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->GetJob(&context, request, &job);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return job;
+  }
+
+  grpc::Status Heartbeat(const std::string& worker_id, v1::HeartbeatResponse* response,
+                         absl::Duration deadline = kRpcDeadline,
+                         const v1::WorkerStatus& status = {}) {
+    v1::HeartbeatRequest request;
+    request.set_worker_id(worker_id);
+    *request.mutable_status() = status;
+    grpc::ClientContext context;
+    SetDeadline(context, deadline);
+    return stub_->Heartbeat(&context, request, response);
+  }
+
+  grpc::Status ReportProgress(const v1::Job& job, int32_t rank, int64_t step, bool finished,
+                              v1::ReportProgressResponse* response) {
+    v1::ReportProgressRequest request;
+    request.set_worker_id(job.worker_ids(rank));
+    request.set_job_id(job.id());
+    request.set_generation(job.generation());
+    request.set_rank(rank);
+    *request.mutable_metrics() = Metrics(step);
+    request.set_finished(finished);
+    grpc::ClientContext context;
+    SetDeadline(context);
+    return stub_->ReportProgress(&context, request, response);
+  }
+
+  // Reads a WatchJob stream to its end.
+  grpc::Status WatchAll(const std::string& job_id, int64_t after_sequence,
+                        std::vector<v1::JobEvent>* events) {
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    request.set_after_sequence(after_sequence);
+    grpc::ClientContext context;
+    SetDeadline(context);
+    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
+    v1::JobEvent event;
+    while (reader->Read(&event)) events->push_back(event);
+    return reader->Finish();
+  }
+
+  FakeClock clock_;
+  std::unique_ptr<CoordinatorServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<Stub> stub_;
+};
+
+// ---- Bad input ----
+
+// One malformed request: the call, the code it must get and the field its message must name
+// (the message starts with "<field>:").
+struct BadRequest {
+  std::string what;
+  grpc::StatusCode code;
+  std::string field;
+  std::function<grpc::Status(Stub&, grpc::ClientContext&)> call;
+};
+
+template <typename Request, typename Response>
+using StubMethod = grpc::Status (Stub::*)(grpc::ClientContext*, const Request&, Response*);
+
+template <typename Request, typename Response>
+BadRequest Bad(std::string what, grpc::StatusCode code, std::string field,
+               StubMethod<Request, Response> method, Request request) {
+  return {std::move(what), code, std::move(field),
+          [method, request](Stub& stub, grpc::ClientContext& context) {
+            Response response;
+            return (stub.*method)(&context, request, &response);
+          }};
+}
+
+BadRequest BadSpec(std::string what, std::string field, std::function<void(v1::JobSpec&)> edit) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = Spec("bad-job", 1);
+  edit(*request.mutable_spec());
+  return Bad(std::move(what), grpc::StatusCode::INVALID_ARGUMENT, std::move(field),
+             &Stub::SubmitJob, request);
+}
+
+TEST_F(CoordinatorServiceTest, EveryMalformedRequestIsRefusedAndChangesNothing) {
+  StartServer();
+  // A job in its second generation: worker a ran generation 1 and left; worker b runs 2.
+  const std::string worker_a = Register("worker-a");
+  const v1::Job first = Submit(Spec("alpha", 1));
+  ASSERT_EQ(GetJob(first.id()).state(), v1::RUNNING);
+  {
+    v1::LeaveWorkerRequest request;
+    request.set_worker_id(worker_a);
+    v1::LeaveWorkerResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(stub_->LeaveWorker(&context, request, &response).ok());
+  }
+  const std::string worker_b = Register("worker-b");
+  const v1::Job job = GetJob(first.id());
+  ASSERT_EQ(job.state(), v1::RUNNING);
+  ASSERT_EQ(job.generation(), 2);
+  ASSERT_EQ(job.worker_ids(0), worker_b);
+
+  v1::RegisterWorkerRequest worker;
+  worker.set_name("worker-c");
+  worker.set_host("host-c");
+  worker.set_device_kind(v1::CPU);
+  v1::ReportProgressRequest progress;
+  progress.set_worker_id(worker_b);
+  progress.set_job_id(job.id());
+  progress.set_generation(2);
+  *progress.mutable_metrics() = Metrics(1);
+  v1::CommitCheckpointRequest commit;
+  commit.set_worker_id(worker_b);
+  commit.set_job_id(job.id());
+  commit.set_generation(2);
+  commit.set_step(1);
+  commit.set_path("alpha/step-1/rank-0");
+  commit.set_bytes(10);
+  v1::StoreSetRequest store_set;
+  store_set.set_job_id(job.id());
+  store_set.set_generation(2);
+  store_set.set_key("k");
+  v1::StoreGetRequest store_get;
+  store_get.set_job_id(job.id());
+  store_get.set_generation(2);
+  store_get.set_key("k");
+
+  using Code = grpc::StatusCode;
+  const Code kInvalid = Code::INVALID_ARGUMENT;
+  std::vector<BadRequest> table;
+  auto add = [&](BadRequest row) { table.push_back(std::move(row)); };
+  auto edited = [](auto request, auto edit) {
+    edit(request);
+    return request;
+  };
+
+  // RegisterWorker.
+  add(Bad("empty worker name", kInvalid, "name", &Stub::RegisterWorker,
+          edited(worker, [](auto& r) { r.set_name(""); })));
+  add(Bad("worker name outside [a-z0-9-]", kInvalid, "name", &Stub::RegisterWorker,
+          edited(worker, [](auto& r) { r.set_name("Worker_C"); })));
+  add(Bad("empty host", kInvalid, "host", &Stub::RegisterWorker,
+          edited(worker, [](auto& r) { r.set_host(""); })));
+  add(Bad("unknown device kind", kInvalid, "device_kind", &Stub::RegisterWorker,
+          edited(worker, [](auto& r) { r.set_device_kind(static_cast<v1::DeviceKind>(7)); })));
+  add(Bad("negative device memory", kInvalid, "device_memory_bytes", &Stub::RegisterWorker,
+          edited(worker, [](auto& r) { r.set_device_memory_bytes(-1); })));
+  add(Bad("label key with spaces", kInvalid, "labels", &Stub::RegisterWorker,
+          edited(worker, [](auto& r) { (*r.mutable_labels())["Bad Key"] = "x"; })));
+  // Heartbeat.
+  v1::HeartbeatRequest heartbeat;
+  add(Bad("heartbeat without worker id", kInvalid, "worker_id", &Stub::Heartbeat, heartbeat));
+  heartbeat.set_worker_id("w1");
+  add(Bad("malformed worker id", kInvalid, "worker_id", &Stub::Heartbeat, heartbeat));
+  heartbeat.set_worker_id(worker_b);
+  heartbeat.mutable_status()->set_generation(-1);
+  add(Bad("negative status generation", kInvalid, "status.generation", &Stub::Heartbeat,
+          heartbeat));
+  heartbeat.clear_status();
+  heartbeat.set_worker_id("worker-999999");
+  add(Bad("heartbeat from an unknown worker", Code::NOT_FOUND, "worker_id", &Stub::Heartbeat,
+          heartbeat));
+  heartbeat.set_worker_id(worker_a);
+  add(Bad("heartbeat from a departed worker", Code::NOT_FOUND, "worker_id", &Stub::Heartbeat,
+          heartbeat));
+  // LeaveWorker, ListWorkers.
+  v1::LeaveWorkerRequest leave;
+  leave.set_worker_id("nobody");
+  add(Bad("leave with a malformed id", kInvalid, "worker_id", &Stub::LeaveWorker, leave));
+  leave.set_worker_id("worker-999999");
+  add(Bad("leave of an unknown worker", Code::NOT_FOUND, "worker_id", &Stub::LeaveWorker, leave));
+  v1::ListWorkersRequest list_workers;
+  list_workers.set_state(static_cast<v1::WorkerState>(99));
+  add(Bad("unknown worker state filter", kInvalid, "state", &Stub::ListWorkers, list_workers));
+  // SubmitJob.
+  add(Bad("submit without a spec", kInvalid, "spec", &Stub::SubmitJob, v1::SubmitJobRequest()));
+  add(BadSpec("NaN learning rate", "spec.optimizer.lr", [](v1::JobSpec& s) {
+    s.mutable_optimizer()->set_lr(std::numeric_limits<double>::quiet_NaN());
+  }));
+  add(BadSpec("negative learning rate", "spec.optimizer.lr",
+              [](v1::JobSpec& s) { s.mutable_optimizer()->set_lr(-0.1); }));
+  add(BadSpec("infinite weight decay", "spec.optimizer.weight_decay", [](v1::JobSpec& s) {
+    s.mutable_optimizer()->set_weight_decay(std::numeric_limits<double>::infinity());
+  }));
+  add(BadSpec("unknown preset", "spec.workload.preset",
+              [](v1::JobSpec& s) { s.mutable_workload()->set_preset("gigantic"); }));
+  add(BadSpec("preset and layer sizes both set", "spec.workload",
+              [](v1::JobSpec& s) { s.mutable_workload()->add_layer_sizes(10); }));
+  add(BadSpec("unknown optimizer kind", "spec.optimizer.kind", [](v1::JobSpec& s) {
+    s.mutable_optimizer()->set_kind(static_cast<v1::OptimizerKind>(42));
+  }));
+  add(BadSpec("zero3 mode", "spec.mode", [](v1::JobSpec& s) { s.set_mode(v1::ZERO3); }));
+  add(BadSpec("world size 0", "spec.min_workers", [](v1::JobSpec& s) { s.set_min_workers(0); }));
+  add(BadSpec("max_workers below min_workers", "spec.max_workers", [](v1::JobSpec& s) {
+    s.set_min_workers(4);
+    s.set_max_workers(2);
+  }));
+  add(BadSpec("world size beyond the limit", "spec.min_workers", [](v1::JobSpec& s) {
+    s.set_min_workers(100000);
+    s.set_max_workers(100000);
+  }));
+  add(BadSpec("job name with capitals", "spec.name", [](v1::JobSpec& s) { s.set_name("My Job"); }));
+  add(BadSpec("bucket_elems below the minimum", "spec.bucket_elems",
+              [](v1::JobSpec& s) { s.set_bucket_elems(10); }));
+  add(BadSpec("bucket_elems above the maximum", "spec.bucket_elems",
+              [](v1::JobSpec& s) { s.set_bucket_elems(int64_t{1} << 40); }));
+  add(BadSpec("global batch no world size divides", "spec.global_batch", [](v1::JobSpec& s) {
+    s.set_min_workers(2);
+    s.set_max_workers(2);
+    s.set_global_batch(7);
+  }));
+  add(BadSpec("zero steps", "spec.steps", [](v1::JobSpec& s) { s.set_steps(0); }));
+  add(BadSpec("checkpoint dir escaping the root", "spec.checkpoint.dir",
+              [](v1::JobSpec& s) { s.mutable_checkpoint()->set_dir("../elsewhere"); }));
+  add(BadSpec("unknown device kind in the spec", "spec.device_kind",
+              [](v1::JobSpec& s) { s.set_device_kind(static_cast<v1::DeviceKind>(9)); }));
+  // GetJob, ListJobs, CancelJob, WatchJob, GetShardPlan.
+  v1::GetJobRequest get_job;
+  add(Bad("GetJob without id", kInvalid, "job_id", &Stub::GetJob, get_job));
+  get_job.set_job_id("job-999999");
+  add(Bad("GetJob of an unknown job", Code::NOT_FOUND, "job_id", &Stub::GetJob, get_job));
+  v1::ListJobsRequest list_jobs;
+  list_jobs.set_limit(0);
+  add(Bad("ListJobs limit 0", kInvalid, "limit", &Stub::ListJobs, list_jobs));
+  list_jobs.set_limit(1001);
+  add(Bad("ListJobs limit above 1000", kInvalid, "limit", &Stub::ListJobs, list_jobs));
+  list_jobs.clear_limit();
+  list_jobs.set_state(static_cast<v1::JobState>(77));
+  add(Bad("unknown job state filter", kInvalid, "state", &Stub::ListJobs, list_jobs));
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job.id());
+  cancel.set_reason(std::string(2000, 'r'));
+  add(Bad("cancel reason too long", kInvalid, "reason", &Stub::CancelJob, cancel));
+  cancel.set_job_id("job-999999");
+  cancel.clear_reason();
+  add(Bad("cancel of an unknown job", Code::NOT_FOUND, "job_id", &Stub::CancelJob, cancel));
+  for (const auto& [what, job_id, after, code, field] :
+       std::vector<std::tuple<std::string, std::string, int64_t, Code, std::string>>{
+           {"watch with a negative after_sequence", job.id(), -1, kInvalid, "after_sequence"},
+           {"watch of an unknown job", "job-999999", 0, Code::NOT_FOUND, "job_id"},
+           {"watch with a malformed job id", "job_1", 0, kInvalid, "job_id"}}) {
+    v1::WatchJobRequest watch;
+    watch.set_job_id(job_id);
+    watch.set_after_sequence(after);
+    add({what, code, field, [watch](Stub& stub, grpc::ClientContext& context) {
+           std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader =
+               stub.WatchJob(&context, watch);
+           v1::JobEvent event;
+           while (reader->Read(&event)) {
+           }
+           return reader->Finish();
+         }});
+  }
+  v1::GetShardPlanRequest plan;
+  plan.set_job_id(job.id());
+  plan.set_rank(-1);
+  add(Bad("negative plan rank", kInvalid, "rank", &Stub::GetShardPlan, plan));
+  plan.set_rank(3);
+  add(Bad("plan rank beyond the world size", kInvalid, "rank", &Stub::GetShardPlan, plan));
+  plan.set_rank(0);
+  plan.set_generation(1);
+  add(Bad("plan of an ended generation", Code::FAILED_PRECONDITION, "generation",
+          &Stub::GetShardPlan, plan));
+  // Store calls.
+  add(Bad("store set on generation 0", kInvalid, "generation", &Stub::StoreSet,
+          edited(store_set, [](auto& r) { r.set_generation(0); })));
+  add(Bad("store set on a stale generation", Code::FAILED_PRECONDITION, "generation",
+          &Stub::StoreSet, edited(store_set, [](auto& r) { r.set_generation(1); })));
+  add(Bad("store set on a generation not started", Code::FAILED_PRECONDITION, "generation",
+          &Stub::StoreSet, edited(store_set, [](auto& r) { r.set_generation(3); })));
+  add(Bad("store set on a job without namespace", Code::NOT_FOUND, "job_id", &Stub::StoreSet,
+          edited(store_set, [](auto& r) { r.set_job_id("job-000777"); })));
+  add(Bad("store key too long", kInvalid, "key", &Stub::StoreSet,
+          edited(store_set, [](auto& r) { r.set_key(std::string(513, 'k')); })));
+  add(Bad("store value too big", kInvalid, "value", &Stub::StoreSet,
+          edited(store_set, [](auto& r) { r.set_value(std::string((1 << 20) + 1, 'v')); })));
+  add(Bad("store get timeout above 10 minutes", kInvalid, "timeout_ms", &Stub::StoreGet,
+          edited(store_get, [](auto& r) { r.set_timeout_ms(600001); })));
+  add(Bad("store get negative timeout", kInvalid, "timeout_ms", &Stub::StoreGet,
+          edited(store_get, [](auto& r) { r.set_timeout_ms(-1); })));
+  add(Bad("store get of a stale generation", Code::FAILED_PRECONDITION, "generation",
+          &Stub::StoreGet, edited(store_get, [](auto& r) { r.set_generation(1); })));
+  v1::StoreAddRequest store_add;
+  store_add.set_job_id(job.id());
+  store_add.set_generation(2);
+  add(Bad("store add without key", kInvalid, "key", &Stub::StoreAdd, store_add));
+  v1::StoreDeleteRequest store_delete;
+  store_delete.set_job_id("JOB-1");
+  store_delete.set_generation(2);
+  store_delete.set_key("k");
+  add(Bad("store delete with a malformed job id", kInvalid, "job_id", &Stub::StoreDelete,
+          store_delete));
+  // ReportProgress.
+  add(Bad("NaN loss", kInvalid, "metrics.loss", &Stub::ReportProgress,
+          edited(progress, [](auto& r) {
+            r.mutable_metrics()->set_loss(std::numeric_limits<double>::quiet_NaN());
+          })));
+  add(Bad("infinite step time", kInvalid, "metrics.step_ms", &Stub::ReportProgress,
+          edited(progress, [](auto& r) {
+            r.mutable_metrics()->set_step_ms(std::numeric_limits<double>::infinity());
+          })));
+  add(Bad("zero loss scale", kInvalid, "metrics.loss_scale", &Stub::ReportProgress,
+          edited(progress, [](auto& r) { r.mutable_metrics()->set_loss_scale(0); })));
+  add(Bad("progress without metrics", kInvalid, "metrics", &Stub::ReportProgress,
+          edited(progress, [](auto& r) { r.clear_metrics(); })));
+  add(Bad("progress for a rank the worker does not hold", Code::PERMISSION_DENIED, "worker_id",
+          &Stub::ReportProgress, edited(progress, [&](auto& r) { r.set_worker_id(worker_a); })));
+  add(Bad("progress for a rank beyond the world size", kInvalid, "rank", &Stub::ReportProgress,
+          edited(progress, [](auto& r) { r.set_rank(1); })));
+  // CommitCheckpoint.
+  add(Bad("checkpoint path with ..", kInvalid, "path", &Stub::CommitCheckpoint,
+          edited(commit, [](auto& r) { r.set_path("alpha/../../etc/passwd"); })));
+  add(Bad("absolute checkpoint path", kInvalid, "path", &Stub::CommitCheckpoint,
+          edited(commit, [](auto& r) { r.set_path("/etc/passwd"); })));
+  add(Bad("negative checkpoint size", kInvalid, "bytes", &Stub::CommitCheckpoint,
+          edited(commit, [](auto& r) { r.set_bytes(-1); })));
+  ASSERT_GE(table.size(), 30u);
+
+  auto snapshot = [&] {
+    v1::ListJobsResponse jobs;
+    v1::ListWorkersResponse workers;
+    grpc::ClientContext jobs_context, workers_context;
+    SetDeadline(jobs_context);
+    SetDeadline(workers_context);
+    EXPECT_TRUE(stub_->ListJobs(&jobs_context, v1::ListJobsRequest(), &jobs).ok());
+    EXPECT_TRUE(stub_->ListWorkers(&workers_context, v1::ListWorkersRequest(), &workers).ok());
+    return std::make_pair(jobs, workers);
+  };
+  const auto before = snapshot();
+
+  for (const BadRequest& row : table) {
+    SCOPED_TRACE(row.what);
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = row.call(*stub_, context);
+    EXPECT_EQ(status.error_code(), row.code) << status.error_message();
+    EXPECT_TRUE(absl::StartsWith(status.error_message(), row.field + ":"))
+        << "message does not name " << row.field << ": " << status.error_message();
+  }
+
+  const auto after = snapshot();
+  EXPECT_TRUE(MessageDifferencer::Equals(before.first, after.first))
+      << before.first.DebugString() << "\nvs\n"
+      << after.first.DebugString();
+  EXPECT_TRUE(MessageDifferencer::Equals(before.second, after.second));
+  ASSERT_EQ(after.first.jobs_size(), 1);
+
+  // Still serving: a valid submission succeeds and is the only new job.
+  const v1::Job second = Submit(Spec("beta", 2));
+  EXPECT_EQ(second.state(), v1::PENDING);
+  v1::ListJobsResponse jobs;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  ASSERT_TRUE(stub_->ListJobs(&context, v1::ListJobsRequest(), &jobs).ok());
+  ASSERT_EQ(jobs.jobs_size(), 2);
+  EXPECT_EQ(jobs.jobs(0).id(), second.id());
+  EXPECT_EQ(jobs.jobs(1).id(), job.id());
+}
+
+TEST_F(CoordinatorServiceTest, OversizedMessageIsResourceExhausted) {
+  StartServer();
+  v1::StoreSetRequest request;
+  request.set_job_id("job-000001");
+  request.set_generation(1);
+  request.set_key("k");
+  request.set_value(std::string(5 << 20, 'v'));
+  v1::StoreSetResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status status = stub_->StoreSet(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  // The server still serves.
+  Register("after-oversized");
+}
+
+// ---- Rendezvous waits ----
+
+TEST_F(CoordinatorServiceTest, ThousandWaitingGetsHoldNoThreadsAndOneSetReleasesThem) {
+  StartServer();
+  const std::string worker = Register("waiter-host");
+  const v1::Job job = GetJob(Submit(Spec("gather", 1)).id());
+  ASSERT_EQ(job.state(), v1::RUNNING);
+
+  constexpr int kWaiters = 1000;
+  constexpr int kChannels = 4;
+  struct Wait {
+    grpc::ClientContext context;
+    v1::StoreGetRequest request;
+    v1::StoreGetResponse response;
+  };
+  std::vector<std::unique_ptr<Stub>> stubs;
+  for (int i = 0; i < kChannels; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt("zeroshard.test_channel", i);  // distinct channels, distinct connections
+    stubs.push_back(v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+        server_->grpc_target(), grpc::InsecureChannelCredentials(), args)));
+  }
+  std::vector<std::unique_ptr<Wait>> waits;
+  absl::Mutex mu;
+  int done = 0;
+  int released_with_value = 0;
+  std::vector<std::string> failures;
+  for (int i = 0; i < kWaiters; ++i) {
+    auto wait = std::make_unique<Wait>();
+    SetDeadline(wait->context, absl::Seconds(60));
+    wait->request.set_job_id(job.id());
+    wait->request.set_generation(job.generation());
+    wait->request.set_key("rendezvous");
+    wait->request.set_timeout_ms(600000);
+    Wait* raw = wait.get();
+    stubs[i % kChannels]->async()->StoreGet(
+        &raw->context, &raw->request, &raw->response, [&, raw](grpc::Status status) {
+          absl::MutexLock lock(&mu);
+          ++done;
+          if (status.ok() && raw->response.value() == "ready") {
+            ++released_with_value;
+          } else if (failures.size() < 5) {
+            failures.push_back(absl::StrCat(status.error_code(), " ", status.error_message()));
+          }
+        });
+    waits.push_back(std::move(wait));
+  }
+
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (server_->rendezvous()->PendingWaiters() < kWaiters && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  const bool all_parked = server_->rendezvous()->PendingWaiters() == kWaiters;
+  EXPECT_TRUE(all_parked) << server_->rendezvous()->PendingWaiters() << " waiting";
+  if (all_parked) {
+    EXPECT_LT(ThreadCount(), 64);
+    {
+      absl::MutexLock lock(&mu);
+      EXPECT_EQ(done, 0);
+    }
+    // Other calls are answered while the Gets wait.
+    for (int i = 0; i < 5; ++i) {
+      v1::HeartbeatResponse heartbeat;
+      const grpc::Status status = Heartbeat(worker, &heartbeat, absl::Seconds(2));
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      EXPECT_EQ(heartbeat.assignment().kind(), v1::ASSIGNMENT_RUN);
+      v1::GetJobRequest request;
+      request.set_job_id(job.id());
+      v1::Job got;
+      grpc::ClientContext context;
+      SetDeadline(context, absl::Seconds(2));
+      EXPECT_TRUE(stub_->GetJob(&context, request, &got).ok());
+    }
+    EXPECT_LT(ThreadCount(), 64);
+
+    v1::StoreSetRequest set;
+    set.set_job_id(job.id());
+    set.set_generation(job.generation());
+    set.set_key("rendezvous");
+    set.set_value("ready");
+    v1::StoreSetResponse set_response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    EXPECT_TRUE(stub_->StoreSet(&context, set, &set_response).ok());
+  }
+
+  absl::MutexLock lock(&mu);
+  auto all_done = [&done] { return done == kWaiters; };
+  mu.AwaitWithDeadline(absl::Condition(&all_done), absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(done, kWaiters);
+  EXPECT_EQ(released_with_value, kWaiters);
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  // Calls still pending after a failure must end before their contexts go away.
+  if (done < kWaiters) {
+    for (const std::unique_ptr<Wait>& wait : waits) wait->context.TryCancel();
+    mu.Await(absl::Condition(&all_done));
+  }
+}
+
+// ---- WatchJob ----
+
+TEST_F(CoordinatorServiceTest, WatchStreamsHistoryThenLiveEventsToCompletion) {
+  StartServer();
+  Register("rank-a", "host-a");
+  Register("rank-b", "host-b");
+  const v1::Job job = GetJob(Submit(Spec("watched", 2)).id());
+  ASSERT_EQ(job.state(), v1::RUNNING);
+
+  v1::WatchJobRequest request;
+  request.set_job_id(job.id());
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(20));
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
+  // History: submitted (PENDING), generation 1 started, RUNNING.
+  v1::JobEvent event;
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.sequence(), 1);
+  EXPECT_EQ(event.state(), v1::PENDING);
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.type(), v1::GENERATION_STARTED);
+  EXPECT_EQ(event.worker_ids_size(), 2);
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.sequence(), 3);
+  EXPECT_EQ(event.state(), v1::RUNNING);
+
+  // Live: progress, then both ranks finish.
+  v1::ReportProgressResponse progress;
+  ASSERT_TRUE(ReportProgress(job, 0, 1, false, &progress).ok());
+  EXPECT_TRUE(progress.continue_running());
+  ASSERT_TRUE(reader->Read(&event));
+  EXPECT_EQ(event.sequence(), 4);
+  EXPECT_EQ(event.type(), v1::PROGRESS);
+  EXPECT_EQ(event.progress().step(), 1);
+  ASSERT_TRUE(ReportProgress(job, 1, 2, true, &progress).ok());
+  ASSERT_TRUE(ReportProgress(job, 0, 2, true, &progress).ok());
+  std::vector<v1::JobEvent> rest;
+  while (reader->Read(&event)) rest.push_back(event);
+  const grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(rest.size(), 2u);
+  EXPECT_EQ(rest[0].type(), v1::PROGRESS);
+  EXPECT_EQ(rest[0].progress().step(), 2);
+  EXPECT_EQ(rest[1].type(), v1::STATE_CHANGED);
+  EXPECT_EQ(rest[1].state(), v1::SUCCEEDED);
+  EXPECT_EQ(rest[1].sequence(), 6);
+  EXPECT_EQ(GetJob(job.id()).state(), v1::SUCCEEDED);
+
+  // A later watcher asks only for what came after sequence 3.
+  std::vector<v1::JobEvent> replay;
+  ASSERT_TRUE(WatchAll(job.id(), 3, &replay).ok());
+  ASSERT_EQ(replay.size(), 3u);
+  EXPECT_EQ(replay[0].sequence(), 4);
+  EXPECT_EQ(replay[2].state(), v1::SUCCEEDED);
+  // Past the end: nothing, and the stream ends at once.
+  replay.clear();
+  ASSERT_TRUE(WatchAll(job.id(), 6, &replay).ok());
+  EXPECT_TRUE(replay.empty());
+}
+
+TEST_F(CoordinatorServiceTest, SlowWatcherDoesNotBlockProgressAndLosesItsStream) {
+  ServiceOptions service;
+  service.max_watch_backlog = 4;
+  StartServer(service);
+  Register("only-rank");
+  const v1::Job job = GetJob(Submit(Spec("chatty", 1)).id());
+  ASSERT_EQ(job.state(), v1::RUNNING);
+
+  // Its own connection with a fixed 64 KiB flow-control window, never read until the end.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt("zeroshard.test_channel", 1);
+  std::unique_ptr<Stub> slow_stub = v1::Coordinator::NewStub(
+      grpc::CreateCustomChannel(server_->grpc_target(), grpc::InsecureChannelCredentials(), args));
+  v1::WatchJobRequest request;
+  request.set_job_id(job.id());
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(60));
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> slow = slow_stub->WatchJob(&context, request);
+
+  // Far more than a 64 KiB window holds: each report from rank 0 is one PROGRESS event.
+  constexpr int kReports = 3000;
+  absl::Duration slowest;
+  for (int step = 1; step <= kReports; ++step) {
+    const absl::Time start = absl::Now();
+    v1::ReportProgressResponse response;
+    const grpc::Status status = ReportProgress(job, 0, step, false, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_TRUE(response.continue_running());
+    slowest = std::max(slowest, absl::Now() - start);
+  }
+  EXPECT_LT(slowest, absl::Seconds(5));
+  EXPECT_EQ(GetJob(job.id()).progress().step(), kReports);
+
+  int64_t last_sequence = 0;
+  v1::JobEvent event;
+  while (slow->Read(&event)) {
+    EXPECT_EQ(event.sequence(), last_sequence + 1);
+    last_sequence = event.sequence();
+  }
+  const grpc::Status status = slow->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "fell behind")) << status.error_message();
+  EXPECT_LT(last_sequence, 3 + kReports);
+}
+
+// ---- Ops surface ----
+
+TEST_F(CoordinatorServiceTest, HealthCheckingSaysServing) {
+  StartServer();
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue queue;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  // grpc.health.v1.HealthCheckRequest{service: ""}: the empty message.
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call =
+      generic.PrepareUnaryCall(&context, "/grpc.health.v1.Health/Check", ToByteBuffer(""), &queue);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  call->Finish(&response, &status, &call);
+  ASSERT_TRUE(NextOk(queue, &call));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  // HealthCheckResponse{status: SERVING (1)}: field 1, varint 1.
+  EXPECT_EQ(FromByteBuffer(response), std::string("\x08\x01", 2));
+  queue.Shutdown();
+  void* tag;
+  bool ok;
+  while (queue.Next(&tag, &ok)) {
+  }
+}
+
+TEST_F(CoordinatorServiceTest, ReflectionListsTheCoordinatorService) {
+  StartServer();
+  grpc::GenericStub generic(channel_);
+  grpc::CompletionQueue queue;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call = generic.PrepareCall(
+      &context, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo", &queue);
+  int start_tag, write_tag, done_tag, read_tag, finish_tag;
+  call->StartCall(&start_tag);
+  ASSERT_TRUE(NextOk(queue, &start_tag));
+  // ServerReflectionRequest{list_services: ""}: field 7, length-delimited, empty.
+  call->Write(ToByteBuffer(std::string("\x3a\x00", 2)), &write_tag);
+  ASSERT_TRUE(NextOk(queue, &write_tag));
+  call->WritesDone(&done_tag);
+  ASSERT_TRUE(NextOk(queue, &done_tag));
+  std::string responses;
+  grpc::ByteBuffer response;
+  call->Read(&response, &read_tag);
+  while (NextOk(queue, &read_tag)) {
+    responses += FromByteBuffer(response);
+    call->Read(&response, &read_tag);
+  }
+  grpc::Status status;
+  call->Finish(&status, &finish_tag);
+  ASSERT_TRUE(NextOk(queue, &finish_tag));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(responses, "zeroshard.v1.Coordinator"));
+  EXPECT_TRUE(absl::StrContains(responses, "grpc.health.v1.Health"));
+  queue.Shutdown();
+  void* tag;
+  bool ok;
+  while (queue.Next(&tag, &ok)) {
+  }
+}
+
+TEST_F(CoordinatorServiceTest, MetricsEndpointShowsWorkersJobsRpcsAndHeartbeatLag) {
+  StartServer();
+  const std::string worker = Register("metered");
+  v1::HeartbeatResponse heartbeat;
+  ASSERT_TRUE(Heartbeat(worker, &heartbeat).ok());
+  ASSERT_EQ(Heartbeat("worker-999999", &heartbeat).error_code(), grpc::StatusCode::NOT_FOUND);
+  Submit(Spec("metered-job", 2));
+  clock_.Advance(absl::Milliseconds(1500));
+
+  httplib::Client client("127.0.0.1", server_->metrics_port());
+  client.set_read_timeout(10, 0);
+  httplib::Result result = client.Get("/metrics");
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  ASSERT_EQ(result->status, 200);
+  const std::string& body = result->body;
+  EXPECT_TRUE(absl::StrContains(body, "zeroshard_workers{state=\"IDLE\"} 1")) << body;
+  EXPECT_TRUE(absl::StrContains(body, "zeroshard_jobs{state=\"PENDING\"} 1")) << body;
+  EXPECT_TRUE(
+      absl::StrContains(body, "zeroshard_rpcs_total{method=\"RegisterWorker\",code=\"OK\"} 1"))
+      << body;
+  EXPECT_TRUE(absl::StrContains(body, "zeroshard_rpcs_total{method=\"Heartbeat\",code=\"OK\"} 1"))
+      << body;
+  EXPECT_TRUE(
+      absl::StrContains(body, "zeroshard_rpcs_total{method=\"Heartbeat\",code=\"NOT_FOUND\"} 1"))
+      << body;
+  EXPECT_TRUE(absl::StrContains(body, "zeroshard_rpcs_total{method=\"SubmitJob\",code=\"OK\"} 1"))
+      << body;
+  EXPECT_TRUE(absl::StrContains(body, "zeroshard_rpc_latency_seconds_count{method=\"Heartbeat\"}"))
+      << body;
+  EXPECT_TRUE(absl::StrContains(body, "zeroshard_heartbeat_lag_seconds 1.500000")) << body;
+}
+
+// ---- Leases ----
+
+TEST_F(CoordinatorServiceTest, LeaseExpiryEndsTheGenerationAndTheSurvivorAborts) {
+  StartServer();
+  const std::string silent = Register("silent", "host-a");
+  const std::string survivor = Register("survivor", "host-b");
+  const v1::Job job = GetJob(Submit(Spec("pair", 2)).id());
+  ASSERT_EQ(job.state(), v1::RUNNING);
+  v1::HeartbeatResponse heartbeat;
+  ASSERT_TRUE(Heartbeat(survivor, &heartbeat).ok());
+  EXPECT_EQ(heartbeat.assignment().kind(), v1::ASSIGNMENT_RUN);
+  EXPECT_EQ(heartbeat.assignment().generation(), 1);
+
+  // The lease is 3 s: the survivor beats every second (still running generation 1), the other
+  // worker stays silent.
+  v1::WorkerStatus running;
+  running.set_job_id(job.id());
+  running.set_generation(1);
+  for (int second = 0; second < 4; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    ASSERT_TRUE(Heartbeat(survivor, &heartbeat, kRpcDeadline, running).ok());
+  }
+  server_->manager()->Tick();
+
+  EXPECT_EQ(Heartbeat(silent, &heartbeat).error_code(), grpc::StatusCode::NOT_FOUND);
+  ASSERT_TRUE(Heartbeat(survivor, &heartbeat, kRpcDeadline, running).ok());
+  EXPECT_EQ(heartbeat.assignment().kind(), v1::ASSIGNMENT_ABORT);
+  EXPECT_EQ(heartbeat.assignment().job_id(), job.id());
+  EXPECT_EQ(heartbeat.assignment().generation(), 1);
+  const v1::Job recovering = GetJob(job.id());
+  EXPECT_EQ(recovering.state(), v1::RECOVERING);
+  EXPECT_TRUE(absl::StrContains(recovering.message(), "lease expired")) << recovering.message();
+  // The old generation's store namespace is gone.
+  v1::StoreSetRequest set;
+  set.set_job_id(job.id());
+  set.set_generation(1);
+  set.set_key("k");
+  v1::StoreSetResponse set_response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  EXPECT_EQ(stub_->StoreSet(&context, set, &set_response).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+}  // namespace
+}  // namespace zeroshard::coordinator
