@@ -1,0 +1,93 @@
+// Coordinator client: thin, deadline-bounded wrappers over the generated stub.
+#include "client/coordinator_client.h"
+
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "grpcpp/create_channel.h"
+
+namespace zeroshard::client {
+
+CoordinatorClient::CoordinatorClient(const std::string& target, absl::Duration rpc_timeout)
+    : stub_(v1::Coordinator::NewStub(
+          grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
+      rpc_timeout_(rpc_timeout) {}
+
+std::unique_ptr<grpc::ClientContext> CoordinatorClient::Context() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + rpc_timeout_));
+  return context;
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::SubmitJob(const v1::JobSpec& spec) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::Job job;
+  absl::Status status = FromGrpcStatus(stub_->SubmitJob(Context().get(), request, &job));
+  if (!status.ok()) return status;
+  return job;
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::Job job;
+  absl::Status status = FromGrpcStatus(stub_->GetJob(Context().get(), request, &job));
+  if (!status.ok()) return status;
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::ListJobs(v1::JobState state, int limit) {
+  v1::ListJobsRequest request;
+  request.set_state(state);
+  request.set_limit(limit);
+  v1::ListJobsResponse response;
+  absl::Status status = FromGrpcStatus(stub_->ListJobs(Context().get(), request, &response));
+  if (!status.ok()) return status;
+  return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::CancelJob(const std::string& job_id,
+                                                     const std::string& reason) {
+  v1::CancelJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason(reason);
+  v1::Job job;
+  absl::Status status = FromGrpcStatus(stub_->CancelJob(Context().get(), request, &job));
+  if (!status.ok()) return status;
+  return job;
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers(v1::WorkerState state) {
+  v1::ListWorkersRequest request;
+  request.set_state(state);
+  v1::ListWorkersResponse response;
+  absl::Status status = FromGrpcStatus(stub_->ListWorkers(Context().get(), request, &response));
+  if (!status.ok()) return status;
+  return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
+}
+
+absl::StatusOr<v1::ShardPlan> CoordinatorClient::GetShardPlan(const std::string& job_id, int rank,
+                                                              bool include_layout) {
+  v1::GetShardPlanRequest request;
+  request.set_job_id(job_id);
+  request.set_rank(rank);
+  request.set_include_layout(include_layout);
+  v1::ShardPlan plan;
+  absl::Status status = FromGrpcStatus(stub_->GetShardPlan(Context().get(), request, &plan));
+  if (!status.ok()) return status;
+  return plan;
+}
+
+absl::Status CoordinatorClient::WatchJob(const std::string& job_id, int64_t after_sequence,
+                                         const std::function<void(const v1::JobEvent&)>& on_event) {
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  request.set_after_sequence(after_sequence);
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
+  v1::JobEvent event;
+  while (reader->Read(&event)) on_event(event);
+  return FromGrpcStatus(reader->Finish());
+}
+
+}  // namespace zeroshard::client

@@ -1,0 +1,48 @@
+// A C++ client of the Coordinator service for people-facing tools (the CLI, tests, benchmarks):
+// one method per RPC, each with a deadline, returning absl::Status.
+#ifndef ZEROSHARD_CLIENT_COORDINATOR_CLIENT_H_
+#define ZEROSHARD_CLIENT_COORDINATOR_CLIENT_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "zeroshard/v1/coordinator.grpc.pb.h"
+
+namespace zeroshard::client {
+
+// Thread-safe (gRPC stubs are).
+class CoordinatorClient {
+ public:
+  // `target` is host:port of the coordinator.
+  explicit CoordinatorClient(const std::string& target,
+                             absl::Duration rpc_timeout = absl::Seconds(10));
+
+  absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec);
+  absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  absl::StatusOr<std::vector<v1::Job>> ListJobs(v1::JobState state, int limit);
+  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
+  absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers(v1::WorkerState state);
+  absl::StatusOr<v1::ShardPlan> GetShardPlan(const std::string& job_id, int rank,
+                                             bool include_layout);
+
+  // Streams the job's events after `after_sequence` to `on_event` until the job ends (OK) or
+  // the stream fails. No deadline: it lasts as long as the job.
+  absl::Status WatchJob(const std::string& job_id, int64_t after_sequence,
+                        const std::function<void(const v1::JobEvent&)>& on_event);
+
+  v1::Coordinator::Stub* stub() { return stub_.get(); }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> Context() const;
+
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  absl::Duration rpc_timeout_;
+};
+
+}  // namespace zeroshard::client
+
+#endif  // ZEROSHARD_CLIENT_COORDINATOR_CLIENT_H_

@@ -1,0 +1,100 @@
+// JSON / YAML job spec files.
+#include "client/job_spec_file.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace zeroshard::client {
+namespace {
+
+// JSON text of a YAML node. Scalars that look like numbers or booleans stay unquoted; protobuf's
+// JSON parser accepts quoted and unquoted numbers, so ambiguity costs nothing.
+void AppendJson(const YAML::Node& node, std::string* out) {
+  switch (node.Type()) {
+    case YAML::NodeType::Map: {
+      out->push_back('{');
+      bool first = true;
+      for (const auto& entry : node) {
+        if (!first) out->push_back(',');
+        first = false;
+        AppendJson(entry.first, out);
+        out->push_back(':');
+        AppendJson(entry.second, out);
+      }
+      out->push_back('}');
+      return;
+    }
+    case YAML::NodeType::Sequence: {
+      out->push_back('[');
+      for (size_t i = 0; i < node.size(); ++i) {
+        if (i > 0) out->push_back(',');
+        AppendJson(node[i], out);
+      }
+      out->push_back(']');
+      return;
+    }
+    case YAML::NodeType::Scalar: {
+      const std::string& scalar = node.Scalar();
+      if (node.Tag() != "!" && (scalar == "true" || scalar == "false")) {
+        out->append(scalar);
+        return;
+      }
+      out->push_back('"');
+      for (char c : scalar) {
+        if (c == '"' || c == '\\') out->push_back('\\');
+        if (static_cast<unsigned char>(c) < 0x20) {
+          absl::StrAppend(out, "\\u00", absl::Hex(c, absl::kZeroPad2));
+          continue;
+        }
+        out->push_back(c);
+      }
+      out->push_back('"');
+      return;
+    }
+    default:
+      out->append("null");
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text) {
+  std::string json;
+  const absl::string_view trimmed = absl::StripLeadingAsciiWhitespace(text);
+  if (absl::StartsWith(trimmed, "{")) {
+    json = std::string(trimmed);
+  } else {
+    try {
+      const YAML::Node root = YAML::Load(std::string(text));
+      if (!root.IsMap())
+        return absl::InvalidArgumentError("job spec: expected a mapping of fields");
+      AppendJson(root, &json);
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("job spec: malformed YAML: ", e.what()));
+    }
+  }
+  v1::JobSpec spec;
+  const auto status = google::protobuf::util::JsonStringToMessage(json, &spec);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job spec: ", std::string(status.message().data(), status.message().size())));
+  }
+  return spec;
+}
+
+absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("spec file: cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return ParseJobSpec(text.str());
+}
+
+}  // namespace zeroshard::client

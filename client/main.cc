@@ -1,0 +1,291 @@
+// zeroshard: the command-line client of the coordinator (submit, jobs, get, watch, cancel,
+// workers, plan). Coordinator errors print as one line on stderr with a non-zero exit.
+#include <unistd.h>
+
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "client/coordinator_client.h"
+#include "client/job_spec_file.h"
+#include "client/progress_view.h"
+#include "google/protobuf/util/json_util.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port.");
+// submit: each flag that is set overrides the spec file's field.
+ABSL_FLAG(std::optional<std::string>, name, std::nullopt, "submit: job name ([a-z0-9-]).");
+ABSL_FLAG(std::optional<std::string>, preset, std::nullopt,
+          "submit: workload preset (seed, small, medium, large).");
+ABSL_FLAG(std::optional<std::string>, layers, std::nullopt,
+          "submit: custom MLP layer sizes, comma-separated (e.g. 10,64,10).");
+ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt,
+          "submit: sgd, adam, adamw, adagrad or lion.");
+ABSL_FLAG(std::optional<double>, lr, std::nullopt, "submit: learning rate.");
+ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt, "submit: weight decay.");
+ABSL_FLAG(std::optional<double>, momentum, std::nullopt, "submit: SGD momentum.");
+ABSL_FLAG(std::optional<std::string>, mode, std::nullopt, "submit: ddp, zero1 or zero2.");
+ABSL_FLAG(std::optional<int>, workers, std::nullopt,
+          "submit: run on exactly this many workers (sets min and max).");
+ABSL_FLAG(std::optional<int>, min_workers, std::nullopt, "submit: fewest workers.");
+ABSL_FLAG(std::optional<int>, max_workers, std::nullopt, "submit: most workers.");
+ABSL_FLAG(std::optional<int64_t>, steps, std::nullopt, "submit: optimizer steps.");
+ABSL_FLAG(std::optional<int64_t>, global_batch, std::nullopt, "submit: samples per step.");
+ABSL_FLAG(std::optional<int64_t>, dataset_size, std::nullopt, "submit: synthetic samples.");
+ABSL_FLAG(std::optional<int64_t>, seed, std::nullopt, "submit: data and init seed.");
+ABSL_FLAG(std::optional<double>, clip_grad_norm, std::nullopt, "submit: gradient clipping.");
+ABSL_FLAG(std::optional<int64_t>, bucket_elems, std::nullopt, "submit: bucket size, elements.");
+ABSL_FLAG(std::optional<std::string>, param_dtype, std::nullopt,
+          "submit: float32, bfloat16 or float16.");
+ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends.");
+ABSL_FLAG(std::string, state, "", "jobs/workers: only this state (e.g. running, idle).");
+ABSL_FLAG(int, limit, 100, "jobs: at most this many.");
+ABSL_FLAG(std::string, reason, "", "cancel: why (recorded in the job).");
+ABSL_FLAG(std::string, output, "", "get/submit: 'json' prints the job as JSON.");
+
+namespace zeroshard::client {
+namespace {
+
+constexpr char kUsage[] = R"(zeroshard [--coordinator=HOST:PORT] COMMAND [ARGS]
+
+Commands:
+  submit [SPEC_FILE] [flags]   submit a job (JSON or YAML spec file, and/or flags); --watch to follow it
+  jobs [--state=S]             list jobs, newest first
+  get JOB_ID                   show one job (--output=json for all fields)
+  watch JOB_ID                 follow a job's progress until it ends
+  cancel JOB_ID [--reason=R]   cancel a job
+  workers [--state=S]          list workers
+  plan JOB_ID                  show the running generation's shard map
+)";
+
+int Fail(const absl::Status& status) {
+  std::fprintf(stderr, "zeroshard: error: %s: %s\n",
+               absl::StatusCodeToString(status.code()).c_str(),
+               std::string(status.message()).c_str());
+  return 1;
+}
+
+int Usage(const std::string& problem) {
+  std::fprintf(stderr, "zeroshard: error: %s\n\n%s", problem.c_str(), kUsage);
+  return 2;
+}
+
+template <typename Enum, typename ParseFn>
+absl::Status ParseEnumFlag(const std::string& flag, const std::string& value, ParseFn parse,
+                           Enum* out) {
+  if (!parse(absl::AsciiStrToUpper(value), out)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": unknown value '", value, "'"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::JobSpec> SpecFromArgs(const std::vector<char*>& args) {
+  v1::JobSpec spec;
+  if (args.size() > 3) return absl::InvalidArgumentError("submit: at most one spec file");
+  if (args.size() == 3) {
+    absl::StatusOr<v1::JobSpec> from_file = ReadJobSpecFile(args[2]);
+    if (!from_file.ok()) return from_file.status();
+    spec = *std::move(from_file);
+  }
+  if (auto v = absl::GetFlag(FLAGS_name)) spec.set_name(*v);
+  if (auto v = absl::GetFlag(FLAGS_preset)) {
+    spec.mutable_workload()->clear_layer_sizes();
+    spec.mutable_workload()->set_preset(*v);
+  }
+  if (auto v = absl::GetFlag(FLAGS_layers)) {
+    spec.mutable_workload()->clear_preset();
+    spec.mutable_workload()->clear_layer_sizes();
+    for (absl::string_view part : absl::StrSplit(*v, ',')) {
+      int64_t size;
+      if (!absl::SimpleAtoi(part, &size)) {
+        return absl::InvalidArgumentError(absl::StrCat("--layers: '", part, "' is not a number"));
+      }
+      spec.mutable_workload()->add_layer_sizes(size);
+    }
+  }
+  v1::OptimizerSpec& optimizer = *spec.mutable_optimizer();
+  if (auto v = absl::GetFlag(FLAGS_optimizer)) {
+    v1::OptimizerKind kind;
+    absl::Status parsed = ParseEnumFlag("optimizer", *v, v1::OptimizerKind_Parse, &kind);
+    if (!parsed.ok()) return parsed;
+    optimizer.set_kind(kind);
+  }
+  if (auto v = absl::GetFlag(FLAGS_lr)) optimizer.set_lr(*v);
+  if (auto v = absl::GetFlag(FLAGS_weight_decay)) optimizer.set_weight_decay(*v);
+  if (auto v = absl::GetFlag(FLAGS_momentum)) optimizer.set_momentum(*v);
+  if (auto v = absl::GetFlag(FLAGS_mode)) {
+    v1::Mode mode;
+    absl::Status parsed = ParseEnumFlag("mode", *v, v1::Mode_Parse, &mode);
+    if (!parsed.ok()) return parsed;
+    spec.set_mode(mode);
+  }
+  if (auto v = absl::GetFlag(FLAGS_workers)) {
+    spec.set_min_workers(*v);
+    spec.set_max_workers(*v);
+  }
+  if (auto v = absl::GetFlag(FLAGS_min_workers)) spec.set_min_workers(*v);
+  if (auto v = absl::GetFlag(FLAGS_max_workers)) spec.set_max_workers(*v);
+  if (auto v = absl::GetFlag(FLAGS_steps)) spec.set_steps(*v);
+  if (auto v = absl::GetFlag(FLAGS_global_batch)) spec.set_global_batch(*v);
+  if (auto v = absl::GetFlag(FLAGS_dataset_size)) spec.mutable_workload()->set_dataset_size(*v);
+  if (auto v = absl::GetFlag(FLAGS_seed)) spec.set_seed(static_cast<uint64_t>(*v));
+  if (auto v = absl::GetFlag(FLAGS_clip_grad_norm)) spec.set_clip_grad_norm(*v);
+  if (auto v = absl::GetFlag(FLAGS_bucket_elems)) spec.set_bucket_elems(*v);
+  if (auto v = absl::GetFlag(FLAGS_param_dtype)) {
+    v1::DType dtype;
+    absl::Status parsed = ParseEnumFlag("param_dtype", *v, v1::DType_Parse, &dtype);
+    if (!parsed.ok()) return parsed;
+    spec.mutable_precision()->set_param_dtype(dtype);
+  }
+  return spec;
+}
+
+void PrintJobJson(const v1::Job& job) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(job, &json, options);
+  std::cout << json;
+}
+
+void PrintJobSummary(const v1::Job& job) {
+  std::cout << absl::StrFormat(
+      "%s  %s  name=%s  generation=%d  workers=%d  step=%d/%d  loss=%.6g\n", job.id(),
+      v1::JobState_Name(job.state()), job.spec().name(), job.generation(), job.worker_ids_size(),
+      job.progress().step(), job.spec().steps(), job.progress().loss());
+  if (!job.message().empty()) std::cout << "  " << job.message() << "\n";
+}
+
+int Watch(CoordinatorClient& client, const std::string& job_id) {
+  absl::StatusOr<v1::Job> job = client.GetJob(job_id);
+  if (!job.ok()) return Fail(job.status());
+  ProgressView view(job_id, job->spec().steps(), isatty(STDOUT_FILENO) == 1, &std::cout);
+  absl::Status status =
+      client.WatchJob(job_id, 0, [&](const v1::JobEvent& event) { view.OnEvent(event); });
+  view.Close();
+  if (!status.ok()) return Fail(status);
+  return view.final_state() == v1::SUCCEEDED ? 0 : 1;
+}
+
+int Run(std::vector<char*> args) {
+  if (args.size() < 2) return Usage("no command");
+  const std::string command = args[1];
+  CoordinatorClient client(absl::GetFlag(FLAGS_coordinator));
+  auto need_id = [&]() -> std::optional<std::string> {
+    if (args.size() != 3) return std::nullopt;
+    return std::string(args[2]);
+  };
+  if (command == "submit") {
+    absl::StatusOr<v1::JobSpec> spec = SpecFromArgs(args);
+    if (!spec.ok()) return Fail(spec.status());
+    absl::StatusOr<v1::Job> job = client.SubmitJob(*spec);
+    if (!job.ok()) return Fail(job.status());
+    if (absl::GetFlag(FLAGS_output) == "json") {
+      PrintJobJson(*job);
+    } else {
+      std::cout << job->id() << "\n";
+    }
+    return absl::GetFlag(FLAGS_watch) ? Watch(client, job->id()) : 0;
+  }
+  if (command == "jobs") {
+    v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+    if (!absl::GetFlag(FLAGS_state).empty()) {
+      absl::Status parsed =
+          ParseEnumFlag("state", absl::GetFlag(FLAGS_state), v1::JobState_Parse, &state);
+      if (!parsed.ok()) return Fail(parsed);
+    }
+    absl::StatusOr<std::vector<v1::Job>> jobs = client.ListJobs(state, absl::GetFlag(FLAGS_limit));
+    if (!jobs.ok()) return Fail(jobs.status());
+    std::cout << absl::StrFormat("%-12s %-11s %-4s %-7s %-13s %-12s %s\n", "ID", "STATE", "GEN",
+                                 "WORKERS", "STEP", "LOSS", "NAME");
+    for (const v1::Job& job : *jobs) {
+      std::cout << absl::StrFormat("%-12s %-11s %-4d %-7d %-13s %-12.6g %s\n", job.id(),
+                                   v1::JobState_Name(job.state()), job.generation(),
+                                   job.worker_ids_size(),
+                                   absl::StrCat(job.progress().step(), "/", job.spec().steps()),
+                                   job.progress().loss(), job.spec().name());
+    }
+    return 0;
+  }
+  if (command == "get") {
+    auto id = need_id();
+    if (!id) return Usage("get: expected JOB_ID");
+    absl::StatusOr<v1::Job> job = client.GetJob(*id);
+    if (!job.ok()) return Fail(job.status());
+    if (absl::GetFlag(FLAGS_output) == "json") {
+      PrintJobJson(*job);
+    } else {
+      PrintJobSummary(*job);
+    }
+    return 0;
+  }
+  if (command == "watch") {
+    auto id = need_id();
+    if (!id) return Usage("watch: expected JOB_ID");
+    return Watch(client, *id);
+  }
+  if (command == "cancel") {
+    auto id = need_id();
+    if (!id) return Usage("cancel: expected JOB_ID");
+    absl::StatusOr<v1::Job> job = client.CancelJob(*id, absl::GetFlag(FLAGS_reason));
+    if (!job.ok()) return Fail(job.status());
+    PrintJobSummary(*job);
+    return 0;
+  }
+  if (command == "workers") {
+    v1::WorkerState state = v1::WORKER_STATE_UNSPECIFIED;
+    if (!absl::GetFlag(FLAGS_state).empty()) {
+      absl::Status parsed =
+          ParseEnumFlag("state", absl::GetFlag(FLAGS_state), v1::WorkerState_Parse, &state);
+      if (!parsed.ok()) return Fail(parsed);
+    }
+    absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client.ListWorkers(state);
+    if (!workers.ok()) return Fail(workers.status());
+    std::cout << absl::StrFormat("%-14s %-14s %-12s %-5s %-6s %-12s %s\n", "ID", "NAME", "HOST",
+                                 "KIND", "STATE", "JOB", "RANK");
+    for (const v1::WorkerInfo& worker : *workers) {
+      const bool running = worker.assignment().kind() == v1::ASSIGNMENT_RUN;
+      std::cout << absl::StrFormat(
+          "%-14s %-14s %-12s %-5s %-6s %-12s %s\n", worker.id(), worker.name(), worker.host(),
+          v1::DeviceKind_Name(worker.device_kind()), v1::WorkerState_Name(worker.state()),
+          running ? worker.assignment().job_id() : "-",
+          running ? absl::StrCat(worker.assignment().rank(), "/", worker.assignment().world_size())
+                  : "-");
+    }
+    return 0;
+  }
+  if (command == "plan") {
+    auto id = need_id();
+    if (!id) return Usage("plan: expected JOB_ID");
+    absl::StatusOr<v1::ShardPlan> plan = client.GetShardPlan(*id, 0, /*include_layout=*/true);
+    if (!plan.ok()) return Fail(plan.status());
+    std::vector<v1::ShardPlan> ranks = {*plan};
+    for (int rank = 1; rank < plan->world_size(); ++rank) {
+      absl::StatusOr<v1::ShardPlan> view = client.GetShardPlan(*id, rank, false);
+      if (!view.ok()) return Fail(view.status());
+      ranks.push_back(*std::move(view));
+    }
+    PrintShardMap(ranks, &std::cout);
+    return 0;
+  }
+  return Usage(absl::StrCat("unknown command '", command, "'"));
+}
+
+}  // namespace
+}  // namespace zeroshard::client
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(zeroshard::client::kUsage);
+  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
+  return zeroshard::client::Run(args);
+}

@@ -1,0 +1,102 @@
+// Progress bar and shard map rendering for the CLI.
+#include "client/progress_view.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "zeroshard/v1/shard_plan.pb.h"
+
+namespace zeroshard::client {
+
+ProgressView::ProgressView(std::string job_id, int64_t total_steps, bool terminal,
+                           std::ostream* out)
+    : job_id_(std::move(job_id)), total_steps_(total_steps), terminal_(terminal), out_(out) {}
+
+std::string ProgressView::ProgressLine(const v1::StepMetrics& metrics, int64_t total_steps,
+                                       int bar_width) {
+  const int64_t total = std::max<int64_t>(total_steps, 1);
+  const int64_t step = std::clamp<int64_t>(metrics.step(), 0, total);
+  const int filled = static_cast<int>(bar_width * step / total);
+  const int64_t eta_s =
+      static_cast<int64_t>(std::llround((total - step) * metrics.step_ms() / 1000.0));
+  return absl::StrFormat("[%s%s] %*d/%d  loss %.6g  %.2f ms/step  ETA %d:%02d:%02d",
+                         std::string(filled, '#'), std::string(bar_width - filled, '-'),
+                         static_cast<int>(absl::StrCat(total).size()), step, total, metrics.loss(),
+                         metrics.step_ms(), eta_s / 3600, eta_s / 60 % 60, eta_s % 60);
+}
+
+void ProgressView::OnEvent(const v1::JobEvent& event) {
+  switch (event.type()) {
+    case v1::PROGRESS: {
+      const std::string line = ProgressLine(event.progress(), total_steps_, 30);
+      if (terminal_) {
+        *out_ << "\r" << job_id_ << " " << line << std::flush;
+        bar_open_ = true;
+      } else {
+        *out_ << job_id_ << " " << line << "\n";
+      }
+      return;
+    }
+    case v1::STATE_CHANGED:
+      state_ = event.state();
+      Close();
+      *out_ << job_id_ << " " << v1::JobState_Name(event.state());
+      if (!event.message().empty()) *out_ << ": " << event.message();
+      *out_ << "\n" << std::flush;
+      return;
+    case v1::CHECKPOINT_COMMITTED:
+      Close();
+      *out_ << job_id_ << " checkpoint at step " << event.checkpoint().step() << "\n";
+      return;
+    default:
+      return;
+  }
+}
+
+void ProgressView::Close() {
+  if (bar_open_) *out_ << "\n" << std::flush;
+  bar_open_ = false;
+}
+
+void PrintShardMap(const std::vector<v1::ShardPlan>& ranks, std::ostream* out) {
+  if (ranks.empty()) return;
+  const v1::ShardPlan& global = ranks.front();
+  *out << absl::StrFormat(
+      "job %s generation %d: world_size %d, %d tensors (%d elements), %d buckets of ~%d "
+      "elements, padded to %d elements, layout hash %016x\n",
+      global.job_id(), global.generation(), global.world_size(), global.tensor_count(),
+      global.model_elems(), global.bucket_count(), global.bucket_elems(), global.total_elems(),
+      global.layout_hash());
+  *out << "\nbuckets:\n";
+  *out << absl::StrFormat("  %-6s %-24s %-12s %-12s %s\n", "BUCKET", "FLAT RANGE", "PADDED",
+                          "PIECE", "TENSORS");
+  for (const v1::PlanBucket& bucket : global.buckets()) {
+    std::string names;
+    for (int t = bucket.first_tensor(); t < bucket.first_tensor() + bucket.tensor_count(); ++t) {
+      absl::StrAppend(&names, names.empty() ? "" : ", ", global.tensors(t).name());
+    }
+    *out << absl::StrFormat("  %-6d %-24s %-12d %-12d %s\n", bucket.index(),
+                            absl::StrCat("[", bucket.flat_begin(), ", ",
+                                         bucket.flat_begin() + bucket.padded_elems(), ")"),
+                            bucket.padded_elems(), bucket.piece_elems(), names);
+  }
+  *out << "\npieces per rank:\n";
+  *out << absl::StrFormat("  %-5s %-7s %-14s %-14s %-14s %s\n", "RANK", "PIECES", "OWNED ELEMS",
+                          "MODEL ELEMS", "FRAGMENTS", "fp32 BYTES");
+  for (const v1::ShardPlan& rank : ranks) {
+    int64_t owned = 0, model = 0, fragments = 0;
+    for (const v1::PlanPiece& piece : rank.pieces()) {
+      owned += piece.flat_end() - piece.flat_begin();
+      fragments += piece.fragments_size();
+      for (const v1::PlanFragment& fragment : piece.fragments()) {
+        model += fragment.end() - fragment.begin();
+      }
+    }
+    *out << absl::StrFormat("  %-5d %-7d %-14d %-14d %-14d %d\n", rank.rank(), rank.pieces_size(),
+                            owned, model, fragments, owned * 4);
+  }
+}
+
+}  // namespace zeroshard::client

@@ -1,0 +1,46 @@
+// Renders a job's event stream for people: a live progress bar on a terminal (step/steps, loss,
+// step time, ETA), or one plain line per event otherwise.
+#ifndef ZEROSHARD_CLIENT_PROGRESS_VIEW_H_
+#define ZEROSHARD_CLIENT_PROGRESS_VIEW_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "zeroshard/v1/job.pb.h"
+#include "zeroshard/v1/shard_plan.pb.h"
+
+namespace zeroshard::client {
+
+// Not thread-safe: feed it events from one thread.
+class ProgressView {
+ public:
+  ProgressView(std::string job_id, int64_t total_steps, bool terminal, std::ostream* out);
+
+  void OnEvent(const v1::JobEvent& event);
+  // Ends the bar's line.
+  void Close();
+
+  v1::JobState final_state() const { return state_; }
+
+  // "[#####-----]  40/80  loss 0.0123  2.10 ms/step  ETA 0:00:02" for a progress event.
+  static std::string ProgressLine(const v1::StepMetrics& metrics, int64_t total_steps,
+                                  int bar_width);
+
+ private:
+  std::string job_id_;
+  int64_t total_steps_;
+  bool terminal_;
+  std::ostream* out_;
+  bool bar_open_ = false;
+  v1::JobState state_ = v1::JOB_STATE_UNSPECIFIED;
+};
+
+// The shard map of a running generation, one view per rank (rank 0's with the global layout):
+// buckets, each rank's pieces, and bytes per rank.
+void PrintShardMap(const std::vector<v1::ShardPlan>& ranks, std::ostream* out);
+
+}  // namespace zeroshard::client
+
+#endif  // ZEROSHARD_CLIENT_PROGRESS_VIEW_H_

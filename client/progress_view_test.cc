@@ -1,0 +1,96 @@
+// Tests for the CLI's progress bar and event rendering.
+#include "client/progress_view.h"
+
+#include <sstream>
+
+#include "gtest/gtest.h"
+
+namespace zeroshard::client {
+namespace {
+
+v1::JobEvent Progress(int64_t step, double loss, double step_ms) {
+  v1::JobEvent event;
+  event.set_type(v1::PROGRESS);
+  event.mutable_progress()->set_step(step);
+  event.mutable_progress()->set_loss(loss);
+  event.mutable_progress()->set_step_ms(step_ms);
+  return event;
+}
+
+v1::JobEvent State(v1::JobState state, const std::string& message) {
+  v1::JobEvent event;
+  event.set_type(v1::STATE_CHANGED);
+  event.set_state(state);
+  event.set_message(message);
+  return event;
+}
+
+TEST(ProgressViewTest, ProgressLineShowsBarStepLossAndEta) {
+  v1::StepMetrics metrics;
+  metrics.set_step(40);
+  metrics.set_loss(0.0123);
+  metrics.set_step_ms(50);
+  EXPECT_EQ(ProgressView::ProgressLine(metrics, 80, 10),
+            "[#####-----] 40/80  loss 0.0123  50.00 ms/step  ETA 0:00:02");
+  metrics.set_step(200);  // never past the end
+  EXPECT_EQ(ProgressView::ProgressLine(metrics, 80, 4).substr(0, 12), "[####] 80/80");
+}
+
+TEST(ProgressViewTest, PlainOutputHasOneLinePerEvent) {
+  std::ostringstream out;
+  ProgressView view("job-000001", 2, /*terminal=*/false, &out);
+  view.OnEvent(State(v1::RUNNING, "generation 1 on 2 workers"));
+  view.OnEvent(Progress(1, 0.5, 10));
+  view.OnEvent(Progress(2, 0.25, 10));
+  view.OnEvent(State(v1::SUCCEEDED, "all ranks finished"));
+  view.Close();
+  EXPECT_EQ(view.final_state(), v1::SUCCEEDED);
+  const std::string text = out.str();
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 4);
+  EXPECT_EQ(text.find('\r'), std::string::npos);
+  EXPECT_NE(text.find("job-000001 SUCCEEDED: all ranks finished\n"), std::string::npos);
+}
+
+TEST(ProgressViewTest, TerminalOutputRewritesOneLine) {
+  std::ostringstream out;
+  ProgressView view("job-000001", 2, /*terminal=*/true, &out);
+  view.OnEvent(Progress(1, 0.5, 10));
+  view.OnEvent(Progress(2, 0.25, 10));
+  view.OnEvent(State(v1::FAILED, "worker lost"));
+  EXPECT_EQ(view.final_state(), v1::FAILED);
+  const std::string text = out.str();
+  EXPECT_EQ(std::count(text.begin(), text.end(), '\r'), 2);
+  EXPECT_NE(text.find("2/2"), std::string::npos);
+  EXPECT_NE(text.find("\njob-000001 FAILED: worker lost\n"), std::string::npos);
+}
+
+TEST(ShardMapTest, ListsBucketsAndRanks) {
+  v1::ShardPlan rank0;
+  rank0.set_job_id("job-000001");
+  rank0.set_world_size(2);
+  rank0.set_bucket_count(1);
+  rank0.add_tensors()->set_name("layers.0.bias");
+  v1::PlanBucket* bucket = rank0.add_buckets();
+  bucket->set_padded_elems(256);
+  bucket->set_piece_elems(128);
+  bucket->set_tensor_count(1);
+  v1::PlanPiece* piece = rank0.add_pieces();
+  piece->set_flat_end(128);
+  v1::PlanFragment* fragment = piece->add_fragments();
+  fragment->set_end(10);
+  v1::ShardPlan rank1;
+  rank1.set_rank(1);
+  rank1.add_pieces()->set_flat_begin(128);
+  rank1.mutable_pieces(0)->set_flat_end(256);
+  std::ostringstream out;
+  PrintShardMap({rank0, rank1}, &out);
+  const std::string text = out.str();
+  EXPECT_NE(text.find("world_size 2"), std::string::npos);
+  EXPECT_NE(text.find("layers.0.bias"), std::string::npos);
+  EXPECT_NE(text.find("  0     1       128            10             1              512"),
+            std::string::npos)
+      << text;
+}
+
+}  // namespace
+}  // namespace zeroshard::client
