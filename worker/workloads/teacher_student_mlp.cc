@@ -1,0 +1,241 @@
+// The teacher-student MLP workload of teacher_student_mlp.h: generator-driven data and initial
+// weights, and a hand-written fp32 forward/backward over single-threaded OpenBLAS.
+#include "worker/workloads/teacher_student_mlp.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "sharding/model_catalog.h"
+#include "worker/workloads/counter_rng.h"
+
+namespace zeroshard::workloads {
+namespace {
+
+// out[b, o] = in[b, i] * weight[o, i]^T + bias[o], every row starting from the bias.
+void LinearForward(const float* in, const float* weight, const float* bias, int64_t batch,
+                   int64_t in_size, int64_t out_size, float* out) {
+  for (int64_t j = 0; j < batch; ++j) std::copy(bias, bias + out_size, out + j * out_size);
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(batch),
+              static_cast<int>(out_size), static_cast<int>(in_size), 1.0f, in,
+              static_cast<int>(in_size), weight, static_cast<int>(in_size), 1.0f, out,
+              static_cast<int>(out_size));
+}
+
+void ReluInPlace(float* values, int64_t count) {
+  for (int64_t k = 0; k < count; ++k) values[k] = values[k] > 0.0f ? values[k] : 0.0f;
+}
+
+}  // namespace
+
+uint64_t MlpStream(MlpRole role, uint64_t number) {
+  return (static_cast<uint64_t>(role) << 32) | number;
+}
+
+absl::Status FillLayerParameters(MlpRole role, absl::Span<const int64_t> sizes, uint64_t seed,
+                                 int64_t layer, bool bias, absl::Span<float> out) {
+  if (role == MlpRole::kInputs) return absl::InvalidArgumentError("role: not a network");
+  if (layer < 0 || layer + 1 >= static_cast<int64_t>(sizes.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer: ", layer, " is not a Linear layer of ", sizes.size() - 1));
+  }
+  const int64_t fan_in = sizes[layer];
+  const int64_t fan_out = sizes[layer + 1];
+  const int64_t count = bias ? fan_out : fan_out * fan_in;
+  if (static_cast<int64_t>(out.size()) != count) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out: has ", out.size(), " elements, the tensor ", count));
+  }
+  const CounterRng rng(seed, MlpStream(role, 2 * layer + (bias ? 1 : 0)));
+  rng.FillSymmetricUniform(0, InitBound(fan_in), out);
+  return absl::OkStatus();
+}
+
+void FillSampleInput(absl::Span<const int64_t> sizes, uint64_t seed, int64_t sample,
+                     absl::Span<float> out) {
+  const CounterRng rng(seed, MlpStream(MlpRole::kInputs, 0));
+  rng.FillSymmetricUniform(static_cast<uint64_t>(sample) * sizes[0], 1.0f, out);
+}
+
+absl::StatusOr<std::unique_ptr<TeacherStudentMlp>> TeacherStudentMlp::Create(
+    const TeacherStudentMlpOptions& options) {
+  ZS_ASSIGN_OR_RETURN(std::vector<TensorSpec> tensors, TensorsForLayerSizes(options.layer_sizes));
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: must be at least 1, got ", options.world_size));
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: must be in [0, ", options.world_size, "), got ", options.rank));
+  }
+  if (options.global_batch < 1 || options.global_batch > kMaxGlobalBatch) {
+    return absl::InvalidArgumentError(absl::StrCat("global_batch: must be in [1, ", kMaxGlobalBatch,
+                                                   "], got ", options.global_batch));
+  }
+  if (options.global_batch % options.world_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("global_batch: ", options.global_batch,
+                                                   " is not a multiple of world_size ",
+                                                   options.world_size));
+  }
+  if (options.dataset_size < 1 || options.dataset_size > kMaxDatasetSize) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset_size: must be in [1, ", kMaxDatasetSize,
+                                                   "], got ", options.dataset_size));
+  }
+  // Single-threaded BLAS is deterministic and leaves the cores to the engine (DESIGN.md).
+  openblas_set_num_threads(1);
+  return std::unique_ptr<TeacherStudentMlp>(new TeacherStudentMlp(options, std::move(tensors)));
+}
+
+TeacherStudentMlp::TeacherStudentMlp(TeacherStudentMlpOptions options,
+                                     std::vector<TensorSpec> tensors)
+    : options_(std::move(options)),
+      tensors_(std::move(tensors)),
+      num_layers_(static_cast<int64_t>(options_.layer_sizes.size()) - 1),
+      local_batch_(options_.global_batch / options_.world_size) {
+  const std::vector<int64_t>& sizes = options_.layer_sizes;
+  const int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+  int64_t max_weight = 0;
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    const int64_t in = sizes[l];
+    const int64_t out = sizes[l + 1];
+    max_weight = std::max(max_weight, in * out);
+    teacher_weights_.emplace_back(in * out);
+    teacher_biases_.emplace_back(out);
+    // The layer sizes are validated, so these cannot fail.
+    FillLayerParameters(MlpRole::kTeacher, sizes, options_.seed, l, false,
+                        absl::MakeSpan(teacher_weights_.back()))
+        .IgnoreError();
+    FillLayerParameters(MlpRole::kTeacher, sizes, options_.seed, l, true,
+                        absl::MakeSpan(teacher_biases_.back()))
+        .IgnoreError();
+  }
+  for (int64_t size : sizes) activations_.emplace_back(local_batch_ * size);
+  targets_.resize(local_batch_ * sizes.back());
+  for (int k = 0; k < 2; ++k) {
+    teacher_scratch_[k].resize(local_batch_ * max_size);
+    delta_[k].resize(local_batch_ * max_size);
+  }
+  weight_grad_.resize(max_weight);
+  bias_grad_.resize(max_size);
+  student_weights_.resize(num_layers_);
+  student_biases_.resize(num_layers_);
+}
+
+int64_t TeacherStudentMlp::BiasTensor(int64_t layer) const { return 2 * (num_layers_ - 1 - layer); }
+
+int64_t TeacherStudentMlp::SampleIndex(int64_t step, int64_t j) const {
+  const int64_t n = options_.dataset_size;
+  // (step * B + rank * b + j) mod n without overflow: every factor is reduced first, and
+  // n <= 2^40, B <= 2^20 keep the product below 2^60.
+  const int64_t start = (step % n) * (options_.global_batch % n) % n;
+  return (start + (options_.rank * local_batch_ + j) % n) % n;
+}
+
+absl::Status TeacherStudentMlp::InitialParameters(int64_t tensor, absl::Span<float> out) const {
+  if (tensor < 0 || tensor >= static_cast<int64_t>(tensors_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: ", tensor, " is not in [0, ", tensors_.size(), ")"));
+  }
+  const int64_t layer = num_layers_ - 1 - tensor / 2;
+  const bool bias = tensor % 2 == 0;
+  return FillLayerParameters(MlpRole::kStudent, options_.layer_sizes, options_.seed, layer, bias,
+                             out);
+}
+
+void TeacherStudentMlp::LoadMicroBatch(int64_t step) {
+  const std::vector<int64_t>& sizes = options_.layer_sizes;
+  const int64_t in_size = sizes[0];
+  float* inputs = activations_[0].data();
+  for (int64_t j = 0; j < local_batch_; ++j) {
+    FillSampleInput(sizes, options_.seed, SampleIndex(step, j),
+                    absl::MakeSpan(inputs + j * in_size, in_size));
+  }
+  const float* in = inputs;
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    const bool last = l + 1 == num_layers_;
+    float* out = last ? targets_.data() : teacher_scratch_[l % 2].data();
+    LinearForward(in, teacher_weights_[l].data(), teacher_biases_[l].data(), local_batch_, sizes[l],
+                  sizes[l + 1], out);
+    if (!last) ReluInPlace(out, local_batch_ * sizes[l + 1]);
+    in = out;
+  }
+}
+
+absl::StatusOr<double> TeacherStudentMlp::ForwardBackward(int64_t step, ParameterSource& params,
+                                                          GradientSink& sink) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: negative, ", step));
+  const std::vector<int64_t>& sizes = options_.layer_sizes;
+  std::vector<const float*>& weights = student_weights_;
+  std::vector<const float*>& biases = student_biases_;
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    for (const bool bias : {true, false}) {
+      const int64_t tensor = BiasTensor(l) + (bias ? 0 : 1);
+      absl::Span<const float> values = params.Parameters(tensor);
+      if (static_cast<int64_t>(values.size()) != tensors_[tensor].num_elements) {
+        return absl::InvalidArgumentError(absl::StrCat("params: ", tensors_[tensor].name, " has ",
+                                                       values.size(), " elements, expected ",
+                                                       tensors_[tensor].num_elements));
+      }
+      (bias ? biases : weights)[l] = values.data();
+    }
+  }
+
+  LoadMicroBatch(step);
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    float* out = activations_[l + 1].data();
+    LinearForward(activations_[l].data(), weights[l], biases[l], local_batch_, sizes[l],
+                  sizes[l + 1], out);
+    if (l + 1 < num_layers_) ReluInPlace(out, local_batch_ * sizes[l + 1]);
+  }
+
+  // MSE over the micro-batch and the outputs; dLoss/dOutput = 2 (output - target) / count.
+  const int64_t count = local_batch_ * sizes.back();
+  const float* outputs = activations_[num_layers_].data();
+  const float gradient_scale = static_cast<float>(2.0 / static_cast<double>(count));
+  float* delta = delta_[0].data();
+  double squared_error = 0.0;
+  for (int64_t k = 0; k < count; ++k) {
+    const float diff = outputs[k] - targets_[k];
+    squared_error += static_cast<double>(diff) * diff;
+    delta[k] = diff * gradient_scale;
+  }
+
+  for (int64_t l = num_layers_ - 1; l >= 0; --l) {
+    const int64_t in_size = sizes[l];
+    const int64_t out_size = sizes[l + 1];
+    float* bias_grad = bias_grad_.data();
+    std::fill(bias_grad, bias_grad + out_size, 0.0f);
+    for (int64_t j = 0; j < local_batch_; ++j) {
+      const float* row = delta + j * out_size;
+      for (int64_t o = 0; o < out_size; ++o) bias_grad[o] += row[o];
+    }
+    ZS_RETURN_IF_ERROR(sink.GradReady(BiasTensor(l), absl::MakeConstSpan(bias_grad, out_size)));
+
+    // weight_grad[o, i] = sum_j delta[j, o] * activation[j, i].
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(out_size),
+                static_cast<int>(in_size), static_cast<int>(local_batch_), 1.0f, delta,
+                static_cast<int>(out_size), activations_[l].data(), static_cast<int>(in_size), 0.0f,
+                weight_grad_.data(), static_cast<int>(in_size));
+    ZS_RETURN_IF_ERROR(sink.GradReady(
+        BiasTensor(l) + 1, absl::MakeConstSpan(weight_grad_.data(), out_size * in_size)));
+
+    if (l == 0) break;
+    // delta_prev[j, i] = (sum_o delta[j, o] * weight[o, i]) * relu'(activation[j, i]).
+    float* previous = delta_[(num_layers_ - l) % 2].data();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(local_batch_),
+                static_cast<int>(in_size), static_cast<int>(out_size), 1.0f, delta,
+                static_cast<int>(out_size), weights[l], static_cast<int>(in_size), 0.0f, previous,
+                static_cast<int>(in_size));
+    const float* activation = activations_[l].data();
+    for (int64_t k = 0; k < local_batch_ * in_size; ++k) {
+      if (!(activation[k] > 0.0f)) previous[k] = 0.0f;
+    }
+    delta = previous;
+  }
+  return squared_error / static_cast<double>(count);
+}
+
+}  // namespace zeroshard::workloads

@@ -1,0 +1,109 @@
+// The teacher-student MLP workload (DESIGN.md, "Workloads"): a student MLP learns, with MSE loss,
+// the function of a fixed random teacher MLP of the same shape on synthetic uniform inputs.
+// Forward and backward by hand over single-threaded OpenBLAS, in fp32. docs/workloads.md
+// specifies the data and the initial weights exactly.
+#ifndef ZEROSHARD_WORKER_WORKLOADS_TEACHER_STUDENT_MLP_H_
+#define ZEROSHARD_WORKER_WORKLOADS_TEACHER_STUDENT_MLP_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "sharding/tensor_spec.h"
+#include "worker/workloads/workload.h"
+
+namespace zeroshard::workloads {
+
+// Which random parameters a generator stream belongs to. A stream id is (role << 32) | number,
+// where the inputs use number 0 and Linear layer l (forward order, 0-based) uses number 2l for
+// its weight and 2l + 1 for its bias.
+enum class MlpRole : uint64_t { kInputs = 0, kStudent = 1, kTeacher = 2 };
+uint64_t MlpStream(MlpRole role, uint64_t number);
+
+// Bounds beyond the catalog's (sharding/model_catalog.h).
+inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;
+inline constexpr int64_t kMaxDatasetSize = int64_t{1} << 40;
+
+// The initial value of Linear layer `layer`'s weight ([out, in], row-major) or bias ([out]) of
+// the student or the teacher (role kStudent or kTeacher): uniform in +-InitBound(in) like torch's
+// default Linear init. `sizes` are validated layer sizes; `out` has the tensor's element count.
+absl::Status FillLayerParameters(MlpRole role, absl::Span<const int64_t> sizes, uint64_t seed,
+                                 int64_t layer, bool bias, absl::Span<float> out);
+
+// The input of dataset sample `sample`: sizes[0] values uniform in [-1, 1), element k being
+// value sample * sizes[0] + k of the inputs stream.
+void FillSampleInput(absl::Span<const int64_t> sizes, uint64_t seed, int64_t sample,
+                     absl::Span<float> out);
+
+struct TeacherStudentMlpOptions {
+  std::vector<int64_t> layer_sizes;  // [s0, ..., sn], validated by the catalog
+  uint64_t seed = 0;
+  int64_t global_batch = 128;  // samples per step over all ranks; a multiple of world_size
+  int64_t world_size = 1;
+  int64_t rank = 0;
+  int64_t dataset_size = 1024;  // distinct samples; the data repeats after it
+};
+
+// Step s's global batch is the samples (s * global_batch + j) mod dataset_size, j in
+// [0, global_batch); rank r takes j in [r * B / W, (r + 1) * B / W). A sample's input is a pure
+// function of (seed, sample), whatever W is; its target is teacher(input) in fp32.
+//
+// The student's parameters are the catalog's tensors, in its order (gradient-ready):
+// layers.<n-1>.bias, layers.<n-1>.weight, ..., layers.0.bias, layers.0.weight.
+// The loss is the mean of the squared error over the micro-batch and the outputs (torch's
+// MSELoss), and the gradients handed to the sink are those of that mean.
+//
+// Thread contract: not thread-safe; one ForwardBackward at a time. It allocates nothing:
+// every buffer is sized at Create. The teacher's weights stay in memory (as many elements as
+// the student's).
+class TeacherStudentMlp final : public Workload {
+ public:
+  // Errors are InvalidArgument naming the field: invalid layer_sizes (the catalog's checks),
+  // global_batch outside [1, kMaxGlobalBatch] or not a multiple of world_size, world_size < 1,
+  // rank outside [0, world_size), dataset_size outside [1, kMaxDatasetSize].
+  static absl::StatusOr<std::unique_ptr<TeacherStudentMlp>> Create(
+      const TeacherStudentMlpOptions& options);
+
+  absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const override;
+  absl::StatusOr<double> ForwardBackward(int64_t step, ParameterSource& params,
+                                         GradientSink& sink) override;
+
+  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  int64_t local_batch() const { return local_batch_; }
+  // The dataset index of sample j (0 <= j < local_batch) of this rank's micro-batch at `step`.
+  int64_t SampleIndex(int64_t step, int64_t j) const;
+
+ private:
+  TeacherStudentMlp(TeacherStudentMlpOptions options, std::vector<TensorSpec> tensors);
+
+  // Catalog tensor index of layer `layer`'s bias (its weight is the next index).
+  int64_t BiasTensor(int64_t layer) const;
+  // Fills inputs_ and targets_ with this rank's micro-batch of `step`.
+  void LoadMicroBatch(int64_t step);
+
+  const TeacherStudentMlpOptions options_;
+  const std::vector<TensorSpec> tensors_;
+  const int64_t num_layers_;   // Linear layers
+  const int64_t local_batch_;  // global_batch / world_size
+  // Teacher weight and bias of each Linear layer, forward order.
+  std::vector<std::vector<float>> teacher_weights_;
+  std::vector<std::vector<float>> teacher_biases_;
+  // activations_[l] is [local_batch, sizes[l]]: activations_[0] the inputs, activations_[l] for
+  // 0 < l < n the ReLU outputs, activations_[n] the student's outputs.
+  std::vector<std::vector<float>> activations_;
+  std::vector<float> targets_;             // [local_batch, sizes[n]]
+  std::vector<float> teacher_scratch_[2];  // [local_batch, max size]: teacher forward ping-pong
+  std::vector<float> delta_[2];            // [local_batch, max size]: dLoss/d(pre-activation)
+  std::vector<float> weight_grad_;         // the largest weight's element count
+  std::vector<float> bias_grad_;           // the largest layer's size
+  // The current step's student parameters by Linear layer (from the ParameterSource).
+  std::vector<const float*> student_weights_;
+  std::vector<const float*> student_biases_;
+};
+
+}  // namespace zeroshard::workloads
+
+#endif  // ZEROSHARD_WORKER_WORKLOADS_TEACHER_STUDENT_MLP_H_
