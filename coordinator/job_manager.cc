@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Clock* clock,
     }
   }
   manager->PersistLocked(changed);
+  manager->ReserveWorkerNumbersLocked();
   return manager;
 }
 
@@ -89,6 +90,7 @@ JobManager::JobManager(Clock* clock, std::unique_ptr<JobStore> store, Rendezvous
 
 v1::RegisterWorkerResponse JobManager::RegisterWorker(const v1::RegisterWorkerRequest& request) {
   absl::MutexLock lock(&mu_);
+  ReserveWorkerNumbersLocked();
   const v1::WorkerInfo& worker = workers_.Register(request, clock_->Now());
   v1::RegisterWorkerResponse response;
   response.set_worker_id(worker.id());
@@ -411,6 +413,20 @@ void JobManager::SetStateLocked(JobRecord& record, v1::JobState state, const std
   ZS_LOG(INFO) << "job " << record.job.id() << " -> " << v1::JobState_Name(state) << ": "
                << message;
   if (IsFinal(state)) EndSinksLocked(record);
+}
+
+void JobManager::ReserveWorkerNumbersLocked() {
+  // One durable write per block keeps registration cheap.
+  constexpr int64_t kBlock = 100000;
+  if (workers_.next_number() < reserved_worker_numbers_end_) return;
+  absl::StatusOr<int64_t> first = store_->ReserveWorkerNumbers(kBlock);
+  if (!first.ok()) {
+    // Registration goes on; only ids handed out after a later restart could repeat these.
+    ZS_LOG(ERROR) << "state store: cannot reserve worker ids: " << first.status();
+    return;
+  }
+  workers_.SkipToNumber(*first);
+  reserved_worker_numbers_end_ = *first + kBlock;
 }
 
 void JobManager::EndSinksLocked(JobRecord& record) {

@@ -131,6 +131,9 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndSinksLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes sure the registry's next worker number lies in a block reserved in the durable store,
+  // so worker ids never repeat across coordinator restarts.
+  void ReserveWorkerNumbersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Clock* const clock_;
   const JobManagerOptions options_;
@@ -142,6 +145,8 @@ class JobManager {
   // Keyed by job id; ids are "job-" + a zero-padded counter, so map order is submission order.
   std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
+  // Worker numbers below this were reserved by this process (ReserveWorkerNumbersLocked).
+  int64_t reserved_worker_numbers_end_ ABSL_GUARDED_BY(mu_) = 0;
   // Events added since the last PersistLocked.
   std::vector<v1::JobEvent> unpersisted_events_ ABSL_GUARDED_BY(mu_);
 };

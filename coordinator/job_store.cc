@@ -31,6 +31,10 @@ CREATE TABLE IF NOT EXISTS checkpoint_commits (
   commit_request BLOB NOT NULL,
   PRIMARY KEY (job_id, generation, step, rank)
 );
+CREATE TABLE IF NOT EXISTS counters (
+  name TEXT PRIMARY KEY,
+  value INTEGER NOT NULL
+);
 )sql";
 
 // A prepared statement, finalized on scope exit.
@@ -63,6 +67,7 @@ class Statement {
     if (rc == SQLITE_DONE) return absl::OkStatus();
     return absl::InternalError(absl::StrCat("sqlite step: ", sqlite3_errmsg(db_)));
   }
+  int64_t ColumnInt(int column) { return sqlite3_column_int64(stmt_, column); }
   std::string ColumnBlob(int column) {
     const void* data = sqlite3_column_blob(stmt_, column);
     return std::string(static_cast<const char*>(data), sqlite3_column_bytes(stmt_, column));
@@ -155,6 +160,32 @@ absl::Status JobStore::Save(absl::Span<const v1::Job* const> jobs,
     return status;
   }
   return Exec("COMMIT;");
+}
+
+absl::StatusOr<int64_t> JobStore::ReserveWorkerNumbers(int64_t count) {
+  ZS_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
+  absl::StatusOr<int64_t> first = [&]() -> absl::StatusOr<int64_t> {
+    Statement read(db_, "SELECT value FROM counters WHERE name = 'next_worker_number';");
+    ZS_RETURN_IF_ERROR(read.Prepared());
+    const int rc = read.Step();
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+      return absl::InternalError("state store: reading the worker counter failed");
+    }
+    const int64_t next = rc == SQLITE_ROW ? read.ColumnInt(0) : 1;
+    Statement write(db_,
+                    "INSERT OR REPLACE INTO counters (name, value) "
+                    "VALUES ('next_worker_number', ?);");
+    ZS_RETURN_IF_ERROR(write.Prepared());
+    write.BindInt(1, next + count);
+    ZS_RETURN_IF_ERROR(write.StepDone());
+    return next;
+  }();
+  if (!first.ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return first.status();
+  }
+  ZS_RETURN_IF_ERROR(Exec("COMMIT;"));
+  return first;
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::LoadJobs() {

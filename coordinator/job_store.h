@@ -29,6 +29,11 @@ class JobStore {
   // Writes the jobs (insert or replace) and appends the events, atomically.
   absl::Status Save(absl::Span<const v1::Job* const> jobs, absl::Span<const v1::JobEvent> events);
 
+  // Reserves `count` worker numbers that no earlier call (in this or an earlier coordinator
+  // process) returned, and returns the first of them: [first, first + count). Worker ids must
+  // not repeat across restarts, or a stale worker's heartbeat would pass for a new worker's.
+  absl::StatusOr<int64_t> ReserveWorkerNumbers(int64_t count);
+
   // Every job, in id order.
   absl::StatusOr<std::vector<v1::Job>> LoadJobs();
   // A job's events in sequence order.

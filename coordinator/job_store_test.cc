@@ -98,6 +98,19 @@ TEST(JobStoreTest, CheckpointCommitsAreIdempotentPerRank) {
   EXPECT_EQ((*store)->LoadCheckpointCommits("job-000001", 1, 11)->size(), 0u);
 }
 
+TEST(JobStoreTest, ReservedWorkerNumbersNeverRepeatAcrossReopening) {
+  const std::string dir = TempDir("worker-numbers");
+  {
+    auto store = JobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_EQ(*(*store)->ReserveWorkerNumbers(10), 1);
+    EXPECT_EQ(*(*store)->ReserveWorkerNumbers(5), 11);
+  }
+  auto store = JobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ(*(*store)->ReserveWorkerNumbers(10), 16);
+}
+
 TEST(JobStoreTest, UnusableStateDirIsAnErrorNamingTheFlag) {
   const std::string file = TempDir("not-a-dir");
   std::filesystem::create_directories(std::filesystem::path(file).parent_path());

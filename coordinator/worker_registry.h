@@ -3,6 +3,7 @@
 #ifndef ZEROSHARD_COORDINATOR_WORKER_REGISTRY_H_
 #define ZEROSHARD_COORDINATOR_WORKER_REGISTRY_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -34,6 +35,11 @@ class WorkerRegistry {
   // Registers a new worker (a re-registering worker gets a new id) with a lease from `now`.
   // The request must be validated already.
   const v1::WorkerInfo& Register(const v1::RegisterWorkerRequest& request, absl::Time now);
+
+  // The number the next registered worker's id gets; numbers only grow.
+  int64_t next_number() const { return next_number_; }
+  // Continues numbering at `number` (ignored unless it is above next_number()).
+  void SkipToNumber(int64_t number) { next_number_ = std::max(next_number_, number); }
 
   // Renews the lease of a live worker. NOT_FOUND for unknown, dead or departed ids (the worker
   // must register again).

@@ -1,0 +1,285 @@
+// Durability across kill -9: runs the real zeroshard-coordinator binary, submits jobs (one of
+// them running), SIGKILLs it, restarts it on the same --state_dir and finds every job and event.
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "zeroshard/v1/coordinator.grpc.pb.h"
+
+namespace zeroshard {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+
+constexpr absl::Duration kStartDeadline = absl::Seconds(20);
+constexpr absl::Duration kRpcDeadline = absl::Seconds(10);
+
+std::string Env(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+void SetDeadline(grpc::ClientContext& context) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kRpcDeadline));
+}
+
+// One zeroshard-coordinator process. The destructor SIGKILLs it if it still runs.
+class CoordinatorProcess {
+ public:
+  CoordinatorProcess(std::string state_dir, std::string port_file)
+      : state_dir_(std::move(state_dir)), port_file_(std::move(port_file)) {}
+  ~CoordinatorProcess() { Kill(); }
+
+  // Starts the binary and waits (polling, within a deadline) until it wrote its port file.
+  ::testing::AssertionResult Start() {
+    std::filesystem::remove(port_file_);
+    const std::string binary = Env("TEST_SRCDIR") + "/zeroshard/coordinator/zeroshard-coordinator";
+    std::vector<std::string> args = {binary, "--listen=127.0.0.1:0", "--metrics_port=0",
+                                     "--port_file=" + port_file_, "--state_dir=" + state_dir_,
+                                     // Long leases: the test worker need not keep beating.
+                                     "--heartbeat_period=10s"};
+    pid_ = fork();
+    if (pid_ < 0) return ::testing::AssertionFailure() << "fork failed";
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (std::string& arg : args) argv.push_back(arg.data());
+      argv.push_back(nullptr);
+      execv(binary.c_str(), argv.data());
+      _exit(127);
+    }
+    const absl::Time deadline = absl::Now() + kStartDeadline;
+    while (absl::Now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return ::testing::AssertionFailure() << binary << " exited early, status " << status;
+      }
+      std::ifstream ports(port_file_);
+      int metrics_port = 0;
+      if (ports >> grpc_port_ >> metrics_port && grpc_port_ > 0) {
+        channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", grpc_port_),
+                                       grpc::InsecureChannelCredentials());
+        stub_ = v1::Coordinator::NewStub(channel_);
+        return ::testing::AssertionSuccess();
+      }
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return ::testing::AssertionFailure()
+           << "no port file " << port_file_ << " within " << kStartDeadline;
+  }
+
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = -1;
+    stub_.reset();
+    channel_.reset();
+  }
+
+  v1::Coordinator::Stub& stub() { return *stub_; }
+
+ private:
+  const std::string state_dir_;
+  const std::string port_file_;
+  pid_t pid_ = -1;
+  int grpc_port_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+v1::JobSpec Spec(const std::string& name, int workers) {
+  v1::JobSpec spec;
+  spec.set_name(name);
+  spec.mutable_workload()->set_preset("seed");
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  spec.set_min_workers(workers);
+  spec.set_max_workers(workers);
+  spec.set_global_batch(64);
+  return spec;
+}
+
+v1::Job Submit(v1::Coordinator::Stub& stub, const v1::JobSpec& spec) {
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::Job job;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status status = stub.SubmitJob(&context, request, &job);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return job;
+}
+
+v1::Job GetJob(v1::Coordinator::Stub& stub, const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::Job job;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status status = stub.GetJob(&context, request, &job);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return job;
+}
+
+// The first `count` events of a job's history (WatchJob from the start; the stream of a job
+// that has not ended stays open, so it is cancelled after `count` events).
+std::vector<v1::JobEvent> History(v1::Coordinator::Stub& stub, const std::string& job_id,
+                                  int count) {
+  v1::WatchJobRequest request;
+  request.set_job_id(job_id);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub.WatchJob(&context, request);
+  std::vector<v1::JobEvent> events;
+  v1::JobEvent event;
+  while (static_cast<int>(events.size()) < count && reader->Read(&event)) events.push_back(event);
+  context.TryCancel();
+  while (reader->Read(&event)) {
+  }
+  reader->Finish().IgnoreError();
+  return events;
+}
+
+TEST(CoordinatorRestartTest, JobsAndHistorySurviveKillNine) {
+  const std::string tmp = Env("TEST_TMPDIR");
+  const std::string state_dir = tmp + "/coordinator-state";
+  std::filesystem::remove_all(state_dir);
+  CoordinatorProcess coordinator(state_dir, tmp + "/coordinator.ports");
+  ASSERT_TRUE(coordinator.Start());
+
+  // A worker registers and beats; the one-worker job runs on it.
+  v1::RegisterWorkerRequest register_request;
+  register_request.set_name("restart-worker");
+  register_request.set_host("host-a");
+  register_request.set_device_kind(v1::CPU);
+  v1::RegisterWorkerResponse registered;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(coordinator.stub().RegisterWorker(&context, register_request, &registered).ok());
+  }
+  const v1::Job running = Submit(coordinator.stub(), Spec("runs", 1));
+  const v1::Job pending = Submit(coordinator.stub(), Spec("waits-for-four", 4));
+  const v1::Job cancelled = Submit(coordinator.stub(), Spec("cancelled", 2));
+  {
+    v1::CancelJobRequest request;
+    request.set_job_id(cancelled.id());
+    request.set_reason("changed my mind");
+    v1::Job job;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(coordinator.stub().CancelJob(&context, request, &job).ok());
+  }
+  {
+    v1::HeartbeatRequest request;
+    request.set_worker_id(registered.worker_id());
+    v1::HeartbeatResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(coordinator.stub().Heartbeat(&context, request, &response).ok());
+    EXPECT_EQ(response.assignment().kind(), v1::ASSIGNMENT_RUN);
+    EXPECT_EQ(response.assignment().job_id(), running.id());
+  }
+  ASSERT_EQ(GetJob(coordinator.stub(), running.id()).state(), v1::RUNNING);
+  ASSERT_EQ(GetJob(coordinator.stub(), pending.id()).state(), v1::PENDING);
+  ASSERT_EQ(GetJob(coordinator.stub(), cancelled.id()).state(), v1::CANCELLED);
+
+  // Submitted (PENDING), GENERATION_STARTED, RUNNING / submitted / submitted, CANCELLED.
+  const std::map<std::string, int> event_counts = {
+      {running.id(), 3}, {pending.id(), 1}, {cancelled.id(), 2}};
+  std::map<std::string, std::vector<v1::JobEvent>> before;
+  for (const auto& [id, count] : event_counts) {
+    before[id] = History(coordinator.stub(), id, count);
+    ASSERT_EQ(static_cast<int>(before[id].size()), count) << id;
+  }
+
+  coordinator.Kill();
+  ASSERT_TRUE(coordinator.Start());
+
+  v1::ListJobsResponse listed;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(coordinator.stub().ListJobs(&context, v1::ListJobsRequest(), &listed).ok());
+  }
+  ASSERT_EQ(listed.jobs_size(), 3);
+
+  const v1::Job recovering = GetJob(coordinator.stub(), running.id());
+  EXPECT_EQ(recovering.state(), v1::RECOVERING);
+  EXPECT_TRUE(absl::StrContains(recovering.message(), "coordinator restarted"))
+      << recovering.message();
+  EXPECT_EQ(recovering.generation(), 1);
+  EXPECT_TRUE(MessageDifferencer::Equals(recovering.spec(), running.spec()));
+  const v1::Job still_pending = GetJob(coordinator.stub(), pending.id());
+  EXPECT_EQ(still_pending.state(), v1::PENDING);
+  EXPECT_TRUE(MessageDifferencer::Equals(still_pending.create_time(), pending.create_time()));
+  const v1::Job still_cancelled = GetJob(coordinator.stub(), cancelled.id());
+  EXPECT_EQ(still_cancelled.state(), v1::CANCELLED);
+  EXPECT_TRUE(absl::StrContains(still_cancelled.message(), "changed my mind"));
+
+  // Every event survived, unchanged; the running job gained one: RECOVERING.
+  for (const auto& [id, count] : event_counts) {
+    const int expected = id == running.id() ? count + 1 : count;
+    const std::vector<v1::JobEvent> after = History(coordinator.stub(), id, expected);
+    ASSERT_EQ(static_cast<int>(after.size()), expected) << id;
+    for (int i = 0; i < count; ++i) {
+      EXPECT_TRUE(MessageDifferencer::Equals(after[i], before[id][i]))
+          << id << " event " << i << ":\n"
+          << after[i].DebugString() << "vs\n"
+          << before[id][i].DebugString();
+    }
+    if (id == running.id()) {
+      EXPECT_EQ(after.back().sequence(), count + 1);
+      EXPECT_EQ(after.back().state(), v1::RECOVERING);
+      EXPECT_TRUE(absl::StrContains(after.back().message(), "coordinator restarted"));
+    }
+  }
+
+  // Membership is soft state: the old worker id is unknown and must register again.
+  {
+    v1::HeartbeatRequest request;
+    request.set_worker_id(registered.worker_id());
+    v1::HeartbeatResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    EXPECT_EQ(coordinator.stub().Heartbeat(&context, request, &response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  // Once a worker registers again (with an id no earlier incarnation gave out), the job restarts
+  // from step 0 in generation 2.
+  v1::RegisterWorkerResponse registered_again;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(
+        coordinator.stub().RegisterWorker(&context, register_request, &registered_again).ok());
+  }
+  EXPECT_NE(registered_again.worker_id(), registered.worker_id());
+  const v1::Job restarted = GetJob(coordinator.stub(), running.id());
+  EXPECT_EQ(restarted.state(), v1::RUNNING);
+  EXPECT_EQ(restarted.generation(), 2);
+  EXPECT_EQ(restarted.attempts(), 2);
+  // New ids continue after the old ones.
+  const v1::Job next = Submit(coordinator.stub(), Spec("after-restart", 4));
+  EXPECT_EQ(next.id(), "job-000004");
+}
+
+}  // namespace
+}  // namespace zeroshard
