@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -50,7 +51,8 @@ ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends.");
 ABSL_FLAG(std::string, state, "", "jobs/workers: only this state (e.g. running, idle).");
 ABSL_FLAG(int, limit, 100, "jobs: at most this many.");
 ABSL_FLAG(std::string, reason, "", "cancel: why (recorded in the job).");
-ABSL_FLAG(std::string, output, "", "get/submit: 'json' prints the job as JSON.");
+ABSL_FLAG(std::string, output, "",
+          "get/submit: 'json' prints the job as JSON; watch: 'json' prints one event per line.");
 
 namespace zeroshard::client {
 namespace {
@@ -169,9 +171,21 @@ void PrintJobSummary(const v1::Job& job) {
 int Watch(CoordinatorClient& client, const std::string& job_id) {
   absl::StatusOr<v1::Job> job = client.GetJob(job_id);
   if (!job.ok()) return Fail(job.status());
-  ProgressView view(job_id, job->spec().steps(), isatty(STDOUT_FILENO) == 1, &std::cout);
-  absl::Status status =
-      client.WatchJob(job_id, 0, [&](const v1::JobEvent& event) { view.OnEvent(event); });
+  // With --output=json, scripts get one event per line and the view only tracks the state.
+  const bool json = absl::GetFlag(FLAGS_output) == "json";
+  std::ostringstream discarded;
+  ProgressView view(job_id, job->spec().steps(), !json && isatty(STDOUT_FILENO) == 1,
+                    json ? &discarded : &std::cout);
+  absl::Status status = client.WatchJob(job_id, 0, [&](const v1::JobEvent& event) {
+    view.OnEvent(event);
+    if (json) {
+      std::string line;
+      google::protobuf::util::JsonPrintOptions options;
+      options.preserve_proto_field_names = true;
+      (void)google::protobuf::util::MessageToJsonString(event, &line, options);
+      std::cout << line << "\n" << std::flush;
+    }
+  });
   view.Close();
   if (!status.ok()) return Fail(status);
   return view.final_state() == v1::SUCCEEDED ? 0 : 1;

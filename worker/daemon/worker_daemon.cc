@@ -1,0 +1,135 @@
+// The worker daemon's control loop.
+#include "worker/daemon/worker_daemon.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+
+namespace zeroshard::worker {
+
+WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options,
+                           std::shared_ptr<v1::Coordinator::StubInterface> stub,
+                           TrainingRunFactory run_factory)
+    : options_(std::move(options)),
+      stub_(std::move(stub)),
+      run_factory_(std::move(run_factory)),
+      heartbeat_period_(options_.heartbeat_period) {}
+
+std::string WorkerDaemon::worker_id() const { return worker_id_; }
+
+void WorkerDaemon::Stop() {
+  if (!stop_.HasBeenNotified()) stop_.Notify();
+}
+
+absl::Status WorkerDaemon::Register() {
+  v1::RegisterWorkerRequest request;
+  request.set_name(options_.name);
+  request.set_host(options_.host);
+  request.set_device_kind(options_.device_kind);
+  request.set_device_memory_bytes(options_.device_memory_bytes);
+  for (const auto& [key, value] : options_.labels) (*request.mutable_labels())[key] = value;
+  while (!stop_.HasBeenNotified()) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    v1::RegisterWorkerResponse response;
+    const absl::Status status = FromGrpcStatus(stub_->RegisterWorker(&context, request, &response));
+    if (status.ok()) {
+      worker_id_ = response.worker_id();
+      heartbeat_period_ = absl::Milliseconds(response.heartbeat_period_ms());
+      ZS_LOG(INFO) << "registered as " << worker_id_ << " (heartbeat every " << heartbeat_period_
+                   << ", lease " << response.lease_ms() << " ms)";
+      return absl::OkStatus();
+    }
+    // Bad flags (INVALID_ARGUMENT) will not get better by retrying.
+    if (status.code() == absl::StatusCode::kInvalidArgument) return status;
+    ZS_LOG(INFO) << "coordinator not reachable yet (" << status.message() << "); retrying";
+    stop_.WaitForNotificationWithTimeout(options_.register_retry);
+  }
+  return absl::CancelledError("stopped before registering");
+}
+
+absl::Status WorkerDaemon::Run() {
+  if (absl::Status registered = Register(); !registered.ok()) {
+    return stop_.HasBeenNotified() ? absl::OkStatus() : registered;
+  }
+  while (!stop_.HasBeenNotified()) {
+    const absl::Time next = absl::Now() + heartbeat_period_;
+    if (absl::Status beat = HeartbeatOnce(); !beat.ok()) {
+      if (beat.code() == absl::StatusCode::kNotFound) {
+        // The coordinator forgot us (restart or expired lease): our generation is over too.
+        ZS_LOG(WARNING) << "coordinator does not know " << worker_id_ << "; registering again";
+        AbortRun();
+        if (absl::Status registered = Register(); !registered.ok()) break;
+        continue;
+      }
+      ZS_LOG(WARNING) << "heartbeat failed: " << beat;
+    }
+    stop_.WaitForNotificationWithTimeout(next - absl::Now());
+  }
+  AbortRun();
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  v1::LeaveWorkerRequest leave;
+  leave.set_worker_id(worker_id_);
+  v1::LeaveWorkerResponse left;
+  const absl::Status status = FromGrpcStatus(stub_->LeaveWorker(&context, leave, &left));
+  ZS_LOG(INFO) << "left the coordinator: " << status;
+  return absl::OkStatus();
+}
+
+absl::Status WorkerDaemon::HeartbeatOnce() {
+  v1::HeartbeatRequest request;
+  request.set_worker_id(worker_id_);
+  if (run_ != nullptr && !run_->Done()) {
+    request.mutable_status()->set_job_id(run_assignment_.job_id());
+    request.mutable_status()->set_generation(run_assignment_.generation());
+    request.mutable_status()->set_step(run_->step());
+  }
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  v1::HeartbeatResponse response;
+  const absl::Status status = FromGrpcStatus(stub_->Heartbeat(&context, request, &response));
+  if (!status.ok()) return status;
+  Converge(response.assignment());
+  return absl::OkStatus();
+}
+
+bool WorkerDaemon::IsCurrentRun(const v1::Assignment& assignment) const {
+  return run_ != nullptr && run_assignment_.job_id() == assignment.job_id() &&
+         run_assignment_.generation() == assignment.generation() &&
+         run_assignment_.rank() == assignment.rank();
+}
+
+void WorkerDaemon::Converge(const v1::Assignment& assignment) {
+  if (assignment.kind() == v1::ASSIGNMENT_RUN) {
+    if (IsCurrentRun(assignment)) {
+      if (run_->Done() && !run_->status().ok()) {
+        ZS_LOG(ERROR) << "run of " << assignment.job_id() << " generation "
+                      << assignment.generation() << " failed: " << run_->status();
+      }
+      return;
+    }
+    AbortRun();
+    ZS_LOG(INFO) << "starting " << assignment.job_id() << " generation " << assignment.generation()
+                 << " as rank " << assignment.rank() << " of " << assignment.world_size();
+    run_assignment_ = assignment;
+    run_ = run_factory_(assignment);
+    return;
+  }
+  // IDLE or ABORT: nothing may run (a finished run is simply forgotten).
+  AbortRun();
+}
+
+void WorkerDaemon::AbortRun() {
+  if (run_ == nullptr) return;
+  if (!run_->Done()) {
+    ZS_LOG(INFO) << "aborting " << run_assignment_.job_id() << " generation "
+                 << run_assignment_.generation();
+    run_->Abort();
+  }
+  run_.reset();  // joins the run's thread
+  run_assignment_.Clear();
+}
+
+}  // namespace zeroshard::worker

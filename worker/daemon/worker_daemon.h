@@ -1,0 +1,68 @@
+// The worker daemon's control loop: registers with the coordinator (retrying until it is up),
+// heartbeats, and converges to the assignment each heartbeat reply carries (level-triggered):
+// starts the assigned generation's TrainingRun, aborts runs that are no longer wanted, and
+// re-registers when the coordinator forgot it.
+#ifndef ZEROSHARD_WORKER_DAEMON_WORKER_DAEMON_H_
+#define ZEROSHARD_WORKER_DAEMON_WORKER_DAEMON_H_
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "worker/daemon/training_run.h"
+#include "zeroshard/v1/coordinator.grpc.pb.h"
+
+namespace zeroshard::worker {
+
+struct WorkerDaemonOptions {
+  std::string name;
+  std::string host;
+  v1::DeviceKind device_kind = v1::CPU;
+  int64_t device_memory_bytes = 0;
+  std::map<std::string, std::string> labels;
+  // Used until the coordinator's RegisterWorker reply says otherwise (it always does).
+  absl::Duration heartbeat_period = absl::Seconds(1);
+  // Wait between registration attempts while the coordinator is unreachable.
+  absl::Duration register_retry = absl::Milliseconds(500);
+  absl::Duration rpc_timeout = absl::Seconds(5);
+};
+
+// Thread contract: Run() on one thread; Stop() from any thread (e.g. a signal watcher).
+class WorkerDaemon {
+ public:
+  WorkerDaemon(WorkerDaemonOptions options, std::shared_ptr<v1::Coordinator::StubInterface> stub,
+               TrainingRunFactory run_factory);
+
+  // Runs until Stop(): then aborts the current run, leaves the coordinator and returns.
+  absl::Status Run();
+  void Stop();
+
+  // The id of the current registration (empty before the first).
+  std::string worker_id() const;
+
+ private:
+  absl::Status Register();
+  // One heartbeat and the convergence step after it.
+  absl::Status HeartbeatOnce();
+  void Converge(const v1::Assignment& assignment);
+  void AbortRun();
+  bool IsCurrentRun(const v1::Assignment& assignment) const;
+
+  const WorkerDaemonOptions options_;
+  std::shared_ptr<v1::Coordinator::StubInterface> stub_;
+  TrainingRunFactory run_factory_;
+  absl::Notification stop_;
+
+  // Only Run()'s thread touches these.
+  std::string worker_id_;
+  absl::Duration heartbeat_period_;
+  std::unique_ptr<TrainingRun> run_;
+  v1::Assignment run_assignment_;
+};
+
+}  // namespace zeroshard::worker
+
+#endif  // ZEROSHARD_WORKER_DAEMON_WORKER_DAEMON_H_

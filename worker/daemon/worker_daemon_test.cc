@@ -1,0 +1,153 @@
+// The daemon's control loop against a real in-process coordinator over gRPC, with a fake
+// training run: registration retries, convergence to RUN / ABORT / IDLE, re-registration.
+#include "worker/daemon/worker_daemon.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+
+#include "absl/synchronization/mutex.h"
+#include "coordinator/coordinator_server.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+
+namespace zeroshard::worker {
+namespace {
+
+// Counts its life; "trains" until aborted.
+class FakeRun : public TrainingRun {
+ public:
+  explicit FakeRun(std::atomic<int>* aborted) : aborted_(aborted) {}
+  void Abort() override {
+    done_ = true;
+    aborted_->fetch_add(1);
+  }
+  bool Done() const override { return done_; }
+  absl::Status status() const override { return absl::OkStatus(); }
+  int64_t step() const override { return 0; }
+
+ private:
+  std::atomic<int>* aborted_;
+  std::atomic<bool> done_{false};
+};
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Polls `condition` every few milliseconds until it holds or `timeout` passes.
+bool Eventually(const std::function<bool()>& condition,
+                absl::Duration timeout = absl::Seconds(20)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (condition()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return condition();
+}
+
+class WorkerDaemonTest : public ::testing::Test {
+ protected:
+  void StartCoordinator(int port) {
+    coordinator::CoordinatorServerOptions options;
+    options.listen_address = "127.0.0.1:" + std::to_string(port);
+    options.metrics_port = -1;
+    options.state_dir = std::string(std::getenv("TEST_TMPDIR")) + "/state-" + std::to_string(port);
+    options.manager.lease.heartbeat_period = absl::Milliseconds(50);
+    options.tick_period = absl::Milliseconds(10);
+    auto server = coordinator::CoordinatorServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+  }
+
+  std::unique_ptr<WorkerDaemon> MakeDaemon(int port) {
+    WorkerDaemonOptions options;
+    options.name = "w";
+    options.host = "host-a";
+    options.register_retry = absl::Milliseconds(20);
+    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                             grpc::InsecureChannelCredentials()));
+    return std::make_unique<WorkerDaemon>(
+        options, std::shared_ptr<v1::Coordinator::StubInterface>(std::move(stub)),
+        [this](const v1::Assignment& assignment) {
+          absl::MutexLock lock(&mu_);
+          started_.push_back(assignment);
+          return std::make_unique<FakeRun>(&aborted_);
+        });
+  }
+
+  v1::JobSpec Spec() {
+    v1::JobSpec spec;
+    spec.set_name("job");
+    spec.mutable_workload()->set_preset("seed");
+    spec.mutable_optimizer()->set_kind(v1::SGD);
+    return spec;
+  }
+
+  int Started() {
+    absl::MutexLock lock(&mu_);
+    return static_cast<int>(started_.size());
+  }
+
+  std::unique_ptr<coordinator::CoordinatorServer> server_;
+  absl::Mutex mu_;
+  std::vector<v1::Assignment> started_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int> aborted_{0};
+};
+
+TEST_F(WorkerDaemonTest, RegistersOnceCoordinatorComesUpThenRunsAndAbortsOnCancel) {
+  const int port = FreePort();
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
+  std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+  // The daemon is already retrying; the coordinator comes up afterwards.
+  StartCoordinator(port);
+  coordinator::JobManager* manager = server_->manager();
+  ASSERT_TRUE(Eventually([&] { return manager->ListWorkers(v1::IDLE).size() == 1; }));
+  auto job = manager->SubmitJob(Spec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Eventually([&] { return Started() == 1; }));
+  {
+    absl::MutexLock lock(&mu_);
+    EXPECT_EQ(started_[0].job_id(), job->id());
+    EXPECT_EQ(started_[0].rank(), 0);
+  }
+  ASSERT_TRUE(manager->CancelJob(job->id(), "test").ok());
+  ASSERT_TRUE(Eventually([&] { return aborted_.load() == 1; }));
+  // Having stopped, the worker is idle again and takes the next job.
+  auto next = manager->SubmitJob(Spec());
+  ASSERT_TRUE(Eventually([&] { return Started() == 2; }));
+  daemon->Stop();
+  thread.join();
+  EXPECT_EQ(aborted_.load(), 2);  // stopping aborts the running one
+  EXPECT_TRUE(Eventually([&] { return manager->ListWorkers(v1::LEFT).size() == 1; }));
+}
+
+TEST_F(WorkerDaemonTest, RegistersAgainWhenTheCoordinatorForgetsIt) {
+  const int port = FreePort();
+  StartCoordinator(port);
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
+  std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+  ASSERT_TRUE(Eventually([&] { return server_->manager()->ListWorkers(v1::IDLE).size() == 1; }));
+  // A restarted coordinator (same state dir) knows no workers.
+  server_.reset();
+  StartCoordinator(port);
+  ASSERT_TRUE(Eventually([&] { return server_->manager()->ListWorkers(v1::IDLE).size() == 1; }));
+  EXPECT_EQ(server_->manager()->ListWorkers(v1::IDLE)[0].id(), "worker-000001");
+  daemon->Stop();
+  thread.join();
+}
+
+}  // namespace
+}  // namespace zeroshard::worker
