@@ -1,0 +1,181 @@
+// CoordinatorStore against a small in-process fake of the coordinator's four store RPCs over a
+// real localhost channel (the coordinator itself is tested with it in the integration tests).
+#include "worker/comm/coordinator_store.h"
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/in_memory_store.h"
+
+namespace zeroshard {
+namespace comm {
+namespace {
+
+// The store RPCs only, over an InMemoryStore keyed by (job, generation, key). Generations
+// below `current_generation` are refused as the coordinator does.
+class FakeStoreService : public v1::Coordinator::Service {
+ public:
+  explicit FakeStoreService(int64_t current_generation) : current_generation_(current_generation) {}
+
+  grpc::Status StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* request,
+                        v1::StoreSetResponse*) override {
+    absl::Status scope = CheckScope(request->generation());
+    if (!scope.ok()) return ToGrpcStatus(scope);
+    return ToGrpcStatus(store_.Set(Scoped(request->job_id(), request->generation(), request->key()),
+                                   request->value()));
+  }
+
+  grpc::Status StoreGet(grpc::ServerContext*, const v1::StoreGetRequest* request,
+                        v1::StoreGetResponse* response) override {
+    absl::Status scope = CheckScope(request->generation());
+    if (!scope.ok()) return ToGrpcStatus(scope);
+    auto value = store_.Get(Scoped(request->job_id(), request->generation(), request->key()),
+                            absl::Milliseconds(request->timeout_ms()));
+    if (!value.ok()) return ToGrpcStatus(value.status());
+    response->set_value(*value);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status StoreAdd(grpc::ServerContext*, const v1::StoreAddRequest* request,
+                        v1::StoreAddResponse* response) override {
+    absl::Status scope = CheckScope(request->generation());
+    if (!scope.ok()) return ToGrpcStatus(scope);
+    auto value = store_.Add(Scoped(request->job_id(), request->generation(), request->key()),
+                            request->delta());
+    if (!value.ok()) return ToGrpcStatus(value.status());
+    response->set_value(*value);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status StoreDelete(grpc::ServerContext*, const v1::StoreDeleteRequest* request,
+                           v1::StoreDeleteResponse* response) override {
+    absl::Status scope = CheckScope(request->generation());
+    if (!scope.ok()) return ToGrpcStatus(scope);
+    auto deleted = store_.Delete(Scoped(request->job_id(), request->generation(), request->key()));
+    if (!deleted.ok()) return ToGrpcStatus(deleted.status());
+    response->set_deleted(*deleted);
+    return grpc::Status::OK;
+  }
+
+ private:
+  static std::string Scoped(const std::string& job, int64_t generation, const std::string& key) {
+    return absl::StrCat(job, "/", generation, "/", key);
+  }
+  absl::Status CheckScope(int64_t generation) const {
+    if (generation < current_generation_) {
+      return absl::FailedPreconditionError(absl::StrCat("generation ", generation, " is stale"));
+    }
+    return absl::OkStatus();
+  }
+
+  const int64_t current_generation_;
+  InMemoryStore store_;
+};
+
+class CoordinatorStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port, 0);
+    stub_ = v1::Coordinator::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  FakeStoreService service_{/*current_generation=*/3};
+  std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<v1::Coordinator::StubInterface> stub_;
+};
+
+TEST_F(CoordinatorStoreTest, SetGetAddDeleteRoundTrip) {
+  CoordinatorStore store(stub_, "job-a", 3);
+  ASSERT_TRUE(store.Set("k", std::string("\0bytes", 6)).ok());
+  auto value = store.Get("k", absl::ZeroDuration());
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, std::string("\0bytes", 6));
+  EXPECT_EQ(*store.Add("n", 5), 5);
+  EXPECT_EQ(*store.Add("n", -2), 3);
+  EXPECT_TRUE(*store.Delete("k"));
+  EXPECT_FALSE(*store.Delete("k"));
+}
+
+TEST_F(CoordinatorStoreTest, ScopedToJobAndGeneration) {
+  CoordinatorStore job_a(stub_, "job-a", 3);
+  CoordinatorStore job_b(stub_, "job-b", 3);
+  CoordinatorStore next_generation(stub_, "job-a", 4);
+  ASSERT_TRUE(job_a.Set("k", "a").ok());
+  EXPECT_EQ(job_b.Get("k", absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(next_generation.Get("k", absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(CoordinatorStoreTest, StaleGenerationIsRefused) {
+  CoordinatorStore stale(stub_, "job-a", 2);
+  EXPECT_EQ(stale.Set("k", "v").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(stale.Get("k", absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(CoordinatorStoreTest, GetWaitsForAKeySetLater) {
+  CoordinatorStore store(stub_, "job-a", 3);
+  EXPECT_EQ(store.Get("missing", absl::Milliseconds(50)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  std::thread setter([this] {
+    CoordinatorStore other(stub_, "job-a", 3);
+    ASSERT_TRUE(other.Set("late", "v").ok());
+  });
+  auto value = store.Get("late", absl::Seconds(30));
+  setter.join();
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "v");
+}
+
+TEST_F(CoordinatorStoreTest, GlooRendezvousThroughTheCoordinator) {
+  std::unique_ptr<GlooCommunicator> communicators[2];
+  std::thread threads[2];
+  for (int rank = 0; rank < 2; ++rank) {
+    threads[rank] = std::thread([&, rank] {
+      CoordinatorStore store(stub_, "job-a", 3);
+      GlooCommunicatorOptions options;
+      options.rank = rank;
+      options.world_size = 2;
+      options.store = &store;
+      options.rendezvous_timeout = absl::Seconds(30);
+      auto communicator = GlooCommunicator::Create(options);
+      ASSERT_TRUE(communicator.ok()) << communicator.status();
+      communicators[rank] = std::move(*communicator);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  ASSERT_NE(communicators[0], nullptr);
+  ASSERT_NE(communicators[1], nullptr);
+  float values[2][2] = {{1.0f, 2.0f}, {10.0f, 20.0f}};
+  auto first = communicators[0]->AllReduce(values[0], 2, ElementType::kFloat32, ReduceOp::kSum);
+  auto second = communicators[1]->AllReduce(values[1], 2, ElementType::kFloat32, ReduceOp::kSum);
+  ASSERT_TRUE(first->Wait(absl::Seconds(30)).ok());
+  ASSERT_TRUE(second->Wait(absl::Seconds(30)).ok());
+  EXPECT_EQ(values[0][0], 11.0f);
+  EXPECT_EQ(values[1][1], 22.0f);
+}
+
+}  // namespace
+}  // namespace comm
+}  // namespace zeroshard
