@@ -151,12 +151,15 @@ void RunMultiPass(OptimizerKind kind, DType grad_dtype, bool copy, Arrays& a, Th
   float* g = a.tmp_g.data();
   float* t = a.tmp_a.data();
   float* u = a.tmp_b.data();
+  // The unscale by 1 / (W * loss_scale) and the clip coefficient are two passes in an unfused
+  // framework (the fused kernel's grad_scale is their product).
   if (grad_dtype == DType::kBFloat16) {
     mp.Run(Op::kWidenBf16, g, nullptr, a.grad16.data());
     mp.Run(Op::kMulScalar, g, g, nullptr, 0.5f);
   } else {
     mp.Run(Op::kMulScalar, g, a.grad32.data(), nullptr, 0.5f);
   }
+  mp.Run(Op::kMulScalar, g, g, nullptr, 0.75f);
   switch (kind) {
     case OptimizerKind::kSgd:  // momentum: buf = buf*mu + (1-d) g; p += -lr buf
       mp.Run(Op::kMulScalar, m, m, nullptr, 0.9f);

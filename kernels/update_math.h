@@ -25,8 +25,8 @@ struct ElementScalars {
   float one_minus_beta1 = 1.0f;
   float beta2 = 0.0f;
   float one_minus_beta2 = 1.0f;
-  float neg_step_size =
-      0.0f;  // Adam(W): -lr / (1 - beta1^step); Adagrad: -lr / (1 + (step-1) lr_decay)
+  // Adam(W): -lr / (1 - beta1^step); Adagrad: -lr / (1 + (step - 1) * lr_decay).
+  float neg_step_size = 0.0f;
   float bias_correction2_sqrt = 1.0f;  // Adam(W): sqrt(1 - beta2^step)
   float eps = 0.0f;
   float decay_factor = 1.0f;         // AdamW: 1 - lr * weight_decay
