@@ -1,15 +1,17 @@
 // Planner benchmark: the global layout of 100,000 tensors totalling 10^12 elements at the
-// default bucket size, plus one rank's view at W = 1024. Prints one JSON line (medians).
+// default bucket size, plus one rank's view at W = 1024, as one JSON line (medians).
+#include "tests/bench/planner_bench_lib.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
 #include <random>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "sharding/shard_planner.h"
 
 namespace zeroshard {
@@ -66,7 +68,9 @@ double MillisSince(std::chrono::steady_clock::time_point start) {
       .count();
 }
 
-int Run() {
+}  // namespace
+
+absl::StatusOr<std::string> RunPlannerBench() {
   const std::vector<TensorSpec> tensors = MakeTensors();
   std::vector<double> plan_ms, view_ms, total_ms;
   int64_t buckets = 0;
@@ -79,41 +83,30 @@ int Run() {
     absl::StatusOr<ShardPlan> plan =
         ShardPlan::Create(std::move(input), kWorldSize, ShardPlanOptions{kDefaultBucketElems});
     const double plan_time = MillisSince(start);
-    if (!plan.ok()) {
-      std::fprintf(stderr, "planner_bench: %s\n", plan.status().ToString().c_str());
-      return 1;
-    }
+    if (!plan.ok()) return plan.status();
     const auto view_start = std::chrono::steady_clock::now();
     absl::StatusOr<RankView> view = plan->ViewForRank(kRank);
     const double view_time = MillisSince(view_start);
-    if (!view.ok()) {
-      std::fprintf(stderr, "planner_bench: %s\n", view.status().ToString().c_str());
-      return 1;
-    }
+    if (!view.ok()) return view.status();
     plan_ms.push_back(plan_time);
     view_ms.push_back(view_time);
     total_ms.push_back(plan_time + view_time);
     buckets = plan->num_buckets();
     fragments = static_cast<int64_t>(view->fragments().size());
     if (rep > 0 && plan->layout_hash() != hash) {
-      std::fprintf(stderr, "planner_bench: layout hash differs between repetitions\n");
-      return 1;
+      return absl::InternalError("planner_bench: layout hash differs between repetitions");
     }
     hash = plan->layout_hash();
   }
-  std::printf(
+  return absl::StrFormat(
       "{\"bench\":\"planner\",\"tensors\":%lld,\"elements\":%lld,\"world_size\":%lld,"
       "\"bucket_elems\":%lld,\"buckets\":%lld,\"rank\":%lld,\"rank_fragments\":%lld,"
-      "\"repetitions\":%d,\"plan_ms\":%.2f,\"rank_view_ms\":%.2f,\"total_ms\":%.2f}\n",
+      "\"repetitions\":%d,\"plan_ms\":%.2f,\"rank_view_ms\":%.2f,\"total_ms\":%.2f}",
       static_cast<long long>(kTensors), static_cast<long long>(kElements),
       static_cast<long long>(kWorldSize), static_cast<long long>(kDefaultBucketElems),
       static_cast<long long>(buckets), static_cast<long long>(kRank),
       static_cast<long long>(fragments), kRepetitions, Median(plan_ms), Median(view_ms),
       Median(total_ms));
-  return 0;
 }
 
-}  // namespace
 }  // namespace zeroshard
-
-int main() { return zeroshard::Run(); }
