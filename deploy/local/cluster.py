@@ -1,0 +1,459 @@
+#!/usr/bin/env python3
+"""A local ZeroShard cluster: one coordinator and N CPU workers as separate processes on loopback.
+
+    python3 deploy/local/cluster.py --workers 4                      # until Ctrl-C
+    python3 deploy/local/cluster.py --workers 4 -- zeroshard-script  # run a command, then stop
+
+Starts the coordinator on a free port, waits until it serves, starts the workers (worker-0 ..
+worker-N-1), waits until all of them are registered and idle, then prints the coordinator's
+address. A COMMAND after `--` runs with ZEROSHARD_COORDINATOR=host:port (and the other
+ZEROSHARD_* variables below) in its environment; the launcher exits with its status. Every
+process's output goes to the log directory. On exit, Ctrl-C, SIGTERM or an error every process is
+stopped (SIGTERM, then SIGKILL after a deadline); each runs in its own process group so that
+nothing is left behind.
+
+Python 3 standard library only.
+"""
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD_COMMAND = (
+    "bazel build -c opt //coordinator:zeroshard-coordinator //client:zeroshard "
+    "//worker:zeroshard-worker"
+)
+BINARIES = {
+    "coordinator": "coordinator/zeroshard-coordinator",
+    "client": "client/zeroshard",
+    "worker": "worker/zeroshard-worker",
+}
+# OpenBLAS 0.3.21 needs these hints on this machine (DESIGN.md, "OpenBLAS"); passed through as set.
+OPENBLAS_PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
+
+
+class ClusterError(Exception):
+    """An expected failure: printed as one line (plus log tails), never as a traceback."""
+
+
+class Terminated(Exception):
+    """Raised from the SIGTERM/SIGHUP handler so that the cleanup in `finally` runs."""
+
+
+def log(message):
+    print(f"cluster: {message}", file=sys.stderr, flush=True)
+
+
+def parse_args(argv):
+    if "--" in argv:
+        split = argv.index("--")
+        own, command = argv[:split], argv[split + 1:]
+        if not command:
+            raise ClusterError("nothing after '--': give a command or drop the '--'")
+    else:
+        own, command = argv, []
+    parser = argparse.ArgumentParser(
+        prog="cluster.py",
+        description="Start a local ZeroShard cluster (coordinator + N CPU workers).",
+        epilog="With '-- COMMAND...' runs COMMAND against the cluster, then stops it.",
+    )
+    parser.add_argument("--workers", type=int, required=True, help="number of workers (>= 0)")
+    parser.add_argument(
+        "--bin_dir",
+        default=None,
+        help="directory holding coordinator/, client/ and worker/ binaries (default: bazel-bin "
+        "of this checkout)",
+    )
+    parser.add_argument(
+        "--log_dir", default=None, help="where logs and state go (default: a new dir under /tmp)"
+    )
+    parser.add_argument(
+        "--heartbeat_period", default="1s", help="coordinator heartbeat period (default 1s)"
+    )
+    parser.add_argument(
+        "--worker_threads",
+        type=int,
+        default=None,
+        help="--threads for each worker (default: the worker's own default)",
+    )
+    parser.add_argument(
+        "--worker_flag",
+        action="append",
+        default=[],
+        help="extra flag passed to every worker (repeatable), e.g. --worker_flag=--labels=a=b",
+    )
+    parser.add_argument(
+        "--start_timeout", type=float, default=60.0, help="seconds to wait for the cluster to be up"
+    )
+    parser.add_argument(
+        "--stop_timeout",
+        type=float,
+        default=10.0,
+        help="seconds to wait after SIGTERM before SIGKILL",
+    )
+    args = parser.parse_args(own)
+    if args.workers < 0:
+        parser.error("--workers must be >= 0")
+    if args.worker_threads is not None and args.worker_threads < 1:
+        parser.error("--worker_threads must be >= 1")
+    return args, command
+
+
+def find_binaries(bin_dir):
+    paths = {}
+    missing = []
+    for key, relative in BINARIES.items():
+        path = os.path.join(bin_dir, relative)
+        if os.path.isfile(path) and os.access(path, os.X_OK):
+            paths[key] = path
+        else:
+            missing.append(path)
+    if missing:
+        raise ClusterError(
+            f"missing binaries: {', '.join(missing)}; build them with: {BUILD_COMMAND}"
+        )
+    return paths
+
+
+def tail(path, lines=20):
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            text = f.read().decode("utf-8", errors="replace")
+    except OSError as e:
+        return [f"(cannot read {path}: {e.strerror})"]
+    return text.splitlines()[-lines:]
+
+
+class Process:
+    """One child process in its own process group (its own session), output in one log file."""
+
+    def __init__(self, name, argv, log_path, env):
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self._log = open(log_path, "ab")
+        try:
+            self.popen = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as e:
+            self._log.close()
+            raise ClusterError(f"cannot start {name} ({argv[0]}): {e.strerror}") from None
+        self.pgid = self.popen.pid  # start_new_session: the child leads its own group
+
+    def exited(self):
+        return self.popen.poll() is not None
+
+    def signal_group(self, sig):
+        try:
+            os.killpg(self.pgid, sig)
+        except ProcessLookupError:
+            pass  # the whole group is gone
+        except PermissionError:
+            pass
+
+    def close_log(self):
+        if not self._log.closed:
+            self._log.close()
+
+
+class Cluster:
+    def __init__(self, args, binaries, log_dir):
+        self.args = args
+        self.binaries = binaries
+        self.log_dir = log_dir
+        self.state_dir = os.path.join(log_dir, "coordinator-state")
+        self.final_params_dir = os.path.join(log_dir, "final_params")
+        self.port_file = os.path.join(log_dir, "coordinator.ports")
+        self.processes = []  # in start order
+        self.coordinator = None
+        self.workers = []
+        self.address = None
+        self.metrics_port = None
+
+    # --- starting ---------------------------------------------------------------------------
+
+    def child_env(self):
+        env = dict(os.environ)
+        for name in OPENBLAS_PASSTHROUGH:
+            if name in os.environ:
+                env[name] = os.environ[name]
+        env["OPENBLAS_NUM_THREADS"] = "1"  # workers share the cores; single-threaded is deterministic
+        return env
+
+    def start_coordinator(self):
+        os.makedirs(self.state_dir, exist_ok=True)
+        try:
+            os.remove(self.port_file)
+        except FileNotFoundError:
+            pass
+        argv = [
+            self.binaries["coordinator"],
+            "--listen=127.0.0.1:0",
+            "--metrics_port=0",
+            f"--state_dir={self.state_dir}",
+            f"--port_file={self.port_file}",
+            f"--heartbeat_period={self.args.heartbeat_period}",
+        ]
+        self.coordinator = self._start("coordinator", argv)
+        deadline = time.monotonic() + self.args.start_timeout
+        while time.monotonic() < deadline:
+            if self.coordinator.exited():
+                raise ClusterError(
+                    f"the coordinator exited with status {self.coordinator.popen.returncode} "
+                    "before serving",
+                    [self.coordinator],
+                )
+            ports = self._read_ports()
+            if ports is not None:
+                grpc_port, self.metrics_port = ports
+                self.address = f"127.0.0.1:{grpc_port}"
+                return
+            time.sleep(0.05)
+        raise ClusterError(
+            f"the coordinator did not serve within {self.args.start_timeout:g}s "
+            f"(no {self.port_file})",
+            [self.coordinator],
+        )
+
+    def _read_ports(self):
+        try:
+            with open(self.port_file) as f:
+                fields = f.read().split()
+        except FileNotFoundError:
+            return None
+        if len(fields) != 2 or not all(field.isdigit() for field in fields):
+            return None
+        grpc_port, metrics_port = int(fields[0]), int(fields[1])
+        return (grpc_port, metrics_port) if grpc_port > 0 else None
+
+    def start_workers(self):
+        os.makedirs(self.final_params_dir, exist_ok=True)
+        for i in range(self.args.workers):
+            argv = [
+                self.binaries["worker"],
+                f"--coordinator={self.address}",
+                "--device=cpu",
+                f"--name=worker-{i}",
+                f"--final_params_dir={self.final_params_dir}",
+            ]
+            if self.args.worker_threads is not None:
+                argv.append(f"--threads={self.args.worker_threads}")
+            argv.extend(self.args.worker_flag)
+            self.workers.append(self._start(f"worker-{i}", argv))
+
+    def _start(self, name, argv):
+        process = Process(name, argv, os.path.join(self.log_dir, f"{name}.log"), self.child_env())
+        self.processes.append(process)
+        return process
+
+    def idle_worker_names(self):
+        """Names in `zeroshard workers --state=idle`, or None when the CLI fails."""
+        try:
+            result = subprocess.run(
+                [
+                    self.binaries["client"],
+                    f"--coordinator={self.address}",
+                    "workers",
+                    "--state=idle",
+                ],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=15,
+            )
+        except subprocess.TimeoutExpired:
+            return None
+        if result.returncode != 0:
+            return None
+        names = set()
+        for line in result.stdout.splitlines()[1:]:  # the first line is the table's header
+            fields = line.split()
+            if len(fields) >= 2:
+                names.add(fields[1])
+        return names
+
+    def wait_for_idle_workers(self):
+        wanted = {f"worker-{i}" for i in range(self.args.workers)}
+        deadline = time.monotonic() + self.args.start_timeout
+        seen = set()
+        while True:
+            for process in [self.coordinator] + self.workers:
+                if process.exited():
+                    raise ClusterError(
+                        f"{process.name} exited with status {process.popen.returncode} "
+                        "during start-up",
+                        [process],
+                    )
+            names = self.idle_worker_names()
+            if names is not None:
+                seen = names & wanted
+                if seen == wanted:
+                    return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
+        missing = sorted(wanted - seen, key=lambda n: int(n.split("-")[1]))
+        raise ClusterError(
+            f"only {len(seen)} of {len(wanted)} workers registered as idle within "
+            f"{self.args.start_timeout:g}s (missing: {', '.join(missing)})",
+            [self.coordinator] + [w for w in self.workers if w.name in missing],
+        )
+
+    # --- running ----------------------------------------------------------------------------
+
+    def command_env(self):
+        env = dict(os.environ)
+        env["ZEROSHARD_COORDINATOR"] = self.address
+        env["ZEROSHARD_CLI"] = os.path.abspath(self.binaries["client"])
+        env["ZEROSHARD_LOG_DIR"] = self.log_dir
+        env["ZEROSHARD_FINAL_PARAMS_DIR"] = self.final_params_dir
+        env["ZEROSHARD_WORKERS"] = str(self.args.workers)
+        return env
+
+    def run_command(self, command):
+        """Runs COMMAND in the foreground process group (so Ctrl-C reaches it); its exit status."""
+        try:
+            child = subprocess.Popen(command, env=self.command_env())
+        except OSError as e:
+            raise ClusterError(f"cannot run {command[0]}: {e.strerror}") from None
+        try:
+            returncode = child.wait()
+        except BaseException:
+            if child.poll() is None:
+                child.terminate()
+                try:
+                    child.wait(self.args.stop_timeout)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait()
+            raise
+        return returncode if returncode >= 0 else 128 - returncode
+
+    def wait_forever(self):
+        """Until Ctrl-C/SIGTERM. Reports processes that exit; a dead coordinator ends the wait."""
+        reported = set()
+        while True:
+            for process in self.processes:
+                if process.exited() and process.name not in reported:
+                    reported.add(process.name)
+                    log(
+                        f"{process.name} exited with status {process.popen.returncode} "
+                        f"(log: {process.log_path})"
+                    )
+                    if process is self.coordinator:
+                        raise ClusterError("the coordinator exited", [process])
+            time.sleep(0.5)
+
+    # --- stopping ---------------------------------------------------------------------------
+
+    def stop_all(self):
+        """SIGTERM to every group (workers first, so they can leave the coordinator), then the
+        coordinator; SIGKILL whatever is left after the deadline. Never raises."""
+        for group in (self.workers, [self.coordinator] if self.coordinator else []):
+            if not group:
+                continue
+            for process in group:
+                process.signal_group(signal.SIGTERM)
+            deadline = time.monotonic() + self.args.stop_timeout
+            for process in group:
+                remaining = max(0.0, deadline - time.monotonic())
+                try:
+                    process.popen.wait(remaining)
+                except subprocess.TimeoutExpired:
+                    log(f"{process.name} did not stop within {self.args.stop_timeout:g}s: SIGKILL")
+                    process.signal_group(signal.SIGKILL)
+                    process.popen.wait()
+        # Anything a child may have left in its group (the leader is reaped by now).
+        for process in self.processes:
+            process.signal_group(signal.SIGKILL)
+            process.close_log()
+
+
+def print_log_tails(processes):
+    for process in processes:
+        print(f"--- last lines of {process.log_path} ---", file=sys.stderr)
+        for line in tail(process.log_path):
+            print(f"    {line}", file=sys.stderr)
+    sys.stderr.flush()
+
+
+def on_terminate(signum, _frame):
+    raise Terminated(signum)
+
+
+def main(argv):
+    try:
+        args, command = parse_args(argv)
+    except ClusterError as e:
+        log(f"error: {e}")
+        return 2
+    bin_dir = args.bin_dir or os.path.join(REPO_ROOT, "bazel-bin")
+    if args.log_dir:
+        log_dir = os.path.abspath(args.log_dir)
+        os.makedirs(log_dir, exist_ok=True)
+    else:
+        log_dir = tempfile.mkdtemp(prefix="zeroshard-cluster-")
+    signal.signal(signal.SIGTERM, on_terminate)
+    signal.signal(signal.SIGHUP, on_terminate)
+
+    cluster = None
+    try:
+        binaries = find_binaries(bin_dir)
+        cluster = Cluster(args, binaries, log_dir)
+        log(f"logs in {log_dir}")
+        cluster.start_coordinator()
+        log(f"coordinator serving at {cluster.address} (metrics: http://127.0.0.1:"
+            f"{cluster.metrics_port}/metrics)")
+        if args.workers > 0:
+            cluster.start_workers()
+            log(f"started {args.workers} workers; waiting until they are registered and idle")
+            cluster.wait_for_idle_workers()
+        log(f"{args.workers} workers idle")
+        print(f"ZEROSHARD_COORDINATOR={cluster.address}", flush=True)
+        if command:
+            log(f"running: {' '.join(command)}")
+            status = cluster.run_command(command)
+            log(f"command exited with status {status}")
+            return status
+        cli = os.path.abspath(binaries["client"])
+        log(f"try: {cli} --coordinator={cluster.address} workers")
+        log("Ctrl-C stops the cluster")
+        cluster.wait_forever()
+        return 0
+    except ClusterError as e:
+        message = e.args[0]
+        log(f"error: {message}")
+        if len(e.args) > 1:
+            print_log_tails(e.args[1])
+        return 1
+    except KeyboardInterrupt:
+        log("interrupted")
+        return 130
+    except Terminated as e:
+        log(f"got signal {e.args[0]}")
+        return 128 + e.args[0]
+    finally:
+        if cluster is not None:
+            # A second Ctrl-C/SIGTERM must not cut the cleanup short.
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            cluster.stop_all()
+            log(f"stopped; logs in {log_dir}")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
