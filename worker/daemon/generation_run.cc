@@ -1,0 +1,273 @@
+// One generation's training on this worker.
+#include "worker/daemon/generation_run.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "sharding/model_catalog.h"
+#include "spec/job_plan.h"
+#include "worker/comm/coordinator_store.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/engine/engine.h"
+#include "worker/workloads/teacher_student_mlp.h"
+
+namespace zeroshard::worker {
+namespace {
+
+kernels::DType ToKernelDType(v1::DType dtype) {
+  switch (dtype) {
+    case v1::BFLOAT16:
+      return kernels::DType::kBFloat16;
+    case v1::FLOAT16:
+      return kernels::DType::kFloat16;
+    default:
+      return kernels::DType::kFloat32;
+  }
+}
+
+absl::StatusOr<engine::EngineConfig> EngineConfigFor(const v1::JobSpec& spec, int threads) {
+  engine::EngineConfig config;
+  switch (spec.mode()) {
+    case v1::DDP:
+      config.mode = engine::EngineMode::kDdp;
+      break;
+    case v1::ZERO1:
+      config.mode = engine::EngineMode::kZero1;
+      break;
+    case v1::ZERO2:
+      config.mode = engine::EngineMode::kZero2;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("mode: ", v1::Mode_Name(spec.mode()), " is not supported by this worker"));
+  }
+  const v1::OptimizerSpec& opt = spec.optimizer();
+  kernels::OptimizerConfig& out = config.optimizer;
+  switch (opt.kind()) {
+    case v1::SGD:
+      out.kind = kernels::OptimizerKind::kSgd;
+      break;
+    case v1::ADAM:
+      out.kind = kernels::OptimizerKind::kAdam;
+      break;
+    case v1::ADAMW:
+      out.kind = kernels::OptimizerKind::kAdamW;
+      break;
+    case v1::ADAGRAD:
+      out.kind = kernels::OptimizerKind::kAdagrad;
+      break;
+    case v1::LION:
+      out.kind = kernels::OptimizerKind::kLion;
+      break;
+    default:
+      return absl::InvalidArgumentError("optimizer.kind: unsupported");
+  }
+  out.lr = opt.lr();
+  out.beta1 = opt.beta1();
+  out.beta2 = opt.beta2();
+  out.eps = opt.eps();
+  out.weight_decay = opt.weight_decay();
+  out.momentum = opt.momentum();
+  out.dampening = opt.dampening();
+  out.nesterov = opt.nesterov();
+  out.amsgrad = opt.amsgrad();
+  out.maximize = opt.maximize();
+  out.lr_decay = opt.lr_decay();
+  out.initial_accumulator_value = opt.initial_accumulator_value();
+  const v1::PrecisionSpec& precision = spec.precision();
+  config.param_dtype = ToKernelDType(precision.param_dtype());
+  config.grad_dtype = ToKernelDType(precision.grad_dtype());
+  config.reduce_dtype = ToKernelDType(precision.reduce_dtype());
+  config.loss_scale.initial_scale = precision.initial_loss_scale();
+  config.loss_scale.dynamic = precision.dynamic_loss_scale();
+  config.loss_scale.growth_interval = precision.loss_scale_growth_interval();
+  config.clip_grad_norm = spec.clip_grad_norm();
+  config.threads = threads;
+  return config;
+}
+
+v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done) {
+  v1::StepMetrics metrics;
+  metrics.set_step(steps_done);
+  metrics.set_loss(result.global_loss);
+  metrics.set_step_ms(result.timings.step_ms);
+  metrics.set_comm_ms(result.timings.comm_ms);
+  metrics.set_exposed_comm_ms(result.timings.exposed_comm_ms);
+  metrics.set_update_ms(result.timings.update_ms);
+  metrics.set_allgather_ms(result.timings.allgather_ms);
+  metrics.set_grad_norm(result.grad_norm);
+  metrics.set_loss_scale(result.loss_scale);
+  metrics.set_skipped(result.skipped);
+  v1::MemoryBreakdown& memory = *metrics.mutable_memory();
+  using engine::MemoryCategory;
+  memory.set_params_bytes(result.memory.of(MemoryCategory::kParams));
+  memory.set_grads_bytes(result.memory.of(MemoryCategory::kGrads));
+  memory.set_master_bytes(result.memory.of(MemoryCategory::kMaster));
+  memory.set_optimizer_state_bytes(result.memory.of(MemoryCategory::kOptimizerState));
+  memory.set_bucket_bytes(result.memory.of(MemoryCategory::kBuckets));
+  memory.set_comm_scratch_bytes(result.memory.of(MemoryCategory::kCommScratch));
+  memory.set_total_bytes(result.memory.total());
+  return metrics;
+}
+
+}  // namespace
+
+std::unique_ptr<GenerationRun> GenerationRun::Start(const v1::Assignment& assignment,
+                                                    GenerationRunOptions options) {
+  std::unique_ptr<GenerationRun> run(new GenerationRun(assignment, std::move(options)));
+  run->thread_ = std::thread([raw = run.get()] { raw->Main(); });
+  return run;
+}
+
+GenerationRun::GenerationRun(const v1::Assignment& assignment, GenerationRunOptions options)
+    : assignment_(assignment), options_(std::move(options)) {}
+
+GenerationRun::~GenerationRun() {
+  Abort();
+  if (thread_.joinable()) thread_.join();
+}
+
+void GenerationRun::Abort() {
+  aborted_.store(true);
+  absl::MutexLock lock(&mu_);
+  if (communicator_ != nullptr) communicator_->Abort();
+}
+
+absl::Status GenerationRun::status() const {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+
+void GenerationRun::Main() {
+  absl::Status status = Train();
+  if (!status.ok() && aborted_.load()) status = absl::AbortedError("aborted");
+  if (!status.ok() && !aborted_.load()) {
+    ZS_LOG(ERROR) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
+                  << assignment_.rank() << " failed: " << status;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    status_ = status;
+  }
+  done_.store(true);
+}
+
+absl::StatusOr<bool> GenerationRun::Report(const v1::StepMetrics& metrics, bool finished) {
+  v1::ReportProgressRequest request;
+  request.set_worker_id(options_.worker_id);
+  request.set_job_id(assignment_.job_id());
+  request.set_generation(assignment_.generation());
+  request.set_rank(assignment_.rank());
+  *request.mutable_metrics() = metrics;
+  request.set_finished(finished);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  v1::ReportProgressResponse response;
+  ZS_RETURN_IF_ERROR(FromGrpcStatus(options_.stub->ReportProgress(&context, request, &response)));
+  return response.continue_running();
+}
+
+absl::Status GenerationRun::Train() {
+  const v1::JobSpec& spec = assignment_.spec();
+  const int64_t world_size = assignment_.world_size();
+  const int64_t rank = assignment_.rank();
+  ZS_ASSIGN_OR_RETURN(ShardPlan plan, PlanForJob(spec, world_size));
+  if (plan.layout_hash() != assignment_.plan_layout_hash()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "plan_layout_hash: this worker computes ", plan.layout_hash(), ", the coordinator sent ",
+        assignment_.plan_layout_hash(), " (different versions?)"));
+  }
+
+  comm::CoordinatorStore store(options_.stub, assignment_.job_id(), assignment_.generation());
+  comm::GlooCommunicatorOptions comm_options;
+  comm_options.rank = static_cast<int>(rank);
+  comm_options.world_size = static_cast<int>(world_size);
+  comm_options.store = &store;
+  comm_options.hostname = options_.listen_host;
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> communicator,
+                      comm::GlooCommunicator::Create(comm_options));
+  {
+    absl::MutexLock lock(&mu_);
+    communicator_ = communicator.get();
+    if (aborted_.load()) communicator_->Abort();
+  }
+  // The communicator outlives every use; detach it from Abort() before it is destroyed.
+  struct Detach {
+    GenerationRun* run;
+    ~Detach() {
+      absl::MutexLock lock(&run->mu_);
+      run->communicator_ = nullptr;
+    }
+  } detach{this};
+
+  workloads::TeacherStudentMlpOptions workload_options;
+  ZS_ASSIGN_OR_RETURN(workload_options.layer_sizes,
+                      ResolveLayerSizes({spec.workload().preset(),
+                                         {spec.workload().layer_sizes().begin(),
+                                          spec.workload().layer_sizes().end()}}));
+  workload_options.seed = spec.seed();
+  workload_options.global_batch = spec.global_batch();
+  workload_options.world_size = world_size;
+  workload_options.rank = rank;
+  workload_options.dataset_size = spec.workload().dataset_size();
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<workloads::TeacherStudentMlp> workload,
+                      workloads::TeacherStudentMlp::Create(workload_options));
+
+  ZS_ASSIGN_OR_RETURN(engine::EngineConfig config, EngineConfigFor(spec, options_.threads));
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
+                      engine::Engine::Create(plan, rank, config, communicator.get()));
+  ZS_RETURN_IF_ERROR(engine->InitializeParameters([&](int64_t tensor, absl::Span<float> out) {
+    return workload->InitialParameters(tensor, out);
+  }));
+
+  v1::StepMetrics last;
+  for (int64_t step = assignment_.start_step(); step < spec.steps(); ++step) {
+    if (aborted_.load()) return absl::AbortedError("aborted");
+    ZS_ASSIGN_OR_RETURN(const double local_loss, workload->ForwardBackward(step, *engine, *engine));
+    ZS_ASSIGN_OR_RETURN(const engine::StepResult result, engine->Step(local_loss));
+    step_.store(step + 1);
+    last = MetricsFor(result, step + 1);
+    if (rank == 0 && step + 1 < spec.steps()) {
+      ZS_ASSIGN_OR_RETURN(const bool keep_going, Report(last, /*finished=*/false));
+      if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
+    }
+  }
+  if (rank == 0 && !options_.final_params_dir.empty()) {
+    ZS_RETURN_IF_ERROR(WriteFinalParameters(*engine, plan.num_tensors()));
+  }
+  ZS_RETURN_IF_ERROR(Report(last, /*finished=*/true).status());
+  ZS_LOG(INFO) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
+               << rank << " finished " << spec.steps() << " steps, loss " << last.loss();
+  return absl::OkStatus();
+}
+
+absl::Status GenerationRun::WriteFinalParameters(workloads::ParameterSource& params,
+                                                 int64_t tensors) {
+  std::error_code error;
+  std::filesystem::create_directories(options_.final_params_dir, error);
+  const std::string path =
+      absl::StrCat(options_.final_params_dir, "/", assignment_.job_id(), ".f32");
+  const std::string tmp = path + ".tmp";
+  FILE* file = std::fopen(tmp.c_str(), "wb");
+  if (file == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat("final_params_dir: cannot write ", tmp));
+  }
+  bool ok = true;
+  for (int64_t t = 0; t < tensors; ++t) {
+    absl::Span<const float> values = params.Parameters(t);
+    ok &= std::fwrite(values.data(), sizeof(float), values.size(), file) == values.size();
+  }
+  ok &= std::fclose(file) == 0;
+  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::DataLossError(absl::StrCat("final_params_dir: writing ", path, " failed"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zeroshard::worker

@@ -1,0 +1,71 @@
+// The real TrainingRun: one generation of a job on this worker. Rendezvous through the
+// coordinator's store, a Gloo communicator, the workload, the ZeRO engine, and the step loop
+// that reports progress to the coordinator.
+#ifndef ZEROSHARD_WORKER_DAEMON_GENERATION_RUN_H_
+#define ZEROSHARD_WORKER_DAEMON_GENERATION_RUN_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/comm/communicator.h"
+#include "worker/daemon/training_run.h"
+#include "worker/workloads/workload.h"
+#include "zeroshard/v1/coordinator.grpc.pb.h"
+
+namespace zeroshard::worker {
+
+struct GenerationRunOptions {
+  std::shared_ptr<v1::Coordinator::StubInterface> stub;
+  std::string worker_id;
+  // The address peers reach this worker's Gloo endpoint at.
+  std::string listen_host = "127.0.0.1";
+  // Threads of the optimizer kernels.
+  int threads = 1;
+  // When set, rank 0 writes the final parameters of a finished job to
+  // <dir>/<job_id>.f32 (raw little-endian fp32, the catalog's tensor order).
+  std::string final_params_dir;
+  absl::Duration rpc_timeout = absl::Seconds(10);
+};
+
+// Thread contract: see TrainingRun. The run's own thread does all the training.
+class GenerationRun final : public TrainingRun {
+ public:
+  static std::unique_ptr<GenerationRun> Start(const v1::Assignment& assignment,
+                                              GenerationRunOptions options);
+  ~GenerationRun() override;
+
+  void Abort() override;
+  bool Done() const override { return done_.load(); }
+  absl::Status status() const override;
+  int64_t step() const override { return step_.load(); }
+
+ private:
+  GenerationRun(const v1::Assignment& assignment, GenerationRunOptions options);
+  void Main();
+  absl::Status Train();
+  // Reports to the coordinator; returns false when the generation is no longer current.
+  absl::StatusOr<bool> Report(const v1::StepMetrics& metrics, bool finished);
+  // Rank 0's final parameters, for comparing runs (see final_params_dir).
+  absl::Status WriteFinalParameters(workloads::ParameterSource& params, int64_t tensors);
+
+  const v1::Assignment assignment_;
+  const GenerationRunOptions options_;
+  std::atomic<bool> aborted_{false};
+  std::atomic<bool> done_{false};
+  std::atomic<int64_t> step_{0};
+
+  mutable absl::Mutex mu_;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  // Set while the communicator exists, so Abort() can unblock its collectives.
+  comm::Communicator* communicator_ ABSL_GUARDED_BY(mu_) = nullptr;
+
+  std::thread thread_;
+};
+
+}  // namespace zeroshard::worker
+
+#endif  // ZEROSHARD_WORKER_DAEMON_GENERATION_RUN_H_

@@ -1,0 +1,100 @@
+// zeroshard-worker: a worker daemon owning one device. Registers with the coordinator, runs the
+// generations it is assigned (Gloo + CPU kernels on `--device=cpu`), and leaves on SIGTERM.
+#include <signal.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "grpcpp/create_channel.h"
+#include "worker/daemon/generation_run.h"
+#include "worker/daemon/worker_daemon.h"
+
+ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port.");
+ABSL_FLAG(std::string, device, "cpu",
+          "The device this worker owns: cpu (cuda:N is not yet "
+          "supported by this build of the worker).");
+ABSL_FLAG(std::string, name, "", "Worker name ([a-z0-9-], default worker-<pid>).");
+ABSL_FLAG(std::string, host, "", "Host name reported to the coordinator (default: hostname).");
+ABSL_FLAG(std::string, listen_host, "127.0.0.1",
+          "Address peers reach this worker's collectives at.");
+ABSL_FLAG(std::string, labels, "", "Labels, comma-separated key=value pairs.");
+ABSL_FLAG(absl::Duration, heartbeat_period, absl::Seconds(1),
+          "Heartbeat period until the coordinator's registration reply sets it.");
+ABSL_FLAG(int, threads, 1, "Threads of the optimizer kernels.");
+ABSL_FLAG(std::string, final_params_dir, "",
+          "If set, rank 0 writes each finished job's final parameters to DIR/<job_id>.f32.");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("zeroshard-worker --coordinator=HOST:PORT [--device=cpu]");
+  absl::ParseCommandLine(argc, argv);
+  // Signals are taken by a dedicated thread (sigwait), so every other thread blocks them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  using zeroshard::worker::WorkerDaemonOptions;
+  WorkerDaemonOptions options;
+  if (absl::GetFlag(FLAGS_device) != "cpu") {
+    ZS_LOG(ERROR) << "--device=" << absl::GetFlag(FLAGS_device)
+                  << ": only cpu is supported by this worker so far";
+    return 2;
+  }
+  options.device_kind = zeroshard::v1::CPU;
+  options.name = absl::GetFlag(FLAGS_name);
+  if (options.name.empty()) options.name = absl::StrCat("worker-", getpid());
+  options.host = absl::GetFlag(FLAGS_host);
+  if (options.host.empty()) {
+    char hostname[256] = {};
+    gethostname(hostname, sizeof(hostname) - 1);
+    options.host = hostname;
+  }
+  for (absl::string_view pair :
+       absl::StrSplit(absl::GetFlag(FLAGS_labels), ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(pair, absl::MaxSplits('=', 1));
+    options.labels[kv.first] = kv.second;
+  }
+  options.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);
+  if (absl::GetFlag(FLAGS_threads) < 1) {
+    ZS_LOG(ERROR) << "--threads must be at least 1";
+    return 2;
+  }
+
+  std::shared_ptr<zeroshard::v1::Coordinator::StubInterface> stub =
+      zeroshard::v1::Coordinator::NewStub(grpc::CreateChannel(absl::GetFlag(FLAGS_coordinator),
+                                                              grpc::InsecureChannelCredentials()));
+  zeroshard::worker::WorkerDaemon* daemon_ptr = nullptr;
+  zeroshard::worker::WorkerDaemon daemon(
+      options, stub, [&](const zeroshard::v1::Assignment& assignment) {
+        zeroshard::worker::GenerationRunOptions run_options;
+        run_options.stub = stub;
+        run_options.worker_id = daemon_ptr->worker_id();
+        run_options.listen_host = absl::GetFlag(FLAGS_listen_host);
+        run_options.threads = absl::GetFlag(FLAGS_threads);
+        run_options.final_params_dir = absl::GetFlag(FLAGS_final_params_dir);
+        return zeroshard::worker::GenerationRun::Start(assignment, std::move(run_options));
+      });
+  daemon_ptr = &daemon;
+  std::thread signal_thread([&] {
+    int signal = 0;
+    sigwait(&signals, &signal);
+    ZS_LOG(INFO) << "signal " << signal << ": stopping";
+    daemon.Stop();
+  });
+  const absl::Status status = daemon.Run();
+  // Wake the signal thread if Run ended on its own (e.g. bad flags).
+  if (!status.ok()) kill(getpid(), SIGTERM);
+  signal_thread.join();
+  if (!status.ok()) {
+    ZS_LOG(ERROR) << "worker stopped: " << status;
+    return 1;
+  }
+  return 0;
+}
