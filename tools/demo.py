@@ -1,0 +1,324 @@
+#!/usr/bin/env python3
+"""The DDP vs ZeRO demo: runs the document's job on a running ZeroShard cluster and compares.
+
+Runs one job per (optimizer, mode) -- by default SGD lr 0.01 (the document's) and AdamW
+(docs/workloads.md's recommended demo config), each in `ddp` and in `zero2` mode -- through the
+`zeroshard` CLI, then prints a side-by-side table: loss at the first and last step, the largest
+|parameter difference| between ddp and zero2 of the same optimizer (read from the final
+parameter files rank 0 writes; 0 expected, DESIGN.md "Bitwise"), the optimizer-state bytes per
+worker the engine measured against the ZeRO formula, and the median step time.
+
+Usually started by tools/demo.sh inside deploy/local/cluster.py, which sets
+ZEROSHARD_COORDINATOR, ZEROSHARD_CLI, ZEROSHARD_FINAL_PARAMS_DIR and ZEROSHARD_WORKERS.
+Standard library only (NumPy is used for the parameter comparison when it is installed).
+"""
+
+import argparse
+import array
+import json
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+# sharding/model_catalog.cc's presets (layer sizes of the MLP).
+PRESET_LAYERS = {
+    "seed": [10, 64, 10],
+    "small": [512, 1024, 512],
+    "medium": [1024, 4096, 4096, 1024],
+    "large": [8192, 12288, 12288, 8192],
+}
+# Steps by preset when --steps is not given: the document's 80 for seed, fewer for big models
+# (each step of `medium` moves ~100 MB per worker on two shared cores).
+DEFAULT_STEPS = {"seed": 80, "small": 20, "medium": 4, "large": 2}
+LR = {"sgd": 0.01, "adamw": 0.01, "adam": 0.01, "lion": 0.001, "adagrad": 0.01}
+
+
+class DemoError(Exception):
+    """An expected failure, printed as one line."""
+
+
+def say(message=""):
+    print(message, flush=True)
+
+
+def parameter_count(layers):
+    return sum(layers[i] * layers[i + 1] + layers[i + 1] for i in range(len(layers) - 1))
+
+
+def state_arrays(optimizer, momentum):
+    """fp32 optimizer-state arrays per parameter (torch.optim semantics)."""
+    if optimizer == "sgd":
+        return 1 if momentum > 0 else 0
+    if optimizer in ("adam", "adamw"):
+        return 2  # exp_avg, exp_avg_sq
+    if optimizer in ("lion", "adagrad"):
+        return 1
+    raise DemoError(f"unknown optimizer {optimizer}")
+
+
+def format_bytes(n):
+    if n is None:
+        return "-"
+    if n < 1024 * 1024:
+        return f"{n:,} B"
+    return f"{n / (1024 * 1024):,.1f} MiB"
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(
+        description="Runs the document's job in ddp and zero2 mode and compares them."
+    )
+    parser.add_argument("--coordinator", default=os.environ.get("ZEROSHARD_COORDINATOR"))
+    parser.add_argument("--cli", default=os.environ.get("ZEROSHARD_CLI", "bazel-bin/client/zeroshard"))
+    parser.add_argument(
+        "--final_params_dir",
+        default=os.environ.get("ZEROSHARD_FINAL_PARAMS_DIR"),
+        help="the workers' --final_params_dir (for the ddp/zero2 parameter comparison)",
+    )
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("ZEROSHARD_WORKERS", "4")))
+    parser.add_argument("--preset", default="seed", choices=sorted(PRESET_LAYERS))
+    parser.add_argument("--steps", type=int, default=None, help="default: 80 for seed, fewer for big presets")
+    parser.add_argument("--global_batch", type=int, default=128)
+    parser.add_argument("--dataset_size", type=int, default=1024)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--optimizers", default="sgd,adamw", help="comma-separated")
+    parser.add_argument("--modes", default="ddp,zero2", help="comma-separated; the first is the reference")
+    parser.add_argument("--sgd_lr", type=float, default=LR["sgd"], help="the document's 0.01")
+    parser.add_argument(
+        "--adamw_lr", type=float, default=LR["adamw"],
+        help="docs/workloads.md's recommended demo config (0.01)",
+    )
+    parser.add_argument("--job_timeout", type=float, default=600.0, help="seconds per job")
+    args = parser.parse_args()
+    if not args.coordinator:
+        parser.error("--coordinator (or ZEROSHARD_COORDINATOR) is required; "
+                     "run me through deploy/local/cluster.py or tools/demo.sh")
+    if args.steps is None:
+        args.steps = DEFAULT_STEPS[args.preset]
+    args.optimizers = [o.strip() for o in args.optimizers.split(",") if o.strip()]
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    for optimizer in args.optimizers:
+        if optimizer not in LR:
+            parser.error(f"--optimizers: unknown optimizer '{optimizer}' (known: {', '.join(LR)})")
+    if args.workers < 1 or args.global_batch % args.workers != 0:
+        parser.error("--global_batch must be a multiple of --workers")
+    return args
+
+
+class Run:
+    """One job: its spec, its id, and what its events said."""
+
+    def __init__(self, optimizer, mode, lr):
+        self.optimizer = optimizer
+        self.mode = mode
+        self.lr = lr
+        self.job_id = None
+        self.state = None
+        self.message = ""
+        self.losses = []
+        self.step_ms = []
+        self.memory = {}
+        self.generations = 0
+        self.params_path = None
+        self.seconds = 0.0
+
+
+def cli(args, *command, check=True):
+    argv = [args.cli, f"--coordinator={args.coordinator}", *command]
+    try:
+        result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise DemoError(f"{args.cli} not found; build it with: bazel build -c opt //client:zeroshard") from None
+    if check and result.returncode != 0:
+        raise DemoError(f"{' '.join(command[:1])}: {result.stderr.strip() or 'exit ' + str(result.returncode)}")
+    return result
+
+
+def run_job(args, run):
+    name = f"demo-{args.preset}-{run.optimizer}-{run.mode}"
+    submitted = cli(
+        args, "submit", f"--name={name}", f"--preset={args.preset}",
+        f"--optimizer={run.optimizer}", f"--lr={run.lr}", f"--mode={run.mode}",
+        f"--workers={args.workers}", f"--steps={args.steps}",
+        f"--global_batch={args.global_batch}", f"--dataset_size={args.dataset_size}",
+        f"--seed={args.seed}",
+    )
+    run.job_id = submitted.stdout.strip().splitlines()[-1]
+    say(f"  submitted {run.job_id} ({name})")
+    started = time.monotonic()
+    watch = subprocess.Popen(
+        [args.cli, f"--coordinator={args.coordinator}", "watch", run.job_id, "--output=json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    timed_out = threading.Event()
+
+    def on_timeout():
+        timed_out.set()
+        watch.kill()
+
+    timer = threading.Timer(args.job_timeout, on_timeout)
+    timer.start()
+    report_every = max(1, args.steps // 8)
+    try:
+        for line in watch.stdout:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            kind = event.get("type")
+            if kind == "GENERATION_STARTED":
+                run.generations += 1
+                if run.generations > 1:
+                    say(f"  generation {event.get('generation')} started (restart from step 0)")
+                    run.losses, run.step_ms = [], []
+            elif kind == "STATE_CHANGED":
+                run.state = event.get("state")
+                run.message = event.get("message", "")
+            elif kind == "PROGRESS":
+                progress = event.get("progress", {})
+                step = int(progress.get("step", 0))
+                run.losses.append(float(progress.get("loss", 0.0)))
+                run.step_ms.append(float(progress.get("step_ms", 0.0)))
+                run.memory = {k: int(v) for k, v in progress.get("memory", {}).items()}
+                if step == 1 or step % report_every == 0 or step == args.steps:
+                    say(f"    step {step:>4}/{args.steps}  loss {run.losses[-1]:.6g}  "
+                        f"{run.step_ms[-1]:.1f} ms/step")
+        watch.wait()
+    finally:
+        timer.cancel()
+    run.seconds = time.monotonic() - started
+    if timed_out.is_set():
+        cli(args, "cancel", run.job_id, "--reason=demo timeout", check=False)
+        raise DemoError(f"{run.job_id} did not finish within {args.job_timeout:g}s (cancelled it)")
+    if watch.returncode != 0 or run.state != "SUCCEEDED":
+        stderr = watch.stderr.read().strip()
+        raise DemoError(
+            f"{run.job_id} ended {run.state or 'without a final state'}"
+            f"{': ' + run.message if run.message else ''}{' (' + stderr + ')' if stderr else ''}"
+        )
+    say(f"  {run.job_id} SUCCEEDED in {run.seconds:.1f}s")
+    if args.final_params_dir:
+        path = os.path.join(args.final_params_dir, f"{run.job_id}.f32")
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        run.params_path = path if os.path.exists(path) else None
+        if run.params_path is None:
+            say(f"  warning: no final parameters at {path}")
+
+
+def read_f32(path):
+    try:
+        import numpy
+        return numpy.fromfile(path, dtype="<f4")
+    except ImportError:
+        values = array.array("f")
+        with open(path, "rb") as f:
+            values.frombytes(f.read())
+        if sys.byteorder != "little":
+            values.byteswap()
+        return values
+
+
+def max_abs_diff(path_a, path_b):
+    a, b = read_f32(path_a), read_f32(path_b)
+    if len(a) != len(b):
+        raise DemoError(f"{path_a} and {path_b} differ in length ({len(a)} vs {len(b)})")
+    try:
+        import numpy
+        return float(numpy.max(numpy.abs(a.astype(numpy.float64) - b.astype(numpy.float64)))) if len(a) else 0.0
+    except ImportError:
+        return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+
+
+def print_table(args, runs, psi):
+    headers = ["optimizer", "mode", "loss start", "loss end", "max|Δparam|",
+               "opt state/worker", "ZeRO formula", "median step"]
+    rows = []
+    for run in runs:
+        reference = next(r for r in runs if r.optimizer == run.optimizer)
+        if run is reference:
+            diff = "(reference)"
+        elif run.params_path and reference.params_path:
+            diff = f"{max_abs_diff(reference.params_path, run.params_path):.3g}"
+        else:
+            diff = "n/a"
+        arrays = state_arrays(run.optimizer, 0.0)
+        formula = psi * arrays * 4 if run.mode == "ddp" else psi * arrays * 4 / args.workers
+        formula_text = ("Ψ·%d·4" % arrays) if run.mode == "ddp" else ("Ψ·%d·4/%d" % (arrays, args.workers))
+        rows.append([
+            run.optimizer, run.mode,
+            f"{run.losses[0]:.4g}" if run.losses else "-",
+            f"{run.losses[-1]:.4g}" if run.losses else "-",
+            diff,
+            format_bytes(run.memory.get("optimizer_state_bytes", 0)),
+            f"{format_bytes(int(round(formula)))} ({formula_text})",
+            f"{statistics.median(run.step_ms):.2f} ms" if run.step_ms else "-",
+        ])
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    say(line)
+    say("-" * len(line))
+    for row in rows:
+        say("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+
+
+def main():
+    args = parse_args()
+    layers = PRESET_LAYERS[args.preset]
+    psi = parameter_count(layers)
+    lrs = {"sgd": args.sgd_lr, "adamw": args.adamw_lr}
+    say(f"== ZeroShard demo: preset {args.preset} ({'→'.join(map(str, layers))}, Ψ = {psi:,} parameters), "
+        f"{args.workers} workers, global batch {args.global_batch} "
+        f"({args.global_batch // args.workers} per worker), {args.dataset_size:,} samples, "
+        f"{args.steps} steps, coordinator {args.coordinator}")
+    runs = []
+    try:
+        for optimizer in args.optimizers:
+            for mode in args.modes:
+                run = Run(optimizer, mode, lrs.get(optimizer, LR[optimizer]))
+                say(f"== {optimizer} lr {run.lr:g}, mode {mode}")
+                run_job(args, run)
+                runs.append(run)
+    except DemoError as e:
+        say(f"demo: error: {e}")
+        return 1
+    except KeyboardInterrupt:
+        say("demo: interrupted")
+        return 130
+
+    say()
+    say(f"== Results ({args.workers} workers, preset {args.preset}, {args.steps} steps; "
+        f"Ψ = {psi:,}; optimizer state is fp32: SGD without momentum keeps none, AdamW keeps 2 arrays)")
+    print_table(args, runs, psi)
+    say()
+    status = 0
+    for optimizer in args.optimizers:
+        group = [r for r in runs if r.optimizer == optimizer]
+        reference = group[0]
+        for other in group[1:]:
+            if reference.params_path and other.params_path:
+                diff = max_abs_diff(reference.params_path, other.params_path)
+                verdict = "bitwise equal" if diff == 0 else f"DIFFER (max |Δ| = {diff:.3g})"
+                if diff != 0:
+                    status = 1
+                say(f"{optimizer}: final parameters of {reference.mode} and {other.mode}: {verdict}")
+            ddp_state = reference.memory.get("optimizer_state_bytes", 0)
+            other_state = other.memory.get("optimizer_state_bytes", 0)
+            if ddp_state > 0:
+                say(f"{optimizer}: {other.mode} holds {other_state / ddp_state:.3f} of {reference.mode}'s "
+                    f"optimizer state per worker (1/{args.workers} = {1 / args.workers:.3f}, plus padding)")
+        if reference.losses:
+            say(f"{optimizer}: loss {reference.losses[0]:.4g} → {reference.losses[-1]:.4g} "
+                f"(×{reference.losses[0] / reference.losses[-1]:.1f} lower)" if reference.losses[-1] > 0 else "")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
