@@ -16,7 +16,10 @@ WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options,
       run_factory_(std::move(run_factory)),
       heartbeat_period_(options_.heartbeat_period) {}
 
-std::string WorkerDaemon::worker_id() const { return worker_id_; }
+std::string WorkerDaemon::worker_id() const {
+  absl::MutexLock lock(&id_mu_);
+  return worker_id_;
+}
 
 void WorkerDaemon::Stop() {
   if (!stop_.HasBeenNotified()) stop_.Notify();
@@ -35,10 +38,13 @@ absl::Status WorkerDaemon::Register() {
     v1::RegisterWorkerResponse response;
     const absl::Status status = FromGrpcStatus(stub_->RegisterWorker(&context, request, &response));
     if (status.ok()) {
-      worker_id_ = response.worker_id();
+      {
+        absl::MutexLock lock(&id_mu_);
+        worker_id_ = response.worker_id();
+      }
       heartbeat_period_ = absl::Milliseconds(response.heartbeat_period_ms());
-      ZS_LOG(INFO) << "registered as " << worker_id_ << " (heartbeat every " << heartbeat_period_
-                   << ", lease " << response.lease_ms() << " ms)";
+      ZS_LOG(INFO) << "registered as " << response.worker_id() << " (heartbeat every "
+                   << heartbeat_period_ << ", lease " << response.lease_ms() << " ms)";
       return absl::OkStatus();
     }
     // Bad flags (INVALID_ARGUMENT) will not get better by retrying.
@@ -58,7 +64,7 @@ absl::Status WorkerDaemon::Run() {
     if (absl::Status beat = HeartbeatOnce(); !beat.ok()) {
       if (beat.code() == absl::StatusCode::kNotFound) {
         // The coordinator forgot us (restart or expired lease): our generation is over too.
-        ZS_LOG(WARNING) << "coordinator does not know " << worker_id_ << "; registering again";
+        ZS_LOG(WARNING) << "coordinator does not know " << worker_id() << "; registering again";
         AbortRun();
         if (absl::Status registered = Register(); !registered.ok()) break;
         continue;
@@ -71,7 +77,7 @@ absl::Status WorkerDaemon::Run() {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   v1::LeaveWorkerRequest leave;
-  leave.set_worker_id(worker_id_);
+  leave.set_worker_id(worker_id());
   v1::LeaveWorkerResponse left;
   const absl::Status status = FromGrpcStatus(stub_->LeaveWorker(&context, leave, &left));
   ZS_LOG(INFO) << "left the coordinator: " << status;
@@ -80,7 +86,7 @@ absl::Status WorkerDaemon::Run() {
 
 absl::Status WorkerDaemon::HeartbeatOnce() {
   v1::HeartbeatRequest request;
-  request.set_worker_id(worker_id_);
+  request.set_worker_id(worker_id());
   if (run_ != nullptr && !run_->Done()) {
     request.mutable_status()->set_job_id(run_assignment_.job_id());
     request.mutable_status()->set_generation(run_assignment_.generation());

@@ -9,7 +9,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "worker/daemon/training_run.h"
@@ -40,7 +42,7 @@ class WorkerDaemon {
   absl::Status Run();
   void Stop();
 
-  // The id of the current registration (empty before the first).
+  // The id of the current registration (empty before the first). Any thread.
   std::string worker_id() const;
 
  private:
@@ -56,8 +58,10 @@ class WorkerDaemon {
   TrainingRunFactory run_factory_;
   absl::Notification stop_;
 
+  mutable absl::Mutex id_mu_;
+  // Written by Run()'s thread, read by any.
+  std::string worker_id_ ABSL_GUARDED_BY(id_mu_);
   // Only Run()'s thread touches these.
-  std::string worker_id_;
   absl::Duration heartbeat_period_;
   std::unique_ptr<TrainingRun> run_;
   v1::Assignment run_assignment_;

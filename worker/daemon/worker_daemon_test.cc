@@ -140,11 +140,14 @@ TEST_F(WorkerDaemonTest, RegistersAgainWhenTheCoordinatorForgetsIt) {
   std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
   std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
   ASSERT_TRUE(Eventually([&] { return server_->manager()->ListWorkers(v1::IDLE).size() == 1; }));
-  // A restarted coordinator (same state dir) knows no workers.
+  const std::string first_id = server_->manager()->ListWorkers(v1::IDLE)[0].id();
+  // A restarted coordinator (same state dir) knows no workers: the daemon gets NOT_FOUND on its
+  // next heartbeat and registers again, under a new id.
   server_.reset();
   StartCoordinator(port);
   ASSERT_TRUE(Eventually([&] { return server_->manager()->ListWorkers(v1::IDLE).size() == 1; }));
-  EXPECT_EQ(server_->manager()->ListWorkers(v1::IDLE)[0].id(), "worker-000001");
+  EXPECT_NE(server_->manager()->ListWorkers(v1::IDLE)[0].id(), first_id);
+  EXPECT_TRUE(Eventually([&] { return daemon->worker_id() != first_id; }));
   daemon->Stop();
   thread.join();
 }
