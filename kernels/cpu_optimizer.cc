@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cpu_simd.h"
 
 namespace zeroshard {
@@ -127,10 +128,8 @@ SimdLevel BestSimdLevel() {
 absl::Status ApplyUpdateCpu(const OptimizerConfig& config, int64_t step, float grad_scale,
                             absl::Span<const UpdatePiece> pieces, ThreadPool* pool,
                             SimdLevel simd) {
-  absl::Status valid = ValidateUpdate(config, step, grad_scale, pieces);
-  if (!valid.ok()) return valid;
-  absl::StatusOr<SimdLevel> level = ResolveSimd(simd);
-  if (!level.ok()) return level.status();
+  ZS_RETURN_IF_ERROR(ValidateUpdate(config, step, grad_scale, pieces));
+  ZS_ASSIGN_OR_RETURN(const SimdLevel level, ResolveSimd(simd));
 
   const int state_arrays = StateArraysPerParam(config);
   const bool has_momentum = config.kind == OptimizerKind::kSgd && config.momentum != 0.0;
@@ -147,7 +146,7 @@ absl::Status ApplyUpdateCpu(const OptimizerConfig& config, int64_t step, float g
     arrays.push_back(a);
     const int copy_dtype = piece.param_copy == nullptr ? cpu_internal::kNoParamCopyDType
                                                        : static_cast<int>(piece.param_dtype);
-    kernels.push_back(SelectUpdateRange(*level, config.kind, piece.grad_dtype, copy_dtype));
+    kernels.push_back(SelectUpdateRange(level, config.kind, piece.grad_dtype, copy_dtype));
   }
   const std::vector<Chunk> chunks = CutIntoChunks(pieces);
   RunChunks(pool, static_cast<int64_t>(chunks.size()), [&](int64_t i) {
@@ -159,10 +158,8 @@ absl::Status ApplyUpdateCpu(const OptimizerConfig& config, int64_t step, float g
 
 absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces, ThreadPool* pool,
                                               SimdLevel simd) {
-  absl::Status valid = ValidateGradPieces(pieces);
-  if (!valid.ok()) return valid;
-  absl::StatusOr<SimdLevel> level = ResolveSimd(simd);
-  if (!level.ok()) return level.status();
+  ZS_RETURN_IF_ERROR(ValidateGradPieces(pieces));
+  ZS_ASSIGN_OR_RETURN(const SimdLevel level, ResolveSimd(simd));
 
   const std::vector<Chunk> chunks = CutIntoChunks(pieces);
   std::vector<double> chunk_sums(chunks.size());
@@ -170,7 +167,7 @@ absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces
     const Chunk& c = chunks[i];
     const GradPiece& piece = pieces[c.piece];
     double lanes[kSumLanes];
-    SelectSumSquares(*level, piece.dtype)(piece.data, c.begin, c.end, lanes);
+    SelectSumSquares(level, piece.dtype)(piece.data, c.begin, c.end, lanes);
     chunk_sums[i] = CombineLanes(lanes);
   });
   GradStats stats;

@@ -211,7 +211,8 @@ std::vector<NamedConfig> Configs() {
 
 // ---- A set of pieces with their backing arrays, started at unaligned addresses ----
 
-// `copy_dtype` < 0: no parameter copy.
+// Pieces for one optimizer, their kernel-side arrays and the reference's copy of them.
+// `copy_dtype` < 0: no parameter copy. Thread contract: not thread-safe (one test uses one).
 class PieceSet {
  public:
   PieceSet(const OptimizerConfig& config, std::vector<int64_t> lengths, DType grad_dtype,

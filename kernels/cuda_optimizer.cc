@@ -4,11 +4,13 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cuda_launch.h"
 
 namespace zeroshard {
@@ -66,24 +68,31 @@ CudaOptimizerKernels::~CudaOptimizerKernels() {
 absl::Status CudaOptimizerKernels::Reserve(void** buffer, size_t* capacity, size_t bytes) {
   if (bytes <= *capacity) return absl::OkStatus();
   // Earlier launches on the stream may still read the old buffer.
-  absl::Status synced = CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
-                                   "cudaStreamSynchronize");
-  if (!synced.ok()) return synced;
+  ZS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
+                                "cudaStreamSynchronize"));
   cudaFree(*buffer);
   *buffer = nullptr;
   *capacity = 0;
   const size_t grown = bytes < 4096 ? 4096 : bytes + bytes / 2;
-  absl::Status allocated = CudaStatus(cudaMalloc(buffer, grown), "cudaMalloc");
-  if (!allocated.ok()) return allocated;
+  ZS_RETURN_IF_ERROR(CudaStatus(cudaMalloc(buffer, grown), "cudaMalloc"));
   *capacity = grown;
   return absl::OkStatus();
+}
+
+absl::Status CudaOptimizerKernels::Upload(void** buffer, size_t* capacity, const void* host,
+                                          size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  ZS_RETURN_IF_ERROR(Reserve(buffer, capacity, bytes));
+  // From pageable memory the copy has read the host data when it returns.
+  return CudaStatus(cudaMemcpyAsync(*buffer, host, bytes, cudaMemcpyHostToDevice,
+                                    static_cast<cudaStream_t>(stream_)),
+                    "cudaMemcpyAsync(host to device)");
 }
 
 absl::Status CudaOptimizerKernels::ApplyUpdate(const OptimizerConfig& config, int64_t step,
                                                float grad_scale,
                                                absl::Span<const UpdatePiece> pieces) {
-  absl::Status valid = ValidateUpdate(config, step, grad_scale, pieces);
-  if (!valid.ok()) return valid;
+  ZS_RETURN_IF_ERROR(ValidateUpdate(config, step, grad_scale, pieces));
   if (pieces.size() > static_cast<size_t>(INT32_MAX)) {
     return absl::InvalidArgumentError("too many pieces for one launch");
   }
@@ -112,80 +121,46 @@ absl::Status CudaOptimizerKernels::ApplyUpdate(const OptimizerConfig& config, in
   }
   const std::vector<DeviceTile> tiles = CutIntoTiles(pieces, cuda_internal::kUpdateTileElements);
   if (tiles.empty()) return absl::OkStatus();
-  const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  const size_t table_bytes = table.size() * sizeof(DeviceUpdatePiece);
-  const size_t tile_bytes = tiles.size() * sizeof(DeviceTile);
-  absl::Status status = Reserve(&device_pieces_, &pieces_capacity_, table_bytes);
-  if (status.ok()) status = Reserve(&device_tiles_, &tiles_capacity_, tile_bytes);
-  // From pageable memory these copies finish reading the host tables before they return.
-  if (status.ok()) {
-    status = CudaStatus(
-        cudaMemcpyAsync(device_pieces_, table.data(), table_bytes, cudaMemcpyHostToDevice, stream),
-        "cudaMemcpyAsync(pieces)");
-  }
-  if (status.ok()) {
-    status = CudaStatus(
-        cudaMemcpyAsync(device_tiles_, tiles.data(), tile_bytes, cudaMemcpyHostToDevice, stream),
-        "cudaMemcpyAsync(tiles)");
-  }
-  if (status.ok()) {
-    status = CudaStatus(
-        cuda_internal::LaunchUpdate(static_cast<int32_t>(config.kind),
-                                    static_cast<const DeviceUpdatePiece*>(device_pieces_),
-                                    static_cast<const DeviceTile*>(device_tiles_),
-                                    static_cast<int64_t>(tiles.size()), stream),
-        "optimizer update launch");
-  }
-  return status;
+  ZS_RETURN_IF_ERROR(Upload(&device_pieces_, &pieces_capacity_, table.data(),
+                            table.size() * sizeof(DeviceUpdatePiece)));
+  ZS_RETURN_IF_ERROR(
+      Upload(&device_tiles_, &tiles_capacity_, tiles.data(), tiles.size() * sizeof(DeviceTile)));
+  return CudaStatus(
+      cuda_internal::LaunchUpdate(
+          static_cast<int32_t>(config.kind), static_cast<const DeviceUpdatePiece*>(device_pieces_),
+          static_cast<const DeviceTile*>(device_tiles_), static_cast<int64_t>(tiles.size()),
+          static_cast<cudaStream_t>(stream_)),
+      "optimizer update launch");
 }
 
 absl::StatusOr<GradStats> CudaOptimizerKernels::ComputeGradStats(
     absl::Span<const GradPiece> pieces) {
-  absl::Status valid = ValidateGradPieces(pieces);
-  if (!valid.ok()) return valid;
-  std::vector<DeviceStatsPiece> table(pieces.size());
+  ZS_RETURN_IF_ERROR(ValidateGradPieces(pieces));
+  std::vector<DeviceStatsPiece> table(pieces.size());  // value-initialised: zeros
   for (size_t i = 0; i < pieces.size(); ++i) {
     table[i].data = pieces[i].data;
     table[i].length = pieces[i].length;
     table[i].dtype = static_cast<int32_t>(pieces[i].dtype);
   }
   const std::vector<DeviceTile> tiles = CutIntoTiles(pieces, cuda_internal::kStatsTileElements);
-  const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
-  const size_t table_bytes = table.size() * sizeof(DeviceStatsPiece);
-  const size_t tile_bytes = tiles.size() * sizeof(DeviceTile);
-  const size_t sums_bytes = (tiles.size() + 1) * sizeof(double);
-  absl::Status status = Reserve(&device_pieces_, &pieces_capacity_, table_bytes);
-  if (status.ok()) status = Reserve(&device_tiles_, &tiles_capacity_, tile_bytes);
-  if (status.ok()) status = Reserve(&device_sums_, &sums_capacity_, sums_bytes);
-  if (status.ok() && table_bytes > 0) {
-    status = CudaStatus(
-        cudaMemcpyAsync(device_pieces_, table.data(), table_bytes, cudaMemcpyHostToDevice, stream),
-        "cudaMemcpyAsync(pieces)");
-  }
-  if (status.ok() && tile_bytes > 0) {
-    status = CudaStatus(
-        cudaMemcpyAsync(device_tiles_, tiles.data(), tile_bytes, cudaMemcpyHostToDevice, stream),
-        "cudaMemcpyAsync(tiles)");
-  }
-  double* sums = static_cast<double*>(device_sums_);
   const int64_t num_tiles = static_cast<int64_t>(tiles.size());
-  if (status.ok()) {
-    status = CudaStatus(
-        cuda_internal::LaunchSumSquares(static_cast<const DeviceStatsPiece*>(device_pieces_),
-                                        static_cast<const DeviceTile*>(device_tiles_), num_tiles,
-                                        sums, sums + num_tiles, stream),
-        "sum of squares launch");
-  }
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
+  ZS_RETURN_IF_ERROR(Upload(&device_pieces_, &pieces_capacity_, table.data(),
+                            table.size() * sizeof(DeviceStatsPiece)));
+  ZS_RETURN_IF_ERROR(
+      Upload(&device_tiles_, &tiles_capacity_, tiles.data(), tiles.size() * sizeof(DeviceTile)));
+  ZS_RETURN_IF_ERROR(Reserve(&device_sums_, &sums_capacity_, (num_tiles + 1) * sizeof(double)));
+  double* sums = static_cast<double*>(device_sums_);
+  ZS_RETURN_IF_ERROR(CudaStatus(
+      cuda_internal::LaunchSumSquares(static_cast<const DeviceStatsPiece*>(device_pieces_),
+                                      static_cast<const DeviceTile*>(device_tiles_), num_tiles,
+                                      sums, sums + num_tiles, stream),
+      "sum of squares launch"));
   double total = 0.0;
-  if (status.ok()) {
-    status = CudaStatus(
-        cudaMemcpyAsync(&total, sums + num_tiles, sizeof(double), cudaMemcpyDeviceToHost, stream),
-        "cudaMemcpyAsync(result)");
-  }
-  if (status.ok()) {
-    status = CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
-  }
-  if (!status.ok()) return status;
+  ZS_RETURN_IF_ERROR(CudaStatus(
+      cudaMemcpyAsync(&total, sums + num_tiles, sizeof(double), cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync(device to host)"));
+  ZS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   GradStats stats;
   stats.sum_squares = total;
   // As on the CPU: finite squares cannot overflow an fp64 sum, so only NaN/Inf make it non-finite.

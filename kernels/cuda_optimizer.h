@@ -43,6 +43,8 @@ class CudaOptimizerKernels {
 
   // Makes the device buffer `*buffer` (of `*capacity` bytes) hold at least `bytes`.
   absl::Status Reserve(void** buffer, size_t* capacity, size_t bytes);
+  // Reserves, then enqueues the copy of `bytes` bytes of `host` into `*buffer`.
+  absl::Status Upload(void** buffer, size_t* capacity, const void* host, size_t bytes);
 
   void* stream_;
   void* device_pieces_ = nullptr;  // DeviceUpdatePiece or DeviceStatsPiece table

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace zeroshard {
 namespace kernels {
@@ -110,8 +111,7 @@ int StateArraysPerParam(const OptimizerConfig& config) {
 
 absl::Status ValidateUpdate(const OptimizerConfig& config, int64_t step, float grad_scale,
                             absl::Span<const UpdatePiece> pieces) {
-  absl::Status config_status = ValidateConfig(config);
-  if (!config_status.ok()) return config_status;
+  ZS_RETURN_IF_ERROR(ValidateConfig(config));
   if (step < 1) return absl::InvalidArgumentError(absl::StrCat("step must be >= 1, got ", step));
   if (!std::isfinite(grad_scale)) {
     return absl::InvalidArgumentError(absl::StrCat("grad_scale must be finite, got ", grad_scale));

@@ -51,7 +51,7 @@ void CheckCuda(cudaError_t error, const char* what) {
   }
 }
 
-// A device allocation of `bytes` bytes, freed on destruction.
+// A device allocation of `bytes` bytes, freed on destruction. Not thread-safe.
 class DeviceBuffer {
  public:
   explicit DeviceBuffer(size_t bytes) : bytes_(bytes) {
