@@ -1,0 +1,123 @@
+// CountingAllocator: aligned, zeroed allocations counted per category.
+#include "worker/engine/counting_allocator.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+
+namespace zeroshard {
+namespace engine {
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+}  // namespace
+
+const char* MemoryCategoryName(MemoryCategory category) {
+  switch (category) {
+    case MemoryCategory::kParams:
+      return "params";
+    case MemoryCategory::kGrads:
+      return "grads";
+    case MemoryCategory::kMaster:
+      return "master";
+    case MemoryCategory::kOptimizerState:
+      return "optimizer_state";
+    case MemoryCategory::kBuckets:
+      return "buckets";
+    case MemoryCategory::kCommScratch:
+      return "comm_scratch";
+    case MemoryCategory::kWorkloadView:
+      return "workload_view";
+  }
+  return "invalid";
+}
+
+int64_t MemoryReport::total() const {
+  int64_t sum = 0;
+  for (int64_t value : bytes) sum += value;
+  return sum;
+}
+
+std::string MemoryReport::ToString() const {
+  std::string out;
+  for (int i = 0; i < kNumMemoryCategories; ++i) {
+    absl::StrAppendFormat(&out, "%s=%.3fMiB ", MemoryCategoryName(static_cast<MemoryCategory>(i)),
+                          bytes[i] / 1048576.0);
+  }
+  absl::StrAppendFormat(&out, "total=%.3fMiB peak=%.3fMiB", total() / 1048576.0,
+                        peak_total_bytes / 1048576.0);
+  return out;
+}
+
+CountedBuffer::~CountedBuffer() { Release(); }
+
+CountedBuffer::CountedBuffer(CountedBuffer&& other) noexcept
+    : owner_(std::exchange(other.owner_, nullptr)),
+      category_(other.category_),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+CountedBuffer& CountedBuffer::operator=(CountedBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    owner_ = std::exchange(other.owner_, nullptr);
+    category_ = other.category_;
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void CountedBuffer::Release() {
+  if (owner_ != nullptr) owner_->Free(category_, data_, bytes_);
+  owner_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
+}
+
+CountingAllocator::~CountingAllocator() {
+  absl::MutexLock lock(&mu_);
+  if (live_total_ != 0) {
+    ZS_LOG(FATAL) << "CountingAllocator destroyed with " << live_total_ << " bytes still allocated";
+  }
+}
+
+CountedBuffer CountingAllocator::Allocate(MemoryCategory category, int64_t bytes) {
+  if (bytes < 0) ZS_LOG(FATAL) << "negative allocation of " << bytes << " bytes";
+  if (bytes == 0) return CountedBuffer(this, category, nullptr, 0);
+  const size_t rounded = (static_cast<size_t>(bytes) + kAlignment - 1) / kAlignment * kAlignment;
+  void* data = std::aligned_alloc(kAlignment, rounded);
+  if (data == nullptr) throw std::bad_alloc();
+  std::memset(data, 0, rounded);
+  {
+    absl::MutexLock lock(&mu_);
+    live_bytes_[static_cast<int>(category)] += bytes;
+    live_total_ += bytes;
+    if (live_total_ > peak_total_) peak_total_ = live_total_;
+  }
+  return CountedBuffer(this, category, data, bytes);
+}
+
+void CountingAllocator::Free(MemoryCategory category, void* data, int64_t bytes) {
+  std::free(data);
+  absl::MutexLock lock(&mu_);
+  live_bytes_[static_cast<int>(category)] -= bytes;
+  live_total_ -= bytes;
+}
+
+MemoryReport CountingAllocator::Report() const {
+  absl::MutexLock lock(&mu_);
+  MemoryReport report;
+  report.bytes = live_bytes_;
+  report.peak_total_bytes = peak_total_;
+  return report;
+}
+
+}  // namespace engine
+}  // namespace zeroshard

@@ -1,0 +1,102 @@
+// CountingAllocator: the one place the engine gets its large buffers from. It counts live and
+// peak bytes per category, so the memory figures the engine reports are measured, not computed.
+#ifndef ZEROSHARD_WORKER_ENGINE_COUNTING_ALLOCATOR_H_
+#define ZEROSHARD_WORKER_ENGINE_COUNTING_ALLOCATOR_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace zeroshard {
+namespace engine {
+
+// What a buffer holds.
+enum class MemoryCategory : int {
+  kParams = 0,          // the full parameter-dtype copy every rank keeps
+  kGrads = 1,           // gradients: the full buffer (ddp, zero1) or the owned pieces (zero2)
+  kMaster = 2,          // fp32 master weights
+  kOptimizerState = 3,  // fp32 optimizer state arrays (e.g. Adam's exp_avg, exp_avg_sq)
+  kBuckets = 4,         // reduce-dtype bucket buffers in flight (zero2, or a dtype change)
+  kCommScratch = 5,     // the engine's own communication scratch (the statistics all-reduce)
+  kWorkloadView = 6,    // fp32 widened parameters handed to the workload (non-fp32 params only)
+};
+inline constexpr int kNumMemoryCategories = 7;
+
+const char* MemoryCategoryName(MemoryCategory category);
+
+// Bytes per category at one moment, plus the peak of the total since the allocator was made.
+struct MemoryReport {
+  std::array<int64_t, kNumMemoryCategories> bytes = {};
+  int64_t peak_total_bytes = 0;
+
+  int64_t of(MemoryCategory category) const { return bytes[static_cast<int>(category)]; }
+  int64_t total() const;
+  // One line, e.g. "params=2.0MiB grads=... total=...".
+  std::string ToString() const;
+};
+
+class CountingAllocator;
+
+// A zero-filled, 64-byte-aligned block owned by one holder; returns its bytes to the
+// allocator's count when destroyed. Movable, not copyable. The allocator must outlive it.
+class CountedBuffer {
+ public:
+  CountedBuffer() = default;
+  ~CountedBuffer();
+  CountedBuffer(CountedBuffer&& other) noexcept;
+  CountedBuffer& operator=(CountedBuffer&& other) noexcept;
+  CountedBuffer(const CountedBuffer&) = delete;
+  CountedBuffer& operator=(const CountedBuffer&) = delete;
+
+  void* data() const { return data_; }
+  int64_t bytes() const { return bytes_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  friend class CountingAllocator;
+  CountedBuffer(CountingAllocator* owner, MemoryCategory category, void* data, int64_t bytes)
+      : owner_(owner), category_(category), data_(data), bytes_(bytes) {}
+  void Release();
+
+  CountingAllocator* owner_ = nullptr;
+  MemoryCategory category_ = MemoryCategory::kParams;
+  void* data_ = nullptr;  // null iff bytes_ == 0 or moved-from
+  int64_t bytes_ = 0;
+};
+
+// Thread-safe: Allocate, buffer destruction and Report may run on any threads.
+class CountingAllocator {
+ public:
+  CountingAllocator() = default;
+  ~CountingAllocator();  // every buffer must have been released (CHECKed)
+  CountingAllocator(const CountingAllocator&) = delete;
+  CountingAllocator& operator=(const CountingAllocator&) = delete;
+
+  // A zero-filled buffer of `bytes` bytes (>= 0; 0 gives an empty buffer). Aborts on
+  // out-of-memory, as operator new does.
+  CountedBuffer Allocate(MemoryCategory category, int64_t bytes);
+
+  MemoryReport Report() const;
+
+ private:
+  friend class CountedBuffer;
+  void Free(MemoryCategory category, void* data, int64_t bytes);
+
+  mutable absl::Mutex mu_;
+  // Live bytes per category; each is the sum of the sizes of unreleased buffers of it.
+  std::array<int64_t, kNumMemoryCategories> live_bytes_ ABSL_GUARDED_BY(mu_) = {};
+  int64_t live_total_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t peak_total_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace engine
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_ENGINE_COUNTING_ALLOCATOR_H_

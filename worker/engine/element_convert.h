@@ -1,0 +1,34 @@
+// Conversions of flat element buffers between the engine's dtypes (fp32, bf16, fp16): gradients
+// into buckets, reduced buckets into gradient storage, parameter copies to fp32 for workloads.
+#ifndef ZEROSHARD_WORKER_ENGINE_ELEMENT_CONVERT_H_
+#define ZEROSHARD_WORKER_ENGINE_ELEMENT_CONVERT_H_
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+#include "worker/comm/communicator.h"
+
+namespace zeroshard {
+namespace engine {
+
+// The communicator's name for a kernel dtype.
+comm::ElementType ToElementType(kernels::DType dtype);
+
+// dst[i] = round_to(dst_dtype, round_to(storage_dtype, grad[i] * scale)) for i < count: the
+// gradient as backward would have stored it in `storage_dtype` (loss scale applied), then held in
+// `dst_dtype` (e.g. the reduce buffer's). Every rounding is to nearest even; overflow gives Inf.
+void StoreScaledGradient(const float* grad, float scale, int64_t count,
+                         kernels::DType storage_dtype, void* dst, kernels::DType dst_dtype);
+
+// dst[i] = round_to(dst_dtype, src[i]) for i < count; exact when dst_dtype is at least as wide.
+// `src` and `dst` must not overlap unless they are the same pointer and the same dtype.
+void ConvertElements(const void* src, kernels::DType src_dtype, void* dst, kernels::DType dst_dtype,
+                     int64_t count);
+
+// Sets `count` elements of `dtype` at `dst` to zero.
+void ZeroElements(void* dst, kernels::DType dtype, int64_t count);
+
+}  // namespace engine
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_ENGINE_ELEMENT_CONVERT_H_

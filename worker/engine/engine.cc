@@ -1,0 +1,541 @@
+// The engine's step: gradient buckets, reductions, statistics, the fused update, the all-gather.
+#include "worker/engine/engine.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu_optimizer.h"
+#include "worker/engine/element_convert.h"
+
+namespace zeroshard {
+namespace engine {
+namespace {
+
+using kernels::DType;
+
+double Milliseconds(absl::Duration duration) { return absl::ToDoubleMilliseconds(duration); }
+
+// The epsilon torch.nn.utils.clip_grad_norm_ adds to the norm.
+constexpr double kClipEpsilon = 1e-6;
+
+absl::Status ValidateConfig(const EngineConfig& config) {
+  if (config.mode != EngineMode::kDdp && config.mode != EngineMode::kZero1 &&
+      config.mode != EngineMode::kZero2) {
+    return absl::InvalidArgumentError("mode: not ddp, zero1 or zero2");
+  }
+  if (!kernels::IsValidDType(config.param_dtype)) {
+    return absl::InvalidArgumentError("param_dtype: invalid");
+  }
+  if (!kernels::IsValidDType(config.grad_dtype)) {
+    return absl::InvalidArgumentError("grad_dtype: invalid");
+  }
+  if (!kernels::IsValidDType(config.reduce_dtype)) {
+    return absl::InvalidArgumentError("reduce_dtype: invalid");
+  }
+  const LossScaleConfig& scale = config.loss_scale;
+  if (!(scale.initial_scale > 0.0) || !std::isfinite(scale.initial_scale)) {
+    return absl::InvalidArgumentError("loss_scale.initial_scale: must be finite and > 0");
+  }
+  if (scale.dynamic) {
+    if (scale.growth_interval < 1) {
+      return absl::InvalidArgumentError("loss_scale.growth_interval: must be >= 1");
+    }
+    if (!(scale.backoff_factor > 0.0 && scale.backoff_factor < 1.0)) {
+      return absl::InvalidArgumentError("loss_scale.backoff_factor: must be in (0, 1)");
+    }
+    if (!(scale.growth_factor > 1.0) || !std::isfinite(scale.growth_factor)) {
+      return absl::InvalidArgumentError("loss_scale.growth_factor: must be finite and > 1");
+    }
+  }
+  if (!(config.clip_grad_norm >= 0.0) || !std::isfinite(config.clip_grad_norm)) {
+    return absl::InvalidArgumentError("clip_grad_norm: must be finite and >= 0");
+  }
+  if (config.threads < 1) return absl::InvalidArgumentError("threads: must be >= 1");
+  if (config.bucket_pool_size < 1) {
+    return absl::InvalidArgumentError("bucket_pool_size: must be >= 1");
+  }
+  if (config.collective_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("collective_timeout: must be > 0");
+  }
+  return kernels::ValidateUpdate(config.optimizer, /*step=*/1, /*grad_scale=*/1.0f, {});
+}
+
+}  // namespace
+
+const char* EngineModeName(EngineMode mode) {
+  switch (mode) {
+    case EngineMode::kDdp:
+      return "ddp";
+    case EngineMode::kZero1:
+      return "zero1";
+    case EngineMode::kZero2:
+      return "zero2";
+  }
+  return "invalid";
+}
+
+absl::StatusOr<EngineMode> ParseEngineMode(absl::string_view name) {
+  for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
+    if (name == EngineModeName(mode)) return mode;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("mode: \"", name, "\" is not ddp, zero1 or zero2"));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ShardPlan& plan, int64_t rank,
+                                                       const EngineConfig& config,
+                                                       comm::Communicator* communicator) {
+  ZS_RETURN_IF_ERROR(ValidateConfig(config));
+  if (communicator == nullptr) return absl::InvalidArgumentError("communicator: null");
+  if (communicator->world_size() != plan.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("plan.world_size: ", plan.world_size(),
+                                                   " but the communicator has ",
+                                                   communicator->world_size(), " ranks"));
+  }
+  if (communicator->rank() != rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", rank, " but the communicator is rank ", communicator->rank()));
+  }
+  ZS_ASSIGN_OR_RETURN(RankView view, plan.ViewForRank(rank));
+  return std::unique_ptr<Engine>(new Engine(plan, std::move(view), config, communicator));
+}
+
+Engine::Engine(const ShardPlan& plan, RankView view, const EngineConfig& config,
+               comm::Communicator* communicator)
+    : plan_(plan),
+      view_(std::move(view)),
+      config_(config),
+      communicator_(communicator),
+      world_size_(plan.world_size()),
+      rank_(view_.rank()),
+      param_size_(kernels::DTypeSize(config.param_dtype)),
+      grad_size_(kernels::DTypeSize(config.grad_dtype)),
+      reduce_size_(kernels::DTypeSize(config.reduce_dtype)),
+      state_arrays_(kernels::StateArraysPerParam(config.optimizer)),
+      thread_pool_(config.threads),
+      buckets_(plan.num_buckets()),
+      tensor_arrived_(plan.num_tensors(), false),
+      view_version_(plan.num_tensors(), 0),
+      loss_scale_(config.loss_scale.initial_scale) {
+  owned_offsets_.reserve(plan_.num_buckets());
+  int64_t offset = 0;
+  for (const BucketLayout& bucket : plan_.buckets()) {
+    owned_offsets_.push_back(offset);
+    offset += bucket.piece_elems;
+  }
+  gap_begin_.reserve(plan_.num_buckets() + 1);
+  for (const BucketLayout& bucket : plan_.buckets()) {
+    gap_begin_.push_back(static_cast<int64_t>(gaps_.size()));
+    int64_t covered_to = bucket.flat_begin;
+    for (int64_t t = bucket.first_tensor; t < bucket.first_tensor + bucket.num_tensors; ++t) {
+      const TensorPlacement& placement = plan_.placement(t);
+      if (placement.flat_offset > covered_to) gaps_.push_back({covered_to, placement.flat_offset});
+      covered_to = placement.flat_end();
+    }
+    if (bucket.flat_end() > covered_to) gaps_.push_back({covered_to, bucket.flat_end()});
+  }
+  gap_begin_.push_back(static_cast<int64_t>(gaps_.size()));
+  AllocateBuffers();
+  BuildPieces();
+}
+
+Engine::~Engine() {
+  // The communicator may still write into our buffers until each reduction is done.
+  for (BucketState& bucket : buckets_) {
+    if (bucket.reduction != nullptr) bucket.reduction->Wait().IgnoreError();
+  }
+}
+
+bool Engine::UsesBucketPool() const {
+  return config_.mode == EngineMode::kZero2 || config_.grad_dtype != config_.reduce_dtype;
+}
+
+void Engine::AllocateBuffers() {
+  const int64_t padded = plan_.padded_elems();
+  const int64_t owned = view_.owned_elems();
+  const bool ddp = config_.mode == EngineMode::kDdp;
+  params_ = allocator_.Allocate(MemoryCategory::kParams, padded * param_size_);
+  const int64_t grad_elems = config_.mode == EngineMode::kZero2 ? owned : padded;
+  grads_ = allocator_.Allocate(MemoryCategory::kGrads, grad_elems * grad_size_);
+  const int64_t master_elems = ddp ? padded : owned;
+  master_ = allocator_.Allocate(MemoryCategory::kMaster, master_elems * int64_t{4});
+  for (int k = 0; k < state_arrays_; ++k) {
+    state_.push_back(
+        allocator_.Allocate(MemoryCategory::kOptimizerState, master_elems * int64_t{4}));
+  }
+  if (UsesBucketPool()) {
+    int64_t largest_bucket = 0;
+    for (const BucketLayout& bucket : plan_.buckets()) {
+      largest_bucket = std::max(largest_bucket, bucket.padded_elems);
+    }
+    const int slots =
+        static_cast<int>(std::min<int64_t>(config_.bucket_pool_size, plan_.num_buckets()));
+    for (int slot = 0; slot < slots; ++slot) {
+      pool_.push_back(allocator_.Allocate(MemoryCategory::kBuckets, largest_bucket * reduce_size_));
+      free_slots_.push_back(slots - 1 - slot);  // slot 0 is taken first
+    }
+  }
+  stats_buffer_ = allocator_.Allocate(MemoryCategory::kCommScratch, 3 * sizeof(double));
+}
+
+void Engine::BuildPieces() {
+  const bool zero2 = config_.mode == EngineMode::kZero2;
+  const bool ddp = config_.mode == EngineMode::kDdp;
+  auto state_pointers = [&](int64_t element, kernels::UpdatePiece& piece) {
+    for (int k = 0; k < state_arrays_; ++k) piece.state[k] = state_[k].as<float>() + element;
+  };
+  // Gradient statistics: the owned fragments in every mode (the same pieces, so the same bits).
+  for (const OwnedPiece& piece : view_.pieces()) {
+    for (const TensorFragment& fragment : view_.FragmentsOf(piece)) {
+      kernels::GradPiece stats;
+      stats.dtype = config_.grad_dtype;
+      stats.length = fragment.size();
+      stats.data = zero2 ? grads_.as<char>() + (OwnedOffset(piece.bucket) + fragment.flat_begin -
+                                                piece.flat_begin) *
+                                                   grad_size_
+                         : GradsAt(fragment.flat_begin);
+      stats_pieces_.push_back(stats);
+    }
+  }
+  if (ddp) {
+    for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
+      const TensorPlacement& placement = plan_.placement(t);
+      const TensorSpec& spec = plan_.tensors()[t];
+      kernels::UpdatePiece piece;
+      piece.grad = GradsAt(placement.flat_offset);
+      piece.grad_dtype = config_.grad_dtype;
+      piece.master = master_.as<float>() + placement.flat_offset;
+      state_pointers(placement.flat_offset, piece);
+      piece.param_copy = ParamsAt(placement.flat_offset);
+      piece.param_dtype = config_.param_dtype;
+      piece.length = placement.num_elements;
+      piece.weight_decay = spec.weight_decay;
+      piece.lr_scale = spec.lr_scale;
+      update_pieces_.push_back(piece);
+    }
+    return;
+  }
+  for (const OwnedPiece& owned : view_.pieces()) {
+    for (const TensorFragment& fragment : view_.FragmentsOf(owned)) {
+      const TensorSpec& spec = plan_.tensors()[fragment.tensor];
+      const int64_t owned_element =
+          OwnedOffset(owned.bucket) + fragment.flat_begin - owned.flat_begin;
+      kernels::UpdatePiece piece;
+      piece.grad =
+          zero2 ? grads_.as<char>() + owned_element * grad_size_ : GradsAt(fragment.flat_begin);
+      piece.grad_dtype = config_.grad_dtype;
+      piece.master = master_.as<float>() + owned_element;
+      state_pointers(owned_element, piece);
+      piece.param_copy = ParamsAt(fragment.flat_begin);
+      piece.param_dtype = config_.param_dtype;
+      piece.length = fragment.size();
+      piece.weight_decay = spec.weight_decay;
+      piece.lr_scale = spec.lr_scale;
+      update_pieces_.push_back(piece);
+    }
+  }
+}
+
+char* Engine::ParamsAt(int64_t flat) const { return params_.as<char>() + flat * param_size_; }
+
+char* Engine::GradsAt(int64_t flat) const { return grads_.as<char>() + flat * grad_size_; }
+
+char* Engine::SlotData(int slot) const { return pool_[slot].as<char>(); }
+
+absl::Status Engine::InitializeParameters(
+    absl::FunctionRef<absl::Status(int64_t tensor, absl::Span<float> out)> initial) {
+  ZS_RETURN_IF_ERROR(failure_);
+  if (tensors_arrived_ != 0) {
+    return absl::FailedPreconditionError("InitializeParameters during a step");
+  }
+  const bool ddp = config_.mode == EngineMode::kDdp;
+  absl::Span<const OwnedPiece> pieces = view_.pieces();
+  size_t piece_index = 0;
+  const TensorFragment* fragment = view_.fragments().data();
+  const TensorFragment* fragments_end = fragment + view_.fragments().size();
+  std::vector<float> values;
+  for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
+    const TensorPlacement& placement = plan_.placement(t);
+    values.assign(placement.num_elements, 0.0f);
+    ZS_RETURN_IF_ERROR(initial(t, absl::MakeSpan(values)));
+    ConvertElements(values.data(), DType::kFloat32, ParamsAt(placement.flat_offset),
+                    config_.param_dtype, placement.num_elements);
+    if (ddp) {
+      std::memcpy(master_.as<float>() + placement.flat_offset, values.data(),
+                  placement.num_elements * sizeof(float));
+      continue;
+    }
+    // Owned fragments are in flat order, as tensors are: those of tensor t come next.
+    for (; fragment != fragments_end && fragment->tensor == t; ++fragment) {
+      while (fragment->flat_begin >= pieces[piece_index].flat_end) ++piece_index;
+      const OwnedPiece& piece = pieces[piece_index];
+      std::memcpy(
+          master_.as<float>() + OwnedOffset(piece.bucket) + fragment->flat_begin - piece.flat_begin,
+          values.data() + fragment->tensor_begin, fragment->size() * sizeof(float));
+    }
+  }
+  ++params_version_;
+  return absl::OkStatus();
+}
+
+absl::Span<const float> Engine::Parameters(int64_t tensor) {
+  const TensorPlacement& placement = plan_.placement(tensor);
+  if (config_.param_dtype == DType::kFloat32) {
+    return absl::MakeConstSpan(params_.as<float>() + placement.flat_offset, placement.num_elements);
+  }
+  if (workload_view_.data() == nullptr) {
+    workload_view_ =
+        allocator_.Allocate(MemoryCategory::kWorkloadView, plan_.padded_elems() * int64_t{4});
+  }
+  float* widened = workload_view_.as<float>() + placement.flat_offset;
+  if (view_version_[tensor] != params_version_) {
+    ConvertElements(ParamsAt(placement.flat_offset), config_.param_dtype, widened, DType::kFloat32,
+                    placement.num_elements);
+    view_version_[tensor] = params_version_;
+  }
+  return absl::MakeConstSpan(widened, placement.num_elements);
+}
+
+absl::Status Engine::GradReady(int64_t tensor, absl::Span<const float> gradient) {
+  ZS_RETURN_IF_ERROR(failure_);
+  if (tensor < 0 || tensor >= plan_.num_tensors()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: ", tensor, " is not in [0, ", plan_.num_tensors(), ")"));
+  }
+  const TensorPlacement& placement = plan_.placement(tensor);
+  if (static_cast<int64_t>(gradient.size()) != placement.num_elements) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient: ", gradient.size(),
+                                                   " elements for tensor ", tensor, " of ",
+                                                   placement.num_elements));
+  }
+  if (tensor_arrived_[tensor]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor ", tensor, ": gradient handed twice in one step"));
+  }
+  const int64_t bucket_index = placement.bucket;
+  BucketState& bucket = buckets_[bucket_index];
+  const float scale = static_cast<float>(loss_scale_);
+  if (config_.mode == EngineMode::kZero2) {
+    // Backward writes straight into the bucket's reduce buffer.
+    if (bucket.slot < 0) ZS_RETURN_IF_ERROR(AcquireSlot(bucket_index));
+    const BucketLayout& layout = plan_.buckets()[bucket_index];
+    StoreScaledGradient(
+        gradient.data(), scale, placement.num_elements, config_.grad_dtype,
+        SlotData(bucket.slot) + (placement.flat_offset - layout.flat_begin) * reduce_size_,
+        config_.reduce_dtype);
+  } else {
+    StoreScaledGradient(gradient.data(), scale, placement.num_elements, config_.grad_dtype,
+                        GradsAt(placement.flat_offset), config_.grad_dtype);
+  }
+  tensor_arrived_[tensor] = true;
+  ++tensors_arrived_;
+  if (++bucket.tensors_arrived == plan_.buckets()[bucket_index].num_tensors) {
+    ZS_RETURN_IF_ERROR(LaunchBucket(bucket_index));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Engine::AcquireSlot(int64_t bucket) {
+  if (free_slots_.empty()) {
+    if (in_flight_.empty()) {
+      return absl::FailedPreconditionError(
+          "every bucket buffer holds an incomplete bucket: gradients must arrive in "
+          "tensor-list order");
+    }
+    ZS_RETURN_IF_ERROR(RetireOldest());
+  }
+  buckets_[bucket].slot = free_slots_.back();
+  free_slots_.pop_back();
+  return absl::OkStatus();
+}
+
+absl::Status Engine::LaunchBucket(int64_t bucket_index) {
+  BucketState& bucket = buckets_[bucket_index];
+  const BucketLayout& layout = plan_.buckets()[bucket_index];
+  char* reduce_buffer;
+  if (config_.mode == EngineMode::kZero2) {
+    reduce_buffer = SlotData(bucket.slot);
+  } else if (UsesBucketPool()) {
+    ZS_RETURN_IF_ERROR(AcquireSlot(bucket_index));
+    reduce_buffer = SlotData(bucket.slot);
+    ConvertElements(GradsAt(layout.flat_begin), config_.grad_dtype, reduce_buffer,
+                    config_.reduce_dtype, layout.padded_elems);
+  } else {
+    reduce_buffer = GradsAt(layout.flat_begin);  // reduced in place
+  }
+  for (int64_t g = gap_begin_[bucket_index]; g < gap_begin_[bucket_index + 1]; ++g) {
+    ZeroElements(reduce_buffer + (gaps_[g].first - layout.flat_begin) * reduce_size_,
+                 config_.reduce_dtype, gaps_[g].second - gaps_[g].first);
+  }
+  comm::CollectiveOptions options;
+  options.timeout = config_.collective_timeout;
+  const comm::ElementType type = ToElementType(config_.reduce_dtype);
+  if (first_launch_ == absl::InfiniteFuture()) first_launch_ = absl::Now();
+  bucket.reduction = config_.mode == EngineMode::kDdp
+                         ? communicator_->AllReduce(reduce_buffer, layout.padded_elems, type,
+                                                    comm::ReduceOp::kSum, options)
+                         : communicator_->ReduceScatterInPlace(reduce_buffer, layout.piece_elems,
+                                                               type, comm::ReduceOp::kSum, options);
+  in_flight_.push_back(bucket_index);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RetireOldest() {
+  const int64_t bucket_index = in_flight_.front();
+  in_flight_.pop_front();
+  BucketState& bucket = buckets_[bucket_index];
+  const absl::Time wait_start = absl::Now();
+  const absl::Status status = bucket.reduction->Wait();
+  last_reduced_ = absl::Now();
+  exposed_wait_ += last_reduced_ - wait_start;
+  bucket.reduction.reset();
+  if (!status.ok()) {
+    failure_ = status;
+    return status;
+  }
+  if (bucket.slot < 0) return absl::OkStatus();  // reduced in place in the gradient buffer
+  // Move the reduced values into the gradient storage the update reads, in grad_dtype.
+  const BucketLayout& layout = plan_.buckets()[bucket_index];
+  const char* slot = SlotData(bucket.slot);
+  const int64_t owned_begin = rank_ * layout.piece_elems;
+  switch (config_.mode) {
+    case EngineMode::kDdp:
+      ConvertElements(slot, config_.reduce_dtype, GradsAt(layout.flat_begin), config_.grad_dtype,
+                      layout.padded_elems);
+      break;
+    case EngineMode::kZero1:
+      ConvertElements(slot + owned_begin * reduce_size_, config_.reduce_dtype,
+                      GradsAt(layout.flat_begin + owned_begin), config_.grad_dtype,
+                      layout.piece_elems);
+      break;
+    case EngineMode::kZero2:
+      ConvertElements(slot + owned_begin * reduce_size_, config_.reduce_dtype,
+                      grads_.as<char>() + OwnedOffset(bucket_index) * grad_size_,
+                      config_.grad_dtype, layout.piece_elems);
+      break;
+  }
+  free_slots_.push_back(bucket.slot);
+  bucket.slot = -1;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Engine::Step(double local_loss) {
+  ZS_RETURN_IF_ERROR(failure_);
+  if (tensors_arrived_ != plan_.num_tensors()) {
+    return absl::FailedPreconditionError(absl::StrCat("Step: only ", tensors_arrived_, " of ",
+                                                      plan_.num_tensors(),
+                                                      " tensors' gradients were handed over"));
+  }
+  StepResult result;
+  const absl::Time step_start = absl::Now();
+
+  // 1. Wait for every bucket's reduction: this rank's pieces of the summed gradients are now in
+  //    grads_ (and in ddp, every piece).
+  while (!in_flight_.empty()) ZS_RETURN_IF_ERROR(RetireOldest());
+  const absl::Time reduced = absl::Now();
+  result.timings.exposed_comm_ms = Milliseconds(exposed_wait_);
+  result.timings.comm_ms = Milliseconds(last_reduced_ - first_launch_);
+  result.timings.overlapped_comm_ms =
+      std::max(0.0, result.timings.comm_ms - result.timings.exposed_comm_ms);
+
+  // 2. One small all-reduce: sum of squares of the owned gradients, non-finite count, loss.
+  ZS_ASSIGN_OR_RETURN(const kernels::GradStats stats,
+                      kernels::ComputeGradStatsCpu(stats_pieces_, &thread_pool_));
+  double* totals = stats_buffer_.as<double>();
+  totals[0] = stats.sum_squares;
+  totals[1] = stats.non_finite ? 1.0 : 0.0;
+  totals[2] = local_loss;
+  comm::CollectiveOptions options;
+  options.timeout = config_.collective_timeout;
+  absl::Status status =
+      communicator_
+          ->AllReduce(totals, 3, comm::ElementType::kFloat64, comm::ReduceOp::kSum, options)
+          ->Wait();
+  if (!status.ok()) {
+    failure_ = status;
+    return status;
+  }
+  const absl::Time stats_done = absl::Now();
+  result.timings.grad_stats_ms = Milliseconds(stats_done - reduced);
+  const double world = static_cast<double>(world_size_);
+  result.global_loss = totals[2] / world;
+  result.loss_scale = loss_scale_;
+  result.grad_norm = std::sqrt(totals[0]) / (world * loss_scale_);
+  result.skipped = totals[1] != 0.0 || !std::isfinite(result.grad_norm);
+
+  // 3. The fused update of the owned pieces (all of them in ddp), unless the step overflowed.
+  if (!result.skipped) {
+    if (config_.clip_grad_norm > 0.0) {
+      result.clip_coef = std::min(1.0, config_.clip_grad_norm / (result.grad_norm + kClipEpsilon));
+    }
+    const float grad_scale = static_cast<float>(result.clip_coef / (world * loss_scale_));
+    status = kernels::ApplyUpdateCpu(config_.optimizer, optimizer_step_ + 1, grad_scale,
+                                     update_pieces_, &thread_pool_);
+    if (!status.ok()) {
+      failure_ = status;
+      return status;
+    }
+    ++optimizer_step_;
+    ++params_version_;
+  }
+  UpdateLossScale(result.skipped);
+  const absl::Time updated = absl::Now();
+  result.timings.update_ms = Milliseconds(updated - stats_done);
+
+  // 4. All-gather every bucket's parameters (ddp updated everything already).
+  if (!result.skipped && config_.mode != EngineMode::kDdp) {
+    std::vector<std::unique_ptr<comm::Work>> gathers;
+    gathers.reserve(plan_.num_buckets());
+    const comm::ElementType type = ToElementType(config_.param_dtype);
+    for (const BucketLayout& layout : plan_.buckets()) {
+      gathers.push_back(communicator_->AllGatherInPlace(ParamsAt(layout.flat_begin),
+                                                        layout.piece_elems, type, options));
+    }
+    for (std::unique_ptr<comm::Work>& gather : gathers) {
+      const absl::Status gathered = gather->Wait();
+      if (!gathered.ok() && status.ok()) status = gathered;
+    }
+    if (!status.ok()) {
+      failure_ = status;
+      return status;
+    }
+  }
+  const absl::Time done = absl::Now();
+  result.timings.allgather_ms = Milliseconds(done - updated);
+  result.timings.step_ms = Milliseconds(done - step_start);
+  result.optimizer_step = optimizer_step_;
+  result.next_loss_scale = loss_scale_;
+  result.memory = allocator_.Report();
+  ResetStepState();
+  return result;
+}
+
+void Engine::UpdateLossScale(bool overflow) {
+  const LossScaleConfig& scale = config_.loss_scale;
+  if (!scale.dynamic) return;
+  if (overflow) {
+    loss_scale_ *= scale.backoff_factor;
+    good_steps_ = 0;
+    return;
+  }
+  if (++good_steps_ == scale.growth_interval) {
+    loss_scale_ *= scale.growth_factor;
+    good_steps_ = 0;
+  }
+}
+
+void Engine::ResetStepState() {
+  for (BucketState& bucket : buckets_) bucket.tensors_arrived = 0;
+  std::fill(tensor_arrived_.begin(), tensor_arrived_.end(), false);
+  tensors_arrived_ = 0;
+  first_launch_ = absl::InfiniteFuture();
+  last_reduced_ = absl::InfinitePast();
+  exposed_wait_ = absl::ZeroDuration();
+}
+
+}  // namespace engine
+}  // namespace zeroshard

@@ -1,0 +1,260 @@
+// The ZeRO engine: one rank's data path of a training step (DESIGN.md, "Data plane") in ddp,
+// zero1 or zero2 mode: bucketed gradient reduction overlapping backward, the global norm and
+// overflow check, the fused optimizer update of the owned pieces, and the parameter all-gather.
+#ifndef ZEROSHARD_WORKER_ENGINE_ENGINE_H_
+#define ZEROSHARD_WORKER_ENGINE_ENGINE_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kernels/dtype.h"
+#include "kernels/optimizer.h"
+#include "kernels/thread_pool.h"
+#include "sharding/shard_planner.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/counting_allocator.h"
+#include "worker/workloads/workload.h"
+
+namespace zeroshard {
+namespace engine {
+
+// ddp: gradients all-reduced, every rank updates everything (full optimizer state everywhere).
+// zero1: gradients reduce-scattered into a full-size gradient buffer, optimizer state and master
+// weights only for the owned pieces, parameters all-gathered. zero2: as zero1, but only in-flight
+// bucket buffers and the owned gradient pieces are kept.
+enum class EngineMode : int32_t {
+  kDdp = 0,
+  kZero1 = 1,
+  kZero2 = 2,
+};
+
+const char* EngineModeName(EngineMode mode);
+// "ddp", "zero1" or "zero2"; InvalidArgument otherwise.
+absl::StatusOr<EngineMode> ParseEngineMode(absl::string_view name);
+
+// Loss scaling as torch.cuda.amp.GradScaler does it: gradients are stored multiplied by the
+// scale; a step whose gradients hold a NaN or Inf is skipped and (dynamic) multiplies the scale
+// by backoff_factor; after growth_interval consecutive good steps it multiplies by growth_factor.
+struct LossScaleConfig {
+  double initial_scale = 1.0;  // > 0; 1 with dynamic == false means no loss scaling
+  bool dynamic = false;
+  int64_t growth_interval = 2000;  // >= 1
+  double backoff_factor = 0.5;     // in (0, 1)
+  double growth_factor = 2.0;      // > 1
+};
+
+struct EngineConfig {
+  EngineMode mode = EngineMode::kZero2;
+  kernels::OptimizerConfig optimizer;
+  // The full parameter copy every rank keeps (master weights are always fp32).
+  kernels::DType param_dtype = kernels::DType::kFloat32;
+  // How gradients are stored: as backward produced them (ddp, zero1) and the owned reduced
+  // pieces the update reads (all modes).
+  kernels::DType grad_dtype = kernels::DType::kFloat32;
+  // The element type gradients are reduced in (DESIGN.md, "Reduction dtype": fp32 by default,
+  // also for bf16/fp16 gradients).
+  kernels::DType reduce_dtype = kernels::DType::kFloat32;
+  LossScaleConfig loss_scale;
+  // Global-norm clipping as torch.nn.utils.clip_grad_norm_ (max_norm); 0 turns it off.
+  double clip_grad_norm = 0.0;
+  // Threads of the optimizer kernels (results do not depend on it).
+  int threads = 1;
+  // Reduce-dtype bucket buffers that may be in flight at once (zero2, and ddp/zero1 when
+  // grad_dtype != reduce_dtype). GradReady waits for the oldest reduction when all are busy.
+  int bucket_pool_size = 2;
+  // Bound on every collective the engine issues.
+  absl::Duration collective_timeout = absl::Minutes(5);
+};
+
+// Milliseconds spent in the parts of one step.
+struct StepTimings {
+  // Gradient reduction: from the first bucket's launch (during backward) until the last bucket
+  // was seen complete. When reductions finish before Step() is called this is an upper bound.
+  double comm_ms = 0.0;
+  // The part of comm_ms hidden behind backward: comm_ms - exposed_comm_ms (at least 0).
+  double overlapped_comm_ms = 0.0;
+  // Time blocked waiting for bucket reductions: in Step(), plus in GradReady() when every
+  // bucket buffer of the pool was in flight.
+  double exposed_comm_ms = 0.0;
+  // Sum of squares and non-finite check of the owned gradients, plus the small all-reduce.
+  double grad_stats_ms = 0.0;
+  double update_ms = 0.0;
+  // Issuing and waiting for every bucket's parameter all-gather (0 in ddp and on skipped steps).
+  double allgather_ms = 0.0;
+  // The whole of Step().
+  double step_ms = 0.0;
+};
+
+struct StepResult {
+  bool skipped = false;        // gradients held a NaN or Inf: no update was applied
+  int64_t optimizer_step = 0;  // updates applied so far (skipped steps do not count)
+  double global_loss = 0.0;    // mean over ranks of the local losses passed to Step()
+  // L2 norm of the averaged, unscaled gradient (before clipping); NaN or Inf when skipped.
+  double grad_norm = 0.0;
+  double clip_coef = 1.0;        // min(1, clip / (grad_norm + 1e-6)); 1 without clipping
+  double loss_scale = 1.0;       // the scale the step's gradients carried
+  double next_loss_scale = 1.0;  // the scale the next step's gradients will carry
+  StepTimings timings;
+  MemoryReport memory;
+};
+
+// One rank's engine.
+//
+// Per step, the owner calls Parameters() (any number of times, during forward/backward),
+// GradReady() once per tensor in tensor-list order, then Step(). The gradient handed to
+// GradReady is the gradient of the rank's mean loss; the engine stores it multiplied by the loss
+// scale in grad_dtype. Step() applies, to the sum over ranks g of those stored gradients,
+//   grad_scale = clip_coef / (W * loss_scale),   clip_coef = min(1, clip / (norm + 1e-6)),
+//   norm = sqrt(sum of squares of g) / (W * loss_scale),
+// computed in double and rounded to float once, then the optimizer (kernels/optimizer.h).
+//
+// Determinism: for a fixed W, ddp, zero1 and zero2 give bitwise equal parameters, and reruns are
+// bitwise identical: reductions are the communicator's fixed-order rings (an all-reduce equals a
+// reduce-scatter piece by piece), every mode computes the gradient statistics over the same
+// owned pieces, and the update is element-wise with the same grad_scale everywhere.
+//
+// Thread contract: not thread-safe; one owner thread calls everything except Memory(), which
+// may be called from any thread. Collectives run on the communicator's thread(s). The
+// communicator must outlive the engine; the destructor waits for reductions still in flight.
+class Engine : public workloads::GradientSink, public workloads::ParameterSource {
+ public:
+  // `plan` must be for the communicator's world size and `rank` its rank. InvalidArgument
+  // naming the field for a bad config or a mismatch.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const ShardPlan& plan, int64_t rank,
+                                                        const EngineConfig& config,
+                                                        comm::Communicator* communicator);
+  ~Engine() override;
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Fills the master weights this rank keeps and the full parameter copy from `initial`, which
+  // writes every element of one tensor (the same values on every rank). Call before step 0.
+  absl::Status InitializeParameters(
+      absl::FunctionRef<absl::Status(int64_t tensor, absl::Span<float> out)> initial);
+
+  // workloads::GradientSink. Copies `gradient` into its bucket; when the bucket's last tensor
+  // arrives, starts the bucket's reduction without waiting for it. InvalidArgument for a bad
+  // tensor or size; FailedPrecondition for a tensor handed twice in one step or out of order.
+  absl::Status GradReady(int64_t tensor, absl::Span<const float> gradient) override;
+
+  // workloads::ParameterSource: the current full parameters of `tensor` in fp32 (widened from
+  // param_dtype). Valid until the next Step().
+  absl::Span<const float> Parameters(int64_t tensor) override;
+
+  // Finishes the step: waits for the reductions, checks the global norm and overflow, updates
+  // the owned pieces and all-gathers the parameters. Every tensor must have been handed to
+  // GradReady. `local_loss` is this rank's mean loss (averaged over ranks for the result).
+  // After a failed collective the engine is unusable: this and later calls fail.
+  absl::StatusOr<StepResult> Step(double local_loss);
+
+  // Bytes by category, from the counting allocator.
+  MemoryReport Memory() const { return allocator_.Report(); }
+
+  int64_t optimizer_step() const { return optimizer_step_; }
+  double loss_scale() const { return loss_scale_; }
+  const EngineConfig& config() const { return config_; }
+  const ShardPlan& plan() const { return plan_; }
+  const RankView& view() const { return view_; }
+
+ private:
+  // Per-bucket progress within the current step.
+  struct BucketState {
+    int64_t tensors_arrived = 0;
+    int slot = -1;  // pool slot holding the bucket's reduce buffer, or -1 (none / in place)
+    std::unique_ptr<comm::Work> reduction;  // set from launch until retired
+  };
+
+  Engine(const ShardPlan& plan, RankView view, const EngineConfig& config,
+         comm::Communicator* communicator);
+  void AllocateBuffers();
+  void BuildPieces();
+
+  bool UsesBucketPool() const;
+  // Element offset, in the owned layout, of the owned piece of `bucket`.
+  int64_t OwnedOffset(int64_t bucket) const { return owned_offsets_[bucket]; }
+  char* ParamsAt(int64_t flat) const;
+  char* GradsAt(int64_t flat) const;  // ddp/zero1 only: the full-size gradient buffer
+  char* SlotData(int slot) const;
+
+  // Takes a free pool slot for `bucket`, retiring the oldest reduction if none is free.
+  absl::Status AcquireSlot(int64_t bucket);
+  // Zeroes the bucket's padding and alignment gaps in its reduce buffer and starts its
+  // reduction (all-reduce in ddp, reduce-scatter otherwise).
+  absl::Status LaunchBucket(int64_t bucket);
+  // Waits for the oldest in-flight reduction, moves its reduced values into the gradient
+  // storage the update reads, and frees its slot.
+  absl::Status RetireOldest();
+  // Applies the outcome of one step to the loss scale.
+  void UpdateLossScale(bool overflow);
+  void ResetStepState();
+
+  const ShardPlan plan_;
+  const RankView view_;
+  const EngineConfig config_;
+  comm::Communicator* const communicator_;
+  const int64_t world_size_;
+  const int64_t rank_;
+  const int param_size_;  // bytes per element of each dtype
+  const int grad_size_;
+  const int reduce_size_;
+  const int state_arrays_;
+
+  // owned_offsets_[b]: sum of the piece sizes of buckets before b (the owned layout).
+  std::vector<int64_t> owned_offsets_;
+  // Flat ranges of each bucket not covered by a tensor (alignment gaps and tail padding):
+  // gaps_[gap_begin_[b] .. gap_begin_[b + 1]) belong to bucket b.
+  std::vector<std::pair<int64_t, int64_t>> gaps_;
+  std::vector<int64_t> gap_begin_;
+
+  // Declared before the buffers, so it outlives them.
+  CountingAllocator allocator_;
+  CountedBuffer params_;  // padded_elems of param_dtype, plan layout
+  // ddp/zero1: padded_elems of grad_dtype in plan layout; zero2: owned_elems in owned layout.
+  CountedBuffer grads_;
+  // ddp: padded_elems fp32 in plan layout; zero1/zero2: owned_elems fp32 in owned layout.
+  CountedBuffer master_;
+  std::vector<CountedBuffer> state_;  // state_arrays_ buffers laid out like master_
+  std::vector<CountedBuffer> pool_;   // reduce-dtype buffers of the largest bucket's size
+  CountedBuffer stats_buffer_;        // 3 doubles: sum of squares, non-finite count, loss
+  CountedBuffer workload_view_;       // fp32 params, allocated on first use (non-fp32 params)
+
+  // The update's pieces (one per owned fragment; one per tensor in ddp) and the statistics'
+  // pieces (the owned fragments' gradients, in every mode): fixed after construction.
+  std::vector<kernels::UpdatePiece> update_pieces_;
+  std::vector<kernels::GradPiece> stats_pieces_;
+  kernels::ThreadPool thread_pool_;
+
+  // Step state. Invariant: a bucket is in in_flight_ iff its reduction is set; in_flight_ is
+  // in launch order, which is the communicator's completion order.
+  std::vector<BucketState> buckets_;
+  std::vector<bool> tensor_arrived_;
+  std::deque<int64_t> in_flight_;
+  std::vector<int> free_slots_;
+  int64_t tensors_arrived_ = 0;
+  absl::Time first_launch_ = absl::InfiniteFuture();
+  absl::Time last_reduced_ = absl::InfinitePast();
+  absl::Duration exposed_wait_ = absl::ZeroDuration();
+
+  // Parameter versions: bumped by every change of params_; view_version_[t] is the version
+  // tensor t of workload_view_ was widened from.
+  int64_t params_version_ = 1;
+  std::vector<int64_t> view_version_;
+
+  int64_t optimizer_step_ = 0;
+  double loss_scale_ = 1.0;
+  int64_t good_steps_ = 0;  // consecutive non-skipped steps since the scale last changed
+  absl::Status failure_;    // set by the first failed collective; the engine is then unusable
+};
+
+}  // namespace engine
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_ENGINE_ENGINE_H_
