@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # sharding/model_catalog.cc's presets (layer sizes of the MLP).
 PRESET_LAYERS = {
     "seed": [10, 64, 10],
@@ -72,7 +73,11 @@ def parse_args():
         description="Runs the document's job in ddp and zero2 mode and compares them."
     )
     parser.add_argument("--coordinator", default=os.environ.get("ZEROSHARD_COORDINATOR"))
-    parser.add_argument("--cli", default=os.environ.get("ZEROSHARD_CLI", "bazel-bin/client/zeroshard"))
+    parser.add_argument(
+        "--cli",
+        default=os.environ.get("ZEROSHARD_CLI", os.path.join(REPO_ROOT, ".bazel/bin/client/zeroshard")),
+        help="the zeroshard CLI (default: $ZEROSHARD_CLI, set by cluster.py)",
+    )
     parser.add_argument(
         "--final_params_dir",
         default=os.environ.get("ZEROSHARD_FINAL_PARAMS_DIR"),

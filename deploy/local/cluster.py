@@ -66,8 +66,8 @@ def parse_args(argv):
     parser.add_argument(
         "--bin_dir",
         default=None,
-        help="directory holding coordinator/, client/ and worker/ binaries (default: bazel-bin "
-        "of this checkout)",
+        help="directory holding coordinator/, client/ and worker/ binaries (default: this "
+        "checkout's .bazel/bin, else bazel-bin; `bazel info -c opt bazel-bin` names the -c opt one)",
     )
     parser.add_argument(
         "--log_dir", default=None, help="where logs and state go (default: a new dir under /tmp)"
@@ -102,6 +102,16 @@ def parse_args(argv):
     if args.worker_threads is not None and args.worker_threads < 1:
         parser.error("--worker_threads must be >= 1")
     return args, command
+
+
+def default_bin_dir():
+    """The checkout's convenience symlink to the last build's outputs (.bazel/bin with the
+    repository's --symlink_prefix, bazel-bin without it)."""
+    for candidate in (".bazel/bin", "bazel-bin"):
+        path = os.path.join(REPO_ROOT, candidate)
+        if os.path.isdir(path):
+            return path
+    return os.path.join(REPO_ROOT, ".bazel/bin")
 
 
 def find_binaries(bin_dir):
@@ -401,7 +411,7 @@ def main(argv):
     except ClusterError as e:
         log(f"error: {e}")
         return 2
-    bin_dir = args.bin_dir or os.path.join(REPO_ROOT, "bazel-bin")
+    bin_dir = args.bin_dir or default_bin_dir()
     if args.log_dir:
         log_dir = os.path.abspath(args.log_dir)
         os.makedirs(log_dir, exist_ok=True)
