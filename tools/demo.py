@@ -244,7 +244,7 @@ def max_abs_diff(path_a, path_b):
 
 def print_table(args, runs, psi):
     headers = ["optimizer", "mode", "loss start", "loss end", "max|Δparam|",
-               "opt state/worker", "ZeRO formula", "median step"]
+               "opt state/worker", "ZeRO formula", "grads/worker", "total/worker", "median step"]
     rows = []
     for run in runs:
         reference = next(r for r in runs if r.optimizer == run.optimizer)
@@ -264,6 +264,8 @@ def print_table(args, runs, psi):
             diff,
             format_bytes(run.memory.get("optimizer_state_bytes", 0)),
             f"{format_bytes(int(round(formula)))} ({formula_text})",
+            format_bytes(run.memory.get("grads_bytes", 0)),
+            format_bytes(run.memory.get("total_bytes", 0)),
             f"{statistics.median(run.step_ms):.2f} ms" if run.step_ms else "-",
         ])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
@@ -300,7 +302,10 @@ def main():
 
     say()
     say(f"== Results ({args.workers} workers, preset {args.preset}, {args.steps} steps; "
-        f"Ψ = {psi:,}; optimizer state is fp32: SGD without momentum keeps none, AdamW keeps 2 arrays)")
+        f"Ψ = {psi:,})")
+    say("Memory is rank 0's, counted by the engine's allocator. Optimizer state is fp32: SGD "
+        "without momentum keeps none, AdamW 2 arrays; the measured bytes include the shard plan's "
+        "padding (tensors start at multiples of 64 elements, buckets are padded to lcm(W, 128)).")
     print_table(args, runs, psi)
     say()
     status = 0
@@ -320,8 +325,9 @@ def main():
                 say(f"{optimizer}: {other.mode} holds {other_state / ddp_state:.3f} of {reference.mode}'s "
                     f"optimizer state per worker (1/{args.workers} = {1 / args.workers:.3f}, plus padding)")
         if reference.losses:
-            say(f"{optimizer}: loss {reference.losses[0]:.4g} → {reference.losses[-1]:.4g} "
-                f"(×{reference.losses[0] / reference.losses[-1]:.1f} lower)" if reference.losses[-1] > 0 else "")
+            first, last = reference.losses[0], reference.losses[-1]
+            change = f"×{first / last:.1f} lower" if 0 < last < first else "did not fall"
+            say(f"{optimizer}: loss {first:.4g} → {last:.4g} over {args.steps} steps ({change})")
     return status
 
 
