@@ -1,0 +1,182 @@
+// The engine's memory report, read from its counting allocator, against the ZeRO formulas for
+// Adam with bf16 parameters and gradients and fp32 master weights, per rank (Ψ = parameters):
+// ddp 16Ψ, zero1 4Ψ + 12Ψ/W, zero2 2Ψ + 14Ψ/W, plus bucket buffers and padding, for W in {1,2,4}.
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/engine.h"
+
+namespace zeroshard {
+namespace engine {
+namespace {
+
+using kernels::DType;
+
+// A communicator that only knows its place in the group: the memory checks run no collective.
+class PlaceholderCommunicator : public comm::Communicator {
+ public:
+  PlaceholderCommunicator(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  std::unique_ptr<comm::Work> ReduceScatter(const void*, void*, size_t, comm::ElementType,
+                                            comm::ReduceOp,
+                                            const comm::CollectiveOptions&) override {
+    return Unused();
+  }
+  std::unique_ptr<comm::Work> ReduceScatterInPlace(void*, size_t, comm::ElementType, comm::ReduceOp,
+                                                   const comm::CollectiveOptions&) override {
+    return Unused();
+  }
+  std::unique_ptr<comm::Work> AllGather(const void*, void*, size_t, comm::ElementType,
+                                        const comm::CollectiveOptions&) override {
+    return Unused();
+  }
+  std::unique_ptr<comm::Work> AllGatherInPlace(void*, size_t, comm::ElementType,
+                                               const comm::CollectiveOptions&) override {
+    return Unused();
+  }
+  std::unique_ptr<comm::Work> AllReduce(void*, size_t, comm::ElementType, comm::ReduceOp,
+                                        const comm::CollectiveOptions&) override {
+    return Unused();
+  }
+  std::unique_ptr<comm::Work> Broadcast(void*, size_t, comm::ElementType, int,
+                                        const comm::CollectiveOptions&) override {
+    return Unused();
+  }
+  std::unique_ptr<comm::Work> Barrier(const comm::CollectiveOptions&) override { return Unused(); }
+  void Abort() override {}
+  comm::CommunicatorStats stats() const override { return {}; }
+
+ private:
+  static std::unique_ptr<comm::Work> Unused() {
+    return comm::MakeFinishedWork(absl::UnimplementedError("no collectives in memory tests"));
+  }
+  const int rank_;
+  const int world_size_;
+};
+
+// About 1.05M parameters in tensors of uneven sizes, in buckets of 64Ki elements.
+ShardPlan MemoryPlan(int64_t world_size) {
+  std::vector<TensorSpec> tensors;
+  const int64_t sizes[] = {262144, 1000, 131071, 300000, 7, 65536, 200003, 90000};
+  for (int64_t size : sizes) {
+    TensorSpec spec;
+    spec.name = absl::StrCat("t", tensors.size());
+    spec.shape = {size};
+    spec.num_elements = size;
+    tensors.push_back(spec);
+  }
+  ShardPlanOptions options;
+  options.bucket_elems = 65536;
+  auto plan = ShardPlan::Create(tensors, world_size, options);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *std::move(plan);
+}
+
+EngineConfig AdamBf16Config(EngineMode mode) {
+  EngineConfig config;
+  config.mode = mode;
+  config.optimizer.kind = kernels::OptimizerKind::kAdam;
+  config.param_dtype = DType::kBFloat16;
+  config.grad_dtype = DType::kBFloat16;
+  return config;
+}
+
+int64_t LargestBucket(const ShardPlan& plan) {
+  int64_t largest = 0;
+  for (const BucketLayout& bucket : plan.buckets())
+    largest = std::max(largest, bucket.padded_elems);
+  return largest;
+}
+
+class EngineMemoryTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(EngineMemoryTest, ReportedBytesFollowTheZeroFormulas) {
+  const int world_size = GetParam();
+  const ShardPlan plan = MemoryPlan(world_size);
+  const double psi = static_cast<double>(plan.tensor_elems());
+  const double padding = static_cast<double>(plan.padded_elems() - plan.tensor_elems());
+  // Padding (alignment gaps and bucket tails) stays small, so the tolerances below are tight.
+  ASSERT_LT(padding, 0.01 * psi);
+  const double w = world_size;
+  struct Expectation {
+    EngineMode mode;
+    double replicated_bytes_per_param;  // kept whole on every rank
+    double sharded_bytes_per_param;     // divided among the W ranks
+  };
+  const Expectation expectations[] = {
+      {EngineMode::kDdp, 16.0, 0.0},    // 2 params + 2 grads + 4 master + 8 Adam state
+      {EngineMode::kZero1, 4.0, 12.0},  // 2 params + 2 grads; 4 master + 8 state sharded
+      {EngineMode::kZero2, 2.0, 14.0},  // 2 params; 2 grads + 4 master + 8 state sharded
+  };
+  int64_t ddp_state_bytes = 0;
+  for (const Expectation& expected : expectations) {
+    for (int rank = 0; rank < world_size; ++rank) {
+      SCOPED_TRACE(absl::StrCat(EngineModeName(expected.mode), " W=", world_size, " rank ", rank));
+      PlaceholderCommunicator communicator(rank, world_size);
+      auto engine = Engine::Create(plan, rank, AdamBf16Config(expected.mode), &communicator);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      const MemoryReport report = (*engine)->Memory();
+      const int64_t model_state =
+          report.of(MemoryCategory::kParams) + report.of(MemoryCategory::kGrads) +
+          report.of(MemoryCategory::kMaster) + report.of(MemoryCategory::kOptimizerState);
+      const double formula =
+          expected.replicated_bytes_per_param * psi + expected.sharded_bytes_per_param * psi / w;
+      // Padding elements are stored like parameters: at most the formula's bytes per element.
+      const double tolerance = expected.replicated_bytes_per_param * padding +
+                               expected.sharded_bytes_per_param * padding / w;
+      EXPECT_GE(model_state, formula);
+      EXPECT_LE(model_state, formula + tolerance) << report.ToString();
+      // bf16 gradients are reduced in fp32 (the default), through a pool of 2 bucket buffers.
+      EXPECT_EQ(report.of(MemoryCategory::kBuckets), 2 * LargestBucket(plan) * 4);
+      EXPECT_EQ(report.of(MemoryCategory::kCommScratch), 3 * 8);
+      EXPECT_EQ(report.of(MemoryCategory::kWorkloadView), 0);
+      // Optimizer state per rank is ddp's / W exactly (every rank owns padded_elems / W).
+      const int64_t state = report.of(MemoryCategory::kOptimizerState);
+      if (expected.mode == EngineMode::kDdp) {
+        ddp_state_bytes = state;
+      } else {
+        EXPECT_EQ(state * world_size, ddp_state_bytes);
+      }
+    }
+  }
+}
+
+TEST_P(EngineMemoryTest, ReducingInTheGradientDtypeNeedsNoBucketBuffersOutsideZero2) {
+  const int world_size = GetParam();
+  const ShardPlan plan = MemoryPlan(world_size);
+  for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
+    SCOPED_TRACE(EngineModeName(mode));
+    EngineConfig config = AdamBf16Config(mode);
+    config.reduce_dtype = DType::kBFloat16;
+    config.bucket_pool_size = 3;
+    PlaceholderCommunicator communicator(0, world_size);
+    auto engine = Engine::Create(plan, 0, config, &communicator);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const int64_t expected_buckets = mode == EngineMode::kZero2 ? 3 * LargestBucket(plan) * 2 : 0;
+    EXPECT_EQ((*engine)->Memory().of(MemoryCategory::kBuckets), expected_buckets);
+  }
+}
+
+TEST_P(EngineMemoryTest, WidenedParametersAreCountedWhenTheWorkloadAsksForThem) {
+  const int world_size = GetParam();
+  const ShardPlan plan = MemoryPlan(world_size);
+  PlaceholderCommunicator communicator(0, world_size);
+  auto engine = Engine::Create(plan, 0, AdamBf16Config(EngineMode::kZero2), &communicator);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  (*engine)->Parameters(0);
+  EXPECT_EQ((*engine)->Memory().of(MemoryCategory::kWorkloadView), plan.padded_elems() * 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, EngineMemoryTest, ::testing::Values(1, 2, 4),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return absl::StrCat("W", info.param);
+                         });
+
+}  // namespace
+}  // namespace engine
+}  // namespace zeroshard
