@@ -26,8 +26,10 @@ ABSL_FLAG(int, world_size, 2, "ranks (threads)");
 ABSL_FLAG(int64_t, elements, int64_t{16} << 20, "fp32 elements in the buffer");
 ABSL_FLAG(int, repetitions, 7, "timed repetitions per operation (median reported)");
 ABSL_FLAG(int, warmup, 2, "untimed repetitions per operation");
-ABSL_FLAG(int64_t, segment_bytes, 512 * 1024, "GlooCommunicatorOptions::segment_bytes");
-ABSL_FLAG(int, staging_segments, 8, "GlooCommunicatorOptions::staging_segments");
+ABSL_FLAG(int64_t, segment_bytes, zeroshard::comm::GlooCommunicatorOptions().segment_bytes,
+          "GlooCommunicatorOptions::segment_bytes");
+ABSL_FLAG(int, staging_segments, zeroshard::comm::GlooCommunicatorOptions().staging_segments,
+          "GlooCommunicatorOptions::staging_segments");
 
 namespace zeroshard {
 namespace comm {

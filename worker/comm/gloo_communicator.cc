@@ -112,9 +112,9 @@ std::chrono::milliseconds ToGlooTimeout(absl::Duration remaining) {
 
 bool IsValidType(ElementType type) { return ElementSize(type) != 0; }
 
-}  // namespace
-
 enum class OperationKind { kReduceScatter, kAllGather, kAllReduce, kBroadcast, kBarrier };
+
+}  // namespace
 
 // One issued operation. `input` is the out-of-place source (null when in place); `buffer` is the
 // whole buffer the operation works on (for an out-of-place ReduceScatter, the output piece).
@@ -571,6 +571,9 @@ CommunicatorStats GlooCommunicator::stats() const {
 std::unique_ptr<Work> GlooCommunicator::Enqueue(Operation operation) {
   if (!IsValidType(operation.type)) {
     return MakeFinishedWork(absl::InvalidArgumentError("invalid element type"));
+  }
+  if (operation.options.timeout <= absl::ZeroDuration()) {
+    return MakeFinishedWork(absl::InvalidArgumentError("timeout must be positive"));
   }
   const size_t element_size = ElementSize(operation.type);
   if (operation.count > std::numeric_limits<size_t>::max() / element_size / world_size_) {

@@ -44,10 +44,10 @@ struct GlooCommunicatorOptions {
   absl::Duration rendezvous_timeout = absl::Seconds(60);
   // Pipeline unit: each ring step moves its piece in segments of at most this many bytes, so
   // the transfer of one segment overlaps the reduction of the previous one.
-  size_t segment_bytes = 512 * 1024;
+  size_t segment_bytes = 1024 * 1024;
   // Reduce-scatter receives into this many staging segments (the communicator's only scratch
   // for in-place collectives: staging_segments * segment_bytes).
-  int staging_segments = 8;
+  int staging_segments = 4;
 };
 
 // Algorithms (W = world size, r = this rank, pieces p = 0..W-1, next = r+1, prev = r-1 mod W):

@@ -18,8 +18,8 @@ namespace comm {
 namespace {
 
 // Creates `world_size` communicators concurrently (one thread per rank) over one store.
-std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(int world_size, Store* store,
-                                                           size_t segment_bytes = 512 * 1024) {
+std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(
+    int world_size, Store* store, size_t segment_bytes = GlooCommunicatorOptions().segment_bytes) {
   std::vector<std::unique_ptr<GlooCommunicator>> group(world_size);
   std::vector<absl::Status> statuses(world_size);
   std::vector<std::thread> threads;
