@@ -102,6 +102,36 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCollectivesTest, ::testing::Range(1, 6)
                            return absl::StrCat("W", info.param);
                          });
 
+TEST(GlooCommunicatorTest, SeparateRunsAndSegmentSizesGiveTheSameBits) {
+  constexpr int kWorldSize = 3;
+  constexpr size_t kPieceCount = 20000;
+  std::vector<std::vector<std::vector<char>>> results;
+  for (size_t segment_bytes :
+       {size_t{256}, size_t{4096}, GlooCommunicatorOptions().segment_bytes}) {
+    InMemoryStore store;
+    auto group = CreateGroup(kWorldSize, &store, segment_bytes);
+    for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+    std::vector<std::vector<char>> buffers(kWorldSize);
+    auto statuses = OnEveryRank(group, [&](Communicator& communicator) {
+      std::vector<char>& buffer = buffers[communicator.rank()];
+      buffer = MakeInput(ElementType::kFloat32, communicator.rank(), kWorldSize * kPieceCount, 5);
+      return communicator
+          .AllReduce(buffer.data(), kWorldSize * kPieceCount, ElementType::kFloat32, ReduceOp::kSum)
+          ->Wait(absl::Seconds(60));
+    });
+    for (const absl::Status& status : statuses) ASSERT_TRUE(status.ok()) << status;
+    results.push_back(buffers);
+  }
+  for (size_t run = 1; run < results.size(); ++run) {
+    for (int rank = 0; rank < kWorldSize; ++rank) {
+      EXPECT_TRUE(results[run][rank] == results[0][rank]) << "run " << run << ", rank " << rank;
+    }
+  }
+  for (int rank = 1; rank < kWorldSize; ++rank) {
+    EXPECT_TRUE(results[0][rank] == results[0][0]) << "ranks disagree: " << rank;
+  }
+}
+
 TEST(GlooCommunicatorTest, StatsCountTheRingTraffic) {
   InMemoryStore store;
   auto group = CreateGroup(4, &store);
