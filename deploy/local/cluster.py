@@ -412,6 +412,11 @@ def main(argv):
         log(f"error: {e}")
         return 2
     bin_dir = args.bin_dir or default_bin_dir()
+    try:
+        binaries = find_binaries(bin_dir)
+    except ClusterError as e:
+        log(f"error: {e}")
+        return 1
     if args.log_dir:
         log_dir = os.path.abspath(args.log_dir)
         os.makedirs(log_dir, exist_ok=True)
@@ -422,7 +427,6 @@ def main(argv):
 
     cluster = None
     try:
-        binaries = find_binaries(bin_dir)
         cluster = Cluster(args, binaries, log_dir)
         log(f"logs in {log_dir}")
         cluster.start_coordinator()
