@@ -1,0 +1,314 @@
+// step_bench: one training step of the engine in ddp, zero1 and zero2, as real processes over
+// Gloo on loopback, with a synthetic gradient producer; plus a raw gloo::allreduce (ring) of the
+// same buffer in the same run. One JSON object per line (rank 0 prints). Run:
+//   bazel run -c opt //tests/bench:step_bench -- --world_size=2 --params=16000000
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gloo/allreduce.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/device.h"
+#include "kernels/optimizer.h"
+#include "sharding/shard_planner.h"
+#include "worker/comm/file_store.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/gloo_store_adapter.h"
+#include "worker/engine/engine.h"
+
+ABSL_FLAG(int, world_size, 2, "ranks (one process each)");
+ABSL_FLAG(int64_t, params, 16000000, "fp32 parameters of the synthetic model");
+ABSL_FLAG(std::string, optimizer, "adam", "sgd, adam, adamw, adagrad or lion");
+ABSL_FLAG(std::string, mode, "", "ddp, zero1 or zero2; empty runs all three");
+ABSL_FLAG(int, steps, 7, "timed steps per mode (medians reported)");
+ABSL_FLAG(int, warmup, 2, "untimed steps per mode");
+ABSL_FLAG(int, threads, 1, "optimizer kernel threads per rank");
+ABSL_FLAG(int64_t, tensor_elems, int64_t{1} << 20, "elements per synthetic tensor");
+ABSL_FLAG(int, rank, -1, "internal: the rank of a child process (-1: launch the children)");
+ABSL_FLAG(std::string, store_dir, "", "internal: the children's FileStore directory");
+
+namespace zeroshard {
+namespace {
+
+void CheckOk(const absl::Status& status, const char* what) {
+  if (!status.ok()) {
+    std::fprintf(stderr, "step_bench rank %d: %s: %s\n", absl::GetFlag(FLAGS_rank), what,
+                 status.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0.0 : values[values.size() / 2];
+}
+
+// Tensors of tensor_elems elements (the last one smaller) adding up to `params`.
+std::vector<TensorSpec> SyntheticTensors(int64_t params, int64_t tensor_elems) {
+  std::vector<TensorSpec> tensors;
+  for (int64_t begin = 0; begin < params; begin += tensor_elems) {
+    TensorSpec spec;
+    spec.name = absl::StrCat("layer", tensors.size(), ".weight");
+    spec.num_elements = std::min(tensor_elems, params - begin);
+    spec.shape = {spec.num_elements};
+    tensors.push_back(spec);
+  }
+  return tensors;
+}
+
+// A cheap deterministic gradient: small values that vary with the element and the step.
+void FillGradient(int64_t tensor, int64_t step, int rank, std::vector<float>& gradient) {
+  const int64_t offset = tensor * 7 + step * 3 + rank;
+  for (size_t j = 0; j < gradient.size(); ++j) {
+    gradient[j] = static_cast<float>(static_cast<int64_t>((j + offset) % 17) - 8) * 1e-3f;
+  }
+}
+
+// Per step, the slowest rank's time of each part (an fp64 kMax all-reduce).
+enum Field { kStep, kEngineStep, kBackward, kComm, kExposed, kStats, kUpdate, kAllgather, kFields };
+
+std::vector<double> SlowestRank(comm::Communicator& communicator, std::vector<double> values) {
+  CheckOk(communicator
+              .AllReduce(values.data(), values.size(), comm::ElementType::kFloat64,
+                         comm::ReduceOp::kMax)
+              ->Wait(),
+          "timing all-reduce");
+  return values;
+}
+
+void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator& communicator,
+             double raw_allreduce_ms) {
+  const int rank = communicator.rank();
+  engine::EngineConfig config;
+  config.mode = mode;
+  kernels::OptimizerConfig optimizer;
+  bool known = false;
+  for (auto kind :
+       {kernels::OptimizerKind::kSgd, kernels::OptimizerKind::kAdam, kernels::OptimizerKind::kAdamW,
+        kernels::OptimizerKind::kAdagrad, kernels::OptimizerKind::kLion}) {
+    if (absl::GetFlag(FLAGS_optimizer) == kernels::OptimizerKindName(kind)) {
+      optimizer.kind = kind;
+      known = true;
+    }
+  }
+  if (!known) CheckOk(absl::InvalidArgumentError("unknown --optimizer"), "flags");
+  if (optimizer.kind == kernels::OptimizerKind::kSgd) optimizer.momentum = 0.9;
+  config.optimizer = optimizer;
+  config.threads = absl::GetFlag(FLAGS_threads);
+  auto created = engine::Engine::Create(plan, rank, config, &communicator);
+  CheckOk(created.status(), "Engine::Create");
+  engine::Engine& step_engine = **created;
+  CheckOk(step_engine.InitializeParameters([](int64_t, absl::Span<float> out) {
+    std::fill(out.begin(), out.end(), 0.01f);
+    return absl::OkStatus();
+  }),
+          "InitializeParameters");
+  int64_t largest = 0;
+  for (const TensorSpec& spec : plan.tensors()) largest = std::max(largest, spec.num_elements);
+  std::vector<float> gradient(largest);
+  std::vector<std::vector<double>> samples(kFields);
+  engine::StepResult last;
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  for (int step = 0; step < warmup + steps; ++step) {
+    CheckOk(communicator.Barrier()->Wait(), "barrier");
+    const absl::Time start = absl::Now();
+    for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+      gradient.resize(plan.tensors()[t].num_elements);
+      FillGradient(t, step, rank, gradient);
+      CheckOk(step_engine.GradReady(t, gradient), "GradReady");
+    }
+    const absl::Time backward_done = absl::Now();
+    auto result = step_engine.Step(0.5);
+    CheckOk(result.status(), "Step");
+    const absl::Time done = absl::Now();
+    last = *result;
+    const engine::StepTimings& timings = result->timings;
+    std::vector<double> values(kFields);
+    values[kStep] = absl::ToDoubleMilliseconds(done - start);
+    values[kEngineStep] = timings.step_ms;
+    values[kBackward] = absl::ToDoubleMilliseconds(backward_done - start);
+    values[kComm] = timings.comm_ms;
+    values[kExposed] = timings.exposed_comm_ms;
+    values[kStats] = timings.grad_stats_ms;
+    values[kUpdate] = timings.update_ms;
+    values[kAllgather] = timings.allgather_ms;
+    values = SlowestRank(communicator, values);
+    if (step >= warmup) {
+      for (int f = 0; f < kFields; ++f) samples[f].push_back(values[f]);
+    }
+  }
+  if (rank != 0) return;
+  std::vector<double> median(kFields);
+  for (int f = 0; f < kFields; ++f) median[f] = Median(samples[f]);
+  const int world_size = communicator.world_size();
+  const double bytes = static_cast<double>(plan.padded_elems()) * 4.0;
+  // Gradient reduction and parameter gather together move 2 (W-1)/W of the buffer per rank.
+  const double moved_ms = median[kComm] + median[kAllgather];
+  const double busbw =
+      moved_ms > 0 ? bytes * 2.0 * (world_size - 1) / world_size / (moved_ms * 1e-3) / 1e9 : 0.0;
+  const engine::MemoryReport& memory = last.memory;
+  using engine::MemoryCategory;
+  std::printf(
+      "{\"bench\":\"step\",\"mode\":\"%s\",\"world_size\":%d,\"params\":%lld,"
+      "\"optimizer\":\"%s\",\"steps\":%d,\"step_ms\":%.3f,\"engine_step_ms\":%.3f,"
+      "\"backward_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"grad_stats_ms\":%.3f,"
+      "\"update_ms\":%.3f,\"allgather_ms\":%.3f,\"comm_plus_allgather_ms\":%.3f,"
+      "\"gloo_allreduce_ms\":%.3f,\"comm_vs_gloo_allreduce\":%.3f,\"busbw_gbps\":%.3f,"
+      "\"opt_state_bytes_per_rank\":%lld,\"master_bytes_per_rank\":%lld,"
+      "\"grad_bytes_per_rank\":%lld,\"param_bytes_per_rank\":%lld,\"bucket_bytes_per_rank\":%lld,"
+      "\"total_bytes_per_rank\":%lld}\n",
+      engine::EngineModeName(mode), world_size, static_cast<long long>(plan.tensor_elems()),
+      absl::GetFlag(FLAGS_optimizer).c_str(), steps, median[kStep], median[kEngineStep],
+      median[kBackward], median[kComm], median[kExposed], median[kStats], median[kUpdate],
+      median[kAllgather], moved_ms, raw_allreduce_ms,
+      raw_allreduce_ms > 0 ? moved_ms / raw_allreduce_ms : 0.0, busbw,
+      static_cast<long long>(memory.of(MemoryCategory::kOptimizerState)),
+      static_cast<long long>(memory.of(MemoryCategory::kMaster)),
+      static_cast<long long>(memory.of(MemoryCategory::kGrads)),
+      static_cast<long long>(memory.of(MemoryCategory::kParams)),
+      static_cast<long long>(memory.of(MemoryCategory::kBuckets)),
+      static_cast<long long>(memory.total()));
+  std::fflush(stdout);
+}
+
+// The baseline: gloo::allreduce with its ring algorithm over a buffer of the plan's size, on its
+// own Gloo context. Returns the median of the slowest rank's times.
+double RawGlooAllreduceMs(comm::Store& store, comm::Communicator& communicator, int64_t elements) {
+  const int rank = communicator.rank();
+  const int world_size = communicator.world_size();
+  if (world_size == 1) return 0.0;
+  gloo::transport::tcp::attr attr;
+  attr.hostname = "127.0.0.1";
+  auto device = gloo::transport::tcp::CreateDevice(attr);
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
+  comm::GlooStoreAdapter adapter(&store, "raw_allreduce", absl::Seconds(60));
+  context->connectFullMesh(adapter, device);
+  std::vector<float> buffer(elements, 1.0f + rank);
+  std::vector<double> samples;
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  for (int i = 0; i < warmup + absl::GetFlag(FLAGS_steps); ++i) {
+    CheckOk(communicator.Barrier()->Wait(), "barrier");
+    const absl::Time start = absl::Now();
+    gloo::AllreduceOptions options(context);
+    options.setOutput(buffer.data(), buffer.size());
+    options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
+    options.setReduceFunction(sum);
+    options.setTimeout(std::chrono::seconds(120));
+    gloo::allreduce(options);
+    std::vector<double> elapsed = {absl::ToDoubleMilliseconds(absl::Now() - start)};
+    elapsed = SlowestRank(communicator, elapsed);
+    if (i >= warmup) samples.push_back(elapsed[0]);
+  }
+  const double median = Median(samples);
+  if (rank == 0) {
+    const double bytes = static_cast<double>(elements) * 4.0;
+    std::printf(
+        "{\"bench\":\"step\",\"mode\":\"gloo_allreduce_ring\",\"world_size\":%d,\"params\":%lld,"
+        "\"allreduce_ms\":%.3f,\"busbw_gbps\":%.3f}\n",
+        world_size, static_cast<long long>(elements), median,
+        bytes * 2.0 * (world_size - 1) / world_size / (median * 1e-3) / 1e9);
+    std::fflush(stdout);
+  }
+  return median;
+}
+
+int RunRank() {
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const int world_size = absl::GetFlag(FLAGS_world_size);
+  comm::FileStore store(absl::GetFlag(FLAGS_store_dir));
+  comm::GlooCommunicatorOptions options;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.store = &store;
+  options.store_prefix = "engine";
+  auto communicator = comm::GlooCommunicator::Create(options);
+  CheckOk(communicator.status(), "GlooCommunicator::Create");
+  auto plan = ShardPlan::Create(
+      SyntheticTensors(absl::GetFlag(FLAGS_params), absl::GetFlag(FLAGS_tensor_elems)), world_size);
+  CheckOk(plan.status(), "ShardPlan::Create");
+  double raw_ms = 0.0;
+  try {
+    raw_ms = RawGlooAllreduceMs(store, **communicator, plan->padded_elems());
+  } catch (const std::exception& error) {
+    CheckOk(absl::InternalError(error.what()), "gloo::allreduce");
+  }
+  std::vector<engine::EngineMode> modes = {engine::EngineMode::kDdp, engine::EngineMode::kZero1,
+                                           engine::EngineMode::kZero2};
+  if (!absl::GetFlag(FLAGS_mode).empty()) {
+    auto mode = engine::ParseEngineMode(absl::GetFlag(FLAGS_mode));
+    CheckOk(mode.status(), "--mode");
+    modes = {*mode};
+  }
+  for (engine::EngineMode mode : modes) RunMode(mode, *plan, **communicator, raw_ms);
+  return 0;
+}
+
+// Starts world_size copies of this binary with --rank, sharing a FileStore directory.
+int LaunchRanks(const char* self) {
+  char directory_template[] = "/tmp/step_bench.XXXXXX";
+  const char* directory = mkdtemp(directory_template);
+  if (directory == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  const int world_size = absl::GetFlag(FLAGS_world_size);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::vector<std::string> args = {
+        self,
+        absl::StrCat("--rank=", rank),
+        absl::StrCat("--store_dir=", directory),
+        absl::StrCat("--world_size=", world_size),
+        absl::StrCat("--params=", absl::GetFlag(FLAGS_params)),
+        absl::StrCat("--optimizer=", absl::GetFlag(FLAGS_optimizer)),
+        absl::StrCat("--mode=", absl::GetFlag(FLAGS_mode)),
+        absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
+        absl::StrCat("--warmup=", absl::GetFlag(FLAGS_warmup)),
+        absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
+        absl::StrCat("--tensor_elems=", absl::GetFlag(FLAGS_tensor_elems)),
+    };
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    pid_t pid;
+    if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) {
+      std::perror("posix_spawn");
+      return 1;
+    }
+    children.push_back(pid);
+  }
+  int failures = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failures;
+    }
+  }
+  std::system(absl::StrCat("rm -rf ", directory).c_str());
+  if (failures > 0) std::fprintf(stderr, "step_bench: %d rank(s) failed\n", failures);
+  return failures > 0 ? 1 : 0;
+}
+
+}  // namespace
+}  // namespace zeroshard
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  if (absl::GetFlag(FLAGS_rank) >= 0) return zeroshard::RunRank();
+  return zeroshard::LaunchRanks("/proc/self/exe");
+}
