@@ -67,9 +67,15 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  // Reconnect at least every second while the coordinator is away (gRPC's backoff would grow
+  // to minutes), so a worker started first, or outliving a coordinator restart, rejoins promptly.
+  grpc::ChannelArguments channel_args;
+  channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  channel_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<zeroshard::v1::Coordinator::StubInterface> stub =
-      zeroshard::v1::Coordinator::NewStub(grpc::CreateChannel(absl::GetFlag(FLAGS_coordinator),
-                                                              grpc::InsecureChannelCredentials()));
+      zeroshard::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+          absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials(), channel_args));
   zeroshard::worker::WorkerDaemon* daemon_ptr = nullptr;
   zeroshard::worker::WorkerDaemon daemon(
       options, stub, [&](const zeroshard::v1::Assignment& assignment) {
