@@ -387,6 +387,38 @@ TEST_P(EngineEquivalenceTest, Bf16GradientsReducedInBf16) {
   CheckModes(world_size, config, /*tolerance=*/2e-4);
 }
 
+// Misuse is refused with the documented codes and leaves the step usable.
+TEST(EngineTest, RefusesBadGradientsAndIncompleteSteps) {
+  const ShardPlan plan = TestPlan(1);
+  comm::GlooCommunicatorOptions options;
+  auto communicator = comm::GlooCommunicator::Create(options);
+  ASSERT_TRUE(communicator.ok()) << communicator.status();
+  EngineConfig config = AdamConfig();
+  EXPECT_EQ(Engine::Create(plan, 1, config, communicator->get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  config.threads = 0;
+  EXPECT_EQ(Engine::Create(plan, 0, config, communicator->get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  config = AdamConfig();
+  auto engine = Engine::Create(plan, 0, config, communicator->get());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<float> gradient(plan.tensors()[0].num_elements, 0.5f);
+  EXPECT_EQ((*engine)->GradReady(plan.num_tensors(), gradient).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*engine)->GradReady(1, gradient).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*engine)->GradReady(0, gradient).ok());
+  EXPECT_EQ((*engine)->GradReady(0, gradient).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*engine)->Step(1.0).status().code(), absl::StatusCode::kFailedPrecondition);
+  for (int64_t t = 1; t < plan.num_tensors(); ++t) {
+    gradient.assign(plan.tensors()[t].num_elements, 0.5f);
+    ASSERT_TRUE((*engine)->GradReady(t, gradient).ok());
+  }
+  auto result = (*engine)->Step(1.0);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->optimizer_step, 1);
+  EXPECT_EQ(result->global_loss, 1.0);
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, EngineEquivalenceTest, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat("W", info.param);
