@@ -5,20 +5,11 @@
 
 #include "kernels/cuda_launch.h"
 #include "kernels/dtype.h"
+#include "kernels/optimizer_kind.h"
 #include "kernels/update_math.h"
 
 namespace zeroshard {
 namespace kernels {
-
-// The optimizer kinds, as optimizer.h numbers them (optimizer.h itself needs abseil, which
-// this file, compiled by nvcc, does not include).
-enum class OptimizerKind : int32_t {
-  kSgd = 0,
-  kAdam = 1,
-  kAdamW = 2,
-  kAdagrad = 3,
-  kLion = 4,
-};
 
 namespace cuda_internal {
 namespace {
@@ -205,11 +196,11 @@ int BlocksFor(int64_t num_tiles) {
 
 }  // namespace
 
-cudaError_t LaunchUpdate(int32_t kind, const DeviceUpdatePiece* pieces, const DeviceTile* tiles,
-                         int64_t num_tiles, cudaStream_t stream) {
+cudaError_t LaunchUpdate(OptimizerKind kind, const DeviceUpdatePiece* pieces,
+                         const DeviceTile* tiles, int64_t num_tiles, cudaStream_t stream) {
   if (num_tiles == 0) return cudaSuccess;
   const int blocks = BlocksFor(num_tiles);
-  switch (static_cast<OptimizerKind>(kind)) {
+  switch (kind) {
     case OptimizerKind::kSgd:
       UpdateKernel<OptimizerKind::kSgd>
           <<<blocks, kThreadsPerBlock, 0, stream>>>(pieces, tiles, num_tiles);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "kernels/optimizer_kind.h"
 #include "kernels/update_math.h"
 
 namespace zeroshard {
@@ -49,9 +50,8 @@ struct DeviceTile {
 };
 
 // Enqueues the update of every tile on `stream`. Returns the launch error, if any.
-// `kind` is an OptimizerKind value.
-cudaError_t LaunchUpdate(int32_t kind, const DeviceUpdatePiece* pieces, const DeviceTile* tiles,
-                         int64_t num_tiles, cudaStream_t stream);
+cudaError_t LaunchUpdate(OptimizerKind kind, const DeviceUpdatePiece* pieces,
+                         const DeviceTile* tiles, int64_t num_tiles, cudaStream_t stream);
 
 // Enqueues the two reduction stages: per-tile sums into `tile_sums` (num_tiles doubles), then
 // their sum, in tile order within a fixed tree, into `result` (one double).

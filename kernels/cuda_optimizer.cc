@@ -125,12 +125,11 @@ absl::Status CudaOptimizerKernels::ApplyUpdate(const OptimizerConfig& config, in
                             table.size() * sizeof(DeviceUpdatePiece)));
   ZS_RETURN_IF_ERROR(
       Upload(&device_tiles_, &tiles_capacity_, tiles.data(), tiles.size() * sizeof(DeviceTile)));
-  return CudaStatus(
-      cuda_internal::LaunchUpdate(
-          static_cast<int32_t>(config.kind), static_cast<const DeviceUpdatePiece*>(device_pieces_),
-          static_cast<const DeviceTile*>(device_tiles_), static_cast<int64_t>(tiles.size()),
-          static_cast<cudaStream_t>(stream_)),
-      "optimizer update launch");
+  return CudaStatus(cuda_internal::LaunchUpdate(
+                        config.kind, static_cast<const DeviceUpdatePiece*>(device_pieces_),
+                        static_cast<const DeviceTile*>(device_tiles_),
+                        static_cast<int64_t>(tiles.size()), static_cast<cudaStream_t>(stream_)),
+                    "optimizer update launch");
 }
 
 absl::StatusOr<GradStats> CudaOptimizerKernels::ComputeGradStats(

@@ -9,18 +9,11 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/dtype.h"
+#include "kernels/optimizer_kind.h"
 #include "kernels/update_math.h"
 
 namespace zeroshard {
 namespace kernels {
-
-enum class OptimizerKind : int32_t {
-  kSgd = 0,
-  kAdam = 1,
-  kAdamW = 2,
-  kAdagrad = 3,
-  kLion = 4,
-};
 
 const char* OptimizerKindName(OptimizerKind kind);
 
