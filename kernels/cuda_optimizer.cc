@@ -132,9 +132,10 @@ absl::Status CudaOptimizerKernels::ApplyUpdate(const OptimizerConfig& config, in
                     "optimizer update launch");
 }
 
-absl::StatusOr<GradStats> CudaOptimizerKernels::ComputeGradStats(
-    absl::Span<const GradPiece> pieces) {
+absl::Status CudaOptimizerKernels::EnqueueSumSquares(absl::Span<const GradPiece> pieces,
+                                                     double* device_result) {
   ZS_RETURN_IF_ERROR(ValidateGradPieces(pieces));
+  if (device_result == nullptr) return absl::InvalidArgumentError("device_result is null");
   std::vector<DeviceStatsPiece> table(pieces.size());  // value-initialised: zeros
   for (size_t i = 0; i < pieces.size(); ++i) {
     table[i].data = pieces[i].data;
@@ -143,21 +144,33 @@ absl::StatusOr<GradStats> CudaOptimizerKernels::ComputeGradStats(
   }
   const std::vector<DeviceTile> tiles = CutIntoTiles(pieces, cuda_internal::kStatsTileElements);
   const int64_t num_tiles = static_cast<int64_t>(tiles.size());
-  const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   ZS_RETURN_IF_ERROR(Upload(&device_pieces_, &pieces_capacity_, table.data(),
                             table.size() * sizeof(DeviceStatsPiece)));
   ZS_RETURN_IF_ERROR(
       Upload(&device_tiles_, &tiles_capacity_, tiles.data(), tiles.size() * sizeof(DeviceTile)));
   ZS_RETURN_IF_ERROR(Reserve(&device_sums_, &sums_capacity_, (num_tiles + 1) * sizeof(double)));
-  double* sums = static_cast<double*>(device_sums_);
-  ZS_RETURN_IF_ERROR(CudaStatus(
+  return CudaStatus(
       cuda_internal::LaunchSumSquares(static_cast<const DeviceStatsPiece*>(device_pieces_),
                                       static_cast<const DeviceTile*>(device_tiles_), num_tiles,
-                                      sums, sums + num_tiles, stream),
-      "sum of squares launch"));
+                                      static_cast<double*>(device_sums_), device_result,
+                                      static_cast<cudaStream_t>(stream_)),
+      "sum of squares launch");
+}
+
+absl::StatusOr<GradStats> CudaOptimizerKernels::ComputeGradStats(
+    absl::Span<const GradPiece> pieces) {
+  ZS_RETURN_IF_ERROR(ValidateGradPieces(pieces));
+  // The total goes to the slot after the tile sums (EnqueueSumSquares reserves the same size,
+  // so the buffer is not reallocated under it).
+  const int64_t num_tiles =
+      static_cast<int64_t>(CutIntoTiles(pieces, cuda_internal::kStatsTileElements).size());
+  ZS_RETURN_IF_ERROR(Reserve(&device_sums_, &sums_capacity_, (num_tiles + 1) * sizeof(double)));
+  double* device_total = static_cast<double*>(device_sums_) + num_tiles;
+  ZS_RETURN_IF_ERROR(EnqueueSumSquares(pieces, device_total));
+  const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   double total = 0.0;
   ZS_RETURN_IF_ERROR(CudaStatus(
-      cudaMemcpyAsync(&total, sums + num_tiles, sizeof(double), cudaMemcpyDeviceToHost, stream),
+      cudaMemcpyAsync(&total, device_total, sizeof(double), cudaMemcpyDeviceToHost, stream),
       "cudaMemcpyAsync(device to host)"));
   ZS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   GradStats stats;

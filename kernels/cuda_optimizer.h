@@ -38,6 +38,11 @@ class CudaOptimizerKernels {
   // the CPU's bits), for device-resident pieces. Waits for the stream.
   absl::StatusOr<GradStats> ComputeGradStats(absl::Span<const GradPiece> pieces);
 
+  // Enqueues the sum of squares into one double of device memory and returns without waiting,
+  // so it can go straight into a collective. A sum (or a sum of ranks' sums) is non-finite
+  // exactly when some element was NaN or +-Inf: no separate flag is needed.
+  absl::Status EnqueueSumSquares(absl::Span<const GradPiece> pieces, double* device_result);
+
  private:
   explicit CudaOptimizerKernels(void* stream) : stream_(stream) {}
 

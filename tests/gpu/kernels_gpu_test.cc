@@ -299,6 +299,14 @@ void CheckGradStats(CudaOptimizerKernels& gpu, ThreadPool& pool, DType dtype) {
                                                       std::to_string(rel) + ")");
   Report(std::memcmp(&first->sum_squares, &second->sum_squares, 8) == 0,
          std::string("grad stats ") + DTypeName(dtype) + " repeatable bit for bit");
+  DeviceBuffer device_sum(sizeof(double));
+  double enqueued = 0.0;
+  const absl::Status enqueue_status =
+      gpu.EnqueueSumSquares(device_pieces, reinterpret_cast<double*>(device_sum.data()));
+  CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  device_sum.Download(&enqueued);
+  Report(enqueue_status.ok() && std::memcmp(&enqueued, &first->sum_squares, 8) == 0,
+         std::string("grad stats ") + DTypeName(dtype) + " EnqueueSumSquares gives the same bits");
   // Non-finite values at the start, a tile boundary and the end of the large piece.
   const size_t big = lengths.size() - 1;
   const int64_t offset = big % 4;
