@@ -81,6 +81,19 @@ void CountedBuffer::Release() {
   bytes_ = 0;
 }
 
+void* HostMemoryBacking::AllocateZeroed(int64_t bytes) {
+  const size_t rounded = (static_cast<size_t>(bytes) + kAlignment - 1) / kAlignment * kAlignment;
+  void* data = std::aligned_alloc(kAlignment, rounded);
+  if (data != nullptr) std::memset(data, 0, rounded);
+  return data;
+}
+
+void HostMemoryBacking::Free(void* data) { std::free(data); }
+
+CountingAllocator::CountingAllocator() : backing_(&host_backing_) {}
+
+CountingAllocator::CountingAllocator(MemoryBacking* backing) : backing_(backing) {}
+
 CountingAllocator::~CountingAllocator() {
   absl::MutexLock lock(&mu_);
   if (live_total_ != 0) {
@@ -89,12 +102,20 @@ CountingAllocator::~CountingAllocator() {
 }
 
 CountedBuffer CountingAllocator::Allocate(MemoryCategory category, int64_t bytes) {
+  absl::StatusOr<CountedBuffer> buffer = TryAllocate(category, bytes);
+  if (!buffer.ok()) throw std::bad_alloc();
+  return *std::move(buffer);
+}
+
+absl::StatusOr<CountedBuffer> CountingAllocator::TryAllocate(MemoryCategory category,
+                                                             int64_t bytes) {
   if (bytes < 0) ZS_LOG(FATAL) << "negative allocation of " << bytes << " bytes";
   if (bytes == 0) return CountedBuffer(this, category, nullptr, 0);
-  const size_t rounded = (static_cast<size_t>(bytes) + kAlignment - 1) / kAlignment * kAlignment;
-  void* data = std::aligned_alloc(kAlignment, rounded);
-  if (data == nullptr) throw std::bad_alloc();
-  std::memset(data, 0, rounded);
+  void* data = backing_->AllocateZeroed(bytes);
+  if (data == nullptr) {
+    return absl::ResourceExhaustedError(absl::StrCat("out of memory allocating ", bytes,
+                                                     " bytes of ", MemoryCategoryName(category)));
+  }
   {
     absl::MutexLock lock(&mu_);
     live_bytes_[static_cast<int>(category)] += bytes;
@@ -105,7 +126,7 @@ CountedBuffer CountingAllocator::Allocate(MemoryCategory category, int64_t bytes
 }
 
 void CountingAllocator::Free(MemoryCategory category, void* data, int64_t bytes) {
-  std::free(data);
+  backing_->Free(data);
   absl::MutexLock lock(&mu_);
   live_bytes_[static_cast<int>(category)] -= bytes;
   live_total_ -= bytes;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
 namespace zeroshard {
@@ -40,6 +41,24 @@ struct MemoryReport {
 };
 
 class CountingAllocator;
+
+// Where a CountingAllocator's blocks come from: host memory by default (HostMemoryBacking), device
+// memory for engines on a GPU. Implementations are thread-safe.
+class MemoryBacking {
+ public:
+  virtual ~MemoryBacking() = default;
+  // A zero-filled block of `bytes` (> 0) bytes, 64-byte aligned; null when out of memory.
+  virtual void* AllocateZeroed(int64_t bytes) = 0;
+  // Returns a block from AllocateZeroed.
+  virtual void Free(void* data) = 0;
+};
+
+// Host memory: std::aligned_alloc and std::memset, std::free. Stateless and thread-safe.
+class HostMemoryBacking final : public MemoryBacking {
+ public:
+  void* AllocateZeroed(int64_t bytes) override;
+  void Free(void* data) override;
+};
 
 // A zero-filled, 64-byte-aligned block owned by one holder; returns its bytes to the
 // allocator's count when destroyed. Movable, not copyable. The allocator must outlive it.
@@ -74,7 +93,10 @@ class CountedBuffer {
 // Thread-safe: Allocate, buffer destruction and Report may run on any threads.
 class CountingAllocator {
  public:
-  CountingAllocator() = default;
+  // Blocks from host memory.
+  CountingAllocator();
+  // Blocks from `backing`, which must outlive the allocator.
+  explicit CountingAllocator(MemoryBacking* backing);
   ~CountingAllocator();  // every buffer must have been released (CHECKed)
   CountingAllocator(const CountingAllocator&) = delete;
   CountingAllocator& operator=(const CountingAllocator&) = delete;
@@ -82,6 +104,9 @@ class CountingAllocator {
   // A zero-filled buffer of `bytes` bytes (>= 0; 0 gives an empty buffer). Aborts on
   // out-of-memory, as operator new does.
   CountedBuffer Allocate(MemoryCategory category, int64_t bytes);
+  // As Allocate, but out-of-memory is ResourceExhausted (for device memory, where running out
+  // is an expected failure of a too-large job rather than a crash).
+  absl::StatusOr<CountedBuffer> TryAllocate(MemoryCategory category, int64_t bytes);
 
   MemoryReport Report() const;
 
@@ -89,6 +114,8 @@ class CountingAllocator {
   friend class CountedBuffer;
   void Free(MemoryCategory category, void* data, int64_t bytes);
 
+  HostMemoryBacking host_backing_;
+  MemoryBacking* const backing_;  // &host_backing_ or the constructor's
   mutable absl::Mutex mu_;
   // Live bytes per category; each is the sum of the sizes of unreleased buffers of it.
   std::array<int64_t, kNumMemoryCategories> live_bytes_ ABSL_GUARDED_BY(mu_) = {};

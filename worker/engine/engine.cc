@@ -8,7 +8,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/cpu_optimizer.h"
 #include "worker/engine/element_convert.h"
 
 namespace zeroshard {
@@ -101,7 +100,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ShardPlan& plan, in
         absl::StrCat("rank: ", rank, " but the communicator is rank ", communicator->rank()));
   }
   ZS_ASSIGN_OR_RETURN(RankView view, plan.ViewForRank(rank));
-  return std::unique_ptr<Engine>(new Engine(plan, std::move(view), config, communicator));
+  std::unique_ptr<Engine> engine(new Engine(plan, std::move(view), config, communicator));
+  ZS_RETURN_IF_ERROR(engine->AllocateBuffers());
+  engine->BuildPieces();
+  return engine;
 }
 
 Engine::Engine(const ShardPlan& plan, RankView view, const EngineConfig& config,
@@ -116,7 +118,10 @@ Engine::Engine(const ShardPlan& plan, RankView view, const EngineConfig& config,
       grad_size_(kernels::DTypeSize(config.grad_dtype)),
       reduce_size_(kernels::DTypeSize(config.reduce_dtype)),
       state_arrays_(kernels::StateArraysPerParam(config.optimizer)),
-      thread_pool_(config.threads),
+      owned_device_(config.device == nullptr ? std::make_unique<HostDeviceOps>(config.threads)
+                                             : nullptr),
+      device_(config.device == nullptr ? owned_device_.get() : config.device),
+      allocator_(device_),
       buckets_(plan.num_buckets()),
       tensor_arrived_(plan.num_tensors(), false),
       view_version_(plan.num_tensors(), 0),
@@ -139,8 +144,6 @@ Engine::Engine(const ShardPlan& plan, RankView view, const EngineConfig& config,
     if (bucket.flat_end() > covered_to) gaps_.push_back({covered_to, bucket.flat_end()});
   }
   gap_begin_.push_back(static_cast<int64_t>(gaps_.size()));
-  AllocateBuffers();
-  BuildPieces();
 }
 
 Engine::~Engine() {
@@ -154,18 +157,22 @@ bool Engine::UsesBucketPool() const {
   return config_.mode == EngineMode::kZero2 || config_.grad_dtype != config_.reduce_dtype;
 }
 
-void Engine::AllocateBuffers() {
+absl::Status Engine::AllocateBuffers() {
   const int64_t padded = plan_.padded_elems();
   const int64_t owned = view_.owned_elems();
   const bool ddp = config_.mode == EngineMode::kDdp;
-  params_ = allocator_.Allocate(MemoryCategory::kParams, padded * param_size_);
+  ZS_ASSIGN_OR_RETURN(params_,
+                      allocator_.TryAllocate(MemoryCategory::kParams, padded * param_size_));
   const int64_t grad_elems = config_.mode == EngineMode::kZero2 ? owned : padded;
-  grads_ = allocator_.Allocate(MemoryCategory::kGrads, grad_elems * grad_size_);
+  ZS_ASSIGN_OR_RETURN(grads_,
+                      allocator_.TryAllocate(MemoryCategory::kGrads, grad_elems * grad_size_));
   const int64_t master_elems = ddp ? padded : owned;
-  master_ = allocator_.Allocate(MemoryCategory::kMaster, master_elems * int64_t{4});
+  ZS_ASSIGN_OR_RETURN(master_,
+                      allocator_.TryAllocate(MemoryCategory::kMaster, master_elems * int64_t{4}));
   for (int k = 0; k < state_arrays_; ++k) {
-    state_.push_back(
-        allocator_.Allocate(MemoryCategory::kOptimizerState, master_elems * int64_t{4}));
+    ZS_ASSIGN_OR_RETURN(CountedBuffer state, allocator_.TryAllocate(MemoryCategory::kOptimizerState,
+                                                                    master_elems * int64_t{4}));
+    state_.push_back(std::move(state));
   }
   if (UsesBucketPool()) {
     int64_t largest_bucket = 0;
@@ -175,11 +182,20 @@ void Engine::AllocateBuffers() {
     const int slots =
         static_cast<int>(std::min<int64_t>(config_.bucket_pool_size, plan_.num_buckets()));
     for (int slot = 0; slot < slots; ++slot) {
-      pool_.push_back(allocator_.Allocate(MemoryCategory::kBuckets, largest_bucket * reduce_size_));
+      ZS_ASSIGN_OR_RETURN(
+          CountedBuffer buffer,
+          allocator_.TryAllocate(MemoryCategory::kBuckets, largest_bucket * reduce_size_));
+      pool_.push_back(std::move(buffer));
       free_slots_.push_back(slots - 1 - slot);  // slot 0 is taken first
     }
   }
-  stats_buffer_ = allocator_.Allocate(MemoryCategory::kCommScratch, 3 * sizeof(double));
+  ZS_ASSIGN_OR_RETURN(stats_buffer_,
+                      allocator_.TryAllocate(MemoryCategory::kCommScratch, 3 * sizeof(double)));
+  if (!device_->host_memory() && config_.param_dtype != DType::kFloat32) {
+    ZS_ASSIGN_OR_RETURN(workload_view_,
+                        allocator_.TryAllocate(MemoryCategory::kWorkloadView, padded * int64_t{4}));
+  }
+  return absl::OkStatus();
 }
 
 void Engine::BuildPieces() {
@@ -258,24 +274,29 @@ absl::Status Engine::InitializeParameters(
   const TensorFragment* fragment = view_.fragments().data();
   const TensorFragment* fragments_end = fragment + view_.fragments().size();
   std::vector<float> values;
+  std::vector<char> converted;  // values in param_dtype, on the host
   for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
     const TensorPlacement& placement = plan_.placement(t);
     values.assign(placement.num_elements, 0.0f);
     ZS_RETURN_IF_ERROR(initial(t, absl::MakeSpan(values)));
-    ConvertElements(values.data(), DType::kFloat32, ParamsAt(placement.flat_offset),
-                    config_.param_dtype, placement.num_elements);
+    converted.resize(placement.num_elements * param_size_);
+    ConvertElements(values.data(), DType::kFloat32, converted.data(), config_.param_dtype,
+                    placement.num_elements);
+    ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyFromHost(
+        ParamsAt(placement.flat_offset), converted.data(), placement.num_elements * param_size_)));
     if (ddp) {
-      std::memcpy(master_.as<float>() + placement.flat_offset, values.data(),
-                  placement.num_elements * sizeof(float));
+      ZS_RETURN_IF_ERROR(RecordFailure(
+          device_->CopyFromHost(master_.as<float>() + placement.flat_offset, values.data(),
+                                placement.num_elements * sizeof(float))));
       continue;
     }
     // Owned fragments are in flat order, as tensors are: those of tensor t come next.
     for (; fragment != fragments_end && fragment->tensor == t; ++fragment) {
       while (fragment->flat_begin >= pieces[piece_index].flat_end) ++piece_index;
       const OwnedPiece& piece = pieces[piece_index];
-      std::memcpy(
+      ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyFromHost(
           master_.as<float>() + OwnedOffset(piece.bucket) + fragment->flat_begin - piece.flat_begin,
-          values.data() + fragment->tensor_begin, fragment->size() * sizeof(float));
+          values.data() + fragment->tensor_begin, fragment->size() * sizeof(float))));
     }
   }
   ++params_version_;
@@ -293,11 +314,30 @@ absl::Span<const float> Engine::Parameters(int64_t tensor) {
   }
   float* widened = workload_view_.as<float>() + placement.flat_offset;
   if (view_version_[tensor] != params_version_) {
-    ConvertElements(ParamsAt(placement.flat_offset), config_.param_dtype, widened, DType::kFloat32,
-                    placement.num_elements);
+    const absl::Status status =
+        device_->ConvertElements(ParamsAt(placement.flat_offset), config_.param_dtype, widened,
+                                 DType::kFloat32, placement.num_elements);
+    if (!status.ok()) {
+      if (failure_.ok()) failure_ = status;
+      return {};
+    }
     view_version_[tensor] = params_version_;
   }
   return absl::MakeConstSpan(widened, placement.num_elements);
+}
+
+absl::StatusOr<std::vector<float>> Engine::ParametersOnHost(int64_t tensor) {
+  ZS_RETURN_IF_ERROR(failure_);
+  if (tensor < 0 || tensor >= plan_.num_tensors()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: ", tensor, " is not in [0, ", plan_.num_tensors(), ")"));
+  }
+  absl::Span<const float> values = Parameters(tensor);
+  ZS_RETURN_IF_ERROR(failure_);
+  std::vector<float> host(values.size());
+  ZS_RETURN_IF_ERROR(RecordFailure(
+      device_->CopyToHost(host.data(), values.data(), values.size() * sizeof(float))));
+  return host;
 }
 
 absl::Status Engine::GradReady(int64_t tensor, absl::Span<const float> gradient) {
@@ -323,13 +363,14 @@ absl::Status Engine::GradReady(int64_t tensor, absl::Span<const float> gradient)
     // Backward writes straight into the bucket's reduce buffer.
     if (bucket.slot < 0) ZS_RETURN_IF_ERROR(AcquireSlot(bucket_index));
     const BucketLayout& layout = plan_.buckets()[bucket_index];
-    StoreScaledGradient(
+    ZS_RETURN_IF_ERROR(RecordFailure(device_->StoreScaledGradient(
         gradient.data(), scale, placement.num_elements, config_.grad_dtype,
         SlotData(bucket.slot) + (placement.flat_offset - layout.flat_begin) * reduce_size_,
-        config_.reduce_dtype);
+        config_.reduce_dtype)));
   } else {
-    StoreScaledGradient(gradient.data(), scale, placement.num_elements, config_.grad_dtype,
-                        GradsAt(placement.flat_offset), config_.grad_dtype);
+    ZS_RETURN_IF_ERROR(RecordFailure(device_->StoreScaledGradient(
+        gradient.data(), scale, placement.num_elements, config_.grad_dtype,
+        GradsAt(placement.flat_offset), config_.grad_dtype)));
   }
   tensor_arrived_[tensor] = true;
   ++tensors_arrived_;
@@ -362,14 +403,16 @@ absl::Status Engine::LaunchBucket(int64_t bucket_index) {
   } else if (UsesBucketPool()) {
     ZS_RETURN_IF_ERROR(AcquireSlot(bucket_index));
     reduce_buffer = SlotData(bucket.slot);
-    ConvertElements(GradsAt(layout.flat_begin), config_.grad_dtype, reduce_buffer,
-                    config_.reduce_dtype, layout.padded_elems);
+    ZS_RETURN_IF_ERROR(RecordFailure(
+        device_->ConvertElements(GradsAt(layout.flat_begin), config_.grad_dtype, reduce_buffer,
+                                 config_.reduce_dtype, layout.padded_elems)));
   } else {
     reduce_buffer = GradsAt(layout.flat_begin);  // reduced in place
   }
   for (int64_t g = gap_begin_[bucket_index]; g < gap_begin_[bucket_index + 1]; ++g) {
-    ZeroElements(reduce_buffer + (gaps_[g].first - layout.flat_begin) * reduce_size_,
-                 config_.reduce_dtype, gaps_[g].second - gaps_[g].first);
+    ZS_RETURN_IF_ERROR(RecordFailure(
+        device_->ZeroElements(reduce_buffer + (gaps_[g].first - layout.flat_begin) * reduce_size_,
+                              config_.reduce_dtype, gaps_[g].second - gaps_[g].first)));
   }
   comm::CollectiveOptions options;
   options.timeout = config_.collective_timeout;
@@ -402,21 +445,26 @@ absl::Status Engine::RetireOldest() {
   const BucketLayout& layout = plan_.buckets()[bucket_index];
   const char* slot = SlotData(bucket.slot);
   const int64_t owned_begin = rank_ * layout.piece_elems;
+  absl::Status moved;
   switch (config_.mode) {
     case EngineMode::kDdp:
-      ConvertElements(slot, config_.reduce_dtype, GradsAt(layout.flat_begin), config_.grad_dtype,
-                      layout.padded_elems);
+      moved = device_->ConvertElements(slot, config_.reduce_dtype, GradsAt(layout.flat_begin),
+                                       config_.grad_dtype, layout.padded_elems);
       break;
     case EngineMode::kZero1:
-      ConvertElements(slot + owned_begin * reduce_size_, config_.reduce_dtype,
-                      GradsAt(layout.flat_begin + owned_begin), config_.grad_dtype,
-                      layout.piece_elems);
+      moved = device_->ConvertElements(slot + owned_begin * reduce_size_, config_.reduce_dtype,
+                                       GradsAt(layout.flat_begin + owned_begin), config_.grad_dtype,
+                                       layout.piece_elems);
       break;
     case EngineMode::kZero2:
-      ConvertElements(slot + owned_begin * reduce_size_, config_.reduce_dtype,
-                      grads_.as<char>() + OwnedOffset(bucket_index) * grad_size_,
-                      config_.grad_dtype, layout.piece_elems);
+      moved = device_->ConvertElements(slot + owned_begin * reduce_size_, config_.reduce_dtype,
+                                       grads_.as<char>() + OwnedOffset(bucket_index) * grad_size_,
+                                       config_.grad_dtype, layout.piece_elems);
       break;
+  }
+  if (!moved.ok()) {
+    failure_ = moved;
+    return moved;
   }
   free_slots_.push_back(bucket.slot);
   bucket.slot = -1;
@@ -443,18 +491,23 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
       std::max(0.0, result.timings.comm_ms - result.timings.exposed_comm_ms);
 
   // 2. One small all-reduce: sum of squares of the owned gradients, non-finite count, loss.
-  ZS_ASSIGN_OR_RETURN(const kernels::GradStats stats,
-                      kernels::ComputeGradStatsCpu(stats_pieces_, &thread_pool_));
-  double* totals = stats_buffer_.as<double>();
-  totals[0] = stats.sum_squares;
-  totals[1] = stats.non_finite ? 1.0 : 0.0;
-  totals[2] = local_loss;
+  absl::StatusOr<kernels::GradStats> stats = device_->ComputeGradStats(stats_pieces_);
+  if (!stats.ok()) {
+    failure_ = stats.status();
+    return failure_;
+  }
+  // Staged on the host, reduced in the device's stats buffer (the communicator's memory).
+  double totals[3] = {stats->sum_squares, stats->non_finite ? 1.0 : 0.0, local_loss};
+  absl::Status status = device_->CopyFromHost(stats_buffer_.data(), totals, sizeof(totals));
   comm::CollectiveOptions options;
   options.timeout = config_.collective_timeout;
-  absl::Status status =
-      communicator_
-          ->AllReduce(totals, 3, comm::ElementType::kFloat64, comm::ReduceOp::kSum, options)
-          ->Wait();
+  if (status.ok()) {
+    status = communicator_
+                 ->AllReduce(stats_buffer_.data(), 3, comm::ElementType::kFloat64,
+                             comm::ReduceOp::kSum, options)
+                 ->Wait();
+  }
+  if (status.ok()) status = device_->CopyToHost(totals, stats_buffer_.data(), sizeof(totals));
   if (!status.ok()) {
     failure_ = status;
     return status;
@@ -473,8 +526,10 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
       result.clip_coef = std::min(1.0, config_.clip_grad_norm / (result.grad_norm + kClipEpsilon));
     }
     const float grad_scale = static_cast<float>(result.clip_coef / (world * loss_scale_));
-    status = kernels::ApplyUpdateCpu(config_.optimizer, optimizer_step_ + 1, grad_scale,
-                                     update_pieces_, &thread_pool_);
+    status =
+        device_->ApplyUpdate(config_.optimizer, optimizer_step_ + 1, grad_scale, update_pieces_);
+    // Asynchronous devices: update_ms then covers the update's run time.
+    if (status.ok()) status = device_->Synchronize();
     if (!status.ok()) {
       failure_ = status;
       return status;
@@ -512,6 +567,11 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   result.memory = allocator_.Report();
   ResetStepState();
   return result;
+}
+
+absl::Status Engine::RecordFailure(absl::Status status) {
+  if (!status.ok() && failure_.ok()) failure_ = status;
+  return status;
 }
 
 void Engine::UpdateLossScale(bool overflow) {

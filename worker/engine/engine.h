@@ -21,6 +21,7 @@
 #include "sharding/shard_planner.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/counting_allocator.h"
+#include "worker/engine/device_ops.h"
 #include "worker/workloads/workload.h"
 
 namespace zeroshard {
@@ -65,8 +66,13 @@ struct EngineConfig {
   LossScaleConfig loss_scale;
   // Global-norm clipping as torch.nn.utils.clip_grad_norm_ (max_norm); 0 turns it off.
   double clip_grad_norm = 0.0;
-  // Threads of the optimizer kernels (results do not depend on it).
+  // Threads of the optimizer kernels (results do not depend on it). Used only when `device` is
+  // null (the engine then makes its own HostDeviceOps).
   int threads = 1;
+  // Where the engine's buffers live and its element work runs (device_ops.h); must outlive the
+  // engine, and the communicator must take buffers of that memory (NCCL for a CUDA device, issued
+  // after the device's compute stream). Null: host memory and the CPU kernels.
+  DeviceOps* device = nullptr;
   // Reduce-dtype bucket buffers that may be in flight at once (zero2, and ddp/zero1 when
   // grad_dtype != reduce_dtype). GradReady waits for the oldest reduction when all are busy.
   int bucket_pool_size = 2;
@@ -136,18 +142,24 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   Engine& operator=(const Engine&) = delete;
 
   // Fills the master weights this rank keeps and the full parameter copy from `initial`, which
-  // writes every element of one tensor (the same values on every rank). Call before step 0.
+  // writes every element of one tensor (the same values on every rank) into host memory. Call
+  // before step 0.
   absl::Status InitializeParameters(
       absl::FunctionRef<absl::Status(int64_t tensor, absl::Span<float> out)> initial);
 
-  // workloads::GradientSink. Copies `gradient` into its bucket; when the bucket's last tensor
-  // arrives, starts the bucket's reduction without waiting for it. InvalidArgument for a bad
-  // tensor or size; FailedPrecondition for a tensor handed twice in one step or out of order.
+  // workloads::GradientSink. Copies `gradient` (memory of the engine's device) into its bucket;
+  // when the bucket's last tensor arrives, starts the bucket's reduction without waiting for it.
+  // InvalidArgument for a bad tensor or size; FailedPrecondition for a tensor handed twice in one
+  // step or out of order.
   absl::Status GradReady(int64_t tensor, absl::Span<const float> gradient) override;
 
   // workloads::ParameterSource: the current full parameters of `tensor` in fp32 (widened from
-  // param_dtype). Valid until the next Step().
+  // param_dtype), in the engine's device memory. Valid until the next Step(). Empty when the
+  // device failed (the next Step() reports why).
   absl::Span<const float> Parameters(int64_t tensor) override;
+
+  // Parameters(tensor) copied into host memory (e.g. to write them to a file).
+  absl::StatusOr<std::vector<float>> ParametersOnHost(int64_t tensor);
 
   // Finishes the step: waits for the reductions, checks the global norm and overflow, updates
   // the owned pieces and all-gathers the parameters. Every tensor must have been handed to
@@ -155,7 +167,7 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // After a failed collective the engine is unusable: this and later calls fail.
   absl::StatusOr<StepResult> Step(double local_loss);
 
-  // Bytes by category, from the counting allocator.
+  // Bytes by category, from the counting allocator (device memory for a GPU device).
   MemoryReport Memory() const { return allocator_.Report(); }
 
   int64_t optimizer_step() const { return optimizer_step_; }
@@ -174,7 +186,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
 
   Engine(const ShardPlan& plan, RankView view, const EngineConfig& config,
          comm::Communicator* communicator);
-  void AllocateBuffers();
+  // ResourceExhausted when the device is out of memory.
+  absl::Status AllocateBuffers();
   void BuildPieces();
 
   bool UsesBucketPool() const;
@@ -192,6 +205,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // Waits for the oldest in-flight reduction, moves its reduced values into the gradient
   // storage the update reads, and frees its slot.
   absl::Status RetireOldest();
+  // Returns `status`; a failure (of the device) also makes the engine unusable, as a failed
+  // collective does.
+  absl::Status RecordFailure(absl::Status status);
   // Applies the outcome of one step to the loss scale.
   void UpdateLossScale(bool overflow);
   void ResetStepState();
@@ -206,6 +222,10 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   const int grad_size_;
   const int reduce_size_;
   const int state_arrays_;
+  // The engine's device: config_.device, or owned_device_ when that is null. Declared before
+  // the allocator, which takes its memory from it.
+  std::unique_ptr<DeviceOps> owned_device_;
+  DeviceOps* const device_;
 
   // owned_offsets_[b]: sum of the piece sizes of buckets before b (the owned layout).
   std::vector<int64_t> owned_offsets_;
@@ -214,7 +234,7 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   std::vector<std::pair<int64_t, int64_t>> gaps_;
   std::vector<int64_t> gap_begin_;
 
-  // Declared before the buffers, so it outlives them.
+  // Declared before the buffers, so it outlives them. Its blocks come from device_.
   CountingAllocator allocator_;
   CountedBuffer params_;  // padded_elems of param_dtype, plan layout
   // ddp/zero1: padded_elems of grad_dtype in plan layout; zero2: owned_elems in owned layout.
@@ -224,13 +244,14 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   std::vector<CountedBuffer> state_;  // state_arrays_ buffers laid out like master_
   std::vector<CountedBuffer> pool_;   // reduce-dtype buffers of the largest bucket's size
   CountedBuffer stats_buffer_;        // 3 doubles: sum of squares, non-finite count, loss
-  CountedBuffer workload_view_;       // fp32 params, allocated on first use (non-fp32 params)
+  // fp32 params for non-fp32 param_dtype: allocated on first use on the host, at creation on
+  // other devices (so running out of device memory is an error of Create, not of a step).
+  CountedBuffer workload_view_;
 
   // The update's pieces (one per owned fragment; one per tensor in ddp) and the statistics'
   // pieces (the owned fragments' gradients, in every mode): fixed after construction.
   std::vector<kernels::UpdatePiece> update_pieces_;
   std::vector<kernels::GradPiece> stats_pieces_;
-  kernels::ThreadPool thread_pool_;
 
   // Step state. Invariant: a bucket is in in_flight_ iff its reduction is set; in_flight_ is
   // in launch order, which is the communicator's completion order.

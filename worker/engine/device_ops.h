@@ -1,0 +1,96 @@
+// DeviceOps: where the engine's buffers live and the element work the engine runs on them
+// (conversions into buckets, the fused update, the gradient statistics). HostDeviceOps is the
+// CPU implementation (host memory, the CPU kernels); CudaDeviceOps (cuda_device_ops.h) the GPU one.
+#ifndef ZEROSHARD_WORKER_ENGINE_DEVICE_OPS_H_
+#define ZEROSHARD_WORKER_ENGINE_DEVICE_OPS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/dtype.h"
+#include "kernels/optimizer.h"
+#include "kernels/thread_pool.h"
+#include "worker/engine/counting_allocator.h"
+
+namespace zeroshard {
+namespace engine {
+
+// Every pointer an operation takes, except those named `host_*`, is memory of this device (from
+// AllocateZeroed, or a workload's buffers on the same device). Operations may be asynchronous
+// (queued, in call order, on the device's one compute stream): a later operation, and a
+// collective issued after it on a communicator that waits for the compute stream, sees its
+// results. Operations that hand values to the host (CopyToHost, ComputeGradStats) and
+// Synchronize() wait for everything queued before them.
+//
+// Thread contract: the memory functions (MemoryBacking) are thread-safe; everything else is
+// called from one thread at a time (the engine's owner thread).
+class DeviceOps : public MemoryBacking {
+ public:
+  ~DeviceOps() override = default;
+
+  // "cpu" or "cuda:N", for messages.
+  virtual const char* name() const = 0;
+  // Whether buffers are host memory the caller may read and write directly.
+  virtual bool host_memory() const = 0;
+
+  // Copies `bytes` bytes from host memory into device memory; `host_src` may be reused on return.
+  virtual absl::Status CopyFromHost(void* dst, const void* host_src, int64_t bytes) = 0;
+  // Copies `bytes` bytes of device memory into host memory, after everything queued before.
+  virtual absl::Status CopyToHost(void* host_dst, const void* src, int64_t bytes) = 0;
+
+  // As element_convert.h's functions of the same names, on device memory.
+  virtual absl::Status StoreScaledGradient(const float* grad, float scale, int64_t count,
+                                           kernels::DType storage_dtype, void* dst,
+                                           kernels::DType dst_dtype) = 0;
+  virtual absl::Status ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
+                                       kernels::DType dst_dtype, int64_t count) = 0;
+  virtual absl::Status ZeroElements(void* dst, kernels::DType dtype, int64_t count) = 0;
+
+  // The fused optimizer update and the gradient statistics (kernels/optimizer.h) over pieces in
+  // device memory. ComputeGradStats waits for everything queued before it.
+  virtual absl::Status ApplyUpdate(const kernels::OptimizerConfig& config, int64_t step,
+                                   float grad_scale,
+                                   absl::Span<const kernels::UpdatePiece> pieces) = 0;
+  virtual absl::StatusOr<kernels::GradStats> ComputeGradStats(
+      absl::Span<const kernels::GradPiece> pieces) = 0;
+
+  // Waits until everything queued has finished.
+  virtual absl::Status Synchronize() = 0;
+};
+
+// Host memory and the CPU kernels (kernels/cpu_optimizer.h) on its own thread pool; every
+// operation runs to completion before it returns. Thread contract: as DeviceOps.
+class HostDeviceOps final : public DeviceOps {
+ public:
+  // `threads` (>= 1) run the optimizer kernels; results do not depend on it.
+  explicit HostDeviceOps(int threads);
+
+  void* AllocateZeroed(int64_t bytes) override { return memory_.AllocateZeroed(bytes); }
+  void Free(void* data) override { memory_.Free(data); }
+  const char* name() const override { return "cpu"; }
+  bool host_memory() const override { return true; }
+  absl::Status CopyFromHost(void* dst, const void* host_src, int64_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* src, int64_t bytes) override;
+  absl::Status StoreScaledGradient(const float* grad, float scale, int64_t count,
+                                   kernels::DType storage_dtype, void* dst,
+                                   kernels::DType dst_dtype) override;
+  absl::Status ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
+                               kernels::DType dst_dtype, int64_t count) override;
+  absl::Status ZeroElements(void* dst, kernels::DType dtype, int64_t count) override;
+  absl::Status ApplyUpdate(const kernels::OptimizerConfig& config, int64_t step, float grad_scale,
+                           absl::Span<const kernels::UpdatePiece> pieces) override;
+  absl::StatusOr<kernels::GradStats> ComputeGradStats(
+      absl::Span<const kernels::GradPiece> pieces) override;
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ private:
+  HostMemoryBacking memory_;
+  kernels::ThreadPool thread_pool_;
+};
+
+}  // namespace engine
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_ENGINE_DEVICE_OPS_H_
