@@ -13,6 +13,7 @@ class FinishedWork : public Work {
   explicit FinishedWork(absl::Status status) : status_(std::move(status)) {}
   absl::Status Wait(absl::Duration /*timeout*/) override { return status_; }
   bool Done() const override { return true; }
+  std::optional<absl::Duration> RunTime() const override { return absl::ZeroDuration(); }
 
  private:
   const absl::Status status_;

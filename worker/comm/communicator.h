@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -97,6 +98,13 @@ class Work {
   // Whether the operation finished (successfully or not). After Done(), the operation no longer
   // touches its buffers.
   virtual bool Done() const = 0;
+
+  // How long the operation ran on the backend: from when it started executing (after the
+  // operations issued before it finished) until it finished, so time queued behind earlier
+  // operations does not count. Valid once Done(); before that, and from backends that do not
+  // record it, nullopt. An operation that finished without running (a bad call, world size 1,
+  // zero counts, a communicator that had already ended) reports zero.
+  virtual std::optional<absl::Duration> RunTime() const { return std::nullopt; }
 };
 
 // A group of world_size() ranks that run collectives together.

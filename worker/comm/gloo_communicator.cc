@@ -135,9 +135,11 @@ struct GlooCommunicator::Operation {
 // Thread-safe.
 class GlooCommunicator::Completion {
  public:
-  void Finish(absl::Status status) {
+  // `run_time`: how long the operation ran on the communication thread (zero if it never ran).
+  void Finish(absl::Status status, absl::Duration run_time) {
     absl::MutexLock lock(&mu_);
     status_ = std::move(status);
+    run_time_ = run_time;
     done_ = true;
   }
 
@@ -155,10 +157,17 @@ class GlooCommunicator::Completion {
     return done_;
   }
 
+  std::optional<absl::Duration> RunTime() const {
+    absl::MutexLock lock(&mu_);
+    if (!done_) return std::nullopt;
+    return run_time_;
+  }
+
  private:
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  absl::Duration run_time_ ABSL_GUARDED_BY(mu_);
 };
 
 // The per-operation view of the transport and the ring algorithms over it: unbound buffers
@@ -450,8 +459,10 @@ void GlooCommunicator::CommunicationLoop() {
     if (failed) {
       CloseConnections();
       if (operation.has_value()) {
-        operation->completion->Finish(absl::AbortedError(
-            absl::StrCat("communicator ended before this operation ran: ", failure.ToString())));
+        operation->completion->Finish(
+            absl::AbortedError(
+                absl::StrCat("communicator ended before this operation ran: ", failure.ToString())),
+            absl::ZeroDuration());
       } else {
         absl::MutexLock lock(&mu_);
         if (stopping_ && queue_.empty()) return;
@@ -459,6 +470,7 @@ void GlooCommunicator::CommunicationLoop() {
       continue;
     }
     absl::Status status;
+    const absl::Time run_start = absl::Now();
     {
       Ring ring(this, *operation);
       status = Execute(*operation, ring);
@@ -468,12 +480,13 @@ void GlooCommunicator::CommunicationLoop() {
         CloseConnections();
       }
     }
+    const absl::Duration run_time = absl::Now() - run_start;
     {
       absl::MutexLock lock(&mu_);
       running_ = false;
     }
     operations_completed_.fetch_add(1, std::memory_order_relaxed);
-    operation->completion->Finish(std::move(status));
+    operation->completion->Finish(std::move(status), run_time);
   }
 }
 
@@ -599,6 +612,7 @@ std::unique_ptr<Work> GlooCommunicator::Enqueue(Operation operation) {
         : completion_(std::move(completion)) {}
     absl::Status Wait(absl::Duration timeout) override { return completion_->Wait(timeout); }
     bool Done() const override { return completion_->Done(); }
+    std::optional<absl::Duration> RunTime() const override { return completion_->RunTime(); }
 
    private:
     const std::shared_ptr<Completion> completion_;

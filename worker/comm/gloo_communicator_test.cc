@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "worker/comm/collective_checks.h"
 #include "worker/comm/in_memory_store.h"
@@ -228,8 +229,54 @@ TEST(GlooCommunicatorTest, AbortFromAnotherThreadUnblocksAPendingWait) {
   EXPECT_LT(finished_at - aborted_at, absl::Seconds(2));
   EXPECT_TRUE(work->Done());
   EXPECT_EQ(queued->Wait(absl::Seconds(5)).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(queued->RunTime(), absl::ZeroDuration());
   EXPECT_EQ(group[0]->Barrier()->Wait(absl::Seconds(5)).code(), absl::StatusCode::kAborted);
   group[0]->Abort();  // idempotent
+}
+
+TEST(GlooCommunicatorTest, RunTimeCountsFromStartOfExecutionNotFromIssue) {
+  InMemoryStore store;
+  auto group = CreateGroup(2, &store);
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  std::vector<float> first0(1 << 10, 1.0f), first1(1 << 10, 2.0f);
+  std::vector<float> second0(1 << 10, 1.0f), second1(1 << 10, 2.0f);
+  const absl::Duration delay = absl::Milliseconds(300);
+  // Rank 0 issues both operations at once; rank 1 joins the first only after `delay`, so rank
+  // 0's first runs (waiting for its peer) for about `delay` and its second sits queued meanwhile.
+  const absl::Time issued = absl::Now();
+  std::unique_ptr<Work> first =
+      group[0]->AllReduce(first0.data(), first0.size(), ElementType::kFloat32, ReduceOp::kSum);
+  std::unique_ptr<Work> second =
+      group[0]->AllReduce(second0.data(), second0.size(), ElementType::kFloat32, ReduceOp::kSum);
+  EXPECT_FALSE(second->RunTime().has_value());
+  std::thread peer([&] {
+    absl::SleepFor(delay);
+    EXPECT_TRUE(group[1]
+                    ->AllReduce(first1.data(), first1.size(), ElementType::kFloat32, ReduceOp::kSum)
+                    ->Wait()
+                    .ok());
+    EXPECT_TRUE(
+        group[1]
+            ->AllReduce(second1.data(), second1.size(), ElementType::kFloat32, ReduceOp::kSum)
+            ->Wait()
+            .ok());
+  });
+  ASSERT_TRUE(first->Wait().ok());
+  ASSERT_TRUE(second->Wait().ok());
+  const absl::Duration wall = absl::Now() - issued;
+  peer.join();
+  ASSERT_TRUE(first->RunTime().has_value());
+  ASSERT_TRUE(second->RunTime().has_value());
+  EXPECT_GE(*first->RunTime(), delay - absl::Milliseconds(50));
+  EXPECT_LE(*first->RunTime(), wall);
+  EXPECT_GT(*second->RunTime(), absl::ZeroDuration());
+  EXPECT_LT(*second->RunTime(), delay - absl::Milliseconds(50));
+  EXPECT_LE(*first->RunTime() + *second->RunTime(), wall);
+  // Work that finished without running reports zero.
+  std::unique_ptr<Work> invalid =
+      group[0]->AllReduce(nullptr, 4, ElementType::kFloat32, ReduceOp::kSum);
+  EXPECT_EQ(invalid->Wait().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(invalid->RunTime(), absl::ZeroDuration());
 }
 
 TEST(GlooCommunicatorTest, DestroyingWithAPendingOperationAbortsIt) {

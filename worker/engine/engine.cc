@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -435,6 +436,12 @@ absl::Status Engine::RetireOldest() {
   const absl::Status status = bucket.reduction->Wait();
   last_reduced_ = absl::Now();
   exposed_wait_ += last_reduced_ - wait_start;
+  const std::optional<absl::Duration> run_time = bucket.reduction->RunTime();
+  if (run_time.has_value()) {
+    reduce_run_time_ += *run_time;
+  } else {
+    run_times_recorded_ = false;
+  }
   bucket.reduction.reset();
   if (!status.ok()) {
     failure_ = status;
@@ -486,7 +493,8 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   while (!in_flight_.empty()) ZS_RETURN_IF_ERROR(RetireOldest());
   const absl::Time reduced = absl::Now();
   result.timings.exposed_comm_ms = Milliseconds(exposed_wait_);
-  result.timings.comm_ms = Milliseconds(last_reduced_ - first_launch_);
+  result.timings.comm_ms =
+      Milliseconds(run_times_recorded_ ? reduce_run_time_ : last_reduced_ - first_launch_);
   result.timings.overlapped_comm_ms =
       std::max(0.0, result.timings.comm_ms - result.timings.exposed_comm_ms);
 
@@ -542,9 +550,11 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   result.timings.update_ms = Milliseconds(updated - stats_done);
 
   // 4. All-gather every bucket's parameters (ddp updated everything already).
+  std::optional<absl::Duration> gather_run_time;
   if (!result.skipped && config_.mode != EngineMode::kDdp) {
     std::vector<std::unique_ptr<comm::Work>> gathers;
     gathers.reserve(plan_.num_buckets());
+    gather_run_time = absl::ZeroDuration();
     const comm::ElementType type = ToElementType(config_.param_dtype);
     for (const BucketLayout& layout : plan_.buckets()) {
       gathers.push_back(communicator_->AllGatherInPlace(ParamsAt(layout.flat_begin),
@@ -553,6 +563,12 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
     for (std::unique_ptr<comm::Work>& gather : gathers) {
       const absl::Status gathered = gather->Wait();
       if (!gathered.ok() && status.ok()) status = gathered;
+      const std::optional<absl::Duration> run_time = gather->RunTime();
+      if (run_time.has_value() && gather_run_time.has_value()) {
+        *gather_run_time += *run_time;
+      } else {
+        gather_run_time.reset();
+      }
     }
     if (!status.ok()) {
       failure_ = status;
@@ -560,7 +576,8 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
     }
   }
   const absl::Time done = absl::Now();
-  result.timings.allgather_ms = Milliseconds(done - updated);
+  result.timings.allgather_ms =
+      Milliseconds(gather_run_time.has_value() ? *gather_run_time : done - updated);
   result.timings.step_ms = Milliseconds(done - step_start);
   result.optimizer_step = optimizer_step_;
   result.next_loss_scale = loss_scale_;
@@ -595,6 +612,8 @@ void Engine::ResetStepState() {
   first_launch_ = absl::InfiniteFuture();
   last_reduced_ = absl::InfinitePast();
   exposed_wait_ = absl::ZeroDuration();
+  reduce_run_time_ = absl::ZeroDuration();
+  run_times_recorded_ = true;
 }
 
 }  // namespace engine

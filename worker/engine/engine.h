@@ -82,8 +82,10 @@ struct EngineConfig {
 
 // Milliseconds spent in the parts of one step.
 struct StepTimings {
-  // Gradient reduction: from the first bucket's launch (during backward) until the last bucket
-  // was seen complete. When reductions finish before Step() is called this is an upper bound.
+  // Gradient reduction: the sum of the buckets' reductions' run times on the communicator
+  // (comm::Work::RunTime: from when each started executing until it finished). With a backend
+  // that does not record run times, the wall time from the first bucket's launch until the last
+  // bucket was seen complete (an upper bound).
   double comm_ms = 0.0;
   // The part of comm_ms hidden behind backward: comm_ms - exposed_comm_ms (at least 0).
   double overlapped_comm_ms = 0.0;
@@ -93,7 +95,9 @@ struct StepTimings {
   // Sum of squares and non-finite check of the owned gradients, plus the small all-reduce.
   double grad_stats_ms = 0.0;
   double update_ms = 0.0;
-  // Issuing and waiting for every bucket's parameter all-gather (0 in ddp and on skipped steps).
+  // Every bucket's parameter all-gather (0 in ddp and on skipped steps): the sum of their run
+  // times on the communicator, or, with a backend that does not record them, the wall time of
+  // issuing and waiting for them.
   double allgather_ms = 0.0;
   // The whole of Step().
   double step_ms = 0.0;
@@ -263,6 +267,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   absl::Time first_launch_ = absl::InfiniteFuture();
   absl::Time last_reduced_ = absl::InfinitePast();
   absl::Duration exposed_wait_ = absl::ZeroDuration();
+  // Sum of the retired reductions' run times; false once one came without a run time.
+  absl::Duration reduce_run_time_ = absl::ZeroDuration();
+  bool run_times_recorded_ = true;
 
   // Parameter versions: bumped by every change of params_; view_version_[t] is the version
   // tensor t of workload_view_ was widened from.
