@@ -4,10 +4,7 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/time_util.h"
@@ -58,9 +55,8 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Clock* clock,
     record.job = std::move(job);
     record.events = std::move(events);
     record.pending_since = clock->Now();
-    int64_t number = 0;
-    if (absl::SimpleAtoi(absl::StripPrefix(id, "job-"), &number)) {
-      manager->next_job_number_ = std::max(manager->next_job_number_, number + 1);
+    if (const std::optional<int64_t> number = ParseJobId(id)) {
+      manager->next_job_number_ = std::max(manager->next_job_number_, *number + 1);
     }
     if (record.job.state() == v1::RUNNING) {
       // Workers re-register after a restart with new ids: the generation cannot continue.
@@ -141,7 +137,7 @@ std::vector<v1::WorkerInfo> JobManager::ListWorkers(v1::WorkerState state) {
 
 absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted) {
   absl::MutexLock lock(&mu_);
-  const std::string id = absl::StrFormat("job-%06d", next_job_number_);
+  const std::string id = FormatJobId(next_job_number_);
   v1::JobSpec spec = WithDefaults(submitted, id);
   ZS_RETURN_IF_ERROR(ValidateJobSpec(spec));
   // The plan must exist for every allowed world size; check the smallest (the catalog and the

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
+#include "coordinator/ids.h"
 #include "coordinator/job_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"

@@ -2,7 +2,7 @@
 #include "coordinator/worker_registry.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
+#include "coordinator/ids.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace zeroshard::coordinator {
@@ -25,7 +25,7 @@ const v1::WorkerInfo& WorkerRegistry::Register(const v1::RegisterWorkerRequest& 
   const int64_t number = next_number_++;
   Entry& entry = workers_[number];
   v1::WorkerInfo& info = entry.info;
-  info.set_id(absl::StrFormat("worker-%06d", number));
+  info.set_id(FormatWorkerId(number));
   info.set_name(request.name());
   info.set_host(request.host());
   info.set_device_kind(request.device_kind());
