@@ -1,0 +1,162 @@
+// CudaDeviceOps: device memory, copies and element conversions on the compute stream, and the
+// CUDA optimizer kernels. CudaStatus below is where CUDA errors become absl::Status.
+#include "worker/engine/cuda_device_ops.h"
+
+#include <cuda_runtime_api.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "worker/engine/cuda_element_kernels.h"
+
+namespace zeroshard {
+namespace engine {
+namespace {
+
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat(what, ": CUDA error ", cudaGetErrorName(error), ": ", cudaGetErrorString(error));
+  switch (error) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+      return absl::FailedPreconditionError(message);
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+#define ZS_CUDA_RETURN_IF_ERROR(expr) ZS_RETURN_IF_ERROR(CudaStatus((expr), #expr))
+
+cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(int device) {
+  int devices = 0;
+  ZS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&devices));
+  if (device < 0 || device >= devices) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda:", device, ": this machine has ", devices, " CUDA devices"));
+  }
+  ZS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaStream_t stream = nullptr;
+  ZS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  absl::StatusOr<std::unique_ptr<kernels::CudaOptimizerKernels>> kernels =
+      kernels::CudaOptimizerKernels::Create(stream);
+  if (!kernels.ok()) {
+    cudaStreamDestroy(stream);
+    return kernels.status();
+  }
+  return std::unique_ptr<CudaDeviceOps>(new CudaDeviceOps(device, stream, *std::move(kernels)));
+}
+
+CudaDeviceOps::CudaDeviceOps(int device, void* stream,
+                             std::unique_ptr<kernels::CudaOptimizerKernels> kernels)
+    : device_(device),
+      name_(absl::StrCat("cuda:", device)),
+      stream_(stream),
+      kernels_(std::move(kernels)) {}
+
+CudaDeviceOps::~CudaDeviceOps() {
+  const absl::Status synced = Synchronize();
+  if (!synced.ok()) ZS_LOG(WARNING) << name_ << ": at destruction: " << synced;
+  // The kernels' own buffers go first; then the stream they ran on.
+  kernels_.reset();
+  const absl::Status destroyed =
+      CudaStatus(cudaStreamDestroy(AsStream(stream_)), "cudaStreamDestroy");
+  if (!destroyed.ok()) ZS_LOG(WARNING) << name_ << ": " << destroyed;
+}
+
+void* CudaDeviceOps::AllocateZeroed(int64_t bytes) {
+  void* data = nullptr;
+  absl::Status status = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+  if (status.ok()) status = CudaStatus(cudaMalloc(&data, bytes), "cudaMalloc");
+  if (status.ok()) {
+    status = CudaStatus(cudaMemsetAsync(data, 0, bytes, AsStream(stream_)), "cudaMemsetAsync");
+    if (status.ok()) status = Synchronize();
+    if (!status.ok()) {
+      cudaFree(data);
+      data = nullptr;
+    }
+  }
+  if (!status.ok()) {
+    ZS_LOG(WARNING) << name_ << ": allocating " << bytes << " bytes: " << status;
+    return nullptr;
+  }
+  return data;
+}
+
+void CudaDeviceOps::Free(void* data) {
+  absl::Status status = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+  if (status.ok()) status = Synchronize();
+  if (status.ok()) status = CudaStatus(cudaFree(data), "cudaFree");
+  if (!status.ok()) ZS_LOG(WARNING) << name_ << ": freeing a buffer: " << status;
+}
+
+absl::Status CudaDeviceOps::CopyFromHost(void* dst, const void* host_src, int64_t bytes) {
+  if (bytes <= 0) return absl::OkStatus();
+  ZS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, AsStream(stream_)));
+  return Synchronize();
+}
+
+absl::Status CudaDeviceOps::CopyToHost(void* host_dst, const void* src, int64_t bytes) {
+  if (bytes <= 0) return absl::OkStatus();
+  ZS_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, AsStream(stream_)));
+  return Synchronize();
+}
+
+absl::Status CudaDeviceOps::StoreScaledGradient(const float* grad, float scale, int64_t count,
+                                                kernels::DType storage_dtype, void* dst,
+                                                kernels::DType dst_dtype) {
+  return CudaStatus(cuda_internal::LaunchStoreScaledGradient(
+                        grad, scale, count, static_cast<int32_t>(storage_dtype), dst,
+                        static_cast<int32_t>(dst_dtype), AsStream(stream_)),
+                    "StoreScaledGradient kernel");
+}
+
+absl::Status CudaDeviceOps::ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
+                                            kernels::DType dst_dtype, int64_t count) {
+  if (count <= 0) return absl::OkStatus();
+  if (src_dtype == dst_dtype) {
+    if (src == dst) return absl::OkStatus();
+    return CudaStatus(cudaMemcpyAsync(dst, src, count * kernels::DTypeSize(src_dtype),
+                                      cudaMemcpyDeviceToDevice, AsStream(stream_)),
+                      "cudaMemcpyAsync(device to device)");
+  }
+  return CudaStatus(cuda_internal::LaunchConvertElements(src, static_cast<int32_t>(src_dtype), dst,
+                                                         static_cast<int32_t>(dst_dtype), count,
+                                                         AsStream(stream_)),
+                    "ConvertElements kernel");
+}
+
+absl::Status CudaDeviceOps::ZeroElements(void* dst, kernels::DType dtype, int64_t count) {
+  if (count <= 0) return absl::OkStatus();
+  return CudaStatus(cudaMemsetAsync(dst, 0, count * kernels::DTypeSize(dtype), AsStream(stream_)),
+                    "cudaMemsetAsync");
+}
+
+absl::Status CudaDeviceOps::ApplyUpdate(const kernels::OptimizerConfig& config, int64_t step,
+                                        float grad_scale,
+                                        absl::Span<const kernels::UpdatePiece> pieces) {
+  return kernels_->ApplyUpdate(config, step, grad_scale, pieces);
+}
+
+absl::StatusOr<kernels::GradStats> CudaDeviceOps::ComputeGradStats(
+    absl::Span<const kernels::GradPiece> pieces) {
+  return kernels_->ComputeGradStats(pieces);
+}
+
+absl::Status CudaDeviceOps::Synchronize() {
+  return CudaStatus(cudaStreamSynchronize(AsStream(stream_)), "cudaStreamSynchronize");
+}
+
+}  // namespace engine
+}  // namespace zeroshard

@@ -1,0 +1,75 @@
+// CudaDeviceOps: the engine's device on a CUDA GPU: cudaMalloc'd buffers (counted by the engine's
+// allocator like host ones), element conversions and the CUDA optimizer kernels, all queued on
+// one compute stream. Built only under --config=cuda; this header has no CUDA includes.
+#ifndef ZEROSHARD_WORKER_ENGINE_CUDA_DEVICE_OPS_H_
+#define ZEROSHARD_WORKER_ENGINE_CUDA_DEVICE_OPS_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda_optimizer.h"
+#include "worker/engine/device_ops.h"
+
+namespace zeroshard {
+namespace engine {
+
+// Owns a non-blocking compute stream on one device. The workload and the NcclCommunicator
+// (NcclCommunicatorOptions::compute_stream) must use stream(), so everything that touches the
+// engine's buffers is ordered on it; NCCL's own stream waits for it at each collective, and a
+// collective's Work::Wait returning means its results are visible to later compute-stream work.
+//
+// Thread contract: as DeviceOps. Operations run on the thread that called Create (it made
+// `device` current) or on threads that selected the same device; AllocateZeroed and Free select
+// the device themselves and are thread-safe. Every CUDA error becomes a Status (Internal, or
+// ResourceExhausted for memory) in one place, cuda_device_ops.cc; the optimizer kernels report
+// their own (kernels/cuda_optimizer.h).
+class CudaDeviceOps final : public DeviceOps {
+ public:
+  // Makes `device` current on the calling thread and creates the stream. FailedPrecondition when
+  // there is no such device (or no usable driver).
+  static absl::StatusOr<std::unique_ptr<CudaDeviceOps>> Create(int device);
+  // Waits for the stream, then destroys it. Every buffer must have been freed.
+  ~CudaDeviceOps() override;
+  CudaDeviceOps(const CudaDeviceOps&) = delete;
+  CudaDeviceOps& operator=(const CudaDeviceOps&) = delete;
+
+  // The compute stream, a cudaStream_t.
+  void* stream() const { return stream_; }
+  int device() const { return device_; }
+
+  // cudaMalloc and a zero fill (synchronous); null on any CUDA error.
+  void* AllocateZeroed(int64_t bytes) override;
+  // Waits for the stream (queued work may still use the block), then cudaFree.
+  void Free(void* data) override;
+  const char* name() const override { return name_.c_str(); }
+  bool host_memory() const override { return false; }
+  // Both copies are synchronous: they return once the data has arrived.
+  absl::Status CopyFromHost(void* dst, const void* host_src, int64_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* src, int64_t bytes) override;
+  absl::Status StoreScaledGradient(const float* grad, float scale, int64_t count,
+                                   kernels::DType storage_dtype, void* dst,
+                                   kernels::DType dst_dtype) override;
+  absl::Status ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
+                               kernels::DType dst_dtype, int64_t count) override;
+  absl::Status ZeroElements(void* dst, kernels::DType dtype, int64_t count) override;
+  absl::Status ApplyUpdate(const kernels::OptimizerConfig& config, int64_t step, float grad_scale,
+                           absl::Span<const kernels::UpdatePiece> pieces) override;
+  absl::StatusOr<kernels::GradStats> ComputeGradStats(
+      absl::Span<const kernels::GradPiece> pieces) override;
+  absl::Status Synchronize() override;
+
+ private:
+  CudaDeviceOps(int device, void* stream, std::unique_ptr<kernels::CudaOptimizerKernels> kernels);
+
+  const int device_;
+  const std::string name_;  // "cuda:<device>"
+  void* const stream_;      // cudaStream_t, owned
+  // On stream_; reset before the stream is destroyed.
+  std::unique_ptr<kernels::CudaOptimizerKernels> kernels_;
+};
+
+}  // namespace engine
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_WORKER_ENGINE_CUDA_DEVICE_OPS_H_
