@@ -1,6 +1,14 @@
 // The seam between a model (a workload) and the ZeRO engine: the workload reads the current
 // parameters, runs forward and backward on its rank's micro-batch, and hands each tensor's
 // gradient to a GradientSink as soon as backward produces it (gradient-ready order).
+//
+// Memory: every span crossing this seam is memory of the engine's device. On a CPU engine that is
+// host memory. On a CUDA engine (worker/engine/cuda_device_ops.h) the spans hold *device*
+// pointers on the engine's device: never dereference them on the host. Their contents are ordered
+// on the engine's compute stream: the workload enqueues its own work on that same stream, so
+// parameters read by its kernels are the current ones, and a gradient handed to GradReady is read
+// by work GradReady enqueues before anything the workload enqueues after the call (which may then
+// overwrite the gradient's buffer).
 #ifndef ZEROSHARD_WORKER_WORKLOADS_WORKLOAD_H_
 #define ZEROSHARD_WORKER_WORKLOADS_WORKLOAD_H_
 
@@ -13,7 +21,8 @@
 namespace zeroshard::workloads {
 
 // Read access to the full model's current parameters, by tensor index of the catalog's tensor
-// list (sharding/model_catalog.h). Values are fp32 (the engine widens bf16/fp16 copies).
+// list (sharding/model_catalog.h). Values are fp32 (the engine widens bf16/fp16 copies), in the
+// engine's device memory (see above).
 class ParameterSource {
  public:
   virtual ~ParameterSource() = default;
@@ -21,7 +30,8 @@ class ParameterSource {
 };
 
 // Receives gradients. `gradient` has the tensor's element count and is the gradient of the
-// rank's *mean* loss over its micro-batch; it is only read during the call.
+// rank's *mean* loss over its micro-batch, in the engine's device memory (see above); it is only
+// read during the call (on a CUDA device: by work queued on the compute stream during the call).
 class GradientSink {
  public:
   virtual ~GradientSink() = default;
@@ -34,6 +44,7 @@ class Workload {
   virtual ~Workload() = default;
 
   // The initial value of every element of `tensor` (the same on every rank and for every W).
+  // `out` is host memory whatever the engine's device.
   virtual absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const = 0;
 
   // Forward and backward of step `step` (0-based) on this rank's micro-batch: samples

@@ -1,0 +1,293 @@
+// CudaTeacherStudentMlp: the teacher-student MLP's forward and backward on the GPU. cuBLAS does
+// the matrix products, cuda_mlp_kernels.cu the element work. CudaStatus and CublasStatus below
+// are where CUDA and cuBLAS errors become absl::Status.
+//
+// Row-major over column-major cuBLAS: a row-major matrix M [r, c] is, in memory, the
+// column-major matrix M^T [c, r] with leading dimension c. So each row-major product
+// C = op(A) op(B) is computed as cuBLAS's column-major C^T = op(B)^T op(A)^T, that is with the
+// operands swapped: cublasSgemm(.., m = C's columns, n = C's rows, .., B, .., A, .., C, ldc =
+// C's columns). The three products, with x [batch, in], W [out, in], d [batch, out]:
+//   forward      y [batch, out] = x W^T   ->  y^T = W x^T     : (T, N), m=out, n=batch, k=in
+//   weight grad  G [out, in]    = d^T x   ->  G^T = x^T d     : (N, T), m=in,  n=out,   k=batch
+//   input grad   p [batch, in]  = d W     ->  p^T = W^T d^T   : (N, N), m=in,  n=batch, k=out
+#include "worker/workloads/cuda_teacher_student_mlp.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "sharding/model_catalog.h"
+#include "worker/workloads/cuda_mlp_kernels.h"
+
+namespace zeroshard::workloads {
+namespace {
+
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat(what, ": CUDA error ", cudaGetErrorName(error), ": ", cudaGetErrorString(error));
+  return error == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError(message)
+                                            : absl::InternalError(message);
+}
+
+absl::Status CublasStatus(cublasStatus_t status, const char* what) {
+  if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string message = absl::StrCat(what, ": cuBLAS error ", static_cast<int>(status), ": ",
+                                           cublasGetStatusString(status));
+  return status == CUBLAS_STATUS_ALLOC_FAILED ? absl::ResourceExhaustedError(message)
+                                              : absl::InternalError(message);
+}
+
+#define ZS_CUDA_RETURN_IF_ERROR(expr) ZS_RETURN_IF_ERROR(CudaStatus((expr), #expr))
+#define ZS_CUBLAS_RETURN_IF_ERROR(expr) ZS_RETURN_IF_ERROR(CublasStatus((expr), #expr))
+
+cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+cublasHandle_t AsHandle(void* handle) { return static_cast<cublasHandle_t>(handle); }
+
+// The same checks, and messages, as TeacherStudentMlp::Create.
+absl::Status ValidateOptions(const TeacherStudentMlpOptions& options) {
+  if (options.world_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size: must be at least 1, got ", options.world_size));
+  }
+  if (options.rank < 0 || options.rank >= options.world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: must be in [0, ", options.world_size, "), got ", options.rank));
+  }
+  if (options.global_batch < 1 || options.global_batch > kMaxGlobalBatch) {
+    return absl::InvalidArgumentError(absl::StrCat("global_batch: must be in [1, ", kMaxGlobalBatch,
+                                                   "], got ", options.global_batch));
+  }
+  if (options.global_batch % options.world_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("global_batch: ", options.global_batch,
+                                                   " is not a multiple of world_size ",
+                                                   options.world_size));
+  }
+  if (options.dataset_size < 1 || options.dataset_size > kMaxDatasetSize) {
+    return absl::InvalidArgumentError(absl::StrCat("dataset_size: must be in [1, ", kMaxDatasetSize,
+                                                   "], got ", options.dataset_size));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CudaTeacherStudentMlp>> CudaTeacherStudentMlp::Create(
+    const TeacherStudentMlpOptions& options, void* stream) {
+  ZS_ASSIGN_OR_RETURN(std::vector<TensorSpec> tensors, TensorsForLayerSizes(options.layer_sizes));
+  ZS_RETURN_IF_ERROR(ValidateOptions(options));
+  std::unique_ptr<CudaTeacherStudentMlp> workload(
+      new CudaTeacherStudentMlp(options, std::move(tensors), stream));
+  ZS_RETURN_IF_ERROR(workload->Initialize());
+  return workload;
+}
+
+CudaTeacherStudentMlp::CudaTeacherStudentMlp(TeacherStudentMlpOptions options,
+                                             std::vector<TensorSpec> tensors, void* stream)
+    : options_(std::move(options)),
+      tensors_(std::move(tensors)),
+      num_layers_(static_cast<int64_t>(options_.layer_sizes.size()) - 1),
+      local_batch_(options_.global_batch / options_.world_size),
+      stream_(stream) {}
+
+CudaTeacherStudentMlp::~CudaTeacherStudentMlp() {
+  // Errors are not actionable here: the stream's work is abandoned either way.
+  cudaStreamSynchronize(AsStream(stream_));
+  if (cublas_ != nullptr) cublasDestroy(AsHandle(cublas_));
+  for (void* allocation : allocations_) cudaFree(allocation);
+}
+
+template <class T>
+absl::StatusOr<T*> CudaTeacherStudentMlp::AllocateDevice(int64_t count) {
+  void* data = nullptr;
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
+  ZS_CUDA_RETURN_IF_ERROR(cudaMalloc(&data, bytes));
+  allocations_.push_back(data);
+  ZS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(data, 0, bytes, AsStream(stream_)));
+  return static_cast<T*>(data);
+}
+
+absl::Status CudaTeacherStudentMlp::Initialize() {
+  cublasHandle_t handle = nullptr;
+  ZS_CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle));
+  cublas_ = handle;
+  ZS_CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle, AsStream(stream_)));
+  // Plain fp32 products (no TF32 tensor-op math), scalars passed from the host.
+  ZS_CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(handle, CUBLAS_DEFAULT_MATH));
+  ZS_CUBLAS_RETURN_IF_ERROR(cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST));
+
+  const std::vector<int64_t>& sizes = options_.layer_sizes;
+  const int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+  int64_t max_weight = 0;
+  std::vector<float> host;
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    const int64_t in = sizes[l];
+    const int64_t out = sizes[l + 1];
+    max_weight = std::max(max_weight, in * out);
+    for (const bool bias : {false, true}) {
+      host.assign(bias ? out : in * out, 0.0f);
+      ZS_RETURN_IF_ERROR(FillLayerParameters(MlpRole::kTeacher, sizes, options_.seed, l, bias,
+                                             absl::MakeSpan(host)));
+      ZS_ASSIGN_OR_RETURN(float* device, AllocateDevice<float>(host.size()));
+      // Synchronous: `host` is refilled for the next array.
+      ZS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(device, host.data(), host.size() * sizeof(float),
+                                              cudaMemcpyHostToDevice, AsStream(stream_)));
+      ZS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(AsStream(stream_)));
+      (bias ? teacher_biases_ : teacher_weights_).push_back(device);
+    }
+  }
+  for (int64_t size : sizes) {
+    ZS_ASSIGN_OR_RETURN(float* activation, AllocateDevice<float>(local_batch_ * size));
+    activations_.push_back(activation);
+  }
+  ZS_ASSIGN_OR_RETURN(targets_, AllocateDevice<float>(local_batch_ * sizes.back()));
+  for (int k = 0; k < 2; ++k) {
+    ZS_ASSIGN_OR_RETURN(teacher_scratch_[k], AllocateDevice<float>(local_batch_ * max_size));
+    ZS_ASSIGN_OR_RETURN(delta_[k], AllocateDevice<float>(local_batch_ * max_size));
+  }
+  ZS_ASSIGN_OR_RETURN(weight_grad_, AllocateDevice<float>(max_weight));
+  ZS_ASSIGN_OR_RETURN(bias_grad_, AllocateDevice<float>(max_size));
+  ZS_ASSIGN_OR_RETURN(loss_partials_, AllocateDevice<double>(cuda_internal::kLossBlocks));
+  ZS_ASSIGN_OR_RETURN(loss_sum_, AllocateDevice<double>(1));
+  host_inputs_.resize(local_batch_ * sizes[0]);
+  ZS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(AsStream(stream_)));
+  return absl::OkStatus();
+}
+
+int64_t CudaTeacherStudentMlp::SampleIndex(int64_t step, int64_t j) const {
+  const int64_t n = options_.dataset_size;
+  const int64_t start = (step % n) * (options_.global_batch % n) % n;
+  return (start + (options_.rank * local_batch_ + j) % n) % n;
+}
+
+absl::Status CudaTeacherStudentMlp::InitialParameters(int64_t tensor, absl::Span<float> out) const {
+  if (tensor < 0 || tensor >= static_cast<int64_t>(tensors_.size())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: ", tensor, " is not in [0, ", tensors_.size(), ")"));
+  }
+  const int64_t layer = num_layers_ - 1 - tensor / 2;
+  const bool bias = tensor % 2 == 0;
+  return FillLayerParameters(MlpRole::kStudent, options_.layer_sizes, options_.seed, layer, bias,
+                             out);
+}
+
+absl::Status CudaTeacherStudentMlp::LinearForward(const float* in, const float* weight,
+                                                  const float* bias, int64_t in_size,
+                                                  int64_t out_size, bool relu, float* out) {
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  // y^T [out, batch] = W [out, in] x^T [in, batch] (see the top of this file).
+  ZS_CUBLAS_RETURN_IF_ERROR(cublasSgemm(AsHandle(cublas_), CUBLAS_OP_T, CUBLAS_OP_N,
+                                        static_cast<int>(out_size), static_cast<int>(local_batch_),
+                                        static_cast<int>(in_size), &one, weight,
+                                        static_cast<int>(in_size), in, static_cast<int>(in_size),
+                                        &zero, out, static_cast<int>(out_size)));
+  return CudaStatus(cuda_internal::LaunchBiasActivation(out, bias, local_batch_, out_size, relu,
+                                                        AsStream(stream_)),
+                    "bias and activation kernel");
+}
+
+absl::Status CudaTeacherStudentMlp::LoadMicroBatch(int64_t step) {
+  const std::vector<int64_t>& sizes = options_.layer_sizes;
+  const int64_t in_size = sizes[0];
+  for (int64_t j = 0; j < local_batch_; ++j) {
+    FillSampleInput(sizes, options_.seed, SampleIndex(step, j),
+                    absl::MakeSpan(host_inputs_.data() + j * in_size, in_size));
+  }
+  // Queued after the previous step's reads of the inputs; synchronous, so host_inputs_ may be
+  // refilled next step.
+  ZS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(activations_[0], host_inputs_.data(),
+                                          host_inputs_.size() * sizeof(float),
+                                          cudaMemcpyHostToDevice, AsStream(stream_)));
+  ZS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(AsStream(stream_)));
+  const float* in = activations_[0];
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    const bool last = l + 1 == num_layers_;
+    float* out = last ? targets_ : teacher_scratch_[l % 2];
+    ZS_RETURN_IF_ERROR(LinearForward(in, teacher_weights_[l], teacher_biases_[l], sizes[l],
+                                     sizes[l + 1], /*relu=*/!last, out));
+    in = out;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, ParameterSource& params,
+                                                              GradientSink& sink) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: negative, ", step));
+  const std::vector<int64_t>& sizes = options_.layer_sizes;
+  std::vector<const float*> weights(num_layers_);
+  std::vector<const float*> biases(num_layers_);
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    for (const bool bias : {true, false}) {
+      const int64_t tensor = BiasTensor(l) + (bias ? 0 : 1);
+      absl::Span<const float> values = params.Parameters(tensor);
+      if (static_cast<int64_t>(values.size()) != tensors_[tensor].num_elements) {
+        return absl::InvalidArgumentError(absl::StrCat("params: ", tensors_[tensor].name, " has ",
+                                                       values.size(), " elements, expected ",
+                                                       tensors_[tensor].num_elements));
+      }
+      (bias ? biases : weights)[l] = values.data();
+    }
+  }
+
+  ZS_RETURN_IF_ERROR(LoadMicroBatch(step));
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    ZS_RETURN_IF_ERROR(LinearForward(activations_[l], weights[l], biases[l], sizes[l], sizes[l + 1],
+                                     /*relu=*/l + 1 < num_layers_, activations_[l + 1]));
+  }
+
+  // MSE over the micro-batch and the outputs; dLoss/dOutput = 2 (output - target) / count.
+  const int64_t count = local_batch_ * sizes.back();
+  const float gradient_scale = static_cast<float>(2.0 / static_cast<double>(count));
+  float* delta = delta_[0];
+  ZS_RETURN_IF_ERROR(CudaStatus(cuda_internal::LaunchMseLossAndGradient(
+                                    activations_[num_layers_], targets_, count, gradient_scale,
+                                    delta, loss_partials_, loss_sum_, AsStream(stream_)),
+                                "MSE kernels"));
+
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  for (int64_t l = num_layers_ - 1; l >= 0; --l) {
+    const int64_t in_size = sizes[l];
+    const int64_t out_size = sizes[l + 1];
+    ZS_RETURN_IF_ERROR(CudaStatus(cuda_internal::LaunchBiasGradient(delta, local_batch_, out_size,
+                                                                    bias_grad_, AsStream(stream_)),
+                                  "bias gradient kernel"));
+    ZS_RETURN_IF_ERROR(sink.GradReady(BiasTensor(l), absl::MakeConstSpan(bias_grad_, out_size)));
+
+    // G^T [in, out] = x^T [in, batch] d [batch, out] (see the top of this file).
+    ZS_CUBLAS_RETURN_IF_ERROR(
+        cublasSgemm(AsHandle(cublas_), CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(in_size),
+                    static_cast<int>(out_size), static_cast<int>(local_batch_), &one,
+                    activations_[l], static_cast<int>(in_size), delta, static_cast<int>(out_size),
+                    &zero, weight_grad_, static_cast<int>(in_size)));
+    ZS_RETURN_IF_ERROR(
+        sink.GradReady(BiasTensor(l) + 1, absl::MakeConstSpan(weight_grad_, out_size * in_size)));
+
+    if (l == 0) break;
+    // p^T [in, batch] = W^T [in, out] d^T [out, batch], then ReLU's derivative.
+    float* previous = delta_[(num_layers_ - l) % 2];
+    ZS_CUBLAS_RETURN_IF_ERROR(
+        cublasSgemm(AsHandle(cublas_), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(in_size),
+                    static_cast<int>(local_batch_), static_cast<int>(out_size), &one, weights[l],
+                    static_cast<int>(in_size), delta, static_cast<int>(out_size), &zero, previous,
+                    static_cast<int>(in_size)));
+    ZS_RETURN_IF_ERROR(
+        CudaStatus(cuda_internal::LaunchReluBackward(previous, activations_[l],
+                                                     local_batch_ * in_size, AsStream(stream_)),
+                   "ReLU backward kernel"));
+    delta = previous;
+  }
+
+  double loss_sum = 0.0;
+  ZS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss_sum, loss_sum_, sizeof(loss_sum),
+                                          cudaMemcpyDeviceToHost, AsStream(stream_)));
+  ZS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(AsStream(stream_)));
+  return loss_sum / static_cast<double>(count);
+}
+
+}  // namespace zeroshard::workloads
