@@ -1,5 +1,6 @@
 // zeroshard-worker: a worker daemon owning one device. Registers with the coordinator, runs the
-// generations it is assigned (Gloo + CPU kernels on `--device=cpu`), and leaves on SIGTERM.
+// generations it is assigned (Gloo + CPU kernels on `--device=cpu`; NCCL + CUDA kernels on
+// `--device=cuda:N` in a build with --config=cuda), and leaves on SIGTERM.
 #include <signal.h>
 #include <unistd.h>
 
@@ -8,17 +9,20 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
+#include "worker/daemon/cuda_support.h"
 #include "worker/daemon/generation_run.h"
 #include "worker/daemon/worker_daemon.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port.");
 ABSL_FLAG(std::string, device, "cpu",
-          "The device this worker owns: cpu (cuda:N is not yet "
-          "supported by this build of the worker).");
+          "The device this worker owns: cpu, or cuda:N (CUDA device N; needs a build with "
+          "--config=cuda).");
 ABSL_FLAG(std::string, name, "", "Worker name ([a-z0-9-], default worker-<pid>).");
 ABSL_FLAG(std::string, host, "", "Host name reported to the coordinator (default: hostname).");
 ABSL_FLAG(std::string, listen_host, "127.0.0.1",
@@ -42,12 +46,28 @@ int main(int argc, char** argv) {
 
   using zeroshard::worker::WorkerDaemonOptions;
   WorkerDaemonOptions options;
-  if (absl::GetFlag(FLAGS_device) != "cpu") {
-    ZS_LOG(ERROR) << "--device=" << absl::GetFlag(FLAGS_device)
-                  << ": only cpu is supported by this worker so far";
-    return 2;
+  const std::string device = absl::GetFlag(FLAGS_device);
+  int cuda_device = -1;
+  if (device == "cpu") {
+    options.device_kind = zeroshard::v1::CPU;
+  } else {
+    absl::string_view ordinal = device;
+    if (!absl::ConsumePrefix(&ordinal, "cuda:") || !absl::SimpleAtoi(ordinal, &cuda_device) ||
+        cuda_device < 0) {
+      ZS_LOG(ERROR) << "--device=" << device << ": expected cpu or cuda:N (N >= 0)";
+      return 2;
+    }
+    absl::StatusOr<zeroshard::worker::CudaDeviceInfo> info =
+        zeroshard::worker::SelectCudaDevice(cuda_device);
+    if (!info.ok()) {
+      ZS_LOG(ERROR) << "--device=" << device << ": " << info.status();
+      return 2;
+    }
+    ZS_LOG(INFO) << "device " << device << ": " << info->name << ", " << info->memory_bytes
+                 << " bytes";
+    options.device_kind = zeroshard::v1::CUDA;
+    options.device_memory_bytes = info->memory_bytes;
   }
-  options.device_kind = zeroshard::v1::CPU;
   options.name = absl::GetFlag(FLAGS_name);
   if (options.name.empty()) options.name = absl::StrCat("worker-", getpid());
   options.host = absl::GetFlag(FLAGS_host);
@@ -84,6 +104,7 @@ int main(int argc, char** argv) {
         run_options.worker_id = daemon_ptr->worker_id();
         run_options.listen_host = absl::GetFlag(FLAGS_listen_host);
         run_options.threads = absl::GetFlag(FLAGS_threads);
+        run_options.cuda_device = cuda_device;
         run_options.final_params_dir = absl::GetFlag(FLAGS_final_params_dir);
         return zeroshard::worker::GenerationRun::Start(assignment, std::move(run_options));
       });

@@ -14,6 +14,7 @@
 #include "spec/job_plan.h"
 #include "worker/comm/coordinator_store.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/daemon/cuda_support.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/teacher_student_mlp.h"
 
@@ -184,14 +185,28 @@ absl::Status GenerationRun::Train() {
         assignment_.plan_layout_hash(), " (different versions?)"));
   }
 
+  // On a CUDA device: the device (its compute stream) outlives the communicator, the workload
+  // and the engine, declared after it. On the CPU it stays null and the engine makes its own.
+  const bool on_cuda = options_.cuda_device >= 0;
+  std::unique_ptr<engine::DeviceOps> device;
+  if (on_cuda) {
+    ZS_ASSIGN_OR_RETURN(device, CreateCudaDevice(options_.cuda_device));
+  }
+
   comm::CoordinatorStore store(options_.stub, assignment_.job_id(), assignment_.generation());
-  comm::GlooCommunicatorOptions comm_options;
-  comm_options.rank = static_cast<int>(rank);
-  comm_options.world_size = static_cast<int>(world_size);
-  comm_options.store = &store;
-  comm_options.hostname = options_.listen_host;
-  ZS_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> communicator,
-                      comm::GlooCommunicator::Create(comm_options));
+  std::unique_ptr<comm::Communicator> communicator;
+  if (on_cuda) {
+    ZS_ASSIGN_OR_RETURN(communicator,
+                        CreateNcclCommunicator(*device, &store, static_cast<int>(rank),
+                                               static_cast<int>(world_size)));
+  } else {
+    comm::GlooCommunicatorOptions comm_options;
+    comm_options.rank = static_cast<int>(rank);
+    comm_options.world_size = static_cast<int>(world_size);
+    comm_options.store = &store;
+    comm_options.hostname = options_.listen_host;
+    ZS_ASSIGN_OR_RETURN(communicator, comm::GlooCommunicator::Create(comm_options));
+  }
   {
     absl::MutexLock lock(&mu_);
     communicator_ = communicator.get();
@@ -216,10 +231,15 @@ absl::Status GenerationRun::Train() {
   workload_options.world_size = world_size;
   workload_options.rank = rank;
   workload_options.dataset_size = spec.workload().dataset_size();
-  ZS_ASSIGN_OR_RETURN(std::unique_ptr<workloads::TeacherStudentMlp> workload,
-                      workloads::TeacherStudentMlp::Create(workload_options));
+  std::unique_ptr<workloads::Workload> workload;
+  if (on_cuda) {
+    ZS_ASSIGN_OR_RETURN(workload, CreateCudaWorkload(*device, workload_options));
+  } else {
+    ZS_ASSIGN_OR_RETURN(workload, workloads::TeacherStudentMlp::Create(workload_options));
+  }
 
   ZS_ASSIGN_OR_RETURN(engine::EngineConfig config, EngineConfigFor(spec, options_.threads));
+  config.device = device.get();
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Engine::Create(plan, rank, config, communicator.get()));
   ZS_RETURN_IF_ERROR(engine->InitializeParameters([&](int64_t tensor, absl::Span<float> out) {
@@ -247,8 +267,7 @@ absl::Status GenerationRun::Train() {
   return absl::OkStatus();
 }
 
-absl::Status GenerationRun::WriteFinalParameters(workloads::ParameterSource& params,
-                                                 int64_t tensors) {
+absl::Status GenerationRun::WriteFinalParameters(engine::Engine& engine, int64_t tensors) {
   std::error_code error;
   std::filesystem::create_directories(options_.final_params_dir, error);
   const std::string path =
@@ -260,8 +279,13 @@ absl::Status GenerationRun::WriteFinalParameters(workloads::ParameterSource& par
   }
   bool ok = true;
   for (int64_t t = 0; t < tensors; ++t) {
-    absl::Span<const float> values = params.Parameters(t);
-    ok &= std::fwrite(values.data(), sizeof(float), values.size(), file) == values.size();
+    absl::StatusOr<std::vector<float>> values = engine.ParametersOnHost(t);
+    if (!values.ok()) {
+      std::fclose(file);
+      std::remove(tmp.c_str());
+      return values.status();
+    }
+    ok &= std::fwrite(values->data(), sizeof(float), values->size(), file) == values->size();
   }
   ok &= std::fclose(file) == 0;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {

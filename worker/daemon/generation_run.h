@@ -1,6 +1,6 @@
 // The real TrainingRun: one generation of a job on this worker. Rendezvous through the
-// coordinator's store, a Gloo communicator, the workload, the ZeRO engine, and the step loop
-// that reports progress to the coordinator.
+// coordinator's store, a communicator (Gloo on the CPU, NCCL on a CUDA device), the workload,
+// the ZeRO engine, and the step loop that reports progress to the coordinator.
 #ifndef ZEROSHARD_WORKER_DAEMON_GENERATION_RUN_H_
 #define ZEROSHARD_WORKER_DAEMON_GENERATION_RUN_H_
 
@@ -16,6 +16,10 @@
 #include "worker/workloads/workload.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
+namespace zeroshard::engine {
+class Engine;
+}  // namespace zeroshard::engine
+
 namespace zeroshard::worker {
 
 struct GenerationRunOptions {
@@ -23,8 +27,11 @@ struct GenerationRunOptions {
   std::string worker_id;
   // The address peers reach this worker's Gloo endpoint at.
   std::string listen_host = "127.0.0.1";
-  // Threads of the optimizer kernels.
+  // Threads of the optimizer kernels (CPU).
   int threads = 1;
+  // >= 0: train on this CUDA device (NCCL, the CUDA kernels and workload; needs a build with
+  // --config=cuda, see cuda_support.h). -1: on the CPU (Gloo).
+  int cuda_device = -1;
   // When set, rank 0 writes the final parameters of a finished job to
   // <dir>/<job_id>.f32 (raw little-endian fp32, the catalog's tensor order).
   std::string final_params_dir;
@@ -50,7 +57,7 @@ class GenerationRun final : public TrainingRun {
   // Reports to the coordinator; returns false when the generation is no longer current.
   absl::StatusOr<bool> Report(const v1::StepMetrics& metrics, bool finished);
   // Rank 0's final parameters, for comparing runs (see final_params_dir).
-  absl::Status WriteFinalParameters(workloads::ParameterSource& params, int64_t tensors);
+  absl::Status WriteFinalParameters(engine::Engine& engine, int64_t tensors);
 
   const v1::Assignment assignment_;
   const GenerationRunOptions options_;

@@ -1,0 +1,95 @@
+// cuda_support.h over CUDA: device selection and description, CudaDeviceOps, NcclCommunicator
+// and CudaTeacherStudentMlp. CudaStatus below is where this file's CUDA errors become Status.
+#include "worker/daemon/cuda_support.h"
+
+#include <cuda_runtime_api.h>
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/comm/nccl_communicator.h"
+#include "worker/engine/cuda_device_ops.h"
+#include "worker/workloads/cuda_teacher_student_mlp.h"
+
+namespace zeroshard::worker {
+namespace {
+
+absl::Status CudaStatus(cudaError_t error, const char* what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat(what, ": CUDA error ", cudaGetErrorName(error), ": ", cudaGetErrorString(error));
+  switch (error) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+      return absl::FailedPreconditionError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+#define ZS_CUDA_RETURN_IF_ERROR(expr) ZS_RETURN_IF_ERROR(CudaStatus((expr), #expr))
+
+// The CudaDeviceOps behind a DeviceOps from CreateCudaDevice.
+absl::StatusOr<engine::CudaDeviceOps*> AsCuda(engine::DeviceOps& device) {
+  auto* cuda = dynamic_cast<engine::CudaDeviceOps*>(&device);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: ", device.name(), " is not a CUDA device from CreateCudaDevice"));
+  }
+  return cuda;
+}
+
+}  // namespace
+
+bool CudaSupportBuiltIn() { return true; }
+
+absl::StatusOr<CudaDeviceInfo> SelectCudaDevice(int device) {
+  int devices = 0;
+  ZS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&devices));
+  if (device < 0 || device >= devices) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda:", device, ": this machine has ", devices, " CUDA devices"));
+  }
+  ZS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaDeviceProp properties;
+  ZS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, device));
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  ZS_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+  CudaDeviceInfo info;
+  info.name = properties.name;
+  info.memory_bytes = static_cast<int64_t>(total_bytes);
+  return info;
+}
+
+absl::StatusOr<std::unique_ptr<engine::DeviceOps>> CreateCudaDevice(int device) {
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<engine::CudaDeviceOps> ops,
+                      engine::CudaDeviceOps::Create(device));
+  return std::unique_ptr<engine::DeviceOps>(std::move(ops));
+}
+
+absl::StatusOr<std::unique_ptr<comm::Communicator>> CreateNcclCommunicator(
+    engine::DeviceOps& device, comm::Store* store, int rank, int world_size) {
+  ZS_ASSIGN_OR_RETURN(engine::CudaDeviceOps * cuda, AsCuda(device));
+  comm::NcclCommunicatorOptions options;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.device = cuda->device();
+  options.store = store;
+  options.compute_stream = cuda->stream();
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<comm::NcclCommunicator> communicator,
+                      comm::NcclCommunicator::Create(options));
+  return std::unique_ptr<comm::Communicator>(std::move(communicator));
+}
+
+absl::StatusOr<std::unique_ptr<workloads::Workload>> CreateCudaWorkload(
+    engine::DeviceOps& device, const workloads::TeacherStudentMlpOptions& options) {
+  ZS_ASSIGN_OR_RETURN(engine::CudaDeviceOps * cuda, AsCuda(device));
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<workloads::CudaTeacherStudentMlp> workload,
+                      workloads::CudaTeacherStudentMlp::Create(options, cuda->stream()));
+  return std::unique_ptr<workloads::Workload>(std::move(workload));
+}
+
+}  // namespace zeroshard::worker
