@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,10 @@ ABSL_FLAG(int, steps, 7, "timed steps per mode (medians reported)");
 ABSL_FLAG(int, warmup, 2, "untimed steps per mode");
 ABSL_FLAG(int, threads, 1, "optimizer kernel threads per rank");
 ABSL_FLAG(int64_t, tensor_elems, int64_t{1} << 20, "elements per synthetic tensor");
+ABSL_FLAG(int64_t, segment_bytes, zeroshard::comm::GlooCommunicatorOptions().segment_bytes,
+          "the engine communicator's ring segment size");
+ABSL_FLAG(int, staging_segments, zeroshard::comm::GlooCommunicatorOptions().staging_segments,
+          "the engine communicator's reduce-scatter staging segments");
 ABSL_FLAG(int, rank, -1, "internal: the rank of a child process (-1: launch the children)");
 ABSL_FLAG(std::string, store_dir, "", "internal: the children's FileStore directory");
 
@@ -69,16 +74,41 @@ std::vector<TensorSpec> SyntheticTensors(int64_t params, int64_t tensor_elems) {
   return tensors;
 }
 
-// A cheap deterministic gradient: small values that vary with the element and the step.
-void FillGradient(int64_t tensor, int64_t step, int rank, std::vector<float>& gradient) {
-  const int64_t offset = tensor * 7 + step * 3 + rank;
-  for (size_t j = 0; j < gradient.size(); ++j) {
-    gradient[j] = static_cast<float>(static_cast<int64_t>((j + offset) % 17) - 8) * 1e-3f;
+// The synthetic gradients' values repeat with this period.
+constexpr int64_t kPatternPeriod = 17;
+
+// pattern[i] = ((i % 17) - 8) * 1e-3: the source FillGradient copies windows of.
+std::vector<float> GradientPattern(int64_t largest_tensor) {
+  std::vector<float> pattern(largest_tensor + kPatternPeriod);
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    pattern[i] = static_cast<float>(static_cast<int64_t>(i % kPatternPeriod) - 8) * 1e-3f;
   }
+  return pattern;
+}
+
+// A cheap deterministic gradient, small values that vary with the element, the tensor, the step
+// and the rank: gradient[j] = (((j + offset) % 17) - 8) * 1e-3, one memcpy from the pattern.
+void FillGradient(int64_t tensor, int64_t step, int rank, const std::vector<float>& pattern,
+                  std::vector<float>& gradient) {
+  const int64_t offset = (tensor * 7 + step * 3 + rank) % kPatternPeriod;
+  std::memcpy(gradient.data(), pattern.data() + offset, gradient.size() * sizeof(float));
 }
 
 // Per step, the slowest rank's time of each part (an fp64 kMax all-reduce).
-enum Field { kStep, kEngineStep, kBackward, kComm, kExposed, kStats, kUpdate, kAllgather, kFields };
+// kMoved = kComm + kAllgather of the same step; kRaw = the raw gloo all-reduce run right after it.
+enum Field {
+  kStep,
+  kEngineStep,
+  kBackward,
+  kComm,
+  kExposed,
+  kStats,
+  kUpdate,
+  kAllgather,
+  kMoved,
+  kRaw,
+  kFields
+};
 
 std::vector<double> SlowestRank(comm::Communicator& communicator, std::vector<double> values) {
   CheckOk(communicator
@@ -89,8 +119,75 @@ std::vector<double> SlowestRank(comm::Communicator& communicator, std::vector<do
   return values;
 }
 
+// The baseline: gloo::allreduce with its ring algorithm over a buffer of the plan's size, on its
+// own Gloo context (same processes, same loopback).
+class RawGlooAllreduce {
+ public:
+  RawGlooAllreduce(comm::Store& store, comm::Communicator& communicator, int64_t elements)
+      : communicator_(communicator), buffer_(elements, 1.0f + communicator.rank()) {
+    if (communicator.world_size() == 1) return;
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    context_ =
+        std::make_shared<gloo::rendezvous::Context>(communicator.rank(), communicator.world_size());
+    comm::GlooStoreAdapter adapter(&store, "raw_allreduce", absl::Seconds(60));
+    context_->connectFullMesh(adapter, device);
+  }
+
+  // One all-reduce after a barrier; the slowest rank's milliseconds.
+  double RunMs() {
+    if (context_ == nullptr) return 0.0;
+    CheckOk(communicator_.Barrier()->Wait(), "barrier");
+    const absl::Time start = absl::Now();
+    gloo::AllreduceOptions options(context_);
+    options.setOutput(buffer_.data(), buffer_.size());
+    options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
+    void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
+    options.setReduceFunction(sum);
+    options.setTimeout(std::chrono::seconds(120));
+    try {
+      gloo::allreduce(options);
+    } catch (const std::exception& error) {
+      CheckOk(absl::InternalError(error.what()), "gloo::allreduce");
+    }
+    const double elapsed = absl::ToDoubleMilliseconds(absl::Now() - start);
+    // Refill, so sums do not grow without bound over the repetitions.
+    std::fill(buffer_.begin(), buffer_.end(), 1.0f + communicator_.rank());
+    return SlowestRank(communicator_, {elapsed})[0];
+  }
+
+ private:
+  comm::Communicator& communicator_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  std::vector<float> buffer_;
+};
+
+// The baseline on its own, before the modes: median of the slowest rank's times.
+void PrintRawGlooAllreduce(RawGlooAllreduce& raw, comm::Communicator& communicator,
+                           int64_t elements) {
+  const int world_size = communicator.world_size();
+  if (world_size == 1) return;
+  std::vector<double> samples;
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  for (int i = 0; i < warmup + absl::GetFlag(FLAGS_steps); ++i) {
+    const double ms = raw.RunMs();
+    if (i >= warmup) samples.push_back(ms);
+  }
+  const double median = Median(samples);
+  if (communicator.rank() == 0) {
+    const double bytes = static_cast<double>(elements) * 4.0;
+    std::printf(
+        "{\"bench\":\"step\",\"mode\":\"gloo_allreduce_ring\",\"world_size\":%d,\"params\":%lld,"
+        "\"allreduce_ms\":%.3f,\"busbw_gbps\":%.3f}\n",
+        world_size, static_cast<long long>(elements), median,
+        bytes * 2.0 * (world_size - 1) / world_size / (median * 1e-3) / 1e9);
+    std::fflush(stdout);
+  }
+}
+
 void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator& communicator,
-             double raw_allreduce_ms) {
+             RawGlooAllreduce& raw) {
   const int rank = communicator.rank();
   engine::EngineConfig config;
   config.mode = mode;
@@ -119,6 +216,7 @@ void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator&
   int64_t largest = 0;
   for (const TensorSpec& spec : plan.tensors()) largest = std::max(largest, spec.num_elements);
   std::vector<float> gradient(largest);
+  const std::vector<float> pattern = GradientPattern(largest);
   std::vector<std::vector<double>> samples(kFields);
   engine::StepResult last;
   const int warmup = absl::GetFlag(FLAGS_warmup);
@@ -128,7 +226,7 @@ void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator&
     const absl::Time start = absl::Now();
     for (int64_t t = 0; t < plan.num_tensors(); ++t) {
       gradient.resize(plan.tensors()[t].num_elements);
-      FillGradient(t, step, rank, gradient);
+      FillGradient(t, step, rank, pattern, gradient);
       CheckOk(step_engine.GradReady(t, gradient), "GradReady");
     }
     const absl::Time backward_done = absl::Now();
@@ -147,6 +245,8 @@ void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator&
     values[kUpdate] = timings.update_ms;
     values[kAllgather] = timings.allgather_ms;
     values = SlowestRank(communicator, values);
+    values[kMoved] = values[kComm] + values[kAllgather];
+    values[kRaw] = raw.RunMs();
     if (step >= warmup) {
       for (int f = 0; f < kFields; ++f) samples[f].push_back(values[f]);
     }
@@ -157,7 +257,8 @@ void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator&
   const int world_size = communicator.world_size();
   const double bytes = static_cast<double>(plan.padded_elems()) * 4.0;
   // Gradient reduction and parameter gather together move 2 (W-1)/W of the buffer per rank.
-  const double moved_ms = median[kComm] + median[kAllgather];
+  const double moved_ms = median[kMoved];
+  const double raw_allreduce_ms = median[kRaw];
   const double busbw =
       moved_ms > 0 ? bytes * 2.0 * (world_size - 1) / world_size / (moved_ms * 1e-3) / 1e9 : 0.0;
   const engine::MemoryReport& memory = last.memory;
@@ -185,48 +286,6 @@ void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator&
   std::fflush(stdout);
 }
 
-// The baseline: gloo::allreduce with its ring algorithm over a buffer of the plan's size, on its
-// own Gloo context. Returns the median of the slowest rank's times.
-double RawGlooAllreduceMs(comm::Store& store, comm::Communicator& communicator, int64_t elements) {
-  const int rank = communicator.rank();
-  const int world_size = communicator.world_size();
-  if (world_size == 1) return 0.0;
-  gloo::transport::tcp::attr attr;
-  attr.hostname = "127.0.0.1";
-  auto device = gloo::transport::tcp::CreateDevice(attr);
-  auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
-  comm::GlooStoreAdapter adapter(&store, "raw_allreduce", absl::Seconds(60));
-  context->connectFullMesh(adapter, device);
-  std::vector<float> buffer(elements, 1.0f + rank);
-  std::vector<double> samples;
-  const int warmup = absl::GetFlag(FLAGS_warmup);
-  for (int i = 0; i < warmup + absl::GetFlag(FLAGS_steps); ++i) {
-    CheckOk(communicator.Barrier()->Wait(), "barrier");
-    const absl::Time start = absl::Now();
-    gloo::AllreduceOptions options(context);
-    options.setOutput(buffer.data(), buffer.size());
-    options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    void (*sum)(void*, const void*, const void*, size_t) = &gloo::sum<float>;
-    options.setReduceFunction(sum);
-    options.setTimeout(std::chrono::seconds(120));
-    gloo::allreduce(options);
-    std::vector<double> elapsed = {absl::ToDoubleMilliseconds(absl::Now() - start)};
-    elapsed = SlowestRank(communicator, elapsed);
-    if (i >= warmup) samples.push_back(elapsed[0]);
-  }
-  const double median = Median(samples);
-  if (rank == 0) {
-    const double bytes = static_cast<double>(elements) * 4.0;
-    std::printf(
-        "{\"bench\":\"step\",\"mode\":\"gloo_allreduce_ring\",\"world_size\":%d,\"params\":%lld,"
-        "\"allreduce_ms\":%.3f,\"busbw_gbps\":%.3f}\n",
-        world_size, static_cast<long long>(elements), median,
-        bytes * 2.0 * (world_size - 1) / world_size / (median * 1e-3) / 1e9);
-    std::fflush(stdout);
-  }
-  return median;
-}
-
 int RunRank() {
   const int rank = absl::GetFlag(FLAGS_rank);
   const int world_size = absl::GetFlag(FLAGS_world_size);
@@ -236,17 +295,20 @@ int RunRank() {
   options.world_size = world_size;
   options.store = &store;
   options.store_prefix = "engine";
+  options.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
+  options.staging_segments = absl::GetFlag(FLAGS_staging_segments);
   auto communicator = comm::GlooCommunicator::Create(options);
   CheckOk(communicator.status(), "GlooCommunicator::Create");
   auto plan = ShardPlan::Create(
       SyntheticTensors(absl::GetFlag(FLAGS_params), absl::GetFlag(FLAGS_tensor_elems)), world_size);
   CheckOk(plan.status(), "ShardPlan::Create");
-  double raw_ms = 0.0;
+  std::unique_ptr<RawGlooAllreduce> raw;
   try {
-    raw_ms = RawGlooAllreduceMs(store, **communicator, plan->padded_elems());
+    raw = std::make_unique<RawGlooAllreduce>(store, **communicator, plan->padded_elems());
   } catch (const std::exception& error) {
-    CheckOk(absl::InternalError(error.what()), "gloo::allreduce");
+    CheckOk(absl::InternalError(error.what()), "gloo rendezvous");
   }
+  PrintRawGlooAllreduce(*raw, **communicator, plan->padded_elems());
   std::vector<engine::EngineMode> modes = {engine::EngineMode::kDdp, engine::EngineMode::kZero1,
                                            engine::EngineMode::kZero2};
   if (!absl::GetFlag(FLAGS_mode).empty()) {
@@ -254,7 +316,7 @@ int RunRank() {
     CheckOk(mode.status(), "--mode");
     modes = {*mode};
   }
-  for (engine::EngineMode mode : modes) RunMode(mode, *plan, **communicator, raw_ms);
+  for (engine::EngineMode mode : modes) RunMode(mode, *plan, **communicator, *raw);
   return 0;
 }
 
@@ -281,6 +343,8 @@ int LaunchRanks(const char* self) {
         absl::StrCat("--warmup=", absl::GetFlag(FLAGS_warmup)),
         absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
         absl::StrCat("--tensor_elems=", absl::GetFlag(FLAGS_tensor_elems)),
+        absl::StrCat("--segment_bytes=", absl::GetFlag(FLAGS_segment_bytes)),
+        absl::StrCat("--staging_segments=", absl::GetFlag(FLAGS_staging_segments)),
     };
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
