@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Builds the GPU checks (-c opt --config=cuda) and packs them for a GPU machine without Bazel:
-# the binaries, the shared libraries they need that such a machine may lack (abseil, and this
-# machine's CUDA runtime as a fallback), and run.sh, which runs them all.
+# the binaries, the shared libraries they need that such a machine may lack (abseil, OpenBLAS and
+# its Fortran runtime for the CPU reference MLP, and this machine's CUDA runtime as a fallback),
+# and run.sh, which runs them all. cuBLAS and NCCL are too large to carry (README.md).
 # Usage: tests/gpu/bundle.sh [OUT_DIR]   (default: /tmp/zeroshard-gpu)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-/tmp/zeroshard-gpu}
-targets=(//tests/gpu:kernels_gpu_test)
+targets=(//tests/gpu:kernels_gpu_test //tests/gpu:engine_gpu_test)
 bazel build -c opt --config=cuda "${targets[@]}"
 bin=$(bazel info -c opt --config=cuda bazel-bin 2>/dev/null)
 rm -rf "$out"
@@ -16,7 +17,8 @@ for target in "${targets[@]}"; do
   cp "$bin/tests/gpu/$name" "$out/"
   # Everything outside glibc that the dynamic loader resolves here.
   ldd "$out/$name" | awk '/=> \// {print $3}' |
-    grep -E 'libabsl_|libcudart' | xargs -r -I{} cp -L {} "$out/lib/"
+    grep -E 'libabsl_|libcudart|libopenblas|libgfortran|libquadmath' |
+    xargs -r -I{} cp -L {} "$out/lib/"
 done
 cp tests/gpu/run.sh "$out/"
 du -sh "$out"

@@ -1,0 +1,339 @@
+// GPU check of the engine's CUDA path (a plain main, no gtest): the CUDA teacher-student MLP's
+// loss and gradients against the CPU MLP's, and W=1 engine steps with CudaDeviceOps and an
+// NcclCommunicator against the CPU engine on the same inputs. README.md states the tolerances.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "sharding/model_catalog.h"
+#include "sharding/shard_planner.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/in_memory_store.h"
+#include "worker/comm/nccl_communicator.h"
+#include "worker/engine/cuda_device_ops.h"
+#include "worker/engine/engine.h"
+#include "worker/workloads/cuda_teacher_student_mlp.h"
+#include "worker/workloads/teacher_student_mlp.h"
+
+namespace zeroshard {
+namespace {
+
+using engine::CudaDeviceOps;
+using engine::Engine;
+using engine::EngineConfig;
+using engine::EngineMode;
+using kernels::DType;
+using workloads::TeacherStudentMlpOptions;
+
+int g_failures = 0;
+
+void Report(bool pass, const std::string& what) {
+  std::printf("%s %s\n", pass ? "PASS" : "FAIL", what.c_str());
+  if (!pass) ++g_failures;
+}
+
+bool Check(const absl::Status& status, const std::string& what) {
+  if (!status.ok()) Report(false, absl::StrCat(what, ": ", status.ToString()));
+  return status.ok();
+}
+
+// A world of one rank: every collective leaves its buffer as it is, which is exact for W = 1.
+class SingleRankCommunicator final : public comm::Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::unique_ptr<comm::Work> ReduceScatter(const void*, void*, size_t, comm::ElementType,
+                                            comm::ReduceOp,
+                                            const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::UnimplementedError("not used by the engine"));
+  }
+  std::unique_ptr<comm::Work> ReduceScatterInPlace(void*, size_t, comm::ElementType, comm::ReduceOp,
+                                                   const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::OkStatus());
+  }
+  std::unique_ptr<comm::Work> AllGather(const void*, void*, size_t, comm::ElementType,
+                                        const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::UnimplementedError("not used by the engine"));
+  }
+  std::unique_ptr<comm::Work> AllGatherInPlace(void*, size_t, comm::ElementType,
+                                               const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::OkStatus());
+  }
+  std::unique_ptr<comm::Work> AllReduce(void*, size_t, comm::ElementType, comm::ReduceOp,
+                                        const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::OkStatus());
+  }
+  std::unique_ptr<comm::Work> Broadcast(void*, size_t, comm::ElementType, int,
+                                        const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::OkStatus());
+  }
+  std::unique_ptr<comm::Work> Barrier(const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::OkStatus());
+  }
+  void Abort() override {}
+  comm::CommunicatorStats stats() const override { return {}; }
+};
+
+// Host parameters for the CPU MLP, and the same values in device memory for the CUDA one.
+class HostParameters final : public workloads::ParameterSource {
+ public:
+  explicit HostParameters(std::vector<std::vector<float>> values) : values_(std::move(values)) {}
+  absl::Span<const float> Parameters(int64_t tensor) override { return values_[tensor]; }
+  const std::vector<std::vector<float>>& values() const { return values_; }
+
+ private:
+  std::vector<std::vector<float>> values_;
+};
+
+class DeviceParameters final : public workloads::ParameterSource {
+ public:
+  DeviceParameters(CudaDeviceOps& device, const std::vector<std::vector<float>>& values)
+      : device_(device) {
+    for (const std::vector<float>& tensor : values) {
+      void* data = device.AllocateZeroed(std::max<int64_t>(1, tensor.size()) * sizeof(float));
+      if (data != nullptr) {
+        Check(device.CopyFromHost(data, tensor.data(), tensor.size() * sizeof(float)),
+              "copy parameters to the device");
+      }
+      arrays_.push_back(absl::MakeConstSpan(static_cast<const float*>(data), tensor.size()));
+    }
+  }
+  ~DeviceParameters() override {
+    for (absl::Span<const float> array : arrays_) device_.Free(const_cast<float*>(array.data()));
+  }
+  absl::Span<const float> Parameters(int64_t tensor) override { return arrays_[tensor]; }
+
+ private:
+  CudaDeviceOps& device_;
+  std::vector<absl::Span<const float>> arrays_;
+};
+
+// Records each gradient on the host (copying device gradients on the compute stream).
+class RecordingSink final : public workloads::GradientSink {
+ public:
+  explicit RecordingSink(CudaDeviceOps* device) : device_(device) {}
+  absl::Status GradReady(int64_t tensor, absl::Span<const float> gradient) override {
+    if (static_cast<int64_t>(gradients_.size()) <= tensor) gradients_.resize(tensor + 1);
+    std::vector<float>& out = gradients_[tensor];
+    out.resize(gradient.size());
+    if (device_ == nullptr) {
+      std::copy(gradient.begin(), gradient.end(), out.begin());
+      return absl::OkStatus();
+    }
+    return device_->CopyToHost(out.data(), gradient.data(), gradient.size() * sizeof(float));
+  }
+  const std::vector<std::vector<float>>& gradients() const { return gradients_; }
+
+ private:
+  CudaDeviceOps* const device_;
+  std::vector<std::vector<float>> gradients_;
+};
+
+// Largest |gpu - cpu| relative to the tensor's largest |cpu| (at least 1e-6), and how many
+// elements are bitwise equal.
+struct Difference {
+  double worst_relative = 0.0;
+  int64_t elements = 0;
+  int64_t bitwise_equal = 0;
+};
+
+Difference Compare(const std::vector<std::vector<float>>& cpu,
+                   const std::vector<std::vector<float>>& gpu) {
+  Difference difference;
+  for (size_t t = 0; t < cpu.size(); ++t) {
+    double scale = 1e-6;
+    for (float value : cpu[t]) scale = std::max(scale, std::fabs(static_cast<double>(value)));
+    for (size_t k = 0; k < cpu[t].size(); ++k) {
+      const double gpu_value = t < gpu.size() && k < gpu[t].size() ? gpu[t][k] : NAN;
+      const double delta = std::fabs(gpu_value - cpu[t][k]) / scale;
+      difference.worst_relative =
+          std::isnan(delta) ? INFINITY : std::max(difference.worst_relative, delta);
+      ++difference.elements;
+      if (gpu_value == cpu[t][k]) ++difference.bitwise_equal;
+    }
+  }
+  return difference;
+}
+
+std::vector<std::vector<float>> InitialValues(const workloads::Workload& workload,
+                                              const std::vector<TensorSpec>& tensors) {
+  std::vector<std::vector<float>> values;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    values.emplace_back(tensors[t].num_elements);
+    Check(workload.InitialParameters(t, absl::MakeSpan(values.back())), "initial parameters");
+  }
+  return values;
+}
+
+// 1. The CUDA MLP's loss and gradients against the CPU MLP's, at the initial parameters.
+void CheckMlpGradients(CudaDeviceOps& device, const std::vector<int64_t>& sizes) {
+  TeacherStudentMlpOptions options;
+  options.layer_sizes = sizes;
+  options.seed = 7;
+  options.global_batch = 64;
+  const std::string name = absl::StrCat("mlp gradients (", sizes.size() - 1, " layers, ",
+                                        sizes.front(), "->", sizes.back(), ")");
+  absl::StatusOr<std::unique_ptr<workloads::TeacherStudentMlp>> cpu =
+      workloads::TeacherStudentMlp::Create(options);
+  absl::StatusOr<std::unique_ptr<workloads::CudaTeacherStudentMlp>> gpu =
+      workloads::CudaTeacherStudentMlp::Create(options, device.stream());
+  if (!Check(cpu.status(), name) || !Check(gpu.status(), name)) return;
+  HostParameters host(InitialValues(**cpu, (*cpu)->tensors()));
+  DeviceParameters on_device(device, host.values());
+  for (int64_t step : {0, 3}) {
+    RecordingSink cpu_sink(nullptr);
+    RecordingSink gpu_sink(&device);
+    absl::StatusOr<double> cpu_loss = (*cpu)->ForwardBackward(step, host, cpu_sink);
+    absl::StatusOr<double> gpu_loss = (*gpu)->ForwardBackward(step, on_device, gpu_sink);
+    if (!Check(cpu_loss.status(), name) || !Check(gpu_loss.status(), name)) return;
+    const double loss_error = std::fabs(*gpu_loss - *cpu_loss) / std::max(1e-12, *cpu_loss);
+    const Difference difference = Compare(cpu_sink.gradients(), gpu_sink.gradients());
+    Report(loss_error <= 1e-5 && difference.worst_relative <= 1e-4,
+           absl::StrCat(name, " step ", step, ": loss cpu ", *cpu_loss, " gpu ", *gpu_loss,
+                        " (rel ", loss_error, " <= 1e-5), gradients worst rel ",
+                        difference.worst_relative, " <= 1e-4, ", difference.bitwise_equal, "/",
+                        difference.elements, " bitwise equal"));
+  }
+}
+
+// A gradient for (step, tensor, element) that every engine receives: multiples of 1/128 in
+// [-0.0625, 0.0625], exact in every dtype.
+float SyntheticGradient(int64_t step, int64_t tensor, int64_t k) {
+  return static_cast<float>((k * 7 + tensor * 13 + step * 5) % 17 - 8) / 128.0f;
+}
+
+std::vector<std::vector<float>> HostParametersOf(Engine& engine) {
+  std::vector<std::vector<float>> values;
+  for (int64_t t = 0; t < engine.plan().num_tensors(); ++t) {
+    absl::StatusOr<std::vector<float>> tensor = engine.ParametersOnHost(t);
+    values.push_back(tensor.ok() ? *std::move(tensor) : std::vector<float>());
+  }
+  return values;
+}
+
+// 2. Three W=1 steps on synthetic gradients: the CPU engine (single-rank communicator) against
+//    the CUDA engine (CudaDeviceOps, NcclCommunicator).
+void CheckEngineSteps(const std::string& label, EngineConfig config, double tolerance) {
+  const std::vector<int64_t> sizes = {10, 64, 10};
+  absl::StatusOr<std::vector<TensorSpec>> tensors = TensorsForLayerSizes(sizes);
+  ShardPlanOptions plan_options;
+  plan_options.bucket_elems = kMinBucketElems;  // several buckets
+  if (!Check(tensors.status(), label)) return;
+  absl::StatusOr<ShardPlan> plan = ShardPlan::Create(*tensors, 1, plan_options);
+  if (!Check(plan.status(), label)) return;
+  TeacherStudentMlpOptions mlp_options;
+  mlp_options.layer_sizes = sizes;
+  absl::StatusOr<std::unique_ptr<workloads::TeacherStudentMlp>> initial =
+      workloads::TeacherStudentMlp::Create(mlp_options);
+  if (!Check(initial.status(), label)) return;
+  auto init = [&](int64_t tensor, absl::Span<float> out) {
+    return (*initial)->InitialParameters(tensor, out);
+  };
+
+  absl::StatusOr<std::unique_ptr<CudaDeviceOps>> device = CudaDeviceOps::Create(0);
+  if (!Check(device.status(), label)) return;
+  comm::InMemoryStore store;
+  comm::NcclCommunicatorOptions nccl_options;
+  nccl_options.store = &store;
+  nccl_options.compute_stream = (*device)->stream();
+  absl::StatusOr<std::unique_ptr<comm::NcclCommunicator>> nccl =
+      comm::NcclCommunicator::Create(nccl_options);
+  if (!Check(nccl.status(), label)) return;
+  SingleRankCommunicator single;
+
+  EngineConfig gpu_config = config;
+  gpu_config.device = device->get();
+  absl::StatusOr<std::unique_ptr<Engine>> cpu = Engine::Create(*plan, 0, config, &single);
+  absl::StatusOr<std::unique_ptr<Engine>> gpu = Engine::Create(*plan, 0, gpu_config, nccl->get());
+  if (!Check(cpu.status(), label) || !Check(gpu.status(), label)) return;
+  if (!Check((*cpu)->InitializeParameters(init), label) ||
+      !Check((*gpu)->InitializeParameters(init), label)) {
+    return;
+  }
+  void* device_gradient =
+      (*device)->AllocateZeroed(plan->padded_elems() * static_cast<int64_t>(sizeof(float)));
+  if (device_gradient == nullptr) {
+    Report(false, label + ": no device memory for the gradients");
+    return;
+  }
+  double worst_norm_error = 0.0;
+  for (int64_t step = 0; step < 3; ++step) {
+    for (int64_t t = 0; t < plan->num_tensors(); ++t) {
+      std::vector<float> gradient(plan->placement(t).num_elements);
+      for (size_t k = 0; k < gradient.size(); ++k) gradient[k] = SyntheticGradient(step, t, k);
+      float* on_device = static_cast<float*>(device_gradient) + plan->placement(t).flat_offset;
+      if (!Check(
+              (*device)->CopyFromHost(on_device, gradient.data(), gradient.size() * sizeof(float)),
+              label) ||
+          !Check((*cpu)->GradReady(t, gradient), label) ||
+          !Check((*gpu)->GradReady(t, absl::MakeConstSpan(on_device, gradient.size())), label)) {
+        (*device)->Free(device_gradient);
+        return;
+      }
+    }
+    absl::StatusOr<engine::StepResult> cpu_step = (*cpu)->Step(0.5);
+    absl::StatusOr<engine::StepResult> gpu_step = (*gpu)->Step(0.5);
+    if (!Check(cpu_step.status(), label) || !Check(gpu_step.status(), label)) {
+      (*device)->Free(device_gradient);
+      return;
+    }
+    worst_norm_error =
+        std::max(worst_norm_error, std::fabs(gpu_step->grad_norm - cpu_step->grad_norm) /
+                                       std::max(1e-30, cpu_step->grad_norm));
+  }
+  (*device)->Free(device_gradient);
+  const Difference difference = Compare(HostParametersOf(**cpu), HostParametersOf(**gpu));
+  Report(
+      difference.worst_relative <= tolerance && worst_norm_error <= 1e-12,
+      absl::StrCat("engine ", label, ": 3 steps, parameters worst rel ", difference.worst_relative,
+                   " <= ", tolerance, ", grad_norm rel ", worst_norm_error, " <= 1e-12, ",
+                   difference.bitwise_equal, "/", difference.elements,
+                   " bitwise equal; gpu memory ", (*gpu)->Memory().ToString()));
+}
+
+int Main() {
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("SKIP no CUDA device\n");
+    return 2;
+  }
+  {
+    absl::StatusOr<std::unique_ptr<CudaDeviceOps>> device = CudaDeviceOps::Create(0);
+    if (!Check(device.status(), "CudaDeviceOps::Create")) return 1;
+    CheckMlpGradients(**device, {10, 64, 10});
+    CheckMlpGradients(**device, {96, 512, 256, 40});
+  }
+  for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
+    EngineConfig config;
+    config.mode = mode;
+    config.optimizer.kind = kernels::OptimizerKind::kAdamW;
+    config.optimizer.weight_decay = 0.01;
+    CheckEngineSteps(absl::StrCat(engine::EngineModeName(mode), " fp32 adamw"), config, 1e-6);
+    config.param_dtype = DType::kBFloat16;
+    config.grad_dtype = DType::kBFloat16;
+    CheckEngineSteps(absl::StrCat(engine::EngineModeName(mode), " bf16 adamw"), config, 1e-6);
+  }
+  EngineConfig clipped;
+  clipped.mode = EngineMode::kZero2;
+  clipped.optimizer.kind = kernels::OptimizerKind::kSgd;
+  clipped.optimizer.lr = 0.01;
+  clipped.optimizer.momentum = 0.9;
+  clipped.clip_grad_norm = 0.05;
+  CheckEngineSteps("zero2 fp32 sgd clipped", clipped, 1e-5);
+  std::printf("%s: %d failed\n", g_failures == 0 ? "ALL PASSED" : "FAILED", g_failures);
+  return g_failures == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace zeroshard
+
+int main() { return zeroshard::Main(); }
