@@ -1,7 +1,12 @@
-// collective_bench: times our ring reduce-scatter, all-gather, reduce-scatter + all-gather and
-// all-reduce against a raw gloo::allreduce (ring algorithm) of the same fp32 buffer, with threads
-// as ranks over loopback TCP. One JSON object per line; each time is the median over repetitions
-// of the slowest rank's time. Run: bazel run -c opt //worker/comm:collective_bench
+// collective_bench: times our ring reduce-scatter, all-gather, reduce-scatter + all-gather (one
+// buffer, and as equal buckets) and all-reduce against a raw gloo::allreduce (ring algorithm) of
+// the same fp32 buffer over loopback TCP, with threads as ranks or (--processes) one process per
+// rank. One JSON object per line; each time is the median over repetitions of the slowest rank's
+// time. Run: bazel run -c opt //worker/comm:collective_bench [-- --processes]
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <functional>
@@ -18,6 +23,7 @@
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
+#include "worker/comm/file_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/gloo_store_adapter.h"
 #include "worker/comm/in_memory_store.h"
@@ -30,12 +36,17 @@ ABSL_FLAG(int64_t, segment_bytes, zeroshard::comm::GlooCommunicatorOptions().seg
           "GlooCommunicatorOptions::segment_bytes");
 ABSL_FLAG(int, staging_segments, zeroshard::comm::GlooCommunicatorOptions().staging_segments,
           "GlooCommunicatorOptions::staging_segments");
+ABSL_FLAG(int, buckets, 4, "buckets of the bucketed reduce-scatter + all-gather case");
+ABSL_FLAG(bool, processes, false, "one process per rank (FileStore rendezvous) instead of threads");
+ABSL_FLAG(int, rank, -1, "internal: the rank of a child process (-1: launch the children)");
+ABSL_FLAG(std::string, store_dir, "", "internal: the children's FileStore directory");
 
 namespace zeroshard {
 namespace comm {
 namespace {
 
 struct Rank {
+  int rank = 0;
   std::unique_ptr<GlooCommunicator> communicator;
   std::shared_ptr<gloo::Context> raw;
   std::vector<float> buffer;
@@ -54,72 +65,94 @@ void CheckOk(const absl::Status& status) {
   }
 }
 
-int Main() {
-  const int world_size = absl::GetFlag(FLAGS_world_size);
-  const size_t piece = static_cast<size_t>(absl::GetFlag(FLAGS_elements)) / world_size;
-  const size_t elements = piece * world_size;
-  const double bytes = static_cast<double>(elements * sizeof(float));
-  InMemoryStore store;
-  std::vector<Rank> ranks(world_size);
-  OnEveryRank(world_size, [&](int rank) {
-    GlooCommunicatorOptions options;
-    options.rank = rank;
-    options.world_size = world_size;
-    options.store = &store;
-    options.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
-    options.staging_segments = absl::GetFlag(FLAGS_staging_segments);
-    auto communicator = GlooCommunicator::Create(options);
-    CheckOk(communicator.status());
-    ranks[rank].communicator = std::move(*communicator);
-    if (world_size > 1) {
-      gloo::transport::tcp::attr attr;
-      attr.hostname = "127.0.0.1";
-      auto device = gloo::transport::tcp::CreateDevice(attr);
-      auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
-      GlooStoreAdapter adapter(&store, "raw", absl::Seconds(60));
-      context->connectFullMesh(adapter, device);
-      ranks[rank].raw = context;
-    }
-    ranks[rank].buffer.assign(elements, 1.0f + rank);
-  });
+// Waits for `work` and returns its run time on the communication thread in milliseconds.
+double WaitRunMs(const std::unique_ptr<Work>& work) {
+  CheckOk(work->Wait());
+  return absl::ToDoubleMilliseconds(work->RunTime().value_or(absl::ZeroDuration()));
+}
 
-  struct Case {
-    std::string op;
-    double traffic_factor;  // bus bytes per buffer byte (nccl-tests convention)
-    std::function<void(Rank&)> run;
-  };
+// Our communicator and a raw Gloo context for `rank`, both over `store`.
+void SetUpRank(int rank, int world_size, size_t elements, Store& store, Rank& out) {
+  GlooCommunicatorOptions options;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.store = &store;
+  options.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
+  options.staging_segments = absl::GetFlag(FLAGS_staging_segments);
+  auto communicator = GlooCommunicator::Create(options);
+  CheckOk(communicator.status());
+  out.rank = rank;
+  out.communicator = std::move(*communicator);
+  if (world_size > 1) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = "127.0.0.1";
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
+    GlooStoreAdapter adapter(&store, "raw", absl::Seconds(60));
+    context->connectFullMesh(adapter, device);
+    out.raw = context;
+  }
+  out.buffer.assign(elements, 1.0f + rank);
+}
+
+struct Case {
+  std::string op;
+  double traffic_factor;  // bus bytes per buffer byte (nccl-tests convention)
+  // Runs the case once on one rank; returns the summed communication-thread run time of our
+  // operations in milliseconds (0 for raw Gloo).
+  std::function<double(Rank&)> run;
+};
+
+std::vector<Case> MakeCases(int world_size, size_t piece) {
+  const size_t elements = piece * world_size;
   const double ring = static_cast<double>(world_size - 1) / world_size;
+  const int buckets = std::max(1, absl::GetFlag(FLAGS_buckets));
   std::vector<Case> cases = {
       {"reduce_scatter", ring,
-       [&](Rank& r) {
-         CheckOk(r.communicator
-                     ->ReduceScatterInPlace(r.buffer.data(), piece, ElementType::kFloat32,
-                                            ReduceOp::kSum)
-                     ->Wait());
+       [=](Rank& r) {
+         return WaitRunMs(r.communicator->ReduceScatterInPlace(
+             r.buffer.data(), piece, ElementType::kFloat32, ReduceOp::kSum));
        }},
       {"all_gather", ring,
-       [&](Rank& r) {
-         CheckOk(r.communicator->AllGatherInPlace(r.buffer.data(), piece, ElementType::kFloat32)
-                     ->Wait());
+       [=](Rank& r) {
+         return WaitRunMs(
+             r.communicator->AllGatherInPlace(r.buffer.data(), piece, ElementType::kFloat32));
        }},
       {"reduce_scatter+all_gather", 2 * ring,
-       [&](Rank& r) {
+       [=](Rank& r) {
          auto scatter = r.communicator->ReduceScatterInPlace(r.buffer.data(), piece,
                                                              ElementType::kFloat32, ReduceOp::kSum);
          auto gather =
              r.communicator->AllGatherInPlace(r.buffer.data(), piece, ElementType::kFloat32);
-         CheckOk(scatter->Wait());
-         CheckOk(gather->Wait());
+         return WaitRunMs(scatter) + WaitRunMs(gather);
+       }},
+      // As the engine's zero2 step: every bucket's reduce-scatter, then every bucket's all-gather.
+      {absl::StrCat("reduce_scatter+all_gather_", buckets, "_buckets"), 2 * ring,
+       [=](Rank& r) {
+         const size_t bucket_piece = piece / buckets;
+         std::vector<std::unique_ptr<Work>> works;
+         for (int phase = 0; phase < 2; ++phase) {
+           for (int b = 0; b < buckets; ++b) {
+             const size_t count = b + 1 < buckets ? bucket_piece : piece - b * bucket_piece;
+             float* data = r.buffer.data() + b * bucket_piece * world_size;
+             works.push_back(
+                 phase == 0 ? r.communicator->ReduceScatterInPlace(
+                                  data, count, ElementType::kFloat32, ReduceOp::kSum)
+                            : r.communicator->AllGatherInPlace(data, count, ElementType::kFloat32));
+           }
+         }
+         double run_ms = 0;
+         for (const auto& work : works) run_ms += WaitRunMs(work);
+         return run_ms;
        }},
       {"all_reduce", 2 * ring,
-       [&](Rank& r) {
-         CheckOk(r.communicator
-                     ->AllReduce(r.buffer.data(), elements, ElementType::kFloat32, ReduceOp::kSum)
-                     ->Wait());
+       [=](Rank& r) {
+         return WaitRunMs(r.communicator->AllReduce(r.buffer.data(), elements,
+                                                    ElementType::kFloat32, ReduceOp::kSum));
        }},
   };
   if (world_size > 1) {
-    cases.push_back({"gloo_allreduce_ring", 2 * ring, [&](Rank& r) {
+    cases.push_back({"gloo_allreduce_ring", 2 * ring, [=](Rank& r) {
                        gloo::AllreduceOptions options(r.raw);
                        options.setOutput(r.buffer.data(), elements);
                        options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
@@ -127,42 +160,155 @@ int Main() {
                        options.setReduceFunction(sum);
                        options.setTimeout(std::chrono::seconds(120));
                        gloo::allreduce(options);
+                       return 0.0;
                      }});
   }
+  return cases;
+}
 
+// One rank's samples: [case][repetition] wall and run milliseconds. Cases alternate within each
+// repetition, so drifting machine load touches all of them alike.
+struct Samples {
+  std::vector<std::vector<double>> wall;
+  std::vector<std::vector<double>> run;
+};
+
+Samples TimeCases(Rank& r, const std::vector<Case>& cases) {
   const int repetitions = absl::GetFlag(FLAGS_repetitions);
   const int warmup = absl::GetFlag(FLAGS_warmup);
-  // Cases alternate within each repetition, so drifting machine load touches all of them alike.
-  std::vector<std::vector<std::vector<double>>> ms(cases.size(),
-                                                   std::vector<std::vector<double>>(world_size));
-  OnEveryRank(world_size, [&](int rank) {
-    Rank& r = ranks[rank];
-    for (int i = 0; i < warmup + repetitions; ++i) {
-      for (size_t c = 0; c < cases.size(); ++c) {
-        CheckOk(r.communicator->Barrier()->Wait());
-        const absl::Time start = absl::Now();
-        cases[c].run(r);
-        const double elapsed = absl::ToDoubleMilliseconds(absl::Now() - start);
-        if (i >= warmup) ms[c][rank].push_back(elapsed);
+  Samples samples{std::vector<std::vector<double>>(cases.size()),
+                  std::vector<std::vector<double>>(cases.size())};
+  for (int i = 0; i < warmup + repetitions; ++i) {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      CheckOk(r.communicator->Barrier()->Wait());
+      const absl::Time start = absl::Now();
+      const double run_ms = cases[c].run(r);
+      const double elapsed = absl::ToDoubleMilliseconds(absl::Now() - start);
+      if (i >= warmup) {
+        samples.wall[c].push_back(elapsed);
+        samples.run[c].push_back(run_ms);
       }
     }
-  });
+  }
+  return samples;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values.empty() ? 0.0 : values[values.size() / 2];
+}
+
+// `slowest`: per case and repetition, the slowest rank's samples.
+void Print(const std::vector<Case>& cases, const Samples& slowest, int world_size, double bytes,
+           bool processes) {
   for (size_t c = 0; c < cases.size(); ++c) {
-    std::vector<double> slowest(repetitions, 0.0);
-    for (int i = 0; i < repetitions; ++i) {
-      for (int rank = 0; rank < world_size; ++rank) {
-        slowest[i] = std::max(slowest[i], ms[c][rank][i]);
-      }
-    }
-    std::sort(slowest.begin(), slowest.end());
-    const double median = slowest[repetitions / 2];
+    const double median = Median(slowest.wall[c]);
     const double busbw = median > 0 ? bytes * cases[c].traffic_factor / (median * 1e-3) / 1e9 : 0.0;
     std::printf(
-        "{\"bench\":\"collective\",\"op\":\"%s\",\"world_size\":%d,\"bytes\":%.0f,\"ms\":%.3f,"
-        "\"busbw_gbps\":%.3f,\"repetitions\":%d}\n",
-        cases[c].op.c_str(), world_size, bytes, median, busbw, repetitions);
+        "{\"bench\":\"collective\",\"op\":\"%s\",\"ranks_as\":\"%s\",\"world_size\":%d,"
+        "\"bytes\":%.0f,\"ms\":%.3f,\"run_ms\":%.3f,\"busbw_gbps\":%.3f,\"repetitions\":%zu}\n",
+        cases[c].op.c_str(), processes ? "processes" : "threads", world_size, bytes, median,
+        Median(slowest.run[c]), busbw, slowest.wall[c].size());
+  }
+  std::fflush(stdout);
+}
+
+size_t PieceElements(int world_size) {
+  return static_cast<size_t>(absl::GetFlag(FLAGS_elements)) / world_size;
+}
+
+int RunThreads() {
+  const int world_size = absl::GetFlag(FLAGS_world_size);
+  const size_t piece = PieceElements(world_size);
+  InMemoryStore store;
+  std::vector<Rank> ranks(world_size);
+  OnEveryRank(world_size, [&](int rank) {
+    SetUpRank(rank, world_size, piece * world_size, store, ranks[rank]);
+  });
+  const std::vector<Case> cases = MakeCases(world_size, piece);
+  std::vector<Samples> samples(world_size);
+  OnEveryRank(world_size, [&](int rank) { samples[rank] = TimeCases(ranks[rank], cases); });
+  Samples slowest = samples[0];
+  for (int rank = 1; rank < world_size; ++rank) {
+    for (size_t c = 0; c < cases.size(); ++c) {
+      for (size_t i = 0; i < slowest.wall[c].size(); ++i) {
+        slowest.wall[c][i] = std::max(slowest.wall[c][i], samples[rank].wall[c][i]);
+        slowest.run[c][i] = std::max(slowest.run[c][i], samples[rank].run[c][i]);
+      }
+    }
+  }
+  Print(cases, slowest, world_size, static_cast<double>(piece * world_size * sizeof(float)),
+        /*processes=*/false);
+  return 0;
+}
+
+// A child process: one rank; the slowest rank's samples come from a kMax all-reduce.
+int RunProcessRank() {
+  const int world_size = absl::GetFlag(FLAGS_world_size);
+  const size_t piece = PieceElements(world_size);
+  FileStore store(absl::GetFlag(FLAGS_store_dir));
+  Rank r;
+  try {
+    SetUpRank(absl::GetFlag(FLAGS_rank), world_size, piece * world_size, store, r);
+  } catch (const std::exception& error) {
+    CheckOk(absl::InternalError(error.what()));
+  }
+  const std::vector<Case> cases = MakeCases(world_size, piece);
+  Samples samples = TimeCases(r, cases);
+  std::vector<double> flat;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    flat.insert(flat.end(), samples.wall[c].begin(), samples.wall[c].end());
+    flat.insert(flat.end(), samples.run[c].begin(), samples.run[c].end());
+  }
+  CheckOk(r.communicator->AllReduce(flat.data(), flat.size(), ElementType::kFloat64, ReduceOp::kMax)
+              ->Wait());
+  size_t at = 0;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    for (double& value : samples.wall[c]) value = flat[at++];
+    for (double& value : samples.run[c]) value = flat[at++];
+  }
+  if (r.rank == 0) {
+    Print(cases, samples, world_size, static_cast<double>(piece * world_size * sizeof(float)),
+          /*processes=*/true);
   }
   return 0;
+}
+
+// Starts world_size copies of this binary with --rank, sharing a FileStore directory.
+int LaunchProcesses(const char* self, int argc, char** argv) {
+  char directory_template[] = "/tmp/collective_bench.XXXXXX";
+  const char* directory = mkdtemp(directory_template);
+  if (directory == nullptr) {
+    std::perror("mkdtemp");
+    return 1;
+  }
+  const int world_size = absl::GetFlag(FLAGS_world_size);
+  std::vector<pid_t> children;
+  for (int rank = 0; rank < world_size; ++rank) {
+    std::vector<std::string> args = {self};
+    for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+    args.push_back(absl::StrCat("--rank=", rank));
+    args.push_back(absl::StrCat("--store_dir=", directory));
+    std::vector<char*> child_argv;
+    for (std::string& arg : args) child_argv.push_back(arg.data());
+    child_argv.push_back(nullptr);
+    pid_t pid;
+    if (posix_spawn(&pid, self, nullptr, nullptr, child_argv.data(), environ) != 0) {
+      std::perror("posix_spawn");
+      return 1;
+    }
+    children.push_back(pid);
+  }
+  int failures = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failures;
+    }
+  }
+  std::system(absl::StrCat("rm -rf ", directory).c_str());
+  if (failures > 0) std::fprintf(stderr, "collective_bench: %d rank(s) failed\n", failures);
+  return failures > 0 ? 1 : 0;
 }
 
 }  // namespace
@@ -171,5 +317,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  return zeroshard::comm::Main();
+  if (!absl::GetFlag(FLAGS_processes)) return zeroshard::comm::RunThreads();
+  if (absl::GetFlag(FLAGS_rank) >= 0) return zeroshard::comm::RunProcessRank();
+  return zeroshard::comm::LaunchProcesses("/proc/self/exe", argc, argv);
 }

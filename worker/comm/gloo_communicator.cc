@@ -38,6 +38,15 @@ uint64_t MakeSlot(uint32_t tag, uint64_t sequence, uint64_t unit) {
 
 int Mod(int value, int modulus) { return ((value % modulus) + modulus) % modulus; }
 
+// Transport lanes: every rank has kLanes Gloo contexts (each a full mesh of TCP connections with
+// its own event-loop thread), and a message from rank s travels on lane s % kLanes. A ring's
+// neighbours differ in parity (except at the wrap of an odd ring), so each rank's outgoing and
+// incoming ring traffic are served by different event-loop threads: with one context, that one
+// thread copies every byte in and out of the sockets (at W = 2 both directions share a socket).
+constexpr int kLanes = 2;
+
+int LaneOf(int sender) { return sender % kLanes; }
+
 // Element ranges of the W pieces of a buffer: piece p is [begin[p], begin[p + 1]).
 struct Pieces {
   std::vector<size_t> begin;
@@ -205,7 +214,7 @@ class GlooCommunicator::Ring {
     if (staging.size() < depth * staging_bytes) staging.resize(depth * staging_bytes);
     std::vector<gloo::transport::UnboundBuffer*> stage(depth);
     for (int i = 0; i < depth; ++i)
-      stage[i] = Buffer(staging.data() + i * staging_bytes, staging_bytes);
+      stage[i] = RecvBuffer(staging.data() + i * staging_bytes, staging_bytes, previous_);
     auto sent_piece = [&](int step) { return Mod(rank_ - 1 - step, world_size_); };
     auto received_piece = [&](int step) { return Mod(rank_ - 2 - step, world_size_); };
     auto post_receive = [&](int unit) {
@@ -218,7 +227,7 @@ class GlooCommunicator::Ring {
       const Range range = SegmentOf(pieces, segments, sent_piece(step), k);
       if (range.count == 0) return;
       const char* source = (step == 0 ? input : work) + range.offset * element_size;
-      Send(Buffer(source, range.count * element_size), next_,
+      Send(SendBuffer(source, range.count * element_size), next_,
            unit_base + step * segments.count + k);
     };
     for (int unit = 0; unit < depth; ++unit) post_receive(unit);
@@ -258,20 +267,22 @@ class GlooCommunicator::Ring {
       const int piece = Mod(rank_ - 1 - unit / segments.count, world_size_);
       const Range range = SegmentOf(pieces, segments, piece, unit % segments.count);
       if (range.count == 0) continue;
-      landing[unit] = Buffer(buffer + range.offset * element_size, range.count * element_size);
+      landing[unit] =
+          RecvBuffer(buffer + range.offset * element_size, range.count * element_size, previous_);
       Recv(landing[unit], previous_, unit_base + unit);
     }
     for (int k = 0; k < segments.count; ++k) {
       const Range range = SegmentOf(pieces, segments, rank_, k);
       if (range.count == 0) continue;
-      Send(Buffer(buffer + range.offset * element_size, range.count * element_size), next_,
+      Send(SendBuffer(buffer + range.offset * element_size, range.count * element_size), next_,
            unit_base + k);
     }
     for (int unit = 0; unit < units; ++unit) {
       if (landing[unit] == nullptr) continue;
       ZS_RETURN_IF_ERROR(WaitRecv(landing[unit], landing[unit]->size));
       if (unit / segments.count + 1 < steps) {
-        Send(landing[unit], next_, unit_base + unit + segments.count);
+        Send(SendBuffer(landing[unit]->ptr, landing[unit]->size), next_,
+             unit_base + unit + segments.count);
       }
     }
     return WaitSends();
@@ -283,15 +294,21 @@ class GlooCommunicator::Ring {
     const Pieces whole = EqualPieces(1, count);
     const Segments segments =
         PlanSegments(count, element_size, communicator_->segment_bytes_, /*steps=*/1);
-    std::vector<gloo::transport::UnboundBuffer*> part(segments.count);
+    std::vector<gloo::transport::UnboundBuffer*> part(segments.count, nullptr);
     for (int k = 0; k < segments.count; ++k) {
+      if (position == 0) continue;
       const Range range = SegmentOf(whole, segments, 0, k);
-      part[k] = Buffer(buffer + range.offset * element_size, range.count * element_size);
-      if (position > 0) Recv(part[k], previous_, k);
+      part[k] =
+          RecvBuffer(buffer + range.offset * element_size, range.count * element_size, previous_);
+      Recv(part[k], previous_, k);
     }
     for (int k = 0; k < segments.count; ++k) {
-      if (position > 0) ZS_RETURN_IF_ERROR(WaitRecv(part[k], part[k]->size));
-      if (position + 1 < world_size_) Send(part[k], next_, k);
+      const Range range = SegmentOf(whole, segments, 0, k);
+      const size_t bytes = range.count * element_size;
+      if (position > 0) ZS_RETURN_IF_ERROR(WaitRecv(part[k], bytes));
+      if (position + 1 < world_size_) {
+        Send(SendBuffer(buffer + range.offset * element_size, bytes), next_, k);
+      }
     }
     return WaitSends();
   }
@@ -300,11 +317,11 @@ class GlooCommunicator::Ring {
   absl::Status Barrier() {
     std::vector<char>& bytes = barrier_bytes_;
     bytes.assign(world_size_ + 1, 0);
-    gloo::transport::UnboundBuffer* outgoing = Buffer(bytes.data() + world_size_, 1);
+    gloo::transport::UnboundBuffer* outgoing = SendBuffer(bytes.data() + world_size_, 1);
     std::vector<gloo::transport::UnboundBuffer*> incoming(world_size_, nullptr);
     for (int peer = 0; peer < world_size_; ++peer) {
       if (peer == rank_) continue;
-      incoming[peer] = Buffer(bytes.data() + peer, 1);
+      incoming[peer] = RecvBuffer(bytes.data() + peer, 1, peer);
       Recv(incoming[peer], peer, 0);
     }
     for (int peer = 0; peer < world_size_; ++peer) {
@@ -317,10 +334,19 @@ class GlooCommunicator::Ring {
   }
 
  private:
-  gloo::transport::UnboundBuffer* Buffer(const void* data, size_t bytes) {
+  // An unbound buffer on `lane`'s context.
+  gloo::transport::UnboundBuffer* Buffer(const void* data, size_t bytes, int lane) {
     buffers_.push_back(
-        communicator_->context_->createUnboundBuffer(const_cast<void*>(data), bytes));
+        communicator_->contexts_[lane]->createUnboundBuffer(const_cast<void*>(data), bytes));
     return buffers_.back().get();
+  }
+  // A buffer this rank sends from: on this rank's lane.
+  gloo::transport::UnboundBuffer* SendBuffer(const void* data, size_t bytes) {
+    return Buffer(data, bytes, LaneOf(rank_));
+  }
+  // A buffer receiving from `peer`: on the sender's lane.
+  gloo::transport::UnboundBuffer* RecvBuffer(void* data, size_t bytes, int peer) {
+    return Buffer(data, bytes, LaneOf(peer));
   }
 
   void Send(gloo::transport::UnboundBuffer* buffer, int peer, uint64_t unit) {
@@ -381,18 +407,24 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   if (options.segment_bytes < 64 || options.staging_segments < 1) {
     return absl::InvalidArgumentError("segment_bytes must be >= 64 and staging_segments >= 1");
   }
-  std::shared_ptr<gloo::Context> context;
+  std::vector<std::shared_ptr<gloo::Context>> contexts;
   if (options.world_size > 1) {
     const absl::Time start = absl::Now();
     try {
-      gloo::transport::tcp::attr attr;
-      attr.hostname = options.hostname;
-      std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-      auto mesh = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
-      mesh->setTimeout(ToGlooTimeout(options.rendezvous_timeout));
-      GlooStoreAdapter adapter(options.store, options.store_prefix, options.rendezvous_timeout);
-      mesh->connectFullMesh(adapter, device);
-      context = std::move(mesh);
+      for (int lane = 0; lane < kLanes; ++lane) {
+        gloo::transport::tcp::attr attr;
+        attr.hostname = options.hostname;
+        std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+        auto mesh = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
+        const absl::Duration remaining = options.rendezvous_timeout - (absl::Now() - start);
+        mesh->setTimeout(ToGlooTimeout(remaining));
+        GlooStoreAdapter adapter(
+            options.store,
+            lane == 0 ? options.store_prefix : absl::StrCat(options.store_prefix, "/lane", lane),
+            std::max(remaining, absl::Milliseconds(1)));
+        mesh->connectFullMesh(adapter, device);
+        contexts.push_back(std::move(mesh));
+      }
     } catch (const std::exception& e) {
       const std::string message = absl::StrCat("gloo rendezvous of rank ", options.rank, "/",
                                                options.world_size, " failed: ", e.what());
@@ -402,19 +434,19 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       return absl::UnavailableError(message);
     }
   }
-  return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(options, std::move(context)));
+  return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(options, std::move(contexts)));
 }
 
 GlooCommunicator::GlooCommunicator(const GlooCommunicatorOptions& options,
-                                   std::shared_ptr<gloo::Context> context)
+                                   std::vector<std::shared_ptr<gloo::Context>> contexts)
     : rank_(options.rank),
       world_size_(options.world_size),
       segment_bytes_(options.segment_bytes),
       staging_segments_(options.staging_segments),
-      context_(std::move(context)) {
+      contexts_(std::move(contexts)) {
   {
     absl::MutexLock lock(&mu_);
-    connections_open_ = context_ != nullptr;
+    connections_open_ = !contexts_.empty();
   }
   thread_ = std::thread([this] { CommunicationLoop(); });
 }
@@ -432,7 +464,7 @@ GlooCommunicator::~GlooCommunicator() {
   if (busy) Abort();
   thread_.join();
   // Graceful close: data already written still reaches the peers.
-  context_.reset();
+  contexts_.clear();
 }
 
 bool GlooCommunicator::HasThreadWork() const {
@@ -524,9 +556,9 @@ void GlooCommunicator::MarkFailed(const absl::Status& cause) {
 }
 
 void GlooCommunicator::CloseConnections() {
-  if (context_ != nullptr) {
+  for (const std::shared_ptr<gloo::Context>& context : contexts_) {
     try {
-      context_->closeConnections();
+      context->closeConnections();
     } catch (const std::exception&) {
       // The connections are being torn down because of an earlier error; a further error while
       // closing them changes nothing.

@@ -64,7 +64,9 @@ struct GlooCommunicatorOptions {
 // Each rank sends and receives (W-1)/W of the buffer per reduce-scatter or all-gather.
 //
 // Thread contract: as Communicator's. Operations run on one communication thread owned by this
-// object (Gloo's TCP device adds its own event-loop thread). Gloo throws; every exception is
+// object (Gloo adds an event-loop thread per transport lane: two full meshes of TCP connections,
+// a message travelling on its sender's lane, so one thread reads a rank's ring input while
+// another writes its output). Gloo throws; every exception is
 // caught on the communication thread (or in Create) and becomes a Status there.
 class GlooCommunicator : public Communicator {
  public:
@@ -107,7 +109,8 @@ class GlooCommunicator : public Communicator {
   class Completion;
   class Ring;
 
-  GlooCommunicator(const GlooCommunicatorOptions& options, std::shared_ptr<gloo::Context> context);
+  GlooCommunicator(const GlooCommunicatorOptions& options,
+                   std::vector<std::shared_ptr<gloo::Context>> contexts);
 
   // Queues `operation` for the communication thread, or returns ABORTED when the communicator
   // has failed.
@@ -141,9 +144,10 @@ class GlooCommunicator : public Communicator {
   const size_t segment_bytes_;
   const int staging_segments_;
 
-  // Owned by the communication thread (and by the destructor after it has joined): null at
-  // world size 1 and after CloseConnections.
-  std::shared_ptr<gloo::Context> context_;
+  // Owned by the communication thread (and by the destructor after it has joined): the transport
+  // lanes (see gloo_communicator.cc; a message from rank s uses contexts_[s % lanes]), empty at
+  // world size 1.
+  std::vector<std::shared_ptr<gloo::Context>> contexts_;
   // Communication thread only: reduce-scatter staging and out-of-place scratch, kept between
   // operations so steady-state steps do not allocate.
   std::vector<char> staging_;
