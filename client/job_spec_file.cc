@@ -5,10 +5,12 @@
 
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace zeroshard::client {
@@ -63,6 +65,17 @@ void AppendJson(const YAML::Node& node, std::string* out) {
   }
 }
 
+// Protobuf's JSON syntax errors span three lines (message, the text around the error, a caret
+// under it); errors are shown as one line, so this keeps "message near 'text'".
+std::string OneLine(const std::string& message) {
+  const std::vector<absl::string_view> lines = absl::StrSplit(message, '\n');
+  std::string out(absl::StripAsciiWhitespace(lines[0]));
+  if (lines.size() > 1 && !absl::StripAsciiWhitespace(lines[1]).empty()) {
+    absl::StrAppend(&out, " near '", absl::StripAsciiWhitespace(lines[1]), "'");
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text) {
@@ -83,8 +96,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text) {
   v1::JobSpec spec;
   const auto status = google::protobuf::util::JsonStringToMessage(json, &spec);
   if (!status.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job spec: ", std::string(status.message().data(), status.message().size())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job spec: ", OneLine(std::string(status.message().data(), status.message().size()))));
   }
   return spec;
 }

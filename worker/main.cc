@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Gloo writes to its TCP pairs with writev: a peer that died (kill -9) must surface as a
+  // collective error (EPIPE, then Status), not as a SIGPIPE that kills this worker too.
+  signal(SIGPIPE, SIG_IGN);
 
   using zeroshard::worker::WorkerDaemonOptions;
   WorkerDaemonOptions options;

@@ -10,6 +10,7 @@
 #include <sstream>
 #include <string>
 
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::testing {
@@ -97,9 +98,16 @@ TEST(LocalClusterTest, WorkerStartedBeforeCoordinatorRegistersOnceItIsUp) {
   ASSERT_TRUE(cluster.worker_process(*early).running());
 
   absl::Status started = cluster.StartCoordinator();
+  const absl::Time coordinator_up = absl::Now();
   ASSERT_TRUE(started.ok()) << started;
   absl::Status registered = cluster.WaitForWorkerStates({"early"}, v1::IDLE, absl::Seconds(20));
+  const absl::Duration registration_delay = absl::Now() - coordinator_up;
   EXPECT_TRUE(registered.ok()) << registered;
+  // Promptly: the worker reconnects at least every second (worker/main.cc caps gRPC's backoff
+  // at 1 s) and retries registration every 500 ms, so about 1.5 s at worst; 5 s leaves room
+  // for a loaded machine.
+  EXPECT_LT(registration_delay, absl::Seconds(5))
+      << "registered " << registration_delay << " after the coordinator came up";
   absl::Status stopped = cluster.StopAll();
   EXPECT_TRUE(stopped.ok()) << stopped;
 }

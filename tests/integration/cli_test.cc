@@ -1,0 +1,139 @@
+// Issue 6, bad job specs through the real `zeroshard` CLI against a real cluster: each fails
+// with one line on stderr naming the field and a non-zero exit, and nothing else is disturbed.
+#include <algorithm>
+#include <fstream>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "gtest/gtest.h"
+#include "tests/integration/local_cluster.h"
+#include "tests/integration/subprocess.h"
+
+namespace zeroshard::testing {
+namespace {
+
+constexpr absl::Duration kCommandDeadline = absl::Seconds(30);
+
+std::string WriteFile(const LocalCluster& cluster, const std::string& name,
+                      const std::string& text) {
+  const std::string path = absl::StrCat(cluster.base_dir(), "/", name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+absl::StatusOr<CommandResult> RunCli(const LocalCluster& cluster, std::vector<std::string> args) {
+  std::vector<std::string> argv = {LocalCluster::RunfilePath("client/zeroshard"),
+                                   "--coordinator=" + cluster.coordinator_target()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv, kCommandDeadline);
+}
+
+// Prints every process's log tail when the test has failed (declare it after the cluster).
+class LogTailsOnFailure {
+ public:
+  explicit LogTailsOnFailure(const LocalCluster& cluster) : cluster_(cluster) {}
+  ~LogTailsOnFailure() {
+    if (::testing::Test::HasFailure()) std::cerr << cluster_.LogTails(40);
+  }
+
+ private:
+  const LocalCluster& cluster_;
+};
+
+struct BadSpec {
+  std::string what;
+  // `zeroshard` arguments after --coordinator.
+  std::vector<std::string> args;
+  // The error line must contain this (the field, or for a file that does not parse, the spec).
+  std::string names;
+};
+
+TEST(CliTest, BadSpecsFailWithOneLineNamingTheFieldAndDisturbNothing) {
+  LocalClusterOptions options;
+  options.heartbeat_period = absl::Milliseconds(200);
+  LocalCluster cluster(options);
+  LogTailsOnFailure log_tails(cluster);
+  absl::Status started = cluster.Start(1);
+  ASSERT_TRUE(started.ok()) << started;
+
+  const std::string malformed_yaml =
+      WriteFile(cluster, "malformed.yaml", "name: [unclosed\nworkload: {preset: seed\n");
+  const std::string malformed_json = WriteFile(
+      cluster, "malformed.json", R"({"name": "bad-json", "workload": {"preset": "seed"},, })");
+  const std::string unknown_preset = WriteFile(cluster, "unknown_preset.yaml",
+                                               "name: typo\n"
+                                               "workload:\n"
+                                               "  preset: seeed\n"
+                                               "optimizer:\n"
+                                               "  kind: ADAMW\n");
+  const std::vector<BadSpec> bad_specs = {
+      {"malformed YAML file", {"submit", malformed_yaml}, "job spec: malformed YAML"},
+      {"JSON file with a syntax error", {"submit", malformed_json}, "job spec:"},
+      {"unknown preset", {"submit", unknown_preset}, "workload.preset"},
+      {"negative lr",
+       {"submit", "--name=neg-lr", "--preset=seed", "--optimizer=adamw", "--lr=-0.01"},
+       "optimizer.lr"},
+      {"world size 0",
+       {"submit", "--name=no-workers", "--preset=seed", "--optimizer=adamw", "--workers=0"},
+       "min_workers"},
+  };
+  for (const BadSpec& bad : bad_specs) {
+    SCOPED_TRACE(bad.what);
+    absl::StatusOr<CommandResult> run = RunCli(cluster, bad.args);
+    ASSERT_TRUE(run.ok()) << run.status();
+    EXPECT_TRUE(run->exited());
+    EXPECT_NE(run->exit_code(), 0);
+    EXPECT_EQ(run->stdout_text, "");
+    // Exactly one line: one newline, at the end.
+    EXPECT_TRUE(absl::EndsWith(run->stderr_text, "\n")) << run->stderr_text;
+    EXPECT_EQ(std::count(run->stderr_text.begin(), run->stderr_text.end(), '\n'), 1)
+        << run->stderr_text;
+    EXPECT_TRUE(absl::StrContains(run->stderr_text, bad.names))
+        << "expected '" << bad.names << "' in: " << run->stderr_text;
+  }
+
+  // Nothing else was disturbed: no job was created, the worker is still idle, and a valid spec
+  // file submitted the same way runs to completion.
+  absl::StatusOr<std::vector<v1::Job>> jobs =
+      cluster.client().ListJobs(v1::JOB_STATE_UNSPECIFIED, 100);
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_TRUE(jobs->empty()) << jobs->size() << " jobs, e.g. " << jobs->front().ShortDebugString();
+  absl::StatusOr<v1::WorkerInfo> worker = cluster.FindWorker("worker-0");
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ(worker->state(), v1::IDLE);
+
+  const std::string valid = WriteFile(cluster, "valid.yaml",
+                                      "name: valid\n"
+                                      "workload:\n"
+                                      "  preset: seed\n"
+                                      "optimizer:\n"
+                                      "  kind: ADAMW\n"
+                                      "  lr: 0.01\n"
+                                      "steps: 20\n");
+  absl::StatusOr<CommandResult> submitted = RunCli(cluster, {"submit", valid});
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  ASSERT_EQ(submitted->exit_code(), 0) << submitted->stderr_text;
+  const std::string job_id(absl::StripSuffix(submitted->stdout_text, "\n"));
+  ASSERT_TRUE(absl::StartsWith(job_id, "job-")) << submitted->stdout_text;
+  v1::Job last;
+  absl::Status succeeded = cluster.WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> job = cluster.client().GetJob(job_id);
+        if (job.ok()) last = *job;
+        return job.ok() && (job->state() == v1::SUCCEEDED || job->state() == v1::FAILED ||
+                            job->state() == v1::CANCELLED);
+      },
+      absl::Seconds(60), absl::StrCat(job_id, " ended"));
+  ASSERT_TRUE(succeeded.ok()) << succeeded;
+  EXPECT_EQ(last.state(), v1::SUCCEEDED) << last.message();
+
+  absl::Status stopped = cluster.StopAll();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+}  // namespace
+}  // namespace zeroshard::testing
