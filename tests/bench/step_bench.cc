@@ -107,6 +107,10 @@ enum Field {
   kAllgather,
   kMoved,
   kRaw,
+  // The same collective figures taken from the rank that finished waiting first (see
+  // FastestRank): kMovedFastest = that rank's kComm + kAllgather, kRawFastest likewise.
+  kMovedFastest,
+  kRawFastest,
   kFields
 };
 
@@ -116,6 +120,18 @@ std::vector<double> SlowestRank(comm::Communicator& communicator, std::vector<do
                          comm::ReduceOp::kMax)
               ->Wait(),
           "timing all-reduce");
+  return values;
+}
+
+// Per step, the smallest value over ranks (a kMax all-reduce of the negated values). For a
+// collective's run time this is the rank that joined last: it waited for no peer, so its run
+// time is the collective's own duration, without the skew between the ranks' arrivals (which
+// the slowest rank's figure includes, and which the raw baseline, started after a barrier, never
+// has).
+std::vector<double> FastestRank(comm::Communicator& communicator, std::vector<double> values) {
+  for (double& value : values) value = -value;
+  values = SlowestRank(communicator, std::move(values));
+  for (double& value : values) value = -value;
   return values;
 }
 
@@ -135,9 +151,14 @@ class RawGlooAllreduce {
     context_->connectFullMesh(adapter, device);
   }
 
-  // One all-reduce after a barrier; the slowest rank's milliseconds.
-  double RunMs() {
-    if (context_ == nullptr) return 0.0;
+  struct Times {
+    double slowest_ms = 0.0;
+    double fastest_ms = 0.0;
+  };
+
+  // One all-reduce after a barrier; the slowest and the fastest rank's milliseconds.
+  Times Run() {
+    if (context_ == nullptr) return {};
     CheckOk(communicator_.Barrier()->Wait(), "barrier");
     const absl::Time start = absl::Now();
     gloo::AllreduceOptions options(context_);
@@ -154,7 +175,7 @@ class RawGlooAllreduce {
     const double elapsed = absl::ToDoubleMilliseconds(absl::Now() - start);
     // Refill, so sums do not grow without bound over the repetitions.
     std::fill(buffer_.begin(), buffer_.end(), 1.0f + communicator_.rank());
-    return SlowestRank(communicator_, {elapsed})[0];
+    return {SlowestRank(communicator_, {elapsed})[0], FastestRank(communicator_, {elapsed})[0]};
   }
 
  private:
@@ -171,7 +192,7 @@ void PrintRawGlooAllreduce(RawGlooAllreduce& raw, comm::Communicator& communicat
   std::vector<double> samples;
   const int warmup = absl::GetFlag(FLAGS_warmup);
   for (int i = 0; i < warmup + absl::GetFlag(FLAGS_steps); ++i) {
-    const double ms = raw.RunMs();
+    const double ms = raw.Run().slowest_ms;
     if (i >= warmup) samples.push_back(ms);
   }
   const double median = Median(samples);
@@ -244,9 +265,14 @@ void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator&
     values[kStats] = timings.grad_stats_ms;
     values[kUpdate] = timings.update_ms;
     values[kAllgather] = timings.allgather_ms;
+    const std::vector<double> fastest =
+        FastestRank(communicator, {values[kComm] + values[kAllgather]});
     values = SlowestRank(communicator, values);
     values[kMoved] = values[kComm] + values[kAllgather];
-    values[kRaw] = raw.RunMs();
+    values[kMovedFastest] = fastest[0];
+    const RawGlooAllreduce::Times raw_times = raw.Run();
+    values[kRaw] = raw_times.slowest_ms;
+    values[kRawFastest] = raw_times.fastest_ms;
     if (step >= warmup) {
       for (int f = 0; f < kFields; ++f) samples[f].push_back(values[f]);
     }
@@ -268,7 +294,9 @@ void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator&
       "\"optimizer\":\"%s\",\"steps\":%d,\"step_ms\":%.3f,\"engine_step_ms\":%.3f,"
       "\"backward_ms\":%.3f,\"comm_ms\":%.3f,\"exposed_comm_ms\":%.3f,\"grad_stats_ms\":%.3f,"
       "\"update_ms\":%.3f,\"allgather_ms\":%.3f,\"comm_plus_allgather_ms\":%.3f,"
-      "\"gloo_allreduce_ms\":%.3f,\"comm_vs_gloo_allreduce\":%.3f,\"busbw_gbps\":%.3f,"
+      "\"gloo_allreduce_ms\":%.3f,\"comm_vs_gloo_allreduce\":%.3f,"
+      "\"comm_plus_allgather_fastest_rank_ms\":%.3f,\"gloo_allreduce_fastest_rank_ms\":%.3f,"
+      "\"comm_vs_gloo_allreduce_fastest_rank\":%.3f,\"busbw_gbps\":%.3f,"
       "\"opt_state_bytes_per_rank\":%lld,\"master_bytes_per_rank\":%lld,"
       "\"grad_bytes_per_rank\":%lld,\"param_bytes_per_rank\":%lld,\"bucket_bytes_per_rank\":%lld,"
       "\"total_bytes_per_rank\":%lld}\n",
@@ -276,7 +304,9 @@ void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator&
       absl::GetFlag(FLAGS_optimizer).c_str(), steps, median[kStep], median[kEngineStep],
       median[kBackward], median[kComm], median[kExposed], median[kStats], median[kUpdate],
       median[kAllgather], moved_ms, raw_allreduce_ms,
-      raw_allreduce_ms > 0 ? moved_ms / raw_allreduce_ms : 0.0, busbw,
+      raw_allreduce_ms > 0 ? moved_ms / raw_allreduce_ms : 0.0, median[kMovedFastest],
+      median[kRawFastest],
+      median[kRawFastest] > 0 ? median[kMovedFastest] / median[kRawFastest] : 0.0, busbw,
       static_cast<long long>(memory.of(MemoryCategory::kOptimizerState)),
       static_cast<long long>(memory.of(MemoryCategory::kMaster)),
       static_cast<long long>(memory.of(MemoryCategory::kGrads)),
