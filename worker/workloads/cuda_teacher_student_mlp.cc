@@ -48,38 +48,12 @@ absl::Status CublasStatus(cublasStatus_t status, const char* what) {
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 cublasHandle_t AsHandle(void* handle) { return static_cast<cublasHandle_t>(handle); }
 
-// The same checks, and messages, as TeacherStudentMlp::Create.
-absl::Status ValidateOptions(const TeacherStudentMlpOptions& options) {
-  if (options.world_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("world_size: must be at least 1, got ", options.world_size));
-  }
-  if (options.rank < 0 || options.rank >= options.world_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank: must be in [0, ", options.world_size, "), got ", options.rank));
-  }
-  if (options.global_batch < 1 || options.global_batch > kMaxGlobalBatch) {
-    return absl::InvalidArgumentError(absl::StrCat("global_batch: must be in [1, ", kMaxGlobalBatch,
-                                                   "], got ", options.global_batch));
-  }
-  if (options.global_batch % options.world_size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("global_batch: ", options.global_batch,
-                                                   " is not a multiple of world_size ",
-                                                   options.world_size));
-  }
-  if (options.dataset_size < 1 || options.dataset_size > kMaxDatasetSize) {
-    return absl::InvalidArgumentError(absl::StrCat("dataset_size: must be in [1, ", kMaxDatasetSize,
-                                                   "], got ", options.dataset_size));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaTeacherStudentMlp>> CudaTeacherStudentMlp::Create(
     const TeacherStudentMlpOptions& options, void* stream) {
   ZS_ASSIGN_OR_RETURN(std::vector<TensorSpec> tensors, TensorsForLayerSizes(options.layer_sizes));
-  ZS_RETURN_IF_ERROR(ValidateOptions(options));
+  ZS_RETURN_IF_ERROR(ValidateTeacherStudentMlpOptions(options));
   std::unique_ptr<CudaTeacherStudentMlp> workload(
       new CudaTeacherStudentMlp(options, std::move(tensors), stream));
   ZS_RETURN_IF_ERROR(workload->Initialize());

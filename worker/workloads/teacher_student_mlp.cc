@@ -60,9 +60,7 @@ void FillSampleInput(absl::Span<const int64_t> sizes, uint64_t seed, int64_t sam
   rng.FillSymmetricUniform(static_cast<uint64_t>(sample) * sizes[0], 1.0f, out);
 }
 
-absl::StatusOr<std::unique_ptr<TeacherStudentMlp>> TeacherStudentMlp::Create(
-    const TeacherStudentMlpOptions& options) {
-  ZS_ASSIGN_OR_RETURN(std::vector<TensorSpec> tensors, TensorsForLayerSizes(options.layer_sizes));
+absl::Status ValidateTeacherStudentMlpOptions(const TeacherStudentMlpOptions& options) {
   if (options.world_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("world_size: must be at least 1, got ", options.world_size));
@@ -84,6 +82,13 @@ absl::StatusOr<std::unique_ptr<TeacherStudentMlp>> TeacherStudentMlp::Create(
     return absl::InvalidArgumentError(absl::StrCat("dataset_size: must be in [1, ", kMaxDatasetSize,
                                                    "], got ", options.dataset_size));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TeacherStudentMlp>> TeacherStudentMlp::Create(
+    const TeacherStudentMlpOptions& options) {
+  ZS_ASSIGN_OR_RETURN(std::vector<TensorSpec> tensors, TensorsForLayerSizes(options.layer_sizes));
+  ZS_RETURN_IF_ERROR(ValidateTeacherStudentMlpOptions(options));
   // Single-threaded BLAS is deterministic and leaves the cores to the engine (DESIGN.md).
   openblas_set_num_threads(1);
   return std::unique_ptr<TeacherStudentMlp>(new TeacherStudentMlp(options, std::move(tensors)));

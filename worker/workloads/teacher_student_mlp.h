@@ -47,6 +47,12 @@ struct TeacherStudentMlpOptions {
   int64_t dataset_size = 1024;  // distinct samples; the data repeats after it
 };
 
+// Checks everything but layer_sizes (the catalog checks those): InvalidArgument naming the field
+// when world_size < 1, rank is outside [0, world_size), global_batch is outside
+// [1, kMaxGlobalBatch] or not a multiple of world_size, or dataset_size is outside
+// [1, kMaxDatasetSize]. Shared by the CPU and CUDA workloads.
+absl::Status ValidateTeacherStudentMlpOptions(const TeacherStudentMlpOptions& options);
+
 // Step s's global batch is the samples (s * global_batch + j) mod dataset_size, j in
 // [0, global_batch); rank r takes j in [r * B / W, (r + 1) * B / W). A sample's input is a pure
 // function of (seed, sample), whatever W is; its target is teacher(input) in fp32.
