@@ -16,6 +16,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
+#include "kernels/optimizer_test_configs.h"
 
 namespace zeroshard {
 namespace kernels {
@@ -152,62 +153,6 @@ void ReferenceStep(const OptimizerConfig& c, int64_t step, float grad_scale, boo
 }
 
 // ---- The optimizer configurations under test ----
-
-struct NamedConfig {
-  std::string name;
-  OptimizerConfig config;
-};
-
-std::vector<NamedConfig> Configs() {
-  std::vector<NamedConfig> configs;
-  OptimizerConfig c;
-  c.kind = OptimizerKind::kSgd;
-  c.lr = 0.05;
-  configs.push_back({"sgd", c});
-  c.momentum = 0.9;
-  c.dampening = 0.1;
-  c.weight_decay = 0.01;
-  configs.push_back({"sgd_momentum_dampening_decay", c});
-  c.dampening = 0.0;
-  c.nesterov = true;
-  c.maximize = true;
-  configs.push_back({"sgd_nesterov_maximize", c});
-
-  c = OptimizerConfig();
-  c.kind = OptimizerKind::kAdam;
-  c.lr = 0.01;
-  c.weight_decay = 0.01;
-  configs.push_back({"adam_l2", c});
-  c.amsgrad = true;
-  c.maximize = true;
-  configs.push_back({"adam_amsgrad_maximize", c});
-
-  c = OptimizerConfig();
-  c.kind = OptimizerKind::kAdamW;
-  c.lr = 0.01;
-  c.weight_decay = 0.1;
-  configs.push_back({"adamw", c});
-  c.amsgrad = true;
-  configs.push_back({"adamw_amsgrad", c});
-
-  c = OptimizerConfig();
-  c.kind = OptimizerKind::kAdagrad;
-  c.lr = 0.1;
-  c.lr_decay = 0.01;
-  c.initial_accumulator_value = 0.1;
-  c.eps = 1e-10;
-  c.weight_decay = 0.01;
-  configs.push_back({"adagrad", c});
-
-  c = OptimizerConfig();
-  c.kind = OptimizerKind::kLion;
-  c.lr = 1e-3;
-  c.beta1 = 0.9;
-  c.beta2 = 0.99;
-  c.weight_decay = 0.1;
-  configs.push_back({"lion", c});
-  return configs;
-}
 
 // ---- A set of pieces with their backing arrays, started at unaligned addresses ----
 
@@ -438,13 +383,13 @@ std::string CopyName(int copy_dtype) {
 
 class ReferenceTest : public ::testing::TestWithParam<std::tuple<int, DType, int>> {
  protected:
-  NamedConfig named() const { return Configs()[std::get<0>(GetParam())]; }
+  NamedOptimizerConfig named() const { return OptimizerTestConfigs()[std::get<0>(GetParam())]; }
   DType grad_dtype() const { return std::get<1>(GetParam()); }
   int copy_dtype() const { return std::get<2>(GetParam()); }
 };
 
 TEST_P(ReferenceTest, HundredStepsOnSmallPieces) {
-  const NamedConfig named_config = named();
+  const NamedOptimizerConfig named_config = named();
   PieceSet set(named_config.config, {0, 1, 7, 63, 64, 1000}, grad_dtype(), copy_dtype(), 1);
   ThreadPool pool(2);
   const float grad_scale = 0.75f;
@@ -458,7 +403,7 @@ TEST_P(ReferenceTest, HundredStepsOnSmallPieces) {
 }
 
 TEST_P(ReferenceTest, FewStepsOnAMillionElements) {
-  const NamedConfig named_config = named();
+  const NamedOptimizerConfig named_config = named();
   // The large size checks chunking and threading; the small sizes cover every copy dtype.
   if (copy_dtype() != static_cast<int>(DType::kBFloat16)) GTEST_SKIP() << "bf16 copies only";
   PieceSet set(named_config.config, {1000003, 5}, grad_dtype(), copy_dtype(), 2);
@@ -473,7 +418,7 @@ TEST_P(ReferenceTest, FewStepsOnAMillionElements) {
 }
 
 TEST_P(ReferenceTest, ManyPiecesInOneCall) {
-  const NamedConfig named_config = named();
+  const NamedOptimizerConfig named_config = named();
   std::mt19937 rng(7);
   std::vector<int64_t> lengths;
   for (int k = 0; k < 300; ++k) lengths.push_back(rng() % 200);
@@ -490,7 +435,7 @@ TEST_P(ReferenceTest, ManyPiecesInOneCall) {
 // ---- Bitwise equality across thread counts and instruction sets ----
 
 TEST_P(ReferenceTest, BitwiseAcrossThreadsAndInstructionSets) {
-  const NamedConfig named_config = named();
+  const NamedOptimizerConfig named_config = named();
   const std::vector<int64_t> lengths = {2 * kCpuChunkElements + 37, 1000, 5, 16, 0};
   auto run = [&](int threads, SimdLevel simd) {
     PieceSet set(named_config.config, lengths, grad_dtype(), copy_dtype(), 4);
@@ -518,15 +463,14 @@ TEST_P(ReferenceTest, BitwiseAcrossThreadsAndInstructionSets) {
   EXPECT_GE(levels_checked, 1);
 }
 
-INSTANTIATE_TEST_SUITE_P(AllOptimizers, ReferenceTest,
-                         ::testing::Combine(::testing::Range(0, static_cast<int>(Configs().size())),
-                                            ::testing::ValuesIn(kGradDTypes),
-                                            ::testing::ValuesIn(kCopyDTypes)),
-                         [](const ::testing::TestParamInfo<ReferenceTest::ParamType>& info) {
-                           return Configs()[std::get<0>(info.param)].name + "_grad_" +
-                                  DTypeName(std::get<1>(info.param)) + "_copy_" +
-                                  CopyName(std::get<2>(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    AllOptimizers, ReferenceTest,
+    ::testing::Combine(::testing::Range(0, static_cast<int>(OptimizerTestConfigs().size())),
+                       ::testing::ValuesIn(kGradDTypes), ::testing::ValuesIn(kCopyDTypes)),
+    [](const ::testing::TestParamInfo<ReferenceTest::ParamType>& info) {
+      return OptimizerTestConfigs()[std::get<0>(info.param)].name + "_grad_" +
+             DTypeName(std::get<1>(info.param)) + "_copy_" + CopyName(std::get<2>(info.param));
+    });
 
 // ---- Particular behaviours ----
 
@@ -538,7 +482,7 @@ TEST(CpuOptimizerTest, ThisMachineHasAvx512) {
 }
 
 TEST(CpuOptimizerTest, ZeroScaleIsAZeroGradient) {
-  for (const NamedConfig& named : Configs()) {
+  for (const NamedOptimizerConfig& named : OptimizerTestConfigs()) {
     PieceSet scaled(named.config, {1000, 3}, DType::kFloat32, -1, 5);
     PieceSet zero(named.config, {1000, 3}, DType::kFloat32, -1, 5);
     for (int64_t step = 1; step <= 3; ++step) {

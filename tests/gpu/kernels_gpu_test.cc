@@ -22,6 +22,7 @@
 #include "kernels/cuda_optimizer.h"
 #include "kernels/dtype.h"
 #include "kernels/optimizer.h"
+#include "kernels/optimizer_test_configs.h"
 #include "kernels/thread_pool.h"
 
 namespace zeroshard {
@@ -73,57 +74,6 @@ class DeviceBuffer {
   size_t bytes_;
 };
 
-struct NamedConfig {
-  std::string name;
-  OptimizerConfig config;
-};
-
-std::vector<NamedConfig> Configs() {
-  std::vector<NamedConfig> configs;
-  OptimizerConfig c;
-  c.kind = OptimizerKind::kSgd;
-  c.lr = 0.05;
-  configs.push_back({"sgd", c});
-  c.momentum = 0.9;
-  c.dampening = 0.1;
-  c.weight_decay = 0.01;
-  configs.push_back({"sgd_momentum_dampening_decay", c});
-  c.dampening = 0.0;
-  c.nesterov = true;
-  c.maximize = true;
-  configs.push_back({"sgd_nesterov_maximize", c});
-  c = OptimizerConfig();
-  c.kind = OptimizerKind::kAdam;
-  c.lr = 0.01;
-  c.weight_decay = 0.01;
-  configs.push_back({"adam_l2", c});
-  c.amsgrad = true;
-  c.maximize = true;
-  configs.push_back({"adam_amsgrad_maximize", c});
-  c = OptimizerConfig();
-  c.kind = OptimizerKind::kAdamW;
-  c.lr = 0.01;
-  c.weight_decay = 0.1;
-  configs.push_back({"adamw", c});
-  c.amsgrad = true;
-  configs.push_back({"adamw_amsgrad", c});
-  c = OptimizerConfig();
-  c.kind = OptimizerKind::kAdagrad;
-  c.lr = 0.1;
-  c.lr_decay = 0.01;
-  c.initial_accumulator_value = 0.1;
-  c.eps = 1e-10;
-  c.weight_decay = 0.01;
-  configs.push_back({"adagrad", c});
-  c = OptimizerConfig();
-  c.kind = OptimizerKind::kLion;
-  c.lr = 1e-3;
-  c.beta2 = 0.99;
-  c.weight_decay = 0.1;
-  configs.push_back({"lion", c});
-  return configs;
-}
-
 // One piece on the host and on the device: arrays of `offset + length` elements, the piece
 // starting `offset` elements in (so offsets 1..3 exercise the unaligned path).
 struct MirroredPiece {
@@ -142,7 +92,7 @@ bool Close(float gpu, float cpu) {
          kRelTol * std::max(std::fabs(static_cast<double>(cpu)), kAbsFloor);
 }
 
-void CheckUpdate(CudaOptimizerKernels& gpu, ThreadPool& pool, const NamedConfig& named,
+void CheckUpdate(CudaOptimizerKernels& gpu, ThreadPool& pool, const NamedOptimizerConfig& named,
                  DType grad_dtype, int copy_dtype, const std::vector<int64_t>& lengths) {
   const int states = StateArraysPerParam(named.config);
   std::mt19937 rng(17);
@@ -399,7 +349,7 @@ int Main() {
   }
   ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const std::vector<int64_t> small = {0, 1, 7, 63, 64, 1000, 5, 16};
-  for (const NamedConfig& named : Configs()) {
+  for (const NamedOptimizerConfig& named : OptimizerTestConfigs()) {
     for (DType grad : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
       for (int copy : {-1, 0, 1, 2}) CheckUpdate(**gpu, pool, named, grad, copy, small);
     }

@@ -1,0 +1,24 @@
+// The optimizer configurations the kernel tests (CPU and GPU) run: every optimizer, with the
+// options that change its arithmetic (momentum, dampening, nesterov, amsgrad, maximize, decay).
+#ifndef ZEROSHARD_KERNELS_OPTIMIZER_TEST_CONFIGS_H_
+#define ZEROSHARD_KERNELS_OPTIMIZER_TEST_CONFIGS_H_
+
+#include <string>
+#include <vector>
+
+#include "kernels/optimizer.h"
+
+namespace zeroshard {
+namespace kernels {
+
+struct NamedOptimizerConfig {
+  std::string name;  // a test-name-safe label, e.g. "adam_amsgrad_maximize"
+  OptimizerConfig config;
+};
+
+std::vector<NamedOptimizerConfig> OptimizerTestConfigs();
+
+}  // namespace kernels
+}  // namespace zeroshard
+
+#endif  // ZEROSHARD_KERNELS_OPTIMIZER_TEST_CONFIGS_H_
