@@ -2,8 +2,6 @@
 // Gloo on loopback, with a synthetic gradient producer; plus a raw gloo::allreduce (ring) of the
 // same buffer in the same run. One JSON object per line (rank 0 prints). Run:
 //   bazel run -c opt //tests/bench:step_bench -- --world_size=2 --params=16000000
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +26,7 @@
 #include "worker/comm/file_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/gloo_store_adapter.h"
+#include "worker/comm/rank_processes.h"
 #include "worker/engine/engine.h"
 
 ABSL_FLAG(int, world_size, 2, "ranks (one process each)");
@@ -350,52 +349,22 @@ int RunRank() {
   return 0;
 }
 
-// Starts world_size copies of this binary with --rank, sharing a FileStore directory.
+// Starts world_size copies of this binary with the run's flags plus --rank and --store_dir.
 int LaunchRanks(const char* self) {
-  char directory_template[] = "/tmp/step_bench.XXXXXX";
-  const char* directory = mkdtemp(directory_template);
-  if (directory == nullptr) {
-    std::perror("mkdtemp");
-    return 1;
-  }
   const int world_size = absl::GetFlag(FLAGS_world_size);
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < world_size; ++rank) {
-    std::vector<std::string> args = {
-        self,
-        absl::StrCat("--rank=", rank),
-        absl::StrCat("--store_dir=", directory),
-        absl::StrCat("--world_size=", world_size),
-        absl::StrCat("--params=", absl::GetFlag(FLAGS_params)),
-        absl::StrCat("--optimizer=", absl::GetFlag(FLAGS_optimizer)),
-        absl::StrCat("--mode=", absl::GetFlag(FLAGS_mode)),
-        absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
-        absl::StrCat("--warmup=", absl::GetFlag(FLAGS_warmup)),
-        absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
-        absl::StrCat("--tensor_elems=", absl::GetFlag(FLAGS_tensor_elems)),
-        absl::StrCat("--segment_bytes=", absl::GetFlag(FLAGS_segment_bytes)),
-        absl::StrCat("--staging_segments=", absl::GetFlag(FLAGS_staging_segments)),
-    };
-    std::vector<char*> argv;
-    for (std::string& arg : args) argv.push_back(arg.data());
-    argv.push_back(nullptr);
-    pid_t pid;
-    if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) {
-      std::perror("posix_spawn");
-      return 1;
-    }
-    children.push_back(pid);
-  }
-  int failures = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      ++failures;
-    }
-  }
-  std::system(absl::StrCat("rm -rf ", directory).c_str());
-  if (failures > 0) std::fprintf(stderr, "step_bench: %d rank(s) failed\n", failures);
-  return failures > 0 ? 1 : 0;
+  std::vector<std::string> args = {
+      absl::StrCat("--world_size=", world_size),
+      absl::StrCat("--params=", absl::GetFlag(FLAGS_params)),
+      absl::StrCat("--optimizer=", absl::GetFlag(FLAGS_optimizer)),
+      absl::StrCat("--mode=", absl::GetFlag(FLAGS_mode)),
+      absl::StrCat("--steps=", absl::GetFlag(FLAGS_steps)),
+      absl::StrCat("--warmup=", absl::GetFlag(FLAGS_warmup)),
+      absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
+      absl::StrCat("--tensor_elems=", absl::GetFlag(FLAGS_tensor_elems)),
+      absl::StrCat("--segment_bytes=", absl::GetFlag(FLAGS_segment_bytes)),
+      absl::StrCat("--staging_segments=", absl::GetFlag(FLAGS_staging_segments)),
+  };
+  return comm::RunRankProcesses(self, world_size, args, "step_bench");
 }
 
 }  // namespace

@@ -3,8 +3,6 @@
 // the same fp32 buffer over loopback TCP, with threads as ranks or (--processes) one process per
 // rank. One JSON object per line; each time is the median over repetitions of the slowest rank's
 // time. Run: bazel run -c opt //worker/comm:collective_bench [-- --processes]
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,6 +25,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/gloo_store_adapter.h"
 #include "worker/comm/in_memory_store.h"
+#include "worker/comm/rank_processes.h"
 
 ABSL_FLAG(int, world_size, 2, "ranks (threads)");
 ABSL_FLAG(int64_t, elements, int64_t{16} << 20, "fp32 elements in the buffer");
@@ -274,41 +273,10 @@ int RunProcessRank() {
   return 0;
 }
 
-// Starts world_size copies of this binary with --rank, sharing a FileStore directory.
+// Starts world_size copies of this binary with its own flags plus --rank and --store_dir.
 int LaunchProcesses(const char* self, int argc, char** argv) {
-  char directory_template[] = "/tmp/collective_bench.XXXXXX";
-  const char* directory = mkdtemp(directory_template);
-  if (directory == nullptr) {
-    std::perror("mkdtemp");
-    return 1;
-  }
-  const int world_size = absl::GetFlag(FLAGS_world_size);
-  std::vector<pid_t> children;
-  for (int rank = 0; rank < world_size; ++rank) {
-    std::vector<std::string> args = {self};
-    for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
-    args.push_back(absl::StrCat("--rank=", rank));
-    args.push_back(absl::StrCat("--store_dir=", directory));
-    std::vector<char*> child_argv;
-    for (std::string& arg : args) child_argv.push_back(arg.data());
-    child_argv.push_back(nullptr);
-    pid_t pid;
-    if (posix_spawn(&pid, self, nullptr, nullptr, child_argv.data(), environ) != 0) {
-      std::perror("posix_spawn");
-      return 1;
-    }
-    children.push_back(pid);
-  }
-  int failures = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    if (waitpid(pid, &status, 0) < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-      ++failures;
-    }
-  }
-  std::system(absl::StrCat("rm -rf ", directory).c_str());
-  if (failures > 0) std::fprintf(stderr, "collective_bench: %d rank(s) failed\n", failures);
-  return failures > 0 ? 1 : 0;
+  return RunRankProcesses(self, absl::GetFlag(FLAGS_world_size),
+                          std::vector<std::string>(argv + 1, argv + argc), "collective_bench");
 }
 
 }  // namespace
