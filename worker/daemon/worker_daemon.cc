@@ -59,6 +59,8 @@ absl::Status WorkerDaemon::Run() {
   if (absl::Status registered = Register(); !registered.ok()) {
     return stop_.HasBeenNotified() ? absl::OkStatus() : registered;
   }
+  // Stays OK unless re-registering fails for a reason other than Stop().
+  absl::Status result;
   while (!stop_.HasBeenNotified()) {
     const absl::Time next = absl::Now() + heartbeat_period_;
     if (absl::Status beat = HeartbeatOnce(); !beat.ok()) {
@@ -66,7 +68,10 @@ absl::Status WorkerDaemon::Run() {
         // The coordinator forgot us (restart or expired lease): our generation is over too.
         ZS_LOG(WARNING) << "coordinator does not know " << worker_id() << "; registering again";
         AbortRun();
-        if (absl::Status registered = Register(); !registered.ok()) break;
+        if (absl::Status registered = Register(); !registered.ok()) {
+          if (!stop_.HasBeenNotified()) result = registered;
+          break;
+        }
         continue;
       }
       ZS_LOG(WARNING) << "heartbeat failed: " << beat;
@@ -81,7 +86,7 @@ absl::Status WorkerDaemon::Run() {
   v1::LeaveWorkerResponse left;
   const absl::Status status = FromGrpcStatus(stub_->LeaveWorker(&context, leave, &left));
   ZS_LOG(INFO) << "left the coordinator: " << status;
-  return absl::OkStatus();
+  return result;
 }
 
 absl::Status WorkerDaemon::HeartbeatOnce() {

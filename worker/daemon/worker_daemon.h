@@ -38,7 +38,9 @@ class WorkerDaemon {
   WorkerDaemon(WorkerDaemonOptions options, std::shared_ptr<v1::Coordinator::StubInterface> stub,
                TrainingRunFactory run_factory);
 
-  // Runs until Stop(): then aborts the current run, leaves the coordinator and returns.
+  // Runs until Stop(): then aborts the current run, leaves the coordinator and returns OK.
+  // Returns the error early when registering fails for good (INVALID_ARGUMENT), also when
+  // re-registering after the coordinator forgot this worker.
   absl::Status Run();
   void Stop();
 
