@@ -22,7 +22,8 @@ std::string WorkerDaemon::worker_id() const {
 }
 
 void WorkerDaemon::Stop() {
-  if (!stop_.HasBeenNotified()) stop_.Notify();
+  // Notify() may run only once: two threads could both see HasBeenNotified() false.
+  if (!stop_requested_.exchange(true)) stop_.Notify();
 }
 
 absl::Status WorkerDaemon::Register() {

@@ -5,6 +5,7 @@
 #ifndef ZEROSHARD_WORKER_DAEMON_WORKER_DAEMON_H_
 #define ZEROSHARD_WORKER_DAEMON_WORKER_DAEMON_H_
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -58,6 +59,8 @@ class WorkerDaemon {
   const WorkerDaemonOptions options_;
   std::shared_ptr<v1::Coordinator::StubInterface> stub_;
   TrainingRunFactory run_factory_;
+  // Set by the first Stop(), which alone notifies stop_.
+  std::atomic<bool> stop_requested_{false};
   absl::Notification stop_;
 
   mutable absl::Mutex id_mu_;
