@@ -302,6 +302,18 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
       store_->LoadCheckpointCommits(request.job_id(), request.generation(), request.step()));
   v1::CommitCheckpointResponse response;
   if (static_cast<int>(commits.size()) < record->job.worker_ids_size()) return response;
+  response.set_complete(true);
+  // A repeated commit of a complete step, or a late one for an older step, must not emit the
+  // event again or move the job's latest checkpoint back.
+  const v1::CheckpointRecord& latest = record->job.latest_checkpoint();
+  if (record->job.has_latest_checkpoint() &&
+      std::make_pair(latest.generation(), latest.step()) >=
+          std::make_pair(request.generation(), request.step())) {
+    if (latest.generation() == request.generation() && latest.step() == request.step()) {
+      *response.mutable_checkpoint() = latest;
+    }
+    return response;
+  }
   v1::CheckpointRecord checkpoint;
   checkpoint.set_step(request.step());
   checkpoint.set_generation(request.generation());
@@ -317,7 +329,6 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
   AddEventLocked(*record, std::move(event));
   JobRecord* changed[] = {record};
   PersistLocked(changed);
-  response.set_complete(true);
   *response.mutable_checkpoint() = checkpoint;
   return response;
 }

@@ -2,6 +2,7 @@
 // generations, level-triggered assignments, completion, cancellation, lost workers, restarts.
 #include "coordinator/job_manager.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "gtest/gtest.h"
@@ -305,6 +306,44 @@ TEST_F(JobManagerTest, CheckpointBecomesLatestWhenEveryRankCommitted) {
   commit.set_worker_id(running.worker_ids(1));  // rank 0 claimed by the wrong worker
   EXPECT_EQ(manager_->CommitCheckpoint(commit).status().code(),
             absl::StatusCode::kPermissionDenied);
+}
+
+TEST_F(JobManagerTest, RepeatedOrLateCheckpointCommitNeverMovesLatestBack) {
+  Register("a");
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  const v1::Job running = *manager_->GetJob(job->id());
+  auto commit = [&](int64_t step) {
+    v1::CommitCheckpointRequest request;
+    request.set_worker_id(running.worker_ids(0));
+    request.set_job_id(job->id());
+    request.set_generation(1);
+    request.set_rank(0);
+    request.set_step(step);
+    request.set_path(job->id() + "/step-" + std::to_string(step) + "/rank-0");
+    return manager_->CommitCheckpoint(request);
+  };
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(manager_->Watch(job->id(), 0, sink).ok());
+  auto count_checkpoint_events = [&] {
+    return std::count_if(sink->events.begin(), sink->events.end(), [](const v1::JobEvent& e) {
+      return e.type() == v1::CHECKPOINT_COMMITTED;
+    });
+  };
+  ASSERT_TRUE(commit(5).ok());
+  auto latest = commit(10);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(count_checkpoint_events(), 2);
+
+  auto repeated = commit(10);
+  ASSERT_TRUE(repeated.ok()) << repeated.status();
+  EXPECT_TRUE(repeated->complete());
+  EXPECT_EQ(repeated->checkpoint().SerializeAsString(), latest->checkpoint().SerializeAsString());
+  auto late = commit(5);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_TRUE(late->complete());
+  EXPECT_FALSE(late->has_checkpoint());
+  EXPECT_EQ(count_checkpoint_events(), 2);
+  EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 10);
 }
 
 }  // namespace
