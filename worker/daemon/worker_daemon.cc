@@ -116,7 +116,9 @@ bool WorkerDaemon::IsCurrentRun(const v1::Assignment& assignment) const {
 void WorkerDaemon::Converge(const v1::Assignment& assignment) {
   if (assignment.kind() == v1::ASSIGNMENT_RUN) {
     if (IsCurrentRun(assignment)) {
-      if (run_->Done() && !run_->status().ok()) {
+      // Logged once: the assignment stays RUN on every heartbeat until the coordinator moves on.
+      if (!run_failure_logged_ && run_->Done() && !run_->status().ok()) {
+        run_failure_logged_ = true;
         ZS_LOG(ERROR) << "run of " << assignment.job_id() << " generation "
                       << assignment.generation() << " failed: " << run_->status();
       }
@@ -126,6 +128,7 @@ void WorkerDaemon::Converge(const v1::Assignment& assignment) {
     ZS_LOG(INFO) << "starting " << assignment.job_id() << " generation " << assignment.generation()
                  << " as rank " << assignment.rank() << " of " << assignment.world_size();
     run_assignment_ = assignment;
+    run_failure_logged_ = false;
     run_ = run_factory_(assignment);
     return;
   }

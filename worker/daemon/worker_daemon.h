@@ -70,6 +70,8 @@ class WorkerDaemon {
   absl::Duration heartbeat_period_;
   std::unique_ptr<TrainingRun> run_;
   v1::Assignment run_assignment_;
+  // Whether run_'s failure has been logged.
+  bool run_failure_logged_ = false;
 };
 
 }  // namespace zeroshard::worker
