@@ -6,8 +6,9 @@ set -euo pipefail
 PACKAGES=(
   # Build system (Bazel 4.2.3 from Debian, offline) and its rule repositories.
   bazel-bootstrap bazel-rules-java bazel-skylib bazel-platforms
-  # Compilers and formatting.
-  g++ clang-14 clang-format lld
+  # Compilers and formatting. `clang` provides /usr/bin/clang, which --config=tsa names
+  # (--repo_env=CC=clang); clang-14 alone installs only clang-14.
+  g++ clang clang-14 clang-format lld
   # gRPC, protobuf, abseil.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   # Tests and benchmarks.
