@@ -21,14 +21,20 @@
 namespace zeroshard::worker {
 namespace {
 
-kernels::DType ToKernelDType(v1::DType dtype) {
+// The spec arrives with defaults applied (DTYPE_UNSPECIFIED is FLOAT32); FLOAT64 is refused
+// rather than silently trained in fp32.
+absl::StatusOr<kernels::DType> ToKernelDType(absl::string_view field, v1::DType dtype) {
   switch (dtype) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::FLOAT32:
+      return kernels::DType::kFloat32;
     case v1::BFLOAT16:
       return kernels::DType::kBFloat16;
     case v1::FLOAT16:
       return kernels::DType::kFloat16;
     default:
-      return kernels::DType::kFloat32;
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": ", v1::DType_Name(dtype), " is not supported by this worker"));
   }
 }
 
@@ -82,9 +88,12 @@ absl::StatusOr<engine::EngineConfig> EngineConfigFor(const v1::JobSpec& spec, in
   out.lr_decay = opt.lr_decay();
   out.initial_accumulator_value = opt.initial_accumulator_value();
   const v1::PrecisionSpec& precision = spec.precision();
-  config.param_dtype = ToKernelDType(precision.param_dtype());
-  config.grad_dtype = ToKernelDType(precision.grad_dtype());
-  config.reduce_dtype = ToKernelDType(precision.reduce_dtype());
+  ZS_ASSIGN_OR_RETURN(config.param_dtype,
+                      ToKernelDType("precision.param_dtype", precision.param_dtype()));
+  ZS_ASSIGN_OR_RETURN(config.grad_dtype,
+                      ToKernelDType("precision.grad_dtype", precision.grad_dtype()));
+  ZS_ASSIGN_OR_RETURN(config.reduce_dtype,
+                      ToKernelDType("precision.reduce_dtype", precision.reduce_dtype()));
   config.loss_scale.initial_scale = precision.initial_loss_scale();
   config.loss_scale.dynamic = precision.dynamic_loss_scale();
   config.loss_scale.growth_interval = precision.loss_scale_growth_interval();
