@@ -5,6 +5,7 @@
 #define ZEROSHARD_COORDINATOR_JOB_MANAGER_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -143,8 +144,15 @@ class JobManager {
   absl::Mutex mu_;
   std::unique_ptr<JobStore> store_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
-  // Keyed by job id; ids are "job-" + a zero-padded counter, so map order is submission order.
-  std::map<std::string, JobRecord> jobs_ ABSL_GUARDED_BY(mu_);
+  // Canonical job ids ordered by their number: a longer id has the larger number ("job-1000000"
+  // after "job-999999"), and ids of one length compare as strings.
+  struct JobIdOrder {
+    bool operator()(const std::string& a, const std::string& b) const {
+      return a.size() != b.size() ? a.size() < b.size() : a < b;
+    }
+  };
+  // Keyed by job id, in submission order (ListJobs and the scheduler's FIFO rely on it).
+  std::map<std::string, JobRecord, JobIdOrder> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
   // Worker numbers below this were reserved by this process (ReserveWorkerNumbersLocked).
   int64_t reserved_worker_numbers_end_ ABSL_GUARDED_BY(mu_) = 0;

@@ -346,5 +346,29 @@ TEST_F(JobManagerTest, RepeatedOrLateCheckpointCommitNeverMovesLatestBack) {
   EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 10);
 }
 
+TEST_F(JobManagerTest, JobsPastTheSixDigitIdsStayInSubmissionOrder) {
+  std::filesystem::remove_all(dir_ + "-many");
+  {
+    auto store = JobStore::Open(dir_ + "-many");
+    ASSERT_TRUE(store.ok()) << store.status();
+    v1::Job older, newer;
+    older.set_id("job-999999");
+    older.set_state(v1::SUCCEEDED);
+    newer.set_id("job-1000000");
+    newer.set_state(v1::SUCCEEDED);
+    const v1::Job* jobs[] = {&older, &newer};
+    ASSERT_TRUE((*store)->Save(jobs, {}).ok());
+  }
+  Start(dir_ + "-many");
+  auto submitted = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  EXPECT_EQ(submitted->id(), "job-1000001");
+  std::vector<std::string> newest_first;
+  for (const v1::Job& job : manager_->ListJobs(v1::JOB_STATE_UNSPECIFIED, 10)) {
+    newest_first.push_back(job.id());
+  }
+  EXPECT_EQ(newest_first, (std::vector<std::string>{"job-1000001", "job-1000000", "job-999999"}));
+}
+
 }  // namespace
 }  // namespace zeroshard::coordinator
