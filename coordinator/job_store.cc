@@ -133,6 +133,14 @@ absl::Status JobStore::Exec(const char* sql) {
   return absl::OkStatus();
 }
 
+absl::Status JobStore::Commit() {
+  absl::Status status = Exec("COMMIT;");
+  // A failed COMMIT can leave the transaction open (SQLITE_BUSY does): without the rollback,
+  // every later BEGIN would fail too.
+  if (!status.ok() && sqlite3_get_autocommit(db_) == 0) Exec("ROLLBACK;").IgnoreError();
+  return status;
+}
+
 absl::Status JobStore::Save(absl::Span<const v1::Job* const> jobs,
                             absl::Span<const v1::JobEvent> events) {
   ZS_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
@@ -159,7 +167,7 @@ absl::Status JobStore::Save(absl::Span<const v1::Job* const> jobs,
     Exec("ROLLBACK;").IgnoreError();
     return status;
   }
-  return Exec("COMMIT;");
+  return Commit();
 }
 
 absl::StatusOr<int64_t> JobStore::ReserveWorkerNumbers(int64_t count) {
@@ -184,7 +192,7 @@ absl::StatusOr<int64_t> JobStore::ReserveWorkerNumbers(int64_t count) {
     Exec("ROLLBACK;").IgnoreError();
     return first.status();
   }
-  ZS_RETURN_IF_ERROR(Exec("COMMIT;"));
+  ZS_RETURN_IF_ERROR(Commit());
   return first;
 }
 

@@ -48,6 +48,8 @@ class JobStore {
  private:
   explicit JobStore(sqlite3* db);
   absl::Status Exec(const char* sql);
+  // Commits the open transaction; on failure rolls it back if it is still open.
+  absl::Status Commit();
 
   sqlite3* db_;
 };
