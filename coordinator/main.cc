@@ -1,7 +1,9 @@
 // zeroshard-coordinator: the control plane. Serves the v1 Coordinator gRPC API (plus health
 // checking and reflection) and Prometheus /metrics; keeps job state in SQLite under --state_dir.
+#include <pthread.h>
+
 #include <csignal>
-#include <thread>
+#include <cstdio>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -28,13 +30,6 @@ ABSL_FLAG(std::string, port_file, "",
           "serving.");
 
 namespace {
-
-absl::Notification* g_signal_stop = nullptr;
-
-void OnSignal(int) {
-  // Async-signal-safe: only notify; the main thread shuts down.
-  if (g_signal_stop != nullptr && !g_signal_stop->HasBeenNotified()) g_signal_stop->Notify();
-}
 
 bool IsLoopback(const std::string& address) {
   return absl::StartsWith(address, "127.") || absl::StartsWith(address, "localhost:") ||
@@ -68,6 +63,14 @@ int main(int argc, char** argv) {
     ZS_LOG(ERROR) << "--heartbeat_period must be >= 10ms and --missed_heartbeats >= 1";
     return 2;
   }
+  // SIGINT and SIGTERM are blocked in every thread (threads inherit the mask, so block them
+  // before any starts) and taken synchronously with sigwait below: no handler runs, so nothing
+  // has to be async-signal-safe.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   auto server = CoordinatorServer::Start(options);
   if (!server.ok()) {
     ZS_LOG(ERROR) << "cannot start: " << server.status();
@@ -81,12 +84,9 @@ int main(int argc, char** argv) {
       std::rename(tmp.c_str(), port_file.c_str());
     }
   }
-  absl::Notification stop;
-  g_signal_stop = &stop;
-  std::signal(SIGINT, OnSignal);
-  std::signal(SIGTERM, OnSignal);
-  stop.WaitForNotification();
-  ZS_LOG(INFO) << "shutting down";
+  int signal = 0;
+  sigwait(&stop_signals, &signal);
+  ZS_LOG(INFO) << "shutting down (signal " << signal << ")";
   (*server)->Shutdown();
   return 0;
 }
