@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -33,8 +34,10 @@ int RunRankProcesses(const char* self, int world_size, const std::vector<std::st
     for (std::string& arg : rank_args) argv.push_back(arg.data());
     argv.push_back(nullptr);
     pid_t pid;
-    if (posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ) != 0) {
-      std::perror("posix_spawn");
+    // posix_spawn returns its error number; it does not set errno.
+    if (const int error = posix_spawn(&pid, self, nullptr, nullptr, argv.data(), environ);
+        error != 0) {
+      std::fprintf(stderr, "posix_spawn: %s\n", std::strerror(error));
       ++failures;
       break;
     }
