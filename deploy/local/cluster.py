@@ -33,8 +33,6 @@ BINARIES = {
     "client": "client/zeroshard",
     "worker": "worker/zeroshard-worker",
 }
-# OpenBLAS 0.3.21 needs these hints on this machine (DESIGN.md, "OpenBLAS"); passed through as set.
-OPENBLAS_PASSTHROUGH = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
 
 
 class ClusterError(Exception):
@@ -197,10 +195,8 @@ class Cluster:
     # --- starting ---------------------------------------------------------------------------
 
     def child_env(self):
+        # The whole environment passes through, OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE included.
         env = dict(os.environ)
-        for name in OPENBLAS_PASSTHROUGH:
-            if name in os.environ:
-                env[name] = os.environ[name]
         env["OPENBLAS_NUM_THREADS"] = "1"  # workers share the cores; single-threaded is deterministic
         return env
 
@@ -462,9 +458,10 @@ def main(argv):
         return 128 + e.args[0]
     finally:
         if cluster is not None:
-            # A second Ctrl-C/SIGTERM must not cut the cleanup short.
+            # A second Ctrl-C/SIGTERM/SIGHUP must not cut the cleanup short.
             signal.signal(signal.SIGINT, signal.SIG_IGN)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGHUP, signal.SIG_IGN)
             cluster.stop_all()
             log(f"stopped; logs in {log_dir}")
 
