@@ -152,8 +152,6 @@ void ReferenceStep(const OptimizerConfig& c, int64_t step, float grad_scale, boo
   }
 }
 
-// ---- The optimizer configurations under test ----
-
 // ---- A set of pieces with their backing arrays, started at unaligned addresses ----
 
 // Pieces for one optimizer, their kernel-side arrays and the reference's copy of them.
