@@ -3,6 +3,10 @@
 # With --fix, formats them in place instead.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if ! command -v clang-format >/dev/null; then
+  echo "clang-format not found (tools/bootstrap.sh installs it)" >&2
+  exit 1
+fi
 mapfile -t files < <(git ls-files '*.h' '*.cc' '*.cu' '*.cuh' '*.proto')
 if [[ "${1:-}" == "--fix" ]]; then
   clang-format -i --style=file "${files[@]}"
