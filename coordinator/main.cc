@@ -77,11 +77,16 @@ int main(int argc, char** argv) {
     return 1;
   }
   if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
+    // Whoever waits for this file would wait forever: a failure to write it is fatal.
     const std::string tmp = port_file + ".tmp";
-    if (FILE* f = std::fopen(tmp.c_str(), "w")) {
-      std::fprintf(f, "%d %d\n", (*server)->grpc_port(), (*server)->metrics_port());
-      std::fclose(f);
-      std::rename(tmp.c_str(), port_file.c_str());
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    const bool written = f != nullptr && std::fprintf(f, "%d %d\n", (*server)->grpc_port(),
+                                                      (*server)->metrics_port()) > 0;
+    const bool closed = f != nullptr && std::fclose(f) == 0;
+    if (!written || !closed || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+      ZS_LOG(ERROR) << "--port_file=" << port_file << ": cannot write it";
+      (*server)->Shutdown();
+      return 1;
     }
   }
   int signal = 0;
