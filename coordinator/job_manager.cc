@@ -284,8 +284,12 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
       ScheduleLocked();
     }
   }
-  JobRecord* changed[] = {&record};
-  PersistLocked(changed);
+  // Only rank 0's reports and finishes change the job: the other ranks' per-step reports cost no
+  // durable (fsync'd) write.
+  if (request.rank() == 0 || request.finished()) {
+    JobRecord* changed[] = {&record};
+    PersistLocked(changed);
+  }
   return response;
 }
 
