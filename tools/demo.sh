@@ -24,7 +24,11 @@ if ! bazel build -c opt "${TARGETS[@]}" >"$LOG_DIR/build.log" 2>&1; then
 fi
 echo "   built in $((SECONDS - start)) s"
 # The -c opt output directory itself (bazel-bin follows whatever was built last).
-BIN_DIR="$(bazel info -c opt bazel-bin 2>/dev/null)"
+if ! BIN_DIR="$(bazel info -c opt bazel-bin 2>"$LOG_DIR/info.log")"; then
+  cat "$LOG_DIR/info.log" >&2
+  echo "demo: bazel info -c opt bazel-bin failed" >&2
+  exit 1
+fi
 
 echo "== starting a local cluster: 1 coordinator, $WORKERS workers (logs in $LOG_DIR)"
 exec "$PYTHON" deploy/local/cluster.py --workers "$WORKERS" --bin_dir "$BIN_DIR" \

@@ -9,7 +9,10 @@ cd "$(dirname "$0")/../.."
 out=${1:-/tmp/zeroshard-gpu}
 targets=(//tests/gpu:kernels_gpu_test //tests/gpu:engine_gpu_test)
 bazel build -c opt --config=cuda "${targets[@]}"
-bin=$(bazel info -c opt --config=cuda bazel-bin 2>/dev/null)
+if ! bin=$(bazel info -c opt --config=cuda bazel-bin); then
+  echo "bundle: bazel info -c opt --config=cuda bazel-bin failed" >&2
+  exit 1
+fi
 rm -rf "$out"
 mkdir -p "$out/lib"
 for target in "${targets[@]}"; do
