@@ -66,10 +66,12 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers(v1::W
   return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
 }
 
-absl::StatusOr<v1::ShardPlan> CoordinatorClient::GetShardPlan(const std::string& job_id, int rank,
+absl::StatusOr<v1::ShardPlan> CoordinatorClient::GetShardPlan(const std::string& job_id,
+                                                              int64_t generation, int rank,
                                                               bool include_layout) {
   v1::GetShardPlanRequest request;
   request.set_job_id(job_id);
+  request.set_generation(generation);
   request.set_rank(rank);
   request.set_include_layout(include_layout);
   v1::ShardPlan plan;

@@ -3,6 +3,7 @@
 #ifndef ZEROSHARD_CLIENT_COORDINATOR_CLIENT_H_
 #define ZEROSHARD_CLIENT_COORDINATOR_CLIENT_H_
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -26,8 +27,9 @@ class CoordinatorClient {
   absl::StatusOr<std::vector<v1::Job>> ListJobs(v1::JobState state, int limit);
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers(v1::WorkerState state);
-  absl::StatusOr<v1::ShardPlan> GetShardPlan(const std::string& job_id, int rank,
-                                             bool include_layout);
+  // `generation` 0 asks for the current one; the reply names the generation it describes.
+  absl::StatusOr<v1::ShardPlan> GetShardPlan(const std::string& job_id, int64_t generation,
+                                             int rank, bool include_layout);
 
   // Streams the job's events after `after_sequence` to `on_event` until the job ends (OK) or
   // the stream fails. No deadline: it lasts as long as the job.

@@ -281,11 +281,15 @@ int Run(std::vector<char*> args) {
   if (command == "plan") {
     auto id = need_id();
     if (!id) return Usage("plan: expected JOB_ID");
-    absl::StatusOr<v1::ShardPlan> plan = client.GetShardPlan(*id, 0, /*include_layout=*/true);
+    absl::StatusOr<v1::ShardPlan> plan =
+        client.GetShardPlan(*id, /*generation=*/0, /*rank=*/0, /*include_layout=*/true);
     if (!plan.ok()) return Fail(plan.status());
     std::vector<v1::ShardPlan> ranks = {*plan};
+    // The other ranks' views come from rank 0's generation: if the job moved on meanwhile, the
+    // coordinator refuses (FAILED_PRECONDITION) rather than mixing two generations' maps.
     for (int rank = 1; rank < plan->world_size(); ++rank) {
-      absl::StatusOr<v1::ShardPlan> view = client.GetShardPlan(*id, rank, false);
+      absl::StatusOr<v1::ShardPlan> view =
+          client.GetShardPlan(*id, plan->generation(), rank, /*include_layout=*/false);
       if (!view.ok()) return Fail(view.status());
       ranks.push_back(*std::move(view));
     }
