@@ -356,6 +356,7 @@ int Run() {
     if (planner.ok()) {
       std::printf("%s\n", planner->c_str());
     } else {
+      ++errors;
       std::fprintf(stderr, "coordinator_load: %s\n", planner.status().ToString().c_str());
     }
   }
