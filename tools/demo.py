@@ -269,11 +269,11 @@ def print_table(args, runs, psi):
             f"{statistics.median(run.step_ms):.2f} ms" if run.step_ms else "-",
         ])
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths))
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()
     say(line)
     say("-" * len(line))
     for row in rows:
-        say("  ".join(c.ljust(w) for c, w in zip(row, widths)))
+        say("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
 def main():
