@@ -91,7 +91,9 @@ void CoordinatorServer::Shutdown() {
     http_->stop();
     if (http_thread_.joinable()) http_thread_.join();
   }
-  // Pending StoreGet waits end first (CANCELLED), so the server's shutdown does not wait on them.
+  // Calls still in flight at the deadline (parked StoreGets, WatchJob streams) are cancelled
+  // then and end with CANCELLED. The rendezvous store goes only after the server: the handlers
+  // use it until the server is gone.
   server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
   server_.reset();
   rendezvous_.reset();
