@@ -111,12 +111,6 @@ std::vector<const v1::WorkerInfo*> WorkerRegistry::List(v1::WorkerState state) c
   return out;
 }
 
-int64_t WorkerRegistry::CountInState(v1::WorkerState state) const {
-  int64_t count = 0;
-  for (const auto& [number, entry] : workers_) count += entry.info.state() == state;
-  return count;
-}
-
 void WorkerRegistry::Assign(v1::WorkerInfo& worker, const v1::Assignment& assignment) {
   *worker.mutable_assignment() = assignment;
   if (IsLive(worker)) {

@@ -61,8 +61,6 @@ class WorkerRegistry {
   // Workers (optionally only those in `state`), in registration order.
   std::vector<const v1::WorkerInfo*> List(v1::WorkerState state) const;
 
-  int64_t CountInState(v1::WorkerState state) const;
-
   // Sets a worker's assignment and the state that follows from it (RUN -> BUSY, else IDLE).
   void Assign(v1::WorkerInfo& worker, const v1::Assignment& assignment);
 

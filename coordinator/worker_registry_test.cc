@@ -56,7 +56,7 @@ TEST(WorkerRegistryTest, LeaveAndForget) {
   ASSERT_TRUE(registry.Leave(a).ok());
   EXPECT_EQ(registry.Find(a)->state(), v1::LEFT);
   EXPECT_EQ(registry.FindLive(a), nullptr);
-  EXPECT_EQ(registry.CountInState(v1::LEFT), 1);
+  EXPECT_EQ(registry.List(v1::LEFT).size(), 1u);
   registry.ForgetGone(kStart + absl::Hours(1));
   EXPECT_EQ(registry.Find(a), nullptr);
 }
