@@ -64,7 +64,8 @@ class WorkerRegistry {
   // Sets a worker's assignment and the state that follows from it (RUN -> BUSY, else IDLE).
   void Assign(v1::WorkerInfo& worker, const v1::Assignment& assignment);
 
-  // Forgets dead and departed workers whose last heartbeat is older than `horizon`.
+  // Forgets dead and departed workers whose lease ended (last heartbeat + lease) before
+  // `horizon`; a dead worker died when its lease ended.
   void ForgetGone(absl::Time horizon);
 
  private:
