@@ -1,6 +1,8 @@
 // The worker daemon's control loop.
 #include "worker/daemon/worker_daemon.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
@@ -77,6 +79,7 @@ absl::Status WorkerDaemon::Run() {
       }
       ZS_LOG(WARNING) << "heartbeat failed: " << beat;
     }
+    ReapRetiredRuns();
     stop_.WaitForNotificationWithTimeout(next - absl::Now());
   }
   AbortRun();
@@ -87,6 +90,7 @@ absl::Status WorkerDaemon::Run() {
   v1::LeaveWorkerResponse left;
   const absl::Status status = FromGrpcStatus(stub_->LeaveWorker(&context, leave, &left));
   ZS_LOG(INFO) << "left the coordinator: " << status;
+  retiring_.clear();  // joins the aborted runs' threads
   return result;
 }
 
@@ -143,8 +147,19 @@ void WorkerDaemon::AbortRun() {
                  << run_assignment_.generation();
     run_->Abort();
   }
-  run_.reset();  // joins the run's thread
+  if (run_->Done()) {
+    run_.reset();  // its thread has ended: joining is immediate
+  } else {
+    retiring_.push_back(std::move(run_));
+  }
   run_assignment_.Clear();
+}
+
+void WorkerDaemon::ReapRetiredRuns() {
+  retiring_.erase(
+      std::remove_if(retiring_.begin(), retiring_.end(),
+                     [](const std::unique_ptr<TrainingRun>& run) { return run->Done(); }),
+      retiring_.end());
 }
 
 }  // namespace zeroshard::worker

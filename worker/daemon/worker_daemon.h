@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -53,7 +54,10 @@ class WorkerDaemon {
   // One heartbeat and the convergence step after it.
   absl::Status HeartbeatOnce();
   void Converge(const v1::Assignment& assignment);
+  // Aborts the current run (if any) and moves it to retiring_.
   void AbortRun();
+  // Drops the retiring runs whose threads have ended.
+  void ReapRetiredRuns();
   bool IsCurrentRun(const v1::Assignment& assignment) const;
 
   const WorkerDaemonOptions options_;
@@ -72,6 +76,9 @@ class WorkerDaemon {
   v1::Assignment run_assignment_;
   // Whether run_'s failure has been logged.
   bool run_failure_logged_ = false;
+  // Aborted runs whose threads have not ended yet (a run blocked in a rendezvous can take long
+  // to notice). Kept here rather than joined inline so heartbeats, and the lease, go on.
+  std::vector<std::unique_ptr<TrainingRun>> retiring_;
 };
 
 }  // namespace zeroshard::worker

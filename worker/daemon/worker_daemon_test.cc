@@ -35,6 +35,21 @@ class FakeRun : public TrainingRun {
   std::atomic<bool> done_{false};
 };
 
+// A run whose thread takes until `released` to end after an abort (as a run blocked in a
+// rendezvous does): Done() stays false, and destroying it blocks, until then.
+class SlowToAbortRun : public TrainingRun {
+ public:
+  explicit SlowToAbortRun(absl::Notification* released) : released_(released) {}
+  ~SlowToAbortRun() override { released_->WaitForNotification(); }
+  void Abort() override {}
+  bool Done() const override { return released_->HasBeenNotified(); }
+  absl::Status status() const override { return absl::OkStatus(); }
+  int64_t step() const override { return 0; }
+
+ private:
+  absl::Notification* released_;
+};
+
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
@@ -149,6 +164,38 @@ TEST_F(WorkerDaemonTest, RegistersAgainWhenTheCoordinatorForgetsIt) {
   EXPECT_NE(server_->manager()->ListWorkers(v1::IDLE)[0].id(), first_id);
   EXPECT_TRUE(Eventually([&] { return daemon->worker_id() != first_id; }));
   daemon->Stop();
+  thread.join();
+}
+
+TEST_F(WorkerDaemonTest, SlowAbortDoesNotStallHeartbeatsOrTheNextRun) {
+  const int port = FreePort();
+  StartCoordinator(port);
+  absl::Notification released;
+  std::atomic<int> runs{0};
+  WorkerDaemonOptions options;
+  options.name = "w";
+  options.host = "host-a";
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  WorkerDaemon daemon(options, std::shared_ptr<v1::Coordinator::StubInterface>(std::move(stub)),
+                      [&](const v1::Assignment&) -> std::unique_ptr<TrainingRun> {
+                        runs.fetch_add(1);
+                        return std::make_unique<SlowToAbortRun>(&released);
+                      });
+  std::thread thread([&] { EXPECT_TRUE(daemon.Run().ok()); });
+  coordinator::JobManager* manager = server_->manager();
+  auto first = manager->SubmitJob(Spec());
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(Eventually([&] { return runs.load() == 1; }));
+  ASSERT_TRUE(manager->CancelJob(first->id(), "test").ok());
+  // The first run has not ended (it never will until released), yet the daemon keeps beating
+  // and starts the next job's run.
+  auto second = manager->SubmitJob(Spec());
+  ASSERT_TRUE(second.ok());
+  EXPECT_TRUE(Eventually([&] { return runs.load() == 2; })) << "daemon stalled on the abort";
+  EXPECT_EQ(manager->ListWorkers(v1::DEAD).size(), 0u);
+  released.Notify();
+  daemon.Stop();
   thread.join();
 }
 
