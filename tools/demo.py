@@ -151,7 +151,10 @@ def run_job(args, run):
         f"--global_batch={args.global_batch}", f"--dataset_size={args.dataset_size}",
         f"--seed={args.seed}",
     )
-    run.job_id = submitted.stdout.strip().splitlines()[-1]
+    printed = submitted.stdout.strip().splitlines()
+    if not printed:
+        raise DemoError("submit printed no job id")
+    run.job_id = printed[-1]
     say(f"  submitted {run.job_id} ({name})")
     started = time.monotonic()
     watch = subprocess.Popen(
@@ -332,4 +335,8 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except DemoError as e:  # from the comparison of the final parameters
+        say(f"demo: error: {e}")
+        sys.exit(1)
