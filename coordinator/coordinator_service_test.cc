@@ -563,11 +563,8 @@ TEST_F(CoordinatorServiceTest, ThousandWaitingGetsHoldNoThreadsAndOneSetReleases
     waits.push_back(std::move(wait));
   }
 
-  const absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (server_->rendezvous()->PendingWaiters() < kWaiters && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  const bool all_parked = server_->rendezvous()->PendingWaiters() == kWaiters;
+  const bool all_parked = server_->rendezvous()->AwaitPendingWaiters(kWaiters, absl::Seconds(20)) &&
+                          server_->rendezvous()->PendingWaiters() == kWaiters;
   EXPECT_TRUE(all_parked) << server_->rendezvous()->PendingWaiters() << " waiting";
   if (all_parked) {
     EXPECT_LT(ThreadCount(), 64);

@@ -213,6 +213,14 @@ int64_t RendezvousStore::PendingWaiters() const {
   return static_cast<int64_t>(waiters_.size());
 }
 
+bool RendezvousStore::AwaitPendingWaiters(int64_t count, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto enough = [this, count]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return static_cast<int64_t>(waiters_.size()) >= count;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+}
+
 int64_t RendezvousStore::KnownJobs() const {
   absl::MutexLock lock(&mu_);
   return static_cast<int64_t>(jobs_.size());

@@ -103,6 +103,9 @@ class RendezvousStore {
 
   // Gets currently waiting, over all namespaces.
   int64_t PendingWaiters() const;
+  // Blocks until at least `count` Gets are waiting or `timeout` (real time) passes; returns
+  // whether they are. Lets a test wait for calls it parks through gRPC without polling.
+  bool AwaitPendingWaiters(int64_t count, absl::Duration timeout) const;
   // Jobs known to the store (with or without a live namespace).
   int64_t KnownJobs() const;
 
