@@ -102,6 +102,13 @@ absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatR
   absl::MutexLock lock(&mu_);
   ZS_ASSIGN_OR_RETURN(v1::WorkerInfo * worker, workers_.Renew(request.worker_id(), clock_->Now()));
   const v1::Assignment& assignment = worker->assignment();
+  // A rank whose run failed ends its generation: its peers would otherwise wait for it forever.
+  if (assignment.kind() == v1::ASSIGNMENT_RUN && !request.status().run_error().empty() &&
+      request.status().job_id() == assignment.job_id() &&
+      request.status().generation() == assignment.generation()) {
+    HandleLostWorkerLocked(request.worker_id(),
+                           absl::StrCat("failed: ", request.status().run_error()));
+  }
   // An aborting worker that no longer runs the aborted generation is free again.
   if (assignment.kind() == v1::ASSIGNMENT_ABORT &&
       (request.status().job_id() != assignment.job_id() ||

@@ -370,5 +370,32 @@ TEST_F(JobManagerTest, JobsPastTheSixDigitIdsStayInSubmissionOrder) {
   EXPECT_EQ(newest_first, (std::vector<std::string>{"job-1000001", "job-1000000", "job-999999"}));
 }
 
+TEST_F(JobManagerTest, FailedRunEndsItsGenerationAndTheJobRestarts) {
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+  // b's run failed (say its communicator could not be built); a is still in the generation.
+  v1::HeartbeatRequest failed;
+  failed.set_worker_id(b);
+  failed.mutable_status()->set_job_id(job->id());
+  failed.mutable_status()->set_generation(1);
+  failed.mutable_status()->set_run_error("UNAVAILABLE: rendezvous timed out");
+  auto response = manager_->Heartbeat(failed);
+  ASSERT_TRUE(response.ok());
+  EXPECT_EQ(response->assignment().kind(), v1::ASSIGNMENT_ABORT);
+  v1::Job recovering = *manager_->GetJob(job->id());
+  EXPECT_EQ(recovering.state(), v1::RECOVERING);
+  EXPECT_NE(recovering.message().find("rendezvous timed out"), std::string::npos);
+  // Both acknowledge by no longer running generation 1; the job runs again as generation 2.
+  Beat(a);
+  EXPECT_EQ(Beat(b).kind(), v1::ASSIGNMENT_RUN);
+  EXPECT_EQ(manager_->GetJob(job->id())->generation(), 2);
+  // An error about a generation that is not the worker's current one changes nothing.
+  failed.mutable_status()->set_generation(1);
+  ASSERT_TRUE(manager_->Heartbeat(failed).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+}
+
 }  // namespace
 }  // namespace zeroshard::coordinator

@@ -156,7 +156,8 @@ absl::Status ValidateHeartbeatRequest(const v1::HeartbeatRequest& request) {
   const v1::WorkerStatus& status = request.status();
   if (!status.job_id().empty()) ZS_RETURN_IF_ERROR(CheckJobId("status.job_id", status.job_id()));
   ZS_RETURN_IF_ERROR(CheckNonNegative("status.generation", status.generation()));
-  return CheckNonNegative("status.step", status.step());
+  ZS_RETURN_IF_ERROR(CheckNonNegative("status.step", status.step()));
+  return CheckMaxBytes("status.run_error", status.run_error(), kMaxRunErrorBytes);
 }
 
 absl::Status ValidateLeaveWorkerRequest(const v1::LeaveWorkerRequest& request) {

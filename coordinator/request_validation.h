@@ -20,6 +20,7 @@ inline constexpr int kMaxWorkerLabels = 32;
 inline constexpr size_t kMaxLabelKeyLength = 63;
 inline constexpr size_t kMaxLabelValueBytes = 256;
 inline constexpr size_t kMaxCancelReasonBytes = 1024;
+inline constexpr size_t kMaxRunErrorBytes = 1024;
 inline constexpr int32_t kMaxListJobsLimit = 1000;
 inline constexpr size_t kMaxStoreKeyBytes = 512;
 inline constexpr size_t kMaxStoreValueBytes = size_t{1} << 20;

@@ -356,6 +356,10 @@ INSTANTIATE_TEST_SUITE_P(
         BadHeartbeat(
             "NegativeStatusStep", [](Heartbeat& r) { r.mutable_status()->set_step(-5); },
             "status.step", "-5 must be >= 0"),
+        BadHeartbeat(
+            "OversizedRunError",
+            [](Heartbeat& r) { r.mutable_status()->set_run_error(std::string(1025, 'e')); },
+            "status.run_error", "1025 bytes is longer than the limit of 1024"),
         Bad<v1::LeaveWorkerRequest>(
             "LeaveWithBadId", ValidLeave, ValidateLeaveWorkerRequest,
             [](v1::LeaveWorkerRequest& r) { r.set_worker_id("w"); }, "worker_id", "not a valid id"),

@@ -9,6 +9,12 @@
 #include "common/logging.h"
 
 namespace zeroshard::worker {
+namespace {
+
+// WorkerStatus.run_error's bound (worker.proto).
+constexpr size_t kMaxRunErrorBytes = 1024;
+
+}  // namespace
 
 WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options,
                            std::shared_ptr<v1::Coordinator::StubInterface> stub,
@@ -97,10 +103,18 @@ absl::Status WorkerDaemon::Run() {
 absl::Status WorkerDaemon::HeartbeatOnce() {
   v1::HeartbeatRequest request;
   request.set_worker_id(worker_id());
-  if (run_ != nullptr && !run_->Done()) {
-    request.mutable_status()->set_job_id(run_assignment_.job_id());
-    request.mutable_status()->set_generation(run_assignment_.generation());
-    request.mutable_status()->set_step(run_->step());
+  if (run_ != nullptr) {
+    v1::WorkerStatus& status = *request.mutable_status();
+    const absl::Status run_status = run_->status();
+    if (!run_->Done() || !run_status.ok()) {
+      status.set_job_id(run_assignment_.job_id());
+      status.set_generation(run_assignment_.generation());
+      status.set_step(run_->step());
+    }
+    // A failed run says so, so the coordinator ends the generation instead of waiting for it.
+    if (run_->Done() && !run_status.ok()) {
+      status.set_run_error(std::string(run_status.ToString()).substr(0, kMaxRunErrorBytes));
+    }
   }
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
