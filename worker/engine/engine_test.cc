@@ -236,7 +236,9 @@ void ExpectSameStepResults(const RunResult& a, const RunResult& b) {
   for (size_t s = 0; s < a.steps.size(); ++s) {
     EXPECT_EQ(a.steps[s].skipped, b.steps[s].skipped) << "step " << s;
     EXPECT_EQ(a.steps[s].global_loss, b.steps[s].global_loss) << "step " << s;
-    if (!a.steps[s].skipped) EXPECT_EQ(a.steps[s].grad_norm, b.steps[s].grad_norm) << "step " << s;
+    if (!a.steps[s].skipped) {
+      EXPECT_EQ(a.steps[s].grad_norm, b.steps[s].grad_norm) << "step " << s;
+    }
     EXPECT_EQ(a.steps[s].loss_scale, b.steps[s].loss_scale) << "step " << s;
     EXPECT_EQ(a.steps[s].optimizer_step, b.steps[s].optimizer_step) << "step " << s;
   }
