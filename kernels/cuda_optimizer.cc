@@ -1,5 +1,5 @@
-// The CUDA implementation's host side: validation, piece and tile tables, and the one boundary
-// where CUDA errors become absl::Status.
+// The CUDA implementation's host side: validation, piece and tile tables; CUDA errors become
+// absl::Status through common/cuda_status.h.
 #include "kernels/cuda_optimizer.h"
 
 #include <cuda_runtime_api.h>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "kernels/cuda_launch.h"
 
@@ -23,12 +24,6 @@ using cuda_internal::DeviceUpdatePiece;
 
 static_assert(cuda_internal::kDeviceStateArrays == kMaxStateArrays,
               "the device piece table holds every state array");
-
-absl::Status CudaStatus(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(
-      absl::StrCat(what, ": ", cudaGetErrorName(error), ": ", cudaGetErrorString(error)));
-}
 
 bool Aligned(const void* p, uintptr_t alignment) {
   return reinterpret_cast<uintptr_t>(p) % alignment == 0;

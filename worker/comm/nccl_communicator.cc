@@ -1,6 +1,6 @@
 // NcclCommunicator: unique id through the Store, non-blocking NCCL communicator, collectives on a
 // communication stream, Work as CUDA events polled with ncclCommGetAsyncError, ncclCommAbort.
-// CudaStatus and NcclStatus below are the one place CUDA and NCCL errors become Status.
+// CUDA errors become Status through common/cuda_status.h, NCCL errors through NcclStatus below.
 #include "worker/comm/nccl_communicator.h"
 
 #include <cuda_runtime.h>
@@ -14,6 +14,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 
 namespace zeroshard {
@@ -24,22 +25,6 @@ namespace {
 constexpr absl::Duration kPollInterval = absl::Microseconds(50);
 // Bound on flushing a healthy communicator at destruction.
 constexpr absl::Duration kFinalizeTimeout = absl::Seconds(60);
-
-absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(what, ": CUDA error ", cudaGetErrorName(error), ": ", cudaGetErrorString(error));
-  switch (error) {
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice:
-      return absl::FailedPreconditionError(message);
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
 
 absl::Status NcclStatus(ncclResult_t result, absl::string_view what) {
   if (result == ncclSuccess || result == ncclInProgress) return absl::OkStatus();
@@ -57,7 +42,6 @@ absl::Status NcclStatus(ncclResult_t result, absl::string_view what) {
   }
 }
 
-#define ZS_CUDA_RETURN_IF_ERROR(expr) ZS_RETURN_IF_ERROR(CudaStatus((expr), #expr))
 #define ZS_NCCL_RETURN_IF_ERROR(expr) ZS_RETURN_IF_ERROR(NcclStatus((expr), #expr))
 
 bool ToNcclType(ElementType type, ncclDataType_t* nccl_type) {

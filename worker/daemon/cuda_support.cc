@@ -1,5 +1,5 @@
 // cuda_support.h over CUDA: device selection and description, CudaDeviceOps, NcclCommunicator
-// and CudaTeacherStudentMlp. CudaStatus below is where this file's CUDA errors become Status.
+// and CudaTeacherStudentMlp. CUDA errors become Status through common/cuda_status.h.
 #include "worker/daemon/cuda_support.h"
 
 #include <cuda_runtime_api.h>
@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/cuda_device_ops.h"
@@ -14,22 +15,6 @@
 
 namespace zeroshard::worker {
 namespace {
-
-absl::Status CudaStatus(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(what, ": CUDA error ", cudaGetErrorName(error), ": ", cudaGetErrorString(error));
-  switch (error) {
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice:
-      return absl::FailedPreconditionError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
-#define ZS_CUDA_RETURN_IF_ERROR(expr) ZS_RETURN_IF_ERROR(CudaStatus((expr), #expr))
 
 // The CudaDeviceOps behind a DeviceOps from CreateCudaDevice.
 absl::StatusOr<engine::CudaDeviceOps*> AsCuda(engine::DeviceOps& device) {

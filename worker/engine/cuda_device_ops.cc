@@ -1,5 +1,5 @@
 // CudaDeviceOps: device memory, copies and element conversions on the compute stream, and the
-// CUDA optimizer kernels. CudaStatus below is where CUDA errors become absl::Status.
+// CUDA optimizer kernels. CUDA errors become absl::Status through common/cuda_status.h.
 #include "worker/engine/cuda_device_ops.h"
 
 #include <cuda_runtime_api.h>
@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "worker/engine/cuda_element_kernels.h"
@@ -14,24 +15,6 @@
 namespace zeroshard {
 namespace engine {
 namespace {
-
-absl::Status CudaStatus(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(what, ": CUDA error ", cudaGetErrorName(error), ": ", cudaGetErrorString(error));
-  switch (error) {
-    case cudaErrorNoDevice:
-    case cudaErrorInsufficientDriver:
-    case cudaErrorInvalidDevice:
-      return absl::FailedPreconditionError(message);
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
-#define ZS_CUDA_RETURN_IF_ERROR(expr) ZS_RETURN_IF_ERROR(CudaStatus((expr), #expr))
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 

@@ -1,6 +1,6 @@
 // CudaTeacherStudentMlp: the teacher-student MLP's forward and backward on the GPU. cuBLAS does
-// the matrix products, cuda_mlp_kernels.cu the element work. CudaStatus and CublasStatus below
-// are where CUDA and cuBLAS errors become absl::Status.
+// the matrix products, cuda_mlp_kernels.cu the element work. CUDA errors become absl::Status
+// through common/cuda_status.h, cuBLAS errors through CublasStatus below.
 //
 // Row-major over column-major cuBLAS: a row-major matrix M [r, c] is, in memory, the
 // column-major matrix M^T [c, r] with leading dimension c. So each row-major product
@@ -19,20 +19,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/cuda_status.h"
 #include "common/status_macros.h"
 #include "sharding/model_catalog.h"
 #include "worker/workloads/cuda_mlp_kernels.h"
 
 namespace zeroshard::workloads {
 namespace {
-
-absl::Status CudaStatus(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat(what, ": CUDA error ", cudaGetErrorName(error), ": ", cudaGetErrorString(error));
-  return error == cudaErrorMemoryAllocation ? absl::ResourceExhaustedError(message)
-                                            : absl::InternalError(message);
-}
 
 absl::Status CublasStatus(cublasStatus_t status, const char* what) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
@@ -42,7 +35,6 @@ absl::Status CublasStatus(cublasStatus_t status, const char* what) {
                                               : absl::InternalError(message);
 }
 
-#define ZS_CUDA_RETURN_IF_ERROR(expr) ZS_RETURN_IF_ERROR(CudaStatus((expr), #expr))
 #define ZS_CUBLAS_RETURN_IF_ERROR(expr) ZS_RETURN_IF_ERROR(CublasStatus((expr), #expr))
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }

@@ -1,0 +1,26 @@
+// CUDA runtime errors as absl::Status.
+#include "common/cuda_status.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace zeroshard {
+
+absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat(what, ": CUDA error ", cudaGetErrorName(error), ": ", cudaGetErrorString(error));
+  switch (error) {
+    case cudaErrorNoDevice:
+    case cudaErrorInsufficientDriver:
+    case cudaErrorInvalidDevice:
+      return absl::FailedPreconditionError(message);
+    case cudaErrorMemoryAllocation:
+      return absl::ResourceExhaustedError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
+}  // namespace zeroshard
