@@ -125,20 +125,11 @@ absl::Status CudaTeacherStudentMlp::Initialize() {
 }
 
 int64_t CudaTeacherStudentMlp::SampleIndex(int64_t step, int64_t j) const {
-  const int64_t n = options_.dataset_size;
-  const int64_t start = (step % n) * (options_.global_batch % n) % n;
-  return (start + (options_.rank * local_batch_ + j) % n) % n;
+  return MlpSampleIndex(options_, step, j);
 }
 
 absl::Status CudaTeacherStudentMlp::InitialParameters(int64_t tensor, absl::Span<float> out) const {
-  if (tensor < 0 || tensor >= static_cast<int64_t>(tensors_.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor: ", tensor, " is not in [0, ", tensors_.size(), ")"));
-  }
-  const int64_t layer = num_layers_ - 1 - tensor / 2;
-  const bool bias = tensor % 2 == 0;
-  return FillLayerParameters(MlpRole::kStudent, options_.layer_sizes, options_.seed, layer, bias,
-                             out);
+  return FillStudentInitialParameters(options_, tensor, out);
 }
 
 absl::Status CudaTeacherStudentMlp::LinearForward(const float* in, const float* weight,

@@ -131,23 +131,33 @@ TeacherStudentMlp::TeacherStudentMlp(TeacherStudentMlpOptions options,
 
 int64_t TeacherStudentMlp::BiasTensor(int64_t layer) const { return 2 * (num_layers_ - 1 - layer); }
 
+int64_t MlpSampleIndex(const TeacherStudentMlpOptions& options, int64_t step, int64_t j) {
+  const int64_t n = options.dataset_size;
+  const int64_t local_batch = options.global_batch / options.world_size;
+  // Every factor is reduced first; n <= 2^40 and B <= 2^20 keep the product below 2^60.
+  const int64_t start = (step % n) * (options.global_batch % n) % n;
+  return (start + (options.rank * local_batch + j) % n) % n;
+}
+
+absl::Status FillStudentInitialParameters(const TeacherStudentMlpOptions& options, int64_t tensor,
+                                          absl::Span<float> out) {
+  const int64_t num_layers = static_cast<int64_t>(options.layer_sizes.size()) - 1;
+  if (tensor < 0 || tensor >= 2 * num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: ", tensor, " is not in [0, ", 2 * num_layers, ")"));
+  }
+  const int64_t layer = num_layers - 1 - tensor / 2;
+  const bool bias = tensor % 2 == 0;
+  return FillLayerParameters(MlpRole::kStudent, options.layer_sizes, options.seed, layer, bias,
+                             out);
+}
+
 int64_t TeacherStudentMlp::SampleIndex(int64_t step, int64_t j) const {
-  const int64_t n = options_.dataset_size;
-  // (step * B + rank * b + j) mod n without overflow: every factor is reduced first, and
-  // n <= 2^40, B <= 2^20 keep the product below 2^60.
-  const int64_t start = (step % n) * (options_.global_batch % n) % n;
-  return (start + (options_.rank * local_batch_ + j) % n) % n;
+  return MlpSampleIndex(options_, step, j);
 }
 
 absl::Status TeacherStudentMlp::InitialParameters(int64_t tensor, absl::Span<float> out) const {
-  if (tensor < 0 || tensor >= static_cast<int64_t>(tensors_.size())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tensor: ", tensor, " is not in [0, ", tensors_.size(), ")"));
-  }
-  const int64_t layer = num_layers_ - 1 - tensor / 2;
-  const bool bias = tensor % 2 == 0;
-  return FillLayerParameters(MlpRole::kStudent, options_.layer_sizes, options_.seed, layer, bias,
-                             out);
+  return FillStudentInitialParameters(options_, tensor, out);
 }
 
 void TeacherStudentMlp::LoadMicroBatch(int64_t step) {

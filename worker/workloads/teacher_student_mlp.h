@@ -53,6 +53,16 @@ struct TeacherStudentMlpOptions {
 // [1, kMaxDatasetSize]. Shared by the CPU and CUDA workloads.
 absl::Status ValidateTeacherStudentMlpOptions(const TeacherStudentMlpOptions& options);
 
+// The dataset index of sample j (0 <= j < global_batch / world_size) of `options.rank`'s
+// micro-batch at `step`: (step * global_batch + rank * local_batch + j) mod dataset_size, computed
+// without overflow. Shared by the CPU and CUDA workloads.
+int64_t MlpSampleIndex(const TeacherStudentMlpOptions& options, int64_t step, int64_t j);
+
+// The student's initial values of catalog tensor `tensor` (layers.<l>.bias / .weight in
+// gradient-ready order). InvalidArgument naming `tensor` when it is not one of the model's.
+absl::Status FillStudentInitialParameters(const TeacherStudentMlpOptions& options, int64_t tensor,
+                                          absl::Span<float> out);
+
 // Step s's global batch is the samples (s * global_batch + j) mod dataset_size, j in
 // [0, global_batch); rank r takes j in [r * B / W, (r + 1) * B / W). A sample's input is a pure
 // function of (seed, sample), whatever W is; its target is teacher(input) in fp32.
