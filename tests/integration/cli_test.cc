@@ -32,18 +32,6 @@ absl::StatusOr<CommandResult> RunCli(const LocalCluster& cluster, std::vector<st
   return RunCommand(argv, kCommandDeadline);
 }
 
-// Prints every process's log tail when the test has failed (declare it after the cluster).
-class LogTailsOnFailure {
- public:
-  explicit LogTailsOnFailure(const LocalCluster& cluster) : cluster_(cluster) {}
-  ~LogTailsOnFailure() {
-    if (::testing::Test::HasFailure()) std::cerr << cluster_.LogTails(40);
-  }
-
- private:
-  const LocalCluster& cluster_;
-};
-
 struct BadSpec {
   std::string what;
   // `zeroshard` arguments after --coordinator.

@@ -69,18 +69,6 @@ bool IsFinal(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
 
-// Prints every process's log tail when the test has failed (declare it after the cluster).
-class LogTailsOnFailure {
- public:
-  explicit LogTailsOnFailure(const LocalCluster& cluster) : cluster_(cluster) {}
-  ~LogTailsOnFailure() {
-    if (::testing::Test::HasFailure()) std::cerr << cluster_.LogTails(40);
-  }
-
- private:
-  const LocalCluster& cluster_;
-};
-
 // Polls the job until `done` holds for it; the error says what was awaited and the job last seen.
 absl::StatusOr<v1::Job> WaitForJob(LocalCluster& cluster, const std::string& job_id,
                                    const std::function<bool(const v1::Job&)>& done,

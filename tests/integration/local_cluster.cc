@@ -15,12 +15,14 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <set>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "gtest/gtest.h"
 
 extern char** environ;
 
@@ -431,6 +433,10 @@ std::string LocalCluster::LogTails(int lines) const {
     for (const std::string& line : LastLines(process.log_path, lines)) out << "  " << line << "\n";
   }
   return out.str();
+}
+
+LogTailsOnFailure::~LogTailsOnFailure() {
+  if (::testing::Test::HasFailure()) std::cerr << cluster_.LogTails(40);
 }
 
 }  // namespace zeroshard::testing

@@ -138,6 +138,17 @@ class LocalCluster {
   int coordinator_starts_ = 0;
 };
 
+// Prints every process's log tail when the current test has failed; declare it after the
+// cluster so it runs first on the way out.
+class LogTailsOnFailure {
+ public:
+  explicit LogTailsOnFailure(const LocalCluster& cluster) : cluster_(cluster) {}
+  ~LogTailsOnFailure();
+
+ private:
+  const LocalCluster& cluster_;
+};
+
 }  // namespace zeroshard::testing
 
 #endif  // ZEROSHARD_TESTS_INTEGRATION_LOCAL_CLUSTER_H_
