@@ -23,4 +23,14 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
   }
 }
 
+absl::Status UseCudaDevice(int device) {
+  int devices = 0;
+  ZS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&devices));
+  if (device < 0 || device >= devices) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda:", device, ": this machine has ", devices, " CUDA devices"));
+  }
+  return CudaStatus(cudaSetDevice(device), "cudaSetDevice");
+}
+
 }  // namespace zeroshard

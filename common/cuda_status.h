@@ -1,5 +1,6 @@
-// The one mapping of CUDA runtime errors to absl::Status, shared by every CUDA library (the
-// kernels, the NCCL communicator, the engine's device ops, the CUDA workload, the worker).
+// The one mapping of CUDA runtime errors to absl::Status, and device selection, shared by every
+// CUDA library (the kernels, the NCCL communicator, the engine's device ops, the CUDA workload,
+// the worker).
 #ifndef ZEROSHARD_COMMON_CUDA_STATUS_H_
 #define ZEROSHARD_COMMON_CUDA_STATUS_H_
 
@@ -15,6 +16,10 @@ namespace zeroshard {
 // FAILED_PRECONDITION when there is no usable device (no device, old driver, bad ordinal),
 // RESOURCE_EXHAUSTED when device memory ran out, and INTERNAL for everything else.
 absl::Status CudaStatus(cudaError_t error, absl::string_view what);
+
+// Makes `device` the calling thread's current device. FAILED_PRECONDITION naming "cuda:<device>"
+// when the machine has no such device.
+absl::Status UseCudaDevice(int device);
 
 }  // namespace zeroshard
 

@@ -31,13 +31,7 @@ absl::StatusOr<engine::CudaDeviceOps*> AsCuda(engine::DeviceOps& device) {
 bool CudaSupportBuiltIn() { return true; }
 
 absl::StatusOr<CudaDeviceInfo> SelectCudaDevice(int device) {
-  int devices = 0;
-  ZS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&devices));
-  if (device < 0 || device >= devices) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cuda:", device, ": this machine has ", devices, " CUDA devices"));
-  }
-  ZS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  ZS_RETURN_IF_ERROR(UseCudaDevice(device));
   cudaDeviceProp properties;
   ZS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, device));
   size_t free_bytes = 0;

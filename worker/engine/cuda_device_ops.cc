@@ -21,13 +21,7 @@ cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(int device) {
-  int devices = 0;
-  ZS_CUDA_RETURN_IF_ERROR(cudaGetDeviceCount(&devices));
-  if (device < 0 || device >= devices) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cuda:", device, ": this machine has ", devices, " CUDA devices"));
-  }
-  ZS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  ZS_RETURN_IF_ERROR(UseCudaDevice(device));
   cudaStream_t stream = nullptr;
   ZS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   absl::StatusOr<std::unique_ptr<kernels::CudaOptimizerKernels>> kernels =
