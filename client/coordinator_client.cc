@@ -22,7 +22,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::SubmitJob(const v1::JobSpec& spec) {
   v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;
   v1::Job job;
-  absl::Status status = FromGrpcStatus(stub_->SubmitJob(Context().get(), request, &job));
+  absl::Status status = common::FromGrpcStatus(stub_->SubmitJob(Context().get(), request, &job));
   if (!status.ok()) return status;
   return job;
 }
@@ -31,7 +31,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& job_id) {
   v1::GetJobRequest request;
   request.set_job_id(job_id);
   v1::Job job;
-  absl::Status status = FromGrpcStatus(stub_->GetJob(Context().get(), request, &job));
+  absl::Status status = common::FromGrpcStatus(stub_->GetJob(Context().get(), request, &job));
   if (!status.ok()) return status;
   return job;
 }
@@ -41,7 +41,8 @@ absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::ListJobs(v1::JobState st
   request.set_state(state);
   request.set_limit(limit);
   v1::ListJobsResponse response;
-  absl::Status status = FromGrpcStatus(stub_->ListJobs(Context().get(), request, &response));
+  absl::Status status =
+      common::FromGrpcStatus(stub_->ListJobs(Context().get(), request, &response));
   if (!status.ok()) return status;
   return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
 }
@@ -52,7 +53,7 @@ absl::StatusOr<v1::Job> CoordinatorClient::CancelJob(const std::string& job_id,
   request.set_job_id(job_id);
   request.set_reason(reason);
   v1::Job job;
-  absl::Status status = FromGrpcStatus(stub_->CancelJob(Context().get(), request, &job));
+  absl::Status status = common::FromGrpcStatus(stub_->CancelJob(Context().get(), request, &job));
   if (!status.ok()) return status;
   return job;
 }
@@ -61,7 +62,8 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers(v1::W
   v1::ListWorkersRequest request;
   request.set_state(state);
   v1::ListWorkersResponse response;
-  absl::Status status = FromGrpcStatus(stub_->ListWorkers(Context().get(), request, &response));
+  absl::Status status =
+      common::FromGrpcStatus(stub_->ListWorkers(Context().get(), request, &response));
   if (!status.ok()) return status;
   return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
 }
@@ -75,7 +77,8 @@ absl::StatusOr<v1::ShardPlan> CoordinatorClient::GetShardPlan(const std::string&
   request.set_rank(rank);
   request.set_include_layout(include_layout);
   v1::ShardPlan plan;
-  absl::Status status = FromGrpcStatus(stub_->GetShardPlan(Context().get(), request, &plan));
+  absl::Status status =
+      common::FromGrpcStatus(stub_->GetShardPlan(Context().get(), request, &plan));
   if (!status.ok()) return status;
   return plan;
 }
@@ -89,7 +92,7 @@ absl::Status CoordinatorClient::WatchJob(const std::string& job_id, int64_t afte
   std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
   v1::JobEvent event;
   while (reader->Read(&event)) on_event(event);
-  return FromGrpcStatus(reader->Finish());
+  return common::FromGrpcStatus(reader->Finish());
 }
 
 }  // namespace zeroshard::client

@@ -1,7 +1,7 @@
 // Real and fake clocks.
 #include "common/clock.h"
 
-namespace zeroshard {
+namespace zeroshard::common {
 namespace {
 
 class RealClock : public Clock {
@@ -49,4 +49,4 @@ void FakeClock::SetTime(absl::Time t) {
   now_ = t;
 }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::common

@@ -8,7 +8,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
-namespace zeroshard {
+namespace zeroshard::common {
 
 // Thread-safe. Components take a Clock* instead of calling absl::Now(), so unit tests
 // control time and never sleep.
@@ -43,6 +43,6 @@ class FakeClock : public Clock {
   absl::Time now_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace zeroshard
+}  // namespace zeroshard::common
 
 #endif  // ZEROSHARD_COMMON_CLOCK_H_

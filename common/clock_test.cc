@@ -5,7 +5,7 @@
 
 #include "gtest/gtest.h"
 
-namespace zeroshard {
+namespace zeroshard::common {
 namespace {
 
 TEST(FakeClockTest, MovesOnlyWhenAdvanced) {
@@ -65,4 +65,4 @@ TEST(RealClockTest, IsMonotonicEnough) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::common

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace zeroshard {
+namespace zeroshard::common {
 
 absl::Status CudaStatus(cudaError_t error, absl::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
@@ -33,4 +33,4 @@ absl::Status UseCudaDevice(int device) {
   return CudaStatus(cudaSetDevice(device), "cudaSetDevice");
 }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::common

@@ -10,7 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
-namespace zeroshard {
+namespace zeroshard::common {
 
 // OK for cudaSuccess. Otherwise "<what>: CUDA error <name>: <description>" as
 // FAILED_PRECONDITION when there is no usable device (no device, old driver, bad ordinal),
@@ -21,9 +21,10 @@ absl::Status CudaStatus(cudaError_t error, absl::string_view what);
 // when the machine has no such device.
 absl::Status UseCudaDevice(int device);
 
-}  // namespace zeroshard
+}  // namespace zeroshard::common
 
 // Returns the CUDA call's error, as CudaStatus maps it, from the enclosing function.
-#define ZS_CUDA_RETURN_IF_ERROR(expr) ZS_RETURN_IF_ERROR(::zeroshard::CudaStatus((expr), #expr))
+#define ZS_CUDA_RETURN_IF_ERROR(expr) \
+  ZS_RETURN_IF_ERROR(::zeroshard::common::CudaStatus((expr), #expr))
 
 #endif  // ZEROSHARD_COMMON_CUDA_STATUS_H_

@@ -3,7 +3,7 @@
 
 #include <string>
 
-namespace zeroshard {
+namespace zeroshard::common {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -15,4 +15,4 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::common

@@ -5,12 +5,12 @@
 #include "absl/status/status.h"
 #include "grpcpp/support/status.h"
 
-namespace zeroshard {
+namespace zeroshard::common {
 
 // Both enums share gRPC's canonical numbering, so codes map one to one.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 absl::Status FromGrpcStatus(const grpc::Status& status);
 
-}  // namespace zeroshard
+}  // namespace zeroshard::common
 
 #endif  // ZEROSHARD_COMMON_GRPC_STATUS_H_

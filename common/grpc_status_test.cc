@@ -3,7 +3,7 @@
 
 #include "gtest/gtest.h"
 
-namespace zeroshard {
+namespace zeroshard::common {
 namespace {
 
 TEST(GrpcStatusTest, EveryCodeRoundTripsBothWays) {
@@ -35,4 +35,4 @@ TEST(GrpcStatusTest, NamedCodesAgree) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::common

@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace zeroshard {
+namespace zeroshard::common {
 namespace {
 
 LogLevel LevelFromEnvironment() {
@@ -59,4 +59,4 @@ LogMessage::~LogMessage() {
 }
 
 }  // namespace logging_internal
-}  // namespace zeroshard
+}  // namespace zeroshard::common

@@ -5,7 +5,7 @@
 
 #include <sstream>
 
-namespace zeroshard {
+namespace zeroshard::common {
 
 enum class LogLevel { kDebug = 0, kInfo = 1, kWarning = 2, kError = 3, kFatal = 4 };
 
@@ -36,19 +36,20 @@ struct Voidify {
 };
 
 }  // namespace logging_internal
-}  // namespace zeroshard
+}  // namespace zeroshard::common
 
-#define ZS_LOG_LEVEL_DEBUG ::zeroshard::LogLevel::kDebug
-#define ZS_LOG_LEVEL_INFO ::zeroshard::LogLevel::kInfo
-#define ZS_LOG_LEVEL_WARNING ::zeroshard::LogLevel::kWarning
-#define ZS_LOG_LEVEL_ERROR ::zeroshard::LogLevel::kError
-#define ZS_LOG_LEVEL_FATAL ::zeroshard::LogLevel::kFatal
+#define ZS_LOG_LEVEL_DEBUG ::zeroshard::common::LogLevel::kDebug
+#define ZS_LOG_LEVEL_INFO ::zeroshard::common::LogLevel::kInfo
+#define ZS_LOG_LEVEL_WARNING ::zeroshard::common::LogLevel::kWarning
+#define ZS_LOG_LEVEL_ERROR ::zeroshard::common::LogLevel::kError
+#define ZS_LOG_LEVEL_FATAL ::zeroshard::common::LogLevel::kFatal
 
-#define ZS_LOG(severity)                                                                           \
-  (ZS_LOG_LEVEL_##severity < ::zeroshard::MinLogLevel())                                           \
-      ? (void)0                                                                                    \
-      : ::zeroshard::logging_internal::Voidify() &                                                 \
-            ::zeroshard::logging_internal::LogMessage(ZS_LOG_LEVEL_##severity, __FILE__, __LINE__) \
+#define ZS_LOG(severity)                                                                         \
+  (ZS_LOG_LEVEL_##severity < ::zeroshard::common::MinLogLevel())                                 \
+      ? (void)0                                                                                  \
+      : ::zeroshard::common::logging_internal::Voidify() &                                       \
+            ::zeroshard::common::logging_internal::LogMessage(ZS_LOG_LEVEL_##severity, __FILE__, \
+                                                              __LINE__)                          \
                 .stream()
 
 #endif  // ZEROSHARD_COMMON_LOGGING_H_

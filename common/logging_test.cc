@@ -3,7 +3,7 @@
 
 #include "gtest/gtest.h"
 
-namespace zeroshard {
+namespace zeroshard::common {
 namespace {
 
 int CountingValue(int* evaluations) {
@@ -29,4 +29,4 @@ TEST(LoggingTest, DisabledLevelsDoNotEvaluateTheirArguments) {
 TEST(LoggingTest, FatalAborts) { EXPECT_DEATH(ZS_LOG(FATAL) << "boom", "boom"); }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::common

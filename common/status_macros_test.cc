@@ -3,7 +3,7 @@
 
 #include "gtest/gtest.h"
 
-namespace zeroshard {
+namespace zeroshard::common {
 namespace {
 
 absl::Status FailIf(bool fail) {
@@ -38,4 +38,4 @@ TEST(StatusMacrosTest, AssignOrReturnPassesValueOrStatus) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::common

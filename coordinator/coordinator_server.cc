@@ -13,7 +13,7 @@
 namespace zeroshard::coordinator {
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
-    CoordinatorServerOptions options, Clock* clock) {
+    CoordinatorServerOptions options, common::Clock* clock) {
   if (options.state_dir.empty()) {
     return absl::InvalidArgumentError("state_dir: required (where the job database lives)");
   }

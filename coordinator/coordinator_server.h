@@ -41,8 +41,8 @@ struct CoordinatorServerOptions {
 // destructor) once.
 class CoordinatorServer {
  public:
-  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(CoordinatorServerOptions options,
-                                                                  Clock* clock = Clock::Real());
+  static absl::StatusOr<std::unique_ptr<CoordinatorServer>> Start(
+      CoordinatorServerOptions options, common::Clock* clock = common::Clock::Real());
   ~CoordinatorServer();
 
   int grpc_port() const { return grpc_port_; }
@@ -59,7 +59,7 @@ class CoordinatorServer {
   CoordinatorServer() = default;
 
   CoordinatorServerOptions options_;
-  Clock* clock_ = nullptr;
+  common::Clock* clock_ = nullptr;
   CoordinatorMetrics metrics_;
   std::unique_ptr<RendezvousStore> rendezvous_;
   std::unique_ptr<JobManager> manager_;

@@ -30,7 +30,7 @@ class StoreGetReactor final : public grpc::ServerUnaryReactor {
                     [this, response](absl::StatusOr<std::string> value) {
                       if (value.ok()) response->set_value(*std::move(value));
                       metrics_->RecordRpc("StoreGet", value.status().code(), absl::Now() - start_);
-                      Finish(ToGrpcStatus(value.status()));
+                      Finish(common::ToGrpcStatus(value.status()));
                     });
     waiter_.store(id);
     if (cancelled_.load()) store_->CancelWait(id);
@@ -175,7 +175,7 @@ grpc::ServerUnaryReactor* CoordinatorService::Unary(grpc::CallbackServerContext*
   const absl::Status status = handler();
   metrics_->RecordRpc(method, status.code(), absl::Now() - start);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
+  reactor->Finish(common::ToGrpcStatus(status));
   return reactor;
 }
 
@@ -272,7 +272,7 @@ grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
     status = manager_->Watch(request->job_id(), request->after_sequence(), reactor->sink());
   }
   metrics_->RecordRpc("WatchJob", status.code(), absl::Now() - start);
-  if (!status.ok()) reactor->Finish(ToGrpcStatus(status));
+  if (!status.ok()) reactor->Finish(common::ToGrpcStatus(status));
   return reactor;
 }
 

@@ -184,7 +184,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     return reader->Finish();
   }
 
-  FakeClock clock_;
+  common::FakeClock clock_;
   std::unique_ptr<CoordinatorServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stub> stub_;

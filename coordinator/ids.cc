@@ -8,7 +8,7 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 
-namespace zeroshard {
+namespace zeroshard::coordinator {
 namespace {
 
 std::string FormatId(absl::string_view prefix, int64_t number) {
@@ -38,4 +38,4 @@ std::optional<int64_t> ParseWorkerId(absl::string_view id) { return ParseId(kWor
 bool IsValidJobId(absl::string_view id) { return ParseJobId(id).has_value(); }
 bool IsValidWorkerId(absl::string_view id) { return ParseWorkerId(id).has_value(); }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::coordinator

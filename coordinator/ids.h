@@ -9,7 +9,7 @@
 
 #include "absl/strings/string_view.h"
 
-namespace zeroshard {
+namespace zeroshard::coordinator {
 
 inline constexpr absl::string_view kJobIdPrefix = "job-";
 inline constexpr absl::string_view kWorkerIdPrefix = "worker-";
@@ -28,6 +28,6 @@ std::optional<int64_t> ParseWorkerId(absl::string_view id);
 bool IsValidJobId(absl::string_view id);
 bool IsValidWorkerId(absl::string_view id);
 
-}  // namespace zeroshard
+}  // namespace zeroshard::coordinator
 
 #endif  // ZEROSHARD_COORDINATOR_IDS_H_

@@ -5,7 +5,7 @@
 
 #include "gtest/gtest.h"
 
-namespace zeroshard {
+namespace zeroshard::coordinator {
 namespace {
 
 TEST(IdsTest, FormatsWithSixOrMoreDigits) {
@@ -42,4 +42,4 @@ TEST(IdsDeathTest, NegativeNumbersAreProgrammerErrors) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::coordinator

@@ -8,9 +8,9 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/time_util.h"
-#include "spec/job_plan.h"
-#include "spec/job_spec_defaults.h"
-#include "spec/job_spec_validation.h"
+#include "jobspec/job_plan.h"
+#include "jobspec/job_spec_defaults.h"
+#include "jobspec/job_spec_validation.h"
 
 namespace zeroshard::coordinator {
 namespace {
@@ -39,7 +39,7 @@ v1::Assignment IdleAssignment() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Clock* clock,
+absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* clock,
                                                                std::unique_ptr<JobStore> store,
                                                                RendezvousStore* rendezvous,
                                                                JobManagerOptions options) {
@@ -74,8 +74,8 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(Clock* clock,
   return manager;
 }
 
-JobManager::JobManager(Clock* clock, std::unique_ptr<JobStore> store, RendezvousStore* rendezvous,
-                       JobManagerOptions options)
+JobManager::JobManager(common::Clock* clock, std::unique_ptr<JobStore> store,
+                       RendezvousStore* rendezvous, JobManagerOptions options)
     : clock_(clock),
       options_(std::move(options)),
       rendezvous_(rendezvous),
@@ -145,11 +145,11 @@ std::vector<v1::WorkerInfo> JobManager::ListWorkers(v1::WorkerState state) {
 absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted) {
   absl::MutexLock lock(&mu_);
   const std::string id = FormatJobId(next_job_number_);
-  v1::JobSpec spec = WithDefaults(submitted, id);
-  ZS_RETURN_IF_ERROR(ValidateJobSpec(spec));
+  v1::JobSpec spec = jobspec::WithDefaults(submitted, id);
+  ZS_RETURN_IF_ERROR(jobspec::ValidateJobSpec(spec));
   // The plan must exist for every allowed world size; check the smallest (the catalog and the
   // planner's own limits).
-  ZS_RETURN_IF_ERROR(PlanForJob(spec, spec.min_workers()).status());
+  ZS_RETURN_IF_ERROR(jobspec::PlanForJob(spec, spec.min_workers()).status());
 
   JobRecord record;
   record.job.set_id(id);
@@ -232,8 +232,8 @@ absl::StatusOr<v1::ShardPlan> JobManager::GetShardPlan(const v1::GetShardPlanReq
     return absl::InvalidArgumentError(absl::StrCat(
         "rank: ", request.rank(), " is out of range [0, ", record->plan->world_size(), ")"));
   }
-  ZS_ASSIGN_OR_RETURN(v1::ShardPlan plan,
-                      PlanToProto(*record->plan, request.rank(), request.include_layout()));
+  ZS_ASSIGN_OR_RETURN(v1::ShardPlan plan, jobspec::PlanToProto(*record->plan, request.rank(),
+                                                               request.include_layout()));
   plan.set_job_id(request.job_id());
   plan.set_generation(record->job.generation());
   return plan;
@@ -467,7 +467,7 @@ void JobManager::PersistLocked(absl::Span<JobRecord* const> records) {
 absl::Status JobManager::StartGenerationLocked(JobRecord& record,
                                                const std::vector<std::string>& worker_ids) {
   const int64_t world_size = static_cast<int64_t>(worker_ids.size());
-  ZS_ASSIGN_OR_RETURN(ShardPlan plan, PlanForJob(record.job.spec(), world_size));
+  ZS_ASSIGN_OR_RETURN(sharding::ShardPlan plan, jobspec::PlanForJob(record.job.spec(), world_size));
   v1::Job& job = record.job;
   job.set_generation(job.generation() + 1);
   job.set_attempts(job.attempts() + 1);

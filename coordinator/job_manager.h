@@ -61,7 +61,7 @@ class JobManager {
  public:
   // Loads the durable state. Jobs that were RUNNING when the coordinator stopped lost their
   // generation: they are RECOVERING (or FAILED when out of attempts) and restart from step 0.
-  static absl::StatusOr<std::unique_ptr<JobManager>> Create(Clock* clock,
+  static absl::StatusOr<std::unique_ptr<JobManager>> Create(common::Clock* clock,
                                                             std::unique_ptr<JobStore> store,
                                                             RendezvousStore* rendezvous,
                                                             JobManagerOptions options);
@@ -101,12 +101,12 @@ class JobManager {
     std::vector<v1::JobEvent> events;
     absl::Time pending_since;
     // The current generation's plan (RUNNING only).
-    std::optional<ShardPlan> plan;
+    std::optional<sharding::ShardPlan> plan;
     absl::flat_hash_set<int32_t> finished_ranks;
     std::vector<std::shared_ptr<JobEventSink>> sinks;
   };
 
-  JobManager(Clock* clock, std::unique_ptr<JobStore> store, RendezvousStore* rendezvous,
+  JobManager(common::Clock* clock, std::unique_ptr<JobStore> store, RendezvousStore* rendezvous,
              JobManagerOptions options);
 
   absl::StatusOr<JobRecord*> FindJobLocked(const std::string& job_id)
@@ -137,7 +137,7 @@ class JobManager {
   // so worker ids never repeat across coordinator restarts.
   void ReserveWorkerNumbersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  Clock* const clock_;
+  common::Clock* const clock_;
   const JobManagerOptions options_;
   RendezvousStore* const rendezvous_;
 

@@ -90,7 +90,7 @@ class JobManagerTest : public ::testing::Test {
     return manager_->ReportProgress(request).status();
   }
 
-  FakeClock clock_;
+  common::FakeClock clock_;
   std::string dir_;
   std::unique_ptr<RendezvousStore> rendezvous_;
   std::unique_ptr<JobManager> manager_;

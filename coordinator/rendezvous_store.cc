@@ -8,7 +8,7 @@
 
 namespace zeroshard::coordinator {
 
-RendezvousStore::RendezvousStore(Clock* clock, RendezvousLimits limits)
+RendezvousStore::RendezvousStore(common::Clock* clock, RendezvousLimits limits)
     : clock_(clock), limits_(limits) {
   timer_thread_ = std::thread([this] { TimerLoop(); });
 }

@@ -52,7 +52,7 @@ class RendezvousStore {
   using GetCallback = std::function<void(absl::StatusOr<std::string>)>;
 
   // `clock` must outlive the store. Starts the store's timer thread.
-  explicit RendezvousStore(Clock* clock, RendezvousLimits limits = {});
+  explicit RendezvousStore(common::Clock* clock, RendezvousLimits limits = {});
   // Fails pending waiters with CANCELLED ("coordinator shutting down") and joins the timer thread.
   ~RendezvousStore();
 
@@ -165,7 +165,7 @@ class RendezvousStore {
   void TimerLoop();
   bool TimerShouldWake() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
 
-  Clock* const clock_;
+  common::Clock* const clock_;
   const RendezvousLimits limits_;
 
   mutable absl::Mutex mu_;

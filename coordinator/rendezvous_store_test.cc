@@ -67,7 +67,7 @@ class RendezvousStoreTest : public ::testing::Test {
     store_->OpenNamespace(kJob, 1);
   }
 
-  FakeClock clock_;
+  common::FakeClock clock_;
   std::unique_ptr<RendezvousStore> store_;
 };
 
@@ -152,7 +152,7 @@ TEST_F(RendezvousStoreTest, TimerThreadExpiresWaitersOnItsOwn) {
 TEST(RendezvousStoreRealClockTest, EarlierDeadlineWakesTheTimer) {
   GetRecorder late;
   GetRecorder early;
-  RendezvousStore store(Clock::Real());
+  RendezvousStore store(common::Clock::Real());
   store.OpenNamespace(kJob, 1);
   store.Get(kJob, 1, "late", absl::Minutes(10), late.Callback());
   store.Get(kJob, 1, "early", absl::Milliseconds(10), early.Callback());

@@ -11,20 +11,13 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/ids.h"
+#include "jobspec/job_spec_defaults.h"
+#include "jobspec/job_spec_validation.h"
+#include "jobspec/job_spec_validation_checks.h"
 #include "sharding/shard_planner.h"
-#include "spec/job_spec_defaults.h"
-#include "spec/job_spec_validation.h"
-#include "spec/job_spec_validation_checks.h"
 
-namespace zeroshard {
+namespace zeroshard::coordinator {
 namespace {
-
-using validation::CheckEnumIn;
-using validation::CheckFinite;
-using validation::CheckFiniteNonNegative;
-using validation::CheckIntInRange;
-using validation::CheckMaxBytes;
-using validation::Quote;
 
 absl::Status Required(absl::string_view field) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
@@ -42,9 +35,9 @@ absl::Status CheckNonNegative(absl::string_view field, int64_t value) {
 absl::Status CheckId(absl::string_view field, absl::string_view id,
                      bool (*is_valid)(absl::string_view), absl::string_view example) {
   if (id.empty()) return Required(field);
-  ZS_RETURN_IF_ERROR(CheckMaxBytes(field, id, kMaxIdLength));
+  ZS_RETURN_IF_ERROR(jobspec::CheckMaxBytes(field, id, kMaxIdLength));
   if (is_valid(id)) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, ": ", Quote(id),
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", jobspec::Quote(id),
                                                  " is not a valid id (like \"", example,
                                                  "\": a prefix and 6 or more digits)"));
 }
@@ -65,10 +58,12 @@ absl::Status CheckStoreScope(absl::string_view job_id, int64_t generation) {
 
 absl::Status CheckStoreKey(absl::string_view key) {
   if (key.empty()) return Required("key");
-  return CheckMaxBytes("key", key, kMaxStoreKeyBytes);
+  return jobspec::CheckMaxBytes("key", key, kMaxStoreKeyBytes);
 }
 
-absl::Status CheckRank(int32_t rank) { return CheckIntInRange("rank", rank, 0, kMaxWorldSize - 1); }
+absl::Status CheckRank(int32_t rank) {
+  return jobspec::CheckIntInRange("rank", rank, 0, sharding::kMaxWorldSize - 1);
+}
 
 bool IsHostChar(char c) { return absl::ascii_isalnum(c) || c == '.' || c == '-'; }
 
@@ -81,7 +76,7 @@ absl::Status CheckHost(absl::string_view host) {
   if (!host.empty() && host.size() <= kMaxHostLength && absl::c_all_of(host, IsHostChar)) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(absl::StrCat("host: ", Quote(host), " must be 1 to ",
+  return absl::InvalidArgumentError(absl::StrCat("host: ", jobspec::Quote(host), " must be 1 to ",
                                                  kMaxHostLength, " characters of [A-Za-z0-9.-]"));
 }
 
@@ -96,12 +91,12 @@ absl::Status CheckLabels(const google::protobuf::Map<std::string, std::string>& 
   std::sort(keys.begin(), keys.end());
   for (const std::string& key : keys) {
     if (key.empty() || key.size() > kMaxLabelKeyLength || !absl::c_all_of(key, IsLabelKeyChar)) {
-      return absl::InvalidArgumentError(absl::StrCat("labels: key ", Quote(key), " must be 1 to ",
-                                                     kMaxLabelKeyLength,
+      return absl::InvalidArgumentError(absl::StrCat("labels: key ", jobspec::Quote(key),
+                                                     " must be 1 to ", kMaxLabelKeyLength,
                                                      " characters of [a-z0-9-._/]"));
     }
-    ZS_RETURN_IF_ERROR(CheckMaxBytes(absl::StrCat("labels[", Quote(key), "]"), labels.at(key),
-                                     kMaxLabelValueBytes));
+    ZS_RETURN_IF_ERROR(jobspec::CheckMaxBytes(absl::StrCat("labels[", jobspec::Quote(key), "]"),
+                                              labels.at(key), kMaxLabelValueBytes));
   }
   return absl::OkStatus();
 }
@@ -122,19 +117,21 @@ absl::Status CheckMetrics(const v1::StepMetrics& metrics) {
   const bool skipped = metrics.skipped();
   ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.step", metrics.step()));
   // A step skipped for a non-finite gradient may have a non-finite loss and gradient norm.
-  if (!skipped) ZS_RETURN_IF_ERROR(CheckFinite("metrics.loss", metrics.loss()));
-  ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.step_ms", metrics.step_ms()));
-  ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.comm_ms", metrics.comm_ms()));
-  ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.exposed_comm_ms", metrics.exposed_comm_ms()));
-  ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.update_ms", metrics.update_ms()));
-  ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.allgather_ms", metrics.allgather_ms()));
+  if (!skipped) ZS_RETURN_IF_ERROR(jobspec::CheckFinite("metrics.loss", metrics.loss()));
+  ZS_RETURN_IF_ERROR(jobspec::CheckFiniteNonNegative("metrics.step_ms", metrics.step_ms()));
+  ZS_RETURN_IF_ERROR(jobspec::CheckFiniteNonNegative("metrics.comm_ms", metrics.comm_ms()));
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckFiniteNonNegative("metrics.exposed_comm_ms", metrics.exposed_comm_ms()));
+  ZS_RETURN_IF_ERROR(jobspec::CheckFiniteNonNegative("metrics.update_ms", metrics.update_ms()));
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckFiniteNonNegative("metrics.allgather_ms", metrics.allgather_ms()));
   if (!skipped || std::isfinite(metrics.grad_norm())) {
-    ZS_RETURN_IF_ERROR(CheckFiniteNonNegative("metrics.grad_norm", metrics.grad_norm()));
+    ZS_RETURN_IF_ERROR(jobspec::CheckFiniteNonNegative("metrics.grad_norm", metrics.grad_norm()));
   }
-  ZS_RETURN_IF_ERROR(CheckFinite("metrics.loss_scale", metrics.loss_scale()));
+  ZS_RETURN_IF_ERROR(jobspec::CheckFinite("metrics.loss_scale", metrics.loss_scale()));
   if (metrics.loss_scale() <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "metrics.loss_scale: ", validation::FormatDouble(metrics.loss_scale()), " must be > 0"));
+        "metrics.loss_scale: ", jobspec::FormatDouble(metrics.loss_scale()), " must be > 0"));
   }
   return CheckMemory(metrics.memory());
 }
@@ -142,12 +139,12 @@ absl::Status CheckMetrics(const v1::StepMetrics& metrics) {
 }  // namespace
 
 absl::Status ValidateRegisterWorkerRequest(const v1::RegisterWorkerRequest& request) {
-  ZS_RETURN_IF_ERROR(validation::CheckName("name", request.name()));
+  ZS_RETURN_IF_ERROR(jobspec::CheckName("name", request.name()));
   ZS_RETURN_IF_ERROR(CheckHost(request.host()));
-  ZS_RETURN_IF_ERROR(CheckEnumIn("device_kind", *v1::DeviceKind_descriptor(), request.device_kind(),
-                                 {v1::CPU, v1::CUDA}));
-  ZS_RETURN_IF_ERROR(CheckIntInRange("device_memory_bytes", request.device_memory_bytes(), 0,
-                                     kMaxDeviceMemoryBytes));
+  ZS_RETURN_IF_ERROR(jobspec::CheckEnumIn("device_kind", *v1::DeviceKind_descriptor(),
+                                          request.device_kind(), {v1::CPU, v1::CUDA}));
+  ZS_RETURN_IF_ERROR(jobspec::CheckIntInRange("device_memory_bytes", request.device_memory_bytes(),
+                                              0, kMaxDeviceMemoryBytes));
   return CheckLabels(request.labels());
 }
 
@@ -157,7 +154,7 @@ absl::Status ValidateHeartbeatRequest(const v1::HeartbeatRequest& request) {
   if (!status.job_id().empty()) ZS_RETURN_IF_ERROR(CheckJobId("status.job_id", status.job_id()));
   ZS_RETURN_IF_ERROR(CheckNonNegative("status.generation", status.generation()));
   ZS_RETURN_IF_ERROR(CheckNonNegative("status.step", status.step()));
-  return CheckMaxBytes("status.run_error", status.run_error(), kMaxRunErrorBytes);
+  return jobspec::CheckMaxBytes("status.run_error", status.run_error(), kMaxRunErrorBytes);
 }
 
 absl::Status ValidateLeaveWorkerRequest(const v1::LeaveWorkerRequest& request) {
@@ -165,13 +162,14 @@ absl::Status ValidateLeaveWorkerRequest(const v1::LeaveWorkerRequest& request) {
 }
 
 absl::Status ValidateListWorkersRequest(const v1::ListWorkersRequest& request) {
-  return CheckEnumIn("state", *v1::WorkerState_descriptor(), request.state(),
-                     {v1::WORKER_STATE_UNSPECIFIED, v1::IDLE, v1::BUSY, v1::DEAD, v1::LEFT});
+  return jobspec::CheckEnumIn(
+      "state", *v1::WorkerState_descriptor(), request.state(),
+      {v1::WORKER_STATE_UNSPECIFIED, v1::IDLE, v1::BUSY, v1::DEAD, v1::LEFT});
 }
 
 absl::Status ValidateSubmitJobRequest(const v1::SubmitJobRequest& request) {
   if (!request.has_spec()) return Required("spec");
-  const absl::Status status = ValidateJobSpec(WithDefaults(request.spec()));
+  const absl::Status status = jobspec::ValidateJobSpec(jobspec::WithDefaults(request.spec()));
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat("spec.", status.message()));
 }
@@ -181,18 +179,19 @@ absl::Status ValidateGetJobRequest(const v1::GetJobRequest& request) {
 }
 
 absl::Status ValidateListJobsRequest(const v1::ListJobsRequest& request) {
-  ZS_RETURN_IF_ERROR(CheckEnumIn("state", *v1::JobState_descriptor(), request.state(),
-                                 {v1::JOB_STATE_UNSPECIFIED, v1::PENDING, v1::RUNNING,
-                                  v1::RECOVERING, v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}));
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckEnumIn("state", *v1::JobState_descriptor(), request.state(),
+                           {v1::JOB_STATE_UNSPECIFIED, v1::PENDING, v1::RUNNING, v1::RECOVERING,
+                            v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}));
   if (request.has_limit()) {
-    ZS_RETURN_IF_ERROR(CheckIntInRange("limit", request.limit(), 1, kMaxListJobsLimit));
+    ZS_RETURN_IF_ERROR(jobspec::CheckIntInRange("limit", request.limit(), 1, kMaxListJobsLimit));
   }
   return absl::OkStatus();
 }
 
 absl::Status ValidateCancelJobRequest(const v1::CancelJobRequest& request) {
   ZS_RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));
-  return CheckMaxBytes("reason", request.reason(), kMaxCancelReasonBytes);
+  return jobspec::CheckMaxBytes("reason", request.reason(), kMaxCancelReasonBytes);
 }
 
 absl::Status ValidateWatchJobRequest(const v1::WatchJobRequest& request) {
@@ -209,13 +208,13 @@ absl::Status ValidateGetShardPlanRequest(const v1::GetShardPlanRequest& request)
 absl::Status ValidateStoreSetRequest(const v1::StoreSetRequest& request) {
   ZS_RETURN_IF_ERROR(CheckStoreScope(request.job_id(), request.generation()));
   ZS_RETURN_IF_ERROR(CheckStoreKey(request.key()));
-  return CheckMaxBytes("value", request.value(), kMaxStoreValueBytes);
+  return jobspec::CheckMaxBytes("value", request.value(), kMaxStoreValueBytes);
 }
 
 absl::Status ValidateStoreGetRequest(const v1::StoreGetRequest& request) {
   ZS_RETURN_IF_ERROR(CheckStoreScope(request.job_id(), request.generation()));
   ZS_RETURN_IF_ERROR(CheckStoreKey(request.key()));
-  return CheckIntInRange("timeout_ms", request.timeout_ms(), 0, kMaxStoreTimeoutMs);
+  return jobspec::CheckIntInRange("timeout_ms", request.timeout_ms(), 0, kMaxStoreTimeoutMs);
 }
 
 absl::Status ValidateStoreAddRequest(const v1::StoreAddRequest& request) {
@@ -243,8 +242,8 @@ absl::Status ValidateCommitCheckpointRequest(const v1::CommitCheckpointRequest& 
   ZS_RETURN_IF_ERROR(CheckAtLeast("generation", request.generation(), 1));
   ZS_RETURN_IF_ERROR(CheckRank(request.rank()));
   ZS_RETURN_IF_ERROR(CheckNonNegative("step", request.step()));
-  ZS_RETURN_IF_ERROR(ValidateCheckpointPath(request.path(), "path"));
+  ZS_RETURN_IF_ERROR(jobspec::ValidateCheckpointPath(request.path(), "path"));
   return CheckNonNegative("bytes", request.bytes());
 }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::coordinator

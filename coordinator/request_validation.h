@@ -11,7 +11,7 @@
 #include "absl/status/status.h"
 #include "zeroshard/v1/coordinator.pb.h"
 
-namespace zeroshard {
+namespace zeroshard::coordinator {
 
 // Bounds that coordinator.proto's comments document.
 inline constexpr size_t kMaxHostLength = 253;
@@ -62,6 +62,6 @@ absl::Status ValidateReportProgressRequest(const v1::ReportProgressRequest& requ
 // `path` is checked with ValidateCheckpointPath.
 absl::Status ValidateCommitCheckpointRequest(const v1::CommitCheckpointRequest& request);
 
-}  // namespace zeroshard
+}  // namespace zeroshard::coordinator
 
 #endif  // ZEROSHARD_COORDINATOR_REQUEST_VALIDATION_H_

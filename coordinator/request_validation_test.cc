@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
-namespace zeroshard {
+namespace zeroshard::coordinator {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
@@ -632,4 +632,4 @@ TEST(RequestValidationTest, FirstErrorInFieldOrderWins) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::coordinator

@@ -10,8 +10,7 @@
 #include "common/status_macros.h"
 #include "kernels/cpu_simd.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace {
 
 using cpu_internal::kSumLanes;
@@ -178,5 +177,4 @@ absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces
   return stats;
 }
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

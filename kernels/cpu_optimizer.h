@@ -12,8 +12,7 @@
 #include "kernels/optimizer.h"
 #include "kernels/thread_pool.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 
 // The instruction set a CPU kernel uses. kAuto picks the best this processor has.
 enum class SimdLevel : int32_t {
@@ -47,7 +46,6 @@ absl::Status ApplyUpdateCpu(const OptimizerConfig& config, int64_t step, float g
 absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces, ThreadPool* pool,
                                               SimdLevel simd = SimdLevel::kAuto);
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_CPU_OPTIMIZER_H_

@@ -18,8 +18,7 @@
 #include "kernels/dtype.h"
 #include "kernels/optimizer_test_configs.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace {
 
 // Tolerance of every comparison with the reference: |kernel - reference| <= kRelTol *
@@ -559,5 +558,4 @@ TEST(CpuOptimizerTest, SgdWithoutMomentumNeedsNoState) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

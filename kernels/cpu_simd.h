@@ -9,8 +9,7 @@
 #include "kernels/optimizer.h"
 #include "kernels/update_math.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace cpu_internal {
 
 // The arrays of one piece (UpdatePiece without its options).
@@ -43,7 +42,6 @@ SumSquaresFn SelectSumSquaresAvx2(DType dtype);
 SumSquaresFn SelectSumSquaresAvx512(DType dtype);
 
 }  // namespace cpu_internal
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_CPU_SIMD_H_

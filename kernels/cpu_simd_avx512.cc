@@ -5,8 +5,7 @@
 #include "kernels/cpu_simd.h"
 #include "kernels/cpu_update_loop.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace cpu_internal {
 namespace {
 
@@ -94,5 +93,4 @@ UpdateRangeFn SelectUpdateRangeAvx512(OptimizerKind kind, DType grad_dtype, int 
 SumSquaresFn SelectSumSquaresAvx512(DType dtype) { return SelectSumSquares<Avx512Ops>(dtype); }
 
 }  // namespace cpu_internal
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

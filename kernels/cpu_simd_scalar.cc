@@ -4,8 +4,7 @@
 #include "kernels/cpu_update_loop.h"
 #include "kernels/dtype.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace cpu_internal {
 namespace {
 
@@ -42,5 +41,4 @@ UpdateRangeFn SelectUpdateRangeScalar(OptimizerKind kind, DType grad_dtype, int 
 SumSquaresFn SelectSumSquaresScalar(DType dtype) { return SelectSumSquares<ScalarOps>(dtype); }
 
 }  // namespace cpu_internal
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

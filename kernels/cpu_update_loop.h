@@ -14,8 +14,7 @@
 #include "kernels/dtype.h"
 #include "kernels/update_math.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace cpu_internal {
 
 template <DType kDType>
@@ -198,7 +197,6 @@ SumSquaresFn SelectSumSquares(DType dtype) {
 }
 
 }  // namespace cpu_internal
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_CPU_UPDATE_LOOP_H_

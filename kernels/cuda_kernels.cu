@@ -8,8 +8,7 @@
 #include "kernels/optimizer_kind.h"
 #include "kernels/update_math.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 
 namespace cuda_internal {
 namespace {
@@ -239,5 +238,4 @@ cudaError_t LaunchSumSquares(const DeviceStatsPiece* pieces, const DeviceTile* t
 }
 
 }  // namespace cuda_internal
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

@@ -10,8 +10,7 @@
 #include "kernels/optimizer_kind.h"
 #include "kernels/update_math.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace cuda_internal {
 
 inline constexpr int kThreadsPerBlock = 256;
@@ -60,7 +59,6 @@ cudaError_t LaunchSumSquares(const DeviceStatsPiece* pieces, const DeviceTile* t
                              cudaStream_t stream);
 
 }  // namespace cuda_internal
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_CUDA_LAUNCH_H_

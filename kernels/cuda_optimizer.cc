@@ -14,8 +14,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda_launch.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace {
 
 using cuda_internal::DeviceStatsPiece;
@@ -63,13 +62,13 @@ CudaOptimizerKernels::~CudaOptimizerKernels() {
 absl::Status CudaOptimizerKernels::Reserve(void** buffer, size_t* capacity, size_t bytes) {
   if (bytes <= *capacity) return absl::OkStatus();
   // Earlier launches on the stream may still read the old buffer.
-  ZS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
-                                "cudaStreamSynchronize"));
+  ZS_RETURN_IF_ERROR(common::CudaStatus(cudaStreamSynchronize(static_cast<cudaStream_t>(stream_)),
+                                        "cudaStreamSynchronize"));
   cudaFree(*buffer);
   *buffer = nullptr;
   *capacity = 0;
   const size_t grown = bytes < 4096 ? 4096 : bytes + bytes / 2;
-  ZS_RETURN_IF_ERROR(CudaStatus(cudaMalloc(buffer, grown), "cudaMalloc"));
+  ZS_RETURN_IF_ERROR(common::CudaStatus(cudaMalloc(buffer, grown), "cudaMalloc"));
   *capacity = grown;
   return absl::OkStatus();
 }
@@ -79,9 +78,9 @@ absl::Status CudaOptimizerKernels::Upload(void** buffer, size_t* capacity, const
   if (bytes == 0) return absl::OkStatus();
   ZS_RETURN_IF_ERROR(Reserve(buffer, capacity, bytes));
   // From pageable memory the copy has read the host data when it returns.
-  return CudaStatus(cudaMemcpyAsync(*buffer, host, bytes, cudaMemcpyHostToDevice,
-                                    static_cast<cudaStream_t>(stream_)),
-                    "cudaMemcpyAsync(host to device)");
+  return common::CudaStatus(cudaMemcpyAsync(*buffer, host, bytes, cudaMemcpyHostToDevice,
+                                            static_cast<cudaStream_t>(stream_)),
+                            "cudaMemcpyAsync(host to device)");
 }
 
 absl::Status CudaOptimizerKernels::ApplyUpdate(const OptimizerConfig& config, int64_t step,
@@ -120,11 +119,12 @@ absl::Status CudaOptimizerKernels::ApplyUpdate(const OptimizerConfig& config, in
                             table.size() * sizeof(DeviceUpdatePiece)));
   ZS_RETURN_IF_ERROR(
       Upload(&device_tiles_, &tiles_capacity_, tiles.data(), tiles.size() * sizeof(DeviceTile)));
-  return CudaStatus(cuda_internal::LaunchUpdate(
-                        config.kind, static_cast<const DeviceUpdatePiece*>(device_pieces_),
-                        static_cast<const DeviceTile*>(device_tiles_),
-                        static_cast<int64_t>(tiles.size()), static_cast<cudaStream_t>(stream_)),
-                    "optimizer update launch");
+  return common::CudaStatus(
+      cuda_internal::LaunchUpdate(
+          config.kind, static_cast<const DeviceUpdatePiece*>(device_pieces_),
+          static_cast<const DeviceTile*>(device_tiles_), static_cast<int64_t>(tiles.size()),
+          static_cast<cudaStream_t>(stream_)),
+      "optimizer update launch");
 }
 
 absl::Status CudaOptimizerKernels::EnqueueSumSquares(absl::Span<const GradPiece> pieces,
@@ -144,7 +144,7 @@ absl::Status CudaOptimizerKernels::EnqueueSumSquares(absl::Span<const GradPiece>
   ZS_RETURN_IF_ERROR(
       Upload(&device_tiles_, &tiles_capacity_, tiles.data(), tiles.size() * sizeof(DeviceTile)));
   ZS_RETURN_IF_ERROR(Reserve(&device_sums_, &sums_capacity_, (num_tiles + 1) * sizeof(double)));
-  return CudaStatus(
+  return common::CudaStatus(
       cuda_internal::LaunchSumSquares(static_cast<const DeviceStatsPiece*>(device_pieces_),
                                       static_cast<const DeviceTile*>(device_tiles_), num_tiles,
                                       static_cast<double*>(device_sums_), device_result,
@@ -164,10 +164,10 @@ absl::StatusOr<GradStats> CudaOptimizerKernels::ComputeGradStats(
   ZS_RETURN_IF_ERROR(EnqueueSumSquares(pieces, device_total));
   const cudaStream_t stream = static_cast<cudaStream_t>(stream_);
   double total = 0.0;
-  ZS_RETURN_IF_ERROR(CudaStatus(
+  ZS_RETURN_IF_ERROR(common::CudaStatus(
       cudaMemcpyAsync(&total, device_total, sizeof(double), cudaMemcpyDeviceToHost, stream),
       "cudaMemcpyAsync(device to host)"));
-  ZS_RETURN_IF_ERROR(CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  ZS_RETURN_IF_ERROR(common::CudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
   GradStats stats;
   stats.sum_squares = total;
   // As on the CPU: finite squares cannot overflow an fp64 sum, so only NaN/Inf make it non-finite.
@@ -175,5 +175,4 @@ absl::StatusOr<GradStats> CudaOptimizerKernels::ComputeGradStats(
   return stats;
 }
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

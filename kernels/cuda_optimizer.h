@@ -13,8 +13,7 @@
 #include "absl/types/span.h"
 #include "kernels/optimizer.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 
 // Runs the kernels on one CUDA stream, owning the device buffers their piece tables need.
 // Thread contract: not thread-safe; use one instance per stream, from one thread at a time.
@@ -60,7 +59,6 @@ class CudaOptimizerKernels {
   size_t sums_capacity_ = 0;
 };
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_CUDA_OPTIMIZER_H_

@@ -8,8 +8,7 @@
 
 #include "kernels/host_device.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 
 // A tensor element type. bf16 and fp16 values are stored as their raw uint16_t bit patterns.
 enum class DType : int32_t {
@@ -130,7 +129,6 @@ ZS_HOST_DEVICE inline uint16_t FloatToHalf(float value) {
   return static_cast<uint16_t>(sign | result);
 }
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_DTYPE_H_

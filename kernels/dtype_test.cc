@@ -10,8 +10,7 @@
 
 #include "gtest/gtest.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace {
 
 float FromBits(uint32_t bits) { return BitsToFloat(bits); }
@@ -133,5 +132,4 @@ TEST(Float16Test, NarrowingMatchesF16cOnManyFloats) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

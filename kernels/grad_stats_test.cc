@@ -12,8 +12,7 @@
 #include "kernels/cpu_optimizer.h"
 #include "kernels/dtype.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace {
 
 // Relative tolerance against the long-double reference: fp64 accumulation of n terms loses at
@@ -166,5 +165,4 @@ TEST(GradStatsTest, EmptyAndInvalid) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

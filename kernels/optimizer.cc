@@ -6,8 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace {
 
 bool IsFiniteNonNegative(double value) { return std::isfinite(value) && value >= 0.0; }
@@ -218,5 +217,4 @@ ElementScalars MakeElementScalars(const OptimizerConfig& config, int64_t step, f
   return s;
 }
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

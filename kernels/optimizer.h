@@ -12,8 +12,7 @@
 #include "kernels/optimizer_kind.h"
 #include "kernels/update_math.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 
 const char* OptimizerKindName(OptimizerKind kind);
 
@@ -80,7 +79,6 @@ absl::Status ValidateGradPieces(absl::Span<const GradPiece> pieces);
 ElementScalars MakeElementScalars(const OptimizerConfig& config, int64_t step, float grad_scale,
                                   const UpdatePiece& piece);
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_OPTIMIZER_H_

@@ -24,8 +24,7 @@ ABSL_FLAG(int64_t, params, int64_t{64} << 20, "parameters per update");
 ABSL_FLAG(int, reps, 5, "timed repetitions (the median is reported)");
 ABSL_FLAG(int, threads, 0, "the 'all threads' count; 0: the machine's hardware threads");
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace {
 
 #define ZS_BENCH_TARGET __attribute__((target("avx512f,avx512bw")))
@@ -337,7 +336,6 @@ int Main(int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 int main(int argc, char** argv) { return zeroshard::kernels::Main(argc, argv); }

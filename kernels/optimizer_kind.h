@@ -5,8 +5,7 @@
 
 #include <cstdint>
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 
 enum class OptimizerKind : int32_t {
   kSgd = 0,      // torch.optim.SGD
@@ -16,7 +15,6 @@ enum class OptimizerKind : int32_t {
   kLion = 4,     // Chen et al. 2023
 };
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_OPTIMIZER_KIND_H_

@@ -6,8 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace {
 
 OptimizerConfig Config(OptimizerKind kind) {
@@ -118,5 +117,4 @@ TEST(OptimizerTest, AdagradLearningRateDecays) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

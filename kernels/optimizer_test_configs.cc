@@ -1,8 +1,7 @@
 // The optimizer configurations shared by the CPU and GPU kernel tests.
 #include "kernels/optimizer_test_configs.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 
 std::vector<NamedOptimizerConfig> OptimizerTestConfigs() {
   std::vector<NamedOptimizerConfig> configs;
@@ -55,5 +54,4 @@ std::vector<NamedOptimizerConfig> OptimizerTestConfigs() {
   return configs;
 }
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

@@ -8,8 +8,7 @@
 
 #include "kernels/optimizer.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 
 struct NamedOptimizerConfig {
   std::string name;  // a test-name-safe label, e.g. "adam_amsgrad_maximize"
@@ -18,7 +17,6 @@ struct NamedOptimizerConfig {
 
 std::vector<NamedOptimizerConfig> OptimizerTestConfigs();
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_OPTIMIZER_TEST_CONFIGS_H_

@@ -1,8 +1,7 @@
 // A small fixed-size thread pool for the CPU kernels.
 #include "kernels/thread_pool.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 
 ThreadPool::ThreadPool(int num_threads) {
   const int workers = num_threads > 1 ? num_threads - 1 : 0;
@@ -71,5 +70,4 @@ void ThreadPool::WorkerLoop() {
   }
 }
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

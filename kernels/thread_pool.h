@@ -11,8 +11,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/synchronization/mutex.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 
 // Thread contract: ParallelFor may be called from any thread; concurrent calls are serialised
 // (one runs at a time). Tasks must not call ParallelFor on the same pool. Which thread runs a
@@ -48,7 +47,6 @@ class ThreadPool {
   std::vector<std::thread> workers_;
 };
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_THREAD_POOL_H_

@@ -9,8 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace {
 
 class ThreadPoolTest : public ::testing::TestWithParam<int> {};
@@ -68,5 +67,4 @@ TEST(ThreadPoolTest, ConcurrentCallersAreSerialised) {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels

@@ -10,8 +10,7 @@
 
 #include "kernels/host_device.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 
 // The constants of one update of one piece. Hyperparameters are combined in double (as
 // torch.optim does in Python) and rounded to float once, on the host (see MakeElementScalars).
@@ -118,7 +117,6 @@ ZS_HOST_DEVICE inline void LionElement(const ElementScalars& s, V g, V& param, V
   exp_avg = exp_avg * V(s.beta2) + V(s.one_minus_beta2) * g;
 }
 
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_UPDATE_MATH_H_

@@ -7,7 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 
-namespace zeroshard {
+namespace zeroshard::sharding {
 namespace {
 
 struct Preset {
@@ -119,4 +119,4 @@ int64_t TotalElements(absl::Span<const TensorSpec> tensors) {
   return total;
 }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::sharding

@@ -12,7 +12,7 @@
 #include "absl/types/span.h"
 #include "sharding/tensor_spec.h"
 
-namespace zeroshard {
+namespace zeroshard::sharding {
 
 // Bounds on an explicit workload. Sizes are features per layer boundary.
 inline constexpr int64_t kMaxLayerSize = int64_t{1} << 20;
@@ -56,6 +56,6 @@ absl::StatusOr<std::vector<TensorSpec>> TensorsForLayerSizes(absl::Span<const in
 // Sum of num_elements over the tensors.
 int64_t TotalElements(absl::Span<const TensorSpec> tensors);
 
-}  // namespace zeroshard
+}  // namespace zeroshard::sharding
 
 #endif  // ZEROSHARD_SHARDING_MODEL_CATALOG_H_

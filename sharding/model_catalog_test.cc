@@ -9,7 +9,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace zeroshard {
+namespace zeroshard::sharding {
 namespace {
 
 using ::testing::HasSubstr;
@@ -144,4 +144,4 @@ TEST(ModelCatalogTest, TooManyParametersIsInvalid) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::sharding

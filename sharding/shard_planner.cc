@@ -14,7 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 
-namespace zeroshard {
+namespace zeroshard::sharding {
 namespace {
 
 int64_t AlignUp(int64_t value, int64_t alignment) {
@@ -284,4 +284,4 @@ std::string ShardPlan::Describe(int64_t bytes_per_element) const {
       elems_per_rank(), elems_per_rank() * bytes_per_element, bytes_per_element, layout_hash_);
 }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::sharding

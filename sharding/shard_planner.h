@@ -12,7 +12,7 @@
 #include "absl/types/span.h"
 #include "sharding/tensor_spec.h"
 
-namespace zeroshard {
+namespace zeroshard::sharding {
 
 inline constexpr int64_t kDefaultBucketElems = int64_t{1} << 22;  // 4,194,304 elements
 inline constexpr int64_t kMinBucketElems = 1024;
@@ -188,6 +188,6 @@ class ShardPlan {
   uint64_t layout_hash_ = 0;
 };
 
-}  // namespace zeroshard
+}  // namespace zeroshard::sharding
 
 #endif  // ZEROSHARD_SHARDING_SHARD_PLANNER_H_

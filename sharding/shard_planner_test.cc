@@ -16,7 +16,7 @@
 #include "gtest/gtest.h"
 #include "sharding/model_catalog.h"
 
-namespace zeroshard {
+namespace zeroshard::sharding {
 namespace {
 
 using ::testing::HasSubstr;
@@ -476,4 +476,4 @@ TEST(ShardPlannerScaleTest, HundredThousandTensorsOfATrillionElements) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::sharding

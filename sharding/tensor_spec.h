@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace zeroshard {
+namespace zeroshard::sharding {
 
 // A plain value. Invariant (checked by the planner): num_elements == product of shape,
 // num_elements >= 1. Plans count elements, so they do not depend on the parameter dtype.
@@ -25,6 +25,6 @@ struct TensorSpec {
   friend bool operator!=(const TensorSpec& a, const TensorSpec& b) { return !(a == b); }
 };
 
-}  // namespace zeroshard
+}  // namespace zeroshard::sharding
 
 #endif  // ZEROSHARD_SHARDING_TENSOR_SPEC_H_

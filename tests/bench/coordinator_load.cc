@@ -34,7 +34,7 @@ ABSL_FLAG(int, client_threads, 2, "Threads pacing the periodic heartbeats.");
 ABSL_FLAG(int, saturation_in_flight, 512, "Heartbeats outstanding during saturation.");
 ABSL_FLAG(bool, planner, true, "Also run the planner benchmark and print its line.");
 
-namespace zeroshard {
+namespace zeroshard::bench {
 namespace {
 
 using Stub = v1::Coordinator::Stub;
@@ -370,11 +370,11 @@ int Run() {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::bench
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   // As zeroshard-coordinator does: no lock-order cycle check on every Mutex acquisition.
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  return zeroshard::Run();
+  return zeroshard::bench::Run();
 }

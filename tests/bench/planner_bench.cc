@@ -4,7 +4,7 @@
 #include "tests/bench/planner_bench_lib.h"
 
 int main() {
-  const absl::StatusOr<std::string> line = zeroshard::RunPlannerBench();
+  const absl::StatusOr<std::string> line = zeroshard::bench::RunPlannerBench();
   if (!line.ok()) {
     std::fprintf(stderr, "planner_bench: %s\n", line.status().ToString().c_str());
     return 1;

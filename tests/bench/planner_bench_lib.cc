@@ -14,7 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "sharding/shard_planner.h"
 
-namespace zeroshard {
+namespace zeroshard::bench {
 namespace {
 
 constexpr int64_t kTensors = 100000;
@@ -25,7 +25,7 @@ constexpr int kRepetitions = 7;
 
 // A fixed mix of small and large tensors (log-uniform sizes, scaled so they sum to exactly
 // kElements), named like a transformer's: many tensors share a bucket, big ones get their own.
-std::vector<TensorSpec> MakeTensors() {
+std::vector<sharding::TensorSpec> MakeTensors() {
   std::mt19937_64 rng(1234);
   std::uniform_real_distribution<double> log_size(std::log(64.0), std::log(64.0e6));
   std::vector<double> raw(kTensors);
@@ -34,24 +34,25 @@ std::vector<TensorSpec> MakeTensors() {
     size = std::exp(log_size(rng));
     raw_total += size;
   }
-  std::vector<TensorSpec> tensors(kTensors);
+  std::vector<sharding::TensorSpec> tensors(kTensors);
   int64_t total = 0;
   for (int64_t i = 0; i < kTensors; ++i) {
     const int64_t count =
         std::max<int64_t>(1, static_cast<int64_t>(raw[i] / raw_total * kElements));
     const bool is_bias = count < 100000;
-    tensors[i] =
-        TensorSpec{absl::StrCat("blocks.", kTensors - 1 - i, is_bias ? ".bias" : ".weight"),
-                   {count},
-                   count,
-                   !is_bias,
-                   1.0f};
+    tensors[i] = sharding::TensorSpec{
+        absl::StrCat("blocks.", kTensors - 1 - i, is_bias ? ".bias" : ".weight"),
+        {count},
+        count,
+        !is_bias,
+        1.0f};
     total += count;
   }
   // Rounding left a small remainder: give it to the largest tensor.
-  auto largest = std::max_element(
-      tensors.begin(), tensors.end(),
-      [](const TensorSpec& a, const TensorSpec& b) { return a.num_elements < b.num_elements; });
+  auto largest = std::max_element(tensors.begin(), tensors.end(),
+                                  [](const sharding::TensorSpec& a, const sharding::TensorSpec& b) {
+                                    return a.num_elements < b.num_elements;
+                                  });
   largest->num_elements += kElements - total;
   largest->shape = {largest->num_elements};
   return tensors;
@@ -71,21 +72,21 @@ double MillisSince(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 absl::StatusOr<std::string> RunPlannerBench() {
-  const std::vector<TensorSpec> tensors = MakeTensors();
+  const std::vector<sharding::TensorSpec> tensors = MakeTensors();
   std::vector<double> plan_ms, view_ms, total_ms;
   int64_t buckets = 0;
   int64_t fragments = 0;
   uint64_t hash = 0;
   for (int rep = 0; rep < kRepetitions; ++rep) {
     // The coordinator moves the catalog's list into the planner; the copy is not timed.
-    std::vector<TensorSpec> input = tensors;
+    std::vector<sharding::TensorSpec> input = tensors;
     const auto start = std::chrono::steady_clock::now();
-    absl::StatusOr<ShardPlan> plan =
-        ShardPlan::Create(std::move(input), kWorldSize, ShardPlanOptions{kDefaultBucketElems});
+    absl::StatusOr<sharding::ShardPlan> plan = sharding::ShardPlan::Create(
+        std::move(input), kWorldSize, sharding::ShardPlanOptions{sharding::kDefaultBucketElems});
     const double plan_time = MillisSince(start);
     if (!plan.ok()) return plan.status();
     const auto view_start = std::chrono::steady_clock::now();
-    absl::StatusOr<RankView> view = plan->ViewForRank(kRank);
+    absl::StatusOr<sharding::RankView> view = plan->ViewForRank(kRank);
     const double view_time = MillisSince(view_start);
     if (!view.ok()) return view.status();
     plan_ms.push_back(plan_time);
@@ -103,10 +104,10 @@ absl::StatusOr<std::string> RunPlannerBench() {
       "\"bucket_elems\":%lld,\"buckets\":%lld,\"rank\":%lld,\"rank_fragments\":%lld,"
       "\"repetitions\":%d,\"plan_ms\":%.2f,\"rank_view_ms\":%.2f,\"total_ms\":%.2f}",
       static_cast<long long>(kTensors), static_cast<long long>(kElements),
-      static_cast<long long>(kWorldSize), static_cast<long long>(kDefaultBucketElems),
+      static_cast<long long>(kWorldSize), static_cast<long long>(sharding::kDefaultBucketElems),
       static_cast<long long>(buckets), static_cast<long long>(kRank),
       static_cast<long long>(fragments), kRepetitions, Median(plan_ms), Median(view_ms),
       Median(total_ms));
 }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::bench

@@ -7,11 +7,11 @@
 
 #include "absl/status/statusor.h"
 
-namespace zeroshard {
+namespace zeroshard::bench {
 
 // Runs the repetitions and returns the result as one JSON object ("bench":"planner"), no newline.
 absl::StatusOr<std::string> RunPlannerBench();
 
-}  // namespace zeroshard
+}  // namespace zeroshard::bench
 
 #endif  // ZEROSHARD_TESTS_BENCH_PLANNER_BENCH_LIB_H_

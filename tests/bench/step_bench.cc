@@ -44,7 +44,7 @@ ABSL_FLAG(int, staging_segments, zeroshard::comm::GlooCommunicatorOptions().stag
 ABSL_FLAG(int, rank, -1, "internal: the rank of a child process (-1: launch the children)");
 ABSL_FLAG(std::string, store_dir, "", "internal: the children's FileStore directory");
 
-namespace zeroshard {
+namespace zeroshard::bench {
 namespace {
 
 void CheckOk(const absl::Status& status, const char* what) {
@@ -61,10 +61,10 @@ double Median(std::vector<double> values) {
 }
 
 // Tensors of tensor_elems elements (the last one smaller) adding up to `params`.
-std::vector<TensorSpec> SyntheticTensors(int64_t params, int64_t tensor_elems) {
-  std::vector<TensorSpec> tensors;
+std::vector<sharding::TensorSpec> SyntheticTensors(int64_t params, int64_t tensor_elems) {
+  std::vector<sharding::TensorSpec> tensors;
   for (int64_t begin = 0; begin < params; begin += tensor_elems) {
-    TensorSpec spec;
+    sharding::TensorSpec spec;
     spec.name = absl::StrCat("layer", tensors.size(), ".weight");
     spec.num_elements = std::min(tensor_elems, params - begin);
     spec.shape = {spec.num_elements};
@@ -206,8 +206,8 @@ void PrintRawGlooAllreduce(RawGlooAllreduce& raw, comm::Communicator& communicat
   }
 }
 
-void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator& communicator,
-             RawGlooAllreduce& raw) {
+void RunMode(engine::EngineMode mode, const sharding::ShardPlan& plan,
+             comm::Communicator& communicator, RawGlooAllreduce& raw) {
   const int rank = communicator.rank();
   engine::EngineConfig config;
   config.mode = mode;
@@ -234,7 +234,8 @@ void RunMode(engine::EngineMode mode, const ShardPlan& plan, comm::Communicator&
   }),
           "InitializeParameters");
   int64_t largest = 0;
-  for (const TensorSpec& spec : plan.tensors()) largest = std::max(largest, spec.num_elements);
+  for (const sharding::TensorSpec& spec : plan.tensors())
+    largest = std::max(largest, spec.num_elements);
   std::vector<float> gradient(largest);
   const std::vector<float> pattern = GradientPattern(largest);
   std::vector<std::vector<double>> samples(kFields);
@@ -328,7 +329,7 @@ int RunRank() {
   options.staging_segments = absl::GetFlag(FLAGS_staging_segments);
   auto communicator = comm::GlooCommunicator::Create(options);
   CheckOk(communicator.status(), "GlooCommunicator::Create");
-  auto plan = ShardPlan::Create(
+  auto plan = sharding::ShardPlan::Create(
       SyntheticTensors(absl::GetFlag(FLAGS_params), absl::GetFlag(FLAGS_tensor_elems)), world_size);
   CheckOk(plan.status(), "ShardPlan::Create");
   std::unique_ptr<RawGlooAllreduce> raw;
@@ -368,10 +369,10 @@ int LaunchRanks(const char* self) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::bench
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (absl::GetFlag(FLAGS_rank) >= 0) return zeroshard::RunRank();
-  return zeroshard::LaunchRanks("/proc/self/exe");
+  if (absl::GetFlag(FLAGS_rank) >= 0) return zeroshard::bench::RunRank();
+  return zeroshard::bench::LaunchRanks("/proc/self/exe");
 }

@@ -24,7 +24,7 @@
 #include "worker/workloads/cuda_teacher_student_mlp.h"
 #include "worker/workloads/teacher_student_mlp.h"
 
-namespace zeroshard {
+namespace zeroshard::engine {
 namespace {
 
 using engine::CudaDeviceOps;
@@ -165,7 +165,7 @@ Difference Compare(const std::vector<std::vector<float>>& cpu,
 }
 
 std::vector<std::vector<float>> InitialValues(const workloads::Workload& workload,
-                                              const std::vector<TensorSpec>& tensors) {
+                                              const std::vector<sharding::TensorSpec>& tensors) {
   std::vector<std::vector<float>> values;
   for (size_t t = 0; t < tensors.size(); ++t) {
     values.emplace_back(tensors[t].num_elements);
@@ -224,11 +224,11 @@ std::vector<std::vector<float>> HostParametersOf(Engine& engine) {
 //    the CUDA engine (CudaDeviceOps, NcclCommunicator).
 void CheckEngineSteps(const std::string& label, EngineConfig config, double tolerance) {
   const std::vector<int64_t> sizes = {10, 64, 10};
-  absl::StatusOr<std::vector<TensorSpec>> tensors = TensorsForLayerSizes(sizes);
-  ShardPlanOptions plan_options;
-  plan_options.bucket_elems = kMinBucketElems;  // several buckets
+  absl::StatusOr<std::vector<sharding::TensorSpec>> tensors = sharding::TensorsForLayerSizes(sizes);
+  sharding::ShardPlanOptions plan_options;
+  plan_options.bucket_elems = sharding::kMinBucketElems;  // several buckets
   if (!Check(tensors.status(), label)) return;
-  absl::StatusOr<ShardPlan> plan = ShardPlan::Create(*tensors, 1, plan_options);
+  absl::StatusOr<sharding::ShardPlan> plan = sharding::ShardPlan::Create(*tensors, 1, plan_options);
   if (!Check(plan.status(), label)) return;
   TeacherStudentMlpOptions mlp_options;
   mlp_options.layer_sizes = sizes;
@@ -334,6 +334,6 @@ int Main() {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::engine
 
-int main() { return zeroshard::Main(); }
+int main() { return zeroshard::engine::Main(); }

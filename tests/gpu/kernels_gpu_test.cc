@@ -25,8 +25,7 @@
 #include "kernels/optimizer_test_configs.h"
 #include "kernels/thread_pool.h"
 
-namespace zeroshard {
-namespace kernels {
+namespace zeroshard::kernels {
 namespace {
 
 // CPU and GPU run the same element code (kernels/update_math.h) with IEEE division and square
@@ -366,7 +365,6 @@ int Main() {
 }
 
 }  // namespace
-}  // namespace kernels
-}  // namespace zeroshard
+}  // namespace zeroshard::kernels
 
 int main() { return zeroshard::kernels::Main(); }

@@ -22,7 +22,7 @@
 #include "gtest/gtest.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
-namespace zeroshard {
+namespace zeroshard::testing {
 namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
@@ -282,4 +282,4 @@ TEST(CoordinatorRestartTest, JobsAndHistorySurviveKillNine) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::testing

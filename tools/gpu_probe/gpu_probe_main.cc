@@ -23,7 +23,7 @@ int main() {
     std::printf("device %d: %s, sm_%d%d, %.1f GiB\n", d, prop.name, prop.major, prop.minor,
                 prop.totalGlobalMem / 1073741824.0);
   }
-  const int last = zeroshard::RunProbeKernel(1 << 20);
+  const int last = zeroshard::gpu_probe::RunProbeKernel(1 << 20);
   std::printf("kernel result=%d (expected %d)\n", last, (1 << 20) - 1);
   return last == (1 << 20) - 1 ? 0 : 1;
 }

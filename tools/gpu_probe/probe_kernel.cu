@@ -3,7 +3,7 @@
 
 #include "tools/gpu_probe/probe_kernel.h"
 
-namespace zeroshard {
+namespace zeroshard::gpu_probe {
 namespace {
 
 __global__ void FillIota(int* out, int n) {
@@ -25,4 +25,4 @@ int RunProbeKernel(int n) {
   return ok ? last : -1;
 }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::gpu_probe

@@ -40,8 +40,7 @@ ABSL_FLAG(bool, processes, false, "one process per rank (FileStore rendezvous) i
 ABSL_FLAG(int, rank, -1, "internal: the rank of a child process (-1: launch the children)");
 ABSL_FLAG(std::string, store_dir, "", "internal: the children's FileStore directory");
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 struct Rank {
@@ -280,8 +279,7 @@ int LaunchProcesses(const char* self, int argc, char** argv) {
 }
 
 }  // namespace
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);

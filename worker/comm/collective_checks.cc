@@ -9,8 +9,7 @@
 #include "common/status_macros.h"
 #include "kernels/dtype.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 uint64_t SplitMix64(uint64_t x) {
@@ -288,5 +287,4 @@ absl::Status CheckAllCollectives(Communicator& communicator, size_t piece_count,
   return status;
 }
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

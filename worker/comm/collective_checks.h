@@ -12,8 +12,7 @@
 #include "absl/time/time.h"
 #include "worker/comm/communicator.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 // `count` elements of `type` that rank `rank` contributes for stream `seed`. Floating-point
 // values spread over many binades (so the order of additions changes the rounding); integers
@@ -35,7 +34,6 @@ std::vector<char> ReferenceReduce(const std::vector<std::vector<char>>& inputs, 
 absl::Status CheckAllCollectives(Communicator& communicator, size_t piece_count, ElementType type,
                                  uint64_t seed, absl::Duration timeout = absl::Seconds(60));
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 #endif  // ZEROSHARD_WORKER_COMM_COLLECTIVE_CHECKS_H_

@@ -24,8 +24,7 @@ ABSL_FLAG(std::string, mode, "check", "check | join_and_hang");
 ABSL_FLAG(std::string, piece_counts, "0,1,1001", "comma-separated piece sizes to check");
 ABSL_FLAG(std::string, types, "fp32,bf16", "comma-separated element types to check");
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 bool ParseType(absl::string_view name, ElementType* type) {
@@ -81,8 +80,7 @@ int Main() {
 }
 
 }  // namespace
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);

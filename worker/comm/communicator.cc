@@ -3,8 +3,7 @@
 
 #include <utility>
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 // Immutable after construction, so thread-safe.
@@ -25,5 +24,4 @@ std::unique_ptr<Work> MakeFinishedWork(absl::Status status) {
   return std::make_unique<FinishedWork>(std::move(status));
 }
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

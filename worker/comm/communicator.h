@@ -12,8 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 // Element types a communicator moves and reduces. bf16 and fp16 elements are raw uint16_t bit
 // patterns; backends reduce them in fp32 (see each backend for where rounding happens).
@@ -184,7 +183,6 @@ class Communicator {
 // A Work that finished before it was returned (validation errors, world size 1, zero counts).
 std::unique_ptr<Work> MakeFinishedWork(absl::Status status);
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 #endif  // ZEROSHARD_WORKER_COMM_COMMUNICATOR_H_

@@ -8,8 +8,7 @@
 #include "common/grpc_status.h"
 #include "grpcpp/client_context.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 // The coordinator's bound on StoreGetRequest.timeout_ms.
@@ -39,7 +38,7 @@ absl::Status CoordinatorStore::Set(absl::string_view key, absl::string_view valu
   v1::StoreSetResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, rpc_timeout_);
-  return FromGrpcStatus(stub_->StoreSet(&context, request, &response));
+  return common::FromGrpcStatus(stub_->StoreSet(&context, request, &response));
 }
 
 absl::StatusOr<std::string> CoordinatorStore::Get(absl::string_view key, absl::Duration timeout) {
@@ -55,7 +54,7 @@ absl::StatusOr<std::string> CoordinatorStore::Get(absl::string_view key, absl::D
     v1::StoreGetResponse response;
     grpc::ClientContext context;
     SetDeadline(&context, wait + rpc_timeout_);
-    absl::Status status = FromGrpcStatus(stub_->StoreGet(&context, request, &response));
+    absl::Status status = common::FromGrpcStatus(stub_->StoreGet(&context, request, &response));
     if (status.ok()) return std::move(*response.mutable_value());
     if (!absl::IsDeadlineExceeded(status) || absl::Now() >= deadline) return status;
   }
@@ -70,7 +69,7 @@ absl::StatusOr<int64_t> CoordinatorStore::Add(absl::string_view key, int64_t del
   v1::StoreAddResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, rpc_timeout_);
-  absl::Status status = FromGrpcStatus(stub_->StoreAdd(&context, request, &response));
+  absl::Status status = common::FromGrpcStatus(stub_->StoreAdd(&context, request, &response));
   if (!status.ok()) return status;
   return response.value();
 }
@@ -83,10 +82,9 @@ absl::StatusOr<bool> CoordinatorStore::Delete(absl::string_view key) {
   v1::StoreDeleteResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, rpc_timeout_);
-  absl::Status status = FromGrpcStatus(stub_->StoreDelete(&context, request, &response));
+  absl::Status status = common::FromGrpcStatus(stub_->StoreDelete(&context, request, &response));
   if (!status.ok()) return status;
   return response.deleted();
 }
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -10,8 +10,7 @@
 #include "worker/comm/store.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 // Every call names (job_id, generation); the coordinator refuses a stale generation with
 // FAILED_PRECONDITION, which is returned unchanged (codes map one to one, common/grpc_status.h).
@@ -36,7 +35,6 @@ class CoordinatorStore : public Store {
   const absl::Duration rpc_timeout_;
 };
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 #endif  // ZEROSHARD_WORKER_COMM_COORDINATOR_STORE_H_

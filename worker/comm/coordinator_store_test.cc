@@ -17,8 +17,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_store.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 // The store RPCs only, over an InMemoryStore keyed by (job, generation, key). Generations
@@ -30,18 +29,18 @@ class FakeStoreService : public v1::Coordinator::Service {
   grpc::Status StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* request,
                         v1::StoreSetResponse*) override {
     absl::Status scope = CheckScope(request->generation());
-    if (!scope.ok()) return ToGrpcStatus(scope);
-    return ToGrpcStatus(store_.Set(Scoped(request->job_id(), request->generation(), request->key()),
-                                   request->value()));
+    if (!scope.ok()) return common::ToGrpcStatus(scope);
+    return common::ToGrpcStatus(store_.Set(
+        Scoped(request->job_id(), request->generation(), request->key()), request->value()));
   }
 
   grpc::Status StoreGet(grpc::ServerContext*, const v1::StoreGetRequest* request,
                         v1::StoreGetResponse* response) override {
     absl::Status scope = CheckScope(request->generation());
-    if (!scope.ok()) return ToGrpcStatus(scope);
+    if (!scope.ok()) return common::ToGrpcStatus(scope);
     auto value = store_.Get(Scoped(request->job_id(), request->generation(), request->key()),
                             absl::Milliseconds(request->timeout_ms()));
-    if (!value.ok()) return ToGrpcStatus(value.status());
+    if (!value.ok()) return common::ToGrpcStatus(value.status());
     response->set_value(*value);
     return grpc::Status::OK;
   }
@@ -49,10 +48,10 @@ class FakeStoreService : public v1::Coordinator::Service {
   grpc::Status StoreAdd(grpc::ServerContext*, const v1::StoreAddRequest* request,
                         v1::StoreAddResponse* response) override {
     absl::Status scope = CheckScope(request->generation());
-    if (!scope.ok()) return ToGrpcStatus(scope);
+    if (!scope.ok()) return common::ToGrpcStatus(scope);
     auto value = store_.Add(Scoped(request->job_id(), request->generation(), request->key()),
                             request->delta());
-    if (!value.ok()) return ToGrpcStatus(value.status());
+    if (!value.ok()) return common::ToGrpcStatus(value.status());
     response->set_value(*value);
     return grpc::Status::OK;
   }
@@ -60,9 +59,9 @@ class FakeStoreService : public v1::Coordinator::Service {
   grpc::Status StoreDelete(grpc::ServerContext*, const v1::StoreDeleteRequest* request,
                            v1::StoreDeleteResponse* response) override {
     absl::Status scope = CheckScope(request->generation());
-    if (!scope.ok()) return ToGrpcStatus(scope);
+    if (!scope.ok()) return common::ToGrpcStatus(scope);
     auto deleted = store_.Delete(Scoped(request->job_id(), request->generation(), request->key()));
-    if (!deleted.ok()) return ToGrpcStatus(deleted.status());
+    if (!deleted.ok()) return common::ToGrpcStatus(deleted.status());
     response->set_deleted(*deleted);
     return grpc::Status::OK;
   }
@@ -177,5 +176,4 @@ TEST_F(CoordinatorStoreTest, GlooRendezvousThroughTheCoordinator) {
 }
 
 }  // namespace
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -16,8 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 absl::Status ErrnoStatus(absl::string_view what, const std::string& path) {
@@ -166,5 +165,4 @@ absl::StatusOr<bool> FileStore::Delete(absl::string_view key) {
   return ErrnoStatus("unlink", path);
 }
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -9,8 +9,7 @@
 
 #include "worker/comm/store.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 // One file per key (the name is the key with bytes outside [A-Za-z0-9._-] escaped as %XX).
 // Set writes a temporary file and renames it into place, so a reader sees a whole value or none;
@@ -37,7 +36,6 @@ class FileStore : public Store {
   std::atomic<uint64_t> next_temporary_{0};
 };
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 #endif  // ZEROSHARD_WORKER_COMM_FILE_STORE_H_

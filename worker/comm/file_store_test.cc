@@ -7,8 +7,7 @@
 
 #include "gtest/gtest.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 std::string FreshDirectory(const std::string& name) {
@@ -63,5 +62,4 @@ TEST(FileStoreTest, Delete) {
 }
 
 }  // namespace
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -19,8 +19,7 @@
 #include "worker/comm/gloo_store_adapter.h"
 #include "worker/comm/reduction.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 // A message's Gloo slot: tag (low 20 bits) | operation sequence (low 24 bits) | unit (20 bits).
@@ -798,5 +797,4 @@ absl::Status GlooCommunicator::RunBarrier(Ring& ring) {
   return ring.Barrier();
 }
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -27,8 +27,7 @@ class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 struct GlooCommunicatorOptions {
   int rank = 0;
@@ -177,7 +176,6 @@ class GlooCommunicator : public Communicator {
   std::thread thread_;
 };
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 #endif  // ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_

@@ -14,8 +14,7 @@
 #include "worker/comm/collective_checks.h"
 #include "worker/comm/in_memory_store.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 // Creates `world_size` communicators concurrently (one thread per rank) over one store.
@@ -293,5 +292,4 @@ TEST(GlooCommunicatorTest, DestroyingWithAPendingOperationAbortsIt) {
 }
 
 }  // namespace
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

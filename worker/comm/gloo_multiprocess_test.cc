@@ -17,8 +17,7 @@
 
 extern char** environ;
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 std::string PeerPath() {
@@ -137,5 +136,4 @@ TEST(GlooMultiprocessFailureTest, PeerThatNeverJoinsFailsCreateWithinTheRendezvo
 }
 
 }  // namespace
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -6,8 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "gloo/common/error.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 [[noreturn]] void ThrowFor(const absl::Status& status) {
@@ -50,5 +49,4 @@ void GlooStoreAdapter::wait(const std::vector<std::string>& keys,
   }
 }
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -11,8 +11,7 @@
 #include "gloo/rendezvous/store.h"
 #include "worker/comm/store.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 // Keys are prefixed with `prefix` + "/", so several communicators can share one Store. Gloo's
 // interface reports errors by throwing: failures of the underlying Store become gloo::Exception
@@ -39,7 +38,6 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   const absl::Duration timeout_;
 };
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 #endif  // ZEROSHARD_WORKER_COMM_GLOO_STORE_ADAPTER_H_

@@ -6,8 +6,7 @@
 #include "gtest/gtest.h"
 #include "worker/comm/in_memory_store.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 TEST(GlooStoreAdapterTest, PrefixesKeysAndRoundTripsBytes) {
@@ -27,5 +26,4 @@ TEST(GlooStoreAdapterTest, MissingKeysThrowGlooIoExceptionsAfterTheTimeout) {
 }
 
 }  // namespace
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -4,8 +4,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 absl::Status InMemoryStore::Set(absl::string_view key, absl::string_view value) {
   absl::MutexLock lock(&mu_);
@@ -43,5 +42,4 @@ absl::StatusOr<bool> InMemoryStore::Delete(absl::string_view key) {
   return values_.erase(key) > 0;
 }
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -10,8 +10,7 @@
 #include "absl/synchronization/mutex.h"
 #include "worker/comm/store.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 // Thread-safe: one mutex guards the map; Get waits on it with a deadline.
 class InMemoryStore : public Store {
@@ -30,7 +29,6 @@ class InMemoryStore : public Store {
   absl::flat_hash_map<std::string, std::string> values_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 #endif  // ZEROSHARD_WORKER_COMM_IN_MEMORY_STORE_H_

@@ -5,8 +5,7 @@
 
 #include "gtest/gtest.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 TEST(InMemoryStoreTest, SetThenGet) {
@@ -52,5 +51,4 @@ TEST(InMemoryStoreTest, DeleteReportsWhetherTheKeyExisted) {
 }
 
 }  // namespace
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -17,8 +17,7 @@
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 // How often a waiter re-checks an event, the async error and its deadlines.
@@ -222,7 +221,8 @@ class NcclWork : public Work {
       }
       const cudaError_t query = cudaEventQuery(done_);
       if (query == cudaSuccess) return Finish(absl::OkStatus());
-      if (query != cudaErrorNotReady) return Finish(impl_->Fail(CudaStatus(query, "collective")));
+      if (query != cudaErrorNotReady)
+        return Finish(impl_->Fail(common::CudaStatus(query, "collective")));
       absl::Status health = impl_->Check();
       if (!health.ok()) return Finish(health);
       const absl::Time now = absl::Now();
@@ -271,14 +271,15 @@ absl::Status NcclCommunicator::Impl::EnqueueLocked(
   ZS_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
   cudaEvent_t ready;
   ZS_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
-  absl::Status status = CudaStatus(cudaEventRecord(ready, compute_stream_), "cudaEventRecord");
+  absl::Status status =
+      common::CudaStatus(cudaEventRecord(ready, compute_stream_), "cudaEventRecord");
   if (status.ok()) {
-    status = CudaStatus(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
+    status = common::CudaStatus(cudaStreamWaitEvent(stream_, ready, 0), "cudaStreamWaitEvent");
   }
   cudaEventDestroy(ready);
   ZS_RETURN_IF_ERROR(status);
   ZS_RETURN_IF_ERROR(enqueue(comm_, stream_));
-  return CudaStatus(cudaEventRecord(done, stream_), "cudaEventRecord");
+  return common::CudaStatus(cudaEventRecord(done, stream_), "cudaEventRecord");
 }
 
 std::unique_ptr<Work> NcclCommunicator::Impl::Issue(
@@ -286,8 +287,8 @@ std::unique_ptr<Work> NcclCommunicator::Impl::Issue(
     const std::function<absl::Status(ncclComm_t, cudaStream_t)>& enqueue) {
   const absl::Time deadline = absl::Now() + options.timeout;
   cudaEvent_t done;
-  absl::Status created =
-      CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), "cudaEventCreate");
+  absl::Status created = common::CudaStatus(cudaEventCreateWithFlags(&done, cudaEventDisableTiming),
+                                            "cudaEventCreate");
   if (!created.ok()) return MakeFinishedWork(created);
   absl::Status status;
   {
@@ -355,14 +356,14 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
 
   cudaStream_t stream = nullptr;
   int32_t* barrier_word = nullptr;
-  absl::Status resources =
-      CudaStatus(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  absl::Status resources = common::CudaStatus(
+      cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
   if (resources.ok()) {
-    resources = CudaStatus(cudaMalloc(reinterpret_cast<void**>(&barrier_word), sizeof(int32_t)),
-                           "cudaMalloc");
+    resources = common::CudaStatus(
+        cudaMalloc(reinterpret_cast<void**>(&barrier_word), sizeof(int32_t)), "cudaMalloc");
   }
   if (resources.ok()) {
-    resources = CudaStatus(cudaMemset(barrier_word, 0, sizeof(int32_t)), "cudaMemset");
+    resources = common::CudaStatus(cudaMemset(barrier_word, 0, sizeof(int32_t)), "cudaMemset");
   }
   if (!resources.ok()) {
     ncclCommAbort(comm);
@@ -500,5 +501,4 @@ void NcclCommunicator::Abort() { impl_->Abort(); }
 
 CommunicatorStats NcclCommunicator::stats() const { return impl_->stats(); }
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -12,8 +12,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/comm/store.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 struct NcclCommunicatorOptions {
   int rank = 0;
@@ -88,7 +87,6 @@ class NcclCommunicator : public Communicator {
   const std::shared_ptr<Impl> impl_;
 };
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 #endif  // ZEROSHARD_WORKER_COMM_NCCL_COMMUNICATOR_H_

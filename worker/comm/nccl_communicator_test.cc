@@ -10,8 +10,7 @@
 #include "gtest/gtest.h"
 #include "worker/comm/in_memory_store.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 class NcclCommunicatorTest : public ::testing::Test {
@@ -79,5 +78,4 @@ TEST_F(NcclCommunicatorTest, AbortEndsLaterCalls) {
 }
 
 }  // namespace
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -13,8 +13,7 @@
 
 extern char** environ;
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 int RunRankProcesses(const char* self, int world_size, const std::vector<std::string>& args,
                      const char* name) {
@@ -55,5 +54,4 @@ int RunRankProcesses(const char* self, int world_size, const std::vector<std::st
   return failures > 0 ? 1 : 0;
 }
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

@@ -6,8 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 // Starts `world_size` copies of the binary at `self`, each with `args` followed by
 // --rank=<r> and --store_dir=<a fresh temporary directory>, waits for all of them and removes
@@ -16,7 +15,6 @@ namespace comm {
 int RunRankProcesses(const char* self, int world_size, const std::vector<std::string>& args,
                      const char* name);
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 #endif  // ZEROSHARD_WORKER_COMM_RANK_PROCESSES_H_

@@ -7,8 +7,7 @@
 
 #include "kernels/dtype.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 namespace {
 
 // The vectorisable cores: their pointers never overlap. Each keeps the operand order
@@ -151,5 +150,4 @@ void ReduceElements(void* out, const void* received, const void* own, size_t cou
   }
 }
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm

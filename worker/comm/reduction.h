@@ -6,8 +6,7 @@
 
 #include "worker/comm/communicator.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 // out[i] = received[i] (op) own[i] for i < count. `out` may alias `own` or `received` exactly.
 // fp32/fp64 use IEEE arithmetic (no contraction); bf16/fp16 are widened to fp32, combined, and
@@ -16,7 +15,6 @@ namespace comm {
 void ReduceElements(void* out, const void* received, const void* own, size_t count,
                     ElementType type, ReduceOp op);
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 #endif  // ZEROSHARD_WORKER_COMM_REDUCTION_H_

@@ -11,8 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
-namespace zeroshard {
-namespace comm {
+namespace zeroshard::comm {
 
 // Implementations: InMemoryStore (threads as ranks), FileStore (processes on one machine),
 // CoordinatorStore (the coordinator's store RPCs, scoped to a job and generation).
@@ -38,7 +37,6 @@ class Store {
   virtual absl::StatusOr<bool> Delete(absl::string_view key) = 0;
 };
 
-}  // namespace comm
-}  // namespace zeroshard
+}  // namespace zeroshard::comm
 
 #endif  // ZEROSHARD_WORKER_COMM_STORE_H_

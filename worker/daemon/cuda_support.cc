@@ -31,7 +31,7 @@ absl::StatusOr<engine::CudaDeviceOps*> AsCuda(engine::DeviceOps& device) {
 bool CudaSupportBuiltIn() { return true; }
 
 absl::StatusOr<CudaDeviceInfo> SelectCudaDevice(int device) {
-  ZS_RETURN_IF_ERROR(UseCudaDevice(device));
+  ZS_RETURN_IF_ERROR(common::UseCudaDevice(device));
   cudaDeviceProp properties;
   ZS_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&properties, device));
   size_t free_bytes = 0;

@@ -10,8 +10,8 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "jobspec/job_plan.h"
 #include "sharding/model_catalog.h"
-#include "spec/job_plan.h"
 #include "worker/comm/coordinator_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/daemon/cuda_support.h"
@@ -179,7 +179,8 @@ absl::StatusOr<bool> GenerationRun::Report(const v1::StepMetrics& metrics, bool 
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   v1::ReportProgressResponse response;
-  ZS_RETURN_IF_ERROR(FromGrpcStatus(options_.stub->ReportProgress(&context, request, &response)));
+  ZS_RETURN_IF_ERROR(
+      common::FromGrpcStatus(options_.stub->ReportProgress(&context, request, &response)));
   return response.continue_running();
 }
 
@@ -187,7 +188,7 @@ absl::Status GenerationRun::Train() {
   const v1::JobSpec& spec = assignment_.spec();
   const int64_t world_size = assignment_.world_size();
   const int64_t rank = assignment_.rank();
-  ZS_ASSIGN_OR_RETURN(ShardPlan plan, PlanForJob(spec, world_size));
+  ZS_ASSIGN_OR_RETURN(sharding::ShardPlan plan, jobspec::PlanForJob(spec, world_size));
   if (plan.layout_hash() != assignment_.plan_layout_hash()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "plan_layout_hash: this worker computes ", plan.layout_hash(), ", the coordinator sent ",
@@ -232,9 +233,9 @@ absl::Status GenerationRun::Train() {
 
   workloads::TeacherStudentMlpOptions workload_options;
   ZS_ASSIGN_OR_RETURN(workload_options.layer_sizes,
-                      ResolveLayerSizes({spec.workload().preset(),
-                                         {spec.workload().layer_sizes().begin(),
-                                          spec.workload().layer_sizes().end()}}));
+                      sharding::ResolveLayerSizes({spec.workload().preset(),
+                                                   {spec.workload().layer_sizes().begin(),
+                                                    spec.workload().layer_sizes().end()}}));
   workload_options.seed = spec.seed();
   workload_options.global_batch = spec.global_batch();
   workload_options.world_size = world_size;

@@ -45,7 +45,8 @@ absl::Status WorkerDaemon::Register() {
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
     v1::RegisterWorkerResponse response;
-    const absl::Status status = FromGrpcStatus(stub_->RegisterWorker(&context, request, &response));
+    const absl::Status status =
+        common::FromGrpcStatus(stub_->RegisterWorker(&context, request, &response));
     if (status.ok()) {
       {
         absl::MutexLock lock(&id_mu_);
@@ -94,7 +95,7 @@ absl::Status WorkerDaemon::Run() {
   v1::LeaveWorkerRequest leave;
   leave.set_worker_id(worker_id());
   v1::LeaveWorkerResponse left;
-  const absl::Status status = FromGrpcStatus(stub_->LeaveWorker(&context, leave, &left));
+  const absl::Status status = common::FromGrpcStatus(stub_->LeaveWorker(&context, leave, &left));
   ZS_LOG(INFO) << "left the coordinator: " << status;
   retiring_.clear();  // joins the aborted runs' threads
   return result;
@@ -119,7 +120,8 @@ absl::Status WorkerDaemon::HeartbeatOnce() {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   v1::HeartbeatResponse response;
-  const absl::Status status = FromGrpcStatus(stub_->Heartbeat(&context, request, &response));
+  const absl::Status status =
+      common::FromGrpcStatus(stub_->Heartbeat(&context, request, &response));
   if (!status.ok()) return status;
   Converge(response.assignment());
   return absl::OkStatus();

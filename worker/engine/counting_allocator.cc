@@ -10,8 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 namespace {
 
 constexpr size_t kAlignment = 64;
@@ -140,5 +139,4 @@ MemoryReport CountingAllocator::Report() const {
   return report;
 }
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine

@@ -12,8 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 
 // What a buffer holds.
 enum class MemoryCategory : int {
@@ -123,7 +122,6 @@ class CountingAllocator {
   int64_t peak_total_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine
 
 #endif  // ZEROSHARD_WORKER_ENGINE_COUNTING_ALLOCATOR_H_

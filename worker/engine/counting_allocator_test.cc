@@ -6,8 +6,7 @@
 
 #include "gtest/gtest.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 namespace {
 
 TEST(CountingAllocatorTest, CountsLiveBytesPerCategoryAndPeak) {
@@ -49,5 +48,4 @@ TEST(CountingAllocatorTest, MovedBufferIsCountedOnce) {
 }
 
 }  // namespace
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine

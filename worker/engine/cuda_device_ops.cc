@@ -12,8 +12,7 @@
 #include "common/status_macros.h"
 #include "worker/engine/cuda_element_kernels.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 namespace {
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
@@ -21,7 +20,7 @@ cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(int device) {
-  ZS_RETURN_IF_ERROR(UseCudaDevice(device));
+  ZS_RETURN_IF_ERROR(common::UseCudaDevice(device));
   cudaStream_t stream = nullptr;
   ZS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   absl::StatusOr<std::unique_ptr<kernels::CudaOptimizerKernels>> kernels =
@@ -46,16 +45,17 @@ CudaDeviceOps::~CudaDeviceOps() {
   // The kernels' own buffers go first; then the stream they ran on.
   kernels_.reset();
   const absl::Status destroyed =
-      CudaStatus(cudaStreamDestroy(AsStream(stream_)), "cudaStreamDestroy");
+      common::CudaStatus(cudaStreamDestroy(AsStream(stream_)), "cudaStreamDestroy");
   if (!destroyed.ok()) ZS_LOG(WARNING) << name_ << ": " << destroyed;
 }
 
 void* CudaDeviceOps::AllocateZeroed(int64_t bytes) {
   void* data = nullptr;
-  absl::Status status = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
-  if (status.ok()) status = CudaStatus(cudaMalloc(&data, bytes), "cudaMalloc");
+  absl::Status status = common::CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+  if (status.ok()) status = common::CudaStatus(cudaMalloc(&data, bytes), "cudaMalloc");
   if (status.ok()) {
-    status = CudaStatus(cudaMemsetAsync(data, 0, bytes, AsStream(stream_)), "cudaMemsetAsync");
+    status =
+        common::CudaStatus(cudaMemsetAsync(data, 0, bytes, AsStream(stream_)), "cudaMemsetAsync");
     if (status.ok()) status = Synchronize();
     if (!status.ok()) {
       cudaFree(data);
@@ -70,9 +70,9 @@ void* CudaDeviceOps::AllocateZeroed(int64_t bytes) {
 }
 
 void CudaDeviceOps::Free(void* data) {
-  absl::Status status = CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
+  absl::Status status = common::CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
   if (status.ok()) status = Synchronize();
-  if (status.ok()) status = CudaStatus(cudaFree(data), "cudaFree");
+  if (status.ok()) status = common::CudaStatus(cudaFree(data), "cudaFree");
   if (!status.ok()) ZS_LOG(WARNING) << name_ << ": freeing a buffer: " << status;
 }
 
@@ -93,10 +93,10 @@ absl::Status CudaDeviceOps::CopyToHost(void* host_dst, const void* src, int64_t 
 absl::Status CudaDeviceOps::StoreScaledGradient(const float* grad, float scale, int64_t count,
                                                 kernels::DType storage_dtype, void* dst,
                                                 kernels::DType dst_dtype) {
-  return CudaStatus(cuda_internal::LaunchStoreScaledGradient(
-                        grad, scale, count, static_cast<int32_t>(storage_dtype), dst,
-                        static_cast<int32_t>(dst_dtype), AsStream(stream_)),
-                    "StoreScaledGradient kernel");
+  return common::CudaStatus(cuda_internal::LaunchStoreScaledGradient(
+                                grad, scale, count, static_cast<int32_t>(storage_dtype), dst,
+                                static_cast<int32_t>(dst_dtype), AsStream(stream_)),
+                            "StoreScaledGradient kernel");
 }
 
 absl::Status CudaDeviceOps::ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
@@ -104,20 +104,21 @@ absl::Status CudaDeviceOps::ConvertElements(const void* src, kernels::DType src_
   if (count <= 0) return absl::OkStatus();
   if (src_dtype == dst_dtype) {
     if (src == dst) return absl::OkStatus();
-    return CudaStatus(cudaMemcpyAsync(dst, src, count * kernels::DTypeSize(src_dtype),
-                                      cudaMemcpyDeviceToDevice, AsStream(stream_)),
-                      "cudaMemcpyAsync(device to device)");
+    return common::CudaStatus(cudaMemcpyAsync(dst, src, count * kernels::DTypeSize(src_dtype),
+                                              cudaMemcpyDeviceToDevice, AsStream(stream_)),
+                              "cudaMemcpyAsync(device to device)");
   }
-  return CudaStatus(cuda_internal::LaunchConvertElements(src, static_cast<int32_t>(src_dtype), dst,
-                                                         static_cast<int32_t>(dst_dtype), count,
-                                                         AsStream(stream_)),
-                    "ConvertElements kernel");
+  return common::CudaStatus(cuda_internal::LaunchConvertElements(
+                                src, static_cast<int32_t>(src_dtype), dst,
+                                static_cast<int32_t>(dst_dtype), count, AsStream(stream_)),
+                            "ConvertElements kernel");
 }
 
 absl::Status CudaDeviceOps::ZeroElements(void* dst, kernels::DType dtype, int64_t count) {
   if (count <= 0) return absl::OkStatus();
-  return CudaStatus(cudaMemsetAsync(dst, 0, count * kernels::DTypeSize(dtype), AsStream(stream_)),
-                    "cudaMemsetAsync");
+  return common::CudaStatus(
+      cudaMemsetAsync(dst, 0, count * kernels::DTypeSize(dtype), AsStream(stream_)),
+      "cudaMemsetAsync");
 }
 
 absl::Status CudaDeviceOps::ApplyUpdate(const kernels::OptimizerConfig& config, int64_t step,
@@ -132,8 +133,7 @@ absl::StatusOr<kernels::GradStats> CudaDeviceOps::ComputeGradStats(
 }
 
 absl::Status CudaDeviceOps::Synchronize() {
-  return CudaStatus(cudaStreamSynchronize(AsStream(stream_)), "cudaStreamSynchronize");
+  return common::CudaStatus(cudaStreamSynchronize(AsStream(stream_)), "cudaStreamSynchronize");
 }
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine

@@ -11,8 +11,7 @@
 #include "kernels/cuda_optimizer.h"
 #include "worker/engine/device_ops.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 
 // Owns a non-blocking compute stream on one device. The workload and the NcclCommunicator
 // (NcclCommunicatorOptions::compute_stream) must use stream(), so everything that touches the
@@ -69,7 +68,6 @@ class CudaDeviceOps final : public DeviceOps {
   std::unique_ptr<kernels::CudaOptimizerKernels> kernels_;
 };
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine
 
 #endif  // ZEROSHARD_WORKER_ENGINE_CUDA_DEVICE_OPS_H_

@@ -5,8 +5,7 @@
 #include "kernels/dtype.h"
 #include "worker/engine/cuda_element_kernels.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 namespace cuda_internal {
 namespace {
 
@@ -86,5 +85,4 @@ cudaError_t LaunchConvertElements(const void* src, int32_t src_dtype, void* dst,
 }
 
 }  // namespace cuda_internal
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine

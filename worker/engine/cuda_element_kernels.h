@@ -7,8 +7,7 @@
 
 #include <cstdint>
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 namespace cuda_internal {
 
 // Enqueue on `stream`; return the launch error, if any. Dtypes are kernels::DType values.
@@ -21,7 +20,6 @@ cudaError_t LaunchConvertElements(const void* src, int32_t src_dtype, void* dst,
                                   int64_t count, cudaStream_t stream);
 
 }  // namespace cuda_internal
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine
 
 #endif  // ZEROSHARD_WORKER_ENGINE_CUDA_ELEMENT_KERNELS_H_

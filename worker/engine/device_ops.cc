@@ -6,8 +6,7 @@
 #include "kernels/cpu_optimizer.h"
 #include "worker/engine/element_convert.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 
 HostDeviceOps::HostDeviceOps(int threads) : thread_pool_(threads) {}
 
@@ -50,5 +49,4 @@ absl::StatusOr<kernels::GradStats> HostDeviceOps::ComputeGradStats(
   return kernels::ComputeGradStatsCpu(pieces, &thread_pool_);
 }
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine

@@ -14,8 +14,7 @@
 #include "kernels/thread_pool.h"
 #include "worker/engine/counting_allocator.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 
 // Every pointer an operation takes, except those named `host_*`, is memory of this device (from
 // AllocateZeroed, or a workload's buffers on the same device). Operations may be asynchronous
@@ -90,7 +89,6 @@ class HostDeviceOps final : public DeviceOps {
   kernels::ThreadPool thread_pool_;
 };
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine
 
 #endif  // ZEROSHARD_WORKER_ENGINE_DEVICE_OPS_H_

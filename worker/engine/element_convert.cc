@@ -3,8 +3,7 @@
 
 #include <cstring>
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 namespace {
 
 using kernels::DType;
@@ -120,5 +119,4 @@ void ZeroElements(void* dst, DType dtype, int64_t count) {
   if (count > 0) std::memset(dst, 0, count * kernels::DTypeSize(dtype));
 }
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine

@@ -8,8 +8,7 @@
 #include "kernels/dtype.h"
 #include "worker/comm/communicator.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 
 // The communicator's name for a kernel dtype.
 comm::ElementType ToElementType(kernels::DType dtype);
@@ -28,7 +27,6 @@ void ConvertElements(const void* src, kernels::DType src_dtype, void* dst, kerne
 // Sets `count` elements of `dtype` at `dst` to zero.
 void ZeroElements(void* dst, kernels::DType dtype, int64_t count);
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine
 
 #endif  // ZEROSHARD_WORKER_ENGINE_ELEMENT_CONVERT_H_

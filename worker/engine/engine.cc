@@ -11,8 +11,7 @@
 #include "common/status_macros.h"
 #include "worker/engine/element_convert.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 namespace {
 
 using kernels::DType;
@@ -86,8 +85,8 @@ absl::StatusOr<EngineMode> ParseEngineMode(absl::string_view name) {
       absl::StrCat("mode: \"", name, "\" is not ddp, zero1 or zero2"));
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ShardPlan& plan, int64_t rank,
-                                                       const EngineConfig& config,
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const sharding::ShardPlan& plan,
+                                                       int64_t rank, const EngineConfig& config,
                                                        comm::Communicator* communicator) {
   ZS_RETURN_IF_ERROR(ValidateConfig(config));
   if (communicator == nullptr) return absl::InvalidArgumentError("communicator: null");
@@ -100,14 +99,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ShardPlan& plan, in
     return absl::InvalidArgumentError(
         absl::StrCat("rank: ", rank, " but the communicator is rank ", communicator->rank()));
   }
-  ZS_ASSIGN_OR_RETURN(RankView view, plan.ViewForRank(rank));
+  ZS_ASSIGN_OR_RETURN(sharding::RankView view, plan.ViewForRank(rank));
   std::unique_ptr<Engine> engine(new Engine(plan, std::move(view), config, communicator));
   ZS_RETURN_IF_ERROR(engine->AllocateBuffers());
   engine->BuildPieces();
   return engine;
 }
 
-Engine::Engine(const ShardPlan& plan, RankView view, const EngineConfig& config,
+Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const EngineConfig& config,
                comm::Communicator* communicator)
     : plan_(plan),
       view_(std::move(view)),
@@ -129,16 +128,16 @@ Engine::Engine(const ShardPlan& plan, RankView view, const EngineConfig& config,
       loss_scale_(config.loss_scale.initial_scale) {
   owned_offsets_.reserve(plan_.num_buckets());
   int64_t offset = 0;
-  for (const BucketLayout& bucket : plan_.buckets()) {
+  for (const sharding::BucketLayout& bucket : plan_.buckets()) {
     owned_offsets_.push_back(offset);
     offset += bucket.piece_elems;
   }
   gap_begin_.reserve(plan_.num_buckets() + 1);
-  for (const BucketLayout& bucket : plan_.buckets()) {
+  for (const sharding::BucketLayout& bucket : plan_.buckets()) {
     gap_begin_.push_back(static_cast<int64_t>(gaps_.size()));
     int64_t covered_to = bucket.flat_begin;
     for (int64_t t = bucket.first_tensor; t < bucket.first_tensor + bucket.num_tensors; ++t) {
-      const TensorPlacement& placement = plan_.placement(t);
+      const sharding::TensorPlacement& placement = plan_.placement(t);
       if (placement.flat_offset > covered_to) gaps_.push_back({covered_to, placement.flat_offset});
       covered_to = placement.flat_end();
     }
@@ -177,7 +176,7 @@ absl::Status Engine::AllocateBuffers() {
   }
   if (UsesBucketPool()) {
     int64_t largest_bucket = 0;
-    for (const BucketLayout& bucket : plan_.buckets()) {
+    for (const sharding::BucketLayout& bucket : plan_.buckets()) {
       largest_bucket = std::max(largest_bucket, bucket.padded_elems);
     }
     const int slots =
@@ -206,8 +205,8 @@ void Engine::BuildPieces() {
     for (int k = 0; k < state_arrays_; ++k) piece.state[k] = state_[k].as<float>() + element;
   };
   // Gradient statistics: the owned fragments in every mode (the same pieces, so the same bits).
-  for (const OwnedPiece& piece : view_.pieces()) {
-    for (const TensorFragment& fragment : view_.FragmentsOf(piece)) {
+  for (const sharding::OwnedPiece& piece : view_.pieces()) {
+    for (const sharding::TensorFragment& fragment : view_.FragmentsOf(piece)) {
       kernels::GradPiece stats;
       stats.dtype = config_.grad_dtype;
       stats.length = fragment.size();
@@ -220,8 +219,8 @@ void Engine::BuildPieces() {
   }
   if (ddp) {
     for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
-      const TensorPlacement& placement = plan_.placement(t);
-      const TensorSpec& spec = plan_.tensors()[t];
+      const sharding::TensorPlacement& placement = plan_.placement(t);
+      const sharding::TensorSpec& spec = plan_.tensors()[t];
       kernels::UpdatePiece piece;
       piece.grad = GradsAt(placement.flat_offset);
       piece.grad_dtype = config_.grad_dtype;
@@ -236,9 +235,9 @@ void Engine::BuildPieces() {
     }
     return;
   }
-  for (const OwnedPiece& owned : view_.pieces()) {
-    for (const TensorFragment& fragment : view_.FragmentsOf(owned)) {
-      const TensorSpec& spec = plan_.tensors()[fragment.tensor];
+  for (const sharding::OwnedPiece& owned : view_.pieces()) {
+    for (const sharding::TensorFragment& fragment : view_.FragmentsOf(owned)) {
+      const sharding::TensorSpec& spec = plan_.tensors()[fragment.tensor];
       const int64_t owned_element =
           OwnedOffset(owned.bucket) + fragment.flat_begin - owned.flat_begin;
       kernels::UpdatePiece piece;
@@ -270,14 +269,14 @@ absl::Status Engine::InitializeParameters(
     return absl::FailedPreconditionError("InitializeParameters during a step");
   }
   const bool ddp = config_.mode == EngineMode::kDdp;
-  absl::Span<const OwnedPiece> pieces = view_.pieces();
+  absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();
   size_t piece_index = 0;
-  const TensorFragment* fragment = view_.fragments().data();
-  const TensorFragment* fragments_end = fragment + view_.fragments().size();
+  const sharding::TensorFragment* fragment = view_.fragments().data();
+  const sharding::TensorFragment* fragments_end = fragment + view_.fragments().size();
   std::vector<float> values;
   std::vector<char> converted;  // values in param_dtype, on the host
   for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
-    const TensorPlacement& placement = plan_.placement(t);
+    const sharding::TensorPlacement& placement = plan_.placement(t);
     values.assign(placement.num_elements, 0.0f);
     ZS_RETURN_IF_ERROR(initial(t, absl::MakeSpan(values)));
     converted.resize(placement.num_elements * param_size_);
@@ -294,7 +293,7 @@ absl::Status Engine::InitializeParameters(
     // Owned fragments are in flat order, as tensors are: those of tensor t come next.
     for (; fragment != fragments_end && fragment->tensor == t; ++fragment) {
       while (fragment->flat_begin >= pieces[piece_index].flat_end) ++piece_index;
-      const OwnedPiece& piece = pieces[piece_index];
+      const sharding::OwnedPiece& piece = pieces[piece_index];
       ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyFromHost(
           master_.as<float>() + OwnedOffset(piece.bucket) + fragment->flat_begin - piece.flat_begin,
           values.data() + fragment->tensor_begin, fragment->size() * sizeof(float))));
@@ -305,7 +304,7 @@ absl::Status Engine::InitializeParameters(
 }
 
 absl::Span<const float> Engine::Parameters(int64_t tensor) {
-  const TensorPlacement& placement = plan_.placement(tensor);
+  const sharding::TensorPlacement& placement = plan_.placement(tensor);
   if (config_.param_dtype == DType::kFloat32) {
     return absl::MakeConstSpan(params_.as<float>() + placement.flat_offset, placement.num_elements);
   }
@@ -347,7 +346,7 @@ absl::Status Engine::GradReady(int64_t tensor, absl::Span<const float> gradient)
     return absl::InvalidArgumentError(
         absl::StrCat("tensor: ", tensor, " is not in [0, ", plan_.num_tensors(), ")"));
   }
-  const TensorPlacement& placement = plan_.placement(tensor);
+  const sharding::TensorPlacement& placement = plan_.placement(tensor);
   if (static_cast<int64_t>(gradient.size()) != placement.num_elements) {
     return absl::InvalidArgumentError(absl::StrCat("gradient: ", gradient.size(),
                                                    " elements for tensor ", tensor, " of ",
@@ -363,7 +362,7 @@ absl::Status Engine::GradReady(int64_t tensor, absl::Span<const float> gradient)
   if (config_.mode == EngineMode::kZero2) {
     // Backward writes straight into the bucket's reduce buffer.
     if (bucket.slot < 0) ZS_RETURN_IF_ERROR(AcquireSlot(bucket_index));
-    const BucketLayout& layout = plan_.buckets()[bucket_index];
+    const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
     ZS_RETURN_IF_ERROR(RecordFailure(device_->StoreScaledGradient(
         gradient.data(), scale, placement.num_elements, config_.grad_dtype,
         SlotData(bucket.slot) + (placement.flat_offset - layout.flat_begin) * reduce_size_,
@@ -397,7 +396,7 @@ absl::Status Engine::AcquireSlot(int64_t bucket) {
 
 absl::Status Engine::LaunchBucket(int64_t bucket_index) {
   BucketState& bucket = buckets_[bucket_index];
-  const BucketLayout& layout = plan_.buckets()[bucket_index];
+  const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
   char* reduce_buffer;
   if (config_.mode == EngineMode::kZero2) {
     reduce_buffer = SlotData(bucket.slot);
@@ -449,7 +448,7 @@ absl::Status Engine::RetireOldest() {
   }
   if (bucket.slot < 0) return absl::OkStatus();  // reduced in place in the gradient buffer
   // Move the reduced values into the gradient storage the update reads, in grad_dtype.
-  const BucketLayout& layout = plan_.buckets()[bucket_index];
+  const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
   const char* slot = SlotData(bucket.slot);
   const int64_t owned_begin = rank_ * layout.piece_elems;
   absl::Status moved;
@@ -556,7 +555,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
     gathers.reserve(plan_.num_buckets());
     gather_run_time = absl::ZeroDuration();
     const comm::ElementType type = ToElementType(config_.param_dtype);
-    for (const BucketLayout& layout : plan_.buckets()) {
+    for (const sharding::BucketLayout& layout : plan_.buckets()) {
       gathers.push_back(communicator_->AllGatherInPlace(ParamsAt(layout.flat_begin),
                                                         layout.piece_elems, type, options));
     }
@@ -616,5 +615,4 @@ void Engine::ResetStepState() {
   run_times_recorded_ = true;
 }
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine

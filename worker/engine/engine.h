@@ -24,8 +24,7 @@
 #include "worker/engine/device_ops.h"
 #include "worker/workloads/workload.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 
 // ddp: gradients all-reduced, every rank updates everything (full optimizer state everywhere).
 // zero1: gradients reduce-scattered into a full-size gradient buffer, optimizer state and master
@@ -138,8 +137,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
  public:
   // `plan` must be for the communicator's world size and `rank` its rank. InvalidArgument
   // naming the field for a bad config or a mismatch.
-  static absl::StatusOr<std::unique_ptr<Engine>> Create(const ShardPlan& plan, int64_t rank,
-                                                        const EngineConfig& config,
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(const sharding::ShardPlan& plan,
+                                                        int64_t rank, const EngineConfig& config,
                                                         comm::Communicator* communicator);
   ~Engine() override;
   Engine(const Engine&) = delete;
@@ -177,8 +176,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   int64_t optimizer_step() const { return optimizer_step_; }
   double loss_scale() const { return loss_scale_; }
   const EngineConfig& config() const { return config_; }
-  const ShardPlan& plan() const { return plan_; }
-  const RankView& view() const { return view_; }
+  const sharding::ShardPlan& plan() const { return plan_; }
+  const sharding::RankView& view() const { return view_; }
 
  private:
   // Per-bucket progress within the current step.
@@ -188,7 +187,7 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
     std::unique_ptr<comm::Work> reduction;  // set from launch until retired
   };
 
-  Engine(const ShardPlan& plan, RankView view, const EngineConfig& config,
+  Engine(const sharding::ShardPlan& plan, sharding::RankView view, const EngineConfig& config,
          comm::Communicator* communicator);
   // ResourceExhausted when the device is out of memory.
   absl::Status AllocateBuffers();
@@ -216,8 +215,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   void UpdateLossScale(bool overflow);
   void ResetStepState();
 
-  const ShardPlan plan_;
-  const RankView view_;
+  const sharding::ShardPlan plan_;
+  const sharding::RankView view_;
   const EngineConfig config_;
   comm::Communicator* const communicator_;
   const int64_t world_size_;
@@ -282,7 +281,6 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   absl::Status failure_;    // set by the first failed collective; the engine is then unusable
 };
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine
 
 #endif  // ZEROSHARD_WORKER_ENGINE_ENGINE_H_

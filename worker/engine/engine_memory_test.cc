@@ -10,8 +10,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/engine/engine.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 namespace {
 
 using kernels::DType;
@@ -60,19 +59,19 @@ class PlaceholderCommunicator : public comm::Communicator {
 };
 
 // About 1.05M parameters in tensors of uneven sizes, in buckets of 64Ki elements.
-ShardPlan MemoryPlan(int64_t world_size) {
-  std::vector<TensorSpec> tensors;
+sharding::ShardPlan MemoryPlan(int64_t world_size) {
+  std::vector<sharding::TensorSpec> tensors;
   const int64_t sizes[] = {262144, 1000, 131071, 300000, 7, 65536, 200003, 90000};
   for (int64_t size : sizes) {
-    TensorSpec spec;
+    sharding::TensorSpec spec;
     spec.name = absl::StrCat("t", tensors.size());
     spec.shape = {size};
     spec.num_elements = size;
     tensors.push_back(spec);
   }
-  ShardPlanOptions options;
+  sharding::ShardPlanOptions options;
   options.bucket_elems = 65536;
-  auto plan = ShardPlan::Create(tensors, world_size, options);
+  auto plan = sharding::ShardPlan::Create(tensors, world_size, options);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *std::move(plan);
 }
@@ -86,9 +85,9 @@ EngineConfig AdamBf16Config(EngineMode mode) {
   return config;
 }
 
-int64_t LargestBucket(const ShardPlan& plan) {
+int64_t LargestBucket(const sharding::ShardPlan& plan) {
   int64_t largest = 0;
-  for (const BucketLayout& bucket : plan.buckets())
+  for (const sharding::BucketLayout& bucket : plan.buckets())
     largest = std::max(largest, bucket.padded_elems);
   return largest;
 }
@@ -97,7 +96,7 @@ class EngineMemoryTest : public ::testing::TestWithParam<int> {};
 
 TEST_P(EngineMemoryTest, ReportedBytesFollowTheZeroFormulas) {
   const int world_size = GetParam();
-  const ShardPlan plan = MemoryPlan(world_size);
+  const sharding::ShardPlan plan = MemoryPlan(world_size);
   const double psi = static_cast<double>(plan.tensor_elems());
   const double padding = static_cast<double>(plan.padded_elems() - plan.tensor_elems());
   // Padding (alignment gaps and bucket tails) stays small, so the tolerances below are tight.
@@ -148,7 +147,7 @@ TEST_P(EngineMemoryTest, ReportedBytesFollowTheZeroFormulas) {
 
 TEST_P(EngineMemoryTest, ReducingInTheGradientDtypeNeedsNoBucketBuffersOutsideZero2) {
   const int world_size = GetParam();
-  const ShardPlan plan = MemoryPlan(world_size);
+  const sharding::ShardPlan plan = MemoryPlan(world_size);
   for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
     SCOPED_TRACE(EngineModeName(mode));
     EngineConfig config = AdamBf16Config(mode);
@@ -164,7 +163,7 @@ TEST_P(EngineMemoryTest, ReducingInTheGradientDtypeNeedsNoBucketBuffersOutsideZe
 
 TEST_P(EngineMemoryTest, WidenedParametersAreCountedWhenTheWorkloadAsksForThem) {
   const int world_size = GetParam();
-  const ShardPlan plan = MemoryPlan(world_size);
+  const sharding::ShardPlan plan = MemoryPlan(world_size);
   PlaceholderCommunicator communicator(0, world_size);
   auto engine = Engine::Create(plan, 0, AdamBf16Config(EngineMode::kZero2), &communicator);
   ASSERT_TRUE(engine.ok()) << engine.status();
@@ -178,5 +177,4 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, EngineMemoryTest, ::testing::Values(1, 2, 4
                          });
 
 }  // namespace
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine

@@ -20,8 +20,7 @@
 #include "worker/engine/element_convert.h"
 #include "worker/engine/least_squares_workload.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 namespace {
 
 using kernels::DType;
@@ -32,10 +31,10 @@ constexpr uint64_t kSeed = 7;
 
 // Odd sizes so tensors straddle pieces; per-tensor weight decay and lr scale; the minimum
 // bucket size gives several buckets, more than the zero2 pool holds.
-std::vector<TensorSpec> TestTensors() {
-  std::vector<TensorSpec> tensors;
+std::vector<sharding::TensorSpec> TestTensors() {
+  std::vector<sharding::TensorSpec> tensors;
   auto add = [&](const char* name, int64_t elements, bool weight_decay, float lr_scale) {
-    TensorSpec spec;
+    sharding::TensorSpec spec;
     spec.name = name;
     spec.shape = {elements};
     spec.num_elements = elements;
@@ -54,10 +53,10 @@ std::vector<TensorSpec> TestTensors() {
   return tensors;
 }
 
-ShardPlan TestPlan(int64_t world_size) {
-  ShardPlanOptions options;
-  options.bucket_elems = kMinBucketElems;
-  auto plan = ShardPlan::Create(TestTensors(), world_size, options);
+sharding::ShardPlan TestPlan(int64_t world_size) {
+  sharding::ShardPlanOptions options;
+  options.bucket_elems = sharding::kMinBucketElems;
+  auto plan = sharding::ShardPlan::Create(TestTensors(), world_size, options);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *std::move(plan);
 }
@@ -71,7 +70,7 @@ struct RunResult {
 // Trains kSteps steps with `world_size` threads as ranks.
 RunResult RunEngines(int64_t world_size, const EngineConfig& config, int64_t infinity_step = -1,
                      int64_t infinity_rank = 0) {
-  const ShardPlan plan = TestPlan(world_size);
+  const sharding::ShardPlan plan = TestPlan(world_size);
   comm::InMemoryStore store;
   RunResult run;
   run.params_by_rank.resize(world_size);
@@ -126,7 +125,7 @@ struct ReferenceResult {
 // One process, the whole batch, no communication: the same storage rounding, loss scaling,
 // clipping rule and optimizer kernel, with whole tensors as pieces.
 ReferenceResult RunReference(const EngineConfig& config, int64_t infinity_step = -1) {
-  const std::vector<TensorSpec> tensors = TestTensors();
+  const std::vector<sharding::TensorSpec> tensors = TestTensors();
   const int64_t num_tensors = static_cast<int64_t>(tensors.size());
   LeastSquaresWorkload workload(tensors, kGlobalBatch, /*rank=*/0, /*world_size=*/1, kSeed);
   const int state_arrays = kernels::StateArraysPerParam(config.optimizer);
@@ -391,7 +390,7 @@ TEST_P(EngineEquivalenceTest, Bf16GradientsReducedInBf16) {
 
 // Misuse is refused with the documented codes and leaves the step usable.
 TEST(EngineTest, RefusesBadGradientsAndIncompleteSteps) {
-  const ShardPlan plan = TestPlan(1);
+  const sharding::ShardPlan plan = TestPlan(1);
   comm::GlooCommunicatorOptions options;
   auto communicator = comm::GlooCommunicator::Create(options);
   ASSERT_TRUE(communicator.ok()) << communicator.status();
@@ -427,5 +426,4 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, EngineEquivalenceTest, ::testing::Values(1,
                          });
 
 }  // namespace
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine

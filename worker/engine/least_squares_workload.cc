@@ -8,8 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 namespace {
 
 uint64_t SplitMix64(uint64_t x) {
@@ -32,14 +31,15 @@ constexpr uint64_t kFeatureStream = 3;
 
 }  // namespace
 
-LeastSquaresWorkload::LeastSquaresWorkload(std::vector<TensorSpec> tensors, int64_t global_batch,
-                                           int64_t rank, int64_t world_size, uint64_t seed)
+LeastSquaresWorkload::LeastSquaresWorkload(std::vector<sharding::TensorSpec> tensors,
+                                           int64_t global_batch, int64_t rank, int64_t world_size,
+                                           uint64_t seed)
     : tensors_(std::move(tensors)),
       global_batch_(global_batch),
       rank_(rank),
       world_size_(world_size),
       seed_(seed) {
-  for (const TensorSpec& spec : tensors_) total_elements_ += spec.num_elements;
+  for (const sharding::TensorSpec& spec : tensors_) total_elements_ += spec.num_elements;
   const float bound = 1.0f / std::sqrt(static_cast<float>(total_elements_));
   for (size_t t = 0; t < tensors_.size(); ++t) {
     std::vector<float> teacher(tensors_[t].num_elements);
@@ -118,5 +118,4 @@ absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step,
   return loss;
 }
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine

@@ -13,8 +13,7 @@
 #include "sharding/tensor_spec.h"
 #include "worker/workloads/workload.h"
 
-namespace zeroshard {
-namespace engine {
+namespace zeroshard::engine {
 
 // Sample i of step s has one feature vector x_t per tensor t (uniform in [-1, 1], from a
 // counter-based hash of (seed, s, i, t, j)). The model predicts y_hat = sum_t <w_t, x_t>; the
@@ -24,8 +23,8 @@ namespace engine {
 // Thread contract: const methods are thread-safe; ForwardBackward is called by one thread.
 class LeastSquaresWorkload : public workloads::Workload {
  public:
-  LeastSquaresWorkload(std::vector<TensorSpec> tensors, int64_t global_batch, int64_t rank,
-                       int64_t world_size, uint64_t seed);
+  LeastSquaresWorkload(std::vector<sharding::TensorSpec> tensors, int64_t global_batch,
+                       int64_t rank, int64_t world_size, uint64_t seed);
 
   // Uniform in +-1/sqrt(total elements), from the seed.
   absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const override;
@@ -49,7 +48,7 @@ class LeastSquaresWorkload : public workloads::Workload {
  private:
   float Feature(int64_t step, int64_t sample, int64_t tensor, int64_t element) const;
 
-  const std::vector<TensorSpec> tensors_;
+  const std::vector<sharding::TensorSpec> tensors_;
   const int64_t global_batch_;
   const int64_t rank_;
   const int64_t world_size_;
@@ -60,7 +59,6 @@ class LeastSquaresWorkload : public workloads::Workload {
   int64_t infinity_step_ = -1;
 };
 
-}  // namespace engine
-}  // namespace zeroshard
+}  // namespace zeroshard::engine
 
 #endif  // ZEROSHARD_WORKER_ENGINE_LEAST_SQUARES_WORKLOAD_H_

@@ -44,7 +44,8 @@ cublasHandle_t AsHandle(void* handle) { return static_cast<cublasHandle_t>(handl
 
 absl::StatusOr<std::unique_ptr<CudaTeacherStudentMlp>> CudaTeacherStudentMlp::Create(
     const TeacherStudentMlpOptions& options, void* stream) {
-  ZS_ASSIGN_OR_RETURN(std::vector<TensorSpec> tensors, TensorsForLayerSizes(options.layer_sizes));
+  ZS_ASSIGN_OR_RETURN(std::vector<sharding::TensorSpec> tensors,
+                      sharding::TensorsForLayerSizes(options.layer_sizes));
   ZS_RETURN_IF_ERROR(ValidateTeacherStudentMlpOptions(options));
   std::unique_ptr<CudaTeacherStudentMlp> workload(
       new CudaTeacherStudentMlp(options, std::move(tensors), stream));
@@ -53,7 +54,8 @@ absl::StatusOr<std::unique_ptr<CudaTeacherStudentMlp>> CudaTeacherStudentMlp::Cr
 }
 
 CudaTeacherStudentMlp::CudaTeacherStudentMlp(TeacherStudentMlpOptions options,
-                                             std::vector<TensorSpec> tensors, void* stream)
+                                             std::vector<sharding::TensorSpec> tensors,
+                                             void* stream)
     : options_(std::move(options)),
       tensors_(std::move(tensors)),
       num_layers_(static_cast<int64_t>(options_.layer_sizes.size()) - 1),
@@ -143,9 +145,9 @@ absl::Status CudaTeacherStudentMlp::LinearForward(const float* in, const float* 
                                         static_cast<int>(in_size), &one, weight,
                                         static_cast<int>(in_size), in, static_cast<int>(in_size),
                                         &zero, out, static_cast<int>(out_size)));
-  return CudaStatus(cuda_internal::LaunchBiasActivation(out, bias, local_batch_, out_size, relu,
-                                                        AsStream(stream_)),
-                    "bias and activation kernel");
+  return common::CudaStatus(cuda_internal::LaunchBiasActivation(out, bias, local_batch_, out_size,
+                                                                relu, AsStream(stream_)),
+                            "bias and activation kernel");
 }
 
 absl::Status CudaTeacherStudentMlp::LoadMicroBatch(int64_t step) {
@@ -201,19 +203,21 @@ absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, Para
   const int64_t count = local_batch_ * sizes.back();
   const float gradient_scale = static_cast<float>(2.0 / static_cast<double>(count));
   float* delta = delta_[0];
-  ZS_RETURN_IF_ERROR(CudaStatus(cuda_internal::LaunchMseLossAndGradient(
-                                    activations_[num_layers_], targets_, count, gradient_scale,
-                                    delta, loss_partials_, loss_sum_, AsStream(stream_)),
-                                "MSE kernels"));
+  ZS_RETURN_IF_ERROR(common::CudaStatus(
+      cuda_internal::LaunchMseLossAndGradient(activations_[num_layers_], targets_, count,
+                                              gradient_scale, delta, loss_partials_, loss_sum_,
+                                              AsStream(stream_)),
+      "MSE kernels"));
 
   const float one = 1.0f;
   const float zero = 0.0f;
   for (int64_t l = num_layers_ - 1; l >= 0; --l) {
     const int64_t in_size = sizes[l];
     const int64_t out_size = sizes[l + 1];
-    ZS_RETURN_IF_ERROR(CudaStatus(cuda_internal::LaunchBiasGradient(delta, local_batch_, out_size,
-                                                                    bias_grad_, AsStream(stream_)),
-                                  "bias gradient kernel"));
+    ZS_RETURN_IF_ERROR(
+        common::CudaStatus(cuda_internal::LaunchBiasGradient(delta, local_batch_, out_size,
+                                                             bias_grad_, AsStream(stream_)),
+                           "bias gradient kernel"));
     ZS_RETURN_IF_ERROR(sink.GradReady(BiasTensor(l), absl::MakeConstSpan(bias_grad_, out_size)));
 
     // G^T [in, out] = x^T [in, batch] d [batch, out] (see the top of this file).
@@ -233,10 +237,10 @@ absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, Para
                     static_cast<int>(local_batch_), static_cast<int>(out_size), &one, weights[l],
                     static_cast<int>(in_size), delta, static_cast<int>(out_size), &zero, previous,
                     static_cast<int>(in_size)));
-    ZS_RETURN_IF_ERROR(
-        CudaStatus(cuda_internal::LaunchReluBackward(previous, activations_[l],
-                                                     local_batch_ * in_size, AsStream(stream_)),
-                   "ReLU backward kernel"));
+    ZS_RETURN_IF_ERROR(common::CudaStatus(
+        cuda_internal::LaunchReluBackward(previous, activations_[l], local_batch_ * in_size,
+                                          AsStream(stream_)),
+        "ReLU backward kernel"));
     delta = previous;
   }
 

@@ -50,11 +50,11 @@ class CudaTeacherStudentMlp final : public Workload {
   absl::StatusOr<double> ForwardBackward(int64_t step, ParameterSource& params,
                                          GradientSink& sink) override;
 
-  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  const std::vector<sharding::TensorSpec>& tensors() const { return tensors_; }
   int64_t local_batch() const { return local_batch_; }
 
  private:
-  CudaTeacherStudentMlp(TeacherStudentMlpOptions options, std::vector<TensorSpec> tensors,
+  CudaTeacherStudentMlp(TeacherStudentMlpOptions options, std::vector<sharding::TensorSpec> tensors,
                         void* stream);
   // Allocates and fills everything; called once by Create.
   absl::Status Initialize();
@@ -72,7 +72,7 @@ class CudaTeacherStudentMlp final : public Workload {
   absl::Status LoadMicroBatch(int64_t step);
 
   const TeacherStudentMlpOptions options_;
-  const std::vector<TensorSpec> tensors_;
+  const std::vector<sharding::TensorSpec> tensors_;
   const int64_t num_layers_;        // Linear layers
   const int64_t local_batch_;       // global_batch / world_size
   void* const stream_;              // cudaStream_t, not owned

@@ -36,7 +36,7 @@ absl::Status WriteFloats(const std::string& path, const std::vector<float>& valu
 }
 
 absl::Status Dump() {
-  WorkloadSpec spec;
+  sharding::WorkloadSpec spec;
   spec.preset = absl::GetFlag(FLAGS_preset);
   for (absl::string_view part :
        absl::StrSplit(absl::GetFlag(FLAGS_layer_sizes), ',', absl::SkipEmpty())) {
@@ -46,7 +46,7 @@ absl::Status Dump() {
     }
     spec.layer_sizes.push_back(size);
   }
-  const absl::StatusOr<std::vector<int64_t>> sizes = ResolveLayerSizes(spec);
+  const absl::StatusOr<std::vector<int64_t>> sizes = sharding::ResolveLayerSizes(spec);
   if (!sizes.ok()) return sizes.status();
   const std::string dir = absl::GetFlag(FLAGS_out);
   if (dir.empty()) return absl::InvalidArgumentError("out: required");

@@ -87,7 +87,8 @@ absl::Status ValidateTeacherStudentMlpOptions(const TeacherStudentMlpOptions& op
 
 absl::StatusOr<std::unique_ptr<TeacherStudentMlp>> TeacherStudentMlp::Create(
     const TeacherStudentMlpOptions& options) {
-  ZS_ASSIGN_OR_RETURN(std::vector<TensorSpec> tensors, TensorsForLayerSizes(options.layer_sizes));
+  ZS_ASSIGN_OR_RETURN(std::vector<sharding::TensorSpec> tensors,
+                      sharding::TensorsForLayerSizes(options.layer_sizes));
   ZS_RETURN_IF_ERROR(ValidateTeacherStudentMlpOptions(options));
   // Single-threaded BLAS is deterministic and leaves the cores to the engine (DESIGN.md).
   openblas_set_num_threads(1);
@@ -95,7 +96,7 @@ absl::StatusOr<std::unique_ptr<TeacherStudentMlp>> TeacherStudentMlp::Create(
 }
 
 TeacherStudentMlp::TeacherStudentMlp(TeacherStudentMlpOptions options,
-                                     std::vector<TensorSpec> tensors)
+                                     std::vector<sharding::TensorSpec> tensors)
     : options_(std::move(options)),
       tensors_(std::move(tensors)),
       num_layers_(static_cast<int64_t>(options_.layer_sizes.size()) - 1),

@@ -87,13 +87,13 @@ class TeacherStudentMlp final : public Workload {
   absl::StatusOr<double> ForwardBackward(int64_t step, ParameterSource& params,
                                          GradientSink& sink) override;
 
-  const std::vector<TensorSpec>& tensors() const { return tensors_; }
+  const std::vector<sharding::TensorSpec>& tensors() const { return tensors_; }
   int64_t local_batch() const { return local_batch_; }
   // The dataset index of sample j (0 <= j < local_batch) of this rank's micro-batch at `step`.
   int64_t SampleIndex(int64_t step, int64_t j) const;
 
  private:
-  TeacherStudentMlp(TeacherStudentMlpOptions options, std::vector<TensorSpec> tensors);
+  TeacherStudentMlp(TeacherStudentMlpOptions options, std::vector<sharding::TensorSpec> tensors);
 
   // Catalog tensor index of layer `layer`'s bias (its weight is the next index).
   int64_t BiasTensor(int64_t layer) const;
@@ -101,7 +101,7 @@ class TeacherStudentMlp final : public Workload {
   void LoadMicroBatch(int64_t step);
 
   const TeacherStudentMlpOptions options_;
-  const std::vector<TensorSpec> tensors_;
+  const std::vector<sharding::TensorSpec> tensors_;
   const int64_t num_layers_;   // Linear layers
   const int64_t local_batch_;  // global_batch / world_size
   // Teacher weight and bias of each Linear layer, forward order.

@@ -197,7 +197,7 @@ TEST(TeacherStudentMlpTest, TensorsAreTheCatalogsAndInitialValuesFollowTheGenera
   const std::vector<int64_t> sizes = {10, 64, 10};
   std::unique_ptr<TeacherStudentMlp> workload = MakeWorkload(Options(sizes, 128, 4, 1, 9));
   ASSERT_NE(workload, nullptr);
-  EXPECT_EQ(workload->tensors(), *TensorsForLayerSizes(sizes));
+  EXPECT_EQ(workload->tensors(), *sharding::TensorsForLayerSizes(sizes));
   EXPECT_EQ(workload->local_batch(), 32);
 
   const Tensors initial = InitialTensors(*workload);
@@ -434,7 +434,8 @@ class AdamW {
 // 1,024 samples, 80 steps (10 epochs), AdamW lr 0.01 with torch's defaults. The loss must fall
 // at least 10x (the NumPy prototype measured ~85x).
 TEST(TeacherStudentMlpTest, SeedPresetTrainsTenfoldWithAdamW) {
-  const TeacherStudentMlpOptions options = Options(*PresetLayerSizes("seed"), 128, 1, 0, 0);
+  const TeacherStudentMlpOptions options =
+      Options(*sharding::PresetLayerSizes("seed"), 128, 1, 0, 0);
   std::unique_ptr<TeacherStudentMlp> workload = MakeWorkload(options);
   ASSERT_NE(workload, nullptr);
   VectorParameterSource params(InitialTensors(*workload));

@@ -1,6 +1,6 @@
 // ValidateJobSpec and ValidateCheckpointPath: valid specs pass (including every range's edges),
 // and a table of malformed specs each fails with INVALID_ARGUMENT naming the field.
-#include "spec/job_spec_validation.h"
+#include "jobspec/job_spec_validation.h"
 
 #include <cmath>
 #include <functional>
@@ -11,9 +11,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
-#include "spec/job_spec_defaults.h"
+#include "jobspec/job_spec_defaults.h"
 
-namespace zeroshard {
+namespace zeroshard::jobspec {
 namespace {
 
 using ::zeroshard::v1::JobSpec;
@@ -546,4 +546,4 @@ TEST(ValidateCheckpointPathTest, RejectsPathsOutsideTheRoot) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec

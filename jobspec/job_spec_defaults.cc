@@ -1,9 +1,9 @@
 // JobSpec defaults (see job.proto for each field's documented default).
-#include "spec/job_spec_defaults.h"
+#include "jobspec/job_spec_defaults.h"
 
 #include <string>
 
-namespace zeroshard {
+namespace zeroshard::jobspec {
 
 using ::zeroshard::v1::JobSpec;
 using ::zeroshard::v1::OptimizerKind;
@@ -55,7 +55,7 @@ JobSpec WithDefaults(JobSpec spec, const std::string& job_id) {
   if (spec.mode() == v1::MODE_UNSPECIFIED) spec.set_mode(v1::ZERO2);
   ApplyPrecisionDefaults(*spec.mutable_precision());
   if (!spec.has_clip_grad_norm()) spec.set_clip_grad_norm(0.0);
-  if (!spec.has_bucket_elems()) spec.set_bucket_elems(kDefaultBucketElems);
+  if (!spec.has_bucket_elems()) spec.set_bucket_elems(sharding::kDefaultBucketElems);
   if (!spec.has_min_workers()) spec.set_min_workers(1);
   if (!spec.has_max_workers()) spec.set_max_workers(spec.min_workers());
   if (spec.device_kind() == v1::DEVICE_KIND_UNSPECIFIED) spec.set_device_kind(v1::CPU);
@@ -70,4 +70,4 @@ JobSpec WithDefaults(JobSpec spec, const std::string& job_id) {
   return spec;
 }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec

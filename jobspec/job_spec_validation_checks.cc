@@ -1,5 +1,5 @@
 // Field checks shared by the job spec and request validators (see the header).
-#include "spec/job_spec_validation_checks.h"
+#include "jobspec/job_spec_validation_checks.h"
 
 #include <cmath>
 #include <vector>
@@ -11,8 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 
-namespace zeroshard {
-namespace validation {
+namespace zeroshard::jobspec {
 namespace {
 
 constexpr size_t kMaxQuotedBytes = 64;
@@ -125,5 +124,4 @@ absl::Status CheckMaxBytes(absl::string_view field, absl::string_view value, siz
       absl::StrCat(field, ": ", value.size(), " bytes is longer than the limit of ", max_bytes));
 }
 
-}  // namespace validation
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec

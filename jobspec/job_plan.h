@@ -1,7 +1,7 @@
 // From a job spec to its tensor list and shard plan, and from a plan to its API message. The
 // coordinator and the workers both use this, so they agree on the layout hash.
-#ifndef ZEROSHARD_SPEC_JOB_PLAN_H_
-#define ZEROSHARD_SPEC_JOB_PLAN_H_
+#ifndef ZEROSHARD_JOBSPEC_JOB_PLAN_H_
+#define ZEROSHARD_JOBSPEC_JOB_PLAN_H_
 
 #include <cstdint>
 #include <vector>
@@ -12,18 +12,19 @@
 #include "zeroshard/v1/job.pb.h"
 #include "zeroshard/v1/shard_plan.pb.h"
 
-namespace zeroshard {
+namespace zeroshard::jobspec {
 
 // The model's tensors in gradient-ready order (the catalog's errors name the `workload` field).
-absl::StatusOr<std::vector<TensorSpec>> TensorsForJob(const v1::JobSpec& spec);
+absl::StatusOr<std::vector<sharding::TensorSpec>> TensorsForJob(const v1::JobSpec& spec);
 
 // The plan of `spec` (defaults applied) at `world_size` ranks.
-absl::StatusOr<ShardPlan> PlanForJob(const v1::JobSpec& spec, int64_t world_size);
+absl::StatusOr<sharding::ShardPlan> PlanForJob(const v1::JobSpec& spec, int64_t world_size);
 
 // The API view of `plan` for `rank`: counts and hash always, its pieces with fragments, and the
 // global layout (tensors and buckets) when `include_layout`.
-absl::StatusOr<v1::ShardPlan> PlanToProto(const ShardPlan& plan, int64_t rank, bool include_layout);
+absl::StatusOr<v1::ShardPlan> PlanToProto(const sharding::ShardPlan& plan, int64_t rank,
+                                          bool include_layout);
 
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec
 
-#endif  // ZEROSHARD_SPEC_JOB_PLAN_H_
+#endif  // ZEROSHARD_JOBSPEC_JOB_PLAN_H_

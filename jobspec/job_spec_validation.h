@@ -1,7 +1,7 @@
 // Validation of a JobSpec with its defaults applied, and of checkpoint paths: every bad value
 // gets INVALID_ARGUMENT with a message that names the field, what is wrong and what is allowed.
-#ifndef ZEROSHARD_SPEC_JOB_SPEC_VALIDATION_H_
-#define ZEROSHARD_SPEC_JOB_SPEC_VALIDATION_H_
+#ifndef ZEROSHARD_JOBSPEC_JOB_SPEC_VALIDATION_H_
+#define ZEROSHARD_JOBSPEC_JOB_SPEC_VALIDATION_H_
 
 #include <cstdint>
 
@@ -9,7 +9,7 @@
 #include "absl/strings/string_view.h"
 #include "zeroshard/v1/job.pb.h"
 
-namespace zeroshard {
+namespace zeroshard::jobspec {
 
 // The longest checkpoint path accepted (job.proto's bucket and world-size bounds are the shard
 // planner's kMinBucketElems, kMaxBucketElems and kMaxWorldSize).
@@ -34,6 +34,6 @@ absl::Status ValidateJobSpec(const zeroshard::v1::JobSpec& spec);
 // control characters (NUL included). Messages start with `field_path`.
 absl::Status ValidateCheckpointPath(absl::string_view path, absl::string_view field_path = "path");
 
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec
 
-#endif  // ZEROSHARD_SPEC_JOB_SPEC_VALIDATION_H_
+#endif  // ZEROSHARD_JOBSPEC_JOB_SPEC_VALIDATION_H_

@@ -1,6 +1,6 @@
 // The defaults documented in job.proto's comments are the ones WithDefaults applies, and a
 // JobSpec round-trips through protobuf JSON.
-#include "spec/job_spec_defaults.h"
+#include "jobspec/job_spec_defaults.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -16,7 +16,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 
-namespace zeroshard {
+namespace zeroshard::jobspec {
 namespace {
 
 using ::google::protobuf::FieldDescriptor;
@@ -245,4 +245,4 @@ TEST(JobSpecJsonTest, RoundTripsThroughJson) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec

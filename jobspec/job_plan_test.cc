@@ -1,10 +1,10 @@
 // Tests for the spec -> plan bridge: the seed model's plan and its API view.
-#include "spec/job_plan.h"
+#include "jobspec/job_plan.h"
 
 #include "gtest/gtest.h"
-#include "spec/job_spec_defaults.h"
+#include "jobspec/job_spec_defaults.h"
 
-namespace zeroshard {
+namespace zeroshard::jobspec {
 namespace {
 
 v1::JobSpec SeedSpec() {
@@ -16,7 +16,7 @@ v1::JobSpec SeedSpec() {
 
 TEST(JobPlanTest, SeedModelPlanCoversEveryElementOnce) {
   for (int64_t world_size : {1, 2, 4}) {
-    absl::StatusOr<ShardPlan> plan = PlanForJob(SeedSpec(), world_size);
+    absl::StatusOr<sharding::ShardPlan> plan = PlanForJob(SeedSpec(), world_size);
     ASSERT_TRUE(plan.ok()) << plan.status();
     EXPECT_EQ(plan->tensor_elems(), 10 * 64 + 64 + 64 * 10 + 10);
     int64_t covered = 0;
@@ -40,7 +40,7 @@ TEST(JobPlanTest, SeedModelPlanCoversEveryElementOnce) {
 TEST(JobPlanTest, ErrorsNameTheField) {
   v1::JobSpec spec = SeedSpec();
   spec.mutable_workload()->set_preset("huge");
-  absl::StatusOr<ShardPlan> plan = PlanForJob(spec, 2);
+  absl::StatusOr<sharding::ShardPlan> plan = PlanForJob(spec, 2);
   ASSERT_FALSE(plan.ok());
   EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(plan.status().message().find("workload"), absl::string_view::npos);
@@ -48,4 +48,4 @@ TEST(JobPlanTest, ErrorsNameTheField) {
 }
 
 }  // namespace
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec

@@ -1,7 +1,7 @@
 // Field checks shared by ValidateJobSpec and the coordinator's request validation: each returns
 // OK or INVALID_ARGUMENT with a message that starts with the field's path ("optimizer.lr: ...").
-#ifndef ZEROSHARD_SPEC_JOB_SPEC_VALIDATION_CHECKS_H_
-#define ZEROSHARD_SPEC_JOB_SPEC_VALIDATION_CHECKS_H_
+#ifndef ZEROSHARD_JOBSPEC_JOB_SPEC_VALIDATION_CHECKS_H_
+#define ZEROSHARD_JOBSPEC_JOB_SPEC_VALIDATION_CHECKS_H_
 
 #include <cstdint>
 #include <string>
@@ -11,8 +11,7 @@
 #include "absl/types/span.h"
 #include "google/protobuf/descriptor.h"
 
-namespace zeroshard {
-namespace validation {
+namespace zeroshard::jobspec {
 
 // Names (job names, worker names) are 1 to this many characters of [a-z0-9-].
 inline constexpr size_t kMaxNameLength = 63;
@@ -54,7 +53,6 @@ absl::Status CheckEnumIn(absl::string_view field, const google::protobuf::EnumDe
 // `value` must be at most `max_bytes` bytes long.
 absl::Status CheckMaxBytes(absl::string_view field, absl::string_view value, size_t max_bytes);
 
-}  // namespace validation
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec
 
-#endif  // ZEROSHARD_SPEC_JOB_SPEC_VALIDATION_CHECKS_H_
+#endif  // ZEROSHARD_JOBSPEC_JOB_SPEC_VALIDATION_CHECKS_H_

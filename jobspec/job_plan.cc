@@ -1,5 +1,5 @@
 // Job spec -> tensors -> shard plan -> v1::ShardPlan.
-#include "spec/job_plan.h"
+#include "jobspec/job_plan.h"
 
 #include <string>
 #include <utility>
@@ -7,26 +7,26 @@
 #include "common/status_macros.h"
 #include "sharding/model_catalog.h"
 
-namespace zeroshard {
+namespace zeroshard::jobspec {
 
-absl::StatusOr<std::vector<TensorSpec>> TensorsForJob(const v1::JobSpec& spec) {
-  WorkloadSpec workload;
+absl::StatusOr<std::vector<sharding::TensorSpec>> TensorsForJob(const v1::JobSpec& spec) {
+  sharding::WorkloadSpec workload;
   workload.preset = spec.workload().preset();
   workload.layer_sizes.assign(spec.workload().layer_sizes().begin(),
                               spec.workload().layer_sizes().end());
-  return BuildTensorList(workload);
+  return sharding::BuildTensorList(workload);
 }
 
-absl::StatusOr<ShardPlan> PlanForJob(const v1::JobSpec& spec, int64_t world_size) {
-  ZS_ASSIGN_OR_RETURN(std::vector<TensorSpec> tensors, TensorsForJob(spec));
-  ShardPlanOptions options;
+absl::StatusOr<sharding::ShardPlan> PlanForJob(const v1::JobSpec& spec, int64_t world_size) {
+  ZS_ASSIGN_OR_RETURN(std::vector<sharding::TensorSpec> tensors, TensorsForJob(spec));
+  sharding::ShardPlanOptions options;
   options.bucket_elems = spec.bucket_elems();
-  return ShardPlan::Create(std::move(tensors), world_size, options);
+  return sharding::ShardPlan::Create(std::move(tensors), world_size, options);
 }
 
-absl::StatusOr<v1::ShardPlan> PlanToProto(const ShardPlan& plan, int64_t rank,
+absl::StatusOr<v1::ShardPlan> PlanToProto(const sharding::ShardPlan& plan, int64_t rank,
                                           bool include_layout) {
-  ZS_ASSIGN_OR_RETURN(RankView view, plan.ViewForRank(rank));
+  ZS_ASSIGN_OR_RETURN(sharding::RankView view, plan.ViewForRank(rank));
   v1::ShardPlan out;
   out.set_world_size(static_cast<int32_t>(plan.world_size()));
   out.set_bucket_elems(plan.bucket_elems());
@@ -38,8 +38,8 @@ absl::StatusOr<v1::ShardPlan> PlanToProto(const ShardPlan& plan, int64_t rank,
   out.set_rank(static_cast<int32_t>(rank));
   if (include_layout) {
     for (int64_t t = 0; t < plan.num_tensors(); ++t) {
-      const TensorSpec& spec = plan.tensors()[t];
-      const TensorPlacement& placement = plan.placement(t);
+      const sharding::TensorSpec& spec = plan.tensors()[t];
+      const sharding::TensorPlacement& placement = plan.placement(t);
       v1::PlanTensor* tensor = out.add_tensors();
       tensor->set_name(spec.name);
       for (int64_t dim : spec.shape) tensor->add_shape(dim);
@@ -50,7 +50,7 @@ absl::StatusOr<v1::ShardPlan> PlanToProto(const ShardPlan& plan, int64_t rank,
       tensor->set_bucket(static_cast<int32_t>(placement.bucket));
     }
     for (int64_t b = 0; b < plan.num_buckets(); ++b) {
-      const BucketLayout& layout = plan.buckets()[b];
+      const sharding::BucketLayout& layout = plan.buckets()[b];
       v1::PlanBucket* bucket = out.add_buckets();
       bucket->set_index(static_cast<int32_t>(b));
       bucket->set_flat_begin(layout.flat_begin);
@@ -60,12 +60,12 @@ absl::StatusOr<v1::ShardPlan> PlanToProto(const ShardPlan& plan, int64_t rank,
       bucket->set_tensor_count(static_cast<int32_t>(layout.num_tensors));
     }
   }
-  for (const OwnedPiece& owned : view.pieces()) {
+  for (const sharding::OwnedPiece& owned : view.pieces()) {
     v1::PlanPiece* piece = out.add_pieces();
     piece->set_bucket(static_cast<int32_t>(owned.bucket));
     piece->set_flat_begin(owned.flat_begin);
     piece->set_flat_end(owned.flat_end);
-    for (const TensorFragment& fragment : view.FragmentsOf(owned)) {
+    for (const sharding::TensorFragment& fragment : view.FragmentsOf(owned)) {
       v1::PlanFragment* out_fragment = piece->add_fragments();
       out_fragment->set_tensor(static_cast<int32_t>(fragment.tensor));
       out_fragment->set_begin(fragment.tensor_begin);
@@ -76,4 +76,4 @@ absl::StatusOr<v1::ShardPlan> PlanToProto(const ShardPlan& plan, int64_t rank,
   return out;
 }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec

@@ -1,6 +1,6 @@
 // ValidateJobSpec and ValidateCheckpointPath: the ranges of job.proto's comments, checked in
 // field order, plus the workload (through the model catalog) and the batch/world-size rule.
-#include "spec/job_spec_validation.h"
+#include "jobspec/job_spec_validation.h"
 
 #include <initializer_list>
 #include <string>
@@ -11,19 +11,14 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "jobspec/job_spec_defaults.h"
+#include "jobspec/job_spec_validation_checks.h"
 #include "sharding/model_catalog.h"
 #include "sharding/shard_planner.h"
-#include "spec/job_spec_defaults.h"
-#include "spec/job_spec_validation_checks.h"
 
-namespace zeroshard {
+namespace zeroshard::jobspec {
 namespace {
 
-using validation::Bound;
-using validation::CheckDoubleInRange;
-using validation::CheckEnumIn;
-using validation::CheckIntInRange;
-using validation::Quote;
 using ::zeroshard::v1::JobSpec;
 using ::zeroshard::v1::OptimizerKind;
 using ::zeroshard::v1::OptimizerSpec;
@@ -43,11 +38,11 @@ constexpr int64_t kMaxCheckpointKeep = 100;
 constexpr int64_t kMaxAttempts = 100;
 
 absl::Status ValidateWorkload(const v1::WorkloadSpec& workload) {
-  WorkloadSpec catalog_spec;
+  sharding::WorkloadSpec catalog_spec;
   catalog_spec.preset = workload.preset();
   catalog_spec.layer_sizes.assign(workload.layer_sizes().begin(), workload.layer_sizes().end());
   // The catalog names the workload fields itself; its errors are all about the request.
-  const absl::StatusOr<std::vector<int64_t>> sizes = ResolveLayerSizes(catalog_spec);
+  const absl::StatusOr<std::vector<int64_t>> sizes = sharding::ResolveLayerSizes(catalog_spec);
   if (!sizes.ok()) return absl::InvalidArgumentError(sizes.status().message());
   return CheckIntInRange("workload.dataset_size", workload.dataset_size(), 1, kMaxDatasetSize);
 }
@@ -116,8 +111,8 @@ absl::Status ValidateOptimizer(const OptimizerSpec& opt) {
   if (opt.nesterov() && (opt.momentum() <= 0 || opt.dampening() != 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("optimizer.nesterov: needs momentum > 0 and dampening 0, got momentum ",
-                     validation::FormatDouble(opt.momentum()), " and dampening ",
-                     validation::FormatDouble(opt.dampening())));
+                     jobspec::FormatDouble(opt.momentum()), " and dampening ",
+                     jobspec::FormatDouble(opt.dampening())));
   }
 
   ZS_RETURN_IF_ERROR(CheckAppliesTo("optimizer.amsgrad", kind, {kAdam, kAdamW},
@@ -187,24 +182,25 @@ absl::Status ValidateCheckpointPolicy(const v1::CheckpointPolicy& checkpoint) {
 }  // namespace
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
-  ZS_RETURN_IF_ERROR(validation::CheckName("name", spec.name()));
+  ZS_RETURN_IF_ERROR(jobspec::CheckName("name", spec.name()));
   ZS_RETURN_IF_ERROR(ValidateWorkload(spec.workload()));
   ZS_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   ZS_RETURN_IF_ERROR(ValidateMode(spec.mode()));
   ZS_RETURN_IF_ERROR(ValidatePrecision(spec.precision()));
   ZS_RETURN_IF_ERROR(CheckDoubleInRange("clip_grad_norm", spec.clip_grad_norm(), 0, Bound::kClosed,
                                         kMaxClipGradNorm, Bound::kClosed));
+  ZS_RETURN_IF_ERROR(CheckIntInRange("bucket_elems", spec.bucket_elems(), sharding::kMinBucketElems,
+                                     sharding::kMaxBucketElems));
   ZS_RETURN_IF_ERROR(
-      CheckIntInRange("bucket_elems", spec.bucket_elems(), kMinBucketElems, kMaxBucketElems));
-  ZS_RETURN_IF_ERROR(CheckIntInRange("min_workers", spec.min_workers(), 1, kMaxWorldSize));
+      CheckIntInRange("min_workers", spec.min_workers(), 1, sharding::kMaxWorldSize));
   if (spec.max_workers() < spec.min_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("max_workers: ", spec.max_workers(),
                                                    " is below min_workers ", spec.min_workers()));
   }
-  if (spec.max_workers() > kMaxWorldSize) {
+  if (spec.max_workers() > sharding::kMaxWorldSize) {
     return absl::InvalidArgumentError(absl::StrCat("max_workers: ", spec.max_workers(),
-                                                   " is out of range [min_workers, ", kMaxWorldSize,
-                                                   "]"));
+                                                   " is out of range [min_workers, ",
+                                                   sharding::kMaxWorldSize, "]"));
   }
   ZS_RETURN_IF_ERROR(CheckEnumIn("device_kind", *v1::DeviceKind_descriptor(), spec.device_kind(),
                                  {v1::CPU, v1::CUDA}));
@@ -217,7 +213,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
 
 absl::Status ValidateCheckpointPath(absl::string_view path, absl::string_view field_path) {
   if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(field_path, ": required"));
-  ZS_RETURN_IF_ERROR(validation::CheckMaxBytes(field_path, path, kMaxCheckpointPathBytes));
+  ZS_RETURN_IF_ERROR(jobspec::CheckMaxBytes(field_path, path, kMaxCheckpointPathBytes));
   for (char c : path) {
     const unsigned char byte = static_cast<unsigned char>(c);
     if (byte < 0x20 || byte == 0x7f) {
@@ -245,4 +241,4 @@ absl::Status ValidateCheckpointPath(absl::string_view path, absl::string_view fi
   return absl::OkStatus();
 }
 
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec

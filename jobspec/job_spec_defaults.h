@@ -1,14 +1,14 @@
 // The defaults of a JobSpec, applied in one place: the values job.proto's comments document (a
 // test checks the two agree). The default bucket size is the planner's kDefaultBucketElems.
-#ifndef ZEROSHARD_SPEC_JOB_SPEC_DEFAULTS_H_
-#define ZEROSHARD_SPEC_JOB_SPEC_DEFAULTS_H_
+#ifndef ZEROSHARD_JOBSPEC_JOB_SPEC_DEFAULTS_H_
+#define ZEROSHARD_JOBSPEC_JOB_SPEC_DEFAULTS_H_
 
 #include <cstdint>
 
 #include "sharding/shard_planner.h"
 #include "zeroshard/v1/job.pb.h"
 
-namespace zeroshard {
+namespace zeroshard::jobspec {
 
 inline constexpr int64_t kDefaultDatasetSize = 1024;
 inline constexpr int64_t kDefaultSteps = 100;
@@ -24,6 +24,6 @@ inline constexpr int64_t kDefaultLossScaleGrowthInterval = 2000;
 // checkpoint directory.
 zeroshard::v1::JobSpec WithDefaults(zeroshard::v1::JobSpec spec, const std::string& job_id = "");
 
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec
 
-#endif  // ZEROSHARD_SPEC_JOB_SPEC_DEFAULTS_H_
+#endif  // ZEROSHARD_JOBSPEC_JOB_SPEC_DEFAULTS_H_

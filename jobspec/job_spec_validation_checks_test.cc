@@ -1,5 +1,5 @@
 // The shared field checks: how values appear in messages, and each check's verdicts.
-#include "spec/job_spec_validation_checks.h"
+#include "jobspec/job_spec_validation_checks.h"
 
 #include <limits>
 #include <string>
@@ -7,8 +7,7 @@
 #include "gtest/gtest.h"
 #include "zeroshard/v1/job.pb.h"
 
-namespace zeroshard {
-namespace validation {
+namespace zeroshard::jobspec {
 namespace {
 
 TEST(FormatDoubleTest, ShowsValuesReadably) {
@@ -83,5 +82,4 @@ TEST(CheckMaxBytesTest, CountsBytes) {
 }
 
 }  // namespace
-}  // namespace validation
-}  // namespace zeroshard
+}  // namespace zeroshard::jobspec
