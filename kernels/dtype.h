@@ -11,6 +11,17 @@
 namespace zeroshard::kernels {
 
 // A tensor element type. bf16 and fp16 values are stored as their raw uint16_t bit patterns.
+//
+// Three element-type enums exist, one per layer, and each layer depends only on its own:
+//  - v1::DType (proto/zeroshard/v1/types.proto) is the API's: it has DTYPE_UNSPECIFIED (proto3's
+//    "unset") and FLOAT64, which a job may not choose for parameters or gradients.
+//  - kernels::DType (this one) is what the optimizer kernels compute on: exactly the three storage
+//    types they implement, so a switch over it needs no "unsupported" branch. Host and device code
+//    include it, so it cannot depend on protobuf.
+//  - comm::ElementType (worker/comm/communicator.h) is what a collective moves and reduces: it adds
+//    fp64 (the norm's partial sums) and int32/int64, which no kernel stores.
+// The mappings are one function each: v1 -> kernels in worker/daemon's ToKernelDType (which names
+// the spec field it refuses), kernels -> comm in worker/engine/element_convert.h's ToElementType.
 enum class DType : int32_t {
   kFloat32 = 0,
   kBFloat16 = 1,

@@ -16,7 +16,7 @@
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
 #include "worker/daemon/cuda_support.h"
-#include "worker/daemon/generation_run.h"
+#include "worker/daemon/engine_training_run.h"
 #include "worker/daemon/worker_daemon.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port.");
@@ -102,14 +102,14 @@ int main(int argc, char** argv) {
   zeroshard::worker::WorkerDaemon* daemon_ptr = nullptr;
   zeroshard::worker::WorkerDaemon daemon(
       options, stub, [&](const zeroshard::v1::Assignment& assignment) {
-        zeroshard::worker::GenerationRunOptions run_options;
+        zeroshard::worker::EngineTrainingRunOptions run_options;
         run_options.stub = stub;
         run_options.worker_id = daemon_ptr->worker_id();
         run_options.listen_host = absl::GetFlag(FLAGS_listen_host);
         run_options.threads = absl::GetFlag(FLAGS_threads);
         run_options.cuda_device = cuda_device;
         run_options.final_params_dir = absl::GetFlag(FLAGS_final_params_dir);
-        return zeroshard::worker::GenerationRun::Start(assignment, std::move(run_options));
+        return zeroshard::worker::EngineTrainingRun::Start(assignment, std::move(run_options));
       });
   daemon_ptr = &daemon;
   std::thread signal_thread([&] {

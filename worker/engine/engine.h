@@ -17,7 +17,6 @@
 #include "absl/types/span.h"
 #include "kernels/dtype.h"
 #include "kernels/optimizer.h"
-#include "kernels/thread_pool.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/counting_allocator.h"

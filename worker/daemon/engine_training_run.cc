@@ -1,5 +1,5 @@
 // One generation's training on this worker.
-#include "worker/daemon/generation_run.h"
+#include "worker/daemon/engine_training_run.h"
 
 #include <cstdio>
 #include <filesystem>
@@ -128,33 +128,34 @@ v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done)
 
 }  // namespace
 
-std::unique_ptr<GenerationRun> GenerationRun::Start(const v1::Assignment& assignment,
-                                                    GenerationRunOptions options) {
-  std::unique_ptr<GenerationRun> run(new GenerationRun(assignment, std::move(options)));
+std::unique_ptr<EngineTrainingRun> EngineTrainingRun::Start(const v1::Assignment& assignment,
+                                                            EngineTrainingRunOptions options) {
+  std::unique_ptr<EngineTrainingRun> run(new EngineTrainingRun(assignment, std::move(options)));
   run->thread_ = std::thread([raw = run.get()] { raw->Main(); });
   return run;
 }
 
-GenerationRun::GenerationRun(const v1::Assignment& assignment, GenerationRunOptions options)
+EngineTrainingRun::EngineTrainingRun(const v1::Assignment& assignment,
+                                     EngineTrainingRunOptions options)
     : assignment_(assignment), options_(std::move(options)) {}
 
-GenerationRun::~GenerationRun() {
+EngineTrainingRun::~EngineTrainingRun() {
   Abort();
   if (thread_.joinable()) thread_.join();
 }
 
-void GenerationRun::Abort() {
+void EngineTrainingRun::Abort() {
   aborted_.store(true);
   absl::MutexLock lock(&mu_);
   if (communicator_ != nullptr) communicator_->Abort();
 }
 
-absl::Status GenerationRun::status() const {
+absl::Status EngineTrainingRun::status() const {
   absl::MutexLock lock(&mu_);
   return status_;
 }
 
-void GenerationRun::Main() {
+void EngineTrainingRun::Main() {
   absl::Status status = Train();
   if (!status.ok() && aborted_.load()) status = absl::AbortedError("aborted");
   if (!status.ok() && !aborted_.load()) {
@@ -168,7 +169,7 @@ void GenerationRun::Main() {
   done_.store(true);
 }
 
-absl::StatusOr<bool> GenerationRun::Report(const v1::StepMetrics& metrics, bool finished) {
+absl::StatusOr<bool> EngineTrainingRun::Report(const v1::StepMetrics& metrics, bool finished) {
   v1::ReportProgressRequest request;
   request.set_worker_id(options_.worker_id);
   request.set_job_id(assignment_.job_id());
@@ -184,7 +185,7 @@ absl::StatusOr<bool> GenerationRun::Report(const v1::StepMetrics& metrics, bool 
   return response.continue_running();
 }
 
-absl::Status GenerationRun::Train() {
+absl::Status EngineTrainingRun::Train() {
   const v1::JobSpec& spec = assignment_.spec();
   const int64_t world_size = assignment_.world_size();
   const int64_t rank = assignment_.rank();
@@ -224,7 +225,7 @@ absl::Status GenerationRun::Train() {
   }
   // The communicator outlives every use; detach it from Abort() before it is destroyed.
   struct Detach {
-    GenerationRun* run;
+    EngineTrainingRun* run;
     ~Detach() {
       absl::MutexLock lock(&run->mu_);
       run->communicator_ = nullptr;
@@ -277,7 +278,7 @@ absl::Status GenerationRun::Train() {
   return absl::OkStatus();
 }
 
-absl::Status GenerationRun::WriteFinalParameters(engine::Engine& engine, int64_t tensors) {
+absl::Status EngineTrainingRun::WriteFinalParameters(engine::Engine& engine, int64_t tensors) {
   std::error_code error;
   std::filesystem::create_directories(options_.final_params_dir, error);
   const std::string path =

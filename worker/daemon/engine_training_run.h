@@ -1,8 +1,8 @@
 // The real TrainingRun: one generation of a job on this worker. Rendezvous through the
 // coordinator's store, a communicator (Gloo on the CPU, NCCL on a CUDA device), the workload,
 // the ZeRO engine, and the step loop that reports progress to the coordinator.
-#ifndef ZEROSHARD_WORKER_DAEMON_GENERATION_RUN_H_
-#define ZEROSHARD_WORKER_DAEMON_GENERATION_RUN_H_
+#ifndef ZEROSHARD_WORKER_DAEMON_ENGINE_TRAINING_RUN_H_
+#define ZEROSHARD_WORKER_DAEMON_ENGINE_TRAINING_RUN_H_
 
 #include <atomic>
 #include <memory>
@@ -22,7 +22,7 @@ class Engine;
 
 namespace zeroshard::worker {
 
-struct GenerationRunOptions {
+struct EngineTrainingRunOptions {
   std::shared_ptr<v1::Coordinator::StubInterface> stub;
   std::string worker_id;
   // The address peers reach this worker's Gloo endpoint at.
@@ -39,11 +39,11 @@ struct GenerationRunOptions {
 };
 
 // Thread contract: see TrainingRun. The run's own thread does all the training.
-class GenerationRun final : public TrainingRun {
+class EngineTrainingRun final : public TrainingRun {
  public:
-  static std::unique_ptr<GenerationRun> Start(const v1::Assignment& assignment,
-                                              GenerationRunOptions options);
-  ~GenerationRun() override;
+  static std::unique_ptr<EngineTrainingRun> Start(const v1::Assignment& assignment,
+                                                  EngineTrainingRunOptions options);
+  ~EngineTrainingRun() override;
 
   void Abort() override;
   bool Done() const override { return done_.load(); }
@@ -51,7 +51,7 @@ class GenerationRun final : public TrainingRun {
   int64_t step() const override { return step_.load(); }
 
  private:
-  GenerationRun(const v1::Assignment& assignment, GenerationRunOptions options);
+  EngineTrainingRun(const v1::Assignment& assignment, EngineTrainingRunOptions options);
   void Main();
   absl::Status Train();
   // Reports to the coordinator; returns false when the generation is no longer current.
@@ -60,7 +60,7 @@ class GenerationRun final : public TrainingRun {
   absl::Status WriteFinalParameters(engine::Engine& engine, int64_t tensors);
 
   const v1::Assignment assignment_;
-  const GenerationRunOptions options_;
+  const EngineTrainingRunOptions options_;
   std::atomic<bool> aborted_{false};
   std::atomic<bool> done_{false};
   std::atomic<int64_t> step_{0};
@@ -75,4 +75,4 @@ class GenerationRun final : public TrainingRun {
 
 }  // namespace zeroshard::worker
 
-#endif  // ZEROSHARD_WORKER_DAEMON_GENERATION_RUN_H_
+#endif  // ZEROSHARD_WORKER_DAEMON_ENGINE_TRAINING_RUN_H_
