@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "coordinator/job_state_table.h"
 #include "google/protobuf/util/time_util.h"
 #include "jobspec/job_plan.h"
 #include "jobspec/job_spec_defaults.h"
@@ -60,12 +61,12 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
     }
     if (record.job.state() == v1::RUNNING) {
       // Workers re-register after a restart with new ids: the generation cannot continue.
-      record.job.clear_worker_ids();
       const bool retry = record.job.attempts() < record.job.spec().max_attempts();
-      manager->SetStateLocked(
+      ZS_RETURN_IF_ERROR(manager->SetStateLocked(
           record, retry ? v1::RECOVERING : v1::FAILED,
           absl::StrCat("generation ", record.job.generation(), " ended: coordinator restarted",
-                       retry ? "" : "; no attempts left"));
+                       retry ? "" : "; no attempts left")));
+      record.job.clear_worker_ids();
       changed.push_back(&record);
     }
   }
@@ -106,8 +107,8 @@ absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatR
   if (assignment.kind() == v1::ASSIGNMENT_RUN && !request.status().run_error().empty() &&
       request.status().job_id() == assignment.job_id() &&
       request.status().generation() == assignment.generation()) {
-    HandleLostWorkerLocked(request.worker_id(),
-                           absl::StrCat("failed: ", request.status().run_error()));
+    ZS_RETURN_IF_ERROR(HandleLostWorkerLocked(
+        request.worker_id(), absl::StrCat("failed: ", request.status().run_error())));
   }
   // An aborting worker that no longer runs the aborted generation is free again.
   if (assignment.kind() == v1::ASSIGNMENT_ABORT &&
@@ -127,7 +128,7 @@ absl::Status JobManager::LeaveWorker(const std::string& worker_id) {
     return absl::NotFoundError(absl::StrCat("worker_id: ", worker_id, " is not registered"));
   }
   // End its generation first: that reads the assignment Leave clears.
-  HandleLostWorkerLocked(worker_id, "left");
+  ZS_RETURN_IF_ERROR(HandleLostWorkerLocked(worker_id, "left"));
   ZS_RETURN_IF_ERROR(workers_.Leave(worker_id).status());
   ZS_LOG(INFO) << "worker " << worker_id << " left";
   return absl::OkStatus();
@@ -205,9 +206,9 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& job_id,
   }
   const std::string message = reason.empty() ? "cancelled" : absl::StrCat("cancelled: ", reason);
   if (record->job.state() == v1::RUNNING) {
-    EndGenerationLocked(*record, v1::CANCELLED, message);
+    ZS_RETURN_IF_ERROR(EndGenerationLocked(*record, v1::CANCELLED, message));
   } else {
-    SetStateLocked(*record, v1::CANCELLED, message);
+    ZS_RETURN_IF_ERROR(SetStateLocked(*record, v1::CANCELLED, message));
   }
   JobRecord* changed[] = {record};
   PersistLocked(changed);
@@ -280,6 +281,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   if (request.finished()) {
     record.finished_ranks.insert(request.rank());
     if (static_cast<int>(record.finished_ranks.size()) == record.job.worker_ids_size()) {
+      ZS_RETURN_IF_ERROR(SetStateLocked(record, v1::SUCCEEDED, "all ranks finished"));
       for (const std::string& worker_id : record.job.worker_ids()) {
         if (v1::WorkerInfo* worker = workers_.FindLive(worker_id)) {
           workers_.Assign(*worker, IdleAssignment());
@@ -287,7 +289,6 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
       }
       rendezvous_->DropNamespace(record.job.id(), record.job.generation());
       record.plan.reset();
-      SetStateLocked(record, v1::SUCCEEDED, "all ranks finished");
       ScheduleLocked();
     }
   }
@@ -351,7 +352,9 @@ void JobManager::Tick() {
   const absl::Time now = clock_->Now();
   for (const std::string& worker_id : workers_.ExpireLeases(now)) {
     ZS_LOG(WARNING) << "worker " << worker_id << " missed its heartbeats: lease expired";
-    HandleLostWorkerLocked(worker_id, "lease expired");
+    if (absl::Status ended = HandleLostWorkerLocked(worker_id, "lease expired"); !ended.ok()) {
+      ZS_LOG(ERROR) << "worker " << worker_id << ": its generation did not end: " << ended;
+    }
   }
   workers_.ForgetGone(now - options_.forget_gone_workers_after);
   ScheduleLocked();
@@ -417,7 +420,18 @@ v1::JobEvent& JobManager::AddEventLocked(JobRecord& record, v1::JobEvent event) 
   return record.events.back();
 }
 
-void JobManager::SetStateLocked(JobRecord& record, v1::JobState state, const std::string& message) {
+absl::Status JobManager::CheckStateEdgeLocked(const JobRecord& record, v1::JobState state) {
+  if (IsAllowedJobStateEdge(record.job.state(), state)) return absl::OkStatus();
+  absl::Status refused = absl::FailedPreconditionError(
+      absl::StrCat("job ", record.job.id(), ": ", v1::JobState_Name(record.job.state()), " -> ",
+                   v1::JobState_Name(state), " is not a transition of the job state machine"));
+  ZS_LOG(ERROR) << refused;
+  return refused;
+}
+
+absl::Status JobManager::SetStateLocked(JobRecord& record, v1::JobState state,
+                                        const std::string& message) {
+  ZS_RETURN_IF_ERROR(CheckStateEdgeLocked(record, state));
   record.job.set_state(state);
   record.job.set_message(message);
   if (IsFinal(state)) *record.job.mutable_end_time() = ToTimestamp(clock_->Now());
@@ -431,6 +445,7 @@ void JobManager::SetStateLocked(JobRecord& record, v1::JobState state, const std
   ZS_LOG(INFO) << "job " << record.job.id() << " -> " << v1::JobState_Name(state) << ": "
                << message;
   if (IsFinal(state)) EndSinksLocked(record);
+  return absl::OkStatus();
 }
 
 void JobManager::ReserveWorkerNumbersLocked() {
@@ -465,9 +480,10 @@ void JobManager::PersistLocked(absl::Span<JobRecord* const> records) {
 }
 
 absl::Status JobManager::StartGenerationLocked(JobRecord& record,
-                                               const std::vector<std::string>& worker_ids) {
+                                               const std::vector<std::string>& worker_ids,
+                                               sharding::ShardPlan plan) {
+  ZS_RETURN_IF_ERROR(CheckStateEdgeLocked(record, v1::RUNNING));
   const int64_t world_size = static_cast<int64_t>(worker_ids.size());
-  ZS_ASSIGN_OR_RETURN(sharding::ShardPlan plan, jobspec::PlanForJob(record.job.spec(), world_size));
   v1::Job& job = record.job;
   job.set_generation(job.generation() + 1);
   job.set_attempts(job.attempts() + 1);
@@ -496,13 +512,14 @@ absl::Status JobManager::StartGenerationLocked(JobRecord& record,
   event.set_generation(job.generation());
   *event.mutable_worker_ids() = job.worker_ids();
   AddEventLocked(record, std::move(event));
-  SetStateLocked(record, v1::RUNNING,
-                 absl::StrCat("generation ", job.generation(), " on ", world_size, " workers"));
-  return absl::OkStatus();
+  return SetStateLocked(
+      record, v1::RUNNING,
+      absl::StrCat("generation ", job.generation(), " on ", world_size, " workers"));
 }
 
-void JobManager::EndGenerationLocked(JobRecord& record, v1::JobState next_state,
-                                     const std::string& message) {
+absl::Status JobManager::EndGenerationLocked(JobRecord& record, v1::JobState next_state,
+                                             const std::string& message) {
+  ZS_RETURN_IF_ERROR(CheckStateEdgeLocked(record, next_state));
   v1::Job& job = record.job;
   v1::Assignment abort;
   abort.set_kind(v1::ASSIGNMENT_ABORT);
@@ -513,28 +530,32 @@ void JobManager::EndGenerationLocked(JobRecord& record, v1::JobState next_state,
   }
   rendezvous_->DropNamespace(job.id(), job.generation());
   record.plan.reset();
-  SetStateLocked(record, next_state, message);
+  return SetStateLocked(record, next_state, message);
 }
 
-void JobManager::HandleLostWorkerLocked(const std::string& worker_id, const std::string& why) {
+absl::Status JobManager::HandleLostWorkerLocked(const std::string& worker_id,
+                                                const std::string& why) {
   const v1::WorkerInfo* worker = workers_.Find(worker_id);
-  if (worker == nullptr || worker->assignment().kind() != v1::ASSIGNMENT_RUN) return;
+  if (worker == nullptr || worker->assignment().kind() != v1::ASSIGNMENT_RUN) {
+    return absl::OkStatus();
+  }
   auto it = jobs_.find(worker->assignment().job_id());
-  if (it == jobs_.end()) return;
+  if (it == jobs_.end()) return absl::OkStatus();
   JobRecord& record = it->second;
   if (record.job.state() != v1::RUNNING ||
       record.job.generation() != worker->assignment().generation()) {
-    return;
+    return absl::OkStatus();
   }
   const bool retry = record.job.attempts() < record.job.spec().max_attempts();
-  EndGenerationLocked(
+  ZS_RETURN_IF_ERROR(EndGenerationLocked(
       record, retry ? v1::RECOVERING : v1::FAILED,
       absl::StrCat("generation ", record.job.generation(), " ended: worker ", worker_id, " ", why,
                    retry ? "; restarting from step 0"
                          : absl::StrCat("; no attempts left (max_attempts ",
-                                        record.job.spec().max_attempts(), ")")));
+                                        record.job.spec().max_attempts(), ")"))));
   JobRecord* changed[] = {&record};
   PersistLocked(changed);
+  return absl::OkStatus();
 }
 
 void JobManager::ScheduleLocked() {
@@ -556,8 +577,18 @@ void JobManager::ScheduleLocked() {
   for (const Placement& placement :
        Schedule(pending, free_workers, clock_->Now(), options_.scheduler)) {
     JobRecord& record = jobs_[placement.job_id];
-    if (absl::Status started = StartGenerationLocked(record, placement.worker_ids); !started.ok()) {
-      SetStateLocked(record, v1::FAILED, absl::StrCat("cannot plan: ", started.message()));
+    absl::StatusOr<sharding::ShardPlan> plan =
+        jobspec::PlanForJob(record.job.spec(), static_cast<int64_t>(placement.worker_ids.size()));
+    const absl::Status changed_state =
+        plan.ok() ? StartGenerationLocked(record, placement.worker_ids, *std::move(plan))
+                  : SetStateLocked(record, v1::FAILED,
+                                   absl::StrCat("cannot plan: ", plan.status().message()));
+    if (!changed_state.ok()) {
+      // The scheduler places only PENDING and RECOVERING jobs, which may start or fail: a
+      // refusal here is a bug, and the job is left for the next pass.
+      ZS_LOG(ERROR) << "scheduler: job " << placement.job_id
+                    << " left as it was: " << changed_state;
+      continue;
     }
     changed.push_back(&record);
   }

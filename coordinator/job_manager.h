@@ -54,6 +54,49 @@ struct ManagerStats {
   absl::Duration max_heartbeat_lag;
 };
 
+// The job state machine. Every edge is in kJobStateEdges (coordinator/job_state_table.h), in this
+// numbering; SetStateLocked refuses any other change with FAILED_PRECONDITION.
+//
+//                +------------------------------------------------------------+
+//                |                         CANCELLED                          |
+//                +------------------------------------------------------------+
+//                      ^                         ^                         ^
+//                    3 |                       7 |                      10 |
+//                      |                         |                         |
+//  SubmitJob --> +-----------+      1      +-----------+      5      +------------+
+//                |  PENDING  |------------>|  RUNNING  |------------>| RECOVERING |
+//                +-----------+             +-----------+<------------+------------+
+//                      |                     |      |         8            |
+//                    2 |                   6 |      | 4                  9 |
+//                      |                     |      v                      |
+//                      |                     |  +-----------+              |
+//                      |                     |  | SUCCEEDED |              |
+//                      |                     |  +-----------+              |
+//                      v                     v                             v
+//                +------------------------------------------------------------+
+//                |                           FAILED                           |
+//                +------------------------------------------------------------+
+//
+// SubmitJob creates a job in PENDING; that is not a state change. SUCCEEDED, FAILED and
+// CANCELLED are final: no edge leaves them.
+//
+// (1)  PENDING -> RUNNING: StartGenerationLocked (from ScheduleLocked), when the scheduler finds
+//      enough idle workers of the job's device kind. Generation and attempts go up by one.
+// (2)  PENDING -> FAILED: ScheduleLocked, when the shard plan for the chosen world size cannot
+//      be built ("cannot plan: ...").
+// (3)  PENDING -> CANCELLED: CancelJob.
+// (4)  RUNNING -> SUCCEEDED: ReportProgress, when every rank of the generation reported finished.
+// (5)  RUNNING -> RECOVERING: EndGenerationLocked (from HandleLostWorkerLocked), when a rank's
+//      worker is lost (Tick: lease expired; LeaveWorker; Heartbeat with a run_error for its
+//      generation) and attempts < spec.max_attempts. Also Create, for a job stored as RUNNING
+//      (the coordinator restarted) with attempts left.
+// (6)  RUNNING -> FAILED: as (5), when attempts >= spec.max_attempts ("no attempts left").
+// (7)  RUNNING -> CANCELLED: CancelJob, through EndGenerationLocked (the workers get ABORT).
+// (8)  RECOVERING -> RUNNING: StartGenerationLocked (from ScheduleLocked), as (1): the next
+//      generation, from step 0.
+// (9)  RECOVERING -> FAILED: ScheduleLocked, as (2).
+// (10) RECOVERING -> CANCELLED: CancelJob.
+//
 // Thread-safe: every public method takes the one mutex, so each is atomic with respect to the
 // others. Inputs must already be validated for shape (coordinator/request_validation.h); the
 // manager checks them against state (ids, generations, ranks) and validates job specs itself.
@@ -96,6 +139,9 @@ class JobManager {
   ManagerStats Stats();
 
  private:
+  // Tests reach SetStateLocked through it to check that edges outside the table are refused.
+  friend class JobManagerTestPeer;
+
   struct JobRecord {
     v1::Job job;
     std::vector<v1::JobEvent> events;
@@ -119,17 +165,27 @@ class JobManager {
   // Appends an event (sequence, time, job id filled in) and fans it out to the sinks.
   v1::JobEvent& AddEventLocked(JobRecord& record, v1::JobEvent event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void SetStateLocked(JobRecord& record, v1::JobState state, const std::string& message)
+  // FAILED_PRECONDITION (logged at ERROR) when the job's current state -> `state` is not an
+  // edge of kJobStateEdges.
+  absl::Status CheckStateEdgeLocked(const JobRecord& record, v1::JobState state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes an edge of the state machine, with its STATE_CHANGED event. Refuses (as
+  // CheckStateEdgeLocked) any other change, and then changes nothing.
+  absl::Status SetStateLocked(JobRecord& record, v1::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persists the records' jobs and their events added since the last persist.
   void PersistLocked(absl::Span<JobRecord* const> records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status StartGenerationLocked(JobRecord& record, const std::vector<std::string>& workers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the next generation of a pending or recovering job on `workers` (rank order) with
+  // `plan`. Changes nothing when the job may not become RUNNING.
+  absl::Status StartGenerationLocked(JobRecord& record, const std::vector<std::string>& workers,
+                                     sharding::ShardPlan plan) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the current generation of a running job: its live workers are told to abort it. The job
-  // becomes `next_state` (RECOVERING retries if attempts remain, else FAILED).
-  void EndGenerationLocked(JobRecord& record, v1::JobState next_state, const std::string& message)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void HandleLostWorkerLocked(const std::string& worker_id, const std::string& why)
+  // becomes `next_state` (RECOVERING retries if attempts remain, else FAILED; or CANCELLED).
+  // Changes nothing when the job may not become `next_state`.
+  absl::Status EndGenerationLocked(JobRecord& record, v1::JobState next_state,
+                                   const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the generation whose rank `worker_id` holds, if that generation is still running.
+  absl::Status HandleLostWorkerLocked(const std::string& worker_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndSinksLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,13 +1,28 @@
 // Tests for the job manager on a fake clock with a real SQLite store: scheduling into
-// generations, level-triggered assignments, completion, cancellation, lost workers, restarts.
+// generations, level-triggered assignments, completion, cancellation, lost workers, restarts,
+// and every edge of the job state machine.
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::coordinator {
+
+// Reaches JobManager's private SetStateLocked, the only way to ask for an edge that no public
+// method takes. Thread-safe as JobManager is: it takes the manager's mutex.
+class JobManagerTestPeer {
+ public:
+  static absl::Status SetState(JobManager& manager, const std::string& job_id, v1::JobState state) {
+    absl::MutexLock lock(&manager.mu_);
+    absl::StatusOr<JobManager::JobRecord*> record = manager.FindJobLocked(job_id);
+    if (!record.ok()) return record.status();
+    return manager.SetStateLocked(**record, state, "forced by the test");
+  }
+};
+
 namespace {
 
 std::string FreshDir(const std::string& name) {
@@ -28,6 +43,37 @@ v1::JobSpec SeedSpec(int workers) {
   return spec;
 }
 
+// A job an earlier coordinator stored whose spec cannot be planned (its preset is unknown), though
+// it fits one idle CPU worker: the scheduler places it and planning fails.
+v1::Job UnplannableJob(v1::JobState state) {
+  v1::Job job;
+  job.set_id("job-000001");
+  job.set_state(state);
+  v1::JobSpec& spec = *job.mutable_spec();
+  spec = SeedSpec(1);
+  spec.mutable_workload()->set_preset("no-such-preset");
+  spec.set_max_workers(1);
+  spec.set_global_batch(1);
+  spec.set_device_kind(v1::CPU);
+  spec.set_max_attempts(3);
+  return job;
+}
+
+// How a worker holding a rank is lost.
+enum class Loss { kLeft, kLeaseExpired, kRunFailed };
+
+std::string LossName(Loss loss) {
+  switch (loss) {
+    case Loss::kLeft:
+      return "left";
+    case Loss::kLeaseExpired:
+      return "lease-expired";
+    case Loss::kRunFailed:
+      return "run-failed";
+  }
+  return "unknown";
+}
+
 // Collects events; can be closed to simulate a watcher that went away.
 class RecordingSink : public JobEventSink {
  public:
@@ -45,6 +91,34 @@ class JobManagerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     Start(FreshDir(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+  }
+
+  // Starts a manager on an empty state dir named after the test and `suffix`.
+  void StartFresh(const std::string& suffix) {
+    Start(FreshDir(absl::StrCat(::testing::UnitTest::GetInstance()->current_test_info()->name(),
+                                "-", suffix)));
+  }
+
+  // Starts a manager on a state dir that already holds `job` and one STATE_CHANGED event per
+  // state of `history`, as a coordinator restarted on an earlier one's state would.
+  void StartWithStoredJob(const v1::Job& job, const std::vector<v1::JobState>& history) {
+    const std::string dir = FreshDir(
+        absl::StrCat(::testing::UnitTest::GetInstance()->current_test_info()->name(), "-stored"));
+    {
+      auto store = JobStore::Open(dir);
+      ASSERT_TRUE(store.ok()) << store.status();
+      std::vector<v1::JobEvent> events;
+      for (v1::JobState state : history) {
+        v1::JobEvent& event = events.emplace_back();
+        event.set_job_id(job.id());
+        event.set_sequence(static_cast<int64_t>(events.size()));
+        event.set_type(v1::STATE_CHANGED);
+        event.set_state(state);
+      }
+      const v1::Job* jobs[] = {&job};
+      ASSERT_TRUE((*store)->Save(jobs, events).ok());
+    }
+    Start(dir);
   }
 
   void Start(const std::string& dir) {
@@ -88,6 +162,44 @@ class JobManagerTest : public ::testing::Test {
     request.mutable_metrics()->set_loss(0.5);
     request.set_finished(finished);
     return manager_->ReportProgress(request).status();
+  }
+
+  // Makes the manager lose `worker_id`, which holds a rank of `job`'s current generation.
+  void Lose(Loss loss, const std::string& worker_id, const v1::Job& job) {
+    switch (loss) {
+      case Loss::kLeft:
+        ASSERT_TRUE(manager_->LeaveWorker(worker_id).ok());
+        return;
+      case Loss::kLeaseExpired:
+        clock_.Advance(JobManagerOptions().lease.lease() + absl::Seconds(1));
+        manager_->Tick();
+        return;
+      case Loss::kRunFailed: {
+        v1::HeartbeatRequest request;
+        request.set_worker_id(worker_id);
+        request.mutable_status()->set_job_id(job.id());
+        request.mutable_status()->set_generation(job.generation());
+        request.mutable_status()->set_run_error("INTERNAL: the step failed");
+        ASSERT_TRUE(manager_->Heartbeat(request).ok());
+        return;
+      }
+    }
+  }
+
+  // The job's whole event history.
+  std::vector<v1::JobEvent> Events(const std::string& job_id) {
+    auto sink = std::make_shared<RecordingSink>();
+    EXPECT_TRUE(manager_->Watch(job_id, 0, sink).ok());
+    return sink->events;
+  }
+
+  // The states the job went through, in order, from its STATE_CHANGED events.
+  std::vector<v1::JobState> StatePath(const std::string& job_id) {
+    std::vector<v1::JobState> path;
+    for (const v1::JobEvent& event : Events(job_id)) {
+      if (event.type() == v1::STATE_CHANGED) path.push_back(event.state());
+    }
+    return path;
   }
 
   common::FakeClock clock_;
@@ -395,6 +507,203 @@ TEST_F(JobManagerTest, FailedRunEndsItsGenerationAndTheJobRestarts) {
   failed.mutable_status()->set_generation(1);
   ASSERT_TRUE(manager_->Heartbeat(failed).ok());
   EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+}
+
+// ---- The state machine: one test per edge of the diagram in job_manager.h ----
+
+using Path = std::vector<v1::JobState>;
+
+TEST_F(JobManagerTest, Edge1PendingToRunningWhenWorkersAreIdle) {
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::PENDING);
+  Register("a");
+  const v1::Job running = *manager_->GetJob(job->id());
+  EXPECT_EQ(running.state(), v1::RUNNING);
+  EXPECT_EQ(running.generation(), 1);
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING}));
+}
+
+TEST_F(JobManagerTest, Edge2PendingToFailedWhenThePlanCannotBeBuilt) {
+  const v1::Job stored = UnplannableJob(v1::PENDING);
+  StartWithStoredJob(stored, {v1::PENDING});
+  ASSERT_EQ(manager_->GetJob(stored.id())->state(), v1::PENDING);
+  const std::string a = Register("a");
+  const v1::Job failed = *manager_->GetJob(stored.id());
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.message().rfind("cannot plan: ", 0), 0u) << failed.message();
+  EXPECT_EQ(failed.generation(), 0);
+  EXPECT_EQ(Beat(a).kind(), v1::ASSIGNMENT_IDLE);
+  EXPECT_EQ(StatePath(stored.id()), (Path{v1::PENDING, v1::FAILED}));
+}
+
+TEST_F(JobManagerTest, Edge3PendingToCancelled) {
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto cancelled = manager_->CancelJob(job->id(), "not needed");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::CANCELLED}));
+}
+
+TEST_F(JobManagerTest, Edge4RunningToSucceededWhenEveryRankFinished) {
+  Register("a");
+  Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  ASSERT_TRUE(Finish(running, 1).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+  ASSERT_TRUE(Finish(running, 0).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::SUCCEEDED);
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, v1::SUCCEEDED}));
+}
+
+// Edges (5) and (6) through every way a worker is lost.
+TEST_F(JobManagerTest, Edges5And6LostWorkerEndsTheGenerationRecoveringOrFailed) {
+  struct Case {
+    int max_attempts;
+    v1::JobState expected;
+  };
+  for (Loss loss : {Loss::kLeft, Loss::kLeaseExpired, Loss::kRunFailed}) {
+    for (const Case& c : {Case{2, v1::RECOVERING}, Case{1, v1::FAILED}}) {
+      SCOPED_TRACE(absl::StrCat(LossName(loss), ", max_attempts ", c.max_attempts));
+      StartFresh(absl::StrCat(LossName(loss), "-", c.max_attempts));
+      const std::string a = Register("a");
+      v1::JobSpec spec = SeedSpec(1);
+      spec.set_max_attempts(c.max_attempts);
+      auto job = manager_->SubmitJob(spec);
+      ASSERT_TRUE(job.ok()) << job.status();
+      const v1::Job running = *manager_->GetJob(job->id());
+      ASSERT_EQ(running.state(), v1::RUNNING);
+      Lose(loss, a, running);
+      const v1::Job ended = *manager_->GetJob(job->id());
+      EXPECT_EQ(ended.state(), c.expected);
+      EXPECT_NE(ended.message().find("generation 1 ended: worker " + a), std::string::npos)
+          << ended.message();
+      EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, c.expected}));
+    }
+  }
+}
+
+TEST_F(JobManagerTest, Edges5And6CoordinatorRestartEndsTheGenerationRecoveringOrFailed) {
+  struct Case {
+    int max_attempts;
+    v1::JobState expected;
+  };
+  for (const Case& c : {Case{2, v1::RECOVERING}, Case{1, v1::FAILED}}) {
+    SCOPED_TRACE(absl::StrCat("max_attempts ", c.max_attempts));
+    StartFresh(absl::StrCat("max-attempts-", c.max_attempts));
+    Register("a");
+    v1::JobSpec spec = SeedSpec(1);
+    spec.set_max_attempts(c.max_attempts);
+    auto job = manager_->SubmitJob(spec);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+    Start(dir_);
+    const v1::Job restarted = *manager_->GetJob(job->id());
+    EXPECT_EQ(restarted.state(), c.expected);
+    EXPECT_NE(restarted.message().find("coordinator restarted"), std::string::npos);
+    EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, c.expected}));
+  }
+}
+
+TEST_F(JobManagerTest, Edge7RunningToCancelledAbortsTheGeneration) {
+  const std::string a = Register("a");
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+  auto cancelled = manager_->CancelJob(job->id(), "");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(Beat(a, job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, v1::CANCELLED}));
+}
+
+TEST_F(JobManagerTest, Edge8RecoveringToRunningInTheNextGeneration) {
+  const std::string a = Register("a");
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(manager_->LeaveWorker(a).ok());
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING);
+  Register("b");
+  const v1::Job running = *manager_->GetJob(job->id());
+  EXPECT_EQ(running.state(), v1::RUNNING);
+  EXPECT_EQ(running.generation(), 2);
+  EXPECT_EQ(running.attempts(), 2);
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, v1::RECOVERING, v1::RUNNING}));
+}
+
+TEST_F(JobManagerTest, Edge9RecoveringToFailedWhenThePlanCannotBeBuilt) {
+  v1::Job stored = UnplannableJob(v1::RECOVERING);
+  stored.set_generation(1);
+  stored.set_attempts(1);
+  StartWithStoredJob(stored, {v1::PENDING, v1::RUNNING, v1::RECOVERING});
+  ASSERT_EQ(manager_->GetJob(stored.id())->state(), v1::RECOVERING);
+  const std::string a = Register("a");
+  const v1::Job failed = *manager_->GetJob(stored.id());
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.message().rfind("cannot plan: ", 0), 0u) << failed.message();
+  EXPECT_EQ(failed.generation(), 1);
+  EXPECT_EQ(Beat(a).kind(), v1::ASSIGNMENT_IDLE);
+  EXPECT_EQ(StatePath(stored.id()), (Path{v1::PENDING, v1::RUNNING, v1::RECOVERING, v1::FAILED}));
+}
+
+TEST_F(JobManagerTest, Edge10RecoveringToCancelled) {
+  const std::string a = Register("a");
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(manager_->LeaveWorker(a).ok());
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING);
+  auto cancelled = manager_->CancelJob(job->id(), "gave up");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::CANCELLED);
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, v1::RECOVERING, v1::CANCELLED}));
+}
+
+TEST_F(JobManagerTest, SetStateRefusesEveryChangeOutsideTheTableAndChangesNothing) {
+  const std::string a = Register("a");
+  auto succeeded = manager_->SubmitJob(SeedSpec(1));
+  auto pending = manager_->SubmitJob(SeedSpec(2));  // two workers: it waits
+  ASSERT_TRUE(succeeded.ok() && pending.ok());
+  ASSERT_TRUE(Finish(*manager_->GetJob(succeeded->id()), 0).ok());
+  auto running = manager_->SubmitJob(SeedSpec(1));  // backfills onto a
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(manager_->GetJob(succeeded->id())->state(), v1::SUCCEEDED);
+  ASSERT_EQ(manager_->GetJob(pending->id())->state(), v1::PENDING);
+  ASSERT_EQ(manager_->GetJob(running->id())->state(), v1::RUNNING);
+
+  struct Refused {
+    std::string job_id;
+    v1::JobState to;
+  };
+  const Refused refused_changes[] = {
+      {succeeded->id(), v1::RUNNING}, {succeeded->id(), v1::FAILED},
+      {pending->id(), v1::SUCCEEDED}, {pending->id(), v1::RECOVERING},
+      {pending->id(), v1::PENDING},   {running->id(), v1::PENDING},
+      {running->id(), v1::RUNNING},   {running->id(), v1::JOB_STATE_UNSPECIFIED},
+  };
+  for (const Refused& change : refused_changes) {
+    const v1::Job before = *manager_->GetJob(change.job_id);
+    SCOPED_TRACE(absl::StrCat(change.job_id, ": ", v1::JobState_Name(before.state()), " -> ",
+                              v1::JobState_Name(change.to)));
+    const size_t events_before = Events(change.job_id).size();
+    const absl::Status refused = JobManagerTestPeer::SetState(*manager_, change.job_id, change.to);
+    EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+    EXPECT_NE(refused.message().find(change.job_id), absl::string_view::npos) << refused;
+    EXPECT_NE(refused.message().find(v1::JobState_Name(before.state())), absl::string_view::npos)
+        << refused;
+    EXPECT_NE(refused.message().find(v1::JobState_Name(change.to)), absl::string_view::npos)
+        << refused;
+    EXPECT_EQ(manager_->GetJob(change.job_id)->SerializeAsString(), before.SerializeAsString());
+    EXPECT_EQ(Events(change.job_id).size(), events_before);
+  }
+  // The running job still runs: its worker keeps its assignment.
+  EXPECT_EQ(Beat(a, running->id(), 1).kind(), v1::ASSIGNMENT_RUN);
+  // The same peer call takes an edge that is in the table.
+  ASSERT_TRUE(JobManagerTestPeer::SetState(*manager_, pending->id(), v1::CANCELLED).ok());
+  EXPECT_EQ(manager_->GetJob(pending->id())->state(), v1::CANCELLED);
 }
 
 }  // namespace
