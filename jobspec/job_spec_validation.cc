@@ -159,7 +159,7 @@ absl::Status ValidatePrecision(const PrecisionSpec& precision) {
                          precision.loss_scale_growth_interval(), 1, kMaxLossScaleGrowthInterval);
 }
 
-// DESIGN.md, "Batch": the scheduler picks a world size W in [min_workers, max_workers] that
+// docs/design.md, "Batch": the scheduler picks a world size W in [min_workers, max_workers] that
 // divides the global batch, so at least one must exist.
 absl::Status CheckSomeWorldSizeDividesBatch(const JobSpec& spec) {
   for (int64_t w = spec.min_workers(); w <= spec.max_workers(); ++w) {

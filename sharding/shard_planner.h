@@ -1,6 +1,6 @@
 // The shard planner: a pure, deterministic function of (tensor list, world size, options) that
 // lays tensors out in one flat space, groups them into buckets and cuts each bucket into one
-// equal piece per rank (DESIGN.md, "Shard plan").
+// equal piece per rank (docs/design.md, "Shard plan").
 #ifndef ZEROSHARD_SHARDING_SHARD_PLANNER_H_
 #define ZEROSHARD_SHARDING_SHARD_PLANNER_H_
 

@@ -5,7 +5,7 @@ Runs one job per (optimizer, mode) -- by default SGD lr 0.01 (the document's) an
 (docs/workloads.md's recommended demo config), each in `ddp` and in `zero2` mode -- through the
 `zeroshard` CLI, then prints a side-by-side table: loss at the first and last step, the largest
 |parameter difference| between ddp and zero2 of the same optimizer (read from the final
-parameter files rank 0 writes; 0 expected, DESIGN.md "Bitwise"), the optimizer-state bytes per
+parameter files rank 0 writes; 0 expected, docs/design.md "Bitwise"), the optimizer-state bytes per
 worker the engine measured against the ZeRO formula, and the median step time.
 
 Usually started by tools/demo.sh inside deploy/local/cluster.py, which sets

@@ -281,8 +281,8 @@ TEST(EndToEndTest, CancelStopsWorkersWithinThreeHeartbeatsAndFreesThem) {
 }
 
 // Issue 6: kill -9 of one worker mid-run; the job does not hang: generation 1 ends, the job
-// restarts from step 0 in generation 2 on the remaining workers (DESIGN.md, "Until fault
-// tolerance exists") and completes.
+// restarts from step 0 in generation 2 on the remaining workers (docs/design.md,
+// "Faults") and completes.
 TEST(EndToEndTest, KilledWorkerRestartsTheJobOnTheSurvivors) {
   LocalCluster cluster(FastHeartbeats());
   LogTailsOnFailure log_tails(cluster);

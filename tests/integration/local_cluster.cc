@@ -289,8 +289,8 @@ absl::StatusOr<int> LocalCluster::StartWorker(const std::string& name) {
   ClusterProcess process;
   process.name = name;
   process.log_path = absl::StrCat(base_dir_, "/", name, ".", processes_.size(), ".log");
-  // Workers share the cores: single-threaded BLAS (DESIGN.md, "OpenBLAS"); the OPENBLAS_CORETYPE
-  // and OPENBLAS_L2_SIZE hints come through the inherited environment.
+  // Workers share the cores: single-threaded BLAS (docs/design.md, "OpenBLAS"); the
+  // OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE hints come through the inherited environment.
   absl::StatusOr<pid_t> pid = Spawn(argv, process.log_path, {"OPENBLAS_NUM_THREADS=1"});
   if (!pid.ok()) return pid.status();
   process.pid = *pid;

@@ -1,4 +1,4 @@
-// The ZeRO engine: one rank's data path of a training step (DESIGN.md, "Data plane") in ddp,
+// The ZeRO engine: one rank's data path of a training step (docs/design.md, "Data plane") in ddp,
 // zero1 or zero2 mode: bucketed gradient reduction overlapping backward, the global norm and
 // overflow check, the fused optimizer update of the owned pieces, and the parameter all-gather.
 #ifndef ZEROSHARD_WORKER_ENGINE_ENGINE_H_
@@ -58,7 +58,7 @@ struct EngineConfig {
   // How gradients are stored: as backward produced them (ddp, zero1) and the owned reduced
   // pieces the update reads (all modes).
   kernels::DType grad_dtype = kernels::DType::kFloat32;
-  // The element type gradients are reduced in (DESIGN.md, "Reduction dtype": fp32 by default,
+  // The element type gradients are reduced in (docs/design.md, "Reduction dtype": fp32 by default,
   // also for bf16/fp16 gradients).
   kernels::DType reduce_dtype = kernels::DType::kFloat32;
   LossScaleConfig loss_scale;

@@ -90,7 +90,8 @@ absl::StatusOr<std::unique_ptr<TeacherStudentMlp>> TeacherStudentMlp::Create(
   ZS_ASSIGN_OR_RETURN(std::vector<sharding::TensorSpec> tensors,
                       sharding::TensorsForLayerSizes(options.layer_sizes));
   ZS_RETURN_IF_ERROR(ValidateTeacherStudentMlpOptions(options));
-  // Single-threaded BLAS is deterministic and leaves the cores to the engine (DESIGN.md).
+  // Single-threaded BLAS is deterministic and leaves the cores to the engine
+  // (docs/design.md, "OpenBLAS").
   openblas_set_num_threads(1);
   return std::unique_ptr<TeacherStudentMlp>(new TeacherStudentMlp(options, std::move(tensors)));
 }

@@ -1,5 +1,5 @@
-// The teacher-student MLP workload (DESIGN.md, "Workloads"): a student MLP learns, with MSE loss,
-// the function of a fixed random teacher MLP of the same shape on synthetic uniform inputs.
+// The teacher-student MLP workload (docs/design.md, "Workloads"): a student MLP learns, with MSE
+// loss, the function of a fixed random teacher MLP of the same shape on synthetic uniform inputs.
 // Forward and backward by hand over single-threaded OpenBLAS, in fp32. docs/workloads.md
 // specifies the data and the initial weights exactly.
 #ifndef ZEROSHARD_WORKER_WORKLOADS_TEACHER_STUDENT_MLP_H_
