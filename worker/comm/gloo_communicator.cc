@@ -1,5 +1,5 @@
 // GlooCommunicator: rendezvous through our Store, a communication thread that runs operations in
-// issue order, and pipelined ring collectives over Gloo's unbound buffers.
+// issue order on a GlooRing (gloo_ring.h), and the failure, timeout and abort handling around it.
 #include "worker/comm/gloo_communicator.h"
 
 #include <algorithm>
@@ -16,101 +16,12 @@
 #include "gloo/rendezvous/context.h"
 #include "gloo/transport/tcp/device.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "worker/comm/gloo_ring.h"
 #include "worker/comm/gloo_store_adapter.h"
-#include "worker/comm/reduction.h"
+#include "worker/comm/ring_schedule.h"
 
 namespace zeroshard::comm {
 namespace {
-
-// A message's Gloo slot: tag (low 20 bits) | operation sequence (low 24 bits) | unit (20 bits).
-// A unit is one (phase, step, segment) of one operation; slots only need to be distinct among
-// messages in flight at the same time, and operations run one after another.
-constexpr int kUnitBits = 20;
-constexpr int kSequenceBits = 24;
-constexpr uint64_t kUnitsPerPhase = uint64_t{1} << (kUnitBits - 1);
-
-uint64_t MakeSlot(uint32_t tag, uint64_t sequence, uint64_t unit) {
-  const uint64_t tag_bits = tag & ((uint64_t{1} << (64 - kUnitBits - kSequenceBits)) - 1);
-  const uint64_t sequence_bits = sequence & ((uint64_t{1} << kSequenceBits) - 1);
-  return (tag_bits << (kUnitBits + kSequenceBits)) | (sequence_bits << kUnitBits) | unit;
-}
-
-int Mod(int value, int modulus) { return ((value % modulus) + modulus) % modulus; }
-
-// Transport lanes: every rank has kLanes Gloo contexts (each a full mesh of TCP connections with
-// its own event-loop thread), and a message from rank s travels on lane s % kLanes. A ring's
-// neighbours differ in parity (except at the wrap of an odd ring), so each rank's outgoing and
-// incoming ring traffic are served by different event-loop threads: with one context, that one
-// thread copies every byte in and out of the sockets (at W = 2 both directions share a socket).
-constexpr int kLanes = 2;
-
-int LaneOf(int sender) { return sender % kLanes; }
-
-// Element ranges of the W pieces of a buffer: piece p is [begin[p], begin[p + 1]).
-struct Pieces {
-  std::vector<size_t> begin;
-  size_t size(int piece) const { return begin[piece + 1] - begin[piece]; }
-  size_t largest() const {
-    size_t largest = 0;
-    for (size_t p = 0; p + 1 < begin.size(); ++p) largest = std::max(largest, size(p));
-    return largest;
-  }
-};
-
-Pieces EqualPieces(int world_size, size_t piece_count) {
-  Pieces pieces;
-  for (int p = 0; p <= world_size; ++p) pieces.begin.push_back(p * piece_count);
-  return pieces;
-}
-
-// Sizes differ by at most one element; the first count % W pieces are the larger ones.
-Pieces BalancedPieces(int world_size, size_t count) {
-  Pieces pieces;
-  const size_t base = count / world_size;
-  const size_t larger = count % world_size;
-  size_t offset = 0;
-  for (int p = 0; p < world_size; ++p) {
-    pieces.begin.push_back(offset);
-    offset += base + (static_cast<size_t>(p) < larger ? 1 : 0);
-  }
-  pieces.begin.push_back(offset);
-  return pieces;
-}
-
-// How a piece of up to `largest_piece` elements is cut into segments: segment k of a piece is
-// elements [k * elements, min(piece size, (k + 1) * elements)), possibly empty for smaller pieces.
-struct Segments {
-  size_t elements = 1;
-  int count = 0;
-};
-
-Segments PlanSegments(size_t largest_piece, size_t element_size, size_t segment_bytes, int steps) {
-  Segments segments;
-  if (largest_piece == 0) return segments;
-  segments.elements = std::max<size_t>(1, segment_bytes / element_size);
-  size_t count = (largest_piece + segments.elements - 1) / segments.elements;
-  const size_t max_count = (kUnitsPerPhase - 1) / std::max(1, steps);
-  if (count > max_count) {
-    count = max_count;
-    segments.elements = (largest_piece + count - 1) / count;
-    count = (largest_piece + segments.elements - 1) / segments.elements;
-  }
-  segments.count = static_cast<int>(count);
-  return segments;
-}
-
-// Element range of segment k of piece p.
-struct Range {
-  size_t offset;
-  size_t count;
-};
-
-Range SegmentOf(const Pieces& pieces, const Segments& segments, int piece, int k) {
-  const size_t size = pieces.size(piece);
-  const size_t start = std::min(size, static_cast<size_t>(k) * segments.elements);
-  const size_t end = std::min(size, start + segments.elements);
-  return Range{pieces.begin[piece] + start, end - start};
-}
 
 std::chrono::milliseconds ToGlooTimeout(absl::Duration remaining) {
   constexpr int64_t kLongestWaitMs = int64_t{24} * 3600 * 1000;
@@ -176,222 +87,6 @@ class GlooCommunicator::Completion {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   absl::Duration run_time_ ABSL_GUARDED_BY(mu_);
-};
-
-// The per-operation view of the transport and the ring algorithms over it: unbound buffers
-// (kept alive until the operation is over and, after a failure, until the connections are
-// closed), message slots, and the sends still to wait for. Communication thread only.
-class GlooCommunicator::Ring {
- public:
-  Ring(GlooCommunicator* communicator, const Operation& operation)
-      : communicator_(communicator),
-        rank_(communicator->rank_),
-        world_size_(communicator->world_size_),
-        next_((communicator->rank_ + 1) % communicator->world_size_),
-        previous_(Mod(communicator->rank_ - 1, communicator->world_size_)),
-        tag_(operation.options.tag),
-        sequence_(operation.sequence),
-        deadline_(absl::Now() + operation.options.timeout) {}
-
-  absl::Time deadline() const { return deadline_; }
-
-  // Reduce-scatter ring over `pieces` (see the class comment in the header for the order).
-  // `input` holds this rank's contributions (whole-buffer layout); partial sums that are
-  // forwarded again go to `work` (whole-buffer layout, may be `input` itself when in place); the
-  // reduced piece rank_ goes to `output`. Units [unit_base, unit_base + kUnitsPerPhase).
-  absl::Status ReduceScatter(const Pieces& pieces, const char* input, char* work, char* output,
-                             ElementType type, ReduceOp op, uint64_t unit_base) {
-    const size_t element_size = ElementSize(type);
-    const int steps = world_size_ - 1;
-    const Segments segments =
-        PlanSegments(pieces.largest(), element_size, communicator_->segment_bytes_, steps);
-    const int units = steps * segments.count;
-    if (units == 0) return absl::OkStatus();
-    const int depth = std::min(communicator_->staging_segments_, units);
-    const size_t staging_bytes = segments.elements * element_size;
-    std::vector<char>& staging = communicator_->staging_;
-    if (staging.size() < depth * staging_bytes) staging.resize(depth * staging_bytes);
-    std::vector<gloo::transport::UnboundBuffer*> stage(depth);
-    for (int i = 0; i < depth; ++i)
-      stage[i] = RecvBuffer(staging.data() + i * staging_bytes, staging_bytes, previous_);
-    auto sent_piece = [&](int step) { return Mod(rank_ - 1 - step, world_size_); };
-    auto received_piece = [&](int step) { return Mod(rank_ - 2 - step, world_size_); };
-    auto post_receive = [&](int unit) {
-      const Range range =
-          SegmentOf(pieces, segments, received_piece(unit / segments.count), unit % segments.count);
-      if (range.count == 0) return;
-      Recv(stage[unit % depth], previous_, unit_base + unit, 0, range.count * element_size);
-    };
-    auto send = [&](int step, int k) {
-      const Range range = SegmentOf(pieces, segments, sent_piece(step), k);
-      if (range.count == 0) return;
-      const char* source = (step == 0 ? input : work) + range.offset * element_size;
-      Send(SendBuffer(source, range.count * element_size), next_,
-           unit_base + step * segments.count + k);
-    };
-    for (int unit = 0; unit < depth; ++unit) post_receive(unit);
-    for (int k = 0; k < segments.count; ++k) send(0, k);
-    for (int unit = 0; unit < units; ++unit) {
-      const int step = unit / segments.count;
-      const int k = unit % segments.count;
-      const int piece = received_piece(step);
-      const Range range = SegmentOf(pieces, segments, piece, k);
-      if (range.count > 0) {
-        const size_t bytes = range.count * element_size;
-        ZS_RETURN_IF_ERROR(WaitRecv(stage[unit % depth], bytes));
-        char* destination = step == steps - 1
-                                ? output + (range.offset - pieces.begin[piece]) * element_size
-                                : work + range.offset * element_size;
-        ReduceElements(destination, staging.data() + (unit % depth) * staging_bytes,
-                       input + range.offset * element_size, range.count, type, op);
-      }
-      if (unit + depth < units) post_receive(unit + depth);
-      if (step + 1 < steps) send(step + 1, k);
-    }
-    return WaitSends();
-  }
-
-  // All-gather ring, in place on `buffer` whose piece rank_ is filled. Units
-  // [unit_base, unit_base + kUnitsPerPhase).
-  absl::Status AllGather(const Pieces& pieces, char* buffer, size_t element_size,
-                         uint64_t unit_base) {
-    const int steps = world_size_ - 1;
-    const Segments segments =
-        PlanSegments(pieces.largest(), element_size, communicator_->segment_bytes_, steps);
-    const int units = steps * segments.count;
-    if (units == 0) return absl::OkStatus();
-    // Every receive is posted up front, straight into its place in the buffer.
-    std::vector<gloo::transport::UnboundBuffer*> landing(units, nullptr);
-    for (int unit = 0; unit < units; ++unit) {
-      const int piece = Mod(rank_ - 1 - unit / segments.count, world_size_);
-      const Range range = SegmentOf(pieces, segments, piece, unit % segments.count);
-      if (range.count == 0) continue;
-      landing[unit] =
-          RecvBuffer(buffer + range.offset * element_size, range.count * element_size, previous_);
-      Recv(landing[unit], previous_, unit_base + unit);
-    }
-    for (int k = 0; k < segments.count; ++k) {
-      const Range range = SegmentOf(pieces, segments, rank_, k);
-      if (range.count == 0) continue;
-      Send(SendBuffer(buffer + range.offset * element_size, range.count * element_size), next_,
-           unit_base + k);
-    }
-    for (int unit = 0; unit < units; ++unit) {
-      if (landing[unit] == nullptr) continue;
-      ZS_RETURN_IF_ERROR(WaitRecv(landing[unit], landing[unit]->size));
-      if (unit / segments.count + 1 < steps) {
-        Send(SendBuffer(landing[unit]->ptr, landing[unit]->size), next_,
-             unit_base + unit + segments.count);
-      }
-    }
-    return WaitSends();
-  }
-
-  // Pipelined chain root, root+1, ..., root-1 over the whole buffer.
-  absl::Status Broadcast(char* buffer, size_t count, size_t element_size, int root) {
-    const int position = Mod(rank_ - root, world_size_);
-    const Pieces whole = EqualPieces(1, count);
-    const Segments segments =
-        PlanSegments(count, element_size, communicator_->segment_bytes_, /*steps=*/1);
-    std::vector<gloo::transport::UnboundBuffer*> part(segments.count, nullptr);
-    for (int k = 0; k < segments.count; ++k) {
-      if (position == 0) continue;
-      const Range range = SegmentOf(whole, segments, 0, k);
-      part[k] =
-          RecvBuffer(buffer + range.offset * element_size, range.count * element_size, previous_);
-      Recv(part[k], previous_, k);
-    }
-    for (int k = 0; k < segments.count; ++k) {
-      const Range range = SegmentOf(whole, segments, 0, k);
-      const size_t bytes = range.count * element_size;
-      if (position > 0) ZS_RETURN_IF_ERROR(WaitRecv(part[k], bytes));
-      if (position + 1 < world_size_) {
-        Send(SendBuffer(buffer + range.offset * element_size, bytes), next_, k);
-      }
-    }
-    return WaitSends();
-  }
-
-  // Every rank sends one byte to, and receives one byte from, every other rank.
-  absl::Status Barrier() {
-    std::vector<char>& bytes = barrier_bytes_;
-    bytes.assign(world_size_ + 1, 0);
-    gloo::transport::UnboundBuffer* outgoing = SendBuffer(bytes.data() + world_size_, 1);
-    std::vector<gloo::transport::UnboundBuffer*> incoming(world_size_, nullptr);
-    for (int peer = 0; peer < world_size_; ++peer) {
-      if (peer == rank_) continue;
-      incoming[peer] = RecvBuffer(bytes.data() + peer, 1, peer);
-      Recv(incoming[peer], peer, 0);
-    }
-    for (int peer = 0; peer < world_size_; ++peer) {
-      if (peer != rank_) Send(outgoing, peer, 0);
-    }
-    for (int peer = 0; peer < world_size_; ++peer) {
-      if (peer != rank_) ZS_RETURN_IF_ERROR(WaitRecv(incoming[peer], 1));
-    }
-    return WaitSends();
-  }
-
- private:
-  // An unbound buffer on `lane`'s context.
-  gloo::transport::UnboundBuffer* Buffer(const void* data, size_t bytes, int lane) {
-    buffers_.push_back(
-        communicator_->contexts_[lane]->createUnboundBuffer(const_cast<void*>(data), bytes));
-    return buffers_.back().get();
-  }
-  // A buffer this rank sends from: on this rank's lane.
-  gloo::transport::UnboundBuffer* SendBuffer(const void* data, size_t bytes) {
-    return Buffer(data, bytes, LaneOf(rank_));
-  }
-  // A buffer receiving from `peer`: on the sender's lane.
-  gloo::transport::UnboundBuffer* RecvBuffer(void* data, size_t bytes, int peer) {
-    return Buffer(data, bytes, LaneOf(peer));
-  }
-
-  void Send(gloo::transport::UnboundBuffer* buffer, int peer, uint64_t unit) {
-    buffer->send(peer, MakeSlot(tag_, sequence_, unit), 0, buffer->size);
-    pending_sends_.push_back(buffer);
-    communicator_->bytes_sent_.fetch_add(static_cast<int64_t>(buffer->size),
-                                         std::memory_order_relaxed);
-  }
-
-  void Recv(gloo::transport::UnboundBuffer* buffer, int peer, uint64_t unit, size_t offset_bytes,
-            size_t bytes) {
-    buffer->recv(peer, MakeSlot(tag_, sequence_, unit), offset_bytes, bytes);
-  }
-
-  void Recv(gloo::transport::UnboundBuffer* buffer, int peer, uint64_t unit) {
-    Recv(buffer, peer, unit, 0, buffer->size);
-  }
-
-  absl::Status WaitRecv(gloo::transport::UnboundBuffer* buffer, size_t bytes) {
-    ZS_RETURN_IF_ERROR(communicator_->WaitOnBuffer(buffer, /*receive=*/true, deadline_));
-    communicator_->bytes_received_.fetch_add(static_cast<int64_t>(bytes),
-                                             std::memory_order_relaxed);
-    return absl::OkStatus();
-  }
-
-  absl::Status WaitSends() {
-    for (gloo::transport::UnboundBuffer* buffer : pending_sends_) {
-      ZS_RETURN_IF_ERROR(communicator_->WaitOnBuffer(buffer, /*receive=*/false, deadline_));
-    }
-    pending_sends_.clear();
-    return absl::OkStatus();
-  }
-
-  GlooCommunicator* const communicator_;
-  const int rank_;
-  const int world_size_;
-  const int next_;
-  const int previous_;
-  const uint32_t tag_;
-  const uint64_t sequence_;
-  const absl::Time deadline_;
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> buffers_;
-  // Barrier's one-byte messages; a member so it outlives the buffers over it.
-  std::vector<char> barrier_bytes_;
-  // One entry per send not yet waited for (a buffer sending twice appears twice).
-  std::vector<gloo::transport::UnboundBuffer*> pending_sends_;
 };
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
@@ -503,7 +198,8 @@ void GlooCommunicator::CommunicationLoop() {
     absl::Status status;
     const absl::Time run_start = absl::Now();
     {
-      Ring ring(this, *operation);
+      GlooRing ring(RingEnvironment(), operation->options.tag, operation->sequence,
+                    absl::Now() + operation->options.timeout);
       status = Execute(*operation, ring);
       if (!status.ok()) {
         MarkFailed(status);
@@ -521,7 +217,24 @@ void GlooCommunicator::CommunicationLoop() {
   }
 }
 
-absl::Status GlooCommunicator::Execute(const Operation& operation, Ring& ring) {
+GlooRingEnvironment GlooCommunicator::RingEnvironment() {
+  GlooRingEnvironment environment;
+  environment.rank = rank_;
+  environment.world_size = world_size_;
+  environment.segment_bytes = segment_bytes_;
+  environment.staging_segments = staging_segments_;
+  environment.lanes = &contexts_;
+  environment.staging = &staging_;
+  environment.bytes_sent = &bytes_sent_;
+  environment.bytes_received = &bytes_received_;
+  environment.wait = [this](gloo::transport::UnboundBuffer* buffer, bool receive,
+                            absl::Time deadline) {
+    return WaitOnBuffer(buffer, receive, deadline);
+  };
+  return environment;
+}
+
+absl::Status GlooCommunicator::Execute(const Operation& operation, GlooRing& ring) {
   try {
     switch (operation.kind) {
       case OperationKind::kReduceScatter:
@@ -745,7 +458,7 @@ std::unique_ptr<Work> GlooCommunicator::Barrier(const CollectiveOptions& options
   return Enqueue(std::move(operation));
 }
 
-absl::Status GlooCommunicator::RunReduceScatter(const Operation& operation, Ring& ring) {
+absl::Status GlooCommunicator::RunReduceScatter(const Operation& operation, GlooRing& ring) {
   const size_t piece_bytes = operation.count * ElementSize(operation.type);
   if (piece_bytes == 0) return absl::OkStatus();
   const bool in_place = operation.input == nullptr;
@@ -764,7 +477,7 @@ absl::Status GlooCommunicator::RunReduceScatter(const Operation& operation, Ring
                             operation.type, operation.reduce, /*unit_base=*/0);
 }
 
-absl::Status GlooCommunicator::RunAllGather(const Operation& operation, Ring& ring) {
+absl::Status GlooCommunicator::RunAllGather(const Operation& operation, GlooRing& ring) {
   const size_t piece_bytes = operation.count * ElementSize(operation.type);
   if (piece_bytes == 0) return absl::OkStatus();
   if (operation.input != nullptr) {
@@ -775,7 +488,7 @@ absl::Status GlooCommunicator::RunAllGather(const Operation& operation, Ring& ri
                         ElementSize(operation.type), /*unit_base=*/0);
 }
 
-absl::Status GlooCommunicator::RunAllReduce(const Operation& operation, Ring& ring) {
+absl::Status GlooCommunicator::RunAllReduce(const Operation& operation, GlooRing& ring) {
   if (operation.count == 0 || world_size_ == 1) return absl::OkStatus();
   const size_t element_size = ElementSize(operation.type);
   const Pieces pieces = BalancedPieces(world_size_, operation.count);
@@ -786,13 +499,13 @@ absl::Status GlooCommunicator::RunAllReduce(const Operation& operation, Ring& ri
   return ring.AllGather(pieces, buffer, element_size, /*unit_base=*/kUnitsPerPhase);
 }
 
-absl::Status GlooCommunicator::RunBroadcast(const Operation& operation, Ring& ring) {
+absl::Status GlooCommunicator::RunBroadcast(const Operation& operation, GlooRing& ring) {
   if (operation.count == 0 || world_size_ == 1) return absl::OkStatus();
   return ring.Broadcast(operation.buffer, operation.count, ElementSize(operation.type),
                         operation.root);
 }
 
-absl::Status GlooCommunicator::RunBarrier(Ring& ring) {
+absl::Status GlooCommunicator::RunBarrier(GlooRing& ring) {
   if (world_size_ == 1) return absl::OkStatus();
   return ring.Barrier();
 }

@@ -1,5 +1,5 @@
 // GlooCommunicator: the CPU Communicator. Gloo provides the rendezvous and the full mesh of TCP
-// pairs; the collectives are our own pipelined rings over Gloo's unbound buffers.
+// pairs; the collectives are our own pipelined rings over Gloo's unbound buffers (gloo_ring.h).
 #ifndef ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 #define ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 
@@ -28,6 +28,9 @@ class UnboundBuffer;
 }  // namespace gloo
 
 namespace zeroshard::comm {
+
+class GlooRing;
+struct GlooRingEnvironment;
 
 struct GlooCommunicatorOptions {
   int rank = 0;
@@ -106,7 +109,6 @@ class GlooCommunicator : public Communicator {
  private:
   struct Operation;
   class Completion;
-  class Ring;
 
   GlooCommunicator(const GlooCommunicatorOptions& options,
                    std::vector<std::shared_ptr<gloo::Context>> contexts);
@@ -119,13 +121,16 @@ class GlooCommunicator : public Communicator {
   void CommunicationLoop();
   bool HasThreadWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Communication thread only: the state an operation's GlooRing borrows from this object.
+  GlooRingEnvironment RingEnvironment();
+
   // Runs one operation on the communication thread. Gloo exceptions become Status here.
-  absl::Status Execute(const Operation& operation, Ring& ring);
-  absl::Status RunReduceScatter(const Operation& operation, Ring& ring);
-  absl::Status RunAllGather(const Operation& operation, Ring& ring);
-  absl::Status RunAllReduce(const Operation& operation, Ring& ring);
-  absl::Status RunBroadcast(const Operation& operation, Ring& ring);
-  absl::Status RunBarrier(Ring& ring);
+  absl::Status Execute(const Operation& operation, GlooRing& ring);
+  absl::Status RunReduceScatter(const Operation& operation, GlooRing& ring);
+  absl::Status RunAllGather(const Operation& operation, GlooRing& ring);
+  absl::Status RunAllReduce(const Operation& operation, GlooRing& ring);
+  absl::Status RunBroadcast(const Operation& operation, GlooRing& ring);
+  absl::Status RunBarrier(GlooRing& ring);
 
   // Blocks the communication thread until `buffer`'s pending receive (or send) completes, the
   // deadline passes (DEADLINE_EXCEEDED, by Gloo's exception), or Abort() interrupts it (ABORTED).
@@ -144,8 +149,8 @@ class GlooCommunicator : public Communicator {
   const int staging_segments_;
 
   // Owned by the communication thread (and by the destructor after it has joined): the transport
-  // lanes (see gloo_communicator.cc; a message from rank s uses contexts_[s % lanes]), empty at
-  // world size 1.
+  // lanes (see ring_schedule.h; a message from rank s uses contexts_[LaneOf(s)]), empty at world
+  // size 1.
   std::vector<std::shared_ptr<gloo::Context>> contexts_;
   // Communication thread only: reduce-scatter staging and out-of-place scratch, kept between
   // operations so steady-state steps do not allocate.
