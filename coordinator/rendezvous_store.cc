@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/dcheck.h"
 #include "common/status_macros.h"
 
 namespace zeroshard::coordinator {
@@ -285,16 +286,24 @@ void RendezvousStore::CompleteWaiterLocked(WaiterId id, absl::Status status,
                                            bool remove_from_namespace,
                                            std::vector<Completion>& completions) {
   auto it = waiters_.find(id);
+  ZS_DCHECK(it != waiters_.end()) << "waiter " << id << " is not pending";
   Waiter& waiter = it->second;
-  deadlines_.erase({waiter.deadline, id});
+  const size_t deadlines_erased = deadlines_.erase({waiter.deadline, id});
+  ZS_DCHECK_EQ(deadlines_erased, 1u) << "waiter " << id;
   if (remove_from_namespace) {
-    JobRecord& job = jobs_.find(waiter.job_id)->second;
-    auto waiting = job.live->waiters_by_key.find(waiter.key);
+    auto job = jobs_.find(waiter.job_id);
+    ZS_DCHECK(job != jobs_.end() && job->second.live.has_value())
+        << "waiter " << id << " of job '" << waiter.job_id << "' has no live namespace";
+    Namespace& live = *job->second.live;
+    auto waiting = live.waiters_by_key.find(waiter.key);
+    ZS_DCHECK(waiting != live.waiters_by_key.end() && waiting->second.contains(id))
+        << "waiter " << id << " is not indexed under key '" << waiter.key << "'";
     waiting->second.erase(id);
-    if (waiting->second.empty()) job.live->waiters_by_key.erase(waiting);
+    if (waiting->second.empty()) live.waiters_by_key.erase(waiting);
   }
   completions.push_back(Completion{std::move(waiter.done), std::move(status), std::move(value)});
   waiters_.erase(it);
+  ZS_DCHECK_EQ(waiters_.size(), deadlines_.size());
 }
 
 void RendezvousStore::FailNamespaceWaitersLocked(Namespace& ns, const absl::Status& status,

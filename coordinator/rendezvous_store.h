@@ -148,7 +148,9 @@ class RendezvousStore {
                            std::shared_ptr<const std::string> value,
                            std::vector<Completion>& completions) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes pending waiter `id` from every index and appends its completion with `status`
-  // (and `value` when `status` is OK). Requires that `id` is pending.
+  // (and `value` when `status` is OK). With `remove_from_namespace` false the caller removes it
+  // from its namespace's waiters_by_key.
+  // REQUIRES: `id` is pending.
   void CompleteWaiterLocked(WaiterId id, absl::Status status,
                             std::shared_ptr<const std::string> value, bool remove_from_namespace,
                             std::vector<Completion>& completions)

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/dcheck.h"
 #include "common/status_macros.h"
 #include "kernels/cpu_simd.h"
 
@@ -77,6 +79,32 @@ SumSquaresFn SelectSumSquares(SimdLevel simd, DType dtype) {
   }
 }
 
+// Whether the arrays the update of `piece` touches are pairwise disjoint, as UpdatePiece
+// requires. O(arrays^2) per piece; for ZS_DCHECK.
+bool ArraysAreDisjoint(const UpdatePiece& piece, int state_arrays) {
+  struct ByteRange {
+    uintptr_t begin;
+    uintptr_t end;
+  };
+  ByteRange ranges[3 + kMaxStateArrays];
+  int count = 0;
+  auto add = [&](const void* data, int64_t bytes) {
+    if (data == nullptr || bytes <= 0) return;
+    const auto begin = reinterpret_cast<uintptr_t>(data);
+    ranges[count++] = ByteRange{begin, begin + static_cast<uintptr_t>(bytes)};
+  };
+  add(piece.grad, piece.length * DTypeSize(piece.grad_dtype));
+  add(piece.master, piece.length * int64_t{4});
+  for (int s = 0; s < state_arrays; ++s) add(piece.state[s], piece.length * int64_t{4});
+  add(piece.param_copy, piece.length * DTypeSize(piece.param_dtype));
+  for (int i = 0; i < count; ++i) {
+    for (int j = i + 1; j < count; ++j) {
+      if (ranges[i].begin < ranges[j].end && ranges[j].begin < ranges[i].end) return false;
+    }
+  }
+  return true;
+}
+
 // Lane k + half joins lane k, halving until one is left: a fixed tree.
 double CombineLanes(double lanes[kSumLanes]) {
   for (int half = kSumLanes / 2; half >= 1; half /= 2) {
@@ -139,6 +167,8 @@ absl::Status ApplyUpdateCpu(const OptimizerConfig& config, int64_t step, float g
   arrays.reserve(pieces.size());
   kernels.reserve(pieces.size());
   for (const UpdatePiece& piece : pieces) {
+    ZS_DCHECK(ArraysAreDisjoint(piece, state_arrays))
+        << "pieces[" << &piece - pieces.data() << "]: its arrays overlap";
     scalars.push_back(MakeElementScalars(config, step, grad_scale, piece));
     UpdateArrays a{piece.grad, piece.master, {nullptr, nullptr, nullptr}, piece.param_copy};
     for (int s = 0; s < state_arrays; ++s) a.state[s] = piece.state[s];

@@ -36,6 +36,7 @@ inline constexpr int64_t kCpuChunkElements = int64_t{1} << 16;
 // from 1 and is the same for all pieces. `pool` may be null (runs on the calling thread).
 // InvalidArgument for a bad config or piece (nothing is written then); Unavailable when `simd`
 // names an instruction set the processor lacks.
+// REQUIRES: the arrays of each piece do not overlap (UpdatePiece, kernels/optimizer.h).
 absl::Status ApplyUpdateCpu(const OptimizerConfig& config, int64_t step, float grad_scale,
                             absl::Span<const UpdatePiece> pieces, ThreadPool* pool,
                             SimdLevel simd = SimdLevel::kAuto);

@@ -1,7 +1,32 @@
 // A small fixed-size thread pool for the CPU kernels.
 #include "kernels/thread_pool.h"
 
+#include "common/dcheck.h"
+
 namespace zeroshard::kernels {
+namespace {
+
+// The pool whose tasks this thread is running, if any, so ParallelFor can catch a task calling
+// back into its own pool (a deadlock) in debug builds.
+thread_local const ThreadPool* tasks_of_pool = nullptr;
+
+// Marks this thread as running tasks of `pool` while it lives; restores the previous mark, as a
+// task of one pool may run tasks of another. Thread contract: made and destroyed on the thread
+// it marks.
+class RunningTasksOf {
+ public:
+  explicit RunningTasksOf(const ThreadPool* pool) : previous_(tasks_of_pool) {
+    tasks_of_pool = pool;
+  }
+  ~RunningTasksOf() { tasks_of_pool = previous_; }
+  RunningTasksOf(const RunningTasksOf&) = delete;
+  RunningTasksOf& operator=(const RunningTasksOf&) = delete;
+
+ private:
+  const ThreadPool* const previous_;
+};
+
+}  // namespace
 
 ThreadPool::ThreadPool(int num_threads) {
   const int workers = num_threads > 1 ? num_threads - 1 : 0;
@@ -24,9 +49,11 @@ bool ThreadPool::HasWorkOrStopping() const {
 bool ThreadPool::AllTasksFinished() const { return finished_tasks_ == num_tasks_; }
 
 void ThreadPool::ParallelFor(int64_t num_tasks, absl::FunctionRef<void(int64_t)> task) {
+  ZS_DCHECK(tasks_of_pool != this) << "a task called ParallelFor on its own pool";
   if (num_tasks <= 0) return;
   absl::MutexLock call_lock(&call_mu_);
   if (workers_.empty() || num_tasks == 1) {
+    RunningTasksOf running(this);
     for (int64_t i = 0; i < num_tasks; ++i) task(i);
     return;
   }
@@ -44,6 +71,7 @@ void ThreadPool::ParallelFor(int64_t num_tasks, absl::FunctionRef<void(int64_t)>
 }
 
 void ThreadPool::RunTasks() {
+  RunningTasksOf running(this);
   while (true) {
     const absl::FunctionRef<void(int64_t)>* task;
     int64_t index;

@@ -27,6 +27,7 @@ class ThreadPool {
   int num_threads() const { return static_cast<int>(workers_.size()) + 1; }
 
   // Runs task(0) ... task(num_tasks - 1), each once, and returns when all have returned.
+  // REQUIRES: not called from a task of this pool (it would wait for itself forever).
   void ParallelFor(int64_t num_tasks, absl::FunctionRef<void(int64_t)> task);
 
  private:

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/dcheck.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::kernels {
@@ -64,6 +65,31 @@ TEST(ThreadPoolTest, ConcurrentCallersAreSerialised) {
   }
   for (std::thread& t : callers) t.join();
   EXPECT_EQ(sum.load(), 4 * 50 * 45);
+}
+
+TEST(ThreadPoolTest, TasksMayCallParallelForOnAnotherPool) {
+  ThreadPool outer(2);
+  ThreadPool inner(2);
+  constexpr int64_t kOuter = 4;
+  constexpr int64_t kInner = 3;
+  std::vector<std::atomic<int>> runs(kOuter * kInner);
+  outer.ParallelFor(kOuter, [&](int64_t i) {
+    inner.ParallelFor(kInner, [&](int64_t j) { runs[i * kInner + j].fetch_add(1); });
+  });
+  for (int64_t k = 0; k < kOuter * kInner; ++k) EXPECT_EQ(runs[k].load(), 1) << k;
+}
+
+TEST(ThreadPoolDeathTest, TaskCallingParallelForOnItsOwnPoolAborts) {
+  if (!ZS_DCHECK_IS_ON()) GTEST_SKIP() << "NDEBUG build: the check is compiled out";
+  // The child runs the test from the start, so the pool's worker threads exist there too.
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  // One thread: tasks run inline on the caller; two: also on a worker.
+  for (int threads : {1, 2}) {
+    ThreadPool pool(threads);
+    EXPECT_DEATH(pool.ParallelFor(2, [&](int64_t) { pool.ParallelFor(1, [](int64_t) {}); }),
+                 "a task called ParallelFor on its own pool")
+        << threads << " threads";
+  }
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "common/dcheck.h"
 #include "common/status_macros.h"
 
 namespace zeroshard::sharding {
@@ -128,6 +129,10 @@ RankView::RankView(int64_t rank, int64_t world_size, std::vector<OwnedPiece> pie
 }
 
 absl::Span<const TensorFragment> RankView::FragmentsOf(const OwnedPiece& piece) const {
+  ZS_DCHECK(piece.bucket >= 0 && piece.bucket < static_cast<int64_t>(pieces_.size()) &&
+            pieces_[piece.bucket].first_fragment == piece.first_fragment &&
+            pieces_[piece.bucket].num_fragments == piece.num_fragments)
+      << "the piece of bucket " << piece.bucket << " is not this view's";
   return absl::MakeConstSpan(fragments_).subspan(piece.first_fragment, piece.num_fragments);
 }
 
@@ -147,6 +152,10 @@ absl::StatusOr<ShardPlan> ShardPlan::Create(std::vector<TensorSpec> tensors, int
   int64_t content_end = 0;  // end of the last tensor placed
   auto close_bucket = [&](int64_t next_tensor) {
     const int64_t padded = AlignUp(content_end - bucket_begin, plan.bucket_alignment_);
+    // BucketLayout's invariants: buckets tile the flat space and cut into equal pieces.
+    ZS_DCHECK(plan.buckets_.empty() || plan.buckets_.back().flat_end() == bucket_begin);
+    ZS_DCHECK_EQ(padded % plan.bucket_alignment_, 0);
+    ZS_DCHECK_EQ(padded % world_size, 0);
     plan.buckets_.push_back(BucketLayout{bucket_begin, padded, padded / world_size,
                                          bucket_first_tensor, next_tensor - bucket_first_tensor});
     bucket_begin += padded;
@@ -160,6 +169,7 @@ absl::StatusOr<ShardPlan> ShardPlan::Create(std::vector<TensorSpec> tensors, int
       close_bucket(i);
       start = bucket_begin;  // a multiple of kBucketAlignElems, hence of kTensorAlignElems
     }
+    ZS_DCHECK_EQ(start % kTensorAlignElems, 0) << "tensor " << i;
     plan.placements_[i] = TensorPlacement{start, count, static_cast<int64_t>(plan.buckets_.size())};
     content_end = start + count;
     plan.tensor_elems_ += count;
@@ -231,7 +241,10 @@ absl::StatusOr<RankView> ShardPlan::ViewForRank(int64_t rank) const {
     piece.num_fragments = static_cast<int64_t>(fragments.size()) - piece.first_fragment;
     pieces.push_back(piece);
   }
-  return RankView(rank, world_size_, std::move(pieces), std::move(fragments));
+  RankView view(rank, world_size_, std::move(pieces), std::move(fragments));
+  // Every rank owns the same number of elements: one piece of every bucket.
+  ZS_DCHECK_EQ(view.owned_elems(), elems_per_rank()) << "rank " << rank;
+  return view;
 }
 
 int64_t ShardPlan::OwnerOf(int64_t flat_offset) const {
@@ -239,6 +252,8 @@ int64_t ShardPlan::OwnerOf(int64_t flat_offset) const {
   const auto bucket =
       std::partition_point(buckets_.begin(), buckets_.end(),
                            [&](const BucketLayout& b) { return b.flat_end() <= flat_offset; });
+  // Buckets tile [0, padded_elems_), so some bucket holds every offset in range.
+  ZS_DCHECK(bucket != buckets_.end() && bucket->flat_begin <= flat_offset);
   return (flat_offset - bucket->flat_begin) / bucket->piece_elems;
 }
 

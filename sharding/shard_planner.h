@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/dcheck.h"
 #include "sharding/tensor_spec.h"
 
 namespace zeroshard::sharding {
@@ -95,6 +96,7 @@ class RankView {
   absl::Span<const OwnedPiece> pieces() const { return pieces_; }
   // All fragments of all pieces, in flat order.
   absl::Span<const TensorFragment> fragments() const { return fragments_; }
+  // REQUIRES: `piece` is one of pieces().
   absl::Span<const TensorFragment> FragmentsOf(const OwnedPiece& piece) const;
   // Elements this rank owns, padding included (the same for every rank).
   int64_t owned_elems() const { return owned_elems_; }
@@ -132,7 +134,11 @@ class ShardPlan {
 
   // Per tensor, in list order.
   absl::Span<const TensorPlacement> placements() const { return placements_; }
-  const TensorPlacement& placement(int64_t tensor) const { return placements_[tensor]; }
+  // REQUIRES: 0 <= tensor < num_tensors().
+  const TensorPlacement& placement(int64_t tensor) const {
+    ZS_DCHECK(tensor >= 0 && tensor < num_tensors()) << "tensor " << tensor;
+    return placements_[tensor];
+  }
   absl::Span<const BucketLayout> buckets() const { return buckets_; }
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
 

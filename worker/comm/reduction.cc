@@ -5,10 +5,18 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/dcheck.h"
 #include "kernels/dtype.h"
 
 namespace zeroshard::comm {
 namespace {
+
+// Whether the `bytes`-byte ranges at `a` and `b` share a byte.
+bool Overlap(const void* a, const void* b, size_t bytes) {
+  const auto a_begin = reinterpret_cast<uintptr_t>(a);
+  const auto b_begin = reinterpret_cast<uintptr_t>(b);
+  return bytes > 0 && a_begin < b_begin + bytes && b_begin < a_begin + bytes;
+}
 
 // The vectorisable cores: their pointers never overlap. Each keeps the operand order
 // received + own (IEEE, one rounding per element), so every vector width gives the same bits.
@@ -107,6 +115,11 @@ void HalfWidthLoop(uint16_t* out, const uint16_t* received, const uint16_t* own,
 
 void ReduceElements(void* out, const void* received, const void* own, size_t count,
                     ElementType type, ReduceOp op) {
+  const size_t bytes = count * ElementSize(type);
+  ZS_DCHECK(!Overlap(received, own, bytes)) << "received and own overlap";
+  ZS_DCHECK(out == own || out == received ||
+            (!Overlap(out, own, bytes) && !Overlap(out, received, bytes)))
+      << "out partly overlaps an operand";
   const bool sum = op == ReduceOp::kSum;
   switch (type) {
     case ElementType::kFloat64: {

@@ -1,12 +1,22 @@
 // Typed loops for the engine's buffer conversions, one instantiation per dtype pair.
 #include "worker/engine/element_convert.h"
 
+#include <cstdint>
 #include <cstring>
+
+#include "common/dcheck.h"
 
 namespace zeroshard::engine {
 namespace {
 
 using kernels::DType;
+
+// Whether byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte.
+bool Overlap(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
+  const auto a_begin = reinterpret_cast<uintptr_t>(a);
+  const auto b_begin = reinterpret_cast<uintptr_t>(b);
+  return a_bytes > 0 && b_bytes > 0 && a_begin < b_begin + b_bytes && b_begin < a_begin + a_bytes;
+}
 
 template <DType kType>
 struct Element;
@@ -112,6 +122,10 @@ void StoreScaledGradient(const float* grad, float scale, int64_t count, DType st
 }
 
 void ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t count) {
+  ZS_DCHECK((src == dst && src_dtype == dst_dtype) ||
+            !Overlap(src, count * kernels::DTypeSize(src_dtype), dst,
+                     count * kernels::DTypeSize(dst_dtype)))
+      << count << " elements";
   Dispatch<Convert>(src_dtype, dst_dtype, src, dst, count);
 }
 

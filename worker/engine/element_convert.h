@@ -20,7 +20,7 @@ void StoreScaledGradient(const float* grad, float scale, int64_t count,
                          kernels::DType storage_dtype, void* dst, kernels::DType dst_dtype);
 
 // dst[i] = round_to(dst_dtype, src[i]) for i < count; exact when dst_dtype is at least as wide.
-// `src` and `dst` must not overlap unless they are the same pointer and the same dtype.
+// REQUIRES: `src` and `dst` do not overlap, unless they are the same pointer and the same dtype.
 void ConvertElements(const void* src, kernels::DType src_dtype, void* dst, kernels::DType dst_dtype,
                      int64_t count);
 

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/dcheck.h"
 #include "common/status_macros.h"
 #include "worker/engine/element_convert.h"
 
@@ -132,6 +133,8 @@ Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const E
     owned_offsets_.push_back(offset);
     offset += bucket.piece_elems;
   }
+  // The owned layout holds exactly the view's pieces, one per bucket.
+  ZS_DCHECK_EQ(offset, view_.owned_elems());
   gap_begin_.reserve(plan_.num_buckets() + 1);
   for (const sharding::BucketLayout& bucket : plan_.buckets()) {
     gap_begin_.push_back(static_cast<int64_t>(gaps_.size()));
@@ -294,16 +297,20 @@ absl::Status Engine::InitializeParameters(
     for (; fragment != fragments_end && fragment->tensor == t; ++fragment) {
       while (fragment->flat_begin >= pieces[piece_index].flat_end) ++piece_index;
       const sharding::OwnedPiece& piece = pieces[piece_index];
+      ZS_DCHECK(fragment->flat_begin >= piece.flat_begin && fragment->flat_end() <= piece.flat_end)
+          << "fragment of tensor " << t << " is not inside the piece of bucket " << piece.bucket;
       ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyFromHost(
           master_.as<float>() + OwnedOffset(piece.bucket) + fragment->flat_begin - piece.flat_begin,
           values.data() + fragment->tensor_begin, fragment->size() * sizeof(float))));
     }
   }
+  ZS_DCHECK(ddp || fragment == fragments_end) << "owned fragments of no tensor were left unset";
   ++params_version_;
   return absl::OkStatus();
 }
 
 absl::Span<const float> Engine::Parameters(int64_t tensor) {
+  ZS_DCHECK(tensor >= 0 && tensor < plan_.num_tensors()) << "tensor " << tensor;
   const sharding::TensorPlacement& placement = plan_.placement(tensor);
   if (config_.param_dtype == DType::kFloat32) {
     return absl::MakeConstSpan(params_.as<float>() + placement.flat_offset, placement.num_elements);
@@ -314,13 +321,10 @@ absl::Span<const float> Engine::Parameters(int64_t tensor) {
   }
   float* widened = workload_view_.as<float>() + placement.flat_offset;
   if (view_version_[tensor] != params_version_) {
-    const absl::Status status =
-        device_->ConvertElements(ParamsAt(placement.flat_offset), config_.param_dtype, widened,
-                                 DType::kFloat32, placement.num_elements);
-    if (!status.ok()) {
-      if (failure_.ok()) failure_ = status;
-      return {};
-    }
+    const absl::Status converted =
+        RecordFailure(device_->ConvertElements(ParamsAt(placement.flat_offset), config_.param_dtype,
+                                               widened, DType::kFloat32, placement.num_elements));
+    if (!converted.ok()) return {};
     view_version_[tensor] = params_version_;
   }
   return absl::MakeConstSpan(widened, placement.num_elements);
@@ -362,6 +366,7 @@ absl::Status Engine::GradReady(int64_t tensor, absl::Span<const float> gradient)
   if (config_.mode == EngineMode::kZero2) {
     // Backward writes straight into the bucket's reduce buffer.
     if (bucket.slot < 0) ZS_RETURN_IF_ERROR(AcquireSlot(bucket_index));
+    ZS_DCHECK_GE(bucket.slot, 0);
     const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
     ZS_RETURN_IF_ERROR(RecordFailure(device_->StoreScaledGradient(
         gradient.data(), scale, placement.num_elements, config_.grad_dtype,
@@ -381,6 +386,8 @@ absl::Status Engine::GradReady(int64_t tensor, absl::Span<const float> gradient)
 }
 
 absl::Status Engine::AcquireSlot(int64_t bucket) {
+  ZS_DCHECK(UsesBucketPool());
+  ZS_DCHECK_LT(buckets_[bucket].slot, 0) << "bucket " << bucket << " already holds a slot";
   if (free_slots_.empty()) {
     if (in_flight_.empty()) {
       return absl::FailedPreconditionError(
@@ -388,6 +395,8 @@ absl::Status Engine::AcquireSlot(int64_t bucket) {
           "tensor-list order");
     }
     ZS_RETURN_IF_ERROR(RetireOldest());
+    // Every in-flight bucket holds a slot, so retiring one frees one.
+    ZS_DCHECK(!free_slots_.empty());
   }
   buckets_[bucket].slot = free_slots_.back();
   free_slots_.pop_back();
@@ -397,6 +406,10 @@ absl::Status Engine::AcquireSlot(int64_t bucket) {
 absl::Status Engine::LaunchBucket(int64_t bucket_index) {
   BucketState& bucket = buckets_[bucket_index];
   const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
+  ZS_DCHECK_EQ(bucket.tensors_arrived, layout.num_tensors) << "bucket " << bucket_index;
+  ZS_DCHECK(bucket.reduction == nullptr) << "bucket " << bucket_index << " is already in flight";
+  ZS_DCHECK(config_.mode != EngineMode::kZero2 || bucket.slot >= 0)
+      << "zero2 bucket " << bucket_index << " has no reduce buffer";
   char* reduce_buffer;
   if (config_.mode == EngineMode::kZero2) {
     reduce_buffer = SlotData(bucket.slot);
@@ -424,13 +437,21 @@ absl::Status Engine::LaunchBucket(int64_t bucket_index) {
                          : communicator_->ReduceScatterInPlace(reduce_buffer, layout.piece_elems,
                                                                type, comm::ReduceOp::kSum, options);
   in_flight_.push_back(bucket_index);
+  ZS_DCHECK(bucket.reduction != nullptr);
+  ZS_DCHECK(!UsesBucketPool() || in_flight_.size() + free_slots_.size() <= pool_.size())
+      << in_flight_.size() << " buckets in flight and " << free_slots_.size() << " free slots of "
+      << pool_.size();
   return absl::OkStatus();
 }
 
 absl::Status Engine::RetireOldest() {
+  ZS_DCHECK(!in_flight_.empty());
   const int64_t bucket_index = in_flight_.front();
   in_flight_.pop_front();
   BucketState& bucket = buckets_[bucket_index];
+  ZS_DCHECK(bucket.reduction != nullptr)
+      << "bucket " << bucket_index << " is in flight without a reduction";
+  ZS_DCHECK_EQ(bucket.slot >= 0, UsesBucketPool()) << "bucket " << bucket_index;
   const absl::Time wait_start = absl::Now();
   const absl::Status status = bucket.reduction->Wait();
   last_reduced_ = absl::Now();
@@ -442,10 +463,7 @@ absl::Status Engine::RetireOldest() {
     run_times_recorded_ = false;
   }
   bucket.reduction.reset();
-  if (!status.ok()) {
-    failure_ = status;
-    return status;
-  }
+  if (!status.ok()) return RecordFailure(status);
   if (bucket.slot < 0) return absl::OkStatus();  // reduced in place in the gradient buffer
   // Move the reduced values into the gradient storage the update reads, in grad_dtype.
   const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
@@ -468,10 +486,7 @@ absl::Status Engine::RetireOldest() {
                                        config_.grad_dtype, layout.piece_elems);
       break;
   }
-  if (!moved.ok()) {
-    failure_ = moved;
-    return moved;
-  }
+  if (!moved.ok()) return RecordFailure(moved);
   free_slots_.push_back(bucket.slot);
   bucket.slot = -1;
   return absl::OkStatus();
@@ -490,6 +505,8 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   // 1. Wait for every bucket's reduction: this rank's pieces of the summed gradients are now in
   //    grads_ (and in ddp, every piece).
   while (!in_flight_.empty()) ZS_RETURN_IF_ERROR(RetireOldest());
+  ZS_DCHECK(BucketsAreIdle())
+      << "a bucket still holds a slot or a reduction after the last retired";
   const absl::Time reduced = absl::Now();
   result.timings.exposed_comm_ms = Milliseconds(exposed_wait_);
   result.timings.comm_ms =
@@ -499,10 +516,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
 
   // 2. One small all-reduce: sum of squares of the owned gradients, non-finite count, loss.
   absl::StatusOr<kernels::GradStats> stats = device_->ComputeGradStats(stats_pieces_);
-  if (!stats.ok()) {
-    failure_ = stats.status();
-    return failure_;
-  }
+  if (!stats.ok()) return RecordFailure(stats.status());
   // Staged on the host, reduced in the device's stats buffer (the communicator's memory).
   double totals[3] = {stats->sum_squares, stats->non_finite ? 1.0 : 0.0, local_loss};
   absl::Status status = device_->CopyFromHost(stats_buffer_.data(), totals, sizeof(totals));
@@ -515,10 +529,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
                  ->Wait();
   }
   if (status.ok()) status = device_->CopyToHost(totals, stats_buffer_.data(), sizeof(totals));
-  if (!status.ok()) {
-    failure_ = status;
-    return status;
-  }
+  if (!status.ok()) return RecordFailure(status);
   const absl::Time stats_done = absl::Now();
   result.timings.grad_stats_ms = Milliseconds(stats_done - reduced);
   const double world = static_cast<double>(world_size_);
@@ -537,10 +548,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
         device_->ApplyUpdate(config_.optimizer, optimizer_step_ + 1, grad_scale, update_pieces_);
     // Asynchronous devices: update_ms then covers the update's run time.
     if (status.ok()) status = device_->Synchronize();
-    if (!status.ok()) {
-      failure_ = status;
-      return status;
-    }
+    if (!status.ok()) return RecordFailure(status);
     ++optimizer_step_;
     ++params_version_;
   }
@@ -569,10 +577,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
         gather_run_time.reset();
       }
     }
-    if (!status.ok()) {
-      failure_ = status;
-      return status;
-    }
+    if (!status.ok()) return RecordFailure(status);
   }
   const absl::Time done = absl::Now();
   result.timings.allgather_ms =
@@ -590,6 +595,14 @@ absl::Status Engine::RecordFailure(absl::Status status) {
   return status;
 }
 
+bool Engine::BucketsAreIdle() const {
+  if (!in_flight_.empty() || free_slots_.size() != pool_.size()) return false;
+  for (const BucketState& bucket : buckets_) {
+    if (bucket.reduction != nullptr || bucket.slot >= 0) return false;
+  }
+  return true;
+}
+
 void Engine::UpdateLossScale(bool overflow) {
   const LossScaleConfig& scale = config_.loss_scale;
   if (!scale.dynamic) return;
@@ -605,6 +618,7 @@ void Engine::UpdateLossScale(bool overflow) {
 }
 
 void Engine::ResetStepState() {
+  ZS_DCHECK(in_flight_.empty());
   for (BucketState& bucket : buckets_) bucket.tensors_arrived = 0;
   std::fill(tensor_arrived_.begin(), tensor_arrived_.end(), false);
   tensors_arrived_ = 0;

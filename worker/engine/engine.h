@@ -132,6 +132,7 @@ struct StepResult {
 // Thread contract: not thread-safe; one owner thread calls everything except Memory(), which
 // may be called from any thread. Collectives run on the communicator's thread(s). The
 // communicator must outlive the engine; the destructor waits for reductions still in flight.
+// REQUIRES: every method but Memory() is called from the engine's owner thread.
 class Engine : public workloads::GradientSink, public workloads::ParameterSource {
  public:
   // `plan` must be for the communicator's world size and `rank` its rank. InvalidArgument
@@ -158,6 +159,7 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // workloads::ParameterSource: the current full parameters of `tensor` in fp32 (widened from
   // param_dtype), in the engine's device memory. Valid until the next Step(). Empty when the
   // device failed (the next Step() reports why).
+  // REQUIRES: 0 <= tensor < plan().num_tensors() (ParametersOnHost checks it for callers).
   absl::Span<const float> Parameters(int64_t tensor) override;
 
   // Parameters(tensor) copied into host memory (e.g. to write them to a file).
@@ -200,18 +202,27 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   char* SlotData(int slot) const;
 
   // Takes a free pool slot for `bucket`, retiring the oldest reduction if none is free.
+  // REQUIRES: UsesBucketPool(), and `bucket` holds no slot.
   absl::Status AcquireSlot(int64_t bucket);
   // Zeroes the bucket's padding and alignment gaps in its reduce buffer and starts its
   // reduction (all-reduce in ddp, reduce-scatter otherwise).
+  // REQUIRES: GradReady was called for every tensor of the bucket.
+  // REQUIRES: the bucket is not in flight; in zero2 it holds a slot.
   absl::Status LaunchBucket(int64_t bucket);
   // Waits for the oldest in-flight reduction, moves its reduced values into the gradient
   // storage the update reads, and frees its slot.
+  // REQUIRES: a reduction is in flight.
   absl::Status RetireOldest();
-  // Returns `status`; a failure (of the device) also makes the engine unusable, as a failed
-  // collective does.
+  // The one place that sets failure_: keeps the first failure (of a collective or of the
+  // device), after which the engine is unusable; later failures do not replace the cause.
+  // Returns `status` unchanged; OK records nothing.
   absl::Status RecordFailure(absl::Status status);
+  // Between steps: no bucket is in flight or holds a slot, and every pool slot is free.
+  // O(buckets); for ZS_DCHECK.
+  bool BucketsAreIdle() const;
   // Applies the outcome of one step to the loss scale.
   void UpdateLossScale(bool overflow);
+  // REQUIRES: no reduction is in flight.
   void ResetStepState();
 
   const sharding::ShardPlan plan_;
@@ -255,8 +266,10 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   std::vector<kernels::UpdatePiece> update_pieces_;
   std::vector<kernels::GradPiece> stats_pieces_;
 
-  // Step state. Invariant: a bucket is in in_flight_ iff its reduction is set; in_flight_ is
-  // in launch order, which is the communicator's completion order.
+  // Step state. Invariants: a bucket is in in_flight_ iff its reduction is set; in_flight_ is
+  // in launch order, which is the communicator's completion order. With the bucket pool, each
+  // pool slot is either in free_slots_ or held by one bucket (every in-flight bucket holds one;
+  // in zero2 so does a bucket still receiving gradients).
   std::vector<BucketState> buckets_;
   std::vector<bool> tensor_arrived_;
   std::deque<int64_t> in_flight_;
@@ -277,7 +290,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   int64_t optimizer_step_ = 0;
   double loss_scale_ = 1.0;
   int64_t good_steps_ = 0;  // consecutive non-skipped steps since the scale last changed
-  absl::Status failure_;    // set by the first failed collective; the engine is then unusable
+  // The first failure of a collective or of the device (RecordFailure); the engine is then
+  // unusable.
+  absl::Status failure_;
 };
 
 }  // namespace zeroshard::engine
