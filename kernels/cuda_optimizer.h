@@ -15,7 +15,8 @@
 
 namespace zeroshard::kernels {
 
-// Runs the kernels on one CUDA stream, owning the device buffers their piece tables need.
+// Runs the kernels on one CUDA stream, owning the pinned and device buffers their piece tables
+// need.
 // Thread contract: not thread-safe; use one instance per stream, from one thread at a time.
 // Every CUDA error becomes a Status here (Internal, with CUDA's message); nothing else in the
 // kernels reports CUDA errors.
@@ -43,18 +44,37 @@ class CudaOptimizerKernels {
   absl::Status EnqueueSumSquares(absl::Span<const GradPiece> pieces, double* device_result);
 
  private:
+  // One launch's piece and tile tables. The host writes them straight into pinned memory, so the
+  // asynchronous upload reads them from there (not from a pageable temporary the driver would
+  // stage); the kernel reads the device copy. `released` is recorded after the launch, and the
+  // slot is rewritten only once it has passed, so neither copy changes under a queued upload or
+  // kernel.
+  struct TableSlot {
+    void* host = nullptr;      // cudaMallocHost'd
+    void* device = nullptr;    // cudaMalloc'd, the same capacity
+    size_t capacity = 0;       // bytes of each
+    void* released = nullptr;  // cudaEvent_t, after the last launch that read this slot
+  };
+  // Launches whose tables may be queued at once before the host waits for the oldest: the engine
+  // queues one update and one statistics launch per step, so a slot is reused only after a
+  // launch that finished long ago.
+  static constexpr int kTableSlots = 2;
+
   explicit CudaOptimizerKernels(void* stream) : stream_(stream) {}
 
   // Makes the device buffer `*buffer` (of `*capacity` bytes) hold at least `bytes`.
   absl::Status Reserve(void** buffer, size_t* capacity, size_t bytes);
-  // Reserves, then enqueues the copy of `bytes` bytes of `host` into `*buffer`.
-  absl::Status Upload(void** buffer, size_t* capacity, const void* host, size_t bytes);
+  // The next slot in turn, once its previous launch has passed, holding at least `bytes`.
+  absl::StatusOr<TableSlot*> NextTableSlot(size_t bytes);
+  // Enqueues the copy of the slot's first `bytes` bytes to its device buffer.
+  absl::Status UploadTables(const TableSlot& slot, size_t bytes);
+  // Records the slot's `released` event after a launch whose outcome is `launched` (also after a
+  // failed launch: the upload before it may still be reading the slot); returns the first error.
+  absl::Status ReleaseAfterLaunch(const TableSlot& slot, absl::Status launched);
 
   void* stream_;
-  void* device_pieces_ = nullptr;  // DeviceUpdatePiece or DeviceStatsPiece table
-  size_t pieces_capacity_ = 0;
-  void* device_tiles_ = nullptr;  // DeviceTile table
-  size_t tiles_capacity_ = 0;
+  TableSlot table_slots_[kTableSlots];
+  int next_table_slot_ = 0;
   void* device_sums_ = nullptr;  // per-tile sums, then the total
   size_t sums_capacity_ = 0;
 };

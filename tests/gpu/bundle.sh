@@ -7,7 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-/tmp/zeroshard-gpu}
-targets=(//tests/gpu:kernels_gpu_test //tests/gpu:engine_gpu_test)
+targets=(//tests/gpu:kernels_gpu_test //tests/gpu:engine_gpu_test
+  //worker/comm:nccl_communicator_test)
 bazel build -c opt --config=cuda "${targets[@]}"
 if ! bin=$(bazel info -c opt --config=cuda bazel-bin); then
   echo "bundle: bazel info -c opt --config=cuda bazel-bin failed" >&2
@@ -17,7 +18,8 @@ rm -rf "$out"
 mkdir -p "$out/lib"
 for target in "${targets[@]}"; do
   name=${target##*:}
-  cp "$bin/tests/gpu/$name" "$out/"
+  package=${target#//}
+  cp "$bin/${package%%:*}/$name" "$out/"
   # Everything outside glibc that the dynamic loader resolves here.
   ldd "$out/$name" | awk '/=> \// {print $3}' |
     grep -E 'libabsl_|libcudart|libopenblas|libgfortran|libquadmath' |

@@ -8,7 +8,7 @@ export LD_LIBRARY_PATH="${torch_libs:+$torch_libs:}$here/lib${LD_LIBRARY_PATH:+:
 # The CPU reference MLP: single-threaded BLAS, as everywhere in ZeroShard.
 export OPENBLAS_NUM_THREADS=1
 status=0
-for check in "$here"/kernels_gpu_test "$here"/engine_gpu_test; do
+for check in "$here"/kernels_gpu_test "$here"/nccl_communicator_test "$here"/engine_gpu_test; do
   echo "=== $(basename "$check")"
   "$check" || status=$?
 done

@@ -98,6 +98,16 @@ class Work {
   // touches its buffers.
   virtual bool Done() const = 0;
 
+  // Orders whatever consumes the operation's results after it, blocking the host only where the
+  // backend has nothing else to wait on. A device backend (NcclCommunicator) makes its compute
+  // stream wait for the operation on the device and returns at once: work queued on that stream
+  // afterwards sees the results, and the calling thread goes on queueing. Host backends wait on
+  // the host, so by default this is Wait(). Call it from the thread that queues the consumer's
+  // work. A failure already known is returned (the results must not be used); OK means ordered,
+  // not succeeded: Wait() or Done() still tell how the operation ended, and the caller checks
+  // that before trusting what it computed from the results.
+  virtual absl::Status WaitOnComputeStream() { return Wait(); }
+
   // How long the operation ran on the backend: from when it started executing (after the
   // operations issued before it finished) until it finished, so time queued behind earlier
   // operations does not count. Valid once Done(); before that, and from backends that do not

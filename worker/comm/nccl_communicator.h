@@ -31,10 +31,17 @@ struct NcclCommunicatorOptions {
 };
 
 // Buffers are device memory. Each operation is queued on the communication stream after an event
-// of compute_stream; its Work polls a CUDA event recorded after it, together with
-// ncclCommGetAsyncError, the operation's deadline (CollectiveOptions::timeout, counted from the
-// issue) and Abort(). A NCCL error or a deadline passing aborts the NCCL communicator
-// (ncclCommAbort), so every later operation fails with ABORTED, as Communicator says.
+// of compute_stream, between two CUDA events; Work::RunTime is the time between them
+// (cudaEventElapsedTime), so time queued behind the compute stream or earlier operations does not
+// count (a failed operation reports none: its events may never complete). Work::WaitOnComputeStream
+// makes compute_stream wait for the operation's completion event on the device
+// (cudaStreamWaitEvent) without blocking the host. Work::Wait and Done poll that event on the host
+// together with ncclCommGetAsyncError, the operation's deadline (CollectiveOptions::timeout,
+// counted from the issue) and Abort(); a watchdog thread polls the same for every operation not yet
+// finished, so deadlines and async errors are enforced even while no host thread waits (the compute
+// stream may be waiting on the device). A NCCL error or a deadline passing aborts the NCCL
+// communicator (ncclCommAbort, which also ends the collectives' kernels, so a stream waiting on
+// them goes on), and every later operation fails with ABORTED, as Communicator says.
 //
 // Reduction order: AllReduce of a count world_size() divides runs as ncclReduceScatter followed
 // by ncclAllGather on the same buffer, so its pieces carry exactly ReduceScatter's bits (ddp and
@@ -42,16 +49,20 @@ struct NcclCommunicatorOptions {
 // per-step rounding; results are deterministic for a fixed world size and NCCL configuration.
 //
 // Thread contract: as Communicator's: operations are issued from one thread; they run on the
-// communication stream in issue order. Abort(), stats() and Work handles are thread-safe.
-// Every CUDA and NCCL error becomes a Status in one place (nccl_communicator.cc).
+// communication stream in issue order. Abort(), stats() and Work handles are thread-safe
+// (WaitOnComputeStream from the thread that queues compute-stream work). The lock Abort() takes
+// is held only for single NCCL calls, never across a poll's sleep, so Abort() is prompt while an
+// enqueue settles or a waiter polls. CUDA errors become a Status through common/cuda_status.h,
+// NCCL errors in one place in nccl_communicator.cc.
 class NcclCommunicator : public Communicator {
  public:
   // All ranks call this with the same world size and store key.
   static absl::StatusOr<std::unique_ptr<NcclCommunicator>> Create(
       const NcclCommunicatorOptions& options);
 
-  // Finalizes and destroys the NCCL communicator (after waiting for queued operations), or only
-  // releases what is left after an abort.
+  // Once the last Work handle is gone too: stops the watchdog, then finalizes and destroys the
+  // NCCL communicator (after waiting for queued operations), or only releases what is left after
+  // an abort.
   ~NcclCommunicator() override;
 
   NcclCommunicator(const NcclCommunicator&) = delete;

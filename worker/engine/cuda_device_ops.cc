@@ -70,8 +70,12 @@ void* CudaDeviceOps::AllocateZeroed(int64_t bytes) {
 }
 
 void CudaDeviceOps::Free(void* data) {
+  if (data == nullptr) return;
   absl::Status status = common::CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
-  if (status.ok()) status = Synchronize();
+  // The compute stream is not the block's only user: a collective on NCCL's stream may still read
+  // or write it (that stream waits for the compute stream, not the other way round), so wait for
+  // every stream of the device.
+  if (status.ok()) status = common::CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   if (status.ok()) status = common::CudaStatus(cudaFree(data), "cudaFree");
   if (!status.ok()) ZS_LOG(WARNING) << name_ << ": freeing a buffer: " << status;
 }

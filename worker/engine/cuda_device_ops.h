@@ -15,8 +15,10 @@ namespace zeroshard::engine {
 
 // Owns a non-blocking compute stream on one device. The workload and the NcclCommunicator
 // (NcclCommunicatorOptions::compute_stream) must use stream(), so everything that touches the
-// engine's buffers is ordered on it; NCCL's own stream waits for it at each collective, and a
-// collective's Work::Wait returning means its results are visible to later compute-stream work.
+// engine's buffers is ordered on it; NCCL's own stream waits for it at each collective. A
+// collective's results are visible to compute-stream work queued after its
+// Work::WaitOnComputeStream (a device-side wait; the host goes on) or after its Work::Wait
+// returned.
 //
 // Thread contract: as DeviceOps. Operations run on the thread that called Create (it made
 // `device` current) or on threads that selected the same device; AllocateZeroed and Free select
@@ -39,7 +41,8 @@ class CudaDeviceOps final : public DeviceOps {
 
   // cudaMalloc and a zero fill (synchronous); null on any CUDA error.
   void* AllocateZeroed(int64_t bytes) override;
-  // Waits for the stream (queued work may still use the block), then cudaFree.
+  // Waits for every stream of the device (queued work, the compute stream's or a collective's on
+  // NCCL's stream, may still use the block), then cudaFree.
   void Free(void* data) override;
   const char* name() const override { return name_.c_str(); }
   bool host_memory() const override { return false; }

@@ -452,18 +452,14 @@ absl::Status Engine::RetireOldest() {
   ZS_DCHECK(bucket.reduction != nullptr)
       << "bucket " << bucket_index << " is in flight without a reduction";
   ZS_DCHECK_EQ(bucket.slot >= 0, UsesBucketPool()) << "bucket " << bucket_index;
+  // The conversion below and the slot's next gradients need the reduced values only on the
+  // device: a device backend makes the compute stream wait (the host goes on queueing backward),
+  // a host backend waits here. CheckReductions() learns the outcome before the host uses it.
   const absl::Time wait_start = absl::Now();
-  const absl::Status status = bucket.reduction->Wait();
-  last_reduced_ = absl::Now();
-  exposed_wait_ += last_reduced_ - wait_start;
-  const std::optional<absl::Duration> run_time = bucket.reduction->RunTime();
-  if (run_time.has_value()) {
-    reduce_run_time_ += *run_time;
-  } else {
-    run_times_recorded_ = false;
-  }
-  bucket.reduction.reset();
-  if (!status.ok()) return RecordFailure(status);
+  const absl::Status ordered = bucket.reduction->WaitOnComputeStream();
+  exposed_wait_ += absl::Now() - wait_start;
+  awaiting_check_.push_back(bucket_index);
+  if (!ordered.ok()) return RecordFailure(ordered);
   if (bucket.slot < 0) return absl::OkStatus();  // reduced in place in the gradient buffer
   // Move the reduced values into the gradient storage the update reads, in grad_dtype.
   const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
@@ -492,6 +488,26 @@ absl::Status Engine::RetireOldest() {
   return absl::OkStatus();
 }
 
+absl::Status Engine::CheckReductions() {
+  while (!awaiting_check_.empty()) {
+    BucketState& bucket = buckets_[awaiting_check_.front()];
+    awaiting_check_.pop_front();
+    const absl::Time wait_start = absl::Now();
+    const absl::Status status = bucket.reduction->Wait();
+    last_reduced_ = absl::Now();
+    exposed_wait_ += last_reduced_ - wait_start;
+    const std::optional<absl::Duration> run_time = bucket.reduction->RunTime();
+    if (run_time.has_value()) {
+      reduce_run_time_ += *run_time;
+    } else {
+      run_times_recorded_ = false;
+    }
+    bucket.reduction.reset();
+    if (!status.ok()) return RecordFailure(status);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   ZS_RETURN_IF_ERROR(failure_);
   if (tensors_arrived_ != plan_.num_tensors()) {
@@ -502,9 +518,12 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   StepResult result;
   const absl::Time step_start = absl::Now();
 
-  // 1. Wait for every bucket's reduction: this rank's pieces of the summed gradients are now in
-  //    grads_ (and in ddp, every piece).
+  // 1. Order every bucket's move into grads_ after its reduction, then wait on the host for the
+  //    reductions: the statistics below hand values to the host, so the reductions must have
+  //    succeeded. This rank's pieces of the summed gradients are then in grads_ (and in ddp,
+  //    every piece).
   while (!in_flight_.empty()) ZS_RETURN_IF_ERROR(RetireOldest());
+  ZS_RETURN_IF_ERROR(CheckReductions());
   ZS_DCHECK(BucketsAreIdle())
       << "a bucket still holds a slot or a reduction after the last retired";
   const absl::Time reduced = absl::Now();
@@ -567,6 +586,8 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
       gathers.push_back(communicator_->AllGatherInPlace(ParamsAt(layout.flat_begin),
                                                         layout.piece_elems, type, options));
     }
+    // Waited for on the host, not only ordered on the device: the step reports the gathers'
+    // outcome and run times.
     for (std::unique_ptr<comm::Work>& gather : gathers) {
       const absl::Status gathered = gather->Wait();
       if (!gathered.ok() && status.ok()) status = gathered;
@@ -596,7 +617,9 @@ absl::Status Engine::RecordFailure(absl::Status status) {
 }
 
 bool Engine::BucketsAreIdle() const {
-  if (!in_flight_.empty() || free_slots_.size() != pool_.size()) return false;
+  if (!in_flight_.empty() || !awaiting_check_.empty() || free_slots_.size() != pool_.size()) {
+    return false;
+  }
   for (const BucketState& bucket : buckets_) {
     if (bucket.reduction != nullptr || bucket.slot >= 0) return false;
   }

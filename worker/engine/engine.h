@@ -72,7 +72,8 @@ struct EngineConfig {
   // after the device's compute stream). Null: host memory and the CPU kernels.
   DeviceOps* device = nullptr;
   // Reduce-dtype bucket buffers that may be in flight at once (zero2, and ddp/zero1 when
-  // grad_dtype != reduce_dtype). GradReady waits for the oldest reduction when all are busy.
+  // grad_dtype != reduce_dtype). When all are busy, GradReady orders the device after the oldest
+  // reduction (a host wait with a host communicator; the compute stream waits with NCCL).
   int bucket_pool_size = 2;
   // Bound on every collective the engine issues.
   absl::Duration collective_timeout = absl::Minutes(5);
@@ -87,8 +88,9 @@ struct StepTimings {
   double comm_ms = 0.0;
   // The part of comm_ms hidden behind backward: comm_ms - exposed_comm_ms (at least 0).
   double overlapped_comm_ms = 0.0;
-  // Time blocked waiting for bucket reductions: in Step(), plus in GradReady() when every
-  // bucket buffer of the pool was in flight.
+  // Time the host was blocked waiting for bucket reductions: in Step(), plus in GradReady() when
+  // every bucket buffer of the pool was in flight and the communicator waits on the host (with
+  // a device communicator the compute stream waits instead, Work::WaitOnComputeStream).
   double exposed_comm_ms = 0.0;
   // Sum of squares and non-finite check of the owned gradients, plus the small all-reduce.
   double grad_stats_ms = 0.0;
@@ -185,7 +187,7 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   struct BucketState {
     int64_t tensors_arrived = 0;
     int slot = -1;  // pool slot holding the bucket's reduce buffer, or -1 (none / in place)
-    std::unique_ptr<comm::Work> reduction;  // set from launch until retired
+    std::unique_ptr<comm::Work> reduction;  // set from launch until checked
   };
 
   Engine(const sharding::ShardPlan& plan, sharding::RankView view, const EngineConfig& config,
@@ -209,10 +211,14 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // REQUIRES: GradReady was called for every tensor of the bucket.
   // REQUIRES: the bucket is not in flight; in zero2 it holds a slot.
   absl::Status LaunchBucket(int64_t bucket);
-  // Waits for the oldest in-flight reduction, moves its reduced values into the gradient
-  // storage the update reads, and frees its slot.
+  // Orders the device after the oldest in-flight reduction (Work::WaitOnComputeStream: the host
+  // waits only with a host backend), queues the move of its reduced values into the gradient
+  // storage the update reads, frees its slot (what uses the slot next is queued after the move),
+  // and leaves it to CheckReductions().
   // REQUIRES: a reduction is in flight.
   absl::Status RetireOldest();
+  // Waits on the host for every retired reduction and fails the engine with the first failure.
+  absl::Status CheckReductions();
   // The one place that sets failure_: keeps the first failure (of a collective or of the
   // device), after which the engine is unusable; later failures do not replace the cause.
   // Returns `status` unchanged; OK records nothing.
@@ -266,13 +272,15 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   std::vector<kernels::UpdatePiece> update_pieces_;
   std::vector<kernels::GradPiece> stats_pieces_;
 
-  // Step state. Invariants: a bucket is in in_flight_ iff its reduction is set; in_flight_ is
+  // Step state. Invariants: a bucket's reduction is set iff the bucket is in in_flight_
+  // (launched) or in awaiting_check_ (retired, its outcome not yet seen on the host); both are
   // in launch order, which is the communicator's completion order. With the bucket pool, each
   // pool slot is either in free_slots_ or held by one bucket (every in-flight bucket holds one;
   // in zero2 so does a bucket still receiving gradients).
   std::vector<BucketState> buckets_;
   std::vector<bool> tensor_arrived_;
   std::deque<int64_t> in_flight_;
+  std::deque<int64_t> awaiting_check_;
   std::vector<int> free_slots_;
   int64_t tensors_arrived_ = 0;
   absl::Time first_launch_ = absl::InfiniteFuture();

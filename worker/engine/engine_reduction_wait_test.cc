@@ -1,0 +1,208 @@
+// How the engine waits for bucket reductions: during backward it only orders the device after a
+// reduction (Work::WaitOnComputeStream, so a device communicator never blocks the host there),
+// and Step() waits for every reduction on the host before the statistics, failing on any failure.
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/engine.h"
+
+namespace zeroshard::engine {
+namespace {
+
+// Every wait the engine made, in order: "device <reduction>" or "host <reduction>".
+using WaitLog = std::vector<std::string>;
+
+// A bucket reduction at W = 1 (the buffer already holds the sum) that records how it is waited
+// for. The engine calls it from its owner thread only.
+class RecordedReduction : public comm::Work {
+ public:
+  RecordedReduction(int id, WaitLog* log, absl::Status device_wait, absl::Status outcome)
+      : id_(id), log_(log), device_wait_(std::move(device_wait)), outcome_(std::move(outcome)) {}
+
+  absl::Status Wait(absl::Duration /*timeout*/) override {
+    log_->push_back(absl::StrCat("host ", id_));
+    finished_ = true;
+    return outcome_;
+  }
+  absl::Status WaitOnComputeStream() override {
+    log_->push_back(absl::StrCat("device ", id_));
+    return device_wait_;
+  }
+  bool Done() const override { return finished_; }
+  std::optional<absl::Duration> RunTime() const override {
+    if (!finished_) return std::nullopt;
+    return absl::ZeroDuration();
+  }
+
+ private:
+  const int id_;
+  WaitLog* const log_;
+  const absl::Status device_wait_;
+  const absl::Status outcome_;
+  bool finished_ = false;
+};
+
+// One rank whose bucket reductions are RecordedReductions (numbered in launch order); the other
+// collectives finish at once. `device_waits` and `outcomes` give reduction i's results (OK
+// beyond their ends).
+class RecordingCommunicator : public comm::Communicator {
+ public:
+  RecordingCommunicator(std::vector<absl::Status> device_waits, std::vector<absl::Status> outcomes)
+      : device_waits_(std::move(device_waits)), outcomes_(std::move(outcomes)) {}
+
+  const WaitLog& log() const { return log_; }
+
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::unique_ptr<comm::Work> ReduceScatter(const void*, void*, size_t, comm::ElementType,
+                                            comm::ReduceOp,
+                                            const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::UnimplementedError("not used by the engine"));
+  }
+  std::unique_ptr<comm::Work> ReduceScatterInPlace(void*, size_t, comm::ElementType, comm::ReduceOp,
+                                                   const comm::CollectiveOptions&) override {
+    const int id = reductions_++;
+    return std::make_unique<RecordedReduction>(id, &log_, StatusOf(device_waits_, id),
+                                               StatusOf(outcomes_, id));
+  }
+  std::unique_ptr<comm::Work> AllGather(const void*, void*, size_t, comm::ElementType,
+                                        const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::UnimplementedError("not used by the engine"));
+  }
+  std::unique_ptr<comm::Work> AllGatherInPlace(void*, size_t, comm::ElementType,
+                                               const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::OkStatus());
+  }
+  // The statistics' all-reduce (zero2 reduces buckets with ReduceScatterInPlace).
+  std::unique_ptr<comm::Work> AllReduce(void*, size_t, comm::ElementType, comm::ReduceOp,
+                                        const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::OkStatus());
+  }
+  std::unique_ptr<comm::Work> Broadcast(void*, size_t, comm::ElementType, int,
+                                        const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::OkStatus());
+  }
+  std::unique_ptr<comm::Work> Barrier(const comm::CollectiveOptions&) override {
+    return comm::MakeFinishedWork(absl::OkStatus());
+  }
+  void Abort() override {}
+  comm::CommunicatorStats stats() const override { return {}; }
+
+ private:
+  static absl::Status StatusOf(const std::vector<absl::Status>& statuses, int id) {
+    return id < static_cast<int>(statuses.size()) ? statuses[id] : absl::OkStatus();
+  }
+
+  const std::vector<absl::Status> device_waits_;
+  const std::vector<absl::Status> outcomes_;
+  WaitLog log_;
+  int reductions_ = 0;
+};
+
+constexpr int64_t kTensors = 4;
+constexpr int64_t kTensorElems = 1000;
+
+// kTensors tensors of kTensorElems elements in buckets of kMinBucketElems: one bucket each.
+sharding::ShardPlan FourBucketPlan() {
+  std::vector<sharding::TensorSpec> tensors;
+  for (int64_t t = 0; t < kTensors; ++t) {
+    sharding::TensorSpec spec;
+    spec.name = absl::StrCat("t", t);
+    spec.shape = {kTensorElems};
+    spec.num_elements = kTensorElems;
+    tensors.push_back(spec);
+  }
+  sharding::ShardPlanOptions options;
+  options.bucket_elems = sharding::kMinBucketElems;
+  auto plan = sharding::ShardPlan::Create(tensors, /*world_size=*/1, options);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *std::move(plan);
+}
+
+// zero2 with one bucket buffer: each bucket after the first needs the previous one retired.
+std::unique_ptr<Engine> CreateEngine(const sharding::ShardPlan& plan,
+                                     RecordingCommunicator* communicator) {
+  EngineConfig config;
+  config.mode = EngineMode::kZero2;
+  config.optimizer.kind = kernels::OptimizerKind::kSgd;
+  config.optimizer.lr = 0.1;
+  config.bucket_pool_size = 1;
+  auto engine = Engine::Create(plan, /*rank=*/0, config, communicator);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return nullptr;
+  const absl::Status initialized =
+      (*engine)->InitializeParameters([](int64_t, absl::Span<float> out) {
+        for (float& value : out) value = 1.0f;
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(initialized.ok()) << initialized;
+  return *std::move(engine);
+}
+
+const std::vector<float>& Gradient() {
+  static const std::vector<float>* gradient = new std::vector<float>(kTensorElems, 0.25f);
+  return *gradient;
+}
+
+TEST(EngineReductionWaitTest, BackwardOrdersTheDeviceAndStepWaitsOnTheHost) {
+  const sharding::ShardPlan plan = FourBucketPlan();
+  ASSERT_EQ(plan.num_buckets(), kTensors);
+  RecordingCommunicator communicator({}, {});
+  std::unique_ptr<Engine> engine = CreateEngine(plan, &communicator);
+  ASSERT_NE(engine, nullptr);
+
+  for (int64_t t = 0; t < kTensors; ++t) ASSERT_TRUE(engine->GradReady(t, Gradient()).ok());
+  // Buckets 1-3 each took the one buffer after the device was ordered after the reduction
+  // before; the host has not waited for any reduction yet.
+  EXPECT_EQ(communicator.log(), (WaitLog{"device 0", "device 1", "device 2"}));
+
+  absl::StatusOr<StepResult> result = engine->Step(/*local_loss=*/1.0);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_FALSE(result->skipped);
+  EXPECT_EQ(communicator.log(), (WaitLog{"device 0", "device 1", "device 2", "device 3", "host 0",
+                                         "host 1", "host 2", "host 3"}));
+  std::vector<float> updated;
+  for (int64_t t = 0; t < kTensors; ++t) {
+    absl::StatusOr<std::vector<float>> values = engine->ParametersOnHost(t);
+    ASSERT_TRUE(values.ok()) << values.status();
+    updated.insert(updated.end(), values->begin(), values->end());
+  }
+  // SGD from 1 with gradient 0.25 and lr 0.1: the step used the reduced gradients.
+  for (float value : updated) ASSERT_NEAR(value, 1.0 - 0.1 * 0.25, 1e-6);
+}
+
+TEST(EngineReductionWaitTest, AReductionFailingAfterTheDeviceWaitFailsTheStep) {
+  const sharding::ShardPlan plan = FourBucketPlan();
+  RecordingCommunicator communicator(
+      {}, {absl::OkStatus(), absl::UnavailableError("peer lost during reduction 1")});
+  std::unique_ptr<Engine> engine = CreateEngine(plan, &communicator);
+  ASSERT_NE(engine, nullptr);
+
+  for (int64_t t = 0; t < kTensors; ++t) ASSERT_TRUE(engine->GradReady(t, Gradient()).ok());
+  EXPECT_EQ(engine->Step(/*local_loss=*/1.0).status().code(), absl::StatusCode::kUnavailable);
+  // No update was applied, and the engine stays failed.
+  EXPECT_EQ(engine->optimizer_step(), 0);
+  EXPECT_EQ(engine->GradReady(0, Gradient()).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(EngineReductionWaitTest, AFailureKnownWhenOrderingTheDeviceFailsGradReady) {
+  const sharding::ShardPlan plan = FourBucketPlan();
+  RecordingCommunicator communicator({absl::AbortedError("communicator aborted")}, {});
+  std::unique_ptr<Engine> engine = CreateEngine(plan, &communicator);
+  ASSERT_NE(engine, nullptr);
+
+  ASSERT_TRUE(engine->GradReady(0, Gradient()).ok());
+  // Tensor 1's bucket needs the buffer of bucket 0, whose reduction already failed.
+  EXPECT_EQ(engine->GradReady(1, Gradient()).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(communicator.log(), (WaitLog{"device 0"}));
+}
+
+}  // namespace
+}  // namespace zeroshard::engine
