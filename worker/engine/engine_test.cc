@@ -9,14 +9,15 @@
 #include <cstring>
 #include <iostream>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_optimizer.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_store.h"
+#include "worker/comm/testing/rank_threads.h"
 #include "worker/engine/element_convert.h"
 #include "worker/engine/least_squares_workload.h"
 
@@ -24,6 +25,7 @@ namespace zeroshard::engine {
 namespace {
 
 using kernels::DType;
+using ::zeroshard::comm::testing::RunOnRankThreads;
 
 constexpr int64_t kGlobalBatch = 24;  // divisible by every W tested
 constexpr int64_t kSteps = 20;
@@ -75,43 +77,34 @@ RunResult RunEngines(int64_t world_size, const EngineConfig& config, int64_t inf
   RunResult run;
   run.params_by_rank.resize(world_size);
   run.steps_by_rank.resize(world_size);
-  std::vector<absl::Status> statuses(world_size);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank]() {
-      auto fail = [&](const absl::Status& status) { statuses[rank] = status; };
-      comm::GlooCommunicatorOptions options;
-      options.rank = rank;
-      options.world_size = static_cast<int>(world_size);
-      options.store = &store;
-      options.rendezvous_timeout = absl::Seconds(30);
-      auto communicator = comm::GlooCommunicator::Create(options);
-      if (!communicator.ok()) return fail(communicator.status());
-      auto engine = Engine::Create(plan, rank, config, communicator->get());
-      if (!engine.ok()) return fail(engine.status());
-      LeastSquaresWorkload workload(TestTensors(), kGlobalBatch, rank, world_size, kSeed);
-      if (rank == infinity_rank) workload.InjectInfinityAtStep(infinity_step);
-      absl::Status status = (*engine)->InitializeParameters(
-          [&](int64_t t, absl::Span<float> out) { return workload.InitialParameters(t, out); });
-      if (!status.ok()) return fail(status);
-      for (int64_t step = 0; step < kSteps; ++step) {
-        auto loss = workload.ForwardBackward(step, **engine, **engine);
-        if (!loss.ok()) return fail(loss.status());
-        auto result = (*engine)->Step(*loss);
-        if (!result.ok()) return fail(result.status());
-        run.steps_by_rank[rank].push_back(*result);
-      }
-      for (int64_t t = 0; t < plan.num_tensors(); ++t) {
-        absl::Span<const float> values = (*engine)->Parameters(t);
-        run.params_by_rank[rank].insert(run.params_by_rank[rank].end(), values.begin(),
-                                        values.end());
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  for (int rank = 0; rank < world_size; ++rank) {
-    EXPECT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
-  }
+  const absl::Status status =
+      RunOnRankThreads(static_cast<int>(world_size), [&](int rank) -> absl::Status {
+        comm::GlooCommunicatorOptions options;
+        options.rank = rank;
+        options.world_size = static_cast<int>(world_size);
+        options.store = &store;
+        options.rendezvous_timeout = absl::Seconds(30);
+        ZS_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> communicator,
+                            comm::GlooCommunicator::Create(options));
+        ZS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                            Engine::Create(plan, rank, config, communicator.get()));
+        LeastSquaresWorkload workload(TestTensors(), kGlobalBatch, rank, world_size, kSeed);
+        if (rank == infinity_rank) workload.InjectInfinityAtStep(infinity_step);
+        ZS_RETURN_IF_ERROR(engine->InitializeParameters(
+            [&](int64_t t, absl::Span<float> out) { return workload.InitialParameters(t, out); }));
+        for (int64_t step = 0; step < kSteps; ++step) {
+          ZS_ASSIGN_OR_RETURN(const double loss, workload.ForwardBackward(step, *engine, *engine));
+          ZS_ASSIGN_OR_RETURN(const StepResult result, engine->Step(loss));
+          run.steps_by_rank[rank].push_back(result);
+        }
+        for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+          absl::Span<const float> values = engine->Parameters(t);
+          run.params_by_rank[rank].insert(run.params_by_rank[rank].end(), values.begin(),
+                                          values.end());
+        }
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(status.ok()) << status;
   run.steps = run.steps_by_rank[0];
   return run;
 }
