@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <vector>
 
@@ -19,13 +20,14 @@
 #include "worker/comm/in_memory_store.h"
 #include "worker/comm/testing/rank_threads.h"
 #include "worker/engine/element_convert.h"
-#include "worker/engine/least_squares_workload.h"
+#include "worker/workloads/testing/least_squares_workload.h"
 
 namespace zeroshard::engine {
 namespace {
 
 using kernels::DType;
 using ::zeroshard::comm::testing::RunOnRankThreads;
+using ::zeroshard::workloads::testing::LeastSquaresWorkload;
 
 constexpr int64_t kGlobalBatch = 24;  // divisible by every W tested
 constexpr int64_t kSteps = 20;
@@ -202,6 +204,38 @@ ReferenceResult RunReference(const EngineConfig& config, int64_t infinity_step =
   return reference;
 }
 
+// Every tensor's initial parameters, concatenated.
+std::vector<float> InitialParameters() {
+  const std::vector<sharding::TensorSpec> tensors = TestTensors();
+  const LeastSquaresWorkload workload(tensors, kGlobalBatch, /*rank=*/0, /*world_size=*/1, kSeed);
+  std::vector<float> params;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    std::vector<float> values(tensors[t].num_elements);
+    EXPECT_TRUE(workload.InitialParameters(static_cast<int64_t>(t), absl::MakeSpan(values)).ok());
+    params.insert(params.end(), values.begin(), values.end());
+  }
+  return params;
+}
+
+// The workload's expected loss at `params` (every tensor's parameters, concatenated); NaN, with
+// a failure, when `params` is too short.
+double ExpectedLoss(const std::vector<float>& params) {
+  const std::vector<sharding::TensorSpec> tensors = TestTensors();
+  const LeastSquaresWorkload workload(tensors, kGlobalBatch, /*rank=*/0, /*world_size=*/1, kSeed);
+  std::vector<absl::Span<const float>> by_tensor;
+  absl::Span<const float> rest = params;
+  for (const sharding::TensorSpec& spec : tensors) {
+    const size_t count = static_cast<size_t>(spec.num_elements);
+    if (rest.size() < count) {
+      ADD_FAILURE() << params.size() << " parameters are too few for the test tensors";
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+    by_tensor.push_back(rest.subspan(0, count));
+    rest.remove_prefix(count);
+  }
+  return workload.ExpectedLoss([&](int64_t t) { return by_tensor[t]; });
+}
+
 bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -291,13 +325,10 @@ TEST_P(EngineEquivalenceTest, Fp32AdamModesAreBitwiseEqualAndMatchTheReference) 
   const int world_size = GetParam();
   const EngineConfig config = AdamConfig();
   const RunResult zero2 = CheckModes(world_size, config, /*tolerance=*/1e-7);
-  // Loss falls (each step draws a fresh batch, so compare the means of the first and last 5).
-  double first_losses = 0.0, last_losses = 0.0;
-  for (int s = 0; s < 5; ++s) {
-    first_losses += zero2.steps[s].global_loss;
-    last_losses += zero2.steps[kSteps - 1 - s].global_loss;
-  }
-  EXPECT_LT(last_losses, first_losses);
+  // Loss falls. Each step's loss is over a fresh batch of 24 samples in ~4000 dimensions, and
+  // that sampling noise (seen: 0.13 to 0.36) swamps what 20 steps at lr 1e-3 gain, so compare
+  // the loss's expectation over the features instead (seen: 0.275 at the start, 0.257 after).
+  EXPECT_LT(ExpectedLoss(zero2.params_by_rank[0]), ExpectedLoss(InitialParameters()));
   for (const StepResult& step : zero2.steps) EXPECT_FALSE(step.skipped);
   EXPECT_EQ(zero2.steps.back().optimizer_step, kSteps);
   // A rerun is bitwise identical.
