@@ -16,9 +16,12 @@
 #include "gtest/gtest.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_store.h"
+#include "worker/comm/testing/rank_threads.h"
 
 namespace zeroshard::comm {
 namespace {
+
+using ::zeroshard::comm::testing::RunOnRankThreads;
 
 // The store RPCs only, over an InMemoryStore keyed by (job, generation, key). Generations
 // below `current_generation` are refused as the coordinator does.
@@ -149,21 +152,19 @@ TEST_F(CoordinatorStoreTest, GetWaitsForAKeySetLater) {
 
 TEST_F(CoordinatorStoreTest, GlooRendezvousThroughTheCoordinator) {
   std::unique_ptr<GlooCommunicator> communicators[2];
-  std::thread threads[2];
-  for (int rank = 0; rank < 2; ++rank) {
-    threads[rank] = std::thread([&, rank] {
-      CoordinatorStore store(stub_, "job-a", 3);
-      GlooCommunicatorOptions options;
-      options.rank = rank;
-      options.world_size = 2;
-      options.store = &store;
-      options.rendezvous_timeout = absl::Seconds(30);
-      auto communicator = GlooCommunicator::Create(options);
-      ASSERT_TRUE(communicator.ok()) << communicator.status();
-      communicators[rank] = std::move(*communicator);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
+  const absl::Status status = RunOnRankThreads(2, [&](int rank) -> absl::Status {
+    CoordinatorStore store(stub_, "job-a", 3);
+    GlooCommunicatorOptions options;
+    options.rank = rank;
+    options.world_size = 2;
+    options.store = &store;
+    options.rendezvous_timeout = absl::Seconds(30);
+    auto communicator = GlooCommunicator::Create(options);
+    if (!communicator.ok()) return communicator.status();
+    communicators[rank] = std::move(*communicator);
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(status.ok()) << status;
   ASSERT_NE(communicators[0], nullptr);
   ASSERT_NE(communicators[1], nullptr);
   float values[2][2] = {{1.0f, 2.0f}, {10.0f, 20.0f}};

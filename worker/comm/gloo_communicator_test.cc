@@ -2,7 +2,6 @@
 // 1..5, sizes 0, 1, odd and large, every element type; Abort and timeouts.
 #include "worker/comm/gloo_communicator.h"
 
-#include <functional>
 #include <memory>
 #include <thread>
 #include <tuple>
@@ -13,46 +12,31 @@
 #include "gtest/gtest.h"
 #include "worker/comm/collective_checks.h"
 #include "worker/comm/in_memory_store.h"
+#include "worker/comm/testing/rank_threads.h"
 
 namespace zeroshard::comm {
 namespace {
+
+using ::zeroshard::comm::testing::RunOnRankThreads;
 
 // Creates `world_size` communicators concurrently (one thread per rank) over one store.
 std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(
     int world_size, Store* store, size_t segment_bytes = GlooCommunicatorOptions().segment_bytes) {
   std::vector<std::unique_ptr<GlooCommunicator>> group(world_size);
-  std::vector<absl::Status> statuses(world_size);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank] {
-      GlooCommunicatorOptions options;
-      options.rank = rank;
-      options.world_size = world_size;
-      options.store = store;
-      options.rendezvous_timeout = absl::Seconds(30);
-      options.segment_bytes = segment_bytes;
-      auto communicator = GlooCommunicator::Create(options);
-      statuses[rank] = communicator.status();
-      if (communicator.ok()) group[rank] = std::move(*communicator);
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  for (int rank = 0; rank < world_size; ++rank) {
-    EXPECT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
-  }
+  const absl::Status status = RunOnRankThreads(world_size, [&](int rank) -> absl::Status {
+    GlooCommunicatorOptions options;
+    options.rank = rank;
+    options.world_size = world_size;
+    options.store = store;
+    options.rendezvous_timeout = absl::Seconds(30);
+    options.segment_bytes = segment_bytes;
+    auto communicator = GlooCommunicator::Create(options);
+    if (!communicator.ok()) return communicator.status();
+    group[rank] = std::move(*communicator);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
   return group;
-}
-
-// Runs `body` on every rank concurrently and returns each rank's status.
-std::vector<absl::Status> OnEveryRank(std::vector<std::unique_ptr<GlooCommunicator>>& group,
-                                      const std::function<absl::Status(Communicator&)>& body) {
-  std::vector<absl::Status> statuses(group.size());
-  std::vector<std::thread> threads;
-  for (size_t rank = 0; rank < group.size(); ++rank) {
-    threads.emplace_back([&, rank] { statuses[rank] = body(*group[rank]); });
-  }
-  for (std::thread& thread : threads) thread.join();
-  return statuses;
 }
 
 class GlooCollectivesTest : public ::testing::TestWithParam<int> {};
@@ -70,14 +54,11 @@ TEST_P(GlooCollectivesTest, EveryCollectiveMatchesTheReference) {
   for (ElementType type : types) {
     for (size_t piece_count : {size_t{0}, size_t{1}, size_t{1001}}) {
       ++seed;
-      auto statuses = OnEveryRank(group, [&](Communicator& communicator) {
-        return CheckAllCollectives(communicator, piece_count, type, seed);
+      const absl::Status status = RunOnRankThreads(world_size, [&](int rank) {
+        return CheckAllCollectives(*group[rank], piece_count, type, seed);
       });
-      for (int rank = 0; rank < world_size; ++rank) {
-        EXPECT_TRUE(statuses[rank].ok())
-            << "type " << ElementTypeName(type) << ", piece_count " << piece_count << ", rank "
-            << rank << ": " << statuses[rank];
-      }
+      EXPECT_TRUE(status.ok()) << "type " << ElementTypeName(type) << ", piece_count "
+                               << piece_count << ": " << status;
     }
   }
 }
@@ -89,12 +70,10 @@ TEST_P(GlooCollectivesTest, LargeBucketWithDefaultSegments) {
   auto group = CreateGroup(world_size, &store);
   for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
   const size_t piece_count = (size_t{1} << 20) / world_size;
-  auto statuses = OnEveryRank(group, [&](Communicator& communicator) {
-    return CheckAllCollectives(communicator, piece_count, ElementType::kFloat32, /*seed=*/77);
+  const absl::Status status = RunOnRankThreads(world_size, [&](int rank) {
+    return CheckAllCollectives(*group[rank], piece_count, ElementType::kFloat32, /*seed=*/77);
   });
-  for (int rank = 0; rank < world_size; ++rank) {
-    EXPECT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
-  }
+  EXPECT_TRUE(status.ok()) << status;
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCollectivesTest, ::testing::Range(1, 6),
@@ -112,14 +91,15 @@ TEST(GlooCommunicatorTest, SeparateRunsAndSegmentSizesGiveTheSameBits) {
     auto group = CreateGroup(kWorldSize, &store, segment_bytes);
     for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
     std::vector<std::vector<char>> buffers(kWorldSize);
-    auto statuses = OnEveryRank(group, [&](Communicator& communicator) {
-      std::vector<char>& buffer = buffers[communicator.rank()];
-      buffer = MakeInput(ElementType::kFloat32, communicator.rank(), kWorldSize * kPieceCount, 5);
-      return communicator
-          .AllReduce(buffer.data(), kWorldSize * kPieceCount, ElementType::kFloat32, ReduceOp::kSum)
+    const absl::Status status = RunOnRankThreads(kWorldSize, [&](int rank) {
+      std::vector<char>& buffer = buffers[rank];
+      buffer = MakeInput(ElementType::kFloat32, rank, kWorldSize * kPieceCount, 5);
+      return group[rank]
+          ->AllReduce(buffer.data(), kWorldSize * kPieceCount, ElementType::kFloat32,
+                      ReduceOp::kSum)
           ->Wait(absl::Seconds(60));
     });
-    for (const absl::Status& status : statuses) ASSERT_TRUE(status.ok()) << status;
+    ASSERT_TRUE(status.ok()) << status;
     results.push_back(buffers);
   }
   for (size_t run = 1; run < results.size(); ++run) {
@@ -137,13 +117,13 @@ TEST(GlooCommunicatorTest, StatsCountTheRingTraffic) {
   auto group = CreateGroup(4, &store);
   for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
   const size_t piece_count = 1000;
-  auto statuses = OnEveryRank(group, [&](Communicator& communicator) {
+  const absl::Status status = RunOnRankThreads(4, [&](int rank) {
     std::vector<float> bucket(4 * piece_count, 1.0f);
-    return communicator
-        .ReduceScatterInPlace(bucket.data(), piece_count, ElementType::kFloat32, ReduceOp::kSum)
+    return group[rank]
+        ->ReduceScatterInPlace(bucket.data(), piece_count, ElementType::kFloat32, ReduceOp::kSum)
         ->Wait();
   });
-  for (const absl::Status& status : statuses) ASSERT_TRUE(status.ok()) << status;
+  ASSERT_TRUE(status.ok()) << status;
   for (const auto& communicator : group) {
     // (W-1)/W of the bucket each way.
     EXPECT_EQ(communicator->stats().bytes_sent, 3 * piece_count * sizeof(float));
@@ -239,38 +219,39 @@ TEST(GlooCommunicatorTest, RunTimeCountsFromStartOfExecutionNotFromIssue) {
   for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
   std::vector<float> first0(1 << 10, 1.0f), first1(1 << 10, 2.0f);
   std::vector<float> second0(1 << 10, 1.0f), second1(1 << 10, 2.0f);
-  const absl::Duration delay = absl::Milliseconds(300);
-  // Rank 0 issues both operations at once; rank 1 joins the first only after `delay`, so rank
-  // 0's first runs (waiting for its peer) for about `delay` and its second sits queued meanwhile.
+  // Rank 0 issues both operations at once; rank 1 issues them only once rank 0's first has been
+  // seen pending for kPeerAbsent, so rank 0's first runs (waiting for its peer) at least that
+  // long and its second sits queued meanwhile.
+  constexpr absl::Duration kPeerAbsent = absl::Milliseconds(300);
   const absl::Time issued = absl::Now();
   std::unique_ptr<Work> first =
       group[0]->AllReduce(first0.data(), first0.size(), ElementType::kFloat32, ReduceOp::kSum);
   std::unique_ptr<Work> second =
       group[0]->AllReduce(second0.data(), second0.size(), ElementType::kFloat32, ReduceOp::kSum);
   EXPECT_FALSE(second->RunTime().has_value());
-  std::thread peer([&] {
-    absl::SleepFor(delay);
-    EXPECT_TRUE(group[1]
-                    ->AllReduce(first1.data(), first1.size(), ElementType::kFloat32, ReduceOp::kSum)
-                    ->Wait()
-                    .ok());
-    EXPECT_TRUE(
-        group[1]
-            ->AllReduce(second1.data(), second1.size(), ElementType::kFloat32, ReduceOp::kSum)
-            ->Wait()
-            .ok());
-  });
-  ASSERT_TRUE(first->Wait().ok());
-  ASSERT_TRUE(second->Wait().ok());
-  const absl::Duration wall = absl::Now() - issued;
-  peer.join();
+  EXPECT_EQ(first->Wait(kPeerAbsent).code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE(second->Done());
+  const absl::Time peer_issued = absl::Now();
+  std::unique_ptr<Work> peer_first =
+      group[1]->AllReduce(first1.data(), first1.size(), ElementType::kFloat32, ReduceOp::kSum);
+  std::unique_ptr<Work> peer_second =
+      group[1]->AllReduce(second1.data(), second1.size(), ElementType::kFloat32, ReduceOp::kSum);
+  ASSERT_TRUE(first->Wait(absl::Seconds(30)).ok());
+  ASSERT_TRUE(second->Wait(absl::Seconds(30)).ok());
+  const absl::Time finished = absl::Now();
+  ASSERT_TRUE(peer_first->Wait(absl::Seconds(30)).ok());
+  ASSERT_TRUE(peer_second->Wait(absl::Seconds(30)).ok());
   ASSERT_TRUE(first->RunTime().has_value());
   ASSERT_TRUE(second->RunTime().has_value());
-  EXPECT_GE(*first->RunTime(), delay - absl::Milliseconds(50));
-  EXPECT_LE(*first->RunTime(), wall);
+  // The first ran from about its issue until after the peer issued it; the bound leaves half of
+  // kPeerAbsent for the communication thread to pick it up on a loaded machine.
+  EXPECT_GE(*first->RunTime(), (peer_issued - issued) / 2);
+  EXPECT_LE(*first->RunTime(), finished - issued);
+  // The second could not start before the peer issued the first, so its queued time (at least
+  // kPeerAbsent) is not in its run time.
   EXPECT_GT(*second->RunTime(), absl::ZeroDuration());
-  EXPECT_LT(*second->RunTime(), delay - absl::Milliseconds(50));
-  EXPECT_LE(*first->RunTime() + *second->RunTime(), wall);
+  EXPECT_LE(*second->RunTime(), finished - peer_issued);
+  EXPECT_LE(*first->RunTime() + *second->RunTime(), finished - issued);
   // Work that finished without running reports zero.
   std::unique_ptr<Work> invalid =
       group[0]->AllReduce(nullptr, 4, ElementType::kFloat32, ReduceOp::kSum);

@@ -8,22 +8,26 @@
 #include <cmath>
 #include <cstring>
 #include <iostream>
+#include <limits>
 #include <memory>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_optimizer.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_store.h"
+#include "worker/comm/testing/rank_threads.h"
 #include "worker/engine/element_convert.h"
-#include "worker/engine/least_squares_workload.h"
+#include "worker/workloads/testing/least_squares_workload.h"
 
 namespace zeroshard::engine {
 namespace {
 
 using kernels::DType;
+using ::zeroshard::comm::testing::RunOnRankThreads;
+using ::zeroshard::workloads::testing::LeastSquaresWorkload;
 
 constexpr int64_t kGlobalBatch = 24;  // divisible by every W tested
 constexpr int64_t kSteps = 20;
@@ -75,43 +79,34 @@ RunResult RunEngines(int64_t world_size, const EngineConfig& config, int64_t inf
   RunResult run;
   run.params_by_rank.resize(world_size);
   run.steps_by_rank.resize(world_size);
-  std::vector<absl::Status> statuses(world_size);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < world_size; ++rank) {
-    threads.emplace_back([&, rank]() {
-      auto fail = [&](const absl::Status& status) { statuses[rank] = status; };
-      comm::GlooCommunicatorOptions options;
-      options.rank = rank;
-      options.world_size = static_cast<int>(world_size);
-      options.store = &store;
-      options.rendezvous_timeout = absl::Seconds(30);
-      auto communicator = comm::GlooCommunicator::Create(options);
-      if (!communicator.ok()) return fail(communicator.status());
-      auto engine = Engine::Create(plan, rank, config, communicator->get());
-      if (!engine.ok()) return fail(engine.status());
-      LeastSquaresWorkload workload(TestTensors(), kGlobalBatch, rank, world_size, kSeed);
-      if (rank == infinity_rank) workload.InjectInfinityAtStep(infinity_step);
-      absl::Status status = (*engine)->InitializeParameters(
-          [&](int64_t t, absl::Span<float> out) { return workload.InitialParameters(t, out); });
-      if (!status.ok()) return fail(status);
-      for (int64_t step = 0; step < kSteps; ++step) {
-        auto loss = workload.ForwardBackward(step, **engine, **engine);
-        if (!loss.ok()) return fail(loss.status());
-        auto result = (*engine)->Step(*loss);
-        if (!result.ok()) return fail(result.status());
-        run.steps_by_rank[rank].push_back(*result);
-      }
-      for (int64_t t = 0; t < plan.num_tensors(); ++t) {
-        absl::Span<const float> values = (*engine)->Parameters(t);
-        run.params_by_rank[rank].insert(run.params_by_rank[rank].end(), values.begin(),
-                                        values.end());
-      }
-    });
-  }
-  for (std::thread& thread : threads) thread.join();
-  for (int rank = 0; rank < world_size; ++rank) {
-    EXPECT_TRUE(statuses[rank].ok()) << "rank " << rank << ": " << statuses[rank];
-  }
+  const absl::Status status =
+      RunOnRankThreads(static_cast<int>(world_size), [&](int rank) -> absl::Status {
+        comm::GlooCommunicatorOptions options;
+        options.rank = rank;
+        options.world_size = static_cast<int>(world_size);
+        options.store = &store;
+        options.rendezvous_timeout = absl::Seconds(30);
+        ZS_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> communicator,
+                            comm::GlooCommunicator::Create(options));
+        ZS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                            Engine::Create(plan, rank, config, communicator.get()));
+        LeastSquaresWorkload workload(TestTensors(), kGlobalBatch, rank, world_size, kSeed);
+        if (rank == infinity_rank) workload.InjectInfinityAtStep(infinity_step);
+        ZS_RETURN_IF_ERROR(engine->InitializeParameters(
+            [&](int64_t t, absl::Span<float> out) { return workload.InitialParameters(t, out); }));
+        for (int64_t step = 0; step < kSteps; ++step) {
+          ZS_ASSIGN_OR_RETURN(const double loss, workload.ForwardBackward(step, *engine, *engine));
+          ZS_ASSIGN_OR_RETURN(const StepResult result, engine->Step(loss));
+          run.steps_by_rank[rank].push_back(result);
+        }
+        for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+          absl::Span<const float> values = engine->Parameters(t);
+          run.params_by_rank[rank].insert(run.params_by_rank[rank].end(), values.begin(),
+                                          values.end());
+        }
+        return absl::OkStatus();
+      });
+  EXPECT_TRUE(status.ok()) << status;
   run.steps = run.steps_by_rank[0];
   return run;
 }
@@ -209,6 +204,38 @@ ReferenceResult RunReference(const EngineConfig& config, int64_t infinity_step =
   return reference;
 }
 
+// Every tensor's initial parameters, concatenated.
+std::vector<float> InitialParameters() {
+  const std::vector<sharding::TensorSpec> tensors = TestTensors();
+  const LeastSquaresWorkload workload(tensors, kGlobalBatch, /*rank=*/0, /*world_size=*/1, kSeed);
+  std::vector<float> params;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    std::vector<float> values(tensors[t].num_elements);
+    EXPECT_TRUE(workload.InitialParameters(static_cast<int64_t>(t), absl::MakeSpan(values)).ok());
+    params.insert(params.end(), values.begin(), values.end());
+  }
+  return params;
+}
+
+// The workload's expected loss at `params` (every tensor's parameters, concatenated); NaN, with
+// a failure, when `params` is too short.
+double ExpectedLoss(const std::vector<float>& params) {
+  const std::vector<sharding::TensorSpec> tensors = TestTensors();
+  const LeastSquaresWorkload workload(tensors, kGlobalBatch, /*rank=*/0, /*world_size=*/1, kSeed);
+  std::vector<absl::Span<const float>> by_tensor;
+  absl::Span<const float> rest = params;
+  for (const sharding::TensorSpec& spec : tensors) {
+    const size_t count = static_cast<size_t>(spec.num_elements);
+    if (rest.size() < count) {
+      ADD_FAILURE() << params.size() << " parameters are too few for the test tensors";
+      return std::numeric_limits<double>::quiet_NaN();
+    }
+    by_tensor.push_back(rest.subspan(0, count));
+    rest.remove_prefix(count);
+  }
+  return workload.ExpectedLoss([&](int64_t t) { return by_tensor[t]; });
+}
+
 bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
@@ -298,13 +325,10 @@ TEST_P(EngineEquivalenceTest, Fp32AdamModesAreBitwiseEqualAndMatchTheReference) 
   const int world_size = GetParam();
   const EngineConfig config = AdamConfig();
   const RunResult zero2 = CheckModes(world_size, config, /*tolerance=*/1e-7);
-  // Loss falls (each step draws a fresh batch, so compare the means of the first and last 5).
-  double first_losses = 0.0, last_losses = 0.0;
-  for (int s = 0; s < 5; ++s) {
-    first_losses += zero2.steps[s].global_loss;
-    last_losses += zero2.steps[kSteps - 1 - s].global_loss;
-  }
-  EXPECT_LT(last_losses, first_losses);
+  // Loss falls. Each step's loss is over a fresh batch of 24 samples in ~4000 dimensions, and
+  // that sampling noise (seen: 0.13 to 0.36) swamps what 20 steps at lr 1e-3 gain, so compare
+  // the loss's expectation over the features instead (seen: 0.275 at the start, 0.257 after).
+  EXPECT_LT(ExpectedLoss(zero2.params_by_rank[0]), ExpectedLoss(InitialParameters()));
   for (const StepResult& step : zero2.steps) EXPECT_FALSE(step.skipped);
   EXPECT_EQ(zero2.steps.back().optimizer_step, kSteps);
   // A rerun is bitwise identical.

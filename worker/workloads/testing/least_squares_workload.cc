@@ -1,5 +1,5 @@
-// LeastSquaresWorkload: synthetic features from a counter-based hash, the analytic gradient.
-#include "worker/engine/least_squares_workload.h"
+// LeastSquaresWorkload: synthetic features from workloads::CounterRng, the analytic gradient.
+#include "worker/workloads/testing/least_squares_workload.h"
 
 #include <cmath>
 #include <limits>
@@ -7,27 +7,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/workloads/counter_rng.h"
 
-namespace zeroshard::engine {
+namespace zeroshard::workloads::testing {
 namespace {
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
+// What a CounterRng stream of the workload holds (the `role` of its stream id).
+enum class LeastSquaresRole : uint64_t { kInitial = 0, kTeacher = 1, kFeatures = 2 };
 
-// Uniform in [-1, 1) with 24 random bits, from a hash of the four keys.
-float UniformFromKeys(uint64_t a, uint64_t b, uint64_t c, uint64_t d) {
-  const uint64_t h = SplitMix64(SplitMix64(SplitMix64(SplitMix64(a) ^ b) ^ c) ^ d);
-  return static_cast<float>(static_cast<int64_t>(h >> 40) - (int64_t{1} << 23)) /
-         static_cast<float>(int64_t{1} << 23);
+uint64_t LeastSquaresStream(LeastSquaresRole role, uint64_t number) {
+  return (static_cast<uint64_t>(role) << 32) | number;
 }
-
-constexpr uint64_t kInitialStream = 1;
-constexpr uint64_t kTeacherStream = 2;
-constexpr uint64_t kFeatureStream = 3;
 
 }  // namespace
 
@@ -39,22 +29,17 @@ LeastSquaresWorkload::LeastSquaresWorkload(std::vector<sharding::TensorSpec> ten
       rank_(rank),
       world_size_(world_size),
       seed_(seed) {
-  for (const sharding::TensorSpec& spec : tensors_) total_elements_ += spec.num_elements;
+  for (const sharding::TensorSpec& spec : tensors_) {
+    offsets_.push_back(total_elements_);
+    total_elements_ += spec.num_elements;
+  }
   const float bound = 1.0f / std::sqrt(static_cast<float>(total_elements_));
+  const CounterRng teacher_rng(seed_, LeastSquaresStream(LeastSquaresRole::kTeacher, 0));
   for (size_t t = 0; t < tensors_.size(); ++t) {
     std::vector<float> teacher(tensors_[t].num_elements);
-    for (size_t j = 0; j < teacher.size(); ++j) {
-      teacher[j] = 2.0f * bound * UniformFromKeys(seed_, kTeacherStream, t, j);
-    }
+    teacher_rng.FillSymmetricUniform(offsets_[t], 2.0f * bound, absl::MakeSpan(teacher));
     teacher_.push_back(std::move(teacher));
   }
-}
-
-float LeastSquaresWorkload::Feature(int64_t step, int64_t sample, int64_t tensor,
-                                    int64_t element) const {
-  return UniformFromKeys(seed_ ^ (static_cast<uint64_t>(step) << 32), kFeatureStream,
-                         (static_cast<uint64_t>(sample) << 20) ^ static_cast<uint64_t>(tensor),
-                         element);
 }
 
 absl::Status LeastSquaresWorkload::InitialParameters(int64_t tensor, absl::Span<float> out) const {
@@ -63,9 +48,8 @@ absl::Status LeastSquaresWorkload::InitialParameters(int64_t tensor, absl::Span<
     return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, ": bad index or size"));
   }
   const float bound = 1.0f / std::sqrt(static_cast<float>(total_elements_));
-  for (size_t j = 0; j < out.size(); ++j) {
-    out[j] = bound * UniformFromKeys(seed_, kInitialStream, tensor, j);
-  }
+  const CounterRng rng(seed_, LeastSquaresStream(LeastSquaresRole::kInitial, 0));
+  rng.FillSymmetricUniform(offsets_[tensor], bound, out);
   return absl::OkStatus();
 }
 
@@ -74,23 +58,28 @@ double LeastSquaresWorkload::LossAndGradients(
     absl::FunctionRef<absl::Span<const float>(int64_t)> params,
     std::vector<std::vector<float>>* gradients) const {
   const int64_t num_tensors = static_cast<int64_t>(tensors_.size());
+  const CounterRng feature_rng(
+      seed_, LeastSquaresStream(LeastSquaresRole::kFeatures, static_cast<uint64_t>(step)));
   std::vector<std::vector<double>> sums(num_tensors);
   for (int64_t t = 0; t < num_tensors; ++t) sums[t].assign(tensors_[t].num_elements, 0.0);
+  // One sample's features, every tensor's end to end: drawn once, read by both passes.
+  std::vector<float> features(total_elements_);
   double loss_sum = 0.0;
   for (int64_t i = sample_begin; i < sample_end; ++i) {
+    feature_rng.FillSymmetricUniform(static_cast<uint64_t>(i) * total_elements_, 1.0f,
+                                     absl::MakeSpan(features));
     double residual = 0.0;
     for (int64_t t = 0; t < num_tensors; ++t) {
       absl::Span<const float> w = params(t);
+      const float* x = features.data() + offsets_[t];
       for (int64_t j = 0; j < tensors_[t].num_elements; ++j) {
-        const double x = Feature(step, i, t, j);
-        residual += (static_cast<double>(w[j]) - teacher_[t][j]) * x;
+        residual += (static_cast<double>(w[j]) - teacher_[t][j]) * x[j];
       }
     }
     loss_sum += 0.5 * residual * residual;
     for (int64_t t = 0; t < num_tensors; ++t) {
-      for (int64_t j = 0; j < tensors_[t].num_elements; ++j) {
-        sums[t][j] += residual * Feature(step, i, t, j);
-      }
+      const float* x = features.data() + offsets_[t];
+      for (int64_t j = 0; j < tensors_[t].num_elements; ++j) sums[t][j] += residual * x[j];
     }
   }
   const double count = static_cast<double>(sample_end - sample_begin);
@@ -104,9 +93,21 @@ double LeastSquaresWorkload::LossAndGradients(
   return loss_sum / count;
 }
 
-absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step,
-                                                             workloads::ParameterSource& params,
-                                                             workloads::GradientSink& sink) {
+double LeastSquaresWorkload::ExpectedLoss(
+    absl::FunctionRef<absl::Span<const float>(int64_t)> params) const {
+  double squared_distance = 0.0;
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    absl::Span<const float> w = params(static_cast<int64_t>(t));
+    for (size_t j = 0; j < teacher_[t].size(); ++j) {
+      const double difference = static_cast<double>(w[j]) - teacher_[t][j];
+      squared_distance += difference * difference;
+    }
+  }
+  return squared_distance / 6.0;
+}
+
+absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step, ParameterSource& params,
+                                                             GradientSink& sink) {
   const int64_t local_batch = global_batch_ / world_size_;
   const double loss = LossAndGradients(
       step, rank_ * local_batch, (rank_ + 1) * local_batch,
@@ -118,4 +119,4 @@ absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step,
   return loss;
 }
 
-}  // namespace zeroshard::engine
+}  // namespace zeroshard::workloads::testing
