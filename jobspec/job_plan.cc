@@ -1,6 +1,8 @@
 // Job spec -> tensors -> shard plan -> v1::ShardPlan.
 #include "jobspec/job_plan.h"
 
+#include <fnmatch.h>
+
 #include <string>
 #include <utility>
 
@@ -9,12 +11,32 @@
 
 namespace zeroshard::jobspec {
 
+const v1::ParamGroup* GroupOf(const v1::JobSpec& spec, absl::string_view tensor_name) {
+  const std::string name(tensor_name);
+  for (const v1::ParamGroup& group : spec.param_groups()) {
+    for (const std::string& pattern : group.patterns()) {
+      if (fnmatch(pattern.c_str(), name.c_str(), 0) == 0) return &group;
+    }
+  }
+  return nullptr;
+}
+
 absl::StatusOr<std::vector<sharding::TensorSpec>> TensorsForJob(const v1::JobSpec& spec) {
   sharding::WorkloadSpec workload;
   workload.preset = spec.workload().preset();
   workload.layer_sizes.assign(spec.workload().layer_sizes().begin(),
                               spec.workload().layer_sizes().end());
-  return sharding::BuildTensorList(workload);
+  ZS_ASSIGN_OR_RETURN(std::vector<sharding::TensorSpec> tensors,
+                      sharding::BuildTensorList(workload));
+  for (sharding::TensorSpec& tensor : tensors) {
+    tensor.weight_decay = spec.optimizer().weight_decay();
+    tensor.lr_scale = 1.0f;
+    const v1::ParamGroup* group = GroupOf(spec, tensor.name);
+    if (group == nullptr) continue;
+    if (group->has_weight_decay()) tensor.weight_decay = group->weight_decay();
+    if (group->has_lr_scale()) tensor.lr_scale = static_cast<float>(group->lr_scale());
+  }
+  return tensors;
 }
 
 absl::StatusOr<sharding::ShardPlan> PlanForJob(const v1::JobSpec& spec, int64_t world_size) {
@@ -36,6 +58,7 @@ absl::StatusOr<v1::ShardPlan> PlanToProto(const sharding::ShardPlan& plan, int64
   out.set_tensor_count(static_cast<int32_t>(plan.num_tensors()));
   out.set_bucket_count(static_cast<int32_t>(plan.num_buckets()));
   out.set_rank(static_cast<int32_t>(rank));
+  out.set_plan_version(kShardPlanVersion);
   if (include_layout) {
     for (int64_t t = 0; t < plan.num_tensors(); ++t) {
       const sharding::TensorSpec& spec = plan.tensors()[t];
@@ -47,7 +70,8 @@ absl::StatusOr<v1::ShardPlan> PlanToProto(const sharding::ShardPlan& plan, int64
       tensor->set_elements(placement.num_elements);
       tensor->set_weight_decay(spec.weight_decay);
       tensor->set_lr_scale(spec.lr_scale);
-      tensor->set_bucket(static_cast<int32_t>(placement.bucket));
+      tensor->set_first_bucket(static_cast<int32_t>(placement.first_bucket));
+      tensor->set_bucket_count(static_cast<int32_t>(placement.num_buckets));
     }
     for (int64_t b = 0; b < plan.num_buckets(); ++b) {
       const sharding::BucketLayout& layout = plan.buckets()[b];
@@ -58,6 +82,7 @@ absl::StatusOr<v1::ShardPlan> PlanToProto(const sharding::ShardPlan& plan, int64
       bucket->set_piece_elems(layout.piece_elems);
       bucket->set_first_tensor(static_cast<int32_t>(layout.first_tensor));
       bucket->set_tensor_count(static_cast<int32_t>(layout.num_tensors));
+      bucket->set_tensor_elems(layout.tensor_elems);
     }
   }
   for (const sharding::OwnedPiece& owned : view.pieces()) {

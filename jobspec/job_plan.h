@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "sharding/shard_planner.h"
 #include "sharding/tensor_spec.h"
 #include "zeroshard/v1/job.pb.h"
@@ -14,7 +15,15 @@
 
 namespace zeroshard::jobspec {
 
-// The model's tensors in gradient-ready order (the catalog's errors name the `workload` field).
+// The format of the plans PlanToProto writes (v1::ShardPlan.plan_version).
+inline constexpr int32_t kShardPlanVersion = 2;
+
+// The parameter group `tensor_name` belongs to: the first of spec.param_groups with a pattern
+// that matches it (fnmatch), or null for the default group.
+const v1::ParamGroup* GroupOf(const v1::JobSpec& spec, absl::string_view tensor_name);
+
+// The model's tensors in gradient-ready order (the catalog's errors name the `workload` field),
+// each with its parameter group's weight decay and lr scale. `spec` has its defaults applied.
 absl::StatusOr<std::vector<sharding::TensorSpec>> TensorsForJob(const v1::JobSpec& spec);
 
 // The plan of `spec` (defaults applied) at `world_size` ranks.

@@ -43,6 +43,12 @@ void ApplyPrecisionDefaults(PrecisionSpec& precision) {
   if (!precision.has_loss_scale_growth_interval()) {
     precision.set_loss_scale_growth_interval(kDefaultLossScaleGrowthInterval);
   }
+  if (!precision.has_loss_scale_backoff_factor()) {
+    precision.set_loss_scale_backoff_factor(kDefaultLossScaleBackoffFactor);
+  }
+  if (!precision.has_loss_scale_growth_factor()) {
+    precision.set_loss_scale_growth_factor(kDefaultLossScaleGrowthFactor);
+  }
 }
 
 }  // namespace

@@ -17,6 +17,8 @@ inline constexpr int32_t kDefaultMaxAttempts = 3;
 inline constexpr int32_t kDefaultCheckpointKeep = 2;
 inline constexpr double kDefaultFp16LossScale = 65536.0;
 inline constexpr int64_t kDefaultLossScaleGrowthInterval = 2000;
+inline constexpr double kDefaultLossScaleBackoffFactor = 0.5;
+inline constexpr double kDefaultLossScaleGrowthFactor = 2.0;
 
 // Returns `spec` with every unset field that has a default set to it. Fields already set are
 // kept as given (validation judges them). Some defaults depend on other fields (the optimizer

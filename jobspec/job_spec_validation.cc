@@ -30,6 +30,11 @@ constexpr double kMaxWeightDecay = 10;
 constexpr double kMaxInitialAccumulator = 1e6;
 constexpr double kMaxLossScale = 16777216;  // 2^24
 constexpr int64_t kMaxLossScaleGrowthInterval = 1000000;
+constexpr double kMaxLossScaleGrowthFactor = 1000;
+constexpr int kMaxParamGroups = 64;
+constexpr int kMaxGroupPatterns = 64;
+constexpr size_t kMaxPatternLength = 256;
+constexpr double kMaxLrScale = 1000;
 constexpr double kMaxClipGradNorm = 1e6;
 constexpr int64_t kMaxSteps = 1000000000;
 constexpr int64_t kMaxGlobalBatch = int64_t{1} << 24;
@@ -155,8 +160,49 @@ absl::Status ValidatePrecision(const PrecisionSpec& precision) {
   ZS_RETURN_IF_ERROR(CheckDoubleInRange("precision.initial_loss_scale",
                                         precision.initial_loss_scale(), 1, Bound::kClosed,
                                         kMaxLossScale, Bound::kClosed));
-  return CheckIntInRange("precision.loss_scale_growth_interval",
-                         precision.loss_scale_growth_interval(), 1, kMaxLossScaleGrowthInterval);
+  ZS_RETURN_IF_ERROR(CheckIntInRange("precision.loss_scale_growth_interval",
+                                     precision.loss_scale_growth_interval(), 1,
+                                     kMaxLossScaleGrowthInterval));
+  ZS_RETURN_IF_ERROR(CheckDoubleInRange("precision.loss_scale_backoff_factor",
+                                        precision.loss_scale_backoff_factor(), 0, Bound::kOpen, 1,
+                                        Bound::kOpen));
+  return CheckDoubleInRange("precision.loss_scale_growth_factor",
+                            precision.loss_scale_growth_factor(), 1, Bound::kOpen,
+                            kMaxLossScaleGrowthFactor, Bound::kClosed);
+}
+
+absl::Status ValidateParamGroups(const JobSpec& spec) {
+  if (spec.param_groups_size() > kMaxParamGroups) {
+    return absl::InvalidArgumentError(absl::StrCat("param_groups: ", spec.param_groups_size(),
+                                                   " groups; at most ", kMaxParamGroups));
+  }
+  for (int g = 0; g < spec.param_groups_size(); ++g) {
+    const v1::ParamGroup& group = spec.param_groups(g);
+    const std::string field = absl::StrCat("param_groups[", g, "]");
+    if (group.patterns_size() < 1 || group.patterns_size() > kMaxGroupPatterns) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".patterns: ", group.patterns_size(),
+                                                     " patterns; 1 to ", kMaxGroupPatterns,
+                                                     " are allowed"));
+    }
+    for (int p = 0; p < group.patterns_size(); ++p) {
+      const std::string& pattern = group.patterns(p);
+      if (pattern.empty() || pattern.size() > kMaxPatternLength) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".patterns[", p, "]: ", jobspec::Quote(pattern), " must be 1 to ",
+                         kMaxPatternLength, " characters"));
+      }
+    }
+    if (group.has_weight_decay()) {
+      ZS_RETURN_IF_ERROR(CheckDoubleInRange(absl::StrCat(field, ".weight_decay"),
+                                            group.weight_decay(), 0, Bound::kClosed,
+                                            kMaxWeightDecay, Bound::kClosed));
+    }
+    if (group.has_lr_scale()) {
+      ZS_RETURN_IF_ERROR(CheckDoubleInRange(absl::StrCat(field, ".lr_scale"), group.lr_scale(), 0,
+                                            Bound::kClosed, kMaxLrScale, Bound::kClosed));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // docs/design.md, "Batch": the scheduler picks a world size W in [min_workers, max_workers] that
@@ -187,6 +233,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   ZS_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   ZS_RETURN_IF_ERROR(ValidateMode(spec.mode()));
   ZS_RETURN_IF_ERROR(ValidatePrecision(spec.precision()));
+  ZS_RETURN_IF_ERROR(ValidateParamGroups(spec));
   ZS_RETURN_IF_ERROR(CheckDoubleInRange("clip_grad_norm", spec.clip_grad_norm(), 0, Bound::kClosed,
                                         kMaxClipGradNorm, Bound::kClosed));
   ZS_RETURN_IF_ERROR(CheckIntInRange("bucket_elems", spec.bucket_elems(), sharding::kMinBucketElems,

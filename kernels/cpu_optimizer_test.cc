@@ -73,10 +73,9 @@ struct RefState {
   std::vector<float> state[3];
 };
 
-void ReferenceStep(const OptimizerConfig& c, int64_t step, float grad_scale, bool decay_on,
+void ReferenceStep(const OptimizerConfig& c, int64_t step, float grad_scale, double wd,
                    double lr_scale, const std::vector<float>& grads, RefState& st) {
   const double lr = c.lr * lr_scale;
-  const double wd = decay_on ? c.weight_decay : 0.0;
   for (size_t i = 0; i < grads.size(); ++i) {
     float& p = st.param[i];
     float g = grads[i] * grad_scale;
@@ -157,8 +156,9 @@ void ReferenceStep(const OptimizerConfig& c, int64_t step, float grad_scale, boo
 // `copy_dtype` < 0: no parameter copy. Thread contract: not thread-safe (one test uses one).
 class PieceSet {
  public:
-  PieceSet(const OptimizerConfig& config, std::vector<int64_t> lengths, DType grad_dtype,
-           int copy_dtype, uint32_t seed)
+  // Even-numbered pieces are decayed with `weight_decay`, odd ones not at all.
+  PieceSet(const OptimizerConfig& config, double weight_decay, std::vector<int64_t> lengths,
+           DType grad_dtype, int copy_dtype, uint32_t seed)
       : config_(config), grad_dtype_(grad_dtype), copy_dtype_(copy_dtype), rng_(seed) {
     const int states = StateArraysPerParam(config);
     for (size_t k = 0; k < lengths.size(); ++k) {
@@ -166,7 +166,7 @@ class PieceSet {
       const int64_t n = lengths[k];
       piece.offset = static_cast<int64_t>(k % 4);  // 0..3 elements past an aligned start
       piece.length = n;
-      piece.weight_decay = k % 2 == 0;
+      piece.weight_decay = k % 2 == 0 ? weight_decay : 0.0;
       piece.lr_scale = k % 3 == 0 ? 1.0 : (k % 3 == 1 ? 0.5 : 2.0);
       piece.grad_bytes.assign((n + piece.offset) * 4, 0);
       piece.master.assign(n + piece.offset, 0.0f);
@@ -329,7 +329,7 @@ class PieceSet {
   struct Piece {
     int64_t offset = 0;
     int64_t length = 0;
-    bool weight_decay = true;
+    double weight_decay = 0.0;
     double lr_scale = 1.0;
     std::vector<unsigned char> grad_bytes;
     std::vector<float> master;
@@ -387,7 +387,8 @@ class ReferenceTest : public ::testing::TestWithParam<std::tuple<int, DType, int
 
 TEST_P(ReferenceTest, HundredStepsOnSmallPieces) {
   const NamedOptimizerConfig named_config = named();
-  PieceSet set(named_config.config, {0, 1, 7, 63, 64, 1000}, grad_dtype(), copy_dtype(), 1);
+  PieceSet set(named_config.config, named_config.weight_decay, {0, 1, 7, 63, 64, 1000},
+               grad_dtype(), copy_dtype(), 1);
   ThreadPool pool(2);
   const float grad_scale = 0.75f;
   for (int64_t step = 1; step <= 100; ++step) {
@@ -403,7 +404,8 @@ TEST_P(ReferenceTest, FewStepsOnAMillionElements) {
   const NamedOptimizerConfig named_config = named();
   // The large size checks chunking and threading; the small sizes cover every copy dtype.
   if (copy_dtype() != static_cast<int>(DType::kBFloat16)) GTEST_SKIP() << "bf16 copies only";
-  PieceSet set(named_config.config, {1000003, 5}, grad_dtype(), copy_dtype(), 2);
+  PieceSet set(named_config.config, named_config.weight_decay, {1000003, 5}, grad_dtype(),
+               copy_dtype(), 2);
   ThreadPool pool(2);
   for (int64_t step = 1; step <= 3; ++step) {
     set.NewGradients(false);
@@ -419,7 +421,8 @@ TEST_P(ReferenceTest, ManyPiecesInOneCall) {
   std::mt19937 rng(7);
   std::vector<int64_t> lengths;
   for (int k = 0; k < 300; ++k) lengths.push_back(rng() % 200);
-  PieceSet set(named_config.config, lengths, grad_dtype(), copy_dtype(), 3);
+  PieceSet set(named_config.config, named_config.weight_decay, lengths, grad_dtype(), copy_dtype(),
+               3);
   for (int64_t step = 1; step <= 5; ++step) {
     set.NewGradients(false);
     std::vector<UpdatePiece> pieces = set.Pieces();
@@ -435,7 +438,8 @@ TEST_P(ReferenceTest, BitwiseAcrossThreadsAndInstructionSets) {
   const NamedOptimizerConfig named_config = named();
   const std::vector<int64_t> lengths = {2 * kCpuChunkElements + 37, 1000, 5, 16, 0};
   auto run = [&](int threads, SimdLevel simd) {
-    PieceSet set(named_config.config, lengths, grad_dtype(), copy_dtype(), 4);
+    PieceSet set(named_config.config, named_config.weight_decay, lengths, grad_dtype(),
+                 copy_dtype(), 4);
     set.AddExtremeMasters();
     std::unique_ptr<ThreadPool> pool;
     if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
@@ -480,8 +484,8 @@ TEST(CpuOptimizerTest, ThisMachineHasAvx512) {
 
 TEST(CpuOptimizerTest, ZeroScaleIsAZeroGradient) {
   for (const NamedOptimizerConfig& named : OptimizerTestConfigs()) {
-    PieceSet scaled(named.config, {1000, 3}, DType::kFloat32, -1, 5);
-    PieceSet zero(named.config, {1000, 3}, DType::kFloat32, -1, 5);
+    PieceSet scaled(named.config, named.weight_decay, {1000, 3}, DType::kFloat32, -1, 5);
+    PieceSet zero(named.config, named.weight_decay, {1000, 3}, DType::kFloat32, -1, 5);
     for (int64_t step = 1; step <= 3; ++step) {
       scaled.NewGradients(false);
       zero.NewGradients(false);

@@ -28,10 +28,6 @@ absl::Status ValidateConfig(const OptimizerConfig& config) {
   if (!IsFiniteNonNegative(config.lr)) {
     return absl::InvalidArgumentError(absl::StrCat("config.lr must be >= 0, got ", config.lr));
   }
-  if (!IsFiniteNonNegative(config.weight_decay)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config.weight_decay must be >= 0, got ", config.weight_decay));
-  }
   if (!IsFiniteNonNegative(config.eps)) {
     return absl::InvalidArgumentError(absl::StrCat("config.eps must be >= 0, got ", config.eps));
   }
@@ -132,6 +128,10 @@ absl::Status ValidateUpdate(const OptimizerConfig& config, int64_t step, float g
       return absl::InvalidArgumentError(
           absl::StrCat("pieces[", i, "].lr_scale must be >= 0, got ", piece.lr_scale));
     }
+    if (!IsFiniteNonNegative(piece.weight_decay)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pieces[", i, "].weight_decay must be >= 0, got ", piece.weight_decay));
+    }
     if (piece.length == 0) continue;
     if (piece.grad == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("pieces[", i, "].grad is null"));
@@ -170,7 +170,7 @@ absl::Status ValidateGradPieces(absl::Span<const GradPiece> pieces) {
 ElementScalars MakeElementScalars(const OptimizerConfig& config, int64_t step, float grad_scale,
                                   const UpdatePiece& piece) {
   const double lr = config.lr * piece.lr_scale;
-  const double weight_decay = piece.weight_decay ? config.weight_decay : 0.0;
+  const double weight_decay = piece.weight_decay;
   const double step_d = static_cast<double>(step);
   ElementScalars s;
   s.grad_scale = grad_scale;

@@ -17,14 +17,14 @@ namespace zeroshard::kernels {
 const char* OptimizerKindName(OptimizerKind kind);
 
 // Hyperparameters, in double as torch.optim holds them. Defaults are torch.optim.Adam's; set
-// the ones your optimizer uses (e.g. AdamW's usual weight_decay is 0.01, Lion's betas 0.9/0.99).
+// the ones your optimizer uses (e.g. Lion's betas 0.9/0.99). Weight decay is per piece
+// (UpdatePiece::weight_decay), as parameter groups give it.
 struct OptimizerConfig {
   OptimizerKind kind = OptimizerKind::kAdam;
   double lr = 1e-3;
-  double beta1 = 0.9;    // Adam, AdamW, Lion
-  double beta2 = 0.999;  // Adam, AdamW, Lion
-  double eps = 1e-8;     // Adam, AdamW, Adagrad (torch's Adagrad default is 1e-10)
-  double weight_decay = 0.0;
+  double beta1 = 0.9;      // Adam, AdamW, Lion
+  double beta2 = 0.999;    // Adam, AdamW, Lion
+  double eps = 1e-8;       // Adam, AdamW, Adagrad (torch's Adagrad default is 1e-10)
   double momentum = 0.0;   // SGD
   double dampening = 0.0;  // SGD
   bool nesterov = false;   // SGD
@@ -53,8 +53,10 @@ struct UpdatePiece {
   void* param_copy = nullptr;           // optional: receives the updated weights
   DType param_dtype = DType::kFloat32;  // ... rounded to this type (nearest even)
   int64_t length = 0;
-  bool weight_decay = true;  // false: this piece is never decayed (biases, norms)
-  double lr_scale = 1.0;     // this piece's learning rate is lr * lr_scale
+  // This piece's weight decay coefficient (its parameter group's): L2 for SGD, Adam and
+  // Adagrad, decoupled for AdamW and Lion (torch.optim's weight_decay). 0: not decayed.
+  double weight_decay = 0.0;
+  double lr_scale = 1.0;  // this piece's learning rate is lr * lr_scale
 };
 
 // One flat piece of gradients whose statistics are wanted.

@@ -93,8 +93,8 @@ TEST(OptimizerTest, RejectsBadInput) {
 TEST(OptimizerTest, AdamScalarsFollowTorch) {
   OptimizerConfig config = Config(OptimizerKind::kAdamW);
   config.lr = 0.01;
-  config.weight_decay = 0.1;
   UpdatePiece piece;
+  piece.weight_decay = 0.1;
   piece.lr_scale = 0.5;
   const ElementScalars s = MakeElementScalars(config, 3, 0.25f, piece);
   EXPECT_EQ(s.grad_scale, 0.25f);
@@ -103,7 +103,7 @@ TEST(OptimizerTest, AdamScalarsFollowTorch) {
   EXPECT_EQ(s.decay_factor, static_cast<float>(1.0 - 0.005 * 0.1));
   EXPECT_EQ(s.one_minus_beta1, static_cast<float>(1.0 - 0.9));
   EXPECT_FALSE(s.first_step);
-  piece.weight_decay = false;
+  piece.weight_decay = 0.0;
   EXPECT_EQ(MakeElementScalars(config, 1, 1.0f, piece).decay_factor, 1.0f);
   EXPECT_TRUE(MakeElementScalars(config, 1, 1.0f, piece).first_step);
 }

@@ -13,6 +13,8 @@ namespace zeroshard::kernels {
 struct NamedOptimizerConfig {
   std::string name;  // a test-name-safe label, e.g. "adam_amsgrad_maximize"
   OptimizerConfig config;
+  // The weight decay the tests give their decayed pieces (others get 0).
+  double weight_decay = 0.0;
 };
 
 std::vector<NamedOptimizerConfig> OptimizerTestConfigs();

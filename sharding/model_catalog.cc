@@ -93,17 +93,10 @@ absl::StatusOr<std::vector<TensorSpec>> TensorsForLayerSizes(absl::Span<const in
   for (int64_t layer = num_layers - 1; layer >= 0; --layer) {
     const int64_t in = sizes[layer];
     const int64_t out = sizes[layer + 1];
-    const std::string prefix = absl::StrCat("layers.", layer, ".");
-    tensors.push_back(TensorSpec{absl::StrCat(prefix, "bias"),
-                                 {out},
-                                 out,
-                                 /*weight_decay=*/false,
-                                 /*lr_scale=*/1.0f});
-    tensors.push_back(TensorSpec{absl::StrCat(prefix, "weight"),
-                                 {out, in},
-                                 out * in,
-                                 /*weight_decay=*/true,
-                                 /*lr_scale=*/1.0f});
+    // torch's nn.Sequential names: Linear layer `layer` is module 2 * layer (ReLUs between).
+    const std::string prefix = absl::StrCat(2 * layer, ".");
+    tensors.push_back(TensorSpec{absl::StrCat(prefix, "bias"), {out}, out});
+    tensors.push_back(TensorSpec{absl::StrCat(prefix, "weight"), {out, in}, out * in});
   }
   return tensors;
 }

@@ -43,11 +43,13 @@ absl::StatusOr<std::vector<int64_t>> PresetLayerSizes(absl::string_view preset);
 // kMaxModelElements parameters.
 absl::StatusOr<std::vector<int64_t>> ResolveLayerSizes(const WorkloadSpec& spec);
 
-// The model's parameter tensors in gradient-ready order, i.e. the reverse of forward order:
-//   layers.<n-1>.bias, layers.<n-1>.weight, ..., layers.0.bias, layers.0.weight
-// where Linear layer i (0-based, counting Linear layers only) has `layers.<i>.weight` of shape
-// [out, in] (weight decay on) and `layers.<i>.bias` of shape [out] (weight decay off), both
-// with lr_scale 1. This is the order the shard planner lays tensors out in.
+// The model's parameter tensors in gradient-ready order, i.e. the reverse of forward order, named
+// as torch's nn.Sequential(Linear, ReLU, Linear, ..., Linear) names them:
+//   <2(n-1)>.bias, <2(n-1)>.weight, ..., 2.bias, 2.weight, 0.bias, 0.weight
+// where Linear layer i (0-based, counting Linear layers only) is module 2i, with `<2i>.weight`
+// of shape [out, in] and `<2i>.bias` of shape [out]. The optimizer options (weight_decay,
+// lr_scale) are left at 0 and 1: the job's parameter groups set them (jobspec::TensorsForJob).
+// This is the order the shard planner lays tensors out in.
 absl::StatusOr<std::vector<TensorSpec>> BuildTensorList(const WorkloadSpec& spec);
 
 // The same for already-validated sizes (as ResolveLayerSizes returns); validates them again.

@@ -59,10 +59,10 @@ TEST(ModelCatalogTest, SeedTensorsAreInGradientReadyOrder) {
   absl::StatusOr<std::vector<TensorSpec>> tensors = BuildTensorList({"seed", {}});
   ASSERT_TRUE(tensors.ok()) << tensors.status();
   std::vector<TensorSpec> expected = {
-      {"layers.1.bias", {10}, 10, false, 1.0f},
-      {"layers.1.weight", {10, 64}, 640, true, 1.0f},
-      {"layers.0.bias", {64}, 64, false, 1.0f},
-      {"layers.0.weight", {64, 10}, 640, true, 1.0f},
+      {"2.bias", {10}, 10, 0.0, 1.0f},
+      {"2.weight", {10, 64}, 640, 0.0, 1.0f},
+      {"0.bias", {64}, 64, 0.0, 1.0f},
+      {"0.weight", {64, 10}, 640, 0.0, 1.0f},
   };
   EXPECT_EQ(*tensors, expected);
   EXPECT_EQ(TotalElements(*tensors), 1354);
@@ -72,8 +72,8 @@ TEST(ModelCatalogTest, ExplicitSizesGiveReverseOrderWithOptions) {
   absl::StatusOr<std::vector<TensorSpec>> tensors = BuildTensorList({"", {3, 5, 7, 2}});
   ASSERT_TRUE(tensors.ok()) << tensors.status();
   ASSERT_EQ(tensors->size(), 6u);
-  const std::vector<std::string> names = {"layers.2.bias",   "layers.2.weight", "layers.1.bias",
-                                          "layers.1.weight", "layers.0.bias",   "layers.0.weight"};
+  const std::vector<std::string> names = {"4.bias",   "4.weight", "2.bias",
+                                          "2.weight", "0.bias",   "0.weight"};
   const std::vector<std::vector<int64_t>> shapes = {{2}, {2, 7}, {7}, {7, 5}, {5}, {5, 3}};
   for (size_t i = 0; i < tensors->size(); ++i) {
     const TensorSpec& tensor = (*tensors)[i];
@@ -82,7 +82,7 @@ TEST(ModelCatalogTest, ExplicitSizesGiveReverseOrderWithOptions) {
     int64_t product = 1;
     for (int64_t dim : tensor.shape) product *= dim;
     EXPECT_EQ(tensor.num_elements, product) << tensor.name;
-    EXPECT_EQ(tensor.weight_decay, tensor.shape.size() == 2) << tensor.name;
+    EXPECT_EQ(tensor.weight_decay, 0.0) << tensor.name;  // groups set it (jobspec)
     EXPECT_EQ(tensor.lr_scale, 1.0f) << tensor.name;
   }
 }

@@ -22,6 +22,14 @@ int64_t AlignUp(int64_t value, int64_t alignment) {
   return (value + alignment - 1) / alignment * alignment;
 }
 
+}  // namespace
+
+int64_t EffectiveBucketElems(int64_t bucket_elems, int64_t bucket_alignment) {
+  return std::max(bucket_alignment, bucket_elems / bucket_alignment * bucket_alignment);
+}
+
+namespace {
+
 absl::Status ValidateTensor(const TensorSpec& tensor, size_t index) {
   const std::string field = absl::StrCat("tensors[", index, "]");
   if (tensor.name.empty()) {
@@ -48,6 +56,10 @@ absl::Status ValidateTensor(const TensorSpec& tensor, size_t index) {
   if (product != tensor.num_elements) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".shape: its product differs from num_elements ", tensor.num_elements));
+  }
+  if (!std::isfinite(tensor.weight_decay) || tensor.weight_decay < 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".weight_decay: ", tensor.weight_decay, " must be finite and >= 0"));
   }
   if (!std::isfinite(tensor.lr_scale) || tensor.lr_scale < 0.0f) {
     return absl::InvalidArgumentError(
@@ -96,7 +108,12 @@ class Fnv1a64 {
     for (int i = 0; i < 8; ++i) AddByte(static_cast<uint8_t>(value >> (8 * i)));
   }
   void AddI64(int64_t value) { AddU64(static_cast<uint64_t>(value)); }
-  void AddBool(bool value) { AddByte(value ? 1 : 0); }
+  void AddDouble(double value) {
+    uint64_t bits;
+    static_assert(sizeof(bits) == sizeof(value), "double is not 64 bits");
+    std::memcpy(&bits, &value, sizeof(bits));
+    AddU64(bits);
+  }
   void AddFloat(float value) {
     uint32_t bits;
     static_assert(sizeof(bits) == sizeof(value), "float is not 32 bits");
@@ -142,35 +159,18 @@ absl::StatusOr<ShardPlan> ShardPlan::Create(std::vector<TensorSpec> tensors, int
 
   ShardPlan plan;
   plan.world_size_ = world_size;
-  plan.bucket_elems_ = options.bucket_elems;
   plan.bucket_alignment_ = std::lcm(world_size, kBucketAlignElems);
   const int64_t num_tensors = static_cast<int64_t>(tensors.size());
   plan.placements_.resize(num_tensors);
 
-  int64_t bucket_begin = 0;
-  int64_t bucket_first_tensor = 0;
+  // Tensors sit at aligned offsets in list order; the buckets then cut the padded flat space
+  // into fixed ranges, so a tensor may span several buckets and no bucket is sized by a tensor.
   int64_t content_end = 0;  // end of the last tensor placed
-  auto close_bucket = [&](int64_t next_tensor) {
-    const int64_t padded = AlignUp(content_end - bucket_begin, plan.bucket_alignment_);
-    // BucketLayout's invariants: buckets tile the flat space and cut into equal pieces.
-    ZS_DCHECK(plan.buckets_.empty() || plan.buckets_.back().flat_end() == bucket_begin);
-    ZS_DCHECK_EQ(padded % plan.bucket_alignment_, 0);
-    ZS_DCHECK_EQ(padded % world_size, 0);
-    plan.buckets_.push_back(BucketLayout{bucket_begin, padded, padded / world_size,
-                                         bucket_first_tensor, next_tensor - bucket_first_tensor});
-    bucket_begin += padded;
-    bucket_first_tensor = next_tensor;
-    content_end = bucket_begin;
-  };
   for (int64_t i = 0; i < num_tensors; ++i) {
     const int64_t count = tensors[i].num_elements;
-    int64_t start = AlignUp(content_end, kTensorAlignElems);
-    if (i > bucket_first_tensor && start + count - bucket_begin > options.bucket_elems) {
-      close_bucket(i);
-      start = bucket_begin;  // a multiple of kBucketAlignElems, hence of kTensorAlignElems
-    }
+    const int64_t start = AlignUp(content_end, kTensorAlignElems);
     ZS_DCHECK_EQ(start % kTensorAlignElems, 0) << "tensor " << i;
-    plan.placements_[i] = TensorPlacement{start, count, static_cast<int64_t>(plan.buckets_.size())};
+    plan.placements_[i] = TensorPlacement{start, count, 0, 0};
     content_end = start + count;
     plan.tensor_elems_ += count;
     // content_end and count are each at most kMaxFlatElems (+ small padding): no overflow.
@@ -179,11 +179,38 @@ absl::StatusOr<ShardPlan> ShardPlan::Create(std::vector<TensorSpec> tensors, int
           "tensors: the layout needs more than the limit of ", kMaxFlatElems, " elements"));
     }
   }
-  close_bucket(num_tensors);
-  plan.padded_elems_ = bucket_begin;
+  plan.padded_elems_ = AlignUp(content_end, plan.bucket_alignment_);
   if (plan.padded_elems_ > kMaxFlatElems) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensors: the layout needs more than the limit of ", kMaxFlatElems, " elements"));
+  }
+  plan.bucket_elems_ = EffectiveBucketElems(options.bucket_elems, plan.bucket_alignment_);
+  int64_t next_tensor = 0;  // the first tensor that may overlap the next bucket
+  for (int64_t begin = 0; begin < plan.padded_elems_; begin += plan.bucket_elems_) {
+    const int64_t end = std::min(begin + plan.bucket_elems_, plan.padded_elems_);
+    const int64_t index = static_cast<int64_t>(plan.buckets_.size());
+    BucketLayout bucket{begin, end - begin, (end - begin) / world_size, next_tensor, 0, 0};
+    // Tensors overlapping [begin, end) are consecutive; the last one may go on into the next
+    // bucket, so the scan for the next bucket restarts at it.
+    int64_t t = next_tensor;
+    for (; t < num_tensors && plan.placements_[t].flat_offset < end; ++t) {
+      TensorPlacement& placement = plan.placements_[t];
+      const int64_t overlap =
+          std::min(placement.flat_end(), end) - std::max(placement.flat_offset, begin);
+      ZS_DCHECK_GT(overlap, 0) << "tensor " << t << " bucket " << index;
+      if (placement.num_buckets == 0) placement.first_bucket = index;
+      ++placement.num_buckets;
+      ++bucket.num_tensors;
+      bucket.tensor_elems += overlap;
+    }
+    next_tensor = (t > bucket.first_tensor && plan.placements_[t - 1].flat_end() > end) ? t - 1 : t;
+    // BucketLayout's invariants: buckets tile the flat space, padded to the alignment, cut into
+    // equal pieces, and hold some tensor elements.
+    ZS_DCHECK(plan.buckets_.empty() || plan.buckets_.back().flat_end() == begin);
+    ZS_DCHECK_EQ(bucket.padded_elems % plan.bucket_alignment_, 0);
+    ZS_DCHECK_EQ(bucket.piece_elems * world_size, bucket.padded_elems);
+    ZS_DCHECK_GT(bucket.tensor_elems, 0) << "bucket " << index;
+    plan.buckets_.push_back(bucket);
   }
   plan.tensors_ = std::move(tensors);
   plan.ComputeLayoutHash();
@@ -192,7 +219,7 @@ absl::StatusOr<ShardPlan> ShardPlan::Create(std::vector<TensorSpec> tensors, int
 
 void ShardPlan::ComputeLayoutHash() {
   Fnv1a64 hash;
-  hash.AddString("zeroshard.shard_plan.v1");
+  hash.AddString("zeroshard.shard_plan.v2");
   hash.AddI64(world_size_);
   hash.AddI64(bucket_elems_);
   hash.AddI64(num_tensors());
@@ -201,12 +228,13 @@ void ShardPlan::ComputeLayoutHash() {
     hash.AddI64(static_cast<int64_t>(tensor.shape.size()));
     for (int64_t dim : tensor.shape) hash.AddI64(dim);
     hash.AddI64(tensor.num_elements);
-    hash.AddBool(tensor.weight_decay);
+    hash.AddDouble(tensor.weight_decay);
     hash.AddFloat(tensor.lr_scale);
   }
   for (const TensorPlacement& placement : placements_) {
     hash.AddI64(placement.flat_offset);
-    hash.AddI64(placement.bucket);
+    hash.AddI64(placement.first_bucket);
+    hash.AddI64(placement.num_buckets);
   }
   hash.AddI64(num_buckets());
   for (const BucketLayout& bucket : buckets_) {
@@ -215,6 +243,7 @@ void ShardPlan::ComputeLayoutHash() {
     hash.AddI64(bucket.piece_elems);
     hash.AddI64(bucket.first_tensor);
     hash.AddI64(bucket.num_tensors);
+    hash.AddI64(bucket.tensor_elems);
   }
   hash.AddI64(padded_elems_);
   layout_hash_ = hash.value();

@@ -1,6 +1,6 @@
 // The shard planner: a pure, deterministic function of (tensor list, world size, options) that
-// lays tensors out in one flat space, groups them into buckets and cuts each bucket into one
-// equal piece per rank (docs/design.md, "Shard plan").
+// lays tensors out in one flat space, cuts that space into fixed-size buckets (a tensor may span
+// several) and cuts each bucket into one equal piece per rank (docs/design.md, "Shard plan").
 #ifndef ZEROSHARD_SHARDING_SHARD_PLANNER_H_
 #define ZEROSHARD_SHARDING_SHARD_PLANNER_H_
 
@@ -29,30 +29,40 @@ inline constexpr int64_t kBucketAlignElems = 128;
 inline constexpr int64_t kMaxFlatElems = int64_t{1} << 50;
 
 struct ShardPlanOptions {
-  // A bucket is closed before the tensor that would take it past this many elements
-  // (alignment gaps included); a larger tensor gets a bucket of its own.
+  // The size of every bucket but the last, rounded down to a multiple of
+  // lcm(world_size, kBucketAlignElems) (and at least one such multiple): see
+  // EffectiveBucketElems. Buckets are fixed ranges of the flat space, whatever the tensor sizes.
   int64_t bucket_elems = kDefaultBucketElems;
 };
 
-// Where one tensor lives in the flat space: [flat_offset, flat_offset + num_elements).
+// The bucket size a plan uses for `bucket_elems` at a bucket alignment of lcm(W, 128):
+// bucket_elems rounded down to a multiple of the alignment, and at least the alignment.
+int64_t EffectiveBucketElems(int64_t bucket_elems, int64_t bucket_alignment);
+
+// Where one tensor lives in the flat space: [flat_offset, flat_offset + num_elements), which
+// overlaps buckets [first_bucket, first_bucket + num_buckets) (a large tensor spans several).
 struct TensorPlacement {
   int64_t flat_offset = 0;  // a multiple of kTensorAlignElems
   int64_t num_elements = 0;
-  int64_t bucket = 0;  // index of the bucket holding the whole tensor
+  int64_t first_bucket = 0;
+  int64_t num_buckets = 0;  // >= 1
   int64_t flat_end() const { return flat_offset + num_elements; }
 };
 
-// One bucket: [flat_begin, flat_begin + padded_elems), holding tensors
-// [first_tensor, first_tensor + num_tensors). Rank r owns
+// One bucket: [flat_begin, flat_begin + padded_elems), overlapping tensors
+// [first_tensor, first_tensor + num_tensors) with tensor_elems of their elements (the rest is
+// alignment gaps and, in the last bucket, tail padding). Rank r owns
 // [flat_begin + r * piece_elems, flat_begin + (r + 1) * piece_elems).
-// Invariants: padded_elems == piece_elems * world_size, padded_elems is a multiple of
-// lcm(world_size, kBucketAlignElems), and bucket b + 1 starts at bucket b's flat_end().
+// Invariants: padded_elems == piece_elems * world_size; every bucket but the last has
+// padded_elems == the plan's bucket_elems(); every padded_elems is a multiple of
+// lcm(world_size, kBucketAlignElems); bucket b + 1 starts at bucket b's flat_end().
 struct BucketLayout {
   int64_t flat_begin = 0;
   int64_t padded_elems = 0;
   int64_t piece_elems = 0;
   int64_t first_tensor = 0;
   int64_t num_tensors = 0;
+  int64_t tensor_elems = 0;
   int64_t flat_end() const { return flat_begin + padded_elems; }
 };
 
@@ -128,6 +138,7 @@ class ShardPlan {
   const std::vector<TensorSpec>& tensors() const { return tensors_; }
   int64_t num_tensors() const { return static_cast<int64_t>(tensors_.size()); }
   int64_t world_size() const { return world_size_; }
+  // The effective bucket size (ShardPlanOptions::bucket_elems, rounded; see there).
   int64_t bucket_elems() const { return bucket_elems_; }
   // lcm(world_size, kBucketAlignElems): every bucket's padded size is a multiple of it.
   int64_t bucket_alignment() const { return bucket_alignment_; }
@@ -152,10 +163,11 @@ class ShardPlan {
   // 64-bit FNV-1a over the inputs and the resulting layout. The same in every process and
   // build; workers refuse a plan whose hash differs from the one they compute. Byte stream
   // (integers as 8 little-endian bytes, strings as length then bytes, bools as one byte,
-  // floats as their IEEE bits widened to 8 bytes): "zeroshard.shard_plan.v1", world size,
-  // bucket_elems, tensor count; per tensor name, dim count, dims, num_elements, weight_decay,
-  // lr_scale; per tensor flat_offset, bucket; bucket count; per bucket flat_begin,
-  // padded_elems, piece_elems, first_tensor, num_tensors; padded_elems().
+  // floats as their IEEE bits widened to 8 bytes, doubles as their IEEE bits):
+  // "zeroshard.shard_plan.v2", world size, effective bucket_elems, tensor count; per tensor
+  // name, dim count, dims, num_elements, weight_decay, lr_scale; per tensor flat_offset,
+  // first_bucket, num_buckets; bucket count; per bucket flat_begin, padded_elems, piece_elems,
+  // first_tensor, num_tensors, tensor_elems; padded_elems().
   uint64_t layout_hash() const { return layout_hash_; }
 
   // The pieces and fragments of one rank: O(buckets + its fragments). InvalidArgument naming

@@ -235,8 +235,6 @@ struct Case {
 void RunCase(const Case& c, int threads, Arrays& a, int reps) {
   OptimizerConfig config;
   config.kind = c.kind;
-  config.weight_decay =
-      c.kind == OptimizerKind::kAdamW || c.kind == OptimizerKind::kLion ? 0.01 : 0.0;
   if (c.kind == OptimizerKind::kSgd) config.momentum = 0.9;
   if (c.kind == OptimizerKind::kLion) config.beta2 = 0.99;
   const int states = StateArraysPerParam(config);
@@ -252,6 +250,8 @@ void RunCase(const Case& c, int threads, Arrays& a, int reps) {
     piece.param_dtype = DType::kBFloat16;
   }
   piece.length = a.n;
+  piece.weight_decay =
+      c.kind == OptimizerKind::kAdamW || c.kind == OptimizerKind::kLion ? 0.01 : 0.0;
   const int64_t bytes_per_param = DTypeSize(c.grad_dtype) + 8 + 8 * states + (c.bf16_copy ? 2 : 0);
 
   ThreadPool pool(threads);

@@ -44,7 +44,7 @@ std::vector<sharding::TensorSpec> MakeTensors() {
         absl::StrCat("blocks.", kTensors - 1 - i, is_bias ? ".bias" : ".weight"),
         {count},
         count,
-        !is_bias,
+        /*weight_decay=*/is_bias ? 0.0 : 0.01,
         1.0f};
     total += count;
   }

@@ -248,7 +248,7 @@ void RunMode(engine::EngineMode mode, const sharding::ShardPlan& plan,
     for (int64_t t = 0; t < plan.num_tensors(); ++t) {
       gradient.resize(plan.tensors()[t].num_elements);
       FillGradient(t, step, rank, pattern, gradient);
-      CheckOk(step_engine.GradReady(t, gradient), "GradReady");
+      CheckOk(workloads::CopyGradientToSink(step_engine, t, gradient), "CopyGradientToSink");
     }
     const absl::Time backward_done = absl::Now();
     auto result = step_engine.Step(0.5);

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "common/status_macros.h"
 #include "sharding/model_catalog.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/communicator.h"
@@ -117,26 +118,60 @@ class DeviceParameters final : public workloads::ParameterSource {
   std::vector<absl::Span<const float>> arrays_;
 };
 
-// Records each gradient on the host (copying device gradients on the compute stream).
+// Records each gradient on the host. Segments end every kSegment elements (as bucket boundaries
+// cut them); a device workload writes them into a device scratch, copied to the host on
+// GradWritten (on the compute stream).
 class RecordingSink final : public workloads::GradientSink {
  public:
-  explicit RecordingSink(CudaDeviceOps* device) : device_(device) {}
-  absl::Status GradReady(int64_t tensor, absl::Span<const float> gradient) override {
-    if (static_cast<int64_t>(gradients_.size()) <= tensor) gradients_.resize(tensor + 1);
-    std::vector<float>& out = gradients_[tensor];
-    out.resize(gradient.size());
-    if (device_ == nullptr) {
-      std::copy(gradient.begin(), gradient.end(), out.begin());
-      return absl::OkStatus();
+  static constexpr int64_t kSegment = 1000;
+  RecordingSink(CudaDeviceOps* device, const std::vector<sharding::TensorSpec>& tensors)
+      : device_(device) {
+    for (const sharding::TensorSpec& tensor : tensors) gradients_.emplace_back(tensor.num_elements);
+    if (device_ != nullptr) {
+      scratch_ = static_cast<float*>(device_->AllocateZeroed(kSegment * sizeof(float)));
     }
-    return device_->CopyToHost(out.data(), gradient.data(), gradient.size() * sizeof(float));
+  }
+  ~RecordingSink() override {
+    if (scratch_ != nullptr) device_->Free(scratch_);
+  }
+  double loss_scale() const override { return 1.0; }
+  int64_t GradSegmentEnd(int64_t tensor, int64_t begin) const override {
+    return std::min<int64_t>(gradients_[tensor].size(), (begin / kSegment + 1) * kSegment);
+  }
+  absl::StatusOr<absl::Span<float>> GradBuffer(int64_t tensor, int64_t begin,
+                                               int64_t end) override {
+    if (device_ == nullptr) return absl::MakeSpan(gradients_[tensor]).subspan(begin, end - begin);
+    if (scratch_ == nullptr) return absl::ResourceExhaustedError("no device scratch");
+    return absl::MakeSpan(scratch_, end - begin);
+  }
+  absl::Status GradWritten(int64_t tensor, int64_t begin, int64_t end) override {
+    if (device_ == nullptr) return absl::OkStatus();
+    return device_->CopyToHost(gradients_[tensor].data() + begin, scratch_,
+                               (end - begin) * sizeof(float));
   }
   const std::vector<std::vector<float>>& gradients() const { return gradients_; }
 
  private:
   CudaDeviceOps* const device_;
+  float* scratch_ = nullptr;
   std::vector<std::vector<float>> gradients_;
 };
+
+// Hands `gradient` (device memory) to a CUDA engine segment by segment, copying on the device.
+absl::Status CopyDeviceGradientToSink(CudaDeviceOps& device, workloads::GradientSink& sink,
+                                      int64_t tensor, absl::Span<const float> gradient) {
+  const int64_t size = static_cast<int64_t>(gradient.size());
+  for (int64_t begin = 0; begin < size;) {
+    const int64_t end = sink.GradSegmentEnd(tensor, begin);
+    absl::StatusOr<absl::Span<float>> out = sink.GradBuffer(tensor, begin, end);
+    if (!out.ok()) return out.status();
+    ZS_RETURN_IF_ERROR(device.ConvertElements(gradient.data() + begin, DType::kFloat32, out->data(),
+                                              DType::kFloat32, end - begin));
+    ZS_RETURN_IF_ERROR(sink.GradWritten(tensor, begin, end));
+    begin = end;
+  }
+  return absl::OkStatus();
+}
 
 // Largest |gpu - cpu| relative to the tensor's largest |cpu| (at least 1e-6), and how many
 // elements are bitwise equal.
@@ -190,8 +225,8 @@ void CheckMlpGradients(CudaDeviceOps& device, const std::vector<int64_t>& sizes)
   HostParameters host(InitialValues(**cpu, (*cpu)->tensors()));
   DeviceParameters on_device(device, host.values());
   for (int64_t step : {0, 3}) {
-    RecordingSink cpu_sink(nullptr);
-    RecordingSink gpu_sink(&device);
+    RecordingSink cpu_sink(nullptr, (*cpu)->tensors());
+    RecordingSink gpu_sink(&device, (*cpu)->tensors());
     absl::StatusOr<double> cpu_loss = (*cpu)->ForwardBackward(step, host, cpu_sink);
     absl::StatusOr<double> gpu_loss = (*gpu)->ForwardBackward(step, on_device, gpu_sink);
     if (!Check(cpu_loss.status(), name) || !Check(gpu_loss.status(), name)) return;
@@ -222,12 +257,14 @@ std::vector<std::vector<float>> HostParametersOf(Engine& engine) {
 
 // 2. Three W=1 steps on synthetic gradients: the CPU engine (single-rank communicator) against
 //    the CUDA engine (CudaDeviceOps, NcclCommunicator).
-void CheckEngineSteps(const std::string& label, EngineConfig config, double tolerance) {
+void CheckEngineSteps(const std::string& label, EngineConfig config, double tolerance,
+                      double weight_decay = 0.0) {
   const std::vector<int64_t> sizes = {10, 64, 10};
   absl::StatusOr<std::vector<sharding::TensorSpec>> tensors = sharding::TensorsForLayerSizes(sizes);
   sharding::ShardPlanOptions plan_options;
   plan_options.bucket_elems = sharding::kMinBucketElems;  // several buckets
   if (!Check(tensors.status(), label)) return;
+  for (sharding::TensorSpec& tensor : *tensors) tensor.weight_decay = weight_decay;
   absl::StatusOr<sharding::ShardPlan> plan = sharding::ShardPlan::Create(*tensors, 1, plan_options);
   if (!Check(plan.status(), label)) return;
   TeacherStudentMlpOptions mlp_options;
@@ -274,8 +311,10 @@ void CheckEngineSteps(const std::string& label, EngineConfig config, double tole
       if (!Check(
               (*device)->CopyFromHost(on_device, gradient.data(), gradient.size() * sizeof(float)),
               label) ||
-          !Check((*cpu)->GradReady(t, gradient), label) ||
-          !Check((*gpu)->GradReady(t, absl::MakeConstSpan(on_device, gradient.size())), label)) {
+          !Check(workloads::CopyGradientToSink(**cpu, t, gradient), label) ||
+          !Check(CopyDeviceGradientToSink(**device, **gpu, t,
+                                          absl::MakeConstSpan(on_device, gradient.size())),
+                 label)) {
         (*device)->Free(device_gradient);
         return;
       }
@@ -316,11 +355,12 @@ int Main() {
     EngineConfig config;
     config.mode = mode;
     config.optimizer.kind = kernels::OptimizerKind::kAdamW;
-    config.optimizer.weight_decay = 0.01;
-    CheckEngineSteps(absl::StrCat(engine::EngineModeName(mode), " fp32 adamw"), config, 1e-6);
+    CheckEngineSteps(absl::StrCat(engine::EngineModeName(mode), " fp32 adamw"), config, 1e-6,
+                     /*weight_decay=*/0.01);
     config.param_dtype = DType::kBFloat16;
     config.grad_dtype = DType::kBFloat16;
-    CheckEngineSteps(absl::StrCat(engine::EngineModeName(mode), " bf16 adamw"), config, 1e-6);
+    CheckEngineSteps(absl::StrCat(engine::EngineModeName(mode), " bf16 adamw"), config, 1e-6,
+                     /*weight_decay=*/0.01);
   }
   EngineConfig clipped;
   clipped.mode = EngineMode::kZero2;

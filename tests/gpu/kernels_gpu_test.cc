@@ -141,7 +141,7 @@ void CheckUpdate(CudaOptimizerKernels& gpu, ThreadPool& pool, const NamedOptimiz
         u.param_copy = (device ? p.d_copy->data() : p.copy.data()) + p.offset * p.copy_size;
       }
       u.length = p.length;
-      u.weight_decay = k % 2 == 0;
+      u.weight_decay = k % 2 == 0 ? named.weight_decay : 0.0;
       u.lr_scale = k % 3 == 0 ? 1.0 : 0.5;
       out.push_back(u);
     }
@@ -305,9 +305,9 @@ void MeasureBandwidth(CudaOptimizerKernels& gpu) {
   piece.state[0] = reinterpret_cast<float*>(m.data());
   piece.state[1] = reinterpret_cast<float*>(v.data());
   piece.length = n;
+  piece.weight_decay = 0.01;
   OptimizerConfig config;
   config.kind = OptimizerKind::kAdamW;
-  config.weight_decay = 0.01;
   cudaEvent_t start, stop;
   cudaEventCreate(&start);
   cudaEventCreate(&stop);

@@ -79,7 +79,6 @@ absl::StatusOr<engine::EngineConfig> EngineConfigFor(const v1::JobSpec& spec, in
   out.beta1 = opt.beta1();
   out.beta2 = opt.beta2();
   out.eps = opt.eps();
-  out.weight_decay = opt.weight_decay();
   out.momentum = opt.momentum();
   out.dampening = opt.dampening();
   out.nesterov = opt.nesterov();
@@ -97,6 +96,8 @@ absl::StatusOr<engine::EngineConfig> EngineConfigFor(const v1::JobSpec& spec, in
   config.loss_scale.initial_scale = precision.initial_loss_scale();
   config.loss_scale.dynamic = precision.dynamic_loss_scale();
   config.loss_scale.growth_interval = precision.loss_scale_growth_interval();
+  config.loss_scale.backoff_factor = precision.loss_scale_backoff_factor();
+  config.loss_scale.growth_factor = precision.loss_scale_growth_factor();
   config.clip_grad_norm = spec.clip_grad_norm();
   config.threads = threads;
   return config;

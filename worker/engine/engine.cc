@@ -124,7 +124,6 @@ Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const E
       device_(config.device == nullptr ? owned_device_.get() : config.device),
       allocator_(device_),
       buckets_(plan.num_buckets()),
-      tensor_arrived_(plan.num_tensors(), false),
       view_version_(plan.num_tensors(), 0),
       loss_scale_(config.loss_scale.initial_scale) {
   owned_offsets_.reserve(plan_.num_buckets());
@@ -141,8 +140,10 @@ Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const E
     int64_t covered_to = bucket.flat_begin;
     for (int64_t t = bucket.first_tensor; t < bucket.first_tensor + bucket.num_tensors; ++t) {
       const sharding::TensorPlacement& placement = plan_.placement(t);
-      if (placement.flat_offset > covered_to) gaps_.push_back({covered_to, placement.flat_offset});
-      covered_to = placement.flat_end();
+      // A tensor may start before the bucket or go on after it (buckets span tensors).
+      const int64_t begin = std::max(placement.flat_offset, bucket.flat_begin);
+      if (begin > covered_to) gaps_.push_back({covered_to, begin});
+      covered_to = std::min(placement.flat_end(), bucket.flat_end());
     }
     if (bucket.flat_end() > covered_to) gaps_.push_back({covered_to, bucket.flat_end()});
   }
@@ -160,6 +161,17 @@ bool Engine::UsesBucketPool() const {
   return config_.mode == EngineMode::kZero2 || config_.grad_dtype != config_.reduce_dtype;
 }
 
+bool Engine::HasMaster() const { return config_.param_dtype != DType::kFloat32; }
+
+bool Engine::StagesGradients() const {
+  // Backward writes fp32; a segment goes straight into its destination only when that holds
+  // fp32 gradients. Otherwise it is rounded to grad_dtype on the way (as every mode must, so
+  // that they stay bitwise equal).
+  const DType destination =
+      config_.mode == EngineMode::kZero2 ? config_.reduce_dtype : config_.grad_dtype;
+  return config_.grad_dtype != DType::kFloat32 || destination != DType::kFloat32;
+}
+
 absl::Status Engine::AllocateBuffers() {
   const int64_t padded = plan_.padded_elems();
   const int64_t owned = view_.owned_elems();
@@ -169,28 +181,34 @@ absl::Status Engine::AllocateBuffers() {
   const int64_t grad_elems = config_.mode == EngineMode::kZero2 ? owned : padded;
   ZS_ASSIGN_OR_RETURN(grads_,
                       allocator_.TryAllocate(MemoryCategory::kGrads, grad_elems * grad_size_));
-  const int64_t master_elems = ddp ? padded : owned;
-  ZS_ASSIGN_OR_RETURN(master_,
-                      allocator_.TryAllocate(MemoryCategory::kMaster, master_elems * int64_t{4}));
+  // fp32 parameters are their own master (updated in place); bf16/fp16 ones need an fp32 one.
+  const int64_t state_elems = ddp ? padded : owned;
+  if (HasMaster()) {
+    ZS_ASSIGN_OR_RETURN(master_,
+                        allocator_.TryAllocate(MemoryCategory::kMaster, state_elems * int64_t{4}));
+  }
   for (int k = 0; k < state_arrays_; ++k) {
     ZS_ASSIGN_OR_RETURN(CountedBuffer state, allocator_.TryAllocate(MemoryCategory::kOptimizerState,
-                                                                    master_elems * int64_t{4}));
+                                                                    state_elems * int64_t{4}));
     state_.push_back(std::move(state));
   }
   if (UsesBucketPool()) {
-    int64_t largest_bucket = 0;
-    for (const sharding::BucketLayout& bucket : plan_.buckets()) {
-      largest_bucket = std::max(largest_bucket, bucket.padded_elems);
-    }
+    // Buckets are fixed ranges of bucket_elems (the last one shorter), so the pool is bounded by
+    // the bucket size whatever the tensor sizes.
     const int slots =
         static_cast<int>(std::min<int64_t>(config_.bucket_pool_size, plan_.num_buckets()));
     for (int slot = 0; slot < slots; ++slot) {
       ZS_ASSIGN_OR_RETURN(
           CountedBuffer buffer,
-          allocator_.TryAllocate(MemoryCategory::kBuckets, largest_bucket * reduce_size_));
+          allocator_.TryAllocate(MemoryCategory::kBuckets, LargestBucket() * reduce_size_));
       pool_.push_back(std::move(buffer));
       free_slots_.push_back(slots - 1 - slot);  // slot 0 is taken first
     }
+  }
+  if (StagesGradients()) {
+    // One segment at a time: a segment never passes its bucket.
+    ZS_ASSIGN_OR_RETURN(grad_staging_, allocator_.TryAllocate(MemoryCategory::kBuckets,
+                                                              LargestBucket() * int64_t{4}));
   }
   ZS_ASSIGN_OR_RETURN(stats_buffer_,
                       allocator_.TryAllocate(MemoryCategory::kCommScratch, 3 * sizeof(double)));
@@ -201,11 +219,30 @@ absl::Status Engine::AllocateBuffers() {
   return absl::OkStatus();
 }
 
+int64_t Engine::LargestBucket() const {
+  int64_t largest = 0;
+  for (const sharding::BucketLayout& bucket : plan_.buckets()) {
+    largest = std::max(largest, bucket.padded_elems);
+  }
+  return largest;
+}
+
 void Engine::BuildPieces() {
   const bool zero2 = config_.mode == EngineMode::kZero2;
   const bool ddp = config_.mode == EngineMode::kDdp;
   auto state_pointers = [&](int64_t element, kernels::UpdatePiece& piece) {
     for (int k = 0; k < state_arrays_; ++k) piece.state[k] = state_[k].as<float>() + element;
+  };
+  // fp32 parameters are updated in place (they are the master); otherwise the fp32 master at
+  // `element` of the state layout is updated and rounded into the parameter copy at `flat`.
+  auto master_and_copy = [&](int64_t element, int64_t flat, kernels::UpdatePiece& piece) {
+    if (!HasMaster()) {
+      piece.master = reinterpret_cast<float*>(ParamsAt(flat));
+      return;
+    }
+    piece.master = master_.as<float>() + element;
+    piece.param_copy = ParamsAt(flat);
+    piece.param_dtype = config_.param_dtype;
   };
   // Gradient statistics: the owned fragments in every mode (the same pieces, so the same bits).
   for (const sharding::OwnedPiece& piece : view_.pieces()) {
@@ -227,10 +264,8 @@ void Engine::BuildPieces() {
       kernels::UpdatePiece piece;
       piece.grad = GradsAt(placement.flat_offset);
       piece.grad_dtype = config_.grad_dtype;
-      piece.master = master_.as<float>() + placement.flat_offset;
+      master_and_copy(placement.flat_offset, placement.flat_offset, piece);
       state_pointers(placement.flat_offset, piece);
-      piece.param_copy = ParamsAt(placement.flat_offset);
-      piece.param_dtype = config_.param_dtype;
       piece.length = placement.num_elements;
       piece.weight_decay = spec.weight_decay;
       piece.lr_scale = spec.lr_scale;
@@ -247,10 +282,8 @@ void Engine::BuildPieces() {
       piece.grad =
           zero2 ? grads_.as<char>() + owned_element * grad_size_ : GradsAt(fragment.flat_begin);
       piece.grad_dtype = config_.grad_dtype;
-      piece.master = master_.as<float>() + owned_element;
+      master_and_copy(owned_element, fragment.flat_begin, piece);
       state_pointers(owned_element, piece);
-      piece.param_copy = ParamsAt(fragment.flat_begin);
-      piece.param_dtype = config_.param_dtype;
       piece.length = fragment.size();
       piece.weight_decay = spec.weight_decay;
       piece.lr_scale = spec.lr_scale;
@@ -268,7 +301,7 @@ char* Engine::SlotData(int slot) const { return pool_[slot].as<char>(); }
 absl::Status Engine::InitializeParameters(
     absl::FunctionRef<absl::Status(int64_t tensor, absl::Span<float> out)> initial) {
   ZS_RETURN_IF_ERROR(failure_);
-  if (tensors_arrived_ != 0) {
+  if (StepInProgress()) {
     return absl::FailedPreconditionError("InitializeParameters during a step");
   }
   const bool ddp = config_.mode == EngineMode::kDdp;
@@ -287,6 +320,7 @@ absl::Status Engine::InitializeParameters(
                     placement.num_elements);
     ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyFromHost(
         ParamsAt(placement.flat_offset), converted.data(), placement.num_elements * param_size_)));
+    if (!HasMaster()) continue;  // fp32 parameters are their own master
     if (ddp) {
       ZS_RETURN_IF_ERROR(RecordFailure(
           device_->CopyFromHost(master_.as<float>() + placement.flat_offset, values.data(),
@@ -304,7 +338,8 @@ absl::Status Engine::InitializeParameters(
           values.data() + fragment->tensor_begin, fragment->size() * sizeof(float))));
     }
   }
-  ZS_DCHECK(ddp || fragment == fragments_end) << "owned fragments of no tensor were left unset";
+  ZS_DCHECK(ddp || !HasMaster() || fragment == fragments_end)
+      << "owned fragments of no tensor were left unset";
   ++params_version_;
   return absl::OkStatus();
 }
@@ -344,43 +379,85 @@ absl::StatusOr<std::vector<float>> Engine::ParametersOnHost(int64_t tensor) {
   return host;
 }
 
-absl::Status Engine::GradReady(int64_t tensor, absl::Span<const float> gradient) {
+int64_t Engine::BucketOf(int64_t flat) const {
+  // Every bucket but the last has bucket_elems() elements.
+  return std::min(flat / plan_.bucket_elems(), plan_.num_buckets() - 1);
+}
+
+int64_t Engine::GradSegmentEnd(int64_t tensor, int64_t begin) const {
+  const sharding::TensorPlacement& placement = plan_.placement(tensor);
+  const int64_t bucket_end = plan_.buckets()[BucketOf(placement.flat_offset + begin)].flat_end();
+  return std::min(placement.flat_end(), bucket_end) - placement.flat_offset;
+}
+
+absl::StatusOr<absl::Span<float>> Engine::GradBuffer(int64_t tensor, int64_t begin, int64_t end) {
   ZS_RETURN_IF_ERROR(failure_);
   if (tensor < 0 || tensor >= plan_.num_tensors()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor: ", tensor, " is not in [0, ", plan_.num_tensors(), ")"));
   }
   const sharding::TensorPlacement& placement = plan_.placement(tensor);
-  if (static_cast<int64_t>(gradient.size()) != placement.num_elements) {
-    return absl::InvalidArgumentError(absl::StrCat("gradient: ", gradient.size(),
-                                                   " elements for tensor ", tensor, " of ",
-                                                   placement.num_elements));
+  if (begin < 0 || begin >= placement.num_elements || end != GradSegmentEnd(tensor, begin)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "segment: [", begin, ", ", end, ") of tensor ", tensor, " (", placement.num_elements,
+        " elements) is not a gradient segment (see GradSegmentEnd)"));
   }
-  if (tensor_arrived_[tensor]) {
+  if (open_segment_.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tensor ", tensor, ": segment [", begin, ", ", end, ") asked for while the segment at ",
+        open_segment_->begin, " of tensor ", open_segment_->tensor, " is still open"));
+  }
+  if (tensor != next_tensor_ || begin != next_element_) {
     return absl::FailedPreconditionError(
-        absl::StrCat("tensor ", tensor, ": gradient handed twice in one step"));
+        absl::StrCat("tensor ", tensor, ": segment at ", begin,
+                     " out of order; expected the segment at ", next_element_, " of tensor ",
+                     next_tensor_, " (tensors in tensor-list order, each once per step)"));
   }
-  const int64_t bucket_index = placement.bucket;
-  BucketState& bucket = buckets_[bucket_index];
-  const float scale = static_cast<float>(loss_scale_);
+  const int64_t flat = placement.flat_offset + begin;
+  const int64_t bucket_index = BucketOf(flat);
+  char* destination;
   if (config_.mode == EngineMode::kZero2) {
-    // Backward writes straight into the bucket's reduce buffer.
+    // zero2 keeps no full gradient buffer: backward writes into the bucket's pool buffer.
+    BucketState& bucket = buckets_[bucket_index];
     if (bucket.slot < 0) ZS_RETURN_IF_ERROR(AcquireSlot(bucket_index));
-    ZS_DCHECK_GE(bucket.slot, 0);
-    const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
-    ZS_RETURN_IF_ERROR(RecordFailure(device_->StoreScaledGradient(
-        gradient.data(), scale, placement.num_elements, config_.grad_dtype,
-        SlotData(bucket.slot) + (placement.flat_offset - layout.flat_begin) * reduce_size_,
-        config_.reduce_dtype)));
+    destination =
+        SlotData(bucket.slot) + (flat - plan_.buckets()[bucket_index].flat_begin) * reduce_size_;
   } else {
-    ZS_RETURN_IF_ERROR(RecordFailure(device_->StoreScaledGradient(
-        gradient.data(), scale, placement.num_elements, config_.grad_dtype,
-        GradsAt(placement.flat_offset), config_.grad_dtype)));
+    destination = GradsAt(flat);
   }
-  tensor_arrived_[tensor] = true;
-  ++tensors_arrived_;
-  if (++bucket.tensors_arrived == plan_.buckets()[bucket_index].num_tensors) {
-    ZS_RETURN_IF_ERROR(LaunchBucket(bucket_index));
+  open_segment_ = OpenSegment{tensor, begin, end, bucket_index, destination};
+  float* out =
+      StagesGradients() ? grad_staging_.as<float>() : reinterpret_cast<float*>(destination);
+  return absl::MakeSpan(out, end - begin);
+}
+
+absl::Status Engine::GradWritten(int64_t tensor, int64_t begin, int64_t end) {
+  ZS_RETURN_IF_ERROR(failure_);
+  if (!open_segment_.has_value() || open_segment_->tensor != tensor ||
+      open_segment_->begin != begin || open_segment_->end != end) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor ", tensor, ": segment [", begin, ", ", end, ") was not the open one"));
+  }
+  const OpenSegment segment = *open_segment_;
+  open_segment_.reset();
+  const int64_t count = end - begin;
+  if (StagesGradients()) {
+    const DType destination_dtype =
+        config_.mode == EngineMode::kZero2 ? config_.reduce_dtype : config_.grad_dtype;
+    ZS_RETURN_IF_ERROR(RecordFailure(
+        device_->StoreScaledGradient(grad_staging_.as<float>(), 1.0f, count, config_.grad_dtype,
+                                     segment.destination, destination_dtype)));
+  }
+  next_element_ = end;
+  if (end == plan_.placement(tensor).num_elements) {
+    ++next_tensor_;
+    next_element_ = 0;
+  }
+  BucketState& bucket = buckets_[segment.bucket];
+  bucket.elems_arrived += count;
+  ZS_DCHECK_LE(bucket.elems_arrived, plan_.buckets()[segment.bucket].tensor_elems);
+  if (bucket.elems_arrived == plan_.buckets()[segment.bucket].tensor_elems) {
+    ZS_RETURN_IF_ERROR(LaunchBucket(segment.bucket));
   }
   return absl::OkStatus();
 }
@@ -406,7 +483,7 @@ absl::Status Engine::AcquireSlot(int64_t bucket) {
 absl::Status Engine::LaunchBucket(int64_t bucket_index) {
   BucketState& bucket = buckets_[bucket_index];
   const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
-  ZS_DCHECK_EQ(bucket.tensors_arrived, layout.num_tensors) << "bucket " << bucket_index;
+  ZS_DCHECK_EQ(bucket.elems_arrived, layout.tensor_elems) << "bucket " << bucket_index;
   ZS_DCHECK(bucket.reduction == nullptr) << "bucket " << bucket_index << " is already in flight";
   ZS_DCHECK(config_.mode != EngineMode::kZero2 || bucket.slot >= 0)
       << "zero2 bucket " << bucket_index << " has no reduce buffer";
@@ -510,8 +587,8 @@ absl::Status Engine::CheckReductions() {
 
 absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   ZS_RETURN_IF_ERROR(failure_);
-  if (tensors_arrived_ != plan_.num_tensors()) {
-    return absl::FailedPreconditionError(absl::StrCat("Step: only ", tensors_arrived_, " of ",
+  if (next_tensor_ != plan_.num_tensors()) {
+    return absl::FailedPreconditionError(absl::StrCat("Step: only ", next_tensor_, " of ",
                                                       plan_.num_tensors(),
                                                       " tensors' gradients were handed over"));
   }
@@ -642,9 +719,9 @@ void Engine::UpdateLossScale(bool overflow) {
 
 void Engine::ResetStepState() {
   ZS_DCHECK(in_flight_.empty());
-  for (BucketState& bucket : buckets_) bucket.tensors_arrived = 0;
-  std::fill(tensor_arrived_.begin(), tensor_arrived_.end(), false);
-  tensors_arrived_ = 0;
+  for (BucketState& bucket : buckets_) bucket.elems_arrived = 0;
+  next_tensor_ = 0;
+  next_element_ = 0;
   first_launch_ = absl::InfiniteFuture();
   last_reduced_ = absl::InfinitePast();
   exposed_wait_ = absl::ZeroDuration();

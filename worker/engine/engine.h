@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -72,7 +73,8 @@ struct EngineConfig {
   // after the device's compute stream). Null: host memory and the CPU kernels.
   DeviceOps* device = nullptr;
   // Reduce-dtype bucket buffers that may be in flight at once (zero2, and ddp/zero1 when
-  // grad_dtype != reduce_dtype). When all are busy, GradReady orders the device after the oldest
+  // grad_dtype != reduce_dtype), each of the plan's bucket size. When all are busy, GradBuffer
+  // (zero2) or the bucket's launch orders the device after the oldest
   // reduction (a host wait with a host communicator; the compute stream waits with NCCL).
   int bucket_pool_size = 2;
   // Bound on every collective the engine issues.
@@ -88,7 +90,7 @@ struct StepTimings {
   double comm_ms = 0.0;
   // The part of comm_ms hidden behind backward: comm_ms - exposed_comm_ms (at least 0).
   double overlapped_comm_ms = 0.0;
-  // Time the host was blocked waiting for bucket reductions: in Step(), plus in GradReady() when
+  // Time the host was blocked waiting for bucket reductions: in Step(), plus in GradBuffer() when
   // every bucket buffer of the pool was in flight and the communicator waits on the host (with
   // a device communicator the compute stream waits instead, Work::WaitOnComputeStream).
   double exposed_comm_ms = 0.0;
@@ -118,10 +120,13 @@ struct StepResult {
 
 // One rank's engine.
 //
-// Per step, the owner calls Parameters() (any number of times, during forward/backward),
-// GradReady() once per tensor in tensor-list order, then Step(). The gradient handed to
-// GradReady is the gradient of the rank's mean loss; the engine stores it multiplied by the loss
-// scale in grad_dtype. Step() applies, to the sum over ranks g of those stored gradients,
+// Per step, the owner calls Parameters() (any number of times, during forward/backward), hands
+// every tensor's gradient over segment by segment (GradSegmentEnd, GradBuffer, GradWritten: the
+// workloads::GradientSink contract), then calls Step(). The gradients written are those of the
+// rank's mean loss multiplied by loss_scale() (backward starts from the scaled loss gradient);
+// the engine stores them in grad_dtype, in the bucket buffers themselves where the dtypes allow
+// (fp32). A bucket's reduction starts when its last segment is written. Step() applies, to the
+// sum over ranks g of those stored gradients,
 //   grad_scale = clip_coef / (W * loss_scale),   clip_coef = min(1, clip / (norm + 1e-6)),
 //   norm = sqrt(sum of squares of g) / (W * loss_scale),
 // computed in double and rounded to float once, then the optimizer (kernels/optimizer.h).
@@ -152,11 +157,20 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   absl::Status InitializeParameters(
       absl::FunctionRef<absl::Status(int64_t tensor, absl::Span<float> out)> initial);
 
-  // workloads::GradientSink. Copies `gradient` (memory of the engine's device) into its bucket;
-  // when the bucket's last tensor arrives, starts the bucket's reduction without waiting for it.
-  // InvalidArgument for a bad tensor or size; FailedPrecondition for a tensor handed twice in one
-  // step or out of order.
-  absl::Status GradReady(int64_t tensor, absl::Span<const float> gradient) override;
+  // workloads::GradientSink. Segments end at bucket boundaries (and at the tensor's end).
+  double loss_scale() const override { return loss_scale_; }
+  int64_t GradSegmentEnd(int64_t tensor, int64_t begin) const override;
+  // The segment's place in its bucket buffer (zero2, fp32) or in the full gradient buffer (ddp,
+  // zero1, fp32), or a staging buffer of one bucket when the segment must be rounded to
+  // grad_dtype / reduce_dtype on the way. zero2 takes a pool buffer for the segment's bucket
+  // when it has none, first retiring the oldest reduction if every buffer is in flight.
+  // InvalidArgument for a bad tensor or range; FailedPrecondition out of order or while another
+  // segment is open.
+  absl::StatusOr<absl::Span<float>> GradBuffer(int64_t tensor, int64_t begin, int64_t end) override;
+  // Stores the open segment (rounding it when staged); when it completes its bucket, starts the
+  // bucket's reduction without waiting for it. FailedPrecondition when [begin, end) of `tensor`
+  // is not the open segment.
+  absl::Status GradWritten(int64_t tensor, int64_t begin, int64_t end) override;
 
   // workloads::ParameterSource: the current full parameters of `tensor` in fp32 (widened from
   // param_dtype), in the engine's device memory. Valid until the next Step(). Empty when the
@@ -169,7 +183,7 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
 
   // Finishes the step: waits for the reductions, checks the global norm and overflow, updates
   // the owned pieces and all-gathers the parameters. Every tensor must have been handed to
-  // GradReady. `local_loss` is this rank's mean loss (averaged over ranks for the result).
+  // the sink. `local_loss` is this rank's mean loss (averaged over ranks for the result).
   // After a failed collective the engine is unusable: this and later calls fail.
   absl::StatusOr<StepResult> Step(double local_loss);
 
@@ -177,7 +191,6 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   MemoryReport Memory() const { return allocator_.Report(); }
 
   int64_t optimizer_step() const { return optimizer_step_; }
-  double loss_scale() const { return loss_scale_; }
   const EngineConfig& config() const { return config_; }
   const sharding::ShardPlan& plan() const { return plan_; }
   const sharding::RankView& view() const { return view_; }
@@ -185,7 +198,7 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
  private:
   // Per-bucket progress within the current step.
   struct BucketState {
-    int64_t tensors_arrived = 0;
+    int64_t elems_arrived = 0;  // tensor elements of the bucket written this step
     int slot = -1;  // pool slot holding the bucket's reduce buffer, or -1 (none / in place)
     std::unique_ptr<comm::Work> reduction;  // set from launch until checked
   };
@@ -197,6 +210,16 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   void BuildPieces();
 
   bool UsesBucketPool() const;
+  // Whether parameters need a separate fp32 master (bf16/fp16 parameters); fp32 parameters are
+  // updated in place.
+  bool HasMaster() const;
+  // Whether gradient segments go through grad_staging_ (rounded to grad_dtype on the way).
+  bool StagesGradients() const;
+  int64_t LargestBucket() const;
+  // The bucket holding flat element `flat`.
+  int64_t BucketOf(int64_t flat) const;
+  // Whether some gradient of the current step has been handed over.
+  bool StepInProgress() const { return next_tensor_ != 0 || next_element_ != 0; }
   // Element offset, in the owned layout, of the owned piece of `bucket`.
   int64_t OwnedOffset(int64_t bucket) const { return owned_offsets_[bucket]; }
   char* ParamsAt(int64_t flat) const;
@@ -208,7 +231,7 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   absl::Status AcquireSlot(int64_t bucket);
   // Zeroes the bucket's padding and alignment gaps in its reduce buffer and starts its
   // reduction (all-reduce in ddp, reduce-scatter otherwise).
-  // REQUIRES: GradReady was called for every tensor of the bucket.
+  // REQUIRES: every tensor element of the bucket was written this step.
   // REQUIRES: the bucket is not in flight; in zero2 it holds a slot.
   absl::Status LaunchBucket(int64_t bucket);
   // Orders the device after the oldest in-flight reduction (Work::WaitOnComputeStream: the host
@@ -258,11 +281,16 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   CountedBuffer params_;  // padded_elems of param_dtype, plan layout
   // ddp/zero1: padded_elems of grad_dtype in plan layout; zero2: owned_elems in owned layout.
   CountedBuffer grads_;
-  // ddp: padded_elems fp32 in plan layout; zero1/zero2: owned_elems fp32 in owned layout.
+  // Only for bf16/fp16 parameters (fp32 ones are their own master). ddp: padded_elems fp32 in
+  // plan layout; zero1/zero2: owned_elems fp32 in owned layout.
   CountedBuffer master_;
-  std::vector<CountedBuffer> state_;  // state_arrays_ buffers laid out like master_
-  std::vector<CountedBuffer> pool_;   // reduce-dtype buffers of the largest bucket's size
-  CountedBuffer stats_buffer_;        // 3 doubles: sum of squares, non-finite count, loss
+  // state_arrays_ fp32 buffers: padded_elems in plan layout (ddp) or owned_elems in owned layout.
+  std::vector<CountedBuffer> state_;
+  std::vector<CountedBuffer> pool_;  // reduce-dtype buffers of the largest bucket's size
+  // fp32, the largest bucket's size: a segment on its way to a non-fp32 buffer (when
+  // StagesGradients()).
+  CountedBuffer grad_staging_;
+  CountedBuffer stats_buffer_;  // 3 doubles: sum of squares, non-finite count, loss
   // fp32 params for non-fp32 param_dtype: allocated on first use on the host, at creation on
   // other devices (so running out of device memory is an error of Create, not of a step).
   CountedBuffer workload_view_;
@@ -278,11 +306,21 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // pool slot is either in free_slots_ or held by one bucket (every in-flight bucket holds one;
   // in zero2 so does a bucket still receiving gradients).
   std::vector<BucketState> buckets_;
-  std::vector<bool> tensor_arrived_;
   std::deque<int64_t> in_flight_;
   std::deque<int64_t> awaiting_check_;
   std::vector<int> free_slots_;
-  int64_t tensors_arrived_ = 0;
+  // The next segment expected: tensor next_tensor_ (num_tensors() once all arrived) at element
+  // next_element_; and the segment GradBuffer handed out, until GradWritten.
+  int64_t next_tensor_ = 0;
+  int64_t next_element_ = 0;
+  struct OpenSegment {
+    int64_t tensor = 0;
+    int64_t begin = 0;
+    int64_t end = 0;
+    int64_t bucket = 0;
+    char* destination = nullptr;  // where the segment's gradient is stored
+  };
+  std::optional<OpenSegment> open_segment_;
   absl::Time first_launch_ = absl::InfiniteFuture();
   absl::Time last_reduced_ = absl::InfinitePast();
   absl::Duration exposed_wait_ = absl::ZeroDuration();

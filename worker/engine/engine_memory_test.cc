@@ -130,8 +130,9 @@ TEST_P(EngineMemoryTest, ReportedBytesFollowTheZeroFormulas) {
                                expected.sharded_bytes_per_param * padding / w;
       EXPECT_GE(model_state, formula);
       EXPECT_LE(model_state, formula + tolerance) << report.ToString();
-      // bf16 gradients are reduced in fp32 (the default), through a pool of 2 bucket buffers.
-      EXPECT_EQ(report.of(MemoryCategory::kBuckets), 2 * LargestBucket(plan) * 4);
+      // bf16 gradients are reduced in fp32 (the default), through a pool of 2 bucket buffers,
+      // and backward's fp32 segments are rounded to bf16 through one bucket of fp32 staging.
+      EXPECT_EQ(report.of(MemoryCategory::kBuckets), (2 + 1) * LargestBucket(plan) * 4);
       EXPECT_EQ(report.of(MemoryCategory::kCommScratch), 3 * 8);
       EXPECT_EQ(report.of(MemoryCategory::kWorkloadView), 0);
       // Optimizer state per rank is ddp's / W exactly (every rank owns padded_elems / W).
@@ -145,7 +146,7 @@ TEST_P(EngineMemoryTest, ReportedBytesFollowTheZeroFormulas) {
   }
 }
 
-TEST_P(EngineMemoryTest, ReducingInTheGradientDtypeNeedsNoBucketBuffersOutsideZero2) {
+TEST_P(EngineMemoryTest, ReducingInTheGradientDtypeNeedsNoBucketPoolOutsideZero2) {
   const int world_size = GetParam();
   const sharding::ShardPlan plan = MemoryPlan(world_size);
   for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
@@ -156,9 +157,64 @@ TEST_P(EngineMemoryTest, ReducingInTheGradientDtypeNeedsNoBucketBuffersOutsideZe
     PlaceholderCommunicator communicator(0, world_size);
     auto engine = Engine::Create(plan, 0, config, &communicator);
     ASSERT_TRUE(engine.ok()) << engine.status();
-    const int64_t expected_buckets = mode == EngineMode::kZero2 ? 3 * LargestBucket(plan) * 2 : 0;
+    // Every mode stages backward's fp32 segments (one fp32 bucket); only zero2 keeps a pool.
+    const int64_t staging = LargestBucket(plan) * 4;
+    const int64_t expected_buckets =
+        staging + (mode == EngineMode::kZero2 ? 3 * LargestBucket(plan) * 2 : 0);
     EXPECT_EQ((*engine)->Memory().of(MemoryCategory::kBuckets), expected_buckets);
   }
+}
+
+// fp32 parameters are their own master: 16 bytes per parameter in ddp (4 params + 4 grads + 8
+// Adam state), as torch's DDP with Adam, and zero2 writes backward's segments straight into its
+// two bucket buffers (no staging).
+TEST_P(EngineMemoryTest, Fp32ParametersKeepNoMasterCopy) {
+  const int world_size = GetParam();
+  const sharding::ShardPlan plan = MemoryPlan(world_size);
+  const double psi = static_cast<double>(plan.padded_elems());
+  for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
+    SCOPED_TRACE(EngineModeName(mode));
+    EngineConfig config;
+    config.mode = mode;
+    config.optimizer.kind = kernels::OptimizerKind::kAdam;
+    PlaceholderCommunicator communicator(0, world_size);
+    auto engine = Engine::Create(plan, 0, config, &communicator);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    const MemoryReport report = (*engine)->Memory();
+    EXPECT_EQ(report.of(MemoryCategory::kMaster), 0);
+    const double grads_per_param = mode == EngineMode::kZero2 ? 4.0 / world_size : 4.0;
+    const double state_per_param = mode == EngineMode::kDdp ? 8.0 : 8.0 / world_size;
+    EXPECT_EQ(report.of(MemoryCategory::kParams), psi * 4);
+    EXPECT_EQ(report.of(MemoryCategory::kGrads), psi * grads_per_param);
+    EXPECT_EQ(report.of(MemoryCategory::kOptimizerState), psi * state_per_param);
+    EXPECT_EQ(report.of(MemoryCategory::kBuckets),
+              mode == EngineMode::kZero2 ? 2 * LargestBucket(plan) * 4 : 0);
+  }
+}
+
+// Buckets are fixed ranges of the flat space: zero2's pool is 2 x bucket_elems whatever the
+// largest tensor (here 16x the bucket size).
+TEST_P(EngineMemoryTest, TheBucketPoolDoesNotGrowWithTheLargestTensor) {
+  const int world_size = GetParam();
+  std::vector<sharding::TensorSpec> tensors;
+  for (int64_t size : {int64_t{1000}, int64_t{16} * 65536, int64_t{5}}) {
+    sharding::TensorSpec spec;
+    spec.name = absl::StrCat("t", tensors.size());
+    spec.shape = {size};
+    spec.num_elements = size;
+    tensors.push_back(spec);
+  }
+  sharding::ShardPlanOptions options;
+  options.bucket_elems = 65536;
+  auto plan = sharding::ShardPlan::Create(tensors, world_size, options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EngineConfig config;
+  config.mode = EngineMode::kZero2;
+  config.optimizer.kind = kernels::OptimizerKind::kAdam;
+  PlaceholderCommunicator communicator(0, world_size);
+  auto engine = Engine::Create(*plan, 0, config, &communicator);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->Memory().of(MemoryCategory::kBuckets), 2 * 65536 * 4);
 }
 
 TEST_P(EngineMemoryTest, WidenedParametersAreCountedWhenTheWorkloadAsksForThem) {

@@ -158,7 +158,8 @@ TEST(EngineReductionWaitTest, BackwardOrdersTheDeviceAndStepWaitsOnTheHost) {
   std::unique_ptr<Engine> engine = CreateEngine(plan, &communicator);
   ASSERT_NE(engine, nullptr);
 
-  for (int64_t t = 0; t < kTensors; ++t) ASSERT_TRUE(engine->GradReady(t, Gradient()).ok());
+  for (int64_t t = 0; t < kTensors; ++t)
+    ASSERT_TRUE(workloads::CopyGradientToSink(*engine, t, Gradient()).ok());
   // Buckets 1-3 each took the one buffer after the device was ordered after the reduction
   // before; the host has not waited for any reduction yet.
   EXPECT_EQ(communicator.log(), (WaitLog{"device 0", "device 1", "device 2"}));
@@ -185,22 +186,25 @@ TEST(EngineReductionWaitTest, AReductionFailingAfterTheDeviceWaitFailsTheStep) {
   std::unique_ptr<Engine> engine = CreateEngine(plan, &communicator);
   ASSERT_NE(engine, nullptr);
 
-  for (int64_t t = 0; t < kTensors; ++t) ASSERT_TRUE(engine->GradReady(t, Gradient()).ok());
+  for (int64_t t = 0; t < kTensors; ++t)
+    ASSERT_TRUE(workloads::CopyGradientToSink(*engine, t, Gradient()).ok());
   EXPECT_EQ(engine->Step(/*local_loss=*/1.0).status().code(), absl::StatusCode::kUnavailable);
   // No update was applied, and the engine stays failed.
   EXPECT_EQ(engine->optimizer_step(), 0);
-  EXPECT_EQ(engine->GradReady(0, Gradient()).code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(workloads::CopyGradientToSink(*engine, 0, Gradient()).code(),
+            absl::StatusCode::kUnavailable);
 }
 
-TEST(EngineReductionWaitTest, AFailureKnownWhenOrderingTheDeviceFailsGradReady) {
+TEST(EngineReductionWaitTest, AFailureKnownWhenOrderingTheDeviceFailsTheNextSegment) {
   const sharding::ShardPlan plan = FourBucketPlan();
   RecordingCommunicator communicator({absl::AbortedError("communicator aborted")}, {});
   std::unique_ptr<Engine> engine = CreateEngine(plan, &communicator);
   ASSERT_NE(engine, nullptr);
 
-  ASSERT_TRUE(engine->GradReady(0, Gradient()).ok());
+  ASSERT_TRUE(workloads::CopyGradientToSink(*engine, 0, Gradient()).ok());
   // Tensor 1's bucket needs the buffer of bucket 0, whose reduction already failed.
-  EXPECT_EQ(engine->GradReady(1, Gradient()).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(workloads::CopyGradientToSink(*engine, 1, Gradient()).code(),
+            absl::StatusCode::kAborted);
   EXPECT_EQ(communicator.log(), (WaitLog{"device 0"}));
 }
 

@@ -33,16 +33,18 @@ constexpr int64_t kGlobalBatch = 24;  // divisible by every W tested
 constexpr int64_t kSteps = 20;
 constexpr uint64_t kSeed = 7;
 
-// Odd sizes so tensors straddle pieces; per-tensor weight decay and lr scale; the minimum
-// bucket size gives several buckets, more than the zero2 pool holds.
+// Odd sizes so tensors straddle pieces; per-tensor weight decay (kWeightDecay or none) and lr
+// scale; the minimum bucket size gives several buckets, more than the zero2 pool holds, and the
+// larger tensors span two or three of them.
+constexpr double kWeightDecay = 1e-3;
 std::vector<sharding::TensorSpec> TestTensors() {
   std::vector<sharding::TensorSpec> tensors;
-  auto add = [&](const char* name, int64_t elements, bool weight_decay, float lr_scale) {
+  auto add = [&](const char* name, int64_t elements, bool decayed, float lr_scale) {
     sharding::TensorSpec spec;
     spec.name = name;
     spec.shape = {elements};
     spec.num_elements = elements;
-    spec.weight_decay = weight_decay;
+    spec.weight_decay = decayed ? kWeightDecay : 0.0;
     spec.lr_scale = lr_scale;
     tensors.push_back(spec);
   };
@@ -311,7 +313,6 @@ EngineConfig AdamConfig() {
   EngineConfig config;
   config.optimizer.kind = kernels::OptimizerKind::kAdam;
   config.optimizer.lr = 1e-3;
-  config.optimizer.weight_decay = 1e-3;
   config.threads = 2;
   return config;
 }
@@ -346,7 +347,6 @@ TEST_P(EngineEquivalenceTest, GlobalNormClippingMatchesTheReference) {
   config.optimizer.kind = kernels::OptimizerKind::kSgd;
   config.optimizer.lr = 0.5;
   config.optimizer.momentum = 0.9;
-  config.optimizer.weight_decay = 1e-3;
   config.clip_grad_norm = 0.05;
   const RunResult zero2 = CheckModes(world_size, config, /*tolerance=*/1e-7);
   for (const StepResult& step : zero2.steps) {
@@ -413,7 +413,7 @@ TEST_P(EngineEquivalenceTest, Bf16GradientsReducedInBf16) {
 }
 
 // Misuse is refused with the documented codes and leaves the step usable.
-TEST(EngineTest, RefusesBadGradientsAndIncompleteSteps) {
+TEST(EngineTest, RefusesBadSegmentsAndIncompleteSteps) {
   const sharding::ShardPlan plan = TestPlan(1);
   comm::GlooCommunicatorOptions options;
   auto communicator = comm::GlooCommunicator::Create(options);
@@ -427,21 +427,64 @@ TEST(EngineTest, RefusesBadGradientsAndIncompleteSteps) {
   config = AdamConfig();
   auto engine = Engine::Create(plan, 0, config, communicator->get());
   ASSERT_TRUE(engine.ok()) << engine.status();
-  std::vector<float> gradient(plan.tensors()[0].num_elements, 0.5f);
-  EXPECT_EQ((*engine)->GradReady(plan.num_tensors(), gradient).code(),
+  Engine& e = **engine;
+  const int64_t first_end = e.GradSegmentEnd(0, 0);
+  EXPECT_EQ(e.GradBuffer(plan.num_tensors(), 0, 1).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ((*engine)->GradReady(1, gradient).code(), absl::StatusCode::kInvalidArgument);
-  ASSERT_TRUE((*engine)->GradReady(0, gradient).ok());
-  EXPECT_EQ((*engine)->GradReady(0, gradient).code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ((*engine)->Step(1.0).status().code(), absl::StatusCode::kFailedPrecondition);
-  for (int64_t t = 1; t < plan.num_tensors(); ++t) {
-    gradient.assign(plan.tensors()[t].num_elements, 0.5f);
-    ASSERT_TRUE((*engine)->GradReady(t, gradient).ok());
+  EXPECT_EQ(e.GradBuffer(0, 0, first_end + 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(e.GradBuffer(1, 0, e.GradSegmentEnd(1, 0)).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // tensor 0 comes first
+  EXPECT_EQ(e.GradWritten(0, 0, first_end).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(e.GradBuffer(0, 0, first_end).ok());
+  EXPECT_EQ(e.GradBuffer(0, 0, first_end).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // still open
+  ASSERT_TRUE(e.GradWritten(0, 0, first_end).ok());
+  EXPECT_EQ(e.GradBuffer(0, 0, first_end).status().code(),
+            absl::StatusCode::kFailedPrecondition);  // handed twice
+  EXPECT_EQ(e.Step(1.0).status().code(), absl::StatusCode::kFailedPrecondition);
+  for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+    const std::vector<float> gradient(plan.tensors()[t].num_elements, 0.5f);
+    if (t == 0) {  // the rest of tensor 0, after its first segment
+      for (int64_t begin = first_end; begin < static_cast<int64_t>(gradient.size());) {
+        const int64_t end = e.GradSegmentEnd(0, begin);
+        ASSERT_TRUE(e.GradBuffer(0, begin, end).ok());
+        ASSERT_TRUE(e.GradWritten(0, begin, end).ok());
+        begin = end;
+      }
+      continue;
+    }
+    ASSERT_TRUE(workloads::CopyGradientToSink(e, t, gradient).ok());
   }
-  auto result = (*engine)->Step(1.0);
+  auto result = e.Step(1.0);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->optimizer_step, 1);
   EXPECT_EQ(result->global_loss, 1.0);
+}
+
+// Segments end at bucket boundaries: a tensor spanning buckets is handed over in several.
+TEST(EngineTest, SegmentsFollowTheBuckets) {
+  const sharding::ShardPlan plan = TestPlan(1);
+  comm::GlooCommunicatorOptions options;
+  auto communicator = comm::GlooCommunicator::Create(options);
+  ASSERT_TRUE(communicator.ok()) << communicator.status();
+  auto engine = Engine::Create(plan, 0, AdamConfig(), communicator->get());
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+    const sharding::TensorPlacement& placement = plan.placement(t);
+    std::vector<int64_t> ends;
+    for (int64_t begin = 0; begin < placement.num_elements;) {
+      begin = (*engine)->GradSegmentEnd(t, begin);
+      ends.push_back(begin);
+    }
+    ASSERT_EQ(static_cast<int64_t>(ends.size()), placement.num_buckets) << "tensor " << t;
+    for (size_t k = 0; k + 1 < ends.size(); ++k) {
+      EXPECT_EQ(placement.flat_offset + ends[k],
+                plan.buckets()[placement.first_bucket + k].flat_end());
+    }
+    EXPECT_EQ(ends.back(), placement.num_elements);
+  }
+  // block1.proj (2000 elements) spans three 1024-element buckets.
+  EXPECT_EQ(plan.placement(5).num_buckets, 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, EngineEquivalenceTest, ::testing::Values(1, 2, 3, 4),

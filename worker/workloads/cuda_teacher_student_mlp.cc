@@ -90,12 +90,10 @@ absl::Status CudaTeacherStudentMlp::Initialize() {
 
   const std::vector<int64_t>& sizes = options_.layer_sizes;
   const int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  int64_t max_weight = 0;
   std::vector<float> host;
   for (int64_t l = 0; l < num_layers_; ++l) {
     const int64_t in = sizes[l];
     const int64_t out = sizes[l + 1];
-    max_weight = std::max(max_weight, in * out);
     for (const bool bias : {false, true}) {
       host.assign(bias ? out : in * out, 0.0f);
       ZS_RETURN_IF_ERROR(FillLayerParameters(MlpRole::kTeacher, sizes, options_.seed, l, bias,
@@ -117,7 +115,7 @@ absl::Status CudaTeacherStudentMlp::Initialize() {
     ZS_ASSIGN_OR_RETURN(teacher_scratch_[k], AllocateDevice<float>(local_batch_ * max_size));
     ZS_ASSIGN_OR_RETURN(delta_[k], AllocateDevice<float>(local_batch_ * max_size));
   }
-  ZS_ASSIGN_OR_RETURN(weight_grad_, AllocateDevice<float>(max_weight));
+  ZS_ASSIGN_OR_RETURN(row_grad_, AllocateDevice<float>(max_size));
   ZS_ASSIGN_OR_RETURN(bias_grad_, AllocateDevice<float>(max_size));
   ZS_ASSIGN_OR_RETURN(loss_partials_, AllocateDevice<double>(cuda_internal::kLossBlocks));
   ZS_ASSIGN_OR_RETURN(loss_sum_, AllocateDevice<double>(1));
@@ -174,6 +172,63 @@ absl::Status CudaTeacherStudentMlp::LoadMicroBatch(int64_t step) {
   return absl::OkStatus();
 }
 
+absl::Status CudaTeacherStudentMlp::WeightGradientRows(int64_t layer, const float* delta,
+                                                       int64_t first_row, int64_t rows,
+                                                       float* out) {
+  // Rows [first_row, first_row + rows) of G [out, in] (row-major) are columns of G^T [in, out]
+  // (column-major): G^T[:, rows] = x^T [in, batch] d[:, rows] (see the top of this file).
+  const int64_t in_size = options_.layer_sizes[layer];
+  const int64_t out_size = options_.layer_sizes[layer + 1];
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  ZS_CUBLAS_RETURN_IF_ERROR(
+      cublasSgemm(AsHandle(cublas_), CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(in_size),
+                  static_cast<int>(rows), static_cast<int>(local_batch_), &one, activations_[layer],
+                  static_cast<int>(in_size), delta + first_row, static_cast<int>(out_size), &zero,
+                  out, static_cast<int>(in_size)));
+  return absl::OkStatus();
+}
+
+absl::Status CudaTeacherStudentMlp::WeightGradient(int64_t layer, const float* delta,
+                                                   GradientSink& sink) {
+  const int64_t tensor = BiasTensor(layer) + 1;
+  const int64_t in_size = options_.layer_sizes[layer];
+  const int64_t elements = tensors_[tensor].num_elements;
+  // A row cut by a segment boundary is computed whole into row_grad_ and copied in parts; every
+  // other row is computed straight into the segment's buffer.
+  auto partial_row = [&](int64_t row, int64_t from, int64_t to, float* out) -> absl::Status {
+    ZS_RETURN_IF_ERROR(WeightGradientRows(layer, delta, row, 1, row_grad_));
+    ZS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, row_grad_ + (from - row * in_size),
+                                            (to - from) * sizeof(float), cudaMemcpyDeviceToDevice,
+                                            AsStream(stream_)));
+    return absl::OkStatus();
+  };
+  for (int64_t begin = 0; begin < elements;) {
+    const int64_t end = sink.GradSegmentEnd(tensor, begin);
+    ZS_ASSIGN_OR_RETURN(absl::Span<float> out, sink.GradBuffer(tensor, begin, end));
+    const int64_t first_full = (begin + in_size - 1) / in_size;  // first row starting in it
+    const int64_t end_full = end / in_size;                      // rows before it end in it
+    if (first_full > end_full) {
+      ZS_RETURN_IF_ERROR(partial_row(begin / in_size, begin, end, out.data()));
+    } else {
+      if (begin < first_full * in_size) {
+        ZS_RETURN_IF_ERROR(partial_row(first_full - 1, begin, first_full * in_size, out.data()));
+      }
+      if (end_full > first_full) {
+        ZS_RETURN_IF_ERROR(WeightGradientRows(layer, delta, first_full, end_full - first_full,
+                                              out.data() + (first_full * in_size - begin)));
+      }
+      if (end > end_full * in_size) {
+        ZS_RETURN_IF_ERROR(partial_row(end_full, end_full * in_size, end,
+                                       out.data() + (end_full * in_size - begin)));
+      }
+    }
+    ZS_RETURN_IF_ERROR(sink.GradWritten(tensor, begin, end));
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, ParameterSource& params,
                                                               GradientSink& sink) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: negative, ", step));
@@ -199,9 +254,11 @@ absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, Para
                                      /*relu=*/l + 1 < num_layers_, activations_[l + 1]));
   }
 
-  // MSE over the micro-batch and the outputs; dLoss/dOutput = 2 (output - target) / count.
+  // MSE over the micro-batch and the outputs; dLoss/dOutput = 2 (output - target) / count, times
+  // the loss scale (backward runs on the scaled loss gradient; exact for power-of-two scales).
   const int64_t count = local_batch_ * sizes.back();
-  const float gradient_scale = static_cast<float>(2.0 / static_cast<double>(count));
+  const float gradient_scale =
+      static_cast<float>(2.0 / static_cast<double>(count)) * static_cast<float>(sink.loss_scale());
   float* delta = delta_[0];
   ZS_RETURN_IF_ERROR(common::CudaStatus(
       cuda_internal::LaunchMseLossAndGradient(activations_[num_layers_], targets_, count,
@@ -209,27 +266,28 @@ absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, Para
                                               AsStream(stream_)),
       "MSE kernels"));
 
-  const float one = 1.0f;
-  const float zero = 0.0f;
   for (int64_t l = num_layers_ - 1; l >= 0; --l) {
     const int64_t in_size = sizes[l];
     const int64_t out_size = sizes[l + 1];
+    // The bias gradient is one layer's width: computed whole, then copied into its segments.
     ZS_RETURN_IF_ERROR(
         common::CudaStatus(cuda_internal::LaunchBiasGradient(delta, local_batch_, out_size,
                                                              bias_grad_, AsStream(stream_)),
                            "bias gradient kernel"));
-    ZS_RETURN_IF_ERROR(sink.GradReady(BiasTensor(l), absl::MakeConstSpan(bias_grad_, out_size)));
-
-    // G^T [in, out] = x^T [in, batch] d [batch, out] (see the top of this file).
-    ZS_CUBLAS_RETURN_IF_ERROR(
-        cublasSgemm(AsHandle(cublas_), CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(in_size),
-                    static_cast<int>(out_size), static_cast<int>(local_batch_), &one,
-                    activations_[l], static_cast<int>(in_size), delta, static_cast<int>(out_size),
-                    &zero, weight_grad_, static_cast<int>(in_size)));
-    ZS_RETURN_IF_ERROR(
-        sink.GradReady(BiasTensor(l) + 1, absl::MakeConstSpan(weight_grad_, out_size * in_size)));
+    for (int64_t begin = 0; begin < out_size;) {
+      const int64_t end = sink.GradSegmentEnd(BiasTensor(l), begin);
+      ZS_ASSIGN_OR_RETURN(absl::Span<float> out, sink.GradBuffer(BiasTensor(l), begin, end));
+      ZS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.data(), bias_grad_ + begin,
+                                              (end - begin) * sizeof(float),
+                                              cudaMemcpyDeviceToDevice, AsStream(stream_)));
+      ZS_RETURN_IF_ERROR(sink.GradWritten(BiasTensor(l), begin, end));
+      begin = end;
+    }
+    ZS_RETURN_IF_ERROR(WeightGradient(l, delta, sink));
 
     if (l == 0) break;
+    const float one = 1.0f;
+    const float zero = 0.0f;
     // p^T [in, batch] = W^T [in, out] d^T [out, batch], then ReLU's derivative.
     float* previous = delta_[(num_layers_ - l) % 2];
     ZS_CUBLAS_RETURN_IF_ERROR(

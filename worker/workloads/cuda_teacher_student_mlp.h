@@ -70,6 +70,12 @@ class CudaTeacherStudentMlp final : public Workload {
                              int64_t in_size, int64_t out_size, bool relu, float* out);
   // Copies this rank's inputs of `step` to the device and runs the teacher into targets_.
   absl::Status LoadMicroBatch(int64_t step);
+  // Rows [first_row, first_row + rows) of layer `layer`'s weight gradient into `out` (device,
+  // row-major, the layer's input size per row), from the layer's output gradient `delta`.
+  absl::Status WeightGradientRows(int64_t layer, const float* delta, int64_t first_row,
+                                  int64_t rows, float* out);
+  // Layer `layer`'s weight gradient into `sink`, segment by segment.
+  absl::Status WeightGradient(int64_t layer, const float* delta, GradientSink& sink);
 
   const TeacherStudentMlpOptions options_;
   const std::vector<sharding::TensorSpec> tensors_;
@@ -86,7 +92,7 @@ class CudaTeacherStudentMlp final : public Workload {
   float* targets_ = nullptr;         // [local_batch, sizes[n]]
   float* teacher_scratch_[2] = {};   // [local_batch, max size]
   float* delta_[2] = {};             // [local_batch, max size]
-  float* weight_grad_ = nullptr;     // the largest weight's element count
+  float* row_grad_ = nullptr;        // one weight row (the largest layer's size)
   float* bias_grad_ = nullptr;       // the largest layer's size
   double* loss_partials_ = nullptr;  // cuda_internal::kLossBlocks
   double* loss_sum_ = nullptr;       // 1

@@ -104,11 +104,9 @@ TeacherStudentMlp::TeacherStudentMlp(TeacherStudentMlpOptions options,
       local_batch_(options_.global_batch / options_.world_size) {
   const std::vector<int64_t>& sizes = options_.layer_sizes;
   const int64_t max_size = *std::max_element(sizes.begin(), sizes.end());
-  int64_t max_weight = 0;
   for (int64_t l = 0; l < num_layers_; ++l) {
     const int64_t in = sizes[l];
     const int64_t out = sizes[l + 1];
-    max_weight = std::max(max_weight, in * out);
     teacher_weights_.emplace_back(in * out);
     teacher_biases_.emplace_back(out);
     // The layer sizes are validated, so these cannot fail.
@@ -125,8 +123,7 @@ TeacherStudentMlp::TeacherStudentMlp(TeacherStudentMlpOptions options,
     teacher_scratch_[k].resize(local_batch_ * max_size);
     delta_[k].resize(local_batch_ * max_size);
   }
-  weight_grad_.resize(max_weight);
-  bias_grad_.resize(max_size);
+  row_grad_.resize(max_size);
   student_weights_.resize(num_layers_);
   student_biases_.resize(num_layers_);
 }
@@ -181,6 +178,55 @@ void TeacherStudentMlp::LoadMicroBatch(int64_t step) {
   }
 }
 
+void TeacherStudentMlp::WeightGradientRows(int64_t layer, const float* delta, int64_t first_row,
+                                           int64_t rows, float* out) const {
+  // out[o - first_row, i] = sum_j delta[j, o] * activation[j, i], o in [first_row, first_row +
+  // rows).
+  const int64_t in_size = options_.layer_sizes[layer];
+  const int64_t out_size = options_.layer_sizes[layer + 1];
+  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(rows),
+              static_cast<int>(in_size), static_cast<int>(local_batch_), 1.0f, delta + first_row,
+              static_cast<int>(out_size), activations_[layer].data(), static_cast<int>(in_size),
+              0.0f, out, static_cast<int>(in_size));
+}
+
+absl::Status TeacherStudentMlp::WeightGradient(int64_t layer, const float* delta,
+                                               GradientSink& sink) {
+  const int64_t tensor = BiasTensor(layer) + 1;
+  const int64_t in_size = options_.layer_sizes[layer];
+  const int64_t elements = tensors_[tensor].num_elements;
+  // A row cut by a segment boundary is computed whole into row_grad_ and copied in parts; every
+  // other row is computed straight into the segment's buffer.
+  auto partial_row = [&](int64_t row, int64_t from, int64_t to, float* out) {
+    WeightGradientRows(layer, delta, row, 1, row_grad_.data());
+    std::copy(row_grad_.data() + (from - row * in_size), row_grad_.data() + (to - row * in_size),
+              out);
+  };
+  for (int64_t begin = 0; begin < elements;) {
+    const int64_t end = sink.GradSegmentEnd(tensor, begin);
+    ZS_ASSIGN_OR_RETURN(absl::Span<float> out, sink.GradBuffer(tensor, begin, end));
+    const int64_t first_full = (begin + in_size - 1) / in_size;  // first row starting in it
+    const int64_t end_full = end / in_size;                      // rows before it end in it
+    if (first_full > end_full) {
+      partial_row(begin / in_size, begin, end, out.data());  // inside one row
+    } else {
+      if (begin < first_full * in_size) {
+        partial_row(first_full - 1, begin, first_full * in_size, out.data());
+      }
+      if (end_full > first_full) {
+        WeightGradientRows(layer, delta, first_full, end_full - first_full,
+                           out.data() + (first_full * in_size - begin));
+      }
+      if (end > end_full * in_size) {
+        partial_row(end_full, end_full * in_size, end, out.data() + (end_full * in_size - begin));
+      }
+    }
+    ZS_RETURN_IF_ERROR(sink.GradWritten(tensor, begin, end));
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> TeacherStudentMlp::ForwardBackward(int64_t step, ParameterSource& params,
                                                           GradientSink& sink) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: negative, ", step));
@@ -208,36 +254,37 @@ absl::StatusOr<double> TeacherStudentMlp::ForwardBackward(int64_t step, Paramete
     if (l + 1 < num_layers_) ReluInPlace(out, local_batch_ * sizes[l + 1]);
   }
 
-  // MSE over the micro-batch and the outputs; dLoss/dOutput = 2 (output - target) / count.
+  // MSE over the micro-batch and the outputs; dLoss/dOutput = 2 (output - target) / count,
+  // times the loss scale: backward runs on the scaled loss gradient (exact for the power-of-two
+  // scales the engine uses, and a no-op at scale 1).
   const int64_t count = local_batch_ * sizes.back();
   const float* outputs = activations_[num_layers_].data();
   const float gradient_scale = static_cast<float>(2.0 / static_cast<double>(count));
+  const float loss_scale = static_cast<float>(sink.loss_scale());
   float* delta = delta_[0].data();
   double squared_error = 0.0;
   for (int64_t k = 0; k < count; ++k) {
     const float diff = outputs[k] - targets_[k];
     squared_error += static_cast<double>(diff) * diff;
-    delta[k] = diff * gradient_scale;
+    delta[k] = diff * gradient_scale * loss_scale;
   }
 
   for (int64_t l = num_layers_ - 1; l >= 0; --l) {
     const int64_t in_size = sizes[l];
     const int64_t out_size = sizes[l + 1];
-    float* bias_grad = bias_grad_.data();
-    std::fill(bias_grad, bias_grad + out_size, 0.0f);
-    for (int64_t j = 0; j < local_batch_; ++j) {
-      const float* row = delta + j * out_size;
-      for (int64_t o = 0; o < out_size; ++o) bias_grad[o] += row[o];
+    const int64_t bias_tensor = BiasTensor(l);
+    for (int64_t begin = 0; begin < out_size;) {
+      const int64_t end = sink.GradSegmentEnd(bias_tensor, begin);
+      ZS_ASSIGN_OR_RETURN(absl::Span<float> bias_grad, sink.GradBuffer(bias_tensor, begin, end));
+      std::fill(bias_grad.begin(), bias_grad.end(), 0.0f);
+      for (int64_t j = 0; j < local_batch_; ++j) {
+        const float* row = delta + j * out_size;
+        for (int64_t o = begin; o < end; ++o) bias_grad[o - begin] += row[o];
+      }
+      ZS_RETURN_IF_ERROR(sink.GradWritten(bias_tensor, begin, end));
+      begin = end;
     }
-    ZS_RETURN_IF_ERROR(sink.GradReady(BiasTensor(l), absl::MakeConstSpan(bias_grad, out_size)));
-
-    // weight_grad[o, i] = sum_j delta[j, o] * activation[j, i].
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, static_cast<int>(out_size),
-                static_cast<int>(in_size), static_cast<int>(local_batch_), 1.0f, delta,
-                static_cast<int>(out_size), activations_[l].data(), static_cast<int>(in_size), 0.0f,
-                weight_grad_.data(), static_cast<int>(in_size));
-    ZS_RETURN_IF_ERROR(sink.GradReady(
-        BiasTensor(l) + 1, absl::MakeConstSpan(weight_grad_.data(), out_size * in_size)));
+    ZS_RETURN_IF_ERROR(WeightGradient(l, delta, sink));
 
     if (l == 0) break;
     // delta_prev[j, i] = (sum_o delta[j, o] * weight[o, i]) * relu'(activation[j, i]).

@@ -58,7 +58,7 @@ absl::Status ValidateTeacherStudentMlpOptions(const TeacherStudentMlpOptions& op
 // without overflow. Shared by the CPU and CUDA workloads.
 int64_t MlpSampleIndex(const TeacherStudentMlpOptions& options, int64_t step, int64_t j);
 
-// The student's initial values of catalog tensor `tensor` (layers.<l>.bias / .weight in
+// The student's initial values of catalog tensor `tensor` (<2l>.bias / .weight in
 // gradient-ready order). InvalidArgument naming `tensor` when it is not one of the model's.
 absl::Status FillStudentInitialParameters(const TeacherStudentMlpOptions& options, int64_t tensor,
                                           absl::Span<float> out);
@@ -68,7 +68,7 @@ absl::Status FillStudentInitialParameters(const TeacherStudentMlpOptions& option
 // function of (seed, sample), whatever W is; its target is teacher(input) in fp32.
 //
 // The student's parameters are the catalog's tensors, in its order (gradient-ready):
-// layers.<n-1>.bias, layers.<n-1>.weight, ..., layers.0.bias, layers.0.weight.
+// <2(n-1)>.bias, <2(n-1)>.weight, ..., 0.bias, 0.weight (torch nn.Sequential names).
 // The loss is the mean of the squared error over the micro-batch and the outputs (torch's
 // MSELoss), and the gradients handed to the sink are those of that mean.
 //
@@ -99,6 +99,12 @@ class TeacherStudentMlp final : public Workload {
   int64_t BiasTensor(int64_t layer) const;
   // Fills inputs_ and targets_ with this rank's micro-batch of `step`.
   void LoadMicroBatch(int64_t step);
+  // Rows [first_row, first_row + rows) of layer `layer`'s weight gradient into `out` (row-major,
+  // the layer's input size per row), from the layer's output gradient `delta`.
+  void WeightGradientRows(int64_t layer, const float* delta, int64_t first_row, int64_t rows,
+                          float* out) const;
+  // Layer `layer`'s weight gradient into `sink`, segment by segment.
+  absl::Status WeightGradient(int64_t layer, const float* delta, GradientSink& sink);
 
   const TeacherStudentMlpOptions options_;
   const std::vector<sharding::TensorSpec> tensors_;
@@ -113,8 +119,7 @@ class TeacherStudentMlp final : public Workload {
   std::vector<float> targets_;             // [local_batch, sizes[n]]
   std::vector<float> teacher_scratch_[2];  // [local_batch, max size]: teacher forward ping-pong
   std::vector<float> delta_[2];            // [local_batch, max size]: dLoss/d(pre-activation)
-  std::vector<float> weight_grad_;         // the largest weight's element count
-  std::vector<float> bias_grad_;           // the largest layer's size
+  std::vector<float> row_grad_;            // one weight row (the largest layer's input size)
   // The current step's student parameters by Linear layer (from the ParameterSource).
   std::vector<const float*> student_weights_;
   std::vector<const float*> student_biases_;

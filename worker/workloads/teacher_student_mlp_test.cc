@@ -35,17 +35,52 @@ class VectorParameterSource : public ParameterSource {
   Tensors tensors_;
 };
 
-// Records every gradient and the order it came in.
+// Records every gradient and the order it came in. Segments end at multiples of `segment`
+// elements (tensor-local), as bucket boundaries would cut them; checks the sink's contract.
 class RecordingSink : public GradientSink {
  public:
-  absl::Status GradReady(int64_t tensor, absl::Span<const float> gradient) override {
-    order.push_back(tensor);
+  explicit RecordingSink(const std::vector<sharding::TensorSpec>& tensors,
+                         int64_t segment = int64_t{1} << 40, double scale = 1.0)
+      : segment_(segment), scale_(scale) {
+    for (const sharding::TensorSpec& tensor : tensors) sizes_.push_back(tensor.num_elements);
+  }
+  double loss_scale() const override { return scale_; }
+  int64_t GradSegmentEnd(int64_t tensor, int64_t begin) const override {
+    const int64_t size = sizes_.at(tensor);
+    return std::min(size, (begin / segment_ + 1) * segment_);
+  }
+  absl::StatusOr<absl::Span<float>> GradBuffer(int64_t tensor, int64_t begin,
+                                               int64_t end) override {
+    EXPECT_EQ(open_, -1) << "a segment is still open";
+    EXPECT_EQ(end, GradSegmentEnd(tensor, begin));
+    if (order.empty() || order.back() != tensor) {
+      order.push_back(tensor);
+      EXPECT_EQ(begin, 0) << "tensor " << tensor << " starts mid-way";
+    } else {
+      EXPECT_EQ(begin, next_) << "tensor " << tensor << " skips or repeats elements";
+    }
     if (static_cast<int64_t>(gradients.size()) <= tensor) gradients.resize(tensor + 1);
-    gradients[tensor].assign(gradient.begin(), gradient.end());
+    gradients[tensor].resize(sizes_.at(tensor), std::nanf(""));
+    open_ = tensor;
+    ++segments;
+    return absl::MakeSpan(gradients[tensor]).subspan(begin, end - begin);
+  }
+  absl::Status GradWritten(int64_t tensor, int64_t begin, int64_t end) override {
+    EXPECT_EQ(open_, tensor);
+    open_ = -1;
+    next_ = end;
     return absl::OkStatus();
   }
   std::vector<int64_t> order;
   Tensors gradients;
+  int64_t segments = 0;
+
+ private:
+  const int64_t segment_;
+  const double scale_;
+  std::vector<int64_t> sizes_;
+  int64_t open_ = -1;
+  int64_t next_ = 0;
 };
 
 TeacherStudentMlpOptions Options(std::vector<int64_t> sizes, int64_t global_batch,
@@ -79,8 +114,9 @@ struct StepResult {
   Tensors gradients;
 };
 
-StepResult RunStep(TeacherStudentMlp& workload, ParameterSource& params, int64_t step) {
-  RecordingSink sink;
+StepResult RunStep(TeacherStudentMlp& workload, ParameterSource& params, int64_t step,
+                   int64_t segment = int64_t{1} << 40, double loss_scale = 1.0) {
+  RecordingSink sink(workload.tensors(), segment, loss_scale);
   absl::StatusOr<double> loss = workload.ForwardBackward(step, params, sink);
   EXPECT_TRUE(loss.ok()) << loss.status();
   return {loss.value_or(0.0), std::move(sink.gradients)};
@@ -201,7 +237,7 @@ TEST(TeacherStudentMlpTest, TensorsAreTheCatalogsAndInitialValuesFollowTheGenera
   EXPECT_EQ(workload->local_batch(), 32);
 
   const Tensors initial = InitialTensors(*workload);
-  // Catalog order: layers.1.bias, layers.1.weight, layers.0.bias, layers.0.weight.
+  // Catalog order: 2.bias, 2.weight, 0.bias, 0.weight.
   const std::vector<std::pair<int64_t, bool>> layer_and_bias = {
       {1, true}, {1, false}, {0, true}, {0, false}};
   for (size_t t = 0; t < initial.size(); ++t) {
@@ -230,7 +266,7 @@ TEST(TeacherStudentMlpTest, GradientsArriveInCatalogOrderWithTheirSizes) {
   std::unique_ptr<TeacherStudentMlp> workload = MakeWorkload(Options({3, 5, 4, 2}, 8, 2, 1));
   ASSERT_NE(workload, nullptr);
   VectorParameterSource params(InitialTensors(*workload));
-  RecordingSink sink;
+  RecordingSink sink(workload->tensors());
   ASSERT_TRUE(workload->ForwardBackward(0, params, sink).ok());
   EXPECT_EQ(sink.order, (std::vector<int64_t>{0, 1, 2, 3, 4, 5}));
   for (size_t t = 0; t < workload->tensors().size(); ++t) {
@@ -238,17 +274,67 @@ TEST(TeacherStudentMlpTest, GradientsArriveInCatalogOrderWithTheirSizes) {
   }
 }
 
+TEST(TeacherStudentMlpTest, SegmentedBackwardWritesTheSameGradients) {
+  // Segments of 7 and 64 elements cut rows of every weight (input sizes 3, 50, 33) at the start,
+  // in the middle and inside one row; the gradients match the whole-tensor ones (the rows cut by
+  // a boundary are computed one at a time, so BLAS may sum them in another order).
+  const std::vector<int64_t> sizes = {50, 33, 70, 3};
+  std::unique_ptr<TeacherStudentMlp> workload = MakeWorkload(Options(sizes, 16, 2, 1));
+  ASSERT_NE(workload, nullptr);
+  VectorParameterSource params(InitialTensors(*workload));
+  const StepResult whole = RunStep(*workload, params, 3);
+  for (const int64_t segment : {int64_t{7}, int64_t{64}}) {
+    RecordingSink sink(workload->tensors(), segment);
+    const absl::StatusOr<double> loss = workload->ForwardBackward(3, params, sink);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_EQ(*loss, whole.loss);
+    int64_t expected_segments = 0;
+    for (const sharding::TensorSpec& tensor : workload->tensors()) {
+      expected_segments += (tensor.num_elements + segment - 1) / segment;
+    }
+    EXPECT_EQ(sink.segments, expected_segments);
+    for (size_t t = 0; t < whole.gradients.size(); ++t) {
+      ASSERT_EQ(sink.gradients[t].size(), whole.gradients[t].size());
+      for (size_t i = 0; i < whole.gradients[t].size(); ++i) {
+        EXPECT_NEAR(sink.gradients[t][i], whole.gradients[t][i],
+                    1e-6f * std::max(1.0f, std::abs(whole.gradients[t][i])))
+            << "segment " << segment << " tensor " << t << " element " << i;
+      }
+    }
+  }
+}
+
+TEST(TeacherStudentMlpTest, BackwardStartsFromTheScaledLossGradient) {
+  // A power-of-two loss scale multiplies every gradient exactly; the loss stays unscaled.
+  std::unique_ptr<TeacherStudentMlp> workload = MakeWorkload(Options({10, 64, 10}, 8, 1, 0));
+  ASSERT_NE(workload, nullptr);
+  VectorParameterSource params(InitialTensors(*workload));
+  const StepResult plain = RunStep(*workload, params, 1);
+  const StepResult scaled = RunStep(*workload, params, 1, int64_t{1} << 40, 1024.0);
+  EXPECT_EQ(scaled.loss, plain.loss);
+  for (size_t t = 0; t < plain.gradients.size(); ++t) {
+    for (size_t i = 0; i < plain.gradients[t].size(); ++i) {
+      ASSERT_EQ(scaled.gradients[t][i], plain.gradients[t][i] * 1024.0f) << t << " " << i;
+    }
+  }
+}
+
 TEST(TeacherStudentMlpTest, ForwardBackwardReportsBadParametersStepsAndSinkErrors) {
   std::unique_ptr<TeacherStudentMlp> workload = MakeWorkload(Options({3, 5, 2}, 4, 1, 0));
   ASSERT_NE(workload, nullptr);
   VectorParameterSource params(InitialTensors(*workload));
-  RecordingSink sink;
+  RecordingSink sink(workload->tensors());
   EXPECT_EQ(workload->ForwardBackward(-1, params, sink).status().code(),
             absl::StatusCode::kInvalidArgument);
 
   class FailingSink : public GradientSink {
    public:
-    absl::Status GradReady(int64_t, absl::Span<const float>) override {
+    double loss_scale() const override { return 1.0; }
+    int64_t GradSegmentEnd(int64_t, int64_t begin) const override { return begin + 1; }
+    absl::StatusOr<absl::Span<float>> GradBuffer(int64_t, int64_t, int64_t) override {
+      return absl::CancelledError("engine aborted");
+    }
+    absl::Status GradWritten(int64_t, int64_t, int64_t) override {
       return absl::CancelledError("engine aborted");
     }
   } failing;
@@ -258,7 +344,7 @@ TEST(TeacherStudentMlpTest, ForwardBackwardReportsBadParametersStepsAndSinkError
   params.tensors()[1].pop_back();
   const absl::Status status = workload->ForwardBackward(0, params, sink).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(status.message()), HasSubstr("layers.1.weight"));
+  EXPECT_THAT(std::string(status.message()), HasSubstr("2.weight"));
 }
 
 TEST(TeacherStudentMlpTest, LossAndGradientsMatchADoubleReferenceAndFiniteDifferences) {

@@ -1,14 +1,14 @@
 // The seam between a model (a workload) and the ZeRO engine: the workload reads the current
-// parameters, runs forward and backward on its rank's micro-batch, and hands each tensor's
-// gradient to a GradientSink as soon as backward produces it (gradient-ready order).
+// parameters, runs forward and backward on its rank's micro-batch, and writes each tensor's
+// gradient into the GradientSink's buffers as soon as backward produces it (gradient-ready
+// order).
 //
 // Memory: every span crossing this seam is memory of the engine's device. On a CPU engine that is
 // host memory. On a CUDA engine (worker/engine/cuda_device_ops.h) the spans hold *device*
 // pointers on the engine's device: never dereference them on the host. Their contents are ordered
 // on the engine's compute stream: the workload enqueues its own work on that same stream, so
-// parameters read by its kernels are the current ones, and a gradient handed to GradReady is read
-// by work GradReady enqueues before anything the workload enqueues after the call (which may then
-// overwrite the gradient's buffer).
+// parameters read by its kernels are the current ones, and a gradient segment handed back with
+// GradWritten is read by work GradWritten enqueues after the workload's kernels that wrote it.
 #ifndef ZEROSHARD_WORKER_WORKLOADS_WORKLOAD_H_
 #define ZEROSHARD_WORKER_WORKLOADS_WORKLOAD_H_
 
@@ -29,14 +29,38 @@ class ParameterSource {
   virtual absl::Span<const float> Parameters(int64_t tensor) = 0;
 };
 
-// Receives gradients. `gradient` has the tensor's element count and is the gradient of the
-// rank's *mean* loss over its micro-batch, in the engine's device memory (see above); it is only
-// read during the call (on a CUDA device: by work queued on the compute stream during the call).
+// Receives gradients, written by backward straight into the engine's buffers. A tensor's
+// gradient is handed over in segments: for each segment [begin, end) of its flat (row-major)
+// elements, with end = GradSegmentEnd(tensor, begin), the workload asks for the segment's
+// buffer, writes every element of it, and hands it back:
+//   absl::Span<float> out = GradBuffer(tensor, begin, end);   // write out[0, end - begin)
+//   GradWritten(tensor, begin, end);
+// A segment never crosses a bucket boundary, so backward can compute a large weight gradient in
+// row blocks that follow the buckets, never holding the whole tensor's gradient. The values are
+// the gradient of the rank's *mean* loss multiplied by loss_scale() (backward starts from the
+// scaled loss gradient), as fp32, in the engine's device memory (see above). Tensors arrive in
+// tensor-list order and the segments of a tensor in order; one segment is open at a time.
 class GradientSink {
  public:
   virtual ~GradientSink() = default;
-  virtual absl::Status GradReady(int64_t tensor, absl::Span<const float> gradient) = 0;
+  // The factor the loss gradient is multiplied by at the start of backward (mixed-precision
+  // loss scaling); 1 without loss scaling.
+  virtual double loss_scale() const = 0;
+  // The end (tensor-local, exclusive) of the segment of `tensor` that starts at `begin`.
+  virtual int64_t GradSegmentEnd(int64_t tensor, int64_t begin) const = 0;
+  // Where to write elements [begin, end) of `tensor`'s gradient (a whole segment). Valid until
+  // GradWritten. InvalidArgument for a bad range; FailedPrecondition out of order.
+  virtual absl::StatusOr<absl::Span<float>> GradBuffer(int64_t tensor, int64_t begin,
+                                                       int64_t end) = 0;
+  // The segment GradBuffer returned is written; the engine may start reducing its bucket.
+  virtual absl::Status GradWritten(int64_t tensor, int64_t begin, int64_t end) = 0;
 };
+
+// Hands a whole tensor's gradient `gradient` (already multiplied by sink.loss_scale()) to `sink`
+// segment by segment: a copy per segment. For tests and small tensors; a workload that computes
+// large gradients writes them into the segments directly. Host memory only.
+absl::Status CopyGradientToSink(GradientSink& sink, int64_t tensor,
+                                absl::Span<const float> gradient);
 
 // A model that produces gradients on one rank. Not thread-safe: one step at a time.
 class Workload {
@@ -48,9 +72,9 @@ class Workload {
   virtual absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const = 0;
 
   // Forward and backward of step `step` (0-based) on this rank's micro-batch: samples
-  // [rank * local_batch, (rank + 1) * local_batch) of the step's global batch. Calls
-  // sink->GradReady once per tensor, in tensor-list order (the reverse of forward order).
-  // Returns the mean loss over the micro-batch.
+  // [rank * local_batch, (rank + 1) * local_batch) of the step's global batch. Writes every
+  // tensor's gradient into `sink` (see GradientSink), in tensor-list order (the reverse of
+  // forward order). Returns the mean loss over the micro-batch (unscaled).
   virtual absl::StatusOr<double> ForwardBackward(int64_t step, ParameterSource& params,
                                                  GradientSink& sink) = 0;
 };

@@ -113,8 +113,11 @@ absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step, Param
       step, rank_ * local_batch, (rank_ + 1) * local_batch,
       [&](int64_t t) { return params.Parameters(t); }, &gradients_);
   if (step == infinity_step_) gradients_[0][0] = std::numeric_limits<float>::infinity();
+  // Backward of the scaled loss: the gradients times the loss scale, in float.
+  const float scale = static_cast<float>(sink.loss_scale());
   for (size_t t = 0; t < tensors_.size(); ++t) {
-    ZS_RETURN_IF_ERROR(sink.GradReady(static_cast<int64_t>(t), gradients_[t]));
+    for (float& value : gradients_[t]) value *= scale;
+    ZS_RETURN_IF_ERROR(CopyGradientToSink(sink, static_cast<int64_t>(t), gradients_[t]));
   }
   return loss;
 }

@@ -55,14 +55,21 @@ class VectorParameterSource : public ParameterSource {
   Tensors tensors_;
 };
 
-// Keeps the last gradient of every tensor.
+// Keeps the last gradient of every tensor, taken whole (one segment per tensor).
 class RecordingSink : public GradientSink {
  public:
-  absl::Status GradReady(int64_t tensor, absl::Span<const float> gradient) override {
-    if (static_cast<int64_t>(gradients.size()) <= tensor) gradients.resize(tensor + 1);
-    gradients[tensor].assign(gradient.begin(), gradient.end());
-    return absl::OkStatus();
+  explicit RecordingSink(const std::vector<sharding::TensorSpec>& tensors) {
+    for (const sharding::TensorSpec& tensor : tensors) gradients.emplace_back(tensor.num_elements);
   }
+  double loss_scale() const override { return 1.0; }
+  int64_t GradSegmentEnd(int64_t tensor, int64_t) const override {
+    return static_cast<int64_t>(gradients[tensor].size());
+  }
+  absl::StatusOr<absl::Span<float>> GradBuffer(int64_t tensor, int64_t begin,
+                                               int64_t end) override {
+    return absl::MakeSpan(gradients[tensor]).subspan(begin, end - begin);
+  }
+  absl::Status GradWritten(int64_t, int64_t, int64_t) override { return absl::OkStatus(); }
   Tensors gradients;
 };
 
@@ -139,7 +146,7 @@ TEST(LeastSquaresWorkloadTest, RanksSplitTheGlobalBatch) {
     LeastSquaresWorkload workload(tensors, kGlobalBatch, rank, kWorldSize, kSeed);
     EXPECT_EQ(InitialParameters(workload, tensors), initial) << "rank " << rank;
     VectorParameterSource params(initial);
-    RecordingSink sink;
+    RecordingSink sink(tensors);
     auto loss = workload.ForwardBackward(kStep, params, sink);
     ASSERT_TRUE(loss.ok()) << loss.status();
     loss_sum += *loss;
@@ -201,7 +208,7 @@ TEST(LeastSquaresWorkloadTest, InjectedInfinityLandsOnlyAtItsStep) {
   workload.InjectInfinityAtStep(1);
   VectorParameterSource params(InitialParameters(workload, tensors));
   for (int64_t step = 0; step < 3; ++step) {
-    RecordingSink sink;
+    RecordingSink sink(tensors);
     ASSERT_TRUE(workload.ForwardBackward(step, params, sink).ok());
     EXPECT_EQ(std::isinf(sink.gradients[0][0]), step == 1) << "step " << step;
     EXPECT_TRUE(std::isfinite(sink.gradients[0][1])) << "step " << step;
