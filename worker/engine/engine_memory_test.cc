@@ -58,10 +58,9 @@ class PlaceholderCommunicator : public comm::Communicator {
   const int world_size_;
 };
 
-// About 1.05M parameters in tensors of uneven sizes, in buckets of 64Ki elements.
-sharding::ShardPlan MemoryPlan(int64_t world_size) {
+// One-dimensional tensors of `sizes`, in buckets of 64Ki elements.
+sharding::ShardPlan PlanOfSizes(const std::vector<int64_t>& sizes, int64_t world_size) {
   std::vector<sharding::TensorSpec> tensors;
-  const int64_t sizes[] = {262144, 1000, 131071, 300000, 7, 65536, 200003, 90000};
   for (int64_t size : sizes) {
     sharding::TensorSpec spec;
     spec.name = absl::StrCat("t", tensors.size());
@@ -74,6 +73,11 @@ sharding::ShardPlan MemoryPlan(int64_t world_size) {
   auto plan = sharding::ShardPlan::Create(tensors, world_size, options);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *std::move(plan);
+}
+
+// About 1.05M parameters in tensors of uneven sizes.
+sharding::ShardPlan MemoryPlan(int64_t world_size) {
+  return PlanOfSizes({262144, 1000, 131071, 300000, 7, 65536, 200003, 90000}, world_size);
 }
 
 EngineConfig AdamBf16Config(EngineMode mode) {
@@ -196,23 +200,12 @@ TEST_P(EngineMemoryTest, Fp32ParametersKeepNoMasterCopy) {
 // largest tensor (here 16x the bucket size).
 TEST_P(EngineMemoryTest, TheBucketPoolDoesNotGrowWithTheLargestTensor) {
   const int world_size = GetParam();
-  std::vector<sharding::TensorSpec> tensors;
-  for (int64_t size : {int64_t{1000}, int64_t{16} * 65536, int64_t{5}}) {
-    sharding::TensorSpec spec;
-    spec.name = absl::StrCat("t", tensors.size());
-    spec.shape = {size};
-    spec.num_elements = size;
-    tensors.push_back(spec);
-  }
-  sharding::ShardPlanOptions options;
-  options.bucket_elems = 65536;
-  auto plan = sharding::ShardPlan::Create(tensors, world_size, options);
-  ASSERT_TRUE(plan.ok()) << plan.status();
+  const sharding::ShardPlan plan = PlanOfSizes({1000, 16 * 65536, 5}, world_size);
   EngineConfig config;
   config.mode = EngineMode::kZero2;
   config.optimizer.kind = kernels::OptimizerKind::kAdam;
   PlaceholderCommunicator communicator(0, world_size);
-  auto engine = Engine::Create(*plan, 0, config, &communicator);
+  auto engine = Engine::Create(plan, 0, config, &communicator);
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ((*engine)->Memory().of(MemoryCategory::kBuckets), 2 * 65536 * 4);
 }

@@ -23,6 +23,7 @@
 #include "common/status_macros.h"
 #include "sharding/model_catalog.h"
 #include "worker/workloads/cuda_mlp_kernels.h"
+#include "worker/workloads/row_blocks.h"
 
 namespace zeroshard::workloads {
 namespace {
@@ -194,35 +195,23 @@ absl::Status CudaTeacherStudentMlp::WeightGradient(int64_t layer, const float* d
   const int64_t tensor = BiasTensor(layer) + 1;
   const int64_t in_size = options_.layer_sizes[layer];
   const int64_t elements = tensors_[tensor].num_elements;
-  // A row cut by a segment boundary is computed whole into row_grad_ and copied in parts; every
-  // other row is computed straight into the segment's buffer.
-  auto partial_row = [&](int64_t row, int64_t from, int64_t to, float* out) -> absl::Status {
-    ZS_RETURN_IF_ERROR(WeightGradientRows(layer, delta, row, 1, row_grad_));
-    ZS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, row_grad_ + (from - row * in_size),
-                                            (to - from) * sizeof(float), cudaMemcpyDeviceToDevice,
-                                            AsStream(stream_)));
-    return absl::OkStatus();
-  };
   for (int64_t begin = 0; begin < elements;) {
     const int64_t end = sink.GradSegmentEnd(tensor, begin);
     ZS_ASSIGN_OR_RETURN(absl::Span<float> out, sink.GradBuffer(tensor, begin, end));
-    const int64_t first_full = (begin + in_size - 1) / in_size;  // first row starting in it
-    const int64_t end_full = end / in_size;                      // rows before it end in it
-    if (first_full > end_full) {
-      ZS_RETURN_IF_ERROR(partial_row(begin / in_size, begin, end, out.data()));
-    } else {
-      if (begin < first_full * in_size) {
-        ZS_RETURN_IF_ERROR(partial_row(first_full - 1, begin, first_full * in_size, out.data()));
-      }
-      if (end_full > first_full) {
-        ZS_RETURN_IF_ERROR(WeightGradientRows(layer, delta, first_full, end_full - first_full,
-                                              out.data() + (first_full * in_size - begin)));
-      }
-      if (end > end_full * in_size) {
-        ZS_RETURN_IF_ERROR(partial_row(end_full, end_full * in_size, end,
-                                       out.data() + (end_full * in_size - begin)));
-      }
-    }
+    // A row cut by a segment boundary is computed whole into row_grad_ and copied in parts (on
+    // the device); every other row is computed straight into the segment's buffer.
+    ZS_RETURN_IF_ERROR(ForEachRowBlock(
+        begin, end, in_size,
+        [&](int64_t row, int64_t from, int64_t to, int64_t offset) -> absl::Status {
+          ZS_RETURN_IF_ERROR(WeightGradientRows(layer, delta, row, 1, row_grad_));
+          ZS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+              out.data() + offset, row_grad_ + (from - row * in_size), (to - from) * sizeof(float),
+              cudaMemcpyDeviceToDevice, AsStream(stream_)));
+          return absl::OkStatus();
+        },
+        [&](int64_t first_row, int64_t rows, int64_t offset) {
+          return WeightGradientRows(layer, delta, first_row, rows, out.data() + offset);
+        }));
     ZS_RETURN_IF_ERROR(sink.GradWritten(tensor, begin, end));
     begin = end;
   }

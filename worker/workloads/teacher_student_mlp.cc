@@ -11,6 +11,7 @@
 #include "common/status_macros.h"
 #include "sharding/model_catalog.h"
 #include "worker/workloads/counter_rng.h"
+#include "worker/workloads/row_blocks.h"
 
 namespace zeroshard::workloads {
 namespace {
@@ -195,32 +196,23 @@ absl::Status TeacherStudentMlp::WeightGradient(int64_t layer, const float* delta
   const int64_t tensor = BiasTensor(layer) + 1;
   const int64_t in_size = options_.layer_sizes[layer];
   const int64_t elements = tensors_[tensor].num_elements;
-  // A row cut by a segment boundary is computed whole into row_grad_ and copied in parts; every
-  // other row is computed straight into the segment's buffer.
-  auto partial_row = [&](int64_t row, int64_t from, int64_t to, float* out) {
-    WeightGradientRows(layer, delta, row, 1, row_grad_.data());
-    std::copy(row_grad_.data() + (from - row * in_size), row_grad_.data() + (to - row * in_size),
-              out);
-  };
   for (int64_t begin = 0; begin < elements;) {
     const int64_t end = sink.GradSegmentEnd(tensor, begin);
     ZS_ASSIGN_OR_RETURN(absl::Span<float> out, sink.GradBuffer(tensor, begin, end));
-    const int64_t first_full = (begin + in_size - 1) / in_size;  // first row starting in it
-    const int64_t end_full = end / in_size;                      // rows before it end in it
-    if (first_full > end_full) {
-      partial_row(begin / in_size, begin, end, out.data());  // inside one row
-    } else {
-      if (begin < first_full * in_size) {
-        partial_row(first_full - 1, begin, first_full * in_size, out.data());
-      }
-      if (end_full > first_full) {
-        WeightGradientRows(layer, delta, first_full, end_full - first_full,
-                           out.data() + (first_full * in_size - begin));
-      }
-      if (end > end_full * in_size) {
-        partial_row(end_full, end_full * in_size, end, out.data() + (end_full * in_size - begin));
-      }
-    }
+    // A row cut by a segment boundary is computed whole into row_grad_ and copied in parts;
+    // every other row is computed straight into the segment's buffer.
+    ZS_RETURN_IF_ERROR(ForEachRowBlock(
+        begin, end, in_size,
+        [&](int64_t row, int64_t from, int64_t to, int64_t offset) {
+          WeightGradientRows(layer, delta, row, 1, row_grad_.data());
+          std::copy(row_grad_.data() + (from - row * in_size),
+                    row_grad_.data() + (to - row * in_size), out.data() + offset);
+          return absl::OkStatus();
+        },
+        [&](int64_t first_row, int64_t rows, int64_t offset) {
+          WeightGradientRows(layer, delta, first_row, rows, out.data() + offset);
+          return absl::OkStatus();
+        }));
     ZS_RETURN_IF_ERROR(sink.GradWritten(tensor, begin, end));
     begin = end;
   }
