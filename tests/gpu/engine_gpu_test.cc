@@ -362,6 +362,14 @@ int Main() {
     CheckEngineSteps(absl::StrCat(engine::EngineModeName(mode), " bf16 adamw"), config, 1e-6,
                      /*weight_decay=*/0.01);
   }
+  // zero2 with one bucket buffer: the seed model's two buckets take turns in it, so the second
+  // bucket's segments are written only after the device was ordered after the first's reduction.
+  EngineConfig reused;
+  reused.mode = EngineMode::kZero2;
+  reused.optimizer.kind = kernels::OptimizerKind::kAdamW;
+  reused.bucket_pool_size = 1;
+  CheckEngineSteps("zero2 fp32 adamw, one bucket buffer reused", reused, 1e-6,
+                   /*weight_decay=*/0.01);
   EngineConfig clipped;
   clipped.mode = EngineMode::kZero2;
   clipped.optimizer.kind = kernels::OptimizerKind::kSgd;
