@@ -20,6 +20,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/comm/in_memory_store.h"
 #include "worker/comm/nccl_communicator.h"
+#include "worker/comm/testing/identity_communicator.h"
 #include "worker/engine/cuda_device_ops.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/cuda_teacher_student_mlp.h"
@@ -48,41 +49,7 @@ bool Check(const absl::Status& status, const std::string& what) {
 }
 
 // A world of one rank: every collective leaves its buffer as it is, which is exact for W = 1.
-class SingleRankCommunicator final : public comm::Communicator {
- public:
-  int rank() const override { return 0; }
-  int world_size() const override { return 1; }
-  std::unique_ptr<comm::Work> ReduceScatter(const void*, void*, size_t, comm::ElementType,
-                                            comm::ReduceOp,
-                                            const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::UnimplementedError("not used by the engine"));
-  }
-  std::unique_ptr<comm::Work> ReduceScatterInPlace(void*, size_t, comm::ElementType, comm::ReduceOp,
-                                                   const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::OkStatus());
-  }
-  std::unique_ptr<comm::Work> AllGather(const void*, void*, size_t, comm::ElementType,
-                                        const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::UnimplementedError("not used by the engine"));
-  }
-  std::unique_ptr<comm::Work> AllGatherInPlace(void*, size_t, comm::ElementType,
-                                               const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::OkStatus());
-  }
-  std::unique_ptr<comm::Work> AllReduce(void*, size_t, comm::ElementType, comm::ReduceOp,
-                                        const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::OkStatus());
-  }
-  std::unique_ptr<comm::Work> Broadcast(void*, size_t, comm::ElementType, int,
-                                        const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::OkStatus());
-  }
-  std::unique_ptr<comm::Work> Barrier(const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::OkStatus());
-  }
-  void Abort() override {}
-  comm::CommunicatorStats stats() const override { return {}; }
-};
+using SingleRankCommunicator = comm::testing::IdentityCommunicator;
 
 // Host parameters for the CPU MLP, and the same values in device memory for the CUDA one.
 class HostParameters final : public workloads::ParameterSource {

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "worker/comm/communicator.h"
+#include "worker/comm/testing/identity_communicator.h"
 #include "worker/engine/engine.h"
 
 namespace zeroshard::engine {
@@ -15,48 +15,8 @@ namespace {
 
 using kernels::DType;
 
-// A communicator that only knows its place in the group: the memory checks run no collective.
-class PlaceholderCommunicator : public comm::Communicator {
- public:
-  PlaceholderCommunicator(int rank, int world_size) : rank_(rank), world_size_(world_size) {}
-  int rank() const override { return rank_; }
-  int world_size() const override { return world_size_; }
-  std::unique_ptr<comm::Work> ReduceScatter(const void*, void*, size_t, comm::ElementType,
-                                            comm::ReduceOp,
-                                            const comm::CollectiveOptions&) override {
-    return Unused();
-  }
-  std::unique_ptr<comm::Work> ReduceScatterInPlace(void*, size_t, comm::ElementType, comm::ReduceOp,
-                                                   const comm::CollectiveOptions&) override {
-    return Unused();
-  }
-  std::unique_ptr<comm::Work> AllGather(const void*, void*, size_t, comm::ElementType,
-                                        const comm::CollectiveOptions&) override {
-    return Unused();
-  }
-  std::unique_ptr<comm::Work> AllGatherInPlace(void*, size_t, comm::ElementType,
-                                               const comm::CollectiveOptions&) override {
-    return Unused();
-  }
-  std::unique_ptr<comm::Work> AllReduce(void*, size_t, comm::ElementType, comm::ReduceOp,
-                                        const comm::CollectiveOptions&) override {
-    return Unused();
-  }
-  std::unique_ptr<comm::Work> Broadcast(void*, size_t, comm::ElementType, int,
-                                        const comm::CollectiveOptions&) override {
-    return Unused();
-  }
-  std::unique_ptr<comm::Work> Barrier(const comm::CollectiveOptions&) override { return Unused(); }
-  void Abort() override {}
-  comm::CommunicatorStats stats() const override { return {}; }
-
- private:
-  static std::unique_ptr<comm::Work> Unused() {
-    return comm::MakeFinishedWork(absl::UnimplementedError("no collectives in memory tests"));
-  }
-  const int rank_;
-  const int world_size_;
-};
+// The memory checks run no collective: a communicator that only knows its place in the group.
+using PlaceholderCommunicator = comm::testing::IdentityCommunicator;
 
 // One-dimensional tensors of `sizes`, in buckets of 64Ki elements.
 sharding::ShardPlan PlanOfSizes(const std::vector<int64_t>& sizes, int64_t world_size) {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/testing/identity_communicator.h"
 #include "worker/engine/engine.h"
 
 namespace zeroshard::engine {
@@ -52,48 +53,19 @@ class RecordedReduction : public comm::Work {
 // One rank whose bucket reductions are RecordedReductions (numbered in launch order); the other
 // collectives finish at once. `device_waits` and `outcomes` give reduction i's results (OK
 // beyond their ends).
-class RecordingCommunicator : public comm::Communicator {
+class RecordingCommunicator : public comm::testing::IdentityCommunicator {
  public:
   RecordingCommunicator(std::vector<absl::Status> device_waits, std::vector<absl::Status> outcomes)
       : device_waits_(std::move(device_waits)), outcomes_(std::move(outcomes)) {}
 
   const WaitLog& log() const { return log_; }
 
-  int rank() const override { return 0; }
-  int world_size() const override { return 1; }
-  std::unique_ptr<comm::Work> ReduceScatter(const void*, void*, size_t, comm::ElementType,
-                                            comm::ReduceOp,
-                                            const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::UnimplementedError("not used by the engine"));
-  }
   std::unique_ptr<comm::Work> ReduceScatterInPlace(void*, size_t, comm::ElementType, comm::ReduceOp,
                                                    const comm::CollectiveOptions&) override {
     const int id = reductions_++;
     return std::make_unique<RecordedReduction>(id, &log_, StatusOf(device_waits_, id),
                                                StatusOf(outcomes_, id));
   }
-  std::unique_ptr<comm::Work> AllGather(const void*, void*, size_t, comm::ElementType,
-                                        const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::UnimplementedError("not used by the engine"));
-  }
-  std::unique_ptr<comm::Work> AllGatherInPlace(void*, size_t, comm::ElementType,
-                                               const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::OkStatus());
-  }
-  // The statistics' all-reduce (zero2 reduces buckets with ReduceScatterInPlace).
-  std::unique_ptr<comm::Work> AllReduce(void*, size_t, comm::ElementType, comm::ReduceOp,
-                                        const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::OkStatus());
-  }
-  std::unique_ptr<comm::Work> Broadcast(void*, size_t, comm::ElementType, int,
-                                        const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::OkStatus());
-  }
-  std::unique_ptr<comm::Work> Barrier(const comm::CollectiveOptions&) override {
-    return comm::MakeFinishedWork(absl::OkStatus());
-  }
-  void Abort() override {}
-  comm::CommunicatorStats stats() const override { return {}; }
 
  private:
   static absl::Status StatusOf(const std::vector<absl::Status>& statuses, int id) {

@@ -30,14 +30,14 @@ std::vector<std::string> Calls(int64_t begin, int64_t end, int64_t row_length) {
 
 TEST(RowBlocksTest, SplitsASegmentIntoCutAndWholeRows) {
   using V = std::vector<std::string>;
-  EXPECT_EQ(Calls(0, 30, 10), (V{"w0+3@0"}));                      // row edges on both sides
-  EXPECT_EQ(Calls(5, 30, 10), (V{"c0:5-10@0", "w1+2@5"}));         // starts inside a row
-  EXPECT_EQ(Calls(0, 27, 10), (V{"w0+2@0", "c2:20-27@20"}));       // ends inside a row
+  EXPECT_EQ(Calls(0, 30, 10), (V{"w0+3@0"}));                 // row edges on both sides
+  EXPECT_EQ(Calls(5, 30, 10), (V{"c0:5-10@0", "w1+2@5"}));    // starts inside a row
+  EXPECT_EQ(Calls(0, 27, 10), (V{"w0+2@0", "c2:20-27@20"}));  // ends inside a row
   EXPECT_EQ(Calls(5, 27, 10), (V{"c0:5-10@0", "w1+1@5", "c2:20-27@15"}));
-  EXPECT_EQ(Calls(13, 17, 10), (V{"c1:13-17@0"}));                 // inside one row
-  EXPECT_EQ(Calls(13, 20, 10), (V{"c1:13-20@0"}));                 // ends on the row's end
-  EXPECT_EQ(Calls(5, 15, 10), (V{"c0:5-10@0", "c1:10-15@5"}));     // two cut rows, none whole
-  EXPECT_EQ(Calls(3, 4, 1), (V{"w3+1@0"}));                        // rows of one element
+  EXPECT_EQ(Calls(13, 17, 10), (V{"c1:13-17@0"}));              // inside one row
+  EXPECT_EQ(Calls(13, 20, 10), (V{"c1:13-20@0"}));              // ends on the row's end
+  EXPECT_EQ(Calls(5, 15, 10), (V{"c0:5-10@0", "c1:10-15@5"}));  // two cut rows, none whole
+  EXPECT_EQ(Calls(3, 4, 1), (V{"w3+1@0"}));                     // rows of one element
 }
 
 TEST(RowBlocksTest, StopsAtTheFirstError) {
