@@ -127,17 +127,12 @@ class RecordingSink final : public workloads::GradientSink {
 // Hands `gradient` (device memory) to a CUDA engine segment by segment, copying on the device.
 absl::Status CopyDeviceGradientToSink(CudaDeviceOps& device, workloads::GradientSink& sink,
                                       int64_t tensor, absl::Span<const float> gradient) {
-  const int64_t size = static_cast<int64_t>(gradient.size());
-  for (int64_t begin = 0; begin < size;) {
-    const int64_t end = sink.GradSegmentEnd(tensor, begin);
-    absl::StatusOr<absl::Span<float>> out = sink.GradBuffer(tensor, begin, end);
-    if (!out.ok()) return out.status();
-    ZS_RETURN_IF_ERROR(device.ConvertElements(gradient.data() + begin, DType::kFloat32, out->data(),
-                                              DType::kFloat32, end - begin));
-    ZS_RETURN_IF_ERROR(sink.GradWritten(tensor, begin, end));
-    begin = end;
-  }
-  return absl::OkStatus();
+  return workloads::ForEachGradSegment(sink, tensor, static_cast<int64_t>(gradient.size()),
+                                       [&](int64_t begin, int64_t end, absl::Span<float> out) {
+                                         return device.ConvertElements(
+                                             gradient.data() + begin, DType::kFloat32, out.data(),
+                                             DType::kFloat32, end - begin);
+                                       });
 }
 
 // Largest |gpu - cpu| relative to the tensor's largest |cpu| (at least 1e-6), and how many

@@ -195,27 +195,23 @@ absl::Status CudaTeacherStudentMlp::WeightGradient(int64_t layer, const float* d
   const int64_t tensor = BiasTensor(layer) + 1;
   const int64_t in_size = options_.layer_sizes[layer];
   const int64_t elements = tensors_[tensor].num_elements;
-  for (int64_t begin = 0; begin < elements;) {
-    const int64_t end = sink.GradSegmentEnd(tensor, begin);
-    ZS_ASSIGN_OR_RETURN(absl::Span<float> out, sink.GradBuffer(tensor, begin, end));
-    // A row cut by a segment boundary is computed whole into row_grad_ and copied in parts (on
-    // the device); every other row is computed straight into the segment's buffer.
-    ZS_RETURN_IF_ERROR(ForEachRowBlock(
-        begin, end, in_size,
-        [&](int64_t row, int64_t from, int64_t to, int64_t offset) -> absl::Status {
-          ZS_RETURN_IF_ERROR(WeightGradientRows(layer, delta, row, 1, row_grad_));
-          ZS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
-              out.data() + offset, row_grad_ + (from - row * in_size), (to - from) * sizeof(float),
-              cudaMemcpyDeviceToDevice, AsStream(stream_)));
-          return absl::OkStatus();
-        },
-        [&](int64_t first_row, int64_t rows, int64_t offset) {
-          return WeightGradientRows(layer, delta, first_row, rows, out.data() + offset);
-        }));
-    ZS_RETURN_IF_ERROR(sink.GradWritten(tensor, begin, end));
-    begin = end;
-  }
-  return absl::OkStatus();
+  return ForEachGradSegment(
+      sink, tensor, elements, [&](int64_t begin, int64_t end, absl::Span<float> out) {
+        // A row cut by a segment boundary is computed whole into row_grad_ and copied in parts
+        // (on the device); every other row is computed straight into the segment's buffer.
+        return ForEachRowBlock(
+            begin, end, in_size,
+            [&](int64_t row, int64_t from, int64_t to, int64_t offset) -> absl::Status {
+              ZS_RETURN_IF_ERROR(WeightGradientRows(layer, delta, row, 1, row_grad_));
+              ZS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+                  out.data() + offset, row_grad_ + (from - row * in_size),
+                  (to - from) * sizeof(float), cudaMemcpyDeviceToDevice, AsStream(stream_)));
+              return absl::OkStatus();
+            },
+            [&](int64_t first_row, int64_t rows, int64_t offset) {
+              return WeightGradientRows(layer, delta, first_row, rows, out.data() + offset);
+            });
+      });
 }
 
 absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, ParameterSource& params,
@@ -263,15 +259,14 @@ absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, Para
         common::CudaStatus(cuda_internal::LaunchBiasGradient(delta, local_batch_, out_size,
                                                              bias_grad_, AsStream(stream_)),
                            "bias gradient kernel"));
-    for (int64_t begin = 0; begin < out_size;) {
-      const int64_t end = sink.GradSegmentEnd(BiasTensor(l), begin);
-      ZS_ASSIGN_OR_RETURN(absl::Span<float> out, sink.GradBuffer(BiasTensor(l), begin, end));
-      ZS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.data(), bias_grad_ + begin,
-                                              (end - begin) * sizeof(float),
-                                              cudaMemcpyDeviceToDevice, AsStream(stream_)));
-      ZS_RETURN_IF_ERROR(sink.GradWritten(BiasTensor(l), begin, end));
-      begin = end;
-    }
+    ZS_RETURN_IF_ERROR(ForEachGradSegment(
+        sink, BiasTensor(l), out_size,
+        [&](int64_t begin, int64_t end, absl::Span<float> out) -> absl::Status {
+          ZS_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.data(), bias_grad_ + begin,
+                                                  (end - begin) * sizeof(float),
+                                                  cudaMemcpyDeviceToDevice, AsStream(stream_)));
+          return absl::OkStatus();
+        }));
     ZS_RETURN_IF_ERROR(WeightGradient(l, delta, sink));
 
     if (l == 0) break;

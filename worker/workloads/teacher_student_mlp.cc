@@ -196,27 +196,23 @@ absl::Status TeacherStudentMlp::WeightGradient(int64_t layer, const float* delta
   const int64_t tensor = BiasTensor(layer) + 1;
   const int64_t in_size = options_.layer_sizes[layer];
   const int64_t elements = tensors_[tensor].num_elements;
-  for (int64_t begin = 0; begin < elements;) {
-    const int64_t end = sink.GradSegmentEnd(tensor, begin);
-    ZS_ASSIGN_OR_RETURN(absl::Span<float> out, sink.GradBuffer(tensor, begin, end));
-    // A row cut by a segment boundary is computed whole into row_grad_ and copied in parts;
-    // every other row is computed straight into the segment's buffer.
-    ZS_RETURN_IF_ERROR(ForEachRowBlock(
-        begin, end, in_size,
-        [&](int64_t row, int64_t from, int64_t to, int64_t offset) {
-          WeightGradientRows(layer, delta, row, 1, row_grad_.data());
-          std::copy(row_grad_.data() + (from - row * in_size),
-                    row_grad_.data() + (to - row * in_size), out.data() + offset);
-          return absl::OkStatus();
-        },
-        [&](int64_t first_row, int64_t rows, int64_t offset) {
-          WeightGradientRows(layer, delta, first_row, rows, out.data() + offset);
-          return absl::OkStatus();
-        }));
-    ZS_RETURN_IF_ERROR(sink.GradWritten(tensor, begin, end));
-    begin = end;
-  }
-  return absl::OkStatus();
+  return ForEachGradSegment(
+      sink, tensor, elements, [&](int64_t begin, int64_t end, absl::Span<float> out) {
+        // A row cut by a segment boundary is computed whole into row_grad_ and copied in parts;
+        // every other row is computed straight into the segment's buffer.
+        return ForEachRowBlock(
+            begin, end, in_size,
+            [&](int64_t row, int64_t from, int64_t to, int64_t offset) {
+              WeightGradientRows(layer, delta, row, 1, row_grad_.data());
+              std::copy(row_grad_.data() + (from - row * in_size),
+                        row_grad_.data() + (to - row * in_size), out.data() + offset);
+              return absl::OkStatus();
+            },
+            [&](int64_t first_row, int64_t rows, int64_t offset) {
+              WeightGradientRows(layer, delta, first_row, rows, out.data() + offset);
+              return absl::OkStatus();
+            });
+      });
 }
 
 absl::StatusOr<double> TeacherStudentMlp::ForwardBackward(int64_t step, ParameterSource& params,
@@ -265,17 +261,15 @@ absl::StatusOr<double> TeacherStudentMlp::ForwardBackward(int64_t step, Paramete
     const int64_t in_size = sizes[l];
     const int64_t out_size = sizes[l + 1];
     const int64_t bias_tensor = BiasTensor(l);
-    for (int64_t begin = 0; begin < out_size;) {
-      const int64_t end = sink.GradSegmentEnd(bias_tensor, begin);
-      ZS_ASSIGN_OR_RETURN(absl::Span<float> bias_grad, sink.GradBuffer(bias_tensor, begin, end));
-      std::fill(bias_grad.begin(), bias_grad.end(), 0.0f);
-      for (int64_t j = 0; j < local_batch_; ++j) {
-        const float* row = delta + j * out_size;
-        for (int64_t o = begin; o < end; ++o) bias_grad[o - begin] += row[o];
-      }
-      ZS_RETURN_IF_ERROR(sink.GradWritten(bias_tensor, begin, end));
-      begin = end;
-    }
+    ZS_RETURN_IF_ERROR(ForEachGradSegment(
+        sink, bias_tensor, out_size, [&](int64_t begin, int64_t end, absl::Span<float> bias_grad) {
+          std::fill(bias_grad.begin(), bias_grad.end(), 0.0f);
+          for (int64_t j = 0; j < local_batch_; ++j) {
+            const float* row = delta + j * out_size;
+            for (int64_t o = begin; o < end; ++o) bias_grad[o - begin] += row[o];
+          }
+          return absl::OkStatus();
+        }));
     ZS_RETURN_IF_ERROR(WeightGradient(l, delta, sink));
 
     if (l == 0) break;

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
@@ -55,6 +56,13 @@ class GradientSink {
   // The segment GradBuffer returned is written; the engine may start reducing its bucket.
   virtual absl::Status GradWritten(int64_t tensor, int64_t begin, int64_t end) = 0;
 };
+
+// The segment loop of one tensor's gradient: for each segment [begin, end) of its `elements`
+// elements, in order, takes the segment's buffer, calls write(begin, end, out) to fill it, and
+// hands it back. Stops at the first error (of the sink or of `write`).
+absl::Status ForEachGradSegment(
+    GradientSink& sink, int64_t tensor, int64_t elements,
+    absl::FunctionRef<absl::Status(int64_t begin, int64_t end, absl::Span<float> out)> write);
 
 // Hands a whole tensor's gradient `gradient` (already multiplied by sink.loss_scale()) to `sink`
 // segment by segment: a copy per segment. For tests and small tensors; a workload that computes
