@@ -64,23 +64,30 @@ void PrintShardMap(const std::vector<v1::ShardPlan>& ranks, std::ostream* out) {
   if (ranks.empty()) return;
   const v1::ShardPlan& global = ranks.front();
   *out << absl::StrFormat(
-      "job %s generation %d: world_size %d, %d tensors (%d elements), %d buckets of ~%d "
-      "elements, padded to %d elements, layout hash %016x\n",
+      "job %s generation %d: world_size %d, %d tensors (%d elements), %d buckets of %d "
+      "elements (the last one shorter; a tensor may span buckets), padded to %d elements, "
+      "plan version %d, layout hash %016x\n",
       global.job_id(), global.generation(), global.world_size(), global.tensor_count(),
       global.model_elems(), global.bucket_count(), global.bucket_elems(), global.total_elems(),
-      global.layout_hash());
+      global.plan_version(), global.layout_hash());
   *out << "\nbuckets:\n";
-  *out << absl::StrFormat("  %-6s %-24s %-12s %-12s %s\n", "BUCKET", "FLAT RANGE", "PADDED",
-                          "PIECE", "TENSORS");
+  *out << absl::StrFormat("  %-6s %-24s %-12s %-12s %-12s %s\n", "BUCKET", "FLAT RANGE", "PADDED",
+                          "PIECE", "TENSOR ELEMS", "TENSORS ('...': continues in another bucket)");
   for (const v1::PlanBucket& bucket : global.buckets()) {
     std::string names;
     for (int t = bucket.first_tensor(); t < bucket.first_tensor() + bucket.tensor_count(); ++t) {
-      absl::StrAppend(&names, names.empty() ? "" : ", ", global.tensors(t).name());
+      if (t < 0 || t >= global.tensors_size()) break;
+      const v1::PlanTensor& tensor = global.tensors(t);
+      const bool before = tensor.first_bucket() < bucket.index();
+      const bool after = tensor.first_bucket() + tensor.bucket_count() - 1 > bucket.index();
+      absl::StrAppend(&names, names.empty() ? "" : ", ", before ? "..." : "", tensor.name(),
+                      after ? "..." : "");
     }
-    *out << absl::StrFormat("  %-6d %-24s %-12d %-12d %s\n", bucket.index(),
+    *out << absl::StrFormat("  %-6d %-24s %-12d %-12d %-12d %s\n", bucket.index(),
                             absl::StrCat("[", bucket.flat_begin(), ", ",
                                          bucket.flat_begin() + bucket.padded_elems(), ")"),
-                            bucket.padded_elems(), bucket.piece_elems(), names);
+                            bucket.padded_elems(), bucket.piece_elems(), bucket.tensor_elems(),
+                            names);
   }
   *out << "\npieces per rank:\n";
   *out << absl::StrFormat("  %-5s %-7s %-14s %-14s %-14s %s\n", "RANK", "PIECES", "OWNED ELEMS",

@@ -69,11 +69,16 @@ TEST(ShardMapTest, ListsBucketsAndRanks) {
   rank0.set_job_id("job-000001");
   rank0.set_world_size(2);
   rank0.set_bucket_count(1);
-  rank0.add_tensors()->set_name("layers.0.bias");
+  rank0.set_plan_version(2);
+  v1::PlanTensor* tensor = rank0.add_tensors();
+  tensor->set_name("0.weight");
+  tensor->set_bucket_count(2);  // spans buckets 0 and 1
+  rank0.add_tensors()->set_name("0.bias");
   v1::PlanBucket* bucket = rank0.add_buckets();
   bucket->set_padded_elems(256);
   bucket->set_piece_elems(128);
   bucket->set_tensor_count(1);
+  bucket->set_tensor_elems(256);
   v1::PlanPiece* piece = rank0.add_pieces();
   piece->set_flat_end(128);
   v1::PlanFragment* fragment = piece->add_fragments();
@@ -86,7 +91,8 @@ TEST(ShardMapTest, ListsBucketsAndRanks) {
   PrintShardMap({rank0, rank1}, &out);
   const std::string text = out.str();
   EXPECT_NE(text.find("world_size 2"), std::string::npos);
-  EXPECT_NE(text.find("layers.0.bias"), std::string::npos);
+  EXPECT_NE(text.find("plan version 2"), std::string::npos);
+  EXPECT_NE(text.find("256          0.weight..."), std::string::npos) << text;
   EXPECT_NE(text.find("  0     1       128            10             1              512"),
             std::string::npos)
       << text;
