@@ -237,7 +237,7 @@ def run_job(args, run):
                 run.memory = {k: int(v) for k, v in progress.get("memory", {}).items()}
                 if step == 1 or step % report_every == 0 or step == args.steps:
                     say(f"    step {step:>4}/{args.steps}  loss {run.losses[-1]:.6g}  "
-                        f"{run.step_ms[-1]:.1f} ms/step")
+                        f"engine step {run.step_ms[-1]:.1f} ms")
         watch.wait()
     finally:
         timer.cancel()
