@@ -219,7 +219,7 @@ def main():
     print("PASS: ZeroShard's AdamW matches torch.optim.AdamW with and without the no-decay group")
 
 
-def print_worker_logs():
+def print_cluster_log_tails():
     log_dir = os.environ.get("ZEROSHARD_LOG_DIR", "")
     for name in sorted(os.listdir(log_dir)) if os.path.isdir(log_dir) else []:
         if name.endswith(".log"):
@@ -235,5 +235,5 @@ if __name__ == "__main__":
         main()
     except (CheckFailed, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", file=sys.stderr)
-        print_worker_logs()
+        print_cluster_log_tails()
         sys.exit(1)
