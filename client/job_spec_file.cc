@@ -90,7 +90,12 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text) {
         return absl::InvalidArgumentError("job spec: expected a mapping of fields");
       AppendJson(root, &json);
     } catch (const YAML::Exception& e) {
-      return absl::InvalidArgumentError(absl::StrCat("job spec: malformed YAML: ", e.what()));
+      // In YAML a plain scalar starting with '*' is an alias, which is what an unquoted
+      // param_groups pattern like *.bias becomes.
+      const absl::string_view hint = e.msg == YAML::ErrorMsg::UNKNOWN_ANCHOR
+                                         ? " (quote patterns that start with '*', e.g. \"*.bias\")"
+                                         : "";
+      return absl::InvalidArgumentError(absl::StrCat("job spec: malformed YAML: ", e.what(), hint));
     }
   }
   v1::JobSpec spec;

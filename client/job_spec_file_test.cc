@@ -38,6 +38,53 @@ TEST(JobSpecFileTest, YamlListsAndQuotes) {
   EXPECT_EQ(spec->workload().layer_sizes(1), 32);
 }
 
+TEST(JobSpecFileTest, ParamGroupsFromJsonAndYaml) {
+  auto from_json = ParseJobSpec(R"({"name": "groups", "param_groups": [
+      {"patterns": ["*.bias", "0.weight"], "weight_decay": 0},
+      {"patterns": ["2.*"], "lr_scale": 0.5}]})");
+  ASSERT_TRUE(from_json.ok()) << from_json.status();
+  auto from_yaml = ParseJobSpec(R"(
+name: groups
+param_groups:
+  - patterns: ["*.bias", 0.weight]
+    weight_decay: 0
+  - patterns:
+      - '2.*'
+    lr_scale: 0.5
+)");
+  ASSERT_TRUE(from_yaml.ok()) << from_yaml.status();
+  EXPECT_EQ(from_json->SerializeAsString(), from_yaml->SerializeAsString());
+  ASSERT_EQ(from_yaml->param_groups_size(), 2);
+  const v1::ParamGroup& no_decay = from_yaml->param_groups(0);
+  ASSERT_EQ(no_decay.patterns_size(), 2);
+  EXPECT_EQ(no_decay.patterns(0), "*.bias");
+  EXPECT_EQ(no_decay.patterns(1), "0.weight");
+  // An explicit 0 is kept as set: it means "no decay", not "the optimizer's weight decay".
+  EXPECT_TRUE(no_decay.has_weight_decay());
+  EXPECT_EQ(no_decay.weight_decay(), 0.0);
+  EXPECT_FALSE(no_decay.has_lr_scale());
+  const v1::ParamGroup& slow = from_yaml->param_groups(1);
+  ASSERT_EQ(slow.patterns_size(), 1);
+  EXPECT_EQ(slow.patterns(0), "2.*");
+  EXPECT_FALSE(slow.has_weight_decay());
+  EXPECT_EQ(slow.lr_scale(), 0.5);
+}
+
+TEST(JobSpecFileTest, UnquotedStarPatternInYamlSaysToQuoteIt) {
+  auto spec = ParseJobSpec("name: x\nparam_groups:\n  - patterns: [*.bias]\n");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(spec.status().message().find("malformed YAML"), absl::string_view::npos)
+      << spec.status();
+  EXPECT_NE(spec.status().message().find("quote patterns"), absl::string_view::npos)
+      << spec.status();
+
+  auto unknown_group_field = ParseJobSpec(R"({"param_groups": [{"pattern": ["*.bias"]}]})");
+  ASSERT_FALSE(unknown_group_field.ok());
+  EXPECT_NE(unknown_group_field.status().message().find("param_groups"), absl::string_view::npos)
+      << unknown_group_field.status();
+}
+
 TEST(JobSpecFileTest, MalformedInputNamesTheProblem) {
   auto bad_yaml = ParseJobSpec("name: [unclosed\n");
   ASSERT_FALSE(bad_yaml.ok());

@@ -20,6 +20,7 @@
 #include "client/coordinator_client.h"
 #include "client/job_spec_file.h"
 #include "client/progress_view.h"
+#include "google/protobuf/repeated_field.h"
 #include "google/protobuf/util/json_util.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port.");
@@ -33,6 +34,9 @@ ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt,
           "submit: sgd, adam, adamw, adagrad or lion.");
 ABSL_FLAG(std::optional<double>, lr, std::nullopt, "submit: learning rate.");
 ABSL_FLAG(std::optional<double>, weight_decay, std::nullopt, "submit: weight decay.");
+ABSL_FLAG(std::optional<std::string>, no_decay, std::nullopt,
+          "submit: comma-separated tensor-name patterns (e.g. '*.bias') that take weight decay 0: "
+          "a parameter group ahead of the spec file's groups (the first match wins).");
 ABSL_FLAG(std::optional<double>, momentum, std::nullopt, "submit: SGD momentum.");
 ABSL_FLAG(std::optional<std::string>, mode, std::nullopt, "submit: ddp, zero1 or zero2.");
 ABSL_FLAG(std::optional<int>, workers, std::nullopt,
@@ -123,6 +127,17 @@ absl::StatusOr<v1::JobSpec> SpecFromArgs(const std::vector<char*>& args) {
   }
   if (auto v = absl::GetFlag(FLAGS_lr)) optimizer.set_lr(*v);
   if (auto v = absl::GetFlag(FLAGS_weight_decay)) optimizer.set_weight_decay(*v);
+  if (auto v = absl::GetFlag(FLAGS_no_decay)) {
+    // First in the list, so the flag overrides the spec file's groups for the tensors it matches.
+    google::protobuf::RepeatedPtrField<v1::ParamGroup> groups;
+    v1::ParamGroup& no_decay = *groups.Add();
+    for (absl::string_view pattern : absl::StrSplit(*v, ',')) {
+      no_decay.add_patterns(std::string(pattern));
+    }
+    no_decay.set_weight_decay(0);
+    for (const v1::ParamGroup& group : spec.param_groups()) *groups.Add() = group;
+    spec.mutable_param_groups()->Swap(&groups);
+  }
   if (auto v = absl::GetFlag(FLAGS_momentum)) optimizer.set_momentum(*v);
   if (auto v = absl::GetFlag(FLAGS_mode)) {
     v1::Mode mode;

@@ -1,6 +1,7 @@
 // Tests for the spec -> plan bridge: the seed model's plan and its API view.
 #include "jobspec/job_plan.h"
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "jobspec/job_spec_defaults.h"
 
@@ -34,6 +35,81 @@ TEST(JobPlanTest, SeedModelPlanCoversEveryElementOnce) {
       }
     }
     EXPECT_EQ(covered, plan->tensor_elems());
+  }
+}
+
+TEST(JobPlanTest, TensorsHaveTorchNamesAndTheDefaultGroupDecaysEveryTensor) {
+  v1::JobSpec spec = SeedSpec();
+  spec.mutable_optimizer()->set_weight_decay(0.05);
+  absl::StatusOr<std::vector<sharding::TensorSpec>> tensors = TensorsForJob(spec);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  ASSERT_EQ(tensors->size(), 4u);
+  const char* const names[] = {"2.bias", "2.weight", "0.bias", "0.weight"};
+  for (size_t t = 0; t < tensors->size(); ++t) {
+    EXPECT_EQ((*tensors)[t].name, names[t]);
+    EXPECT_EQ(GroupOf(spec, (*tensors)[t].name), nullptr);
+    EXPECT_EQ((*tensors)[t].weight_decay, 0.05) << names[t];
+    EXPECT_EQ((*tensors)[t].lr_scale, 1.0f) << names[t];
+  }
+}
+
+TEST(JobPlanTest, FirstMatchingGroupWinsAndUnsetFieldsTakeTheOptimizers) {
+  v1::JobSpec spec = SeedSpec();
+  spec.mutable_optimizer()->set_weight_decay(0.05);
+  v1::ParamGroup& no_decay = *spec.add_param_groups();
+  no_decay.add_patterns("*.bias");
+  no_decay.set_weight_decay(0);
+  v1::ParamGroup& first_layer = *spec.add_param_groups();
+  first_layer.add_patterns("no-such-tensor");
+  first_layer.add_patterns("0.[bw]*");
+  first_layer.set_lr_scale(0.25);
+  absl::StatusOr<std::vector<sharding::TensorSpec>> tensors = TensorsForJob(spec);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  ASSERT_EQ(tensors->size(), 4u);
+  // 2.bias and 0.bias: the no-decay group, which comes first, though 0.bias matches both.
+  for (size_t t : {0u, 2u}) {
+    EXPECT_EQ(GroupOf(spec, (*tensors)[t].name), &spec.param_groups(0)) << (*tensors)[t].name;
+    EXPECT_EQ((*tensors)[t].weight_decay, 0.0) << (*tensors)[t].name;
+    EXPECT_EQ((*tensors)[t].lr_scale, 1.0f) << (*tensors)[t].name;
+  }
+  // 2.weight: no group, the optimizer's values.
+  EXPECT_EQ(GroupOf(spec, "2.weight"), nullptr);
+  EXPECT_EQ((*tensors)[1].weight_decay, 0.05);
+  EXPECT_EQ((*tensors)[1].lr_scale, 1.0f);
+  // 0.weight: the second group, which leaves weight decay unset.
+  EXPECT_EQ(GroupOf(spec, "0.weight"), &spec.param_groups(1));
+  EXPECT_EQ((*tensors)[3].weight_decay, 0.05);
+  EXPECT_EQ((*tensors)[3].lr_scale, 0.25f);
+  // Patterns match whole names: "*.bias" does not match "2.bias.extra", nor "0.[bw]*" "10.weight".
+  EXPECT_EQ(GroupOf(spec, "2.bias.extra"), nullptr);
+  EXPECT_EQ(GroupOf(spec, "10.weight"), nullptr);
+}
+
+TEST(JobPlanTest, LayoutHashCoversTheGroups) {
+  v1::JobSpec spec = SeedSpec();
+  absl::StatusOr<sharding::ShardPlan> without_groups = PlanForJob(spec, 2);
+  ASSERT_TRUE(without_groups.ok()) << without_groups.status();
+  v1::ParamGroup& group = *spec.add_param_groups();
+  group.add_patterns("*.bias");
+  group.set_lr_scale(0.5);
+  absl::StatusOr<sharding::ShardPlan> with_lr_scale = PlanForJob(spec, 2);
+  ASSERT_TRUE(with_lr_scale.ok()) << with_lr_scale.status();
+  EXPECT_NE(with_lr_scale->layout_hash(), without_groups->layout_hash());
+  // SeedSpec is SGD with weight decay 0, so a no-decay group alone would change nothing.
+  spec.mutable_optimizer()->set_weight_decay(0.01);
+  absl::StatusOr<sharding::ShardPlan> decay_everywhere = PlanForJob(spec, 2);
+  group.clear_lr_scale();
+  group.set_weight_decay(0);
+  absl::StatusOr<sharding::ShardPlan> decay_but_biases = PlanForJob(spec, 2);
+  ASSERT_TRUE(decay_everywhere.ok() && decay_but_biases.ok());
+  EXPECT_NE(decay_everywhere->layout_hash(), decay_but_biases->layout_hash());
+
+  absl::StatusOr<v1::ShardPlan> view = PlanToProto(*decay_but_biases, 0, /*include_layout=*/true);
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_EQ(view->tensors_size(), 4);
+  for (const v1::PlanTensor& tensor : view->tensors()) {
+    EXPECT_EQ(tensor.weight_decay(), absl::EndsWith(tensor.name(), ".bias") ? 0.0 : 0.01)
+        << tensor.name();
   }
 }
 

@@ -162,7 +162,23 @@ INSTANTIATE_TEST_SUITE_P(
                     s.mutable_checkpoint()->set_dir("runs/mlp-seed.1");
                     s.mutable_checkpoint()->set_keep(100);
                   }},
-        ValidCase{"MostAttempts", [](JobSpec& s) { s.set_max_attempts(100); }}),
+        ValidCase{"MostAttempts", [](JobSpec& s) { s.set_max_attempts(100); }},
+        ValidCase{"LossScaleFactorEdges",
+                  [](JobSpec& s) {
+                    s.mutable_precision()->set_loss_scale_backoff_factor(0.999);
+                    s.mutable_precision()->set_loss_scale_growth_factor(1000);
+                  }},
+        ValidCase{"ParamGroupEdges",
+                  [](JobSpec& s) {
+                    for (int g = 0; g < 64; ++g) {
+                      v1::ParamGroup& group = *s.add_param_groups();
+                      for (int p = 0; p < 64; ++p) group.add_patterns(std::string(256, '*'));
+                      group.set_weight_decay(g % 2 == 0 ? 0 : 10);
+                      group.set_lr_scale(g % 2 == 0 ? 0 : 1000);
+                    }
+                  }},
+        ValidCase{"ParamGroupWithPatternsOnly",
+                  [](JobSpec& s) { s.add_param_groups()->add_patterns("no-such-tensor"); }}),
     [](const ::testing::TestParamInfo<ValidCase>& info) { return info.param.name; });
 
 struct InvalidCase {
@@ -404,6 +420,69 @@ INSTANTIATE_TEST_SUITE_P(
                       s.mutable_precision()->set_loss_scale_growth_interval(1000001);
                     },
                     "precision.loss_scale_growth_interval", "1000001 is out of range"},
+        InvalidCase{"ZeroBackoffFactor",
+                    [](JobSpec& s) { s.mutable_precision()->set_loss_scale_backoff_factor(0); },
+                    "precision.loss_scale_backoff_factor", "0 is out of range (0, 1)"},
+        InvalidCase{"BackoffFactorOne",
+                    [](JobSpec& s) { s.mutable_precision()->set_loss_scale_backoff_factor(1); },
+                    "precision.loss_scale_backoff_factor", "1 is out of range (0, 1)"},
+        InvalidCase{"NaNBackoffFactor",
+                    [](JobSpec& s) { s.mutable_precision()->set_loss_scale_backoff_factor(kNaN); },
+                    "precision.loss_scale_backoff_factor", "NaN is not allowed"},
+        InvalidCase{"GrowthFactorOne",
+                    [](JobSpec& s) { s.mutable_precision()->set_loss_scale_growth_factor(1); },
+                    "precision.loss_scale_growth_factor", "1 is out of range (1, 1000]"},
+        InvalidCase{"HugeGrowthFactor",
+                    [](JobSpec& s) { s.mutable_precision()->set_loss_scale_growth_factor(1001); },
+                    "precision.loss_scale_growth_factor", "1001 is out of range"},
+        InvalidCase{"TooManyParamGroups",
+                    [](JobSpec& s) {
+                      for (int g = 0; g < 65; ++g) s.add_param_groups()->add_patterns("*.bias");
+                    },
+                    "param_groups", "65 groups; at most 64"},
+        InvalidCase{"ParamGroupWithoutPatterns",
+                    [](JobSpec& s) {
+                      s.add_param_groups()->add_patterns("*.bias");
+                      s.add_param_groups()->set_weight_decay(0);
+                    },
+                    "param_groups[1].patterns", "0 patterns; 1 to 64 are allowed"},
+        InvalidCase{"TooManyPatterns",
+                    [](JobSpec& s) {
+                      v1::ParamGroup& group = *s.add_param_groups();
+                      for (int p = 0; p < 65; ++p) group.add_patterns("*.bias");
+                    },
+                    "param_groups[0].patterns", "65 patterns"},
+        InvalidCase{"EmptyPattern",
+                    [](JobSpec& s) {
+                      v1::ParamGroup& group = *s.add_param_groups();
+                      group.add_patterns("*.bias");
+                      group.add_patterns("");
+                    },
+                    "param_groups[0].patterns[1]", "\"\" must be 1 to 256 characters"},
+        InvalidCase{"LongPattern",
+                    [](JobSpec& s) { s.add_param_groups()->add_patterns(std::string(257, 'x')); },
+                    "param_groups[0].patterns[0]", "must be 1 to 256 characters"},
+        InvalidCase{"NegativeGroupWeightDecay",
+                    [](JobSpec& s) {
+                      v1::ParamGroup& group = *s.add_param_groups();
+                      group.add_patterns("*.bias");
+                      group.set_weight_decay(-0.1);
+                    },
+                    "param_groups[0].weight_decay", "-0.1 is out of range [0, 10]"},
+        InvalidCase{"InfiniteGroupWeightDecay",
+                    [](JobSpec& s) {
+                      v1::ParamGroup& group = *s.add_param_groups();
+                      group.add_patterns("*.bias");
+                      group.set_weight_decay(kInf);
+                    },
+                    "param_groups[0].weight_decay", "is not allowed"},
+        InvalidCase{"HugeGroupLrScale",
+                    [](JobSpec& s) {
+                      v1::ParamGroup& group = *s.add_param_groups();
+                      group.add_patterns("*.weight");
+                      group.set_lr_scale(1001);
+                    },
+                    "param_groups[0].lr_scale", "1001 is out of range [0, 1000]"},
         InvalidCase{"NegativeClip", [](JobSpec& s) { s.set_clip_grad_norm(-1); }, "clip_grad_norm",
                     "-1 is out of range [0, 1000000]"},
         InvalidCase{"NaNClip", [](JobSpec& s) { s.set_clip_grad_norm(kNaN); }, "clip_grad_norm",

@@ -3,10 +3,15 @@
 
 Runs one job per (optimizer, mode) -- by default SGD lr 0.01 (the document's) and AdamW
 (docs/workloads.md's recommended demo config), each in `ddp` and in `zero2` mode -- through the
-`zeroshard` CLI, then prints a side-by-side table: loss at the first and last step, the largest
+`zeroshard` CLI, then prints side-by-side tables: loss at the first and last step, the largest
 |parameter difference| between ddp and zero2 of the same optimizer (read from the final
-parameter files rank 0 writes; 0 expected, docs/design.md "Bitwise"), the optimizer-state bytes per
-worker the engine measured against the ZeRO formula, and the median step time.
+parameter files rank 0 writes; 0 expected, docs/design.md "Bitwise"; a missing file is an
+error), the optimizer-state bytes per worker the engine measured against the ZeRO formula, the
+median engine step time, and every memory category the engine counts.
+
+Parameter groups follow torch's default (torch.optim.AdamW(model.parameters())): one group, so
+every tensor, biases included, takes the optimizer's weight decay; --no_decay PATTERNS moves
+tensors into a group without weight decay. The header says which.
 
 Usually started by tools/demo.sh inside deploy/local/cluster.py, which sets
 ZEROSHARD_COORDINATOR, ZEROSHARD_CLI, ZEROSHARD_FINAL_PARAMS_DIR and ZEROSHARD_WORKERS.
@@ -81,7 +86,7 @@ def parse_args():
     parser.add_argument(
         "--final_params_dir",
         default=os.environ.get("ZEROSHARD_FINAL_PARAMS_DIR"),
-        help="the workers' --final_params_dir (for the ddp/zero2 parameter comparison)",
+        help="the workers' --final_params_dir (for the ddp/zero2 parameter comparison; required)",
     )
     parser.add_argument("--workers", type=int, default=int(os.environ.get("ZEROSHARD_WORKERS", "4")))
     parser.add_argument("--preset", default="seed", choices=sorted(PRESET_LAYERS))
@@ -96,11 +101,19 @@ def parse_args():
         "--adamw_lr", type=float, default=LR["adamw"],
         help="docs/workloads.md's recommended demo config (0.01)",
     )
+    parser.add_argument(
+        "--no_decay", default=None, metavar="PATTERNS",
+        help="comma-separated tensor-name patterns (e.g. '*.bias') without weight decay "
+             "(default: none, torch's default: every tensor decays)",
+    )
     parser.add_argument("--job_timeout", type=float, default=600.0, help="seconds per job")
     args = parser.parse_args()
     if not args.coordinator:
         parser.error("--coordinator (or ZEROSHARD_COORDINATOR) is required; "
                      "run me through deploy/local/cluster.py or tools/demo.sh")
+    if not args.final_params_dir:
+        parser.error("--final_params_dir (or ZEROSHARD_FINAL_PARAMS_DIR) is required: the "
+                     "workers' --final_params_dir, where the ddp/zero2 comparison reads from")
     if args.steps is None:
         args.steps = DEFAULT_STEPS[args.preset]
     args.optimizers = [o.strip() for o in args.optimizers.split(",") if o.strip()]
@@ -126,6 +139,8 @@ class Run:
         self.losses = []
         self.step_ms = []
         self.memory = {}
+        self.weight_decay = None
+        self.param_groups = []
         self.generations = 0
         self.params_path = None
         self.seconds = 0.0
@@ -142,20 +157,46 @@ def cli(args, *command, check=True):
     return result
 
 
+def groups_text(weight_decay, param_groups):
+    """The job's parameter groups as the service stored them, in words."""
+    if weight_decay is None:
+        return "weight decay: not reported"
+    default = f"weight decay {weight_decay:g}"
+    if not param_groups:
+        return f"{default} on every tensor (one parameter group, torch's default)"
+    parts = []
+    for group in param_groups:
+        decay = group.get("weight_decay", weight_decay)
+        text = f"{', '.join(group.get('patterns', []))}: weight decay {float(decay):g}"
+        if "lr_scale" in group:
+            text += f", lr ×{float(group['lr_scale']):g}"
+        parts.append(text)
+    return f"{'; '.join(parts)}; every other tensor: {default}"
+
+
 def run_job(args, run):
     name = f"demo-{args.preset}-{run.optimizer}-{run.mode}"
-    submitted = cli(
-        args, "submit", f"--name={name}", f"--preset={args.preset}",
+    command = [
+        "submit", f"--name={name}", f"--preset={args.preset}",
         f"--optimizer={run.optimizer}", f"--lr={run.lr}", f"--mode={run.mode}",
         f"--workers={args.workers}", f"--steps={args.steps}",
         f"--global_batch={args.global_batch}", f"--dataset_size={args.dataset_size}",
-        f"--seed={args.seed}",
-    )
-    printed = submitted.stdout.strip().splitlines()
-    if not printed:
+        f"--seed={args.seed}", "--output=json",
+    ]
+    if args.no_decay:
+        command.append(f"--no_decay={args.no_decay}")
+    submitted = cli(args, *command)
+    try:
+        job = json.loads(submitted.stdout)
+    except json.JSONDecodeError:
+        raise DemoError(f"submit printed no job: {submitted.stdout.strip()[:200]!r}") from None
+    run.job_id = job.get("id")
+    if not run.job_id:
         raise DemoError("submit printed no job id")
-    run.job_id = printed[-1]
-    say(f"  submitted {run.job_id} ({name})")
+    spec = job.get("spec", {})
+    run.weight_decay = float(spec.get("optimizer", {}).get("weight_decay", 0.0))
+    run.param_groups = spec.get("param_groups", [])
+    say(f"  submitted {run.job_id} ({name}): {groups_text(run.weight_decay, run.param_groups)}")
     started = time.monotonic()
     watch = subprocess.Popen(
         [args.cli, f"--coordinator={args.coordinator}", "watch", run.job_id, "--output=json"],
@@ -196,7 +237,7 @@ def run_job(args, run):
                 run.memory = {k: int(v) for k, v in progress.get("memory", {}).items()}
                 if step == 1 or step % report_every == 0 or step == args.steps:
                     say(f"    step {step:>4}/{args.steps}  loss {run.losses[-1]:.6g}  "
-                        f"{run.step_ms[-1]:.1f} ms/step")
+                        f"engine step {run.step_ms[-1]:.1f} ms")
         watch.wait()
     finally:
         timer.cancel()
@@ -211,14 +252,16 @@ def run_job(args, run):
             f"{': ' + run.message if run.message else ''}{' (' + stderr + ')' if stderr else ''}"
         )
     say(f"  {run.job_id} SUCCEEDED in {run.seconds:.1f}s")
-    if args.final_params_dir:
-        path = os.path.join(args.final_params_dir, f"{run.job_id}.f32")
-        deadline = time.monotonic() + 30
-        while not os.path.exists(path) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        run.params_path = path if os.path.exists(path) else None
-        if run.params_path is None:
-            say(f"  warning: no final parameters at {path}")
+    # Rank 0 writes the file before it reports its last step; the wait covers a directory that
+    # another machine shares.
+    path = os.path.join(args.final_params_dir, f"{run.job_id}.f32")
+    deadline = time.monotonic() + 10
+    while not os.path.exists(path) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if not os.path.exists(path):
+        raise DemoError(f"{run.job_id} succeeded but wrote no final parameters at {path} "
+                        f"(is {args.final_params_dir} the workers' --final_params_dir?)")
+    run.params_path = path
 
 
 def read_f32(path):
@@ -245,18 +288,25 @@ def max_abs_diff(path_a, path_b):
         return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
 
 
+def print_rows(headers, rows):
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()
+    say(line)
+    say("-" * len(line))
+    for row in rows:
+        say("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
 def print_table(args, runs, psi):
     headers = ["optimizer", "mode", "loss start", "loss end", "max|Δparam|",
-               "opt state/worker", "ZeRO formula", "grads/worker", "total/worker", "median step"]
+               "opt state/worker", "ZeRO formula", "median engine step"]
     rows = []
     for run in runs:
         reference = next(r for r in runs if r.optimizer == run.optimizer)
         if run is reference:
             diff = "(reference)"
-        elif run.params_path and reference.params_path:
-            diff = f"{max_abs_diff(reference.params_path, run.params_path):.3g}"
         else:
-            diff = "n/a"
+            diff = f"{max_abs_diff(reference.params_path, run.params_path):.3g}"
         arrays = state_arrays(run.optimizer, 0.0)
         formula = psi * arrays * 4 if run.mode == "ddp" else psi * arrays * 4 / args.workers
         formula_text = ("Ψ·%d·4" % arrays) if run.mode == "ddp" else ("Ψ·%d·4/%d" % (arrays, args.workers))
@@ -267,16 +317,28 @@ def print_table(args, runs, psi):
             diff,
             format_bytes(run.memory.get("optimizer_state_bytes", 0)),
             f"{format_bytes(int(round(formula)))} ({formula_text})",
-            format_bytes(run.memory.get("grads_bytes", 0)),
-            format_bytes(run.memory.get("total_bytes", 0)),
             f"{statistics.median(run.step_ms):.2f} ms" if run.step_ms else "-",
         ])
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
-    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()
-    say(line)
-    say("-" * len(line))
-    for row in rows:
-        say("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+    print_rows(headers, rows)
+
+
+# StepMetrics.memory's categories (proto/zeroshard/v1/types.proto), in its order.
+MEMORY_COLUMNS = [
+    ("params", "params_bytes"),
+    ("grads", "grads_bytes"),
+    ("master", "master_bytes"),
+    ("opt state", "optimizer_state_bytes"),
+    ("buckets", "bucket_bytes"),
+    ("comm scratch", "comm_scratch_bytes"),
+    ("total", "total_bytes"),
+]
+
+
+def print_memory_table(runs):
+    headers = ["optimizer", "mode"] + [title for title, _ in MEMORY_COLUMNS]
+    rows = [[run.optimizer, run.mode] + [format_bytes(run.memory.get(key, 0)) for _, key in MEMORY_COLUMNS]
+            for run in runs]
+    print_rows(headers, rows)
 
 
 def main():
@@ -288,6 +350,12 @@ def main():
         f"{args.workers} workers, global batch {args.global_batch} "
         f"({args.global_batch // args.workers} per worker), {args.dataset_size:,} samples, "
         f"{args.steps} steps, coordinator {args.coordinator}")
+    if args.no_decay:
+        say(f"== Parameter groups: {args.no_decay} without weight decay, every other tensor takes the "
+            "optimizer's (--no_decay)")
+    else:
+        say("== Parameter groups: torch's default, one group: every tensor, biases included, takes the "
+            "optimizer's weight decay (--no_decay PATTERNS exempts tensors)")
     runs = []
     try:
         for optimizer in args.optimizers:
@@ -308,20 +376,25 @@ def main():
         f"Ψ = {psi:,})")
     say("Memory is rank 0's, counted by the engine's allocator. Optimizer state is fp32: SGD "
         "without momentum keeps none, AdamW 2 arrays; the measured bytes include the shard plan's "
-        "padding (tensors start at multiples of 64 elements, buckets are padded to lcm(W, 128)).")
+        "padding (tensors start at multiples of 64 elements, buckets are padded to lcm(W, 128)). "
+        "The engine step is Engine::Step after backward (the reductions still in flight, the "
+        "update, the all-gather); forward and backward are not in it.")
     print_table(args, runs, psi)
+    say()
+    say("Memory per worker by category (rank 0, the engine's allocator; not counted yet: the "
+        "workload's buffers and the communicator's staging):")
+    print_memory_table(runs)
     say()
     status = 0
     for optimizer in args.optimizers:
         group = [r for r in runs if r.optimizer == optimizer]
         reference = group[0]
         for other in group[1:]:
-            if reference.params_path and other.params_path:
-                diff = max_abs_diff(reference.params_path, other.params_path)
-                verdict = "bitwise equal" if diff == 0 else f"DIFFER (max |Δ| = {diff:.3g})"
-                if diff != 0:
-                    status = 1
-                say(f"{optimizer}: final parameters of {reference.mode} and {other.mode}: {verdict}")
+            diff = max_abs_diff(reference.params_path, other.params_path)
+            verdict = "bitwise equal" if diff == 0 else f"DIFFER (max |Δ| = {diff:.3g})"
+            if diff != 0:
+                status = 1
+            say(f"{optimizer}: final parameters of {reference.mode} and {other.mode}: {verdict}")
             ddp_state = reference.memory.get("optimizer_state_bytes", 0)
             other_state = other.memory.get("optimizer_state_bytes", 0)
             if ddp_state > 0:

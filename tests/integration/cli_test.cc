@@ -68,6 +68,10 @@ TEST(CliTest, BadSpecsFailWithOneLineNamingTheFieldAndDisturbNothing) {
       {"world size 0",
        {"submit", "--name=no-workers", "--preset=seed", "--optimizer=adamw", "--workers=0"},
        "min_workers"},
+      {"empty --no_decay pattern",
+       {"submit", "--name=empty-pattern", "--preset=seed", "--optimizer=adamw",
+        "--no_decay=*.bias,"},
+       "param_groups[0].patterns[1]"},
   };
   for (const BadSpec& bad : bad_specs) {
     SCOPED_TRACE(bad.what);
@@ -94,6 +98,7 @@ TEST(CliTest, BadSpecsFailWithOneLineNamingTheFieldAndDisturbNothing) {
   ASSERT_TRUE(worker.ok()) << worker.status();
   EXPECT_EQ(worker->state(), v1::IDLE);
 
+  // Its parameter groups come from the file and from --no_decay, which goes first.
   const std::string valid = WriteFile(cluster, "valid.yaml",
                                       "name: valid\n"
                                       "workload:\n"
@@ -101,8 +106,12 @@ TEST(CliTest, BadSpecsFailWithOneLineNamingTheFieldAndDisturbNothing) {
                                       "optimizer:\n"
                                       "  kind: ADAMW\n"
                                       "  lr: 0.01\n"
-                                      "steps: 20\n");
-  absl::StatusOr<CommandResult> submitted = RunCli(cluster, {"submit", valid});
+                                      "steps: 20\n"
+                                      "param_groups:\n"
+                                      "  - patterns: ['0.*']\n"
+                                      "    lr_scale: 0.5\n");
+  absl::StatusOr<CommandResult> submitted =
+      RunCli(cluster, {"submit", valid, "--no_decay=*.bias,2.weight"});
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   ASSERT_EQ(submitted->exit_code(), 0) << submitted->stderr_text;
   const std::string job_id(absl::StripSuffix(submitted->stdout_text, "\n"));
@@ -118,6 +127,18 @@ TEST(CliTest, BadSpecsFailWithOneLineNamingTheFieldAndDisturbNothing) {
       absl::Seconds(60), absl::StrCat(job_id, " ended"));
   ASSERT_TRUE(succeeded.ok()) << succeeded;
   EXPECT_EQ(last.state(), v1::SUCCEEDED) << last.message();
+  ASSERT_EQ(last.spec().param_groups_size(), 2) << last.spec().ShortDebugString();
+  const v1::ParamGroup& no_decay = last.spec().param_groups(0);
+  ASSERT_EQ(no_decay.patterns_size(), 2);
+  EXPECT_EQ(no_decay.patterns(0), "*.bias");
+  EXPECT_EQ(no_decay.patterns(1), "2.weight");
+  EXPECT_TRUE(no_decay.has_weight_decay());
+  EXPECT_EQ(no_decay.weight_decay(), 0.0);
+  const v1::ParamGroup& from_file = last.spec().param_groups(1);
+  ASSERT_EQ(from_file.patterns_size(), 1);
+  EXPECT_EQ(from_file.patterns(0), "0.*");
+  EXPECT_FALSE(from_file.has_weight_decay());
+  EXPECT_EQ(from_file.lr_scale(), 0.5);
 
   absl::Status stopped = cluster.StopAll();
   EXPECT_TRUE(stopped.ok()) << stopped;
