@@ -1,11 +1,13 @@
 // GPU check of the engine's CUDA path (a plain main, no gtest): the CUDA teacher-student MLP's
-// loss and gradients against the CPU MLP's, and W=1 engine steps with CudaDeviceOps and an
-// NcclCommunicator against the CPU engine on the same inputs. README.md states the tolerances.
+// loss and gradients against the CPU MLP's (fp32, bf16 and fp16 parameters), and W=1 engine
+// steps with CudaDeviceOps and an NcclCommunicator against the CPU engine on the same inputs.
+// README.md states the tolerances.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/status_macros.h"
+#include "kernels/dtype.h"
 #include "sharding/model_catalog.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/communicator.h"
@@ -51,38 +54,64 @@ bool Check(const absl::Status& status, const std::string& what) {
 // A world of one rank: every collective leaves its buffer as it is, which is exact for W = 1.
 using SingleRankCommunicator = comm::testing::IdentityCommunicator;
 
-// Host parameters for the CPU MLP, and the same values in device memory for the CUDA one.
+// Host parameters for the CPU MLP, stored in `dtype` (fp32 values, or their bf16/fp16 bits), and
+// the same bytes in device memory for the CUDA one.
 class HostParameters final : public workloads::ParameterSource {
  public:
-  explicit HostParameters(std::vector<std::vector<float>> values) : values_(std::move(values)) {}
-  absl::Span<const float> Parameters(int64_t tensor) override { return values_[tensor]; }
-  const std::vector<std::vector<float>>& values() const { return values_; }
+  HostParameters(const std::vector<std::vector<float>>& values, DType dtype) : dtype_(dtype) {
+    for (const std::vector<float>& tensor : values) {
+      std::vector<char> bytes(tensor.size() * kernels::DTypeSize(dtype));
+      for (size_t k = 0; k < tensor.size(); ++k) {
+        if (dtype == DType::kFloat32) {
+          std::memcpy(bytes.data() + 4 * k, &tensor[k], 4);
+          continue;
+        }
+        const uint16_t bits = dtype == DType::kBFloat16 ? kernels::FloatToBFloat16(tensor[k])
+                                                        : kernels::FloatToHalf(tensor[k]);
+        std::memcpy(bytes.data() + 2 * k, &bits, 2);
+      }
+      sizes_.push_back(static_cast<int64_t>(tensor.size()));
+      bytes_.push_back(std::move(bytes));
+    }
+  }
+  workloads::StoredParameters Parameters(int64_t tensor) override {
+    return {bytes_[tensor].data(), dtype_, sizes_[tensor]};
+  }
+  const std::vector<std::vector<char>>& bytes() const { return bytes_; }
+  const std::vector<int64_t>& sizes() const { return sizes_; }
+  DType dtype() const { return dtype_; }
 
  private:
-  std::vector<std::vector<float>> values_;
+  const DType dtype_;
+  std::vector<int64_t> sizes_;
+  std::vector<std::vector<char>> bytes_;
 };
 
 class DeviceParameters final : public workloads::ParameterSource {
  public:
-  DeviceParameters(CudaDeviceOps& device, const std::vector<std::vector<float>>& values)
-      : device_(device) {
-    for (const std::vector<float>& tensor : values) {
-      void* data = device.AllocateZeroed(std::max<int64_t>(1, tensor.size()) * sizeof(float));
+  DeviceParameters(CudaDeviceOps& device, const HostParameters& host)
+      : device_(device), dtype_(host.dtype()), sizes_(host.sizes()) {
+    for (const std::vector<char>& tensor : host.bytes()) {
+      void* data = device.AllocateZeroed(std::max<int64_t>(1, tensor.size()));
       if (data != nullptr) {
-        Check(device.CopyFromHost(data, tensor.data(), tensor.size() * sizeof(float)),
+        Check(device.CopyFromHost(data, tensor.data(), tensor.size()),
               "copy parameters to the device");
       }
-      arrays_.push_back(absl::MakeConstSpan(static_cast<const float*>(data), tensor.size()));
+      arrays_.push_back(data);
     }
   }
   ~DeviceParameters() override {
-    for (absl::Span<const float> array : arrays_) device_.Free(const_cast<float*>(array.data()));
+    for (void* array : arrays_) device_.Free(array);
   }
-  absl::Span<const float> Parameters(int64_t tensor) override { return arrays_[tensor]; }
+  workloads::StoredParameters Parameters(int64_t tensor) override {
+    return {arrays_[tensor], dtype_, sizes_[tensor]};
+  }
 
  private:
   CudaDeviceOps& device_;
-  std::vector<absl::Span<const float>> arrays_;
+  const DType dtype_;
+  const std::vector<int64_t> sizes_;
+  std::vector<void*> arrays_;
 };
 
 // Records each gradient on the host. Segments end every kSegment elements (as bucket boundaries
@@ -171,21 +200,26 @@ std::vector<std::vector<float>> InitialValues(const workloads::Workload& workloa
   return values;
 }
 
-// 1. The CUDA MLP's loss and gradients against the CPU MLP's, at the initial parameters.
-void CheckMlpGradients(CudaDeviceOps& device, const std::vector<int64_t>& sizes) {
+// 1. The CUDA MLP's loss and gradients against the CPU MLP's, at the initial parameters stored
+//    in `dtype`. fp32: cuBLAS sgemm against OpenBLAS sgemm. bf16/fp16: cublasGemmEx rounds the
+//    activation or delta operand to the parameter dtype, the CPU keeps it fp32, so the
+//    tolerances are that rounding's (2^-9 bf16, 2^-12 fp16 relative per operand), with room.
+void CheckMlpGradients(CudaDeviceOps& device, const std::vector<int64_t>& sizes, DType dtype,
+                       double loss_tolerance, double gradient_tolerance) {
   TeacherStudentMlpOptions options;
   options.layer_sizes = sizes;
   options.seed = 7;
   options.global_batch = 64;
-  const std::string name = absl::StrCat("mlp gradients (", sizes.size() - 1, " layers, ",
-                                        sizes.front(), "->", sizes.back(), ")");
+  const std::string name =
+      absl::StrCat("mlp gradients (", sizes.size() - 1, " layers, ", sizes.front(), "->",
+                   sizes.back(), ", ", kernels::DTypeName(dtype), " parameters)");
   absl::StatusOr<std::unique_ptr<workloads::TeacherStudentMlp>> cpu =
       workloads::TeacherStudentMlp::Create(options);
   absl::StatusOr<std::unique_ptr<workloads::CudaTeacherStudentMlp>> gpu =
       workloads::CudaTeacherStudentMlp::Create(options, device.stream());
   if (!Check(cpu.status(), name) || !Check(gpu.status(), name)) return;
-  HostParameters host(InitialValues(**cpu, (*cpu)->tensors()));
-  DeviceParameters on_device(device, host.values());
+  HostParameters host(InitialValues(**cpu, (*cpu)->tensors()), dtype);
+  DeviceParameters on_device(device, host);
   for (int64_t step : {0, 3}) {
     RecordingSink cpu_sink(nullptr, (*cpu)->tensors());
     RecordingSink gpu_sink(&device, (*cpu)->tensors());
@@ -194,11 +228,11 @@ void CheckMlpGradients(CudaDeviceOps& device, const std::vector<int64_t>& sizes)
     if (!Check(cpu_loss.status(), name) || !Check(gpu_loss.status(), name)) return;
     const double loss_error = std::fabs(*gpu_loss - *cpu_loss) / std::max(1e-12, *cpu_loss);
     const Difference difference = Compare(cpu_sink.gradients(), gpu_sink.gradients());
-    Report(loss_error <= 1e-5 && difference.worst_relative <= 1e-4,
+    Report(loss_error <= loss_tolerance && difference.worst_relative <= gradient_tolerance,
            absl::StrCat(name, " step ", step, ": loss cpu ", *cpu_loss, " gpu ", *gpu_loss,
-                        " (rel ", loss_error, " <= 1e-5), gradients worst rel ",
-                        difference.worst_relative, " <= 1e-4, ", difference.bitwise_equal, "/",
-                        difference.elements, " bitwise equal"));
+                        " (rel ", loss_error, " <= ", loss_tolerance, "), gradients worst rel ",
+                        difference.worst_relative, " <= ", gradient_tolerance, ", ",
+                        difference.bitwise_equal, "/", difference.elements, " bitwise equal"));
   }
 }
 
@@ -310,8 +344,10 @@ int Main() {
   {
     absl::StatusOr<std::unique_ptr<CudaDeviceOps>> device = CudaDeviceOps::Create(0);
     if (!Check(device.status(), "CudaDeviceOps::Create")) return 1;
-    CheckMlpGradients(**device, {10, 64, 10});
-    CheckMlpGradients(**device, {96, 512, 256, 40});
+    CheckMlpGradients(**device, {10, 64, 10}, DType::kFloat32, 1e-5, 1e-4);
+    CheckMlpGradients(**device, {96, 512, 256, 40}, DType::kFloat32, 1e-5, 1e-4);
+    CheckMlpGradients(**device, {96, 512, 256, 40}, DType::kBFloat16, 2e-2, 5e-2);
+    CheckMlpGradients(**device, {96, 512, 256, 40}, DType::kFloat16, 3e-3, 1e-2);
   }
   for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
     EngineConfig config;

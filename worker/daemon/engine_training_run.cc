@@ -15,93 +15,12 @@
 #include "worker/comm/coordinator_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/daemon/cuda_support.h"
+#include "worker/daemon/engine_config.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/teacher_student_mlp.h"
 
 namespace zeroshard::worker {
 namespace {
-
-// The spec arrives with defaults applied (DTYPE_UNSPECIFIED is FLOAT32); FLOAT64 is refused
-// rather than silently trained in fp32.
-absl::StatusOr<kernels::DType> ToKernelDType(absl::string_view field, v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_UNSPECIFIED:
-    case v1::FLOAT32:
-      return kernels::DType::kFloat32;
-    case v1::BFLOAT16:
-      return kernels::DType::kBFloat16;
-    case v1::FLOAT16:
-      return kernels::DType::kFloat16;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": ", v1::DType_Name(dtype), " is not supported by this worker"));
-  }
-}
-
-absl::StatusOr<engine::EngineConfig> EngineConfigFor(const v1::JobSpec& spec, int threads) {
-  engine::EngineConfig config;
-  switch (spec.mode()) {
-    case v1::DDP:
-      config.mode = engine::EngineMode::kDdp;
-      break;
-    case v1::ZERO1:
-      config.mode = engine::EngineMode::kZero1;
-      break;
-    case v1::ZERO2:
-      config.mode = engine::EngineMode::kZero2;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("mode: ", v1::Mode_Name(spec.mode()), " is not supported by this worker"));
-  }
-  const v1::OptimizerSpec& opt = spec.optimizer();
-  kernels::OptimizerConfig& out = config.optimizer;
-  switch (opt.kind()) {
-    case v1::SGD:
-      out.kind = kernels::OptimizerKind::kSgd;
-      break;
-    case v1::ADAM:
-      out.kind = kernels::OptimizerKind::kAdam;
-      break;
-    case v1::ADAMW:
-      out.kind = kernels::OptimizerKind::kAdamW;
-      break;
-    case v1::ADAGRAD:
-      out.kind = kernels::OptimizerKind::kAdagrad;
-      break;
-    case v1::LION:
-      out.kind = kernels::OptimizerKind::kLion;
-      break;
-    default:
-      return absl::InvalidArgumentError("optimizer.kind: unsupported");
-  }
-  out.lr = opt.lr();
-  out.beta1 = opt.beta1();
-  out.beta2 = opt.beta2();
-  out.eps = opt.eps();
-  out.momentum = opt.momentum();
-  out.dampening = opt.dampening();
-  out.nesterov = opt.nesterov();
-  out.amsgrad = opt.amsgrad();
-  out.maximize = opt.maximize();
-  out.lr_decay = opt.lr_decay();
-  out.initial_accumulator_value = opt.initial_accumulator_value();
-  const v1::PrecisionSpec& precision = spec.precision();
-  ZS_ASSIGN_OR_RETURN(config.param_dtype,
-                      ToKernelDType("precision.param_dtype", precision.param_dtype()));
-  ZS_ASSIGN_OR_RETURN(config.grad_dtype,
-                      ToKernelDType("precision.grad_dtype", precision.grad_dtype()));
-  ZS_ASSIGN_OR_RETURN(config.reduce_dtype,
-                      ToKernelDType("precision.reduce_dtype", precision.reduce_dtype()));
-  config.loss_scale.initial_scale = precision.initial_loss_scale();
-  config.loss_scale.dynamic = precision.dynamic_loss_scale();
-  config.loss_scale.growth_interval = precision.loss_scale_growth_interval();
-  config.loss_scale.backoff_factor = precision.loss_scale_backoff_factor();
-  config.loss_scale.growth_factor = precision.loss_scale_growth_factor();
-  config.clip_grad_norm = spec.clip_grad_norm();
-  config.threads = threads;
-  return config;
-}
 
 v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done) {
   v1::StepMetrics metrics;
@@ -250,7 +169,7 @@ absl::Status EngineTrainingRun::Train() {
     ZS_ASSIGN_OR_RETURN(workload, workloads::TeacherStudentMlp::Create(workload_options));
   }
 
-  ZS_ASSIGN_OR_RETURN(engine::EngineConfig config, EngineConfigFor(spec, options_.threads));
+  ZS_ASSIGN_OR_RETURN(engine::EngineConfig config, EngineConfigForJob(spec, options_.threads));
   config.device = device.get();
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Engine::Create(plan, rank, config, communicator.get()));

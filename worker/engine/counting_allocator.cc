@@ -31,8 +31,6 @@ const char* MemoryCategoryName(MemoryCategory category) {
       return "buckets";
     case MemoryCategory::kCommScratch:
       return "comm_scratch";
-    case MemoryCategory::kWorkloadView:
-      return "workload_view";
   }
   return "invalid";
 }

@@ -22,9 +22,8 @@ enum class MemoryCategory : int {
   kOptimizerState = 3,  // fp32 optimizer state arrays (e.g. Adam's exp_avg, exp_avg_sq)
   kBuckets = 4,         // reduce-dtype bucket buffers in flight (zero2, or a dtype change)
   kCommScratch = 5,     // the engine's own communication scratch (the statistics all-reduce)
-  kWorkloadView = 6,    // fp32 widened parameters handed to the workload (non-fp32 params only)
 };
-inline constexpr int kNumMemoryCategories = 7;
+inline constexpr int kNumMemoryCategories = 6;
 
 const char* MemoryCategoryName(MemoryCategory category);
 

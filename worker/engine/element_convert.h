@@ -1,5 +1,5 @@
 // Conversions of flat element buffers between the engine's dtypes (fp32, bf16, fp16): gradients
-// into buckets, reduced buckets into gradient storage, parameter copies to fp32 for workloads.
+// into buckets, reduced buckets into gradient storage, parameter copies to fp32 on the host.
 #ifndef ZEROSHARD_WORKER_ENGINE_ELEMENT_CONVERT_H_
 #define ZEROSHARD_WORKER_ENGINE_ELEMENT_CONVERT_H_
 

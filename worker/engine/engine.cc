@@ -124,7 +124,6 @@ Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const E
       device_(config.device == nullptr ? owned_device_.get() : config.device),
       allocator_(device_),
       buckets_(plan.num_buckets()),
-      view_version_(plan.num_tensors(), 0),
       loss_scale_(config.loss_scale.initial_scale) {
   owned_offsets_.reserve(plan_.num_buckets());
   int64_t offset = 0;
@@ -212,10 +211,6 @@ absl::Status Engine::AllocateBuffers() {
   }
   ZS_ASSIGN_OR_RETURN(stats_buffer_,
                       allocator_.TryAllocate(MemoryCategory::kCommScratch, 3 * sizeof(double)));
-  if (!device_->host_memory() && config_.param_dtype != DType::kFloat32) {
-    ZS_ASSIGN_OR_RETURN(workload_view_,
-                        allocator_.TryAllocate(MemoryCategory::kWorkloadView, padded * int64_t{4}));
-  }
   return absl::OkStatus();
 }
 
@@ -340,29 +335,13 @@ absl::Status Engine::InitializeParameters(
   }
   ZS_DCHECK(ddp || !HasMaster() || fragment == fragments_end)
       << "owned fragments of no tensor were left unset";
-  ++params_version_;
   return absl::OkStatus();
 }
 
-absl::Span<const float> Engine::Parameters(int64_t tensor) {
+workloads::StoredParameters Engine::Parameters(int64_t tensor) {
   ZS_DCHECK(tensor >= 0 && tensor < plan_.num_tensors()) << "tensor " << tensor;
   const sharding::TensorPlacement& placement = plan_.placement(tensor);
-  if (config_.param_dtype == DType::kFloat32) {
-    return absl::MakeConstSpan(params_.as<float>() + placement.flat_offset, placement.num_elements);
-  }
-  if (workload_view_.data() == nullptr) {
-    workload_view_ =
-        allocator_.Allocate(MemoryCategory::kWorkloadView, plan_.padded_elems() * int64_t{4});
-  }
-  float* widened = workload_view_.as<float>() + placement.flat_offset;
-  if (view_version_[tensor] != params_version_) {
-    const absl::Status converted =
-        RecordFailure(device_->ConvertElements(ParamsAt(placement.flat_offset), config_.param_dtype,
-                                               widened, DType::kFloat32, placement.num_elements));
-    if (!converted.ok()) return {};
-    view_version_[tensor] = params_version_;
-  }
-  return absl::MakeConstSpan(widened, placement.num_elements);
+  return {ParamsAt(placement.flat_offset), config_.param_dtype, placement.num_elements};
 }
 
 absl::StatusOr<std::vector<float>> Engine::ParametersOnHost(int64_t tensor) {
@@ -371,11 +350,18 @@ absl::StatusOr<std::vector<float>> Engine::ParametersOnHost(int64_t tensor) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor: ", tensor, " is not in [0, ", plan_.num_tensors(), ")"));
   }
-  absl::Span<const float> values = Parameters(tensor);
-  ZS_RETURN_IF_ERROR(failure_);
-  std::vector<float> host(values.size());
-  ZS_RETURN_IF_ERROR(RecordFailure(
-      device_->CopyToHost(host.data(), values.data(), values.size() * sizeof(float))));
+  const workloads::StoredParameters stored = Parameters(tensor);
+  std::vector<float> host(stored.size);
+  if (stored.dtype == DType::kFloat32) {
+    ZS_RETURN_IF_ERROR(RecordFailure(
+        device_->CopyToHost(host.data(), stored.data, stored.size * int64_t{sizeof(float)})));
+    return host;
+  }
+  // Widened on the host, so the only extra memory is this one tensor's stored bits.
+  std::vector<char> bits(stored.size * param_size_);
+  ZS_RETURN_IF_ERROR(
+      RecordFailure(device_->CopyToHost(bits.data(), stored.data, stored.size * param_size_)));
+  ConvertElements(bits.data(), stored.dtype, host.data(), DType::kFloat32, stored.size);
   return host;
 }
 
@@ -646,7 +632,6 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
     if (status.ok()) status = device_->Synchronize();
     if (!status.ok()) return RecordFailure(status);
     ++optimizer_step_;
-    ++params_version_;
   }
   UpdateLossScale(result.skipped);
   const absl::Time updated = absl::Now();

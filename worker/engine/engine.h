@@ -172,13 +172,14 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // is not the open segment.
   absl::Status GradWritten(int64_t tensor, int64_t begin, int64_t end) override;
 
-  // workloads::ParameterSource: the current full parameters of `tensor` in fp32 (widened from
-  // param_dtype), in the engine's device memory. Valid until the next Step(). Empty when the
-  // device failed (the next Step() reports why).
+  // workloads::ParameterSource: the current full parameters of `tensor` as stored, in
+  // param_dtype, in the engine's device memory (the parameter copy itself: no fp32 view is made
+  // for bf16/fp16 parameters). Valid until the next Step().
   // REQUIRES: 0 <= tensor < plan().num_tensors() (ParametersOnHost checks it for callers).
-  absl::Span<const float> Parameters(int64_t tensor) override;
+  workloads::StoredParameters Parameters(int64_t tensor) override;
 
-  // Parameters(tensor) copied into host memory (e.g. to write them to a file).
+  // Parameters(tensor) copied into host memory and widened to fp32 (exact), one tensor at a time
+  // (e.g. to write them to a file).
   absl::StatusOr<std::vector<float>> ParametersOnHost(int64_t tensor);
 
   // Finishes the step: waits for the reductions, checks the global norm and overflow, updates
@@ -291,9 +292,6 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // StagesGradients()).
   CountedBuffer grad_staging_;
   CountedBuffer stats_buffer_;  // 3 doubles: sum of squares, non-finite count, loss
-  // fp32 params for non-fp32 param_dtype: allocated on first use on the host, at creation on
-  // other devices (so running out of device memory is an error of Create, not of a step).
-  CountedBuffer workload_view_;
 
   // The update's pieces (one per owned fragment; one per tensor in ddp) and the statistics'
   // pieces (the owned fragments' gradients, in every mode): fixed after construction.
@@ -327,11 +325,6 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // Sum of the retired reductions' run times; false once one came without a run time.
   absl::Duration reduce_run_time_ = absl::ZeroDuration();
   bool run_times_recorded_ = true;
-
-  // Parameter versions: bumped by every change of params_; view_version_[t] is the version
-  // tensor t of workload_view_ was widened from.
-  int64_t params_version_ = 1;
-  std::vector<int64_t> view_version_;
 
   int64_t optimizer_step_ = 0;
   double loss_scale_ = 1.0;

@@ -7,8 +7,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "kernels/dtype.h"
 #include "worker/comm/testing/identity_communicator.h"
 #include "worker/engine/engine.h"
+#include "worker/workloads/workload.h"
 
 namespace zeroshard::engine {
 namespace {
@@ -98,7 +100,6 @@ TEST_P(EngineMemoryTest, ReportedBytesFollowTheZeroFormulas) {
       // and backward's fp32 segments are rounded to bf16 through one bucket of fp32 staging.
       EXPECT_EQ(report.of(MemoryCategory::kBuckets), (2 + 1) * LargestBucket(plan) * 4);
       EXPECT_EQ(report.of(MemoryCategory::kCommScratch), 3 * 8);
-      EXPECT_EQ(report.of(MemoryCategory::kWorkloadView), 0);
       // Optimizer state per rank is ddp's / W exactly (every rank owns padded_elems / W).
       const int64_t state = report.of(MemoryCategory::kOptimizerState);
       if (expected.mode == EngineMode::kDdp) {
@@ -170,14 +171,47 @@ TEST_P(EngineMemoryTest, TheBucketPoolDoesNotGrowWithTheLargestTensor) {
   EXPECT_EQ((*engine)->Memory().of(MemoryCategory::kBuckets), 2 * 65536 * 4);
 }
 
-TEST_P(EngineMemoryTest, WidenedParametersAreCountedWhenTheWorkloadAsksForThem) {
+// bf16 parameters reach the workload as the engine stores them: Parameters() hands out the
+// parameter copy itself (no fp32 view of the model), so asking for every tensor allocates
+// nothing; ParametersOnHost widens one tensor at a time.
+TEST_P(EngineMemoryTest, Bf16ParametersReachTheWorkloadWithoutAnFp32Copy) {
   const int world_size = GetParam();
   const sharding::ShardPlan plan = MemoryPlan(world_size);
   PlaceholderCommunicator communicator(0, world_size);
   auto engine = Engine::Create(plan, 0, AdamBf16Config(EngineMode::kZero2), &communicator);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  (*engine)->Parameters(0);
-  EXPECT_EQ((*engine)->Memory().of(MemoryCategory::kWorkloadView), plan.padded_elems() * 4);
+  // Values that bf16 rounds (most need more than 8 significant bits).
+  auto initial = [](int64_t tensor, int64_t k) {
+    return 0.001f * static_cast<float>(k % 1000) + static_cast<float>(tensor);
+  };
+  ASSERT_TRUE((*engine)
+                  ->InitializeParameters([&](int64_t tensor, absl::Span<float> out) {
+                    for (size_t k = 0; k < out.size(); ++k) out[k] = initial(tensor, k);
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  const MemoryReport before = (*engine)->Memory();
+  for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+    SCOPED_TRACE(absl::StrCat("tensor ", t));
+    const workloads::StoredParameters stored = (*engine)->Parameters(t);
+    ASSERT_EQ(stored.dtype, DType::kBFloat16);
+    ASSERT_EQ(stored.size, plan.placement(t).num_elements);
+    std::vector<float> widened(stored.size);
+    workloads::WidenParameters(stored, 0, stored.size, widened.data());
+    int64_t rounded = 0;
+    for (int64_t k = 0; k < stored.size; ++k) {
+      const float expected = kernels::BFloat16ToFloat(kernels::FloatToBFloat16(initial(t, k)));
+      ASSERT_EQ(widened[k], expected) << "element " << k;
+      if (expected != initial(t, k)) ++rounded;
+    }
+    if (stored.size > 100) EXPECT_GT(rounded, 0);
+    const absl::StatusOr<std::vector<float>> on_host = (*engine)->ParametersOnHost(t);
+    ASSERT_TRUE(on_host.ok()) << on_host.status();
+    EXPECT_EQ(*on_host, widened);
+  }
+  const MemoryReport after = (*engine)->Memory();
+  EXPECT_EQ(after.total(), before.total()) << after.ToString();
+  EXPECT_EQ(after.peak_total_bytes, before.peak_total_bytes) << after.ToString();
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, EngineMemoryTest, ::testing::Values(1, 2, 4),

@@ -102,7 +102,7 @@ RunResult RunEngines(int64_t world_size, const EngineConfig& config, int64_t inf
           run.steps_by_rank[rank].push_back(result);
         }
         for (int64_t t = 0; t < plan.num_tensors(); ++t) {
-          absl::Span<const float> values = engine->Parameters(t);
+          ZS_ASSIGN_OR_RETURN(const std::vector<float> values, engine->ParametersOnHost(t));
           run.params_by_rank[rank].insert(run.params_by_rank[rank].end(), values.begin(),
                                           values.end());
         }

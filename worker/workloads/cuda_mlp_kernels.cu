@@ -2,10 +2,13 @@
 // two-stage reduction (a fixed grid and fixed shared-memory trees, no atomics).
 #include <cuda_runtime.h>
 
+#include "kernels/dtype.h"
 #include "worker/workloads/cuda_mlp_kernels.h"
 
 namespace zeroshard::workloads::cuda_internal {
 namespace {
+
+using kernels::DType;
 
 constexpr int kThreadsPerBlock = 256;  // a power of two: the reduction trees halve it
 constexpr int64_t kMaxBlocks = 4096;
@@ -21,12 +24,27 @@ __device__ int64_t FirstIndex() {
 
 __device__ int64_t GridStride() { return static_cast<int64_t>(gridDim.x) * blockDim.x; }
 
-__global__ void BiasActivationKernel(float* out, const float* bias, int64_t batch, int64_t out_size,
-                                     bool relu) {
+__device__ float LoadElement(const void* data, int32_t dtype, int64_t i) {
+  if (dtype == static_cast<int32_t>(DType::kFloat32)) return static_cast<const float*>(data)[i];
+  const uint16_t bits = static_cast<const uint16_t*>(data)[i];
+  return dtype == static_cast<int32_t>(DType::kBFloat16) ? kernels::BFloat16ToFloat(bits)
+                                                         : kernels::HalfToFloat(bits);
+}
+
+__global__ void BiasActivationKernel(float* out, const void* bias, int32_t bias_dtype,
+                                     int64_t batch, int64_t out_size, bool relu) {
   const int64_t count = batch * out_size;
   for (int64_t k = FirstIndex(); k < count; k += GridStride()) {
-    const float value = out[k] + bias[k % out_size];
+    const float value = out[k] + LoadElement(bias, bias_dtype, k % out_size);
     out[k] = relu ? (value > 0.0f ? value : 0.0f) : value;
+  }
+}
+
+__global__ void RoundToLowPrecisionKernel(const float* src, int64_t count, int32_t dtype,
+                                          uint16_t* dst) {
+  const bool bf16 = dtype == static_cast<int32_t>(DType::kBFloat16);
+  for (int64_t k = FirstIndex(); k < count; k += GridStride()) {
+    dst[k] = bf16 ? kernels::FloatToBFloat16(src[k]) : kernels::FloatToHalf(src[k]);
   }
 }
 
@@ -83,12 +101,12 @@ __global__ void ReluBackwardKernel(float* delta, const float* activation, int64_
 
 }  // namespace
 
-cudaError_t LaunchBiasActivation(float* out, const float* bias, int64_t batch, int64_t out_size,
-                                 bool relu, cudaStream_t stream) {
+cudaError_t LaunchBiasActivation(float* out, const void* bias, int32_t bias_dtype, int64_t batch,
+                                 int64_t out_size, bool relu, cudaStream_t stream) {
   const int64_t count = batch * out_size;
   if (count <= 0) return cudaSuccess;
-  BiasActivationKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(out, bias, batch,
-                                                                          out_size, relu);
+  BiasActivationKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(out, bias, bias_dtype,
+                                                                          batch, out_size, relu);
   return cudaGetLastError();
 }
 
@@ -115,6 +133,14 @@ cudaError_t LaunchReluBackward(float* delta, const float* activation, int64_t co
                                cudaStream_t stream) {
   if (count <= 0) return cudaSuccess;
   ReluBackwardKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(delta, activation, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchRoundToLowPrecision(const float* src, int64_t count, int32_t dtype, uint16_t* dst,
+                                      cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  RoundToLowPrecisionKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(src, count, dtype,
+                                                                               dst);
   return cudaGetLastError();
 }
 

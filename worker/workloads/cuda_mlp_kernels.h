@@ -1,6 +1,7 @@
 // Internal to CudaTeacherStudentMlp: launchers of its small element kernels (bias and ReLU, the
-// MSE loss and its gradient, the bias gradient, ReLU's backward), compiled by nvcc in
-// cuda_mlp_kernels.cu. Matrices are row-major [batch, features], as in teacher_student_mlp.h.
+// MSE loss and its gradient, the bias gradient, ReLU's backward, the rounding of a product's
+// operand to bf16/fp16), compiled by nvcc in cuda_mlp_kernels.cu. Matrices are row-major
+// [batch, features], as in teacher_student_mlp.h. Dtypes are kernels::DType values.
 #ifndef ZEROSHARD_WORKER_WORKLOADS_CUDA_MLP_KERNELS_H_
 #define ZEROSHARD_WORKER_WORKLOADS_CUDA_MLP_KERNELS_H_
 
@@ -17,8 +18,9 @@ inline constexpr int kLossBlocks = 256;
 // Each launcher enqueues on `stream` and returns the launch error, if any.
 
 // out[j, o] = out[j, o] + bias[o], then max(., 0) when `relu` (x > 0 ? x : 0, as the CPU does).
-cudaError_t LaunchBiasActivation(float* out, const float* bias, int64_t batch, int64_t out_size,
-                                 bool relu, cudaStream_t stream);
+// `bias` holds `bias_dtype` elements (fp32, or bf16/fp16 bits widened exactly).
+cudaError_t LaunchBiasActivation(float* out, const void* bias, int32_t bias_dtype, int64_t batch,
+                                 int64_t out_size, bool relu, cudaStream_t stream);
 
 // diff = outputs[k] - targets[k]; delta[k] = diff * gradient_scale; *loss_sum = sum over k of
 // double(diff)^2, in two fixed-order stages (kLossBlocks partial sums into `partials`, then one
@@ -34,6 +36,11 @@ cudaError_t LaunchBiasGradient(const float* delta, int64_t batch, int64_t out_si
 // delta[k] = 0 where !(activation[k] > 0) (ReLU's derivative at the layer's output).
 cudaError_t LaunchReluBackward(float* delta, const float* activation, int64_t count,
                                cudaStream_t stream);
+
+// dst[k] = the bits of src[k] rounded to `dtype` (bf16 or fp16, nearest even, as
+// kernels/dtype.h), for k < count: an fp32 operand of a cublasGemmEx with 16-bit inputs.
+cudaError_t LaunchRoundToLowPrecision(const float* src, int64_t count, int32_t dtype, uint16_t* dst,
+                                      cudaStream_t stream);
 
 }  // namespace zeroshard::workloads::cuda_internal
 

@@ -10,6 +10,8 @@
 //   forward      y [batch, out] = x W^T   ->  y^T = W x^T     : (T, N), m=out, n=batch, k=in
 //   weight grad  G [out, in]    = d^T x   ->  G^T = x^T d     : (N, T), m=in,  n=out,   k=batch
 //   input grad   p [batch, in]  = d W     ->  p^T = W^T d^T   : (N, N), m=in,  n=batch, k=out
+// With a bf16/fp16 weight, the forward and input-grad products are cublasGemmEx calls of the
+// same shapes, x or d rounded to the weight's dtype first, fp32 accumulation and output.
 #include "worker/workloads/cuda_teacher_student_mlp.h"
 
 #include <cublas_v2.h>
@@ -21,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "kernels/dtype.h"
 #include "sharding/model_catalog.h"
 #include "worker/workloads/cuda_mlp_kernels.h"
 #include "worker/workloads/row_blocks.h"
@@ -40,6 +43,11 @@ absl::Status CublasStatus(cublasStatus_t status, const char* what) {
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 cublasHandle_t AsHandle(void* handle) { return static_cast<cublasHandle_t>(handle); }
+
+// cuBLAS's name for a 16-bit parameter dtype.
+cudaDataType_t LowPrecisionType(kernels::DType dtype) {
+  return dtype == kernels::DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+}
 
 }  // namespace
 
@@ -118,6 +126,7 @@ absl::Status CudaTeacherStudentMlp::Initialize() {
   }
   ZS_ASSIGN_OR_RETURN(row_grad_, AllocateDevice<float>(max_size));
   ZS_ASSIGN_OR_RETURN(bias_grad_, AllocateDevice<float>(max_size));
+  ZS_ASSIGN_OR_RETURN(low_precision_operand_, AllocateDevice<uint16_t>(local_batch_ * max_size));
   ZS_ASSIGN_OR_RETURN(loss_partials_, AllocateDevice<double>(cuda_internal::kLossBlocks));
   ZS_ASSIGN_OR_RETURN(loss_sum_, AllocateDevice<double>(1));
   host_inputs_.resize(local_batch_ * sizes[0]);
@@ -133,20 +142,63 @@ absl::Status CudaTeacherStudentMlp::InitialParameters(int64_t tensor, absl::Span
   return FillStudentInitialParameters(options_, tensor, out);
 }
 
-absl::Status CudaTeacherStudentMlp::LinearForward(const float* in, const float* weight,
-                                                  const float* bias, int64_t in_size,
+absl::Status CudaTeacherStudentMlp::RoundOperand(const float* values, int64_t count,
+                                                 kernels::DType dtype) {
+  return common::CudaStatus(
+      cuda_internal::LaunchRoundToLowPrecision(values, count, static_cast<int32_t>(dtype),
+                                               low_precision_operand_, AsStream(stream_)),
+      "rounding kernel");
+}
+
+absl::Status CudaTeacherStudentMlp::LinearForward(const float* in, const StoredParameters& weight,
+                                                  const StoredParameters& bias, int64_t in_size,
                                                   int64_t out_size, bool relu, float* out) {
   const float one = 1.0f;
   const float zero = 0.0f;
   // y^T [out, batch] = W [out, in] x^T [in, batch] (see the top of this file).
-  ZS_CUBLAS_RETURN_IF_ERROR(cublasSgemm(AsHandle(cublas_), CUBLAS_OP_T, CUBLAS_OP_N,
-                                        static_cast<int>(out_size), static_cast<int>(local_batch_),
-                                        static_cast<int>(in_size), &one, weight,
-                                        static_cast<int>(in_size), in, static_cast<int>(in_size),
-                                        &zero, out, static_cast<int>(out_size)));
-  return common::CudaStatus(cuda_internal::LaunchBiasActivation(out, bias, local_batch_, out_size,
-                                                                relu, AsStream(stream_)),
-                            "bias and activation kernel");
+  if (weight.dtype == kernels::DType::kFloat32) {
+    ZS_CUBLAS_RETURN_IF_ERROR(
+        cublasSgemm(AsHandle(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_size),
+                    static_cast<int>(local_batch_), static_cast<int>(in_size), &one,
+                    static_cast<const float*>(weight.data), static_cast<int>(in_size), in,
+                    static_cast<int>(in_size), &zero, out, static_cast<int>(out_size)));
+  } else {
+    ZS_RETURN_IF_ERROR(RoundOperand(in, local_batch_ * in_size, weight.dtype));
+    const cudaDataType_t type = LowPrecisionType(weight.dtype);
+    ZS_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+        AsHandle(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_size),
+        static_cast<int>(local_batch_), static_cast<int>(in_size), &one, weight.data, type,
+        static_cast<int>(in_size), low_precision_operand_, type, static_cast<int>(in_size), &zero,
+        out, CUDA_R_32F, static_cast<int>(out_size), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  }
+  return common::CudaStatus(
+      cuda_internal::LaunchBiasActivation(out, bias.data, static_cast<int32_t>(bias.dtype),
+                                          local_batch_, out_size, relu, AsStream(stream_)),
+      "bias and activation kernel");
+}
+
+absl::Status CudaTeacherStudentMlp::InputGradient(const float* delta,
+                                                  const StoredParameters& weight, int64_t in_size,
+                                                  int64_t out_size, float* previous) {
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  // p^T [in, batch] = W^T [in, out] d^T [out, batch] (see the top of this file).
+  if (weight.dtype == kernels::DType::kFloat32) {
+    ZS_CUBLAS_RETURN_IF_ERROR(
+        cublasSgemm(AsHandle(cublas_), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(in_size),
+                    static_cast<int>(local_batch_), static_cast<int>(out_size), &one,
+                    static_cast<const float*>(weight.data), static_cast<int>(in_size), delta,
+                    static_cast<int>(out_size), &zero, previous, static_cast<int>(in_size)));
+    return absl::OkStatus();
+  }
+  ZS_RETURN_IF_ERROR(RoundOperand(delta, local_batch_ * out_size, weight.dtype));
+  const cudaDataType_t type = LowPrecisionType(weight.dtype);
+  ZS_CUBLAS_RETURN_IF_ERROR(cublasGemmEx(
+      AsHandle(cublas_), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(in_size),
+      static_cast<int>(local_batch_), static_cast<int>(out_size), &one, weight.data, type,
+      static_cast<int>(in_size), low_precision_operand_, type, static_cast<int>(out_size), &zero,
+      previous, CUDA_R_32F, static_cast<int>(in_size), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
 }
 
 absl::Status CudaTeacherStudentMlp::LoadMicroBatch(int64_t step) {
@@ -166,8 +218,11 @@ absl::Status CudaTeacherStudentMlp::LoadMicroBatch(int64_t step) {
   for (int64_t l = 0; l < num_layers_; ++l) {
     const bool last = l + 1 == num_layers_;
     float* out = last ? targets_ : teacher_scratch_[l % 2];
-    ZS_RETURN_IF_ERROR(LinearForward(in, teacher_weights_[l], teacher_biases_[l], sizes[l],
-                                     sizes[l + 1], /*relu=*/!last, out));
+    const StoredParameters weight{teacher_weights_[l], kernels::DType::kFloat32,
+                                  sizes[l] * sizes[l + 1]};
+    const StoredParameters bias{teacher_biases_[l], kernels::DType::kFloat32, sizes[l + 1]};
+    ZS_RETURN_IF_ERROR(
+        LinearForward(in, weight, bias, sizes[l], sizes[l + 1], /*relu=*/!last, out));
     in = out;
   }
   return absl::OkStatus();
@@ -218,18 +273,23 @@ absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, Para
                                                               GradientSink& sink) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: negative, ", step));
   const std::vector<int64_t>& sizes = options_.layer_sizes;
-  std::vector<const float*> weights(num_layers_);
-  std::vector<const float*> biases(num_layers_);
+  std::vector<StoredParameters> weights(num_layers_);
+  std::vector<StoredParameters> biases(num_layers_);
   for (int64_t l = 0; l < num_layers_; ++l) {
     for (const bool bias : {true, false}) {
       const int64_t tensor = BiasTensor(l) + (bias ? 0 : 1);
-      absl::Span<const float> values = params.Parameters(tensor);
-      if (static_cast<int64_t>(values.size()) != tensors_[tensor].num_elements) {
+      const StoredParameters values = params.Parameters(tensor);
+      if (values.size != tensors_[tensor].num_elements) {
         return absl::InvalidArgumentError(absl::StrCat("params: ", tensors_[tensor].name, " has ",
-                                                       values.size(), " elements, expected ",
+                                                       values.size, " elements, expected ",
                                                        tensors_[tensor].num_elements));
       }
-      (bias ? biases : weights)[l] = values.data();
+      if (!kernels::IsValidDType(values.dtype)) {
+        return absl::InvalidArgumentError(absl::StrCat("params: ", tensors_[tensor].name,
+                                                       " has an invalid dtype (",
+                                                       static_cast<int>(values.dtype), ")"));
+      }
+      (bias ? biases : weights)[l] = values;
     }
   }
 
@@ -270,15 +330,9 @@ absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, Para
     ZS_RETURN_IF_ERROR(WeightGradient(l, delta, sink));
 
     if (l == 0) break;
-    const float one = 1.0f;
-    const float zero = 0.0f;
-    // p^T [in, batch] = W^T [in, out] d^T [out, batch], then ReLU's derivative.
+    // p = d W, then ReLU's derivative.
     float* previous = delta_[(num_layers_ - l) % 2];
-    ZS_CUBLAS_RETURN_IF_ERROR(
-        cublasSgemm(AsHandle(cublas_), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(in_size),
-                    static_cast<int>(local_batch_), static_cast<int>(out_size), &one, weights[l],
-                    static_cast<int>(in_size), delta, static_cast<int>(out_size), &zero, previous,
-                    static_cast<int>(in_size)));
+    ZS_RETURN_IF_ERROR(InputGradient(delta, weights[l], in_size, out_size, previous));
     ZS_RETURN_IF_ERROR(common::CudaStatus(
         cuda_internal::LaunchReluBackward(previous, activations_[l], local_batch_ * in_size,
                                           AsStream(stream_)),

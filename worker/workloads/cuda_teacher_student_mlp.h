@@ -1,6 +1,7 @@
 // The teacher-student MLP of teacher_student_mlp.h on a CUDA GPU: the same data, initial weights,
-// loss and gradients, with cuBLAS sgemm for the matrix products and small CUDA kernels for the
-// rest. Built only under --config=cuda; this header has no CUDA includes.
+// loss and gradients, with cuBLAS for the matrix products (sgemm, or cublasGemmEx in bf16/fp16
+// with fp32 accumulation for low-precision parameters) and small CUDA kernels for the rest.
+// Built only under --config=cuda; this header has no CUDA includes.
 #ifndef ZEROSHARD_WORKER_WORKLOADS_CUDA_TEACHER_STUDENT_MLP_H_
 #define ZEROSHARD_WORKER_WORKLOADS_CUDA_TEACHER_STUDENT_MLP_H_
 
@@ -23,9 +24,15 @@ namespace zeroshard::workloads {
 // targets are the teacher's forward on the device. Parameters and gradients crossing the seam
 // are device pointers on the current device, ordered on `stream` (workload.h, "Memory").
 //
-// Results are close to, not bitwise equal to, the CPU workload's: cuBLAS adds the products in
-// its own order (fp32 throughout, no TF32: the handle uses CUBLAS_DEFAULT_MATH), and the loss is
-// summed in a fixed device order. For a fixed GPU model and cuBLAS version every step is
+// Parameters are read in their stored dtype (workload.h). With fp32 parameters results are close
+// to, not bitwise equal to, the CPU workload's: cuBLAS adds the products in its own order (fp32
+// throughout, no TF32: the handle uses CUBLAS_DEFAULT_MATH), and the loss is summed in a fixed
+// device order. With a bf16/fp16 weight, the forward product and backward's delta W run as
+// cublasGemmEx with 16-bit inputs (the weight as stored; the activation or delta rounded to the
+// weight's dtype into one [local_batch, largest size] scratch) and CUBLAS_COMPUTE_32F (fp32
+// accumulation and fp32 output), as torch's autocast does; the CPU workload keeps that operand in
+// fp32 instead, so the two differ by the operand's rounding. Weight gradients, the loss gradient
+// and activations stay fp32. For a fixed GPU model and cuBLAS version every step is
 // deterministic: no atomics, fixed launch shapes.
 //
 // Thread contract: not thread-safe; one ForwardBackward at a time, on a thread whose current
@@ -65,9 +72,16 @@ class CudaTeacherStudentMlp final : public Workload {
   int64_t BiasTensor(int64_t layer) const { return 2 * (num_layers_ - 1 - layer); }
   // The dataset index of sample j of this rank's micro-batch at `step` (as TeacherStudentMlp).
   int64_t SampleIndex(int64_t step, int64_t j) const;
-  // out = in * weight^T + bias (then ReLU when `relu`): [batch, out_size] row-major.
-  absl::Status LinearForward(const float* in, const float* weight, const float* bias,
-                             int64_t in_size, int64_t out_size, bool relu, float* out);
+  // out = in * weight^T + bias (then ReLU when `relu`): [batch, out_size] row-major, from
+  // parameters in any dtype.
+  absl::Status LinearForward(const float* in, const StoredParameters& weight,
+                             const StoredParameters& bias, int64_t in_size, int64_t out_size,
+                             bool relu, float* out);
+  // previous = delta * weight ([batch, in_size]), before ReLU's derivative.
+  absl::Status InputGradient(const float* delta, const StoredParameters& weight, int64_t in_size,
+                             int64_t out_size, float* previous);
+  // `count` fp32 values rounded to `dtype` into low_precision_operand_, for a 16-bit product.
+  absl::Status RoundOperand(const float* values, int64_t count, kernels::DType dtype);
   // Copies this rank's inputs of `step` to the device and runs the teacher into targets_.
   absl::Status LoadMicroBatch(int64_t step);
   // Rows [first_row, first_row + rows) of layer `layer`'s weight gradient into `out` (device,
@@ -94,6 +108,9 @@ class CudaTeacherStudentMlp final : public Workload {
   float* delta_[2] = {};             // [local_batch, max size]
   float* row_grad_ = nullptr;        // one weight row (the largest layer's size)
   float* bias_grad_ = nullptr;       // the largest layer's size
+  // [local_batch, max size] bf16/fp16 bits: the activation or delta operand of a product with a
+  // low-precision weight.
+  uint16_t* low_precision_operand_ = nullptr;
   double* loss_partials_ = nullptr;  // cuda_internal::kLossBlocks
   double* loss_sum_ = nullptr;       // 1
   std::vector<float> host_inputs_;   // [local_batch, sizes[0]] staging for the copy

@@ -1,5 +1,6 @@
 // The teacher-student MLP workload of teacher_student_mlp.h: generator-driven data and initial
-// weights, and a hand-written fp32 forward/backward over single-threaded OpenBLAS.
+// weights, and a hand-written forward/backward over single-threaded OpenBLAS sgemm (bf16/fp16
+// weights widened a row tile at a time).
 #include "worker/workloads/teacher_student_mlp.h"
 
 #include <cblas.h>
@@ -31,6 +32,10 @@ void ReluInPlace(float* values, int64_t count) {
 }
 
 }  // namespace
+
+int64_t WeightTileRows(int64_t in_size, int64_t out_size) {
+  return std::max<int64_t>(1, std::min(out_size, kWeightTileElems / in_size));
+}
 
 uint64_t MlpStream(MlpRole role, uint64_t number) {
   return (static_cast<uint64_t>(role) << 32) | number;
@@ -125,6 +130,12 @@ TeacherStudentMlp::TeacherStudentMlp(TeacherStudentMlpOptions options,
     delta_[k].resize(local_batch_ * max_size);
   }
   row_grad_.resize(max_size);
+  int64_t tile_elems = 0;
+  for (int64_t l = 0; l < num_layers_; ++l) {
+    tile_elems = std::max(tile_elems, WeightTileRows(sizes[l], sizes[l + 1]) * sizes[l]);
+  }
+  weight_tile_.resize(tile_elems);
+  widened_bias_.resize(max_size);
   student_weights_.resize(num_layers_);
   student_biases_.resize(num_layers_);
 }
@@ -215,30 +226,85 @@ absl::Status TeacherStudentMlp::WeightGradient(int64_t layer, const float* delta
       });
 }
 
+void TeacherStudentMlp::StudentLinearForward(int64_t layer, const float* in, float* out) {
+  const int64_t in_size = options_.layer_sizes[layer];
+  const int64_t out_size = options_.layer_sizes[layer + 1];
+  const StoredParameters& weight = student_weights_[layer];
+  const StoredParameters& bias = student_biases_[layer];
+  const float* bias_values = static_cast<const float*>(bias.data);
+  if (bias.dtype != kernels::DType::kFloat32) {
+    WidenParameters(bias, 0, out_size, widened_bias_.data());
+    bias_values = widened_bias_.data();
+  }
+  if (weight.dtype == kernels::DType::kFloat32) {
+    LinearForward(in, static_cast<const float*>(weight.data), bias_values, local_batch_, in_size,
+                  out_size, out);
+    return;
+  }
+  for (int64_t j = 0; j < local_batch_; ++j) {
+    std::copy(bias_values, bias_values + out_size, out + j * out_size);
+  }
+  // Output columns [first, first + rows) come from weight rows [first, first + rows) alone.
+  const int64_t tile_rows = WeightTileRows(in_size, out_size);
+  for (int64_t first = 0; first < out_size; first += tile_rows) {
+    const int64_t rows = std::min(tile_rows, out_size - first);
+    WidenParameters(weight, first * in_size, rows * in_size, weight_tile_.data());
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(local_batch_),
+                static_cast<int>(rows), static_cast<int>(in_size), 1.0f, in,
+                static_cast<int>(in_size), weight_tile_.data(), static_cast<int>(in_size), 1.0f,
+                out + first, static_cast<int>(out_size));
+  }
+}
+
+void TeacherStudentMlp::StudentInputGradient(int64_t layer, const float* delta, float* previous) {
+  const int64_t in_size = options_.layer_sizes[layer];
+  const int64_t out_size = options_.layer_sizes[layer + 1];
+  const StoredParameters& weight = student_weights_[layer];
+  if (weight.dtype == kernels::DType::kFloat32) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(local_batch_),
+                static_cast<int>(in_size), static_cast<int>(out_size), 1.0f, delta,
+                static_cast<int>(out_size), static_cast<const float*>(weight.data),
+                static_cast<int>(in_size), 0.0f, previous, static_cast<int>(in_size));
+    return;
+  }
+  // previous = sum over row tiles of delta[:, tile] W[tile, :], the first tile overwriting.
+  const int64_t tile_rows = WeightTileRows(in_size, out_size);
+  for (int64_t first = 0; first < out_size; first += tile_rows) {
+    const int64_t rows = std::min(tile_rows, out_size - first);
+    WidenParameters(weight, first * in_size, rows * in_size, weight_tile_.data());
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(local_batch_),
+                static_cast<int>(in_size), static_cast<int>(rows), 1.0f, delta + first,
+                static_cast<int>(out_size), weight_tile_.data(), static_cast<int>(in_size),
+                first == 0 ? 0.0f : 1.0f, previous, static_cast<int>(in_size));
+  }
+}
+
 absl::StatusOr<double> TeacherStudentMlp::ForwardBackward(int64_t step, ParameterSource& params,
                                                           GradientSink& sink) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: negative, ", step));
   const std::vector<int64_t>& sizes = options_.layer_sizes;
-  std::vector<const float*>& weights = student_weights_;
-  std::vector<const float*>& biases = student_biases_;
   for (int64_t l = 0; l < num_layers_; ++l) {
     for (const bool bias : {true, false}) {
       const int64_t tensor = BiasTensor(l) + (bias ? 0 : 1);
-      absl::Span<const float> values = params.Parameters(tensor);
-      if (static_cast<int64_t>(values.size()) != tensors_[tensor].num_elements) {
+      const StoredParameters values = params.Parameters(tensor);
+      if (values.size != tensors_[tensor].num_elements) {
         return absl::InvalidArgumentError(absl::StrCat("params: ", tensors_[tensor].name, " has ",
-                                                       values.size(), " elements, expected ",
+                                                       values.size, " elements, expected ",
                                                        tensors_[tensor].num_elements));
       }
-      (bias ? biases : weights)[l] = values.data();
+      if (!kernels::IsValidDType(values.dtype)) {
+        return absl::InvalidArgumentError(absl::StrCat("params: ", tensors_[tensor].name,
+                                                       " has an invalid dtype (",
+                                                       static_cast<int>(values.dtype), ")"));
+      }
+      (bias ? student_biases_ : student_weights_)[l] = values;
     }
   }
 
   LoadMicroBatch(step);
   for (int64_t l = 0; l < num_layers_; ++l) {
     float* out = activations_[l + 1].data();
-    LinearForward(activations_[l].data(), weights[l], biases[l], local_batch_, sizes[l],
-                  sizes[l + 1], out);
+    StudentLinearForward(l, activations_[l].data(), out);
     if (l + 1 < num_layers_) ReluInPlace(out, local_batch_ * sizes[l + 1]);
   }
 
@@ -275,10 +341,7 @@ absl::StatusOr<double> TeacherStudentMlp::ForwardBackward(int64_t step, Paramete
     if (l == 0) break;
     // delta_prev[j, i] = (sum_o delta[j, o] * weight[o, i]) * relu'(activation[j, i]).
     float* previous = delta_[(num_layers_ - l) % 2].data();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(local_batch_),
-                static_cast<int>(in_size), static_cast<int>(out_size), 1.0f, delta,
-                static_cast<int>(out_size), weights[l], static_cast<int>(in_size), 0.0f, previous,
-                static_cast<int>(in_size));
+    StudentInputGradient(l, delta, previous);
     const float* activation = activations_[l].data();
     for (int64_t k = 0; k < local_batch_ * in_size; ++k) {
       if (!(activation[k] > 0.0f)) previous[k] = 0.0f;

@@ -1,7 +1,8 @@
 // The teacher-student MLP workload (docs/design.md, "Workloads"): a student MLP learns, with MSE
 // loss, the function of a fixed random teacher MLP of the same shape on synthetic uniform inputs.
-// Forward and backward by hand over single-threaded OpenBLAS, in fp32. docs/workloads.md
-// specifies the data and the initial weights exactly.
+// Forward and backward by hand over single-threaded OpenBLAS sgemm, from parameters in their
+// stored dtype (bf16/fp16 weights widened a tile at a time). docs/workloads.md specifies the data
+// and the initial weights exactly.
 #ifndef ZEROSHARD_WORKER_WORKLOADS_TEACHER_STUDENT_MLP_H_
 #define ZEROSHARD_WORKER_WORKLOADS_TEACHER_STUDENT_MLP_H_
 
@@ -26,6 +27,15 @@ uint64_t MlpStream(MlpRole role, uint64_t number);
 // Bounds beyond the catalog's (sharding/model_catalog.h).
 inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 20;
 inline constexpr int64_t kMaxDatasetSize = int64_t{1} << 40;
+
+// The fp32 scratch a bf16/fp16 weight is widened into, in elements (256 KiB): OpenBLAS 0.3.21 has
+// no bf16 GEMM, so the CPU MLP converts whole rows of a weight, as many as fit (at least one), and
+// runs sgemm on them. It is the only fp32 copy of low-precision parameters the workload holds.
+inline constexpr int64_t kWeightTileElems = int64_t{1} << 16;
+
+// Rows of a weight with `in_size` columns and `out_size` rows widened at a time:
+// kWeightTileElems / in_size, clamped to [1, out_size].
+int64_t WeightTileRows(int64_t in_size, int64_t out_size);
 
 // The initial value of Linear layer `layer`'s weight ([out, in], row-major) or bias ([out]) of
 // the student or the teacher (role kStudent or kTeacher): uniform in +-InitBound(in) like torch's
@@ -72,9 +82,15 @@ absl::Status FillStudentInitialParameters(const TeacherStudentMlpOptions& option
 // The loss is the mean of the squared error over the micro-batch and the outputs (torch's
 // MSELoss), and the gradients handed to the sink are those of that mean.
 //
+// Parameters are read in their stored dtype (workload.h). fp32 ones are used in place. A bf16 or
+// fp16 weight is widened to fp32 WeightTileRows rows at a time into one scratch tile, for the
+// forward product (out = in W^T + b, a column block of `out` per tile) and for backward's
+// delta_prev = delta W (a sum over tiles); a low-precision bias is widened whole (one layer's
+// width). Activations, the loss gradient and every gradient stay fp32.
+//
 // Thread contract: not thread-safe; one ForwardBackward at a time. It allocates nothing:
 // every buffer is sized at Create. The teacher's weights stay in memory (as many elements as
-// the student's).
+// the student's, fp32).
 class TeacherStudentMlp final : public Workload {
  public:
   // Errors are InvalidArgument naming the field: invalid layer_sizes (the catalog's checks),
@@ -105,6 +121,10 @@ class TeacherStudentMlp final : public Workload {
                           float* out) const;
   // Layer `layer`'s weight gradient into `sink`, segment by segment.
   absl::Status WeightGradient(int64_t layer, const float* delta, GradientSink& sink);
+  // out = in W^T + b for the student's layer `layer` (no activation), from its stored parameters.
+  void StudentLinearForward(int64_t layer, const float* in, float* out);
+  // previous = delta W for the student's layer `layer` (before ReLU's derivative).
+  void StudentInputGradient(int64_t layer, const float* delta, float* previous);
 
   const TeacherStudentMlpOptions options_;
   const std::vector<sharding::TensorSpec> tensors_;
@@ -120,9 +140,12 @@ class TeacherStudentMlp final : public Workload {
   std::vector<float> teacher_scratch_[2];  // [local_batch, max size]: teacher forward ping-pong
   std::vector<float> delta_[2];            // [local_batch, max size]: dLoss/d(pre-activation)
   std::vector<float> row_grad_;            // one weight row (the largest layer's input size)
+  // A bf16/fp16 weight's rows widened to fp32: WeightTileRows rows of the widest layer's tile.
+  std::vector<float> weight_tile_;
+  std::vector<float> widened_bias_;  // a bf16/fp16 bias widened (the largest layer's size)
   // The current step's student parameters by Linear layer (from the ParameterSource).
-  std::vector<const float*> student_weights_;
-  std::vector<const float*> student_biases_;
+  std::vector<StoredParameters> student_weights_;
+  std::vector<StoredParameters> student_biases_;
 };
 
 }  // namespace zeroshard::workloads

@@ -1,6 +1,7 @@
 // Tests of the teacher-student MLP workload: validation, the generator-driven data and weights,
 // gradients against finite differences of a double-precision reference, W-independence of the
-// data and of the averaged gradient, bitwise determinism, and that the seed preset trains.
+// data and of the averaged gradient, bitwise determinism, bf16/fp16 parameters widened a tile at
+// a time, and that the seed preset trains.
 #include "worker/workloads/teacher_student_mlp.h"
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/dtype.h"
 #include "sharding/model_catalog.h"
 
 namespace zeroshard::workloads {
@@ -24,16 +26,46 @@ using ::testing::HasSubstr;
 
 using Tensors = std::vector<std::vector<float>>;
 
-// Parameters held per catalog tensor.
+// Parameters held per catalog tensor as fp32 values (tensors()), handed out as they are or, for
+// bf16/fp16, as their values rounded to that dtype (rounded when the source is made).
 class VectorParameterSource : public ParameterSource {
  public:
-  explicit VectorParameterSource(Tensors tensors) : tensors_(std::move(tensors)) {}
-  absl::Span<const float> Parameters(int64_t tensor) override { return tensors_[tensor]; }
+  explicit VectorParameterSource(Tensors tensors, kernels::DType dtype = kernels::DType::kFloat32)
+      : tensors_(std::move(tensors)), dtype_(dtype) {
+    if (dtype_ == kernels::DType::kFloat32) return;
+    for (const std::vector<float>& tensor : tensors_) {
+      std::vector<uint16_t> bits;
+      for (float value : tensor) {
+        bits.push_back(dtype_ == kernels::DType::kFloat16 ? kernels::FloatToHalf(value)
+                                                          : kernels::FloatToBFloat16(value));
+      }
+      bits_.push_back(std::move(bits));
+    }
+  }
+  StoredParameters Parameters(int64_t tensor) override {
+    const int64_t size = static_cast<int64_t>(tensors_[tensor].size());
+    if (dtype_ == kernels::DType::kFloat32) return {tensors_[tensor].data(), dtype_, size};
+    return {bits_[tensor].data(), dtype_, size};
+  }
   Tensors& tensors() { return tensors_; }
 
  private:
   Tensors tensors_;
+  const kernels::DType dtype_;
+  std::vector<std::vector<uint16_t>> bits_;
 };
+
+// `tensors` rounded to `dtype` and widened back to fp32.
+Tensors Rounded(Tensors tensors, kernels::DType dtype) {
+  for (std::vector<float>& tensor : tensors) {
+    for (float& value : tensor) {
+      value = dtype == kernels::DType::kFloat16
+                  ? kernels::HalfToFloat(kernels::FloatToHalf(value))
+                  : kernels::BFloat16ToFloat(kernels::FloatToBFloat16(value));
+    }
+  }
+  return tensors;
+}
 
 // Records every gradient and the order it came in. Segments end at multiples of `segment`
 // elements (tensor-local), as bucket boundaries would cut them; checks the sink's contract.
@@ -341,10 +373,83 @@ TEST(TeacherStudentMlpTest, ForwardBackwardReportsBadParametersStepsAndSinkError
   EXPECT_EQ(workload->ForwardBackward(0, params, failing).status().code(),
             absl::StatusCode::kCancelled);
 
+  class InvalidDTypeSource : public ParameterSource {
+   public:
+    explicit InvalidDTypeSource(ParameterSource& valid) : valid_(valid) {}
+    StoredParameters Parameters(int64_t tensor) override {
+      StoredParameters stored = valid_.Parameters(tensor);
+      if (tensor == 3) stored.dtype = static_cast<kernels::DType>(7);
+      return stored;
+    }
+
+   private:
+    ParameterSource& valid_;
+  } invalid_dtype(params);
+  const absl::Status dtype_status = workload->ForwardBackward(0, invalid_dtype, sink).status();
+  EXPECT_EQ(dtype_status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(dtype_status.message()), HasSubstr("0.weight"));
+
   params.tensors()[1].pop_back();
   const absl::Status status = workload->ForwardBackward(0, params, sink).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(status.message()), HasSubstr("2.weight"));
+}
+
+TEST(TeacherStudentMlpTest, WeightTilesHoldWholeRowsWithinTheBound) {
+  EXPECT_EQ(WeightTileRows(300, 500), kWeightTileElems / 300);
+  EXPECT_EQ(WeightTileRows(3, 300), 300);  // the whole weight fits in one tile
+  EXPECT_EQ(WeightTileRows(70000, 3), 1);  // a row wider than the tile: one row at a time
+  EXPECT_EQ(WeightTileRows(65536, 1024), 1);
+  EXPECT_EQ(WeightTileRows(4096, 4096), 16);  // medium's hidden layer: 16 rows, 256 KiB
+  for (int64_t in_size : {1, 7, 300, 4096, 65537, 1 << 20}) {
+    const int64_t rows = WeightTileRows(in_size, 1 << 20);
+    EXPECT_LE(rows * in_size, std::max(kWeightTileElems, in_size)) << in_size;
+    EXPECT_GT((rows + 1) * in_size, kWeightTileElems) << in_size;
+  }
+}
+
+// bf16/fp16 parameters give the loss and gradients of fp32 parameters holding their rounded
+// values: the weights are widened exactly, a row tile at a time. Layer sizes make the first
+// weight wider than a tile (one row per tile), the third span three tiles (218, 218 and 64 rows)
+// and the others fit in one. Only the grouping of the sums changes (sgemm per tile, and backward
+// adds the tiles' products), so the match is within fp32 rounding, 1e-5 of the largest value
+// (seen: 3e-7); rounding the parameters themselves moves the gradients by more than 1e-4 (seen:
+// bf16 0.2, fp16 7e-4).
+TEST(TeacherStudentMlpTest, LowPrecisionParametersActAsTheirWidenedValues) {
+  const std::vector<int64_t> sizes = {70000, 3, 300, 500, 7};
+  std::unique_ptr<TeacherStudentMlp> workload = MakeWorkload(Options(sizes, 8, 2, 1));
+  ASSERT_NE(workload, nullptr);
+  const Tensors initial = InitialTensors(*workload);
+  VectorParameterSource exact(initial);
+  const StepResult unrounded = RunStep(*workload, exact, 3);
+  for (kernels::DType dtype : {kernels::DType::kBFloat16, kernels::DType::kFloat16}) {
+    SCOPED_TRACE(kernels::DTypeName(dtype));
+    VectorParameterSource low(initial, dtype);
+    VectorParameterSource widened(Rounded(initial, dtype));
+    const StepResult from_low = RunStep(*workload, low, 3, /*segment=*/1000);
+    const StepResult from_widened = RunStep(*workload, widened, 3, /*segment=*/1000);
+    EXPECT_NEAR(from_low.loss, from_widened.loss, 1e-6 * from_widened.loss);
+    // Largest differences relative to each tensor's largest gradient: from the tiling, and from
+    // rounding the parameters.
+    double tiling = 0.0;
+    double rounding = 0.0;
+    for (size_t t = 0; t < from_widened.gradients.size(); ++t) {
+      const double largest = MaxAbs({from_widened.gradients[t]});
+      ASSERT_GT(largest, 0.0) << t;
+      ASSERT_EQ(from_low.gradients[t].size(), from_widened.gradients[t].size());
+      for (size_t k = 0; k < from_widened.gradients[t].size(); ++k) {
+        const double widened_value = from_widened.gradients[t][k];
+        ASSERT_NEAR(from_low.gradients[t][k], widened_value, 1e-5 * largest)
+            << workload->tensors()[t].name << "[" << k << "]";
+        tiling = std::max(tiling, std::fabs(from_low.gradients[t][k] - widened_value) / largest);
+        rounding =
+            std::max(rounding, std::fabs(widened_value - unrounded.gradients[t][k]) / largest);
+      }
+    }
+    RecordProperty(absl::StrCat(kernels::DTypeName(dtype), "_tiling"), absl::StrCat(tiling));
+    RecordProperty(absl::StrCat(kernels::DTypeName(dtype), "_rounding"), absl::StrCat(rounding));
+    EXPECT_GT(rounding, 1e-4);
+  }
 }
 
 TEST(TeacherStudentMlpTest, LossAndGradientsMatchADoubleReferenceAndFiniteDifferences) {

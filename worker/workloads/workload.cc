@@ -1,9 +1,12 @@
-// The segment-by-segment copy of a whole gradient into a GradientSink.
+// The segment-by-segment copy of a whole gradient into a GradientSink, and the widening of
+// stored parameters to fp32.
 #include "worker/workloads/workload.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/dcheck.h"
 #include "common/status_macros.h"
 
 namespace zeroshard::workloads {
@@ -34,6 +37,27 @@ absl::Status CopyGradientToSink(GradientSink& sink, int64_t tensor,
                                         out.begin());
                               return absl::OkStatus();
                             });
+}
+
+void WidenParameters(const StoredParameters& params, int64_t begin, int64_t count, float* out) {
+  ZS_DCHECK(begin >= 0 && count >= 0 && begin + count <= params.size)
+      << "[" << begin << ", " << begin + count << ") of " << params.size << " elements";
+  switch (params.dtype) {
+    case kernels::DType::kFloat32:
+      std::memcpy(out, static_cast<const float*>(params.data) + begin, count * sizeof(float));
+      return;
+    case kernels::DType::kBFloat16: {
+      const uint16_t* in = static_cast<const uint16_t*>(params.data) + begin;
+      for (int64_t k = 0; k < count; ++k) out[k] = kernels::BFloat16ToFloat(in[k]);
+      return;
+    }
+    case kernels::DType::kFloat16: {
+      const uint16_t* in = static_cast<const uint16_t*>(params.data) + begin;
+      for (int64_t k = 0; k < count; ++k) out[k] = kernels::HalfToFloat(in[k]);
+      return;
+    }
+  }
+  ZS_DCHECK(false) << "invalid dtype " << static_cast<int>(params.dtype);
 }
 
 }  // namespace zeroshard::workloads

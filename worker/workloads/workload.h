@@ -18,17 +18,31 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/dtype.h"
 
 namespace zeroshard::workloads {
 
+// One tensor's current parameters as the engine stores them: `size` elements of `dtype` (fp32,
+// or raw bf16/fp16 bits) at `data`, in the engine's device memory (see above). No fp32 copy of a
+// bf16/fp16 model exists: a workload computes from these, widening what it needs as it goes.
+struct StoredParameters {
+  const void* data = nullptr;
+  kernels::DType dtype = kernels::DType::kFloat32;
+  int64_t size = 0;
+};
+
 // Read access to the full model's current parameters, by tensor index of the catalog's tensor
-// list (sharding/model_catalog.h). Values are fp32 (the engine widens bf16/fp16 copies), in the
-// engine's device memory (see above).
+// list (sharding/model_catalog.h), in the engine's parameter dtype. Thread contract: called from
+// the thread running Workload::ForwardBackward.
 class ParameterSource {
  public:
   virtual ~ParameterSource() = default;
-  virtual absl::Span<const float> Parameters(int64_t tensor) = 0;
+  virtual StoredParameters Parameters(int64_t tensor) = 0;
 };
+
+// out[k] = element begin + k of `params`, widened exactly to fp32, for k < count. Host memory
+// only. REQUIRES: params.dtype is valid and [begin, begin + count) lies inside the tensor.
+void WidenParameters(const StoredParameters& params, int64_t begin, int64_t count, float* out);
 
 // Receives gradients, written by backward straight into the engine's buffers. A tensor's
 // gradient is handed over in segments: for each segment [begin, end) of its flat (row-major)

@@ -109,9 +109,28 @@ double LeastSquaresWorkload::ExpectedLoss(
 absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step, ParameterSource& params,
                                                              GradientSink& sink) {
   const int64_t local_batch = global_batch_ / world_size_;
+  // fp32 parameters are read in place; bf16/fp16 ones are widened into widened_ (a test
+  // workload: small tensors, and the widening is exact).
+  std::vector<absl::Span<const float>> values(tensors_.size());
+  widened_.resize(tensors_.size());
+  for (size_t t = 0; t < tensors_.size(); ++t) {
+    const StoredParameters stored = params.Parameters(static_cast<int64_t>(t));
+    if (stored.size != tensors_[t].num_elements || !kernels::IsValidDType(stored.dtype)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("params: tensor ", t, " has ", stored.size, " elements of dtype ",
+                       static_cast<int>(stored.dtype), ", expected ", tensors_[t].num_elements));
+    }
+    if (stored.dtype == kernels::DType::kFloat32) {
+      values[t] = absl::MakeConstSpan(static_cast<const float*>(stored.data), stored.size);
+      continue;
+    }
+    widened_[t].resize(stored.size);
+    WidenParameters(stored, 0, stored.size, widened_[t].data());
+    values[t] = widened_[t];
+  }
   const double loss = LossAndGradients(
-      step, rank_ * local_batch, (rank_ + 1) * local_batch,
-      [&](int64_t t) { return params.Parameters(t); }, &gradients_);
+      step, rank_ * local_batch, (rank_ + 1) * local_batch, [&](int64_t t) { return values[t]; },
+      &gradients_);
   if (step == infinity_step_) gradients_[0][0] = std::numeric_limits<float>::infinity();
   // Backward of the scaled loss: the gradients times the loss scale, in float.
   const float scale = static_cast<float>(sink.loss_scale());

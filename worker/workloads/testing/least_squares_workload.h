@@ -37,7 +37,8 @@ class LeastSquaresWorkload : public Workload {
   // Uniform in +-1/sqrt(total elements), from the seed.
   absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const override;
 
-  // This rank's global_batch / world_size consecutive samples.
+  // This rank's global_batch / world_size consecutive samples, at the parameters widened to
+  // fp32. InvalidArgument when a tensor of `params` has the wrong size or an invalid dtype.
   absl::StatusOr<double> ForwardBackward(int64_t step, ParameterSource& params,
                                          GradientSink& sink) override;
 
@@ -68,6 +69,7 @@ class LeastSquaresWorkload : public Workload {
   int64_t total_elements_ = 0;
   std::vector<std::vector<float>> teacher_;    // teacher_[t]: the target weights of tensor t
   std::vector<std::vector<float>> gradients_;  // scratch of ForwardBackward
+  std::vector<std::vector<float>> widened_;    // bf16/fp16 parameters widened by ForwardBackward
   int64_t infinity_step_ = -1;
 };
 

@@ -1,6 +1,7 @@
 // Tests of the least-squares test workload: its features are the documented CounterRng stream,
 // its gradient is the loss's, the ranks split the batch, its expected loss is the batch loss's
-// mean, and the injected overflow lands where asked.
+// mean, bf16/fp16 parameters act as their widened values, and the injected overflow lands where
+// asked.
 #include "worker/workloads/testing/least_squares_workload.h"
 
 #include <cmath>
@@ -12,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
+#include "kernels/dtype.h"
 #include "sharding/tensor_spec.h"
 #include "worker/workloads/counter_rng.h"
 
@@ -45,14 +47,30 @@ Tensors InitialParameters(const LeastSquaresWorkload& workload,
   return params;
 }
 
-// Parameters held per tensor.
+// Parameters held per tensor, as fp32 values or rounded to bf16/fp16 bits.
 class VectorParameterSource : public ParameterSource {
  public:
-  explicit VectorParameterSource(Tensors tensors) : tensors_(std::move(tensors)) {}
-  absl::Span<const float> Parameters(int64_t tensor) override { return tensors_[tensor]; }
+  explicit VectorParameterSource(Tensors tensors, kernels::DType dtype = kernels::DType::kFloat32)
+      : tensors_(std::move(tensors)), dtype_(dtype) {
+    for (const std::vector<float>& tensor : tensors_) {
+      std::vector<uint16_t> bits;
+      for (float value : tensor) {
+        bits.push_back(dtype == kernels::DType::kFloat16 ? kernels::FloatToHalf(value)
+                                                         : kernels::FloatToBFloat16(value));
+      }
+      bits_.push_back(std::move(bits));
+    }
+  }
+  StoredParameters Parameters(int64_t tensor) override {
+    const int64_t size = static_cast<int64_t>(tensors_[tensor].size());
+    if (dtype_ == kernels::DType::kFloat32) return {tensors_[tensor].data(), dtype_, size};
+    return {bits_[tensor].data(), dtype_, size};
+  }
 
  private:
   Tensors tensors_;
+  const kernels::DType dtype_;
+  std::vector<std::vector<uint16_t>> bits_;
 };
 
 // Keeps the last gradient of every tensor, taken whole (one segment per tensor).
@@ -199,6 +217,42 @@ TEST(LeastSquaresWorkloadTest, InitialParametersStayWithinTheirBoundAndCheckThei
             absl::StatusCode::kInvalidArgument);
   std::vector<float> right_size(30);
   EXPECT_EQ(workload.InitialParameters(2, absl::MakeSpan(right_size)).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// bf16/fp16 parameters act as their exactly widened values: the loss and gradients are those of
+// fp32 parameters holding the rounded values, bit for bit. A wrong size is refused.
+TEST(LeastSquaresWorkloadTest, LowPrecisionParametersActAsTheirWidenedValues) {
+  const std::vector<sharding::TensorSpec> tensors = TensorsOfSizes({13, 5});
+  LeastSquaresWorkload workload(tensors, 4, 0, 1, kSeed);
+  const Tensors initial = InitialParameters(workload, tensors);
+  for (kernels::DType dtype : {kernels::DType::kBFloat16, kernels::DType::kFloat16}) {
+    SCOPED_TRACE(kernels::DTypeName(dtype));
+    Tensors rounded = initial;
+    for (std::vector<float>& tensor : rounded) {
+      for (float& value : tensor) {
+        value = dtype == kernels::DType::kFloat16
+                    ? kernels::HalfToFloat(kernels::FloatToHalf(value))
+                    : kernels::BFloat16ToFloat(kernels::FloatToBFloat16(value));
+      }
+    }
+    ASSERT_NE(rounded, initial);
+    VectorParameterSource low(initial, dtype);
+    VectorParameterSource widened(rounded);
+    RecordingSink low_sink(tensors);
+    RecordingSink widened_sink(tensors);
+    const absl::StatusOr<double> low_loss = workload.ForwardBackward(2, low, low_sink);
+    const absl::StatusOr<double> widened_loss = workload.ForwardBackward(2, widened, widened_sink);
+    ASSERT_TRUE(low_loss.ok()) << low_loss.status();
+    ASSERT_TRUE(widened_loss.ok()) << widened_loss.status();
+    EXPECT_EQ(*low_loss, *widened_loss);
+    EXPECT_EQ(low_sink.gradients, widened_sink.gradients);
+  }
+  Tensors short_tensor = initial;
+  short_tensor[1].pop_back();
+  VectorParameterSource bad(short_tensor);
+  RecordingSink sink(tensors);
+  EXPECT_EQ(workload.ForwardBackward(0, bad, sink).status().code(),
             absl::StatusCode::kInvalidArgument);
 }
 
