@@ -19,12 +19,20 @@ std::string ProgressView::ProgressLine(const v1::StepMetrics& metrics, int64_t t
   const int64_t total = std::max<int64_t>(total_steps, 1);
   const int64_t step = std::clamp<int64_t>(metrics.step(), 0, total);
   const int filled = static_cast<int>(bar_width * step / total);
-  const int64_t eta_s =
-      static_cast<int64_t>(std::llround((total - step) * metrics.step_ms() / 1000.0));
-  return absl::StrFormat("[%s%s] %*d/%d  loss %.6g  %.2f ms/step  ETA %d:%02d:%02d",
-                         std::string(filled, '#'), std::string(bar_width - filled, '-'),
-                         static_cast<int>(absl::StrCat(total).size()), step, total, metrics.loss(),
-                         metrics.step_ms(), eta_s / 3600, eta_s / 60 % 60, eta_s % 60);
+  // The whole iteration (forward, backward and step) where the worker reports it; older workers
+  // report the engine's step alone.
+  const bool whole_iteration = metrics.iteration_ms() > 0;
+  const double per_step_ms = whole_iteration ? metrics.iteration_ms() : metrics.step_ms();
+  const int64_t eta_s = static_cast<int64_t>(std::llround((total - step) * per_step_ms / 1000.0));
+  std::string line = absl::StrFormat("[%s%s] %*d/%d  loss %.6g  %.2f ms/%s  ETA %d:%02d:%02d",
+                                     std::string(filled, '#'), std::string(bar_width - filled, '-'),
+                                     static_cast<int>(absl::StrCat(total).size()), step, total,
+                                     metrics.loss(), per_step_ms, whole_iteration ? "iter" : "step",
+                                     eta_s / 3600, eta_s / 60 % 60, eta_s % 60);
+  if (metrics.vmhwm_bytes() > 0) {
+    absl::StrAppendFormat(&line, "  peak RSS %.1f MiB", metrics.vmhwm_bytes() / 1048576.0);
+  }
+  return line;
 }
 
 void ProgressView::OnEvent(const v1::JobEvent& event) {

@@ -1,5 +1,5 @@
 // Renders a job's event stream for people: a live progress bar on a terminal (step/steps, loss,
-// step time, ETA), or one plain line per event otherwise.
+// iteration time, ETA, peak RSS), or one plain line per event otherwise.
 #ifndef ZEROSHARD_CLIENT_PROGRESS_VIEW_H_
 #define ZEROSHARD_CLIENT_PROGRESS_VIEW_H_
 
@@ -24,7 +24,10 @@ class ProgressView {
 
   v1::JobState final_state() const { return state_; }
 
-  // "[#####-----]  40/80  loss 0.0123  2.10 ms/step  ETA 0:00:02" for a progress event.
+  // "[#####-----]  40/80  loss 0.0123  2.10 ms/iter  ETA 0:00:02  peak RSS 512.0 MiB" for a
+  // progress event: the whole iteration's time (forward, backward and step) and the worker's
+  // peak RSS where the worker reports them; "ms/step" (the engine's step alone) and no RSS for
+  // workers that do not.
   static std::string ProgressLine(const v1::StepMetrics& metrics, int64_t total_steps,
                                   int bar_width);
 

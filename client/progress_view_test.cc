@@ -36,6 +36,18 @@ TEST(ProgressViewTest, ProgressLineShowsBarStepLossAndEta) {
   EXPECT_EQ(ProgressView::ProgressLine(metrics, 80, 4).substr(0, 12), "[####] 80/80");
 }
 
+TEST(ProgressViewTest, ProgressLineTimesTheWholeIterationAndShowsThePeakRss) {
+  v1::StepMetrics metrics;
+  metrics.set_step(40);
+  metrics.set_loss(0.0123);
+  metrics.set_step_ms(50);
+  metrics.set_compute_ms(100);
+  metrics.set_iteration_ms(150);
+  metrics.set_vmhwm_bytes(int64_t{768} << 20);
+  EXPECT_EQ(ProgressView::ProgressLine(metrics, 80, 10),
+            "[#####-----] 40/80  loss 0.0123  150.00 ms/iter  ETA 0:00:06  peak RSS 768.0 MiB");
+}
+
 TEST(ProgressViewTest, PlainOutputHasOneLinePerEvent) {
   std::ostringstream out;
   ProgressView view("job-000001", 2, /*terminal=*/false, &out);

@@ -110,7 +110,11 @@ absl::Status CheckMemory(const v1::MemoryBreakdown& memory) {
   ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.memory.bucket_bytes", memory.bucket_bytes()));
   ZS_RETURN_IF_ERROR(
       CheckNonNegative("metrics.memory.comm_scratch_bytes", memory.comm_scratch_bytes()));
-  return CheckNonNegative("metrics.memory.total_bytes", memory.total_bytes());
+  ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.memory.total_bytes", memory.total_bytes()));
+  ZS_RETURN_IF_ERROR(
+      CheckNonNegative("metrics.memory.comm_staging_bytes", memory.comm_staging_bytes()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.memory.workload_bytes", memory.workload_bytes()));
+  return CheckNonNegative("metrics.memory.kernel_tables_bytes", memory.kernel_tables_bytes());
 }
 
 absl::Status CheckMetrics(const v1::StepMetrics& metrics) {
@@ -133,7 +137,13 @@ absl::Status CheckMetrics(const v1::StepMetrics& metrics) {
     return absl::InvalidArgumentError(absl::StrCat(
         "metrics.loss_scale: ", jobspec::FormatDouble(metrics.loss_scale()), " must be > 0"));
   }
-  return CheckMemory(metrics.memory());
+  ZS_RETURN_IF_ERROR(CheckMemory(metrics.memory()));
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckFiniteNonNegative("metrics.iteration_ms", metrics.iteration_ms()));
+  ZS_RETURN_IF_ERROR(jobspec::CheckFiniteNonNegative("metrics.compute_ms", metrics.compute_ms()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.vmhwm_bytes", metrics.vmhwm_bytes()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.vmrss_bytes", metrics.vmrss_bytes()));
+  return CheckNonNegative("metrics.vmrss_at_start_bytes", metrics.vmrss_at_start_bytes());
 }
 
 }  // namespace

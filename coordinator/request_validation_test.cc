@@ -576,7 +576,24 @@ INSTANTIATE_TEST_SUITE_P(
         BadProgress(
             "NegativeTotalBytes",
             [](Progress& r) { r.mutable_metrics()->mutable_memory()->set_total_bytes(-1); },
-            "metrics.memory.total_bytes", "must be >= 0")),
+            "metrics.memory.total_bytes", "must be >= 0"),
+        BadProgress(
+            "NegativeWorkloadBytes",
+            [](Progress& r) { r.mutable_metrics()->mutable_memory()->set_workload_bytes(-4); },
+            "metrics.memory.workload_bytes", "-4 must be >= 0"),
+        BadProgress(
+            "NegativeCommStagingBytes",
+            [](Progress& r) { r.mutable_metrics()->mutable_memory()->set_comm_staging_bytes(-2); },
+            "metrics.memory.comm_staging_bytes", "-2 must be >= 0"),
+        BadProgress(
+            "NegativeIterationMs", [](Progress& r) { r.mutable_metrics()->set_iteration_ms(-1); },
+            "metrics.iteration_ms", "-1 is negative"),
+        BadProgress(
+            "InfiniteComputeMs", [](Progress& r) { r.mutable_metrics()->set_compute_ms(kInf); },
+            "metrics.compute_ms", "not allowed"),
+        BadProgress(
+            "NegativeVmHwm", [](Progress& r) { r.mutable_metrics()->set_vmhwm_bytes(-1); },
+            "metrics.vmhwm_bytes", "-1 must be >= 0")),
     [](const ::testing::TestParamInfo<BadRequest>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(

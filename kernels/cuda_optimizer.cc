@@ -83,6 +83,12 @@ CudaOptimizerKernels::~CudaOptimizerKernels() {
   cudaFree(device_sums_);
 }
 
+int64_t CudaOptimizerKernels::TableBytes() const {
+  int64_t bytes = static_cast<int64_t>(sums_capacity_);
+  for (const TableSlot& slot : table_slots_) bytes += 2 * static_cast<int64_t>(slot.capacity);
+  return bytes;
+}
+
 absl::Status CudaOptimizerKernels::Reserve(void** buffer, size_t* capacity, size_t bytes) {
   if (bytes <= *capacity) return absl::OkStatus();
   // Earlier launches on the stream may still read the old buffer.

@@ -43,6 +43,10 @@ class CudaOptimizerKernels {
   // exactly when some element was NaN or +-Inf: no separate flag is needed.
   absl::Status EnqueueSumSquares(absl::Span<const GradPiece> pieces, double* device_result);
 
+  // Bytes this instance holds for its tables and sums: the pinned host copies plus the device
+  // buffers (they grow to the largest launch and are kept).
+  int64_t TableBytes() const;
+
  private:
   // One launch's piece and tile tables. The host writes them straight into pinned memory, so the
   // asynchronous upload reads them from there (not from a pageable temporary the driver would

@@ -293,6 +293,36 @@ void CheckInvalid(CudaOptimizerKernels& gpu) {
   Report(gpu.ApplyUpdate(config, 1, 1.0f, {}).ok(), "no pieces is a no-op");
 }
 
+// The tables a fresh instance holds: none before its first launch, some after (the worker reports
+// them), kept rather than regrown by a launch of the same shape.
+void CheckTableBytes() {
+  absl::StatusOr<std::unique_ptr<CudaOptimizerKernels>> gpu = CudaOptimizerKernels::Create(nullptr);
+  Report(gpu.ok(), "a second instance");
+  if (!gpu.ok()) return;
+  Report((*gpu)->TableBytes() == 0, "no tables before the first launch");
+  const int64_t n = 4096;
+  DeviceBuffer grad(n * 4), master(n * 4), m(n * 4), v(n * 4);
+  CheckCuda(cudaMemset(grad.data(), 0, n * 4), "memset");
+  CheckCuda(cudaMemset(master.data(), 0, n * 4), "memset");
+  CheckCuda(cudaMemset(m.data(), 0, n * 4), "memset");
+  CheckCuda(cudaMemset(v.data(), 0, n * 4), "memset");
+  UpdatePiece piece;
+  piece.grad = grad.data();
+  piece.master = reinterpret_cast<float*>(master.data());
+  piece.state[0] = reinterpret_cast<float*>(m.data());
+  piece.state[1] = reinterpret_cast<float*>(v.data());
+  piece.length = n;
+  OptimizerConfig config;
+  config.kind = OptimizerKind::kAdamW;
+  Report((*gpu)->ApplyUpdate(config, 1, 1.0f, {piece}).ok(), "update for the tables");
+  Report((*gpu)->ApplyUpdate(config, 2, 1.0f, {piece}).ok(), "update for the tables");
+  const int64_t held = (*gpu)->TableBytes();
+  Report(held > 0, "tables are counted after a launch: " + std::to_string(held));
+  Report((*gpu)->ApplyUpdate(config, 3, 1.0f, {piece}).ok(), "update for the tables");
+  Report((*gpu)->TableBytes() == held, "tables are kept, not regrown");
+  CheckCuda(cudaDeviceSynchronize(), "synchronize");
+}
+
 // AdamW fp32 (28 bytes per parameter) against cudaMemcpy device-to-device (2 bytes per byte).
 void MeasureBandwidth(CudaOptimizerKernels& gpu) {
   const int64_t n = int64_t{64} << 20;
@@ -359,6 +389,7 @@ int Main() {
     CheckGradStats(**gpu, pool, dtype);
   }
   CheckInvalid(**gpu);
+  CheckTableBytes();
   MeasureBandwidth(**gpu);
   std::printf("%s: %d failed\n", g_failures == 0 ? "ALL PASSED" : "FAILED", g_failures);
   return g_failures == 0 ? 0 : 1;

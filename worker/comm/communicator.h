@@ -81,6 +81,11 @@ struct CommunicatorStats {
   int64_t operations_completed = 0;
   int64_t bytes_sent = 0;
   int64_t bytes_received = 0;
+  // Memory the backend holds for its collectives outside the callers' buffers (staging and
+  // scratch, kept between operations), in bytes, as of the last completed operation; the owner
+  // reports it as its own memory category. 0 for backends whose buffers live inside a library
+  // that does not say (NCCL).
+  int64_t scratch_bytes = 0;
 };
 
 // A handle to one issued operation. Thread-safe: Wait and Done may be called from any thread.

@@ -212,6 +212,9 @@ void GlooCommunicator::CommunicationLoop() {
       absl::MutexLock lock(&mu_);
       running_ = false;
     }
+    // Before Finish, so an owner that saw the operation complete reads the grown buffers.
+    scratch_bytes_.store(static_cast<int64_t>(staging_.capacity() + scratch_.capacity()),
+                         std::memory_order_relaxed);
     operations_completed_.fetch_add(1, std::memory_order_relaxed);
     operation->completion->Finish(std::move(status), run_time);
   }
@@ -322,6 +325,7 @@ CommunicatorStats GlooCommunicator::stats() const {
   stats.operations_completed = operations_completed_.load(std::memory_order_relaxed);
   stats.bytes_sent = bytes_sent_.load(std::memory_order_relaxed);
   stats.bytes_received = bytes_received_.load(std::memory_order_relaxed);
+  stats.scratch_bytes = scratch_bytes_.load(std::memory_order_relaxed);
   return stats;
 }
 

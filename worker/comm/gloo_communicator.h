@@ -177,6 +177,8 @@ class GlooCommunicator : public Communicator {
   std::atomic<int64_t> operations_completed_{0};
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> bytes_received_{0};
+  // Bytes of staging_ and scratch_ (stats().scratch_bytes), stored by the communication thread.
+  std::atomic<int64_t> scratch_bytes_{0};
 
   std::thread thread_;
 };

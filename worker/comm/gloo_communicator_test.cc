@@ -132,6 +132,54 @@ TEST(GlooCommunicatorTest, StatsCountTheRingTraffic) {
   }
 }
 
+TEST(GlooCommunicatorTest, StatsCountTheStagingAndScratchItHolds) {
+  constexpr int kWorldSize = 2;
+  constexpr size_t kSegmentBytes = 1024;
+  const int staging_segments = GlooCommunicatorOptions().staging_segments;
+  InMemoryStore store;
+  auto group = CreateGroup(kWorldSize, &store, kSegmentBytes);
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  for (const auto& communicator : group) EXPECT_EQ(communicator->stats().scratch_bytes, 0);
+  const size_t piece_count = 10000;  // many segments per piece
+  const size_t piece_bytes = piece_count * sizeof(float);
+  auto in_place = [&](int rank) {
+    std::vector<float> bucket(kWorldSize * piece_count, 1.0f);
+    return group[rank]
+        ->ReduceScatterInPlace(bucket.data(), piece_count, ElementType::kFloat32, ReduceOp::kSum)
+        ->Wait();
+  };
+  ASSERT_TRUE(RunOnRankThreads(kWorldSize, in_place).ok());
+  std::vector<int64_t> staged;
+  for (const auto& communicator : group) {
+    // The staging ring of segments, not a piece-sized buffer.
+    const int64_t bytes = communicator->stats().scratch_bytes;
+    EXPECT_GE(bytes, staging_segments * int64_t{kSegmentBytes} / 2);
+    EXPECT_LE(bytes, staging_segments * int64_t{kSegmentBytes});
+    staged.push_back(bytes);
+  }
+  // Out of place, the reduce-scatter works in a scratch copy of the whole input.
+  const absl::Status out_of_place = RunOnRankThreads(kWorldSize, [&](int rank) {
+    std::vector<float> input(kWorldSize * piece_count, 1.0f);
+    std::vector<float> output(piece_count);
+    return group[rank]
+        ->ReduceScatter(input.data(), output.data(), piece_count, ElementType::kFloat32,
+                        ReduceOp::kSum)
+        ->Wait();
+  });
+  ASSERT_TRUE(out_of_place.ok()) << out_of_place;
+  for (int rank = 0; rank < kWorldSize; ++rank) {
+    EXPECT_GE(group[rank]->stats().scratch_bytes,
+              staged[rank] + static_cast<int64_t>(kWorldSize * piece_bytes));
+  }
+  // Kept, not grown, by a repeat.
+  std::vector<int64_t> held;
+  for (const auto& communicator : group) held.push_back(communicator->stats().scratch_bytes);
+  ASSERT_TRUE(RunOnRankThreads(kWorldSize, in_place).ok());
+  for (int rank = 0; rank < kWorldSize; ++rank) {
+    EXPECT_EQ(group[rank]->stats().scratch_bytes, held[rank]);
+  }
+}
+
 TEST(GlooCommunicatorTest, InvalidCallsFailWithoutEndingTheCommunicator) {
   InMemoryStore store;
   auto group = CreateGroup(1, &store);

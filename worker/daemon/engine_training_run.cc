@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "jobspec/job_plan.h"
 #include "sharding/model_catalog.h"
@@ -22,7 +23,22 @@
 namespace zeroshard::worker {
 namespace {
 
-v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done) {
+// Memory a run holds outside the engine's allocator, by owner.
+struct OutsideEngineMemory {
+  int64_t comm_staging_bytes = 0;   // the communicator's (CommunicatorStats::scratch_bytes)
+  int64_t workload_bytes = 0;       // Workload::BufferBytes
+  int64_t kernel_tables_bytes = 0;  // DeviceOps::KernelTableBytes
+};
+
+// Wall times of one iteration's parts.
+struct IterationTimes {
+  absl::Duration compute;    // the workload's forward and backward
+  absl::Duration iteration;  // compute plus the engine's step
+};
+
+v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done,
+                           const IterationTimes& times, const OutsideEngineMemory& outside,
+                           int64_t vmrss_at_start_bytes) {
   v1::StepMetrics metrics;
   metrics.set_step(steps_done);
   metrics.set_loss(result.global_loss);
@@ -34,6 +50,8 @@ v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done)
   metrics.set_grad_norm(result.grad_norm);
   metrics.set_loss_scale(result.loss_scale);
   metrics.set_skipped(result.skipped);
+  metrics.set_iteration_ms(absl::ToDoubleMilliseconds(times.iteration));
+  metrics.set_compute_ms(absl::ToDoubleMilliseconds(times.compute));
   v1::MemoryBreakdown& memory = *metrics.mutable_memory();
   using engine::MemoryCategory;
   memory.set_params_bytes(result.memory.of(MemoryCategory::kParams));
@@ -42,7 +60,17 @@ v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done)
   memory.set_optimizer_state_bytes(result.memory.of(MemoryCategory::kOptimizerState));
   memory.set_bucket_bytes(result.memory.of(MemoryCategory::kBuckets));
   memory.set_comm_scratch_bytes(result.memory.of(MemoryCategory::kCommScratch));
-  memory.set_total_bytes(result.memory.total());
+  memory.set_comm_staging_bytes(outside.comm_staging_bytes);
+  memory.set_workload_bytes(outside.workload_bytes);
+  memory.set_kernel_tables_bytes(outside.kernel_tables_bytes);
+  memory.set_total_bytes(result.memory.total() + outside.comm_staging_bytes +
+                         outside.workload_bytes + outside.kernel_tables_bytes);
+  // Figures the kernel does not give (no procfs) stay 0 rather than failing the step.
+  if (absl::StatusOr<common::ProcessMemory> process = common::ReadProcessMemory(); process.ok()) {
+    metrics.set_vmhwm_bytes(process->vmhwm_bytes);
+    metrics.set_vmrss_bytes(process->vmrss_bytes);
+  }
+  metrics.set_vmrss_at_start_bytes(vmrss_at_start_bytes);
   return metrics;
 }
 
@@ -106,6 +134,14 @@ absl::StatusOr<bool> EngineTrainingRun::Report(const v1::StepMetrics& metrics, b
 }
 
 absl::Status EngineTrainingRun::Train() {
+  // The run's memory figures start here: its peak is measured from the process's memory now.
+  if (const absl::Status reset = common::ResetPeakResidentMemory(); !reset.ok()) {
+    ZS_LOG(INFO) << "vmhwm_bytes will be the process's lifetime peak: " << reset;
+  }
+  int64_t vmrss_at_start_bytes = 0;
+  if (absl::StatusOr<common::ProcessMemory> start = common::ReadProcessMemory(); start.ok()) {
+    vmrss_at_start_bytes = start->vmrss_bytes;
+  }
   const v1::JobSpec& spec = assignment_.spec();
   const int64_t world_size = assignment_.world_size();
   const int64_t rank = assignment_.rank();
@@ -180,25 +216,37 @@ absl::Status EngineTrainingRun::Train() {
   v1::StepMetrics last;
   for (int64_t step = assignment_.start_step(); step < spec.steps(); ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
+    const absl::Time start = absl::Now();
     ZS_ASSIGN_OR_RETURN(const double local_loss, workload->ForwardBackward(step, *engine, *engine));
+    const absl::Time computed = absl::Now();
     ZS_ASSIGN_OR_RETURN(const engine::StepResult result, engine->Step(local_loss));
+    const IterationTimes times{computed - start, absl::Now() - start};
     step_.store(step + 1);
-    last = MetricsFor(result, step + 1);
+    OutsideEngineMemory outside;
+    outside.comm_staging_bytes = communicator->stats().scratch_bytes;
+    outside.workload_bytes = workload->BufferBytes();
+    if (device != nullptr) outside.kernel_tables_bytes = device->KernelTableBytes();
+    last = MetricsFor(result, step + 1, times, outside, vmrss_at_start_bytes);
     if (rank == 0 && step + 1 < spec.steps()) {
       ZS_ASSIGN_OR_RETURN(const bool keep_going, Report(last, /*finished=*/false));
       if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
     }
   }
   if (rank == 0 && !options_.final_params_dir.empty()) {
-    ZS_RETURN_IF_ERROR(WriteFinalParameters(*engine, plan.num_tensors()));
+    ZS_RETURN_IF_ERROR(WriteFinalParameters(*engine, plan, /*host_memory=*/!on_cuda));
   }
   ZS_RETURN_IF_ERROR(Report(last, /*finished=*/true).status());
   ZS_LOG(INFO) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
-               << rank << " finished " << spec.steps() << " steps, loss " << last.loss();
+               << rank << " finished " << spec.steps() << " steps, loss " << last.loss()
+               << ", counted " << last.memory().total_bytes() << " bytes, peak RSS "
+               << last.vmhwm_bytes() << " bytes (" << last.vmrss_at_start_bytes()
+               << " at the start)";
   return absl::OkStatus();
 }
 
-absl::Status EngineTrainingRun::WriteFinalParameters(engine::Engine& engine, int64_t tensors) {
+absl::Status EngineTrainingRun::WriteFinalParameters(engine::Engine& engine,
+                                                     const sharding::ShardPlan& plan,
+                                                     bool host_memory) {
   std::error_code error;
   std::filesystem::create_directories(options_.final_params_dir, error);
   const std::string path =
@@ -209,14 +257,33 @@ absl::Status EngineTrainingRun::WriteFinalParameters(engine::Engine& engine, int
     return absl::FailedPreconditionError(absl::StrCat("final_params_dir: cannot write ", tmp));
   }
   bool ok = true;
-  for (int64_t t = 0; t < tensors; ++t) {
-    absl::StatusOr<std::vector<float>> values = engine.ParametersOnHost(t);
-    if (!values.ok()) {
+  for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+    // fp32 host parameters are written from where they are: a host copy of the largest tensor
+    // would be a peak of the process's memory that no category counts. Others are widened (and
+    // copied from the device) one tensor at a time.
+    std::vector<float> copy;
+    absl::Span<const float> values;
+    const workloads::StoredParameters stored = engine.Parameters(t);
+    if (host_memory && stored.dtype == kernels::DType::kFloat32) {
+      values = absl::MakeConstSpan(static_cast<const float*>(stored.data), stored.size);
+    } else {
+      absl::StatusOr<std::vector<float>> on_host = engine.ParametersOnHost(t);
+      if (on_host.ok()) {
+        copy = *std::move(on_host);
+        values = copy;
+      } else {
+        std::fclose(file);
+        std::remove(tmp.c_str());
+        return on_host.status();
+      }
+    }
+    if (static_cast<int64_t>(values.size()) != plan.placement(t).num_elements) {
       std::fclose(file);
       std::remove(tmp.c_str());
-      return values.status();
+      return absl::InternalError(
+          absl::StrCat("final parameters of tensor ", t, ": got ", values.size(), " elements"));
     }
-    ok &= std::fwrite(values->data(), sizeof(float), values->size(), file) == values->size();
+    ok &= std::fwrite(values.data(), sizeof(float), values.size(), file) == values.size();
   }
   ok &= std::fclose(file) == 0;
   if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {

@@ -11,6 +11,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "sharding/shard_planner.h"
 #include "worker/comm/communicator.h"
 #include "worker/daemon/training_run.h"
 #include "worker/workloads/workload.h"
@@ -56,8 +57,10 @@ class EngineTrainingRun final : public TrainingRun {
   absl::Status Train();
   // Reports to the coordinator; returns false when the generation is no longer current.
   absl::StatusOr<bool> Report(const v1::StepMetrics& metrics, bool finished);
-  // Rank 0's final parameters, for comparing runs (see final_params_dir).
-  absl::Status WriteFinalParameters(engine::Engine& engine, int64_t tensors);
+  // Rank 0's final parameters, for comparing runs (see final_params_dir). `host_memory`: the
+  // engine's buffers are host memory (a CPU run).
+  absl::Status WriteFinalParameters(engine::Engine& engine, const sharding::ShardPlan& plan,
+                                    bool host_memory);
 
   const v1::Assignment assignment_;
   const EngineTrainingRunOptions options_;

@@ -60,6 +60,7 @@ class CudaDeviceOps final : public DeviceOps {
   absl::StatusOr<kernels::GradStats> ComputeGradStats(
       absl::Span<const kernels::GradPiece> pieces) override;
   absl::Status Synchronize() override;
+  int64_t KernelTableBytes() const override { return kernels_->TableBytes(); }
 
  private:
   CudaDeviceOps(int device, void* stream, std::unique_ptr<kernels::CudaOptimizerKernels> kernels);

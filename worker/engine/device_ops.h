@@ -57,6 +57,10 @@ class DeviceOps : public MemoryBacking {
 
   // Waits until everything queued has finished.
   virtual absl::Status Synchronize() = 0;
+
+  // Memory the device's kernels hold for their own launch tables, outside the engine's allocator
+  // (pinned host plus device memory, in bytes); the worker reports it as its own category.
+  virtual int64_t KernelTableBytes() const { return 0; }
 };
 
 // Host memory and the CPU kernels (kernels/cpu_optimizer.h) on its own thread pool; every

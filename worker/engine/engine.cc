@@ -304,17 +304,35 @@ absl::Status Engine::InitializeParameters(
   size_t piece_index = 0;
   const sharding::TensorFragment* fragment = view_.fragments().data();
   const sharding::TensorFragment* fragments_end = fragment + view_.fragments().size();
+  // Host staging only where it is needed, one tensor at a time: the largest tensor's size must
+  // not stay behind as a process's peak memory that no category explains.
+  const bool fp32_params = config_.param_dtype == DType::kFloat32;
   std::vector<float> values;
-  std::vector<char> converted;  // values in param_dtype, on the host
+  std::vector<char> converted;  // values in param_dtype, for a device's copy
   for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
     const sharding::TensorPlacement& placement = plan_.placement(t);
+    if (fp32_params && device_->host_memory()) {
+      // Straight into the parameters, which are their own master.
+      float* params = reinterpret_cast<float*>(ParamsAt(placement.flat_offset));
+      ZS_RETURN_IF_ERROR(initial(t, absl::MakeSpan(params, placement.num_elements)));
+      continue;
+    }
     values.assign(placement.num_elements, 0.0f);
     ZS_RETURN_IF_ERROR(initial(t, absl::MakeSpan(values)));
-    converted.resize(placement.num_elements * param_size_);
-    ConvertElements(values.data(), DType::kFloat32, converted.data(), config_.param_dtype,
-                    placement.num_elements);
-    ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyFromHost(
-        ParamsAt(placement.flat_offset), converted.data(), placement.num_elements * param_size_)));
+    if (fp32_params) {
+      ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyFromHost(
+          ParamsAt(placement.flat_offset), values.data(), placement.num_elements * sizeof(float))));
+    } else if (device_->host_memory()) {
+      ConvertElements(values.data(), DType::kFloat32, ParamsAt(placement.flat_offset),
+                      config_.param_dtype, placement.num_elements);
+    } else {
+      converted.resize(placement.num_elements * param_size_);
+      ConvertElements(values.data(), DType::kFloat32, converted.data(), config_.param_dtype,
+                      placement.num_elements);
+      ZS_RETURN_IF_ERROR(
+          RecordFailure(device_->CopyFromHost(ParamsAt(placement.flat_offset), converted.data(),
+                                              placement.num_elements * param_size_)));
+    }
     if (!HasMaster()) continue;  // fp32 parameters are their own master
     if (ddp) {
       ZS_RETURN_IF_ERROR(RecordFailure(

@@ -84,6 +84,7 @@ absl::StatusOr<T*> CudaTeacherStudentMlp::AllocateDevice(int64_t count) {
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(count, 1)) * sizeof(T);
   ZS_CUDA_RETURN_IF_ERROR(cudaMalloc(&data, bytes));
   allocations_.push_back(data);
+  device_bytes_ += static_cast<int64_t>(bytes);
   ZS_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(data, 0, bytes, AsStream(stream_)));
   return static_cast<T*>(data);
 }
@@ -132,6 +133,10 @@ absl::Status CudaTeacherStudentMlp::Initialize() {
   host_inputs_.resize(local_batch_ * sizes[0]);
   ZS_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(AsStream(stream_)));
   return absl::OkStatus();
+}
+
+int64_t CudaTeacherStudentMlp::BufferBytes() const {
+  return device_bytes_ + static_cast<int64_t>(host_inputs_.capacity() * sizeof(float));
 }
 
 int64_t CudaTeacherStudentMlp::SampleIndex(int64_t step, int64_t j) const {

@@ -56,6 +56,8 @@ class CudaTeacherStudentMlp final : public Workload {
   // Returns the mean loss (copied to the host, so it waits for the forward pass).
   absl::StatusOr<double> ForwardBackward(int64_t step, ParameterSource& params,
                                          GradientSink& sink) override;
+  // The device arrays plus the host staging of the inputs.
+  int64_t BufferBytes() const override;
 
   const std::vector<sharding::TensorSpec>& tensors() const { return tensors_; }
   int64_t local_batch() const { return local_batch_; }
@@ -98,6 +100,7 @@ class CudaTeacherStudentMlp final : public Workload {
   void* const stream_;              // cudaStream_t, not owned
   void* cublas_ = nullptr;          // cublasHandle_t, owned, bound to stream_
   std::vector<void*> allocations_;  // every device array, freed by the destructor
+  int64_t device_bytes_ = 0;        // their sizes' sum
 
   // Device arrays, all sized at Create (the same roles as TeacherStudentMlp's host buffers).
   std::vector<float*> teacher_weights_;  // [out, in] per Linear layer, forward order

@@ -351,4 +351,21 @@ absl::StatusOr<double> TeacherStudentMlp::ForwardBackward(int64_t step, Paramete
   return squared_error / static_cast<double>(count);
 }
 
+int64_t TeacherStudentMlp::BufferBytes() const {
+  int64_t floats = 0;
+  auto add = [&floats](const std::vector<float>& buffer) {
+    floats += static_cast<int64_t>(buffer.capacity());
+  };
+  for (const std::vector<float>& weights : teacher_weights_) add(weights);
+  for (const std::vector<float>& biases : teacher_biases_) add(biases);
+  for (const std::vector<float>& activation : activations_) add(activation);
+  add(targets_);
+  for (const std::vector<float>& scratch : teacher_scratch_) add(scratch);
+  for (const std::vector<float>& delta : delta_) add(delta);
+  add(row_grad_);
+  add(weight_tile_);
+  add(widened_bias_);
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
 }  // namespace zeroshard::workloads

@@ -102,6 +102,8 @@ class TeacherStudentMlp final : public Workload {
   absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const override;
   absl::StatusOr<double> ForwardBackward(int64_t step, ParameterSource& params,
                                          GradientSink& sink) override;
+  // Every buffer below (host memory); ForwardBackward allocates nothing more.
+  int64_t BufferBytes() const override;
 
   const std::vector<sharding::TensorSpec>& tensors() const { return tensors_; }
   int64_t local_batch() const { return local_batch_; }

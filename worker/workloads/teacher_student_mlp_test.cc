@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/process_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
@@ -232,6 +233,43 @@ double MaxAbs(const Tensors& tensors) {
     for (float value : tensor) max_abs = std::max(max_abs, std::fabs(static_cast<double>(value)));
   }
   return max_abs;
+}
+
+// First in the file, before other tests leave freed heap memory behind for the workload to reuse.
+TEST(TeacherStudentMlpTest, BufferBytesIsTheMemoryItHoldsAndStepsAddNothing) {
+  constexpr int64_t kMiB = 1024 * 1024;
+  const TeacherStudentMlpOptions options = Options({1024, 2048, 2048}, 256, 1, 0);
+  absl::StatusOr<common::ProcessMemory> before = common::ReadProcessMemory();
+  ASSERT_TRUE(before.ok()) << before.status();
+  std::unique_ptr<TeacherStudentMlp> workload = MakeWorkload(options);
+  ASSERT_NE(workload, nullptr);
+  absl::StatusOr<common::ProcessMemory> created = common::ReadProcessMemory();
+  ASSERT_TRUE(created.ok()) << created.status();
+  const int64_t counted = workload->BufferBytes();
+  int64_t model_elements = 0;
+  for (const sharding::TensorSpec& tensor : workload->tensors()) {
+    model_elements += tensor.num_elements;
+  }
+  // A full fp32 teacher, plus activations and scratch.
+  EXPECT_GT(counted, 4 * model_elements);
+  const int64_t growth = created->vmrss_bytes - before->vmrss_bytes;
+  EXPECT_GE(growth, counted * 85 / 100) << "counted " << counted;
+  EXPECT_LE(growth, counted * 110 / 100) << "counted " << counted;
+
+  // A step after the first (which warms up OpenBLAS's own buffers) touches no new memory.
+  VectorParameterSource params(InitialTensors(*workload));
+  RecordingSink sink(workload->tensors());
+  ASSERT_TRUE(workload->ForwardBackward(0, params, sink).ok());
+  const absl::Status reset = common::ResetPeakResidentMemory();
+  if (absl::IsUnavailable(reset)) GTEST_SKIP() << "cannot reset the peak RSS here: " << reset;
+  ASSERT_TRUE(reset.ok()) << reset;
+  absl::StatusOr<common::ProcessMemory> warm = common::ReadProcessMemory();
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  ASSERT_TRUE(workload->ForwardBackward(1, params, sink).ok());
+  absl::StatusOr<common::ProcessMemory> stepped = common::ReadProcessMemory();
+  ASSERT_TRUE(stepped.ok()) << stepped.status();
+  EXPECT_LE(stepped->vmhwm_bytes - warm->vmrss_bytes, kMiB);
+  EXPECT_EQ(workload->BufferBytes(), counted);
 }
 
 TEST(TeacherStudentMlpTest, CreateRejectsBadOptionsNamingTheField) {

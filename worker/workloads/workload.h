@@ -99,6 +99,13 @@ class Workload {
   // forward order). Returns the mean loss over the micro-batch (unscaled).
   virtual absl::StatusOr<double> ForwardBackward(int64_t step, ParameterSource& params,
                                                  GradientSink& sink) = 0;
+
+  // Bytes of the memory the workload holds for itself (a teacher's weights, activations, targets,
+  // data, scratch), in whatever memory it lives, plus the most ForwardBackward allocates at once
+  // beyond that. The worker reports it as its own memory category next to the engine's, so that
+  // the counted total explains the process's memory. Called between steps, on the thread that
+  // runs ForwardBackward.
+  virtual int64_t BufferBytes() const = 0;
 };
 
 }  // namespace zeroshard::workloads

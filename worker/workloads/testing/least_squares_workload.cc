@@ -141,4 +141,14 @@ absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step, Param
   return loss;
 }
 
+int64_t LeastSquaresWorkload::BufferBytes() const {
+  int64_t teacher_floats = 0;
+  for (const std::vector<float>& teacher : teacher_) teacher_floats += teacher.capacity();
+  // The gradients ForwardBackward keeps (fp32), and LossAndGradients' fp64 sums and fp32
+  // features, each one element per model element.
+  const int64_t per_step =
+      total_elements_ * int64_t{sizeof(float) + sizeof(double) + sizeof(float)};
+  return teacher_floats * int64_t{sizeof(float)} + per_step;
+}
+
 }  // namespace zeroshard::workloads::testing

@@ -42,6 +42,11 @@ class LeastSquaresWorkload : public Workload {
   absl::StatusOr<double> ForwardBackward(int64_t step, ParameterSource& params,
                                          GradientSink& sink) override;
 
+  // The teacher and the gradients ForwardBackward keeps (4 bytes per element each) plus what
+  // LossAndGradients allocates during a step (fp64 sums and one sample's features: 12 bytes per
+  // element).
+  int64_t BufferBytes() const override;
+
   // The mean loss over samples [sample_begin, sample_end) of step `step` at parameters
   // `params(t)`, and its gradient per tensor in `gradients` (resized as needed).
   double LossAndGradients(int64_t step, int64_t sample_begin, int64_t sample_end,
