@@ -613,6 +613,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
       Milliseconds(run_times_recorded_ ? reduce_run_time_ : last_reduced_ - first_launch_);
   result.timings.overlapped_comm_ms =
       std::max(0.0, result.timings.comm_ms - result.timings.exposed_comm_ms);
+  result.timings.reduce_wall_ms = Milliseconds(last_reduced_ - first_launch_);
 
   // 2. One small all-reduce: sum of squares of the owned gradients, non-finite count, loss.
   absl::StatusOr<kernels::GradStats> stats = device_->ComputeGradStats(stats_pieces_);
@@ -657,7 +658,8 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
 
   // 4. All-gather every bucket's parameters (ddp updated everything already).
   std::optional<absl::Duration> gather_run_time;
-  if (!result.skipped && config_.mode != EngineMode::kDdp) {
+  const bool gathered_any = !result.skipped && config_.mode != EngineMode::kDdp;
+  if (gathered_any) {
     std::vector<std::unique_ptr<comm::Work>> gathers;
     gathers.reserve(plan_.num_buckets());
     gather_run_time = absl::ZeroDuration();
@@ -683,6 +685,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   const absl::Time done = absl::Now();
   result.timings.allgather_ms =
       Milliseconds(gather_run_time.has_value() ? *gather_run_time : done - updated);
+  if (gathered_any) result.timings.allgather_wall_ms = Milliseconds(done - updated);
   result.timings.step_ms = Milliseconds(done - step_start);
   result.optimizer_step = optimizer_step_;
   result.next_loss_scale = loss_scale_;

@@ -103,6 +103,11 @@ struct StepTimings {
   double allgather_ms = 0.0;
   // The whole of Step().
   double step_ms = 0.0;
+  // Wall clock, for comparing with a plain all-reduce of the same bytes: from the first bucket's
+  // launch (during backward) until Step() saw the last reduction complete, and from issuing the
+  // first all-gather until the last one completed (0 in ddp and on skipped steps).
+  double reduce_wall_ms = 0.0;
+  double allgather_wall_ms = 0.0;
 };
 
 struct StepResult {

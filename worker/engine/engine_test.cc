@@ -487,6 +487,33 @@ TEST(EngineTest, SegmentsFollowTheBuckets) {
   EXPECT_EQ(plan.placement(5).num_buckets, 3);
 }
 
+// The wall-clock timings: the reductions' window is finite and not empty; the all-gathers run
+// inside Step(), only in zero1/zero2 and only when the step updated the parameters.
+TEST(EngineTest, WallClockTimingsOfTheCollectives) {
+  constexpr int64_t kOverflowStep = 3;
+  EngineConfig config = AdamConfig();
+  for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
+    config.mode = mode;
+    const RunResult run = RunEngines(/*world_size=*/2, config, kOverflowStep);
+    for (const std::vector<StepResult>& steps : run.steps_by_rank) {
+      ASSERT_EQ(static_cast<int64_t>(steps.size()), kSteps);
+      for (int64_t s = 0; s < kSteps; ++s) {
+        const StepTimings& timings = steps[s].timings;
+        SCOPED_TRACE(absl::StrCat(EngineModeName(mode), " step ", s));
+        EXPECT_EQ(steps[s].skipped, s == kOverflowStep);
+        EXPECT_TRUE(std::isfinite(timings.reduce_wall_ms));
+        EXPECT_GT(timings.reduce_wall_ms, 0.0);
+        EXPECT_LE(timings.allgather_wall_ms, timings.step_ms);
+        if (mode != EngineMode::kDdp && !steps[s].skipped) {
+          EXPECT_GT(timings.allgather_wall_ms, 0.0);
+        } else {
+          EXPECT_EQ(timings.allgather_wall_ms, 0.0);
+        }
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(WorldSizes, EngineEquivalenceTest, ::testing::Values(1, 2, 3, 4),
                          [](const ::testing::TestParamInfo<int>& info) {
                            return absl::StrCat("W", info.param);
