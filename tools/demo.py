@@ -7,14 +7,17 @@ Runs one job per (optimizer, mode) -- by default SGD lr 0.01 (the document's) an
 |parameter difference| between ddp and zero2 of the same optimizer (read from the final
 parameter files rank 0 writes; 0 expected, docs/design.md "Bitwise"; a missing file is an
 error), the optimizer-state bytes per worker the engine measured against the ZeRO formula, the
-median engine step time, and every memory category the engine counts.
+median iteration time (forward + backward + step) and engine step time, every memory category
+the worker counts (the engine's, the communicator's staging, the workload's buffers) and each
+worker's peak RSS (read from /proc for local workers: each resets its peak when a run starts).
 
 Parameter groups follow torch's default (torch.optim.AdamW(model.parameters())): one group, so
 every tensor, biases included, takes the optimizer's weight decay; --no_decay PATTERNS moves
 tensors into a group without weight decay. The header says which.
 
 Usually started by tools/demo.sh inside deploy/local/cluster.py, which sets
-ZEROSHARD_COORDINATOR, ZEROSHARD_CLI, ZEROSHARD_FINAL_PARAMS_DIR and ZEROSHARD_WORKERS.
+ZEROSHARD_COORDINATOR, ZEROSHARD_CLI, ZEROSHARD_FINAL_PARAMS_DIR, ZEROSHARD_WORKERS and
+ZEROSHARD_WORKER_PIDS.
 Standard library only (NumPy is used for the parameter comparison when it is installed).
 """
 
@@ -107,7 +110,16 @@ def parse_args():
              "(default: none, torch's default: every tensor decays)",
     )
     parser.add_argument("--job_timeout", type=float, default=600.0, help="seconds per job")
+    parser.add_argument(
+        "--worker_pids", default=os.environ.get("ZEROSHARD_WORKER_PIDS", ""),
+        help="comma-separated process ids of local workers, whose peak RSS the memory table "
+             "shows (default: ZEROSHARD_WORKER_PIDS; without it, rank 0's reported peak)",
+    )
     args = parser.parse_args()
+    try:
+        args.worker_pids = [int(p) for p in args.worker_pids.split(",") if p.strip()]
+    except ValueError:
+        parser.error(f"--worker_pids: not a list of process ids: {args.worker_pids!r}")
     if not args.coordinator:
         parser.error("--coordinator (or ZEROSHARD_COORDINATOR) is required; "
                      "run me through deploy/local/cluster.py or tools/demo.sh")
@@ -138,7 +150,9 @@ class Run:
         self.message = ""
         self.losses = []
         self.step_ms = []
+        self.iteration_ms = []
         self.memory = {}
+        self.peak_rss = []  # bytes per worker (VmHWM since the run started), or rank 0's alone
         self.weight_decay = None
         self.param_groups = []
         self.generations = 0
@@ -225,7 +239,7 @@ def run_job(args, run):
                 run.generations += 1
                 if run.generations > 1:
                     say(f"  generation {event.get('generation')} started (restart from step 0)")
-                    run.losses, run.step_ms = [], []
+                    run.losses, run.step_ms, run.iteration_ms = [], [], []
             elif kind == "STATE_CHANGED":
                 run.state = event.get("state")
                 run.message = event.get("message", "")
@@ -234,10 +248,13 @@ def run_job(args, run):
                 step = int(progress.get("step", 0))
                 run.losses.append(float(progress.get("loss", 0.0)))
                 run.step_ms.append(float(progress.get("step_ms", 0.0)))
+                run.iteration_ms.append(float(progress.get("iteration_ms", 0.0)))
                 run.memory = {k: int(v) for k, v in progress.get("memory", {}).items()}
+                run.peak_rss = [int(progress.get("vmhwm_bytes", 0))]
                 if step == 1 or step % report_every == 0 or step == args.steps:
                     say(f"    step {step:>4}/{args.steps}  loss {run.losses[-1]:.6g}  "
-                        f"engine step {run.step_ms[-1]:.1f} ms")
+                        f"iteration {run.iteration_ms[-1]:.1f} ms (engine step "
+                        f"{run.step_ms[-1]:.1f} ms)")
         watch.wait()
     finally:
         timer.cancel()
@@ -252,6 +269,10 @@ def run_job(args, run):
             f"{': ' + run.message if run.message else ''}{' (' + stderr + ')' if stderr else ''}"
         )
     say(f"  {run.job_id} SUCCEEDED in {run.seconds:.1f}s")
+    # Each worker resets its peak RSS when a run starts, so right after the job it is the job's.
+    peaks = [worker_peak_rss(pid) for pid in args.worker_pids]
+    if peaks and all(p is not None for p in peaks):
+        run.peak_rss = peaks
     # Rank 0 writes the file before it reports its last step; the wait covers a directory that
     # another machine shares.
     path = os.path.join(args.final_params_dir, f"{run.job_id}.f32")
@@ -262,6 +283,18 @@ def run_job(args, run):
         raise DemoError(f"{run.job_id} succeeded but wrote no final parameters at {path} "
                         f"(is {args.final_params_dir} the workers' --final_params_dir?)")
     run.params_path = path
+
+
+def worker_peak_rss(pid):
+    """VmHWM of process `pid` in bytes, or None when it cannot be read (not local, gone)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def read_f32(path):
@@ -299,7 +332,7 @@ def print_rows(headers, rows):
 
 def print_table(args, runs, psi):
     headers = ["optimizer", "mode", "loss start", "loss end", "max|Δparam|",
-               "opt state/worker", "ZeRO formula", "median engine step"]
+               "opt state/worker", "ZeRO formula", "median iteration", "median step"]
     rows = []
     for run in runs:
         reference = next(r for r in runs if r.optimizer == run.optimizer)
@@ -317,6 +350,7 @@ def print_table(args, runs, psi):
             diff,
             format_bytes(run.memory.get("optimizer_state_bytes", 0)),
             f"{format_bytes(int(round(formula)))} ({formula_text})",
+            f"{statistics.median(run.iteration_ms):.2f} ms" if run.iteration_ms else "-",
             f"{statistics.median(run.step_ms):.2f} ms" if run.step_ms else "-",
         ])
     print_rows(headers, rows)
@@ -330,14 +364,20 @@ MEMORY_COLUMNS = [
     ("opt state", "optimizer_state_bytes"),
     ("buckets", "bucket_bytes"),
     ("comm scratch", "comm_scratch_bytes"),
-    ("total", "total_bytes"),
+    ("comm staging", "comm_staging_bytes"),
+    ("workload", "workload_bytes"),
+    ("kernel tables", "kernel_tables_bytes"),
+    ("total counted", "total_bytes"),
 ]
 
 
 def print_memory_table(runs):
-    headers = ["optimizer", "mode"] + [title for title, _ in MEMORY_COLUMNS]
-    rows = [[run.optimizer, run.mode] + [format_bytes(run.memory.get(key, 0)) for _, key in MEMORY_COLUMNS]
-            for run in runs]
+    headers = ["optimizer", "mode"] + [title for title, _ in MEMORY_COLUMNS] + ["peak RSS/worker"]
+    rows = []
+    for run in runs:
+        peaks = " ".join(format_bytes(p) for p in run.peak_rss) if run.peak_rss else "-"
+        rows.append([run.optimizer, run.mode] +
+                    [format_bytes(run.memory.get(key, 0)) for _, key in MEMORY_COLUMNS] + [peaks])
     print_rows(headers, rows)
 
 
@@ -376,13 +416,14 @@ def main():
         f"Ψ = {psi:,})")
     say("Memory is rank 0's, counted by the engine's allocator. Optimizer state is fp32: SGD "
         "without momentum keeps none, AdamW 2 arrays; the measured bytes include the shard plan's "
-        "padding (tensors start at multiples of 64 elements, buckets are padded to lcm(W, 128)). "
-        "The engine step is Engine::Step after backward (the reductions still in flight, the "
-        "update, the all-gather); forward and backward are not in it.")
+        "padding (tensors start at multiples of 64 elements, the flat space is padded to lcm(W, "
+        "128)). The iteration is forward + backward + step; the step is Engine::Step after "
+        "backward (the reductions still in flight, the update, the all-gather).")
     print_table(args, runs, psi)
     say()
-    say("Memory per worker by category (rank 0, the engine's allocator; not counted yet: the "
-        "workload's buffers and the communicator's staging):")
+    say("Memory per worker by category (rank 0's report: the engine's allocator, the "
+        "communicator's staging, the workload's buffers), and each worker's peak RSS during the "
+        "job (VmHWM, the process's own ~21 MiB of code and libraries included):")
     print_memory_table(runs)
     say()
     status = 0

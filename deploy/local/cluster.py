@@ -328,6 +328,9 @@ class Cluster:
         env["ZEROSHARD_LOG_DIR"] = self.log_dir
         env["ZEROSHARD_FINAL_PARAMS_DIR"] = self.final_params_dir
         env["ZEROSHARD_WORKERS"] = str(self.args.workers)
+        # The workers' process ids, comma-separated, in worker order (for tools that read their
+        # /proc/<pid>/status, such as the demo's per-worker peak RSS).
+        env["ZEROSHARD_WORKER_PIDS"] = ",".join(str(w.popen.pid) for w in self.workers)
         return env
 
     def run_command(self, command):
