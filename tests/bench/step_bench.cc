@@ -128,6 +128,10 @@ class MemcpyWorkload final : public workloads::Workload {
     return 0.5;
   }
 
+  int64_t BufferBytes() const override {
+    return static_cast<int64_t>((pattern_.capacity() + gradient_.capacity()) * sizeof(float));
+  }
+
  private:
   const std::vector<sharding::TensorSpec> tensors_;
   const int rank_;
