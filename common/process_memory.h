@@ -33,6 +33,23 @@ absl::StatusOr<ProcessMemory> ReadProcessMemory(pid_t pid);
 // or the sandbox does not allow it; the peak then stays the process's lifetime peak.
 absl::Status ResetPeakResidentMemory();
 
+// Whether this build's RSS follows its allocations: false under AddressSanitizer, whose shadow
+// memory and freed-memory quarantine dominate RSS, so tests that compare RSS with counted bytes
+// skip there.
+constexpr bool RssFollowsAllocations() {
+#if defined(__SANITIZE_ADDRESS__)
+  return false;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+  return false;
+#else
+  return true;
+#endif
+#else
+  return true;
+#endif
+}
+
 }  // namespace zeroshard::common
 
 #endif  // ZEROSHARD_COMMON_PROCESS_MEMORY_H_

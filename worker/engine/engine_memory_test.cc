@@ -233,6 +233,7 @@ absl::StatusOr<int64_t> InitializationPeakGrowth(Engine& engine) {
 // and round it straight into the parameters. Either way no tensor-sized buffer is left as a peak
 // that no category explains (a 32 MiB tensor here).
 TEST(EngineInitializationMemoryTest, ParametersAreNotStagedWholeOnTheHost) {
+  if (!common::RssFollowsAllocations()) GTEST_SKIP() << "RSS is the sanitizer's here";
   constexpr int64_t kMiB = 1024 * 1024;
   constexpr int64_t kLargest = 8 * kMiB;  // elements
   std::vector<sharding::TensorSpec> tensors;

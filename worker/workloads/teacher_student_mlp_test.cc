@@ -237,6 +237,7 @@ double MaxAbs(const Tensors& tensors) {
 
 // First in the file, before other tests leave freed heap memory behind for the workload to reuse.
 TEST(TeacherStudentMlpTest, BufferBytesIsTheMemoryItHoldsAndStepsAddNothing) {
+  if (!common::RssFollowsAllocations()) GTEST_SKIP() << "RSS is the sanitizer's here";
   constexpr int64_t kMiB = 1024 * 1024;
   const TeacherStudentMlpOptions options = Options({1024, 2048, 2048}, 256, 1, 0);
   absl::StatusOr<common::ProcessMemory> before = common::ReadProcessMemory();
