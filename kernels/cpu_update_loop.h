@@ -88,11 +88,6 @@ __attribute__((always_inline)) inline int64_t UpdateVectors(const ElementScalars
                                                             int64_t end) {
   constexpr int kWidth = Ops::kWidth;
   int64_t i = begin;
-  // Two vectors an iteration: the sqrt and divide chains of one overlap the other's.
-  for (; i + 2 * kWidth <= end; i += 2 * kWidth) {
-    UpdateVector<Ops, kKind, kGrad, kCopy>(s, has_momentum, a, i);
-    UpdateVector<Ops, kKind, kGrad, kCopy>(s, has_momentum, a, i + kWidth);
-  }
   for (; i + kWidth <= end; i += kWidth) {
     UpdateVector<Ops, kKind, kGrad, kCopy>(s, has_momentum, a, i);
   }
