@@ -408,8 +408,8 @@ std::vector<Pass> TorchForeachPasses(const Case& c, Arrays& arrays) {
       passes.push_back({Op::kAddcdiv, p, p, u, d, 1.0f});
       break;
     case OptimizerKind::kLion:
-      // Not in torch.optim; the foreach style of the Lion authors' PyTorch port: mul_(params,
-      // 1 - lr * wd); update = clone(exp_avgs); lerp_(update, grads, 1 - beta1); sign_(update);
+      // Not in torch.optim; lion-pytorch's foreach step: mul_(params, 1 - lr * wd);
+      // update = clone(exp_avgs); lerp_(update, grads, 1 - beta1); sign_(update);
       // add_(params, update, alpha=-lr); lerp_(exp_avgs, grads, 1 - beta2).
       passes.push_back({Op::kMul, p, p, nullptr, nullptr, 0.999999f});
       passes.push_back({Op::kCopy, u, m});
