@@ -42,10 +42,11 @@ inline void StoreParamCopy(void* copy, int64_t i, typename Ops::V value) {
   }
 }
 
-// Updates the kWidth elements at [i, i + kWidth).
+// Updates the kWidth elements at [i, i + kWidth). Always inlined: the loops below rely on
+// constant flags in their ElementScalars folding the branches away.
 template <class Ops, OptimizerKind kKind, DType kGrad, int kCopy>
-inline void UpdateVector(const ElementScalars& s, bool has_momentum, const UpdateArrays& a,
-                         int64_t i) {
+__attribute__((always_inline)) inline void UpdateVector(const ElementScalars& s, bool has_momentum,
+                                                        const UpdateArrays& a, int64_t i) {
   using V = typename Ops::V;
   const V g = ScaledGradient(s, LoadAs<Ops, kGrad>(a.grad, i));
   V param = Ops::LoadF32(a.master + i);
@@ -79,13 +80,38 @@ inline void UpdateVector(const ElementScalars& s, bool has_momentum, const Updat
   StoreParamCopy<Ops, kCopy>(a.param_copy, i, param);
 }
 
+// Updates whole vectors from `begin` on; returns where the first partial vector starts.
 template <class Ops, OptimizerKind kKind, DType kGrad, int kCopy>
-void UpdateRange(const ElementScalars& s, bool has_momentum, const UpdateArrays& a, int64_t begin,
-                 int64_t end) {
+__attribute__((always_inline)) inline int64_t UpdateVectors(const ElementScalars& s,
+                                                            bool has_momentum,
+                                                            const UpdateArrays& a, int64_t begin,
+                                                            int64_t end) {
   constexpr int kWidth = Ops::kWidth;
   int64_t i = begin;
   for (; i + kWidth <= end; i += kWidth) {
     UpdateVector<Ops, kKind, kGrad, kCopy>(s, has_momentum, a, i);
+  }
+  return i;
+}
+
+template <class Ops, OptimizerKind kKind, DType kGrad, int kCopy>
+void UpdateRange(const ElementScalars& s, bool has_momentum, const UpdateArrays& a, int64_t begin,
+                 int64_t end) {
+  constexpr int kWidth = Ops::kWidth;
+  // Local copies: vector stores may alias anything (the intrinsic types are may_alias), so
+  // pointers and scalars read through `a` and `s` would be reloaded for every vector.
+  const UpdateArrays arrays = a;
+  ElementScalars scalars = s;
+  int64_t i;
+  if (!s.first_step && !s.maximize && !s.amsgrad) {
+    // The usual case (a later step, no maximize, no amsgrad): with these flags constant, their
+    // per-vector branches fold away.
+    scalars.first_step = false;
+    scalars.maximize = false;
+    scalars.amsgrad = false;
+    i = UpdateVectors<Ops, kKind, kGrad, kCopy>(scalars, has_momentum, arrays, begin, end);
+  } else {
+    i = UpdateVectors<Ops, kKind, kGrad, kCopy>(scalars, has_momentum, arrays, begin, end);
   }
   if (i == end) return;
   // The tail: copy in, run one vector, copy back what the update wrote.
