@@ -243,7 +243,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   };
 
   // A first-in first-out queue of bucket indices that never allocates after construction: a
-  // bucket enters it at most once per step, and it is empty between steps.
+  // bucket enters it at most once per step, and it is empty between steps. Thread contract: the
+  // engine's owner thread, as the engine.
   class BucketQueue {
    public:
     explicit BucketQueue(int64_t capacity) { buckets_.reserve(capacity); }

@@ -96,7 +96,8 @@ class RecordedGather : public comm::Work {
 };
 
 // One rank whose parameter all-gathers are RecordedGathers; the rest finish at once (W = 1).
-// `failing_bucket`'s all-gather fails with `failure`.
+// `failing_bucket`'s all-gather fails with `failure`. Thread contract: the engine's owner thread
+// only (the log is not synchronised).
 class RecordingCommunicator : public comm::testing::IdentityCommunicator {
  public:
   RecordingCommunicator(const sharding::ShardPlan& plan, bool host_backend,
@@ -397,7 +398,8 @@ class HeldBackGatherCommunicator : public comm::Communicator {
   comm::CommunicatorStats stats() const override { return inner_->stats(); }
 
  private:
-  // The engine's handle on an operation the test also watches.
+  // The engine's handle on an operation the test also watches. Thread-safe, as the Work it
+  // shares.
   class SharedWork : public comm::Work {
    public:
     explicit SharedWork(std::shared_ptr<comm::Work> work) : work_(std::move(work)) {}

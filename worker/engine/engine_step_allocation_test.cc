@@ -77,7 +77,8 @@ void operator delete[](void* data, std::size_t, std::align_val_t) noexcept { std
 namespace zeroshard::engine {
 namespace {
 
-// Counting stays off for the scope's lifetime on this thread (allocations of other libraries).
+// Counting stays off for the scope's lifetime (allocations of other libraries). Thread contract:
+// affects only the thread that creates it, which must also destroy it.
 class NotCounted {
  public:
   NotCounted() : was_counting_(counting) { counting = false; }
