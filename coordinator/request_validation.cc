@@ -141,6 +141,8 @@ absl::Status CheckMetrics(const v1::StepMetrics& metrics) {
   ZS_RETURN_IF_ERROR(
       jobspec::CheckFiniteNonNegative("metrics.iteration_ms", metrics.iteration_ms()));
   ZS_RETURN_IF_ERROR(jobspec::CheckFiniteNonNegative("metrics.compute_ms", metrics.compute_ms()));
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckFiniteNonNegative("metrics.param_wait_ms", metrics.param_wait_ms()));
   ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.vmhwm_bytes", metrics.vmhwm_bytes()));
   ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.vmrss_bytes", metrics.vmrss_bytes()));
   return CheckNonNegative("metrics.vmrss_at_start_bytes", metrics.vmrss_at_start_bytes());

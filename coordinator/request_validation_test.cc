@@ -592,6 +592,10 @@ INSTANTIATE_TEST_SUITE_P(
             "InfiniteComputeMs", [](Progress& r) { r.mutable_metrics()->set_compute_ms(kInf); },
             "metrics.compute_ms", "not allowed"),
         BadProgress(
+            "NegativeParamWaitMs",
+            [](Progress& r) { r.mutable_metrics()->set_param_wait_ms(-0.5); },
+            "metrics.param_wait_ms", "is negative"),
+        BadProgress(
             "NegativeVmHwm", [](Progress& r) { r.mutable_metrics()->set_vmhwm_bytes(-1); },
             "metrics.vmhwm_bytes", "-1 must be >= 0")),
     [](const ::testing::TestParamInfo<BadRequest>& info) { return info.param.name; });

@@ -418,7 +418,8 @@ def main():
         "without momentum keeps none, AdamW 2 arrays; the measured bytes include the shard plan's "
         "padding (tensors start at multiples of 64 elements, the flat space is padded to lcm(W, "
         "128)). The iteration is forward + backward + step; the step is Engine::Step after "
-        "backward (the reductions still in flight, the update, the all-gather).")
+        "backward (the reductions still in flight, the update, issuing the all-gathers, which the "
+        "next forward waits for layer by layer).")
     print_table(args, runs, psi)
     say()
     say("Memory per worker by category (rank 0's report: the engine's allocator, the "

@@ -74,8 +74,8 @@ class HostParameters final : public workloads::ParameterSource {
       bytes_.push_back(std::move(bytes));
     }
   }
-  workloads::StoredParameters Parameters(int64_t tensor) override {
-    return {bytes_[tensor].data(), dtype_, sizes_[tensor]};
+  absl::StatusOr<workloads::StoredParameters> Parameters(int64_t tensor) override {
+    return workloads::StoredParameters{bytes_[tensor].data(), dtype_, sizes_[tensor]};
   }
   const std::vector<std::vector<char>>& bytes() const { return bytes_; }
   const std::vector<int64_t>& sizes() const { return sizes_; }
@@ -103,8 +103,8 @@ class DeviceParameters final : public workloads::ParameterSource {
   ~DeviceParameters() override {
     for (void* array : arrays_) device_.Free(array);
   }
-  workloads::StoredParameters Parameters(int64_t tensor) override {
-    return {arrays_[tensor], dtype_, sizes_[tensor]};
+  absl::StatusOr<workloads::StoredParameters> Parameters(int64_t tensor) override {
+    return workloads::StoredParameters{arrays_[tensor], dtype_, sizes_[tensor]};
   }
 
  private:

@@ -47,6 +47,7 @@ v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done,
   metrics.set_exposed_comm_ms(result.timings.exposed_comm_ms);
   metrics.set_update_ms(result.timings.update_ms);
   metrics.set_allgather_ms(result.timings.allgather_ms);
+  metrics.set_param_wait_ms(result.timings.param_wait_ms);
   metrics.set_grad_norm(result.grad_norm);
   metrics.set_loss_scale(result.loss_scale);
   metrics.set_skipped(result.skipped);
@@ -263,9 +264,15 @@ absl::Status EngineTrainingRun::WriteFinalParameters(engine::Engine& engine,
     // copied from the device) one tensor at a time.
     std::vector<float> copy;
     absl::Span<const float> values;
-    const workloads::StoredParameters stored = engine.Parameters(t);
-    if (host_memory && stored.dtype == kernels::DType::kFloat32) {
-      values = absl::MakeConstSpan(static_cast<const float*>(stored.data), stored.size);
+    // Parameters() waits for the tensor's all-gathers of the last step.
+    const absl::StatusOr<workloads::StoredParameters> stored = engine.Parameters(t);
+    if (!stored.ok()) {
+      std::fclose(file);
+      std::remove(tmp.c_str());
+      return stored.status();
+    }
+    if (host_memory && stored->dtype == kernels::DType::kFloat32) {
+      values = absl::MakeConstSpan(static_cast<const float*>(stored->data), stored->size);
     } else {
       absl::StatusOr<std::vector<float>> on_host = engine.ParametersOnHost(t);
       if (on_host.ok()) {

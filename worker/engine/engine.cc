@@ -124,6 +124,8 @@ Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const E
       device_(config.device == nullptr ? owned_device_.get() : config.device),
       allocator_(device_),
       buckets_(plan.num_buckets()),
+      in_flight_(plan.num_buckets()),
+      awaiting_check_(plan.num_buckets()),
       loss_scale_(config.loss_scale.initial_scale) {
   owned_offsets_.reserve(plan_.num_buckets());
   int64_t offset = 0;
@@ -150,9 +152,25 @@ Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const E
 }
 
 Engine::~Engine() {
-  // The communicator may still write into our buffers until each reduction is done.
+  // The communicator may still write into our buffers until each reduction and all-gather is
+  // done.
   for (BucketState& bucket : buckets_) {
+    if (bucket.gather != nullptr) bucket.gather->Wait().IgnoreError();
     if (bucket.reduction != nullptr) bucket.reduction->Wait().IgnoreError();
+  }
+}
+
+void Engine::BucketQueue::push_back(int64_t bucket) {
+  ZS_DCHECK_LT(buckets_.size(), buckets_.capacity()) << "a bucket entered the queue twice";
+  buckets_.push_back(bucket);
+}
+
+void Engine::BucketQueue::pop_front() {
+  ZS_DCHECK(!empty());
+  // Emptied: start over at the front, so the reserved room is enough for the next step.
+  if (++head_ == buckets_.size()) {
+    buckets_.clear();
+    head_ = 0;
   }
 }
 
@@ -299,6 +317,8 @@ absl::Status Engine::InitializeParameters(
   if (StepInProgress()) {
     return absl::FailedPreconditionError("InitializeParameters during a step");
   }
+  // The parameters are about to be overwritten: no all-gather may still write into them.
+  ZS_RETURN_IF_ERROR(AwaitGathers(0, plan_.num_buckets(), /*on_host=*/true));
   const bool ddp = config_.mode == EngineMode::kDdp;
   absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();
   size_t piece_index = 0;
@@ -356,19 +376,24 @@ absl::Status Engine::InitializeParameters(
   return absl::OkStatus();
 }
 
-workloads::StoredParameters Engine::Parameters(int64_t tensor) {
-  ZS_DCHECK(tensor >= 0 && tensor < plan_.num_tensors()) << "tensor " << tensor;
-  const sharding::TensorPlacement& placement = plan_.placement(tensor);
-  return {ParamsAt(placement.flat_offset), config_.param_dtype, placement.num_elements};
-}
-
-absl::StatusOr<std::vector<float>> Engine::ParametersOnHost(int64_t tensor) {
+absl::StatusOr<workloads::StoredParameters> Engine::Parameters(int64_t tensor) {
   ZS_RETURN_IF_ERROR(failure_);
   if (tensor < 0 || tensor >= plan_.num_tensors()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor: ", tensor, " is not in [0, ", plan_.num_tensors(), ")"));
   }
-  const workloads::StoredParameters stored = Parameters(tensor);
+  const sharding::TensorPlacement& placement = plan_.placement(tensor);
+  ZS_RETURN_IF_ERROR(
+      AwaitGathers(placement.first_bucket, placement.num_buckets, /*on_host=*/false));
+  return workloads::StoredParameters{ParamsAt(placement.flat_offset), config_.param_dtype,
+                                     placement.num_elements};
+}
+
+absl::StatusOr<std::vector<float>> Engine::ParametersOnHost(int64_t tensor) {
+  ZS_ASSIGN_OR_RETURN(const workloads::StoredParameters stored, Parameters(tensor));
+  // The values go to the host: the all-gathers must have succeeded, not only be ordered.
+  const sharding::TensorPlacement& placement = plan_.placement(tensor);
+  ZS_RETURN_IF_ERROR(AwaitGathers(placement.first_bucket, placement.num_buckets, /*on_host=*/true));
   std::vector<float> host(stored.size);
   if (stored.dtype == DType::kFloat32) {
     ZS_RETURN_IF_ERROR(RecordFailure(
@@ -569,6 +594,45 @@ absl::Status Engine::RetireOldest() {
   return absl::OkStatus();
 }
 
+absl::Status Engine::AwaitGathers(int64_t first_bucket, int64_t num_buckets, bool on_host) {
+  absl::Status first_failure;
+  // Issue order: the last bucket first.
+  for (int64_t b = first_bucket + num_buckets - 1; b >= first_bucket; --b) {
+    BucketState& bucket = buckets_[b];
+    if (bucket.gather == nullptr || (!on_host && bucket.gather_ordered)) continue;
+    const absl::Time wait_start = absl::Now();
+    absl::Status status;
+    if (on_host) {
+      status = RetireGather(b);
+    } else {
+      status = bucket.gather->WaitOnComputeStream();
+      bucket.gather_ordered = true;
+      // A host backend has waited for it; a device backend's is retired once seen done.
+      if (status.ok() && bucket.gather->Done()) status = RetireGather(b);
+    }
+    param_wait_ += absl::Now() - wait_start;
+    if (!status.ok() && first_failure.ok()) first_failure = status;
+    // After a failure only the host waits go on: the buffers must be left alone by then.
+    if (!first_failure.ok() && !on_host) break;
+  }
+  return RecordFailure(first_failure);
+}
+
+absl::Status Engine::RetireGather(int64_t bucket_index) {
+  BucketState& bucket = buckets_[bucket_index];
+  const absl::Status status = bucket.gather->Wait();
+  last_gathered_ = absl::Now();
+  const std::optional<absl::Duration> run_time = bucket.gather->RunTime();
+  if (run_time.has_value()) {
+    gather_run_time_ += *run_time;
+  } else {
+    gather_run_times_recorded_ = false;
+  }
+  bucket.gather.reset();
+  bucket.gather_ordered = false;
+  return status;
+}
+
 absl::Status Engine::CheckReductions() {
   while (!awaiting_check_.empty()) {
     BucketState& bucket = buckets_[awaiting_check_.front()];
@@ -598,6 +662,19 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   }
   StepResult result;
   const absl::Time step_start = absl::Now();
+
+  // 0. The previous step's all-gathers that forward did not wait for: the update below writes
+  //    the parameters they fill, and the step reports how they went.
+  ZS_RETURN_IF_ERROR(AwaitGathers(0, plan_.num_buckets(), /*on_host=*/true));
+  if (gathers_issued_ != absl::InfinitePast()) {
+    result.timings.allgather_run_ms = Milliseconds(
+        gather_run_times_recorded_ ? gather_run_time_ : last_gathered_ - gathers_issued_);
+  }
+  result.timings.param_wait_ms = Milliseconds(param_wait_);
+  gathers_issued_ = absl::InfinitePast();
+  gather_run_time_ = absl::ZeroDuration();
+  gather_run_times_recorded_ = true;
+  param_wait_ = absl::ZeroDuration();
 
   // 1. Order every bucket's move into grads_ after its reduction, then wait on the host for the
   //    reductions: the statistics below hand values to the host, so the reductions must have
@@ -656,36 +733,23 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   const absl::Time updated = absl::Now();
   result.timings.update_ms = Milliseconds(updated - stats_done);
 
-  // 4. All-gather every bucket's parameters (ddp updated everything already).
-  std::optional<absl::Duration> gather_run_time;
-  const bool gathered_any = !result.skipped && config_.mode != EngineMode::kDdp;
-  if (gathered_any) {
-    std::vector<std::unique_ptr<comm::Work>> gathers;
-    gathers.reserve(plan_.num_buckets());
-    gather_run_time = absl::ZeroDuration();
+  // 4. Issue every bucket's parameter all-gather (ddp updated everything already) and return
+  //    without waiting: the next forward waits for each bucket when it reads its tensors
+  //    (Parameters()). The last bucket goes first, as forward reads the tensor list backwards.
+  const bool gathers = !result.skipped && config_.mode != EngineMode::kDdp;
+  if (gathers) {
+    gathers_issued_ = updated;
     const comm::ElementType type = ToElementType(config_.param_dtype);
-    for (const sharding::BucketLayout& layout : plan_.buckets()) {
-      gathers.push_back(communicator_->AllGatherInPlace(ParamsAt(layout.flat_begin),
-                                                        layout.piece_elems, type, options));
+    for (int64_t b = plan_.num_buckets() - 1; b >= 0; --b) {
+      const sharding::BucketLayout& layout = plan_.buckets()[b];
+      ZS_DCHECK(buckets_[b].gather == nullptr) << "bucket " << b << " is still being gathered";
+      buckets_[b].gather = communicator_->AllGatherInPlace(ParamsAt(layout.flat_begin),
+                                                           layout.piece_elems, type, options);
+      buckets_[b].gather_ordered = false;
     }
-    // Waited for on the host, not only ordered on the device: the step reports the gathers'
-    // outcome and run times.
-    for (std::unique_ptr<comm::Work>& gather : gathers) {
-      const absl::Status gathered = gather->Wait();
-      if (!gathered.ok() && status.ok()) status = gathered;
-      const std::optional<absl::Duration> run_time = gather->RunTime();
-      if (run_time.has_value() && gather_run_time.has_value()) {
-        *gather_run_time += *run_time;
-      } else {
-        gather_run_time.reset();
-      }
-    }
-    if (!status.ok()) return RecordFailure(status);
   }
   const absl::Time done = absl::Now();
-  result.timings.allgather_ms =
-      Milliseconds(gather_run_time.has_value() ? *gather_run_time : done - updated);
-  if (gathered_any) result.timings.allgather_wall_ms = Milliseconds(done - updated);
+  if (gathers) result.timings.allgather_ms = Milliseconds(done - updated);
   result.timings.step_ms = Milliseconds(done - step_start);
   result.optimizer_step = optimizer_step_;
   result.next_loss_scale = loss_scale_;

@@ -5,7 +5,6 @@
 #define ZEROSHARD_WORKER_ENGINE_ENGINE_H_
 
 #include <cstdint>
-#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -97,17 +96,27 @@ struct StepTimings {
   // Sum of squares and non-finite check of the owned gradients, plus the small all-reduce.
   double grad_stats_ms = 0.0;
   double update_ms = 0.0;
-  // Every bucket's parameter all-gather (0 in ddp and on skipped steps): the sum of their run
-  // times on the communicator, or, with a backend that does not record them, the wall time of
-  // issuing and waiting for them.
+  // Issuing this step's parameter all-gathers (0 in ddp and on skipped steps). Step() does not
+  // wait for them: the next iteration's Parameters() calls do (param_wait_ms), and the next
+  // step reports how long they ran (allgather_run_ms).
   double allgather_ms = 0.0;
+  // The all-gathers the previous Step() issued, whose parameters this iteration read: the sum of
+  // their run times on the communicator (they run back to back, so this is also their wall time
+  // there), or, with a backend that does not record run times, the wall time from their issue
+  // until the owner saw the last one complete. 0 when the previous step issued none (ddp, the
+  // first step, after a skipped step).
+  double allgather_run_ms = 0.0;
+  // Time the owner was blocked on those all-gathers since the previous Step() returned: in
+  // Parameters() (forward waiting for the buckets of the tensor it reads next) and at the start
+  // of this Step() (all-gathers no Parameters() call waited for). The part of allgather_run_ms
+  // that forward did not hide. With a device communicator Parameters() makes the compute stream
+  // wait instead of the host, so this is about 0 there.
+  double param_wait_ms = 0.0;
   // The whole of Step().
   double step_ms = 0.0;
   // Wall clock, for comparing with a plain all-reduce of the same bytes: from the first bucket's
-  // launch (during backward) until Step() saw the last reduction complete, and from issuing the
-  // first all-gather until the last one completed (0 in ddp and on skipped steps).
+  // launch (during backward) until Step() saw the last reduction complete.
   double reduce_wall_ms = 0.0;
-  double allgather_wall_ms = 0.0;
 };
 
 struct StepResult {
@@ -136,14 +145,30 @@ struct StepResult {
 //   norm = sqrt(sum of squares of g) / (W * loss_scale),
 // computed in double and rounded to float once, then the optimizer (kernels/optimizer.h).
 //
+// The parameter all-gather overlaps the next forward (zero1/zero2): Step() issues every bucket's
+// all-gather, the last bucket first, and returns without waiting. Parameters(tensor) waits for
+// the all-gathers of the buckets `tensor` overlaps and no others, so a forward that asks for
+// each tensor just before reading it (the tensor list backwards, the last buckets first) waits
+// only for what its current layer needs while the rest is still in flight. Issuing in that order
+// keeps the communicator's one queue (it runs operations in issue order) in the order forward
+// consumes them; every all-gather is ahead of the next backward's reductions in that queue, and
+// a forward that reads every tensor has needed them all before backward starts, so no reduction
+// waits behind an all-gather that forward did not need first (a tensor forward never reads
+// delays the reductions by its own all-gather only). Whatever is still outstanding is waited for by
+// the next Step(), InitializeParameters(), ParametersOnHost() (its tensor's buckets) and the
+// destructor.
+//
 // Determinism: for a fixed W, ddp, zero1 and zero2 give bitwise equal parameters, and reruns are
 // bitwise identical: reductions are the communicator's fixed-order rings (an all-reduce equals a
 // reduce-scatter piece by piece), every mode computes the gradient statistics over the same
-// owned pieces, and the update is element-wise with the same grad_scale everywhere.
+// owned pieces, and the update is element-wise with the same grad_scale everywhere. The
+// all-gathers copy bits, and Parameters() hands out only tensors whose all-gathers are done, so
+// when they run does not change any result.
 //
 // Thread contract: not thread-safe; one owner thread calls everything except Memory(), which
 // may be called from any thread. Collectives run on the communicator's thread(s). The
-// communicator must outlive the engine; the destructor waits for reductions still in flight.
+// communicator must outlive the engine; the destructor waits for reductions and all-gathers
+// still in flight.
 // REQUIRES: every method but Memory() is called from the engine's owner thread.
 class Engine : public workloads::GradientSink, public workloads::ParameterSource {
  public:
@@ -179,18 +204,22 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
 
   // workloads::ParameterSource: the current full parameters of `tensor` as stored, in
   // param_dtype, in the engine's device memory (the parameter copy itself: no fp32 view is made
-  // for bf16/fp16 parameters). Valid until the next Step().
-  // REQUIRES: 0 <= tensor < plan().num_tensors() (ParametersOnHost checks it for callers).
-  workloads::StoredParameters Parameters(int64_t tensor) override;
+  // for bf16/fp16 parameters). Valid until the next Step(). Orders the caller after the
+  // all-gathers still outstanding for the buckets `tensor` overlaps
+  // (Work::WaitOnComputeStream: a host backend waits here, on a device the compute stream
+  // waits), and after no other. InvalidArgument for a tensor outside the plan; a failed
+  // all-gather's error, after which the engine is unusable.
+  absl::StatusOr<workloads::StoredParameters> Parameters(int64_t tensor) override;
 
   // Parameters(tensor) copied into host memory and widened to fp32 (exact), one tensor at a time
-  // (e.g. to write them to a file).
+  // (e.g. to write them to a file). Waits on the host for the tensor's outstanding all-gathers.
   absl::StatusOr<std::vector<float>> ParametersOnHost(int64_t tensor);
 
-  // Finishes the step: waits for the reductions, checks the global norm and overflow, updates
-  // the owned pieces and all-gathers the parameters. Every tensor must have been handed to
-  // the sink. `local_loss` is this rank's mean loss (averaged over ranks for the result).
-  // After a failed collective the engine is unusable: this and later calls fail.
+  // Finishes the step: waits for the previous step's all-gathers still outstanding and for the
+  // reductions, checks the global norm and overflow, updates the owned pieces and issues the
+  // parameters' all-gathers without waiting for them (see above). Every tensor must have been
+  // handed to the sink. `local_loss` is this rank's mean loss (averaged over ranks for the
+  // result). After a failed collective the engine is unusable: this and later calls fail.
   absl::StatusOr<StepResult> Step(double local_loss);
 
   // Bytes by category, from the counting allocator (device memory for a GPU device).
@@ -207,6 +236,29 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
     int64_t elems_arrived = 0;  // tensor elements of the bucket written this step
     int slot = -1;  // pool slot holding the bucket's reduce buffer, or -1 (none / in place)
     std::unique_ptr<comm::Work> reduction;  // set from launch until checked
+    // The parameter all-gather the last Step() issued, until the host has seen its outcome.
+    std::unique_ptr<comm::Work> gather;
+    // Whether the device has been ordered after `gather` (by Parameters()).
+    bool gather_ordered = false;
+  };
+
+  // A first-in first-out queue of bucket indices that never allocates after construction: a
+  // bucket enters it at most once per step, and it is empty between steps. Thread contract: the
+  // engine's owner thread, as the engine.
+  class BucketQueue {
+   public:
+    explicit BucketQueue(int64_t capacity) { buckets_.reserve(capacity); }
+    bool empty() const { return head_ == buckets_.size(); }
+    size_t size() const { return buckets_.size() - head_; }
+    int64_t front() const { return buckets_[head_]; }
+    // REQUIRES: fewer than `capacity` pushes since the queue was last empty.
+    void push_back(int64_t bucket);
+    // REQUIRES: !empty().
+    void pop_front();
+
+   private:
+    std::vector<int64_t> buckets_;
+    size_t head_ = 0;
   };
 
   Engine(const sharding::ShardPlan& plan, sharding::RankView view, const EngineConfig& config,
@@ -248,6 +300,14 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   absl::Status RetireOldest();
   // Waits on the host for every retired reduction and fails the engine with the first failure.
   absl::Status CheckReductions();
+  // Waits for the outstanding all-gathers of buckets [first_bucket, first_bucket + num_buckets),
+  // in issue order (the last bucket first), adding the time blocked to param_wait_: `on_host`
+  // waits on the host for their outcome (Work::Wait); otherwise only orders the device after
+  // them (Work::WaitOnComputeStream), a host backend waiting anyway. All-gathers seen done are
+  // finished (RetireGather). Fails the engine with the first failure.
+  absl::Status AwaitGathers(int64_t first_bucket, int64_t num_buckets, bool on_host);
+  // Records the run time of the bucket's all-gather, which is done, and drops it; its status.
+  absl::Status RetireGather(int64_t bucket);
   // The one place that sets failure_: keeps the first failure (of a collective or of the
   // device), after which the engine is unusable; later failures do not replace the cause.
   // Returns `status` unchanged; OK records nothing.
@@ -309,8 +369,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // pool slot is either in free_slots_ or held by one bucket (every in-flight bucket holds one;
   // in zero2 so does a bucket still receiving gradients).
   std::vector<BucketState> buckets_;
-  std::deque<int64_t> in_flight_;
-  std::deque<int64_t> awaiting_check_;
+  BucketQueue in_flight_;
+  BucketQueue awaiting_check_;
   std::vector<int> free_slots_;
   // The next segment expected: tensor next_tensor_ (num_tensors() once all arrived) at element
   // next_element_; and the segment GradBuffer handed out, until GradWritten.
@@ -330,6 +390,15 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // Sum of the retired reductions' run times; false once one came without a run time.
   absl::Duration reduce_run_time_ = absl::ZeroDuration();
   bool run_times_recorded_ = true;
+
+  // The all-gathers of the last Step() (BucketState::gather): when they were issued, when the
+  // owner last saw one complete, the sum of the finished ones' run times (false once one came
+  // without a run time), and how long the owner has been blocked on them since that Step().
+  absl::Time gathers_issued_ = absl::InfinitePast();
+  absl::Time last_gathered_ = absl::InfinitePast();
+  absl::Duration gather_run_time_ = absl::ZeroDuration();
+  bool gather_run_times_recorded_ = true;
+  absl::Duration param_wait_ = absl::ZeroDuration();
 
   int64_t optimizer_step_ = 0;
   double loss_scale_ = 1.0;

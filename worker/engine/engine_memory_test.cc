@@ -195,7 +195,9 @@ TEST_P(EngineMemoryTest, Bf16ParametersReachTheWorkloadWithoutAnFp32Copy) {
   const MemoryReport before = (*engine)->Memory();
   for (int64_t t = 0; t < plan.num_tensors(); ++t) {
     SCOPED_TRACE(absl::StrCat("tensor ", t));
-    const workloads::StoredParameters stored = (*engine)->Parameters(t);
+    const absl::StatusOr<workloads::StoredParameters> asked = (*engine)->Parameters(t);
+    ASSERT_TRUE(asked.ok()) << asked.status();
+    const workloads::StoredParameters& stored = *asked;
     ASSERT_EQ(stored.dtype, DType::kBFloat16);
     ASSERT_EQ(stored.size, plan.placement(t).num_elements);
     std::vector<float> widened(stored.size);

@@ -487,9 +487,10 @@ TEST(EngineTest, SegmentsFollowTheBuckets) {
   EXPECT_EQ(plan.placement(5).num_buckets, 3);
 }
 
-// The wall-clock timings: the reductions' window is finite and not empty; the all-gathers run
-// inside Step(), only in zero1/zero2 and only when the step updated the parameters.
-TEST(EngineTest, WallClockTimingsOfTheCollectives) {
+// The timings of the collectives: the reductions' window is finite and not empty; a step issues
+// all-gathers only in zero1/zero2 and only when it updated the parameters, and the next step
+// reports how long they ran and how long the owner waited for them.
+TEST(EngineTest, TimingsOfTheCollectives) {
   constexpr int64_t kOverflowStep = 3;
   EngineConfig config = AdamConfig();
   for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
@@ -503,11 +504,21 @@ TEST(EngineTest, WallClockTimingsOfTheCollectives) {
         EXPECT_EQ(steps[s].skipped, s == kOverflowStep);
         EXPECT_TRUE(std::isfinite(timings.reduce_wall_ms));
         EXPECT_GT(timings.reduce_wall_ms, 0.0);
-        EXPECT_LE(timings.allgather_wall_ms, timings.step_ms);
-        if (mode != EngineMode::kDdp && !steps[s].skipped) {
-          EXPECT_GT(timings.allgather_wall_ms, 0.0);
+        const bool issued = mode != EngineMode::kDdp && !steps[s].skipped;
+        EXPECT_GE(timings.allgather_ms, 0.0);
+        EXPECT_LE(timings.allgather_ms, timings.step_ms);
+        if (!issued) {
+          EXPECT_EQ(timings.allgather_ms, 0.0);
+        }
+        const bool previous_issued = mode != EngineMode::kDdp && s > 0 && !steps[s - 1].skipped;
+        EXPECT_TRUE(std::isfinite(timings.allgather_run_ms));
+        EXPECT_TRUE(std::isfinite(timings.param_wait_ms));
+        EXPECT_GE(timings.param_wait_ms, 0.0);
+        if (previous_issued) {
+          EXPECT_GT(timings.allgather_run_ms, 0.0);
         } else {
-          EXPECT_EQ(timings.allgather_wall_ms, 0.0);
+          EXPECT_EQ(timings.allgather_run_ms, 0.0);
+          EXPECT_EQ(timings.param_wait_ms, 0.0);
         }
       }
     }

@@ -280,26 +280,14 @@ absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, Para
   const std::vector<int64_t>& sizes = options_.layer_sizes;
   std::vector<StoredParameters> weights(num_layers_);
   std::vector<StoredParameters> biases(num_layers_);
-  for (int64_t l = 0; l < num_layers_; ++l) {
-    for (const bool bias : {true, false}) {
-      const int64_t tensor = BiasTensor(l) + (bias ? 0 : 1);
-      const StoredParameters values = params.Parameters(tensor);
-      if (values.size != tensors_[tensor].num_elements) {
-        return absl::InvalidArgumentError(absl::StrCat("params: ", tensors_[tensor].name, " has ",
-                                                       values.size, " elements, expected ",
-                                                       tensors_[tensor].num_elements));
-      }
-      if (!kernels::IsValidDType(values.dtype)) {
-        return absl::InvalidArgumentError(absl::StrCat("params: ", tensors_[tensor].name,
-                                                       " has an invalid dtype (",
-                                                       static_cast<int>(values.dtype), ")"));
-      }
-      (bias ? biases : weights)[l] = values;
-    }
-  }
-
+  // The inputs and the teacher's targets need no student parameters: queued first, while the
+  // engine may still be gathering those.
   ZS_RETURN_IF_ERROR(LoadMicroBatch(step));
   for (int64_t l = 0; l < num_layers_; ++l) {
+    // Asked for just before the layer, in forward order: the compute stream then waits only for
+    // the all-gathers of this layer's buckets (ParameterSource).
+    ZS_ASSIGN_OR_RETURN(weights[l], CheckedMlpParameters(params, tensors_, BiasTensor(l) + 1));
+    ZS_ASSIGN_OR_RETURN(biases[l], CheckedMlpParameters(params, tensors_, BiasTensor(l)));
     ZS_RETURN_IF_ERROR(LinearForward(activations_[l], weights[l], biases[l], sizes[l], sizes[l + 1],
                                      /*relu=*/l + 1 < num_layers_, activations_[l + 1]));
   }

@@ -33,6 +33,22 @@ void ReluInPlace(float* values, int64_t count) {
 
 }  // namespace
 
+absl::StatusOr<StoredParameters> CheckedMlpParameters(
+    ParameterSource& params, absl::Span<const sharding::TensorSpec> tensors, int64_t tensor) {
+  ZS_ASSIGN_OR_RETURN(const StoredParameters values, params.Parameters(tensor));
+  if (values.size != tensors[tensor].num_elements) {
+    return absl::InvalidArgumentError(absl::StrCat("params: ", tensors[tensor].name, " has ",
+                                                   values.size, " elements, expected ",
+                                                   tensors[tensor].num_elements));
+  }
+  if (!kernels::IsValidDType(values.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("params: ", tensors[tensor].name,
+                                                   " has an invalid dtype (",
+                                                   static_cast<int>(values.dtype), ")"));
+  }
+  return values;
+}
+
 int64_t WeightTileRows(int64_t in_size, int64_t out_size) {
   return std::max<int64_t>(1, std::min(out_size, kWeightTileElems / in_size));
 }
@@ -283,26 +299,16 @@ absl::StatusOr<double> TeacherStudentMlp::ForwardBackward(int64_t step, Paramete
                                                           GradientSink& sink) {
   if (step < 0) return absl::InvalidArgumentError(absl::StrCat("step: negative, ", step));
   const std::vector<int64_t>& sizes = options_.layer_sizes;
-  for (int64_t l = 0; l < num_layers_; ++l) {
-    for (const bool bias : {true, false}) {
-      const int64_t tensor = BiasTensor(l) + (bias ? 0 : 1);
-      const StoredParameters values = params.Parameters(tensor);
-      if (values.size != tensors_[tensor].num_elements) {
-        return absl::InvalidArgumentError(absl::StrCat("params: ", tensors_[tensor].name, " has ",
-                                                       values.size, " elements, expected ",
-                                                       tensors_[tensor].num_elements));
-      }
-      if (!kernels::IsValidDType(values.dtype)) {
-        return absl::InvalidArgumentError(absl::StrCat("params: ", tensors_[tensor].name,
-                                                       " has an invalid dtype (",
-                                                       static_cast<int>(values.dtype), ")"));
-      }
-      (bias ? student_biases_ : student_weights_)[l] = values;
-    }
-  }
-
+  // The inputs and the teacher's targets need no student parameters: they come first, while the
+  // engine may still be gathering those.
   LoadMicroBatch(step);
   for (int64_t l = 0; l < num_layers_; ++l) {
+    // Each layer's parameters are asked for just before the layer runs, in forward order (the
+    // weight, later in the tensor list, before the bias), so that only the buckets this layer
+    // reads are waited for.
+    ZS_ASSIGN_OR_RETURN(student_weights_[l],
+                        CheckedMlpParameters(params, tensors_, BiasTensor(l) + 1));
+    ZS_ASSIGN_OR_RETURN(student_biases_[l], CheckedMlpParameters(params, tensors_, BiasTensor(l)));
     float* out = activations_[l + 1].data();
     StudentLinearForward(l, activations_[l].data(), out);
     if (l + 1 < num_layers_) ReluInPlace(out, local_batch_ * sizes[l + 1]);

@@ -68,6 +68,13 @@ absl::Status ValidateTeacherStudentMlpOptions(const TeacherStudentMlpOptions& op
 // without overflow. Shared by the CPU and CUDA workloads.
 int64_t MlpSampleIndex(const TeacherStudentMlpOptions& options, int64_t step, int64_t j);
 
+// params.Parameters(tensor) (which waits for the tensor's all-gathers), checked against the
+// catalog's `tensors`: InvalidArgument naming the tensor when its size is not the catalog's or
+// its dtype is invalid. Shared by the CPU and CUDA workloads.
+// REQUIRES: 0 <= tensor < tensors.size().
+absl::StatusOr<StoredParameters> CheckedMlpParameters(
+    ParameterSource& params, absl::Span<const sharding::TensorSpec> tensors, int64_t tensor);
+
 // The student's initial values of catalog tensor `tensor` (<2l>.bias / .weight in
 // gradient-ready order). InvalidArgument naming `tensor` when it is not one of the model's.
 absl::Status FillStudentInitialParameters(const TeacherStudentMlpOptions& options, int64_t tensor,
@@ -82,9 +89,10 @@ absl::Status FillStudentInitialParameters(const TeacherStudentMlpOptions& option
 // The loss is the mean of the squared error over the micro-batch and the outputs (torch's
 // MSELoss), and the gradients handed to the sink are those of that mean.
 //
-// Parameters are read in their stored dtype (workload.h). fp32 ones are used in place. A bf16 or
-// fp16 weight is widened to fp32 WeightTileRows rows at a time into one scratch tile, for the
-// forward product (out = in W^T + b, a column block of `out` per tile) and for backward's
+// Parameters are read in their stored dtype (workload.h), each layer's just before the layer's
+// forward (after the micro-batch and its targets), in forward order. fp32 ones are used in place. A
+// bf16 or fp16 weight is widened to fp32 WeightTileRows rows at a time into one scratch tile, for
+// the forward product (out = in W^T + b, a column block of `out` per tile) and for backward's
 // delta_prev = delta W (a sum over tiles); a low-precision bias is widened whole (one layer's
 // width). Activations, the loss gradient and every gradient stay fp32.
 //

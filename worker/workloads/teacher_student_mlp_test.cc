@@ -43,17 +43,23 @@ class VectorParameterSource : public ParameterSource {
       bits_.push_back(std::move(bits));
     }
   }
-  StoredParameters Parameters(int64_t tensor) override {
+  absl::StatusOr<StoredParameters> Parameters(int64_t tensor) override {
+    asked_.push_back(tensor);
     const int64_t size = static_cast<int64_t>(tensors_[tensor].size());
-    if (dtype_ == kernels::DType::kFloat32) return {tensors_[tensor].data(), dtype_, size};
-    return {bits_[tensor].data(), dtype_, size};
+    if (dtype_ == kernels::DType::kFloat32) {
+      return StoredParameters{tensors_[tensor].data(), dtype_, size};
+    }
+    return StoredParameters{bits_[tensor].data(), dtype_, size};
   }
   Tensors& tensors() { return tensors_; }
+  // The tensors asked for, in order, since the last clear.
+  std::vector<int64_t>& asked() { return asked_; }
 
  private:
   Tensors tensors_;
   const kernels::DType dtype_;
   std::vector<std::vector<uint16_t>> bits_;
+  std::vector<int64_t> asked_;
 };
 
 // `tensors` rounded to `dtype` and widened back to fp32.
@@ -345,6 +351,35 @@ TEST(TeacherStudentMlpTest, GradientsArriveInCatalogOrderWithTheirSizes) {
   }
 }
 
+// Forward asks for each layer's tensors when the layer runs, in forward order (the tensor list
+// backwards: weight, then bias), each once, so that an engine still gathering the parameters is
+// waited for layer by layer; a failure to provide them ends the step before any gradient.
+TEST(TeacherStudentMlpTest, ParametersAreAskedForLayerByLayerInForwardOrder) {
+  std::unique_ptr<TeacherStudentMlp> workload = MakeWorkload(Options({3, 5, 4, 2}, 8, 2, 1));
+  ASSERT_NE(workload, nullptr);
+  VectorParameterSource params(InitialTensors(*workload));
+  RecordingSink sink(workload->tensors());
+  ASSERT_TRUE(workload->ForwardBackward(0, params, sink).ok());
+  EXPECT_EQ(params.asked(), (std::vector<int64_t>{5, 4, 3, 2, 1, 0}));
+
+  class FailingSource : public ParameterSource {
+   public:
+    explicit FailingSource(ParameterSource& valid) : valid_(valid) {}
+    absl::StatusOr<StoredParameters> Parameters(int64_t tensor) override {
+      if (tensor == 2) return absl::UnavailableError("all-gather of bucket 0 failed");
+      return valid_.Parameters(tensor);
+    }
+
+   private:
+    ParameterSource& valid_;
+  } failing(params);
+  RecordingSink untouched(workload->tensors());
+  const absl::Status status = workload->ForwardBackward(1, failing, untouched).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("bucket 0"));
+  EXPECT_EQ(untouched.segments, 0);
+}
+
 TEST(TeacherStudentMlpTest, SegmentedBackwardWritesTheSameGradients) {
   // Segments of 7 and 64 elements cut rows of every weight (input sizes 3, 50, 33) at the start,
   // in the middle and inside one row; the gradients match the whole-tensor ones (the rows cut by
@@ -415,9 +450,9 @@ TEST(TeacherStudentMlpTest, ForwardBackwardReportsBadParametersStepsAndSinkError
   class InvalidDTypeSource : public ParameterSource {
    public:
     explicit InvalidDTypeSource(ParameterSource& valid) : valid_(valid) {}
-    StoredParameters Parameters(int64_t tensor) override {
-      StoredParameters stored = valid_.Parameters(tensor);
-      if (tensor == 3) stored.dtype = static_cast<kernels::DType>(7);
+    absl::StatusOr<StoredParameters> Parameters(int64_t tensor) override {
+      absl::StatusOr<StoredParameters> stored = valid_.Parameters(tensor);
+      if (stored.ok() && tensor == 3) stored->dtype = static_cast<kernels::DType>(7);
       return stored;
     }
 

@@ -32,12 +32,25 @@ struct StoredParameters {
 };
 
 // Read access to the full model's current parameters, by tensor index of the catalog's tensor
-// list (sharding/model_catalog.h), in the engine's parameter dtype. Thread contract: called from
-// the thread running Workload::ForwardBackward.
+// list (sharding/model_catalog.h), in the engine's parameter dtype.
+//
+// Parameters(tensor) returns once `tensor`'s values are complete, never half-gathered: the
+// engine's previous step may still be all-gathering the parameters, and the call waits for the
+// buckets holding `tensor`, and only those (on a CUDA engine the compute stream waits, so the
+// workload's kernels queued after the call see the gathered values; the host goes on). The
+// all-gathers are issued in forward order (the tensor list backwards), so a workload that asks
+// for each layer's tensors just before the layer runs, in forward order, computes while the rest
+// of the all-gather is still in flight. Ask again every step: the result is valid until the
+// engine's next Step(), and reading a tensor without asking this step may see it half-gathered.
+// An attached trainer (e.g. a PyTorch module) does the same from a pre-forward hook: before each
+// module runs, it calls Parameters() for the module's tensors. Errors: InvalidArgument for a
+// tensor outside the list; the error of a failed all-gather (the engine is then unusable).
+//
+// Thread contract: called from the thread running Workload::ForwardBackward.
 class ParameterSource {
  public:
   virtual ~ParameterSource() = default;
-  virtual StoredParameters Parameters(int64_t tensor) = 0;
+  virtual absl::StatusOr<StoredParameters> Parameters(int64_t tensor) = 0;
 };
 
 // out[k] = element begin + k of `params`, widened exactly to fp32, for k < count. Host memory
@@ -94,7 +107,8 @@ class Workload {
   virtual absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const = 0;
 
   // Forward and backward of step `step` (0-based) on this rank's micro-batch: samples
-  // [rank * local_batch, (rank + 1) * local_batch) of the step's global batch. Writes every
+  // [rank * local_batch, (rank + 1) * local_batch) of the step's global batch. Reads each
+  // tensor through `params` when forward first needs it (see ParameterSource). Writes every
   // tensor's gradient into `sink` (see GradientSink), in tensor-list order (the reverse of
   // forward order). Returns the mean loss over the micro-batch (unscaled).
   virtual absl::StatusOr<double> ForwardBackward(int64_t step, ParameterSource& params,

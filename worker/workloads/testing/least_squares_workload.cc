@@ -113,8 +113,9 @@ absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step, Param
   // workload: small tensors, and the widening is exact).
   std::vector<absl::Span<const float>> values(tensors_.size());
   widened_.resize(tensors_.size());
-  for (size_t t = 0; t < tensors_.size(); ++t) {
-    const StoredParameters stored = params.Parameters(static_cast<int64_t>(t));
+  // Forward order, the tensor list backwards (the order an engine gathers them in).
+  for (size_t t = tensors_.size(); t-- > 0;) {
+    ZS_ASSIGN_OR_RETURN(const StoredParameters stored, params.Parameters(static_cast<int64_t>(t)));
     if (stored.size != tensors_[t].num_elements || !kernels::IsValidDType(stored.dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat("params: tensor ", t, " has ", stored.size, " elements of dtype ",

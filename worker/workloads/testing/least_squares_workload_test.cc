@@ -61,10 +61,12 @@ class VectorParameterSource : public ParameterSource {
       bits_.push_back(std::move(bits));
     }
   }
-  StoredParameters Parameters(int64_t tensor) override {
+  absl::StatusOr<StoredParameters> Parameters(int64_t tensor) override {
     const int64_t size = static_cast<int64_t>(tensors_[tensor].size());
-    if (dtype_ == kernels::DType::kFloat32) return {tensors_[tensor].data(), dtype_, size};
-    return {bits_[tensor].data(), dtype_, size};
+    if (dtype_ == kernels::DType::kFloat32) {
+      return StoredParameters{tensors_[tensor].data(), dtype_, size};
+    }
+    return StoredParameters{bits_[tensor].data(), dtype_, size};
   }
 
  private:
