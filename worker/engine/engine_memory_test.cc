@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
+#include "sharding/test_plans.h"
 #include "worker/comm/testing/identity_communicator.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/workload.h"
@@ -24,17 +25,7 @@ using PlaceholderCommunicator = comm::testing::IdentityCommunicator;
 
 // One-dimensional tensors of `sizes`, in buckets of 64Ki elements.
 sharding::ShardPlan PlanOfSizes(const std::vector<int64_t>& sizes, int64_t world_size) {
-  std::vector<sharding::TensorSpec> tensors;
-  for (int64_t size : sizes) {
-    sharding::TensorSpec spec;
-    spec.name = absl::StrCat("t", tensors.size());
-    spec.shape = {size};
-    spec.num_elements = size;
-    tensors.push_back(spec);
-  }
-  sharding::ShardPlanOptions options;
-  options.bucket_elems = 65536;
-  auto plan = sharding::ShardPlan::Create(tensors, world_size, options);
+  auto plan = sharding::PlanOfSizes(sizes, world_size, 65536);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *std::move(plan);
 }

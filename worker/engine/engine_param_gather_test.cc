@@ -21,6 +21,7 @@
 #include "gtest/gtest.h"
 #include "sharding/model_catalog.h"
 #include "sharding/shard_planner.h"
+#include "sharding/test_plans.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_store.h"
@@ -131,17 +132,8 @@ class RecordingCommunicator : public comm::testing::IdentityCommunicator {
 // Tensors of 1000, 1500, 500 and 1000 elements in 1024-element buckets (64-element alignment):
 // tensor 1 spans buckets 1 and 2, which it shares with tensor 2.
 sharding::ShardPlan SpanningPlan() {
-  std::vector<sharding::TensorSpec> tensors;
-  for (int64_t elements : {1000, 1500, 500, 1000}) {
-    sharding::TensorSpec spec;
-    spec.name = absl::StrCat("t", tensors.size());
-    spec.shape = {elements};
-    spec.num_elements = elements;
-    tensors.push_back(spec);
-  }
-  sharding::ShardPlanOptions options;
-  options.bucket_elems = sharding::kMinBucketElems;
-  auto plan = sharding::ShardPlan::Create(tensors, /*world_size=*/1, options);
+  auto plan =
+      sharding::PlanOfSizes({1000, 1500, 500, 1000}, /*world_size=*/1, sharding::kMinBucketElems);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *std::move(plan);
 }

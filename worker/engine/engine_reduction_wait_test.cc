@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "sharding/test_plans.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/testing/identity_communicator.h"
 #include "worker/engine/engine.h"
@@ -83,17 +84,8 @@ constexpr int64_t kTensorElems = 1000;
 
 // kTensors tensors of kTensorElems elements in buckets of kMinBucketElems: one bucket each.
 sharding::ShardPlan FourBucketPlan() {
-  std::vector<sharding::TensorSpec> tensors;
-  for (int64_t t = 0; t < kTensors; ++t) {
-    sharding::TensorSpec spec;
-    spec.name = absl::StrCat("t", t);
-    spec.shape = {kTensorElems};
-    spec.num_elements = kTensorElems;
-    tensors.push_back(spec);
-  }
-  sharding::ShardPlanOptions options;
-  options.bucket_elems = sharding::kMinBucketElems;
-  auto plan = sharding::ShardPlan::Create(tensors, /*world_size=*/1, options);
+  auto plan = sharding::PlanOfSizes(std::vector<int64_t>(kTensors, kTensorElems), /*world_size=*/1,
+                                    sharding::kMinBucketElems);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *std::move(plan);
 }

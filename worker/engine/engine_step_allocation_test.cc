@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
 #include "sharding/shard_planner.h"
+#include "sharding/test_plans.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/testing/identity_communicator.h"
 #include "worker/engine/device_ops.h"
@@ -159,17 +160,8 @@ class UncountedKernels final : public DeviceOps {
 // Tensors of 700 to 2600 elements in 1024-element buckets: several buckets, more than the zero2
 // pool holds, and tensors spanning them.
 sharding::ShardPlan AllocationPlan() {
-  std::vector<sharding::TensorSpec> tensors;
-  for (int64_t elements : {700, 2600, 64, 1500, 900, 2048}) {
-    sharding::TensorSpec spec;
-    spec.name = absl::StrCat("t", tensors.size());
-    spec.shape = {elements};
-    spec.num_elements = elements;
-    tensors.push_back(spec);
-  }
-  sharding::ShardPlanOptions options;
-  options.bucket_elems = sharding::kMinBucketElems;
-  auto plan = sharding::ShardPlan::Create(tensors, /*world_size=*/1, options);
+  auto plan = sharding::PlanOfSizes({700, 2600, 64, 1500, 900, 2048}, /*world_size=*/1,
+                                    sharding::kMinBucketElems);
   EXPECT_TRUE(plan.ok()) << plan.status();
   return *std::move(plan);
 }
