@@ -86,7 +86,7 @@ def say(message):
 
 
 def emit(record):
-    print(json.dumps(record), flush=True)
+    print(json.dumps(record, separators=(",", ":")), flush=True)
 
 
 def median_ms(values):
