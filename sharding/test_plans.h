@@ -15,8 +15,8 @@ namespace zeroshard::sharding {
 
 // Tensors "t<i>" of shape {sizes[i]} (weight decay 0, lr scale 1), planned for `world_size`
 // ranks in buckets of `bucket_elems`.
-inline absl::StatusOr<ShardPlan> PlanOfSizes(const std::vector<int64_t>& sizes,
-                                              int64_t world_size, int64_t bucket_elems) {
+inline absl::StatusOr<ShardPlan> PlanOfSizes(const std::vector<int64_t>& sizes, int64_t world_size,
+                                             int64_t bucket_elems) {
   std::vector<TensorSpec> tensors;
   tensors.reserve(sizes.size());
   for (int64_t size : sizes) {
