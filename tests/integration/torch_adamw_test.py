@@ -188,6 +188,8 @@ def main():
                 continue
             finals[(label, mode)] = params
             diff = max_abs_diff(params, torch_params)
+            # zip below would silently compare only a prefix of the losses.
+            assert len(losses) == len(torch_losses) == STEPS, (len(losses), len(torch_losses))
             loss_diff = max(abs(a - b) / abs(b) for a, b in zip(losses, torch_losses))
             verdict = "ok" if diff <= tolerance and loss_diff <= LOSS_TOLERANCE else "FAIL"
             print(f"{verdict} {label} {mode}: max|param - torch| = {diff:.3g} "
@@ -233,7 +235,7 @@ def print_cluster_log_tails():
 if __name__ == "__main__":
     try:
         main()
-    except (CheckFailed, subprocess.TimeoutExpired) as e:
+    except (CheckFailed, AssertionError, subprocess.TimeoutExpired) as e:
         print(f"FAIL: {e}", file=sys.stderr)
         print_cluster_log_tails()
         sys.exit(1)
