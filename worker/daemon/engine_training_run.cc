@@ -17,6 +17,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/daemon/cuda_support.h"
 #include "worker/daemon/engine_config.h"
+#include "worker/daemon/progress_reporter.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/teacher_student_mlp.h"
 
@@ -214,6 +215,12 @@ absl::Status EngineTrainingRun::Train() {
     return workload->InitialParameters(tensor, out);
   }));
 
+  // Rank 0 reports every step from the reporter's thread (progress_reporter.h says why).
+  std::unique_ptr<ProgressReporter> reporter;
+  if (rank == 0) {
+    reporter = std::make_unique<ProgressReporter>(
+        [this](const v1::StepMetrics& metrics) { return Report(metrics, /*finished=*/false); });
+  }
   v1::StepMetrics last;
   for (int64_t step = assignment_.start_step(); step < spec.steps(); ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
@@ -228,10 +235,14 @@ absl::Status EngineTrainingRun::Train() {
     outside.workload_bytes = workload->BufferBytes();
     if (device != nullptr) outside.kernel_tables_bytes = device->KernelTableBytes();
     last = MetricsFor(result, step + 1, times, outside, vmrss_at_start_bytes);
-    if (rank == 0 && step + 1 < spec.steps()) {
-      ZS_ASSIGN_OR_RETURN(const bool keep_going, Report(last, /*finished=*/false));
+    if (reporter != nullptr && step + 1 < spec.steps()) {
+      ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Post(last));
       if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
     }
+  }
+  if (reporter != nullptr) {
+    ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Flush());
+    if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
   }
   if (rank == 0 && !options_.final_params_dir.empty()) {
     ZS_RETURN_IF_ERROR(WriteFinalParameters(*engine, plan, /*host_memory=*/!on_cuda));
