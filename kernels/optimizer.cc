@@ -90,6 +90,23 @@ const char* OptimizerKindName(OptimizerKind kind) {
   return "invalid";
 }
 
+const char* StateArrayName(const OptimizerConfig& config, int index) {
+  switch (config.kind) {
+    case OptimizerKind::kSgd:
+      return "momentum_buffer";
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: {
+      static constexpr const char* kNames[] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+      return index >= 0 && index < 3 ? kNames[index] : "invalid";
+    }
+    case OptimizerKind::kAdagrad:
+      return "sum";
+    case OptimizerKind::kLion:
+      return "exp_avg";
+  }
+  return "invalid";
+}
+
 int StateArraysPerParam(const OptimizerConfig& config) {
   switch (config.kind) {
     case OptimizerKind::kSgd:

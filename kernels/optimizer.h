@@ -42,6 +42,11 @@ inline constexpr int kMaxStateArrays = 3;
 // and max_exp_avg_sq under amsgrad; Adagrad: sum; Lion: exp_avg.
 int StateArraysPerParam(const OptimizerConfig& config);
 
+// The name of state array `index` (< StateArraysPerParam(config)) as torch's optimizer state
+// dict calls it ("exp_avg", "exp_avg_sq", "max_exp_avg_sq", "momentum_buffer", "sum"):
+// checkpoints store the arrays under these names.
+const char* StateArrayName(const OptimizerConfig& config, int index);
+
 // One flat piece of parameters updated in place. Arrays of one piece have `length` elements and
 // must not overlap. The step with step == 1 initialises the state arrays (their contents are
 // ignored then), so the caller never has to fill them.

@@ -104,6 +104,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const sharding::ShardPlan
   std::unique_ptr<Engine> engine(new Engine(plan, std::move(view), config, communicator));
   ZS_RETURN_IF_ERROR(engine->AllocateBuffers());
   engine->BuildPieces();
+  engine->BuildSavedFragments();
   return engine;
 }
 
@@ -737,17 +738,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   //    without waiting: the next forward waits for each bucket when it reads its tensors
   //    (Parameters()). The last bucket goes first, as forward reads the tensor list backwards.
   const bool gathers = !result.skipped && config_.mode != EngineMode::kDdp;
-  if (gathers) {
-    gathers_issued_ = updated;
-    const comm::ElementType type = ToElementType(config_.param_dtype);
-    for (int64_t b = plan_.num_buckets() - 1; b >= 0; --b) {
-      const sharding::BucketLayout& layout = plan_.buckets()[b];
-      ZS_DCHECK(buckets_[b].gather == nullptr) << "bucket " << b << " is still being gathered";
-      buckets_[b].gather = communicator_->AllGatherInPlace(ParamsAt(layout.flat_begin),
-                                                           layout.piece_elems, type, options);
-      buckets_[b].gather_ordered = false;
-    }
-  }
+  if (gathers) IssueGathers();
   const absl::Time done = absl::Now();
   if (gathers) result.timings.allgather_ms = Milliseconds(done - updated);
   result.timings.step_ms = Milliseconds(done - step_start);
@@ -756,6 +747,20 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   result.memory = allocator_.Report();
   ResetStepState();
   return result;
+}
+
+void Engine::IssueGathers() {
+  gathers_issued_ = absl::Now();
+  comm::CollectiveOptions options;
+  options.timeout = config_.collective_timeout;
+  const comm::ElementType type = ToElementType(config_.param_dtype);
+  for (int64_t b = plan_.num_buckets() - 1; b >= 0; --b) {
+    const sharding::BucketLayout& layout = plan_.buckets()[b];
+    ZS_DCHECK(buckets_[b].gather == nullptr) << "bucket " << b << " is still being gathered";
+    buckets_[b].gather = communicator_->AllGatherInPlace(ParamsAt(layout.flat_begin),
+                                                         layout.piece_elems, type, options);
+    buckets_[b].gather_ordered = false;
+  }
 }
 
 absl::Status Engine::RecordFailure(absl::Status status) {

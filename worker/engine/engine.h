@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -222,6 +223,50 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // result). After a failed collective the engine is unusable: this and later calls fail.
   absl::StatusOr<StepResult> Step(double local_loss);
 
+  // ---- Checkpoints (docs/design.md, "Checkpoints") ----
+  //
+  // A rank saves the fragments it owns (view().fragments(): in ddp too, where every rank holds
+  // everything, so each element is saved by exactly one rank) of every array: "param" (the
+  // parameters as stored, param_dtype), "master" (fp32, only for bf16/fp16 parameters) and each
+  // optimizer state array under torch's name (kernels::StateArrayName). Fragments are addressed
+  // as (tensor, [begin, end)) in the tensor's own element index, so they do not depend on W or on
+  // the bucket size, and any world size can load them.
+  struct SavedFragment {
+    std::string state;  // "param", "master" or a state array's name
+    int64_t tensor = 0;
+    int64_t begin = 0;  // elements of the tensor
+    int64_t end = 0;
+    kernels::DType dtype = kernels::DType::kFloat32;
+    int64_t staging_offset = 0;  // bytes into the staging layout of CopyStateTo
+    int64_t bytes() const { return (end - begin) * kernels::DTypeSize(dtype); }
+  };
+  // The scalars a bitwise resume needs besides the arrays (the data position is the caller's).
+  struct SavedScalars {
+    int64_t optimizer_step = 0;
+    double loss_scale = 1.0;
+    int64_t good_steps = 0;  // consecutive good steps since the loss scale last changed
+  };
+  // What this rank saves: fixed for the engine's life, back to back in this order (by state,
+  // then tensor and element), totalling SavedBytes().
+  absl::Span<const SavedFragment> SavedFragments() const { return saved_fragments_; }
+  int64_t SavedBytes() const { return saved_bytes_; }
+  // Copies this rank's fragments into `staging` (SavedBytes() bytes of host memory) and returns
+  // the scalars. Call between Step() and the next iteration's first gradient: the owned state
+  // changes only in Step(). The all-gathers Step() issued may still be running (they only read
+  // the owned parameters). FailedPrecondition during a step; InvalidArgument for a wrong size.
+  absl::StatusOr<SavedScalars> CopyStateTo(absl::Span<char> staging);
+
+  // Reads the values of one range of one array for RestoreState: (state, tensor, [begin, end),
+  // dtype) as in SavedFragment (staging_offset unused); `out` has exactly its bytes.
+  using StateReader =
+      absl::FunctionRef<absl::Status(const SavedFragment& range, absl::Span<char> out)>;
+  // Instead of InitializeParameters: loads the state saved by any world size. zero1/zero2 read
+  // only the ranges this rank owns and all-gather the parameters (as after a Step(): the next
+  // Parameters() calls wait for them); ddp reads whole tensors. Every rank of the group must
+  // call it (the all-gathers are collective). InvalidArgument for bad scalars; the reader's
+  // error otherwise, after which the engine's state is undefined (create a new one).
+  absl::Status RestoreState(const SavedScalars& scalars, StateReader read);
+
   // Bytes by category, from the counting allocator (device memory for a GPU device).
   MemoryReport Memory() const { return allocator_.Report(); }
 
@@ -319,6 +364,15 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   void UpdateLossScale(bool overflow);
   // REQUIRES: no reduction is in flight.
   void ResetStepState();
+  // Issues every bucket's parameter all-gather, the last bucket first (Step(), RestoreState()).
+  void IssueGathers();
+  // Lists what CopyStateTo saves (saved_fragments_, saved_bytes_).
+  void BuildSavedFragments();
+  // Where array `state` ("param", "master" or a state array's name) holds element `element` of
+  // the tensor of `fragment`, an owned fragment in the owned layout of `piece` (zero1/zero2) or
+  // any range of a tensor in plan layout (ddp, and "param" in every mode).
+  char* StateAt(absl::string_view state, const sharding::TensorFragment& fragment,
+                const sharding::OwnedPiece* piece, int64_t element) const;
 
   const sharding::ShardPlan plan_;
   const sharding::RankView view_;
@@ -406,6 +460,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // The first failure of a collective or of the device (RecordFailure); the engine is then
   // unusable.
   absl::Status failure_;
+
+  std::vector<SavedFragment> saved_fragments_;
+  int64_t saved_bytes_ = 0;
 };
 
 }  // namespace zeroshard::engine

@@ -1,0 +1,153 @@
+// The engine's side of checkpoints: which fragments a rank saves, copying them to a staging
+// buffer at a step boundary, and loading a checkpoint written at any world size.
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/dcheck.h"
+#include "common/status_macros.h"
+#include "worker/engine/engine.h"
+
+namespace zeroshard::engine {
+namespace {
+
+using kernels::DType;
+
+constexpr char kParamState[] = "param";
+constexpr char kMasterState[] = "master";
+
+}  // namespace
+
+void Engine::BuildSavedFragments() {
+  std::vector<std::pair<std::string, DType>> states = {{kParamState, config_.param_dtype}};
+  if (HasMaster()) states.emplace_back(kMasterState, DType::kFloat32);
+  for (int k = 0; k < state_arrays_; ++k) {
+    states.emplace_back(kernels::StateArrayName(config_.optimizer, k), DType::kFloat32);
+  }
+  saved_bytes_ = 0;
+  for (const auto& [state, dtype] : states) {
+    for (const sharding::TensorFragment& fragment : view_.fragments()) {
+      SavedFragment saved;
+      saved.state = state;
+      saved.tensor = fragment.tensor;
+      saved.begin = fragment.tensor_begin;
+      saved.end = fragment.tensor_end;
+      saved.dtype = dtype;
+      saved.staging_offset = saved_bytes_;
+      saved_bytes_ += saved.bytes();
+      saved_fragments_.push_back(std::move(saved));
+    }
+  }
+}
+
+char* Engine::StateAt(absl::string_view state, const sharding::TensorFragment& fragment,
+                      const sharding::OwnedPiece* piece, int64_t element) const {
+  const int64_t flat = fragment.flat_begin + (element - fragment.tensor_begin);
+  if (state == kParamState) return ParamsAt(flat);  // plan layout in every mode
+  // ddp keeps masters and state in plan layout; zero1/zero2 in the owned layout.
+  const int64_t index =
+      piece == nullptr ? flat : OwnedOffset(piece->bucket) + flat - piece->flat_begin;
+  if (state == kMasterState) return reinterpret_cast<char*>(master_.as<float>() + index);
+  for (int k = 0; k < state_arrays_; ++k) {
+    if (state == kernels::StateArrayName(config_.optimizer, k)) {
+      return reinterpret_cast<char*>(state_[k].as<float>() + index);
+    }
+  }
+  ZS_DCHECK(false) << "no state array named " << state;
+  return nullptr;
+}
+
+absl::StatusOr<Engine::SavedScalars> Engine::CopyStateTo(absl::Span<char> staging) {
+  ZS_RETURN_IF_ERROR(failure_);
+  if (StepInProgress()) return absl::FailedPreconditionError("CopyStateTo during a step");
+  if (static_cast<int64_t>(staging.size()) != saved_bytes_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staging: ", staging.size(), " bytes, the saved state is ", saved_bytes_));
+  }
+  const bool ddp = config_.mode == EngineMode::kDdp;
+  absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();
+  absl::Span<const sharding::TensorFragment> fragments = view_.fragments();
+  // saved_fragments_ repeats view_.fragments() once per state, in order.
+  size_t piece_index = 0;
+  for (size_t i = 0; i < saved_fragments_.size(); ++i) {
+    const size_t f = i % fragments.size();
+    if (f == 0) piece_index = 0;
+    const sharding::TensorFragment& fragment = fragments[f];
+    while (fragment.flat_begin >= pieces[piece_index].flat_end) ++piece_index;
+    const SavedFragment& saved = saved_fragments_[i];
+    const char* source =
+        StateAt(saved.state, fragment, ddp ? nullptr : &pieces[piece_index], saved.begin);
+    ZS_RETURN_IF_ERROR(RecordFailure(
+        device_->CopyToHost(staging.data() + saved.staging_offset, source, saved.bytes())));
+  }
+  return SavedScalars{optimizer_step_, loss_scale_, good_steps_};
+}
+
+absl::Status Engine::RestoreState(const SavedScalars& scalars, StateReader read) {
+  ZS_RETURN_IF_ERROR(failure_);
+  if (StepInProgress()) return absl::FailedPreconditionError("RestoreState during a step");
+  if (scalars.optimizer_step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("optimizer_step: must be >= 0, got ", scalars.optimizer_step));
+  }
+  if (!(scalars.loss_scale > 0.0) || !std::isfinite(scalars.loss_scale)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("loss_scale: must be finite and > 0, got ", scalars.loss_scale));
+  }
+  if (scalars.good_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("good_steps: must be >= 0, got ", scalars.good_steps));
+  }
+  // The arrays are about to be overwritten: no all-gather may still write into them.
+  ZS_RETURN_IF_ERROR(AwaitGathers(0, plan_.num_buckets(), /*on_host=*/true));
+  const bool ddp = config_.mode == EngineMode::kDdp;
+  std::vector<char> host;  // a device's staging, one range at a time
+  auto load = [&](const SavedFragment& range, char* destination) -> absl::Status {
+    if (device_->host_memory()) {
+      return read(range, absl::MakeSpan(destination, range.bytes()));
+    }
+    host.resize(range.bytes());
+    ZS_RETURN_IF_ERROR(read(range, absl::MakeSpan(host)));
+    return RecordFailure(device_->CopyFromHost(destination, host.data(), range.bytes()));
+  };
+  if (ddp) {
+    // Every rank holds every array whole: read whole tensors, in plan layout.
+    std::vector<std::pair<std::string, DType>> states;
+    for (int64_t i = 0; i < static_cast<int64_t>(saved_fragments_.size()); ++i) {
+      const SavedFragment& saved = saved_fragments_[i];
+      if (states.empty() || states.back().first != saved.state) {
+        states.emplace_back(saved.state, saved.dtype);
+      }
+    }
+    for (const auto& [state, dtype] : states) {
+      for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
+        const sharding::TensorPlacement& placement = plan_.placement(t);
+        const sharding::TensorFragment whole{t, 0, placement.num_elements, placement.flat_offset};
+        const SavedFragment range{state, t, 0, placement.num_elements, dtype, 0};
+        ZS_RETURN_IF_ERROR(load(range, StateAt(state, whole, nullptr, 0)));
+      }
+    }
+  } else {
+    absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();
+    absl::Span<const sharding::TensorFragment> fragments = view_.fragments();
+    size_t piece_index = 0;
+    for (size_t i = 0; i < saved_fragments_.size(); ++i) {
+      const size_t f = i % fragments.size();
+      if (f == 0) piece_index = 0;
+      const sharding::TensorFragment& fragment = fragments[f];
+      while (fragment.flat_begin >= pieces[piece_index].flat_end) ++piece_index;
+      const SavedFragment& saved = saved_fragments_[i];
+      ZS_RETURN_IF_ERROR(
+          load(saved, StateAt(saved.state, fragment, &pieces[piece_index], saved.begin)));
+    }
+  }
+  optimizer_step_ = scalars.optimizer_step;
+  loss_scale_ = scalars.loss_scale;
+  good_steps_ = scalars.good_steps;
+  // Each rank loaded its own pieces of the parameters; the all-gathers give everyone the rest.
+  if (!ddp) IssueGathers();
+  return absl::OkStatus();
+}
+
+}  // namespace zeroshard::engine
