@@ -58,6 +58,10 @@ void ProgressView::OnEvent(const v1::JobEvent& event) {
       Close();
       *out_ << job_id_ << " checkpoint at step " << event.checkpoint().step() << "\n";
       return;
+    case v1::NOTICE:
+      Close();
+      *out_ << job_id_ << " notice: " << event.message() << "\n";
+      return;
     default:
       return;
   }

@@ -63,6 +63,24 @@ TEST(ProgressViewTest, PlainOutputHasOneLinePerEvent) {
   EXPECT_NE(text.find("job-000001 SUCCEEDED: all ranks finished\n"), std::string::npos);
 }
 
+TEST(ProgressViewTest, NoticesAndCheckpointsCloseTheBarAndGetALine) {
+  std::ostringstream out;
+  ProgressView view("job-000001", 2, /*terminal=*/true, &out);
+  view.OnEvent(Progress(1, 0.5, 10));
+  v1::JobEvent notice;
+  notice.set_type(v1::NOTICE);
+  notice.set_message("checkpoint at step 1 failed on rank 1: disk full");
+  view.OnEvent(notice);
+  v1::JobEvent checkpoint;
+  checkpoint.set_type(v1::CHECKPOINT_COMMITTED);
+  checkpoint.mutable_checkpoint()->set_step(2);
+  view.OnEvent(checkpoint);
+  EXPECT_NE(out.str().find("\njob-000001 notice: checkpoint at step 1 failed on rank 1: disk full\n"
+                           "job-000001 checkpoint at step 2\n"),
+            std::string::npos)
+      << out.str();
+}
+
 TEST(ProgressViewTest, TerminalOutputRewritesOneLine) {
   std::ostringstream out;
   ProgressView view("job-000001", 2, /*terminal=*/true, &out);

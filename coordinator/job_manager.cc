@@ -306,6 +306,20 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
   absl::MutexLock lock(&mu_);
   ZS_ASSIGN_OR_RETURN(JobRecord * record, FindRankLocked(request.worker_id(), request.job_id(),
                                                          request.generation(), request.rank()));
+  if (request.outcome() != v1::CHECKPOINT_WRITTEN) {
+    // Nothing is committed: the step's checkpoint cannot complete. The owner hears why.
+    v1::JobEvent event;
+    event.set_type(v1::NOTICE);
+    event.set_generation(request.generation());
+    event.set_message(
+        absl::StrCat("checkpoint at step ", request.step(),
+                     request.outcome() == v1::CHECKPOINT_SKIPPED ? " skipped" : " failed",
+                     " on rank ", request.rank(), ": ", request.message()));
+    AddEventLocked(*record, std::move(event));
+    JobRecord* changed[] = {record};
+    PersistLocked(changed);
+    return v1::CommitCheckpointResponse();
+  }
   if (absl::Status saved = store_->SaveCheckpointCommit(request); !saved.ok()) {
     return absl::UnavailableError(absl::StrCat("state store: ", saved.message()));
   }
@@ -501,6 +515,11 @@ absl::Status JobManager::StartGenerationLocked(JobRecord& record,
   assignment.set_world_size(static_cast<int32_t>(world_size));
   assignment.set_plan_layout_hash(plan.layout_hash());
   *assignment.mutable_spec() = job.spec();
+  // A generation after the first resumes from the latest committed checkpoint, if any.
+  if (job.has_latest_checkpoint()) {
+    *assignment.mutable_resume_from() = job.latest_checkpoint();
+    assignment.set_start_step(job.latest_checkpoint().step());
+  }
   for (int32_t rank = 0; rank < world_size; ++rank) {
     assignment.set_rank(rank);
     workers_.Assign(*workers_.FindLive(worker_ids[rank]), assignment);

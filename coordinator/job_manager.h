@@ -93,7 +93,8 @@ struct ManagerStats {
 // (6)  RUNNING -> FAILED: as (5), when attempts >= spec.max_attempts ("no attempts left").
 // (7)  RUNNING -> CANCELLED: CancelJob, through EndGenerationLocked (the workers get ABORT).
 // (8)  RECOVERING -> RUNNING: StartGenerationLocked (from ScheduleLocked), as (1): the next
-//      generation, from step 0.
+//      generation, from the job's latest committed checkpoint (Assignment.resume_from), else
+//      from step 0.
 // (9)  RECOVERING -> FAILED: ScheduleLocked, as (2).
 // (10) RECOVERING -> CANCELLED: CancelJob.
 //

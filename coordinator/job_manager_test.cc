@@ -458,6 +458,75 @@ TEST_F(JobManagerTest, RepeatedOrLateCheckpointCommitNeverMovesLatestBack) {
   EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 10);
 }
 
+TEST_F(JobManagerTest, TheNextGenerationResumesFromTheLatestCheckpoint) {
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_max_workers(2);
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  auto job = manager_->SubmitJob(spec);
+  const v1::Job first = *manager_->GetJob(job->id());
+  ASSERT_EQ(first.worker_ids_size(), 2);
+  EXPECT_FALSE(Beat(a).has_resume_from());  // the first generation starts from scratch
+  v1::CommitCheckpointRequest commit;
+  commit.set_job_id(job->id());
+  commit.set_generation(1);
+  commit.set_step(7);
+  for (int rank : {0, 1}) {
+    commit.set_rank(rank);
+    commit.set_worker_id(first.worker_ids(rank));
+    commit.set_path(job->id() + "/step-7/rank-" + std::to_string(rank));
+    ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
+  }
+  Lose(Loss::kLeft, b, first);
+  EXPECT_EQ(Beat(a, job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+  const v1::Assignment second = Beat(a);
+  ASSERT_EQ(second.kind(), v1::ASSIGNMENT_RUN);
+  EXPECT_EQ(second.generation(), 2);
+  EXPECT_EQ(second.world_size(), 1);
+  EXPECT_EQ(second.start_step(), 7);
+  EXPECT_EQ(second.resume_from().step(), 7);
+  EXPECT_EQ(second.resume_from().generation(), 1);
+  EXPECT_EQ(second.resume_from().world_size(), 2);
+}
+
+TEST_F(JobManagerTest, SkippedAndFailedCheckpointsAreNoticesAndNeverComplete) {
+  Register("a");
+  Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  const v1::Job running = *manager_->GetJob(job->id());
+  v1::CommitCheckpointRequest commit;
+  commit.set_job_id(job->id());
+  commit.set_generation(1);
+  commit.set_step(4);
+  commit.set_rank(0);
+  commit.set_worker_id(running.worker_ids(0));
+  commit.set_path(job->id() + "/step-4/rank-0");
+  ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
+  commit.set_rank(1);
+  commit.set_worker_id(running.worker_ids(1));
+  commit.set_outcome(v1::CHECKPOINT_FAILED);
+  commit.set_message("RESOURCE_EXHAUSTED: No space left on device");
+  auto failed = manager_->CommitCheckpoint(commit);
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  EXPECT_FALSE(failed->complete());
+  commit.set_step(6);
+  commit.set_outcome(v1::CHECKPOINT_SKIPPED);
+  commit.set_message("the checkpoint of step 4 was still being written");
+  ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
+  EXPECT_FALSE(manager_->GetJob(job->id())->has_latest_checkpoint());
+  std::vector<std::string> notices;
+  for (const v1::JobEvent& event : Events(job->id())) {
+    if (event.type() == v1::NOTICE) notices.push_back(event.message());
+  }
+  ASSERT_EQ(notices.size(), 2u);
+  EXPECT_EQ(notices[0],
+            "checkpoint at step 4 failed on rank 1: RESOURCE_EXHAUSTED: No space left on device");
+  EXPECT_EQ(notices[1],
+            "checkpoint at step 6 skipped on rank 1: the checkpoint of step 4 was still being "
+            "written");
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+}
+
 TEST_F(JobManagerTest, JobsPastTheSixDigitIdsStayInSubmissionOrder) {
   std::filesystem::remove_all(dir_ + "-many");
   {

@@ -19,6 +19,9 @@
 namespace zeroshard::coordinator {
 namespace {
 
+// CommitCheckpointRequest.message: an error text, not a log.
+constexpr size_t kMaxCheckpointMessageBytes = 1024;
+
 absl::Status Required(absl::string_view field) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
 }
@@ -254,6 +257,13 @@ absl::Status ValidateCommitCheckpointRequest(const v1::CommitCheckpointRequest& 
   ZS_RETURN_IF_ERROR(CheckAtLeast("generation", request.generation(), 1));
   ZS_RETURN_IF_ERROR(CheckRank(request.rank()));
   ZS_RETURN_IF_ERROR(CheckNonNegative("step", request.step()));
+  if (!v1::CheckpointOutcome_IsValid(request.outcome())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("outcome: unknown value ", static_cast<int>(request.outcome())));
+  }
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckMaxBytes("message", request.message(), kMaxCheckpointMessageBytes));
+  if (request.outcome() != v1::CHECKPOINT_WRITTEN) return absl::OkStatus();
   ZS_RETURN_IF_ERROR(jobspec::ValidateCheckpointPath(request.path(), "path"));
   return CheckNonNegative("bytes", request.bytes());
 }

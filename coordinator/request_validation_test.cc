@@ -182,6 +182,16 @@ TEST(RequestValidationTest, ValidRequestsPass) {
   EXPECT_TRUE(ValidateCommitCheckpointRequest(ValidCommit()).ok());
 }
 
+TEST(RequestValidationTest, ASkippedCheckpointNeedsNoFile) {
+  v1::CommitCheckpointRequest skipped = ValidCommit();
+  skipped.clear_path();
+  skipped.set_bytes(-1);
+  EXPECT_FALSE(ValidateCommitCheckpointRequest(skipped).ok());
+  skipped.set_outcome(v1::CHECKPOINT_SKIPPED);
+  skipped.set_message("the previous checkpoint was still being written");
+  EXPECT_TRUE(ValidateCommitCheckpointRequest(skipped).ok());
+}
+
 TEST(RequestValidationTest, OptionalAndEdgeValuesPass) {
   v1::RegisterWorkerRequest minimal;
   minimal.set_name(std::string(63, 'w'));
@@ -605,6 +615,17 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadCommit(
             "CommitNoWorkerId", [](Commit& r) { r.clear_worker_id(); }, "worker_id", "required"),
+        BadCommit(
+            "CommitUnknownOutcome",
+            [](Commit& r) { r.set_outcome(static_cast<v1::CheckpointOutcome>(7)); }, "outcome",
+            "unknown value 7"),
+        BadCommit(
+            "CommitLongMessage",
+            [](Commit& r) {
+              r.set_outcome(v1::CHECKPOINT_FAILED);
+              r.set_message(std::string(1025, 'x'));
+            },
+            "message", "1024"),
         BadCommit(
             "CommitBadJobId", [](Commit& r) { r.set_job_id("job-000042/.."); }, "job_id",
             "not a valid id"),
