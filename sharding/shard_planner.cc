@@ -247,6 +247,17 @@ void ShardPlan::ComputeLayoutHash() {
   }
   hash.AddI64(padded_elems_);
   layout_hash_ = hash.value();
+
+  Fnv1a64 model;
+  model.AddString("zeroshard.model.v1");
+  model.AddI64(num_tensors());
+  for (const TensorSpec& tensor : tensors_) {
+    model.AddString(tensor.name);
+    model.AddI64(static_cast<int64_t>(tensor.shape.size()));
+    for (int64_t dim : tensor.shape) model.AddI64(dim);
+    model.AddI64(tensor.num_elements);
+  }
+  model_hash_ = model.value();
 }
 
 absl::StatusOr<RankView> ShardPlan::ViewForRank(int64_t rank) const {

@@ -169,6 +169,10 @@ class ShardPlan {
   // first_bucket, num_buckets; bucket count; per bucket flat_begin, padded_elems, piece_elems,
   // first_tensor, num_tensors, tensor_elems; padded_elems().
   uint64_t layout_hash() const { return layout_hash_; }
+  // FNV-1a 64 of the model alone, the same at every world size and bucket size, so checkpoints
+  // can tell a model from another: "zeroshard.model.v1", tensor count; per tensor name, dim
+  // count, dims, num_elements (encoded as for layout_hash()).
+  uint64_t model_hash() const { return model_hash_; }
 
   // The pieces and fragments of one rank: O(buckets + its fragments). InvalidArgument naming
   // `rank` when it is outside [0, world_size).
@@ -204,6 +208,7 @@ class ShardPlan {
   int64_t tensor_elems_ = 0;
   int64_t padded_elems_ = 0;
   uint64_t layout_hash_ = 0;
+  uint64_t model_hash_ = 0;
 };
 
 }  // namespace zeroshard::sharding

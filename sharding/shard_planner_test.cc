@@ -278,6 +278,21 @@ TEST(ShardPlannerTest, LayoutHashIsPinnedAndStableAcrossCalls) {
   EXPECT_EQ(hash, uint64_t{0x3dc431284c6c6f76});
 }
 
+TEST(ShardPlannerTest, ModelHashIsPinnedAndIgnoresWorldAndBucketSize) {
+  const uint64_t hash = MustPlan(SeedTensors(), 4).model_hash();
+  // Pinned as the layout hash is (tools/reference/plan_hash.py, its second line): checkpoints
+  // store it and refuse another model's.
+  EXPECT_EQ(hash, uint64_t{0x987a6af0db161783});
+  EXPECT_EQ(MustPlan(SeedTensors(), 1).model_hash(), hash);
+  EXPECT_EQ(MustPlan(SeedTensors(), 3, 1024).model_hash(), hash);
+  std::vector<TensorSpec> renamed = SeedTensors();
+  renamed[0].name = "2.bias_renamed";
+  EXPECT_NE(MustPlan(renamed, 4).model_hash(), hash);
+  std::vector<TensorSpec> reshaped = SeedTensors();
+  std::swap(reshaped[1].shape[0], reshaped[1].shape[1]);
+  EXPECT_NE(MustPlan(reshaped, 4).model_hash(), hash);
+}
+
 TEST(ShardPlannerTest, LayoutHashChangesWithEveryInput) {
   const uint64_t base = MustPlan(SeedTensors(), 4).layout_hash();
   EXPECT_NE(MustPlan(SeedTensors(), 8).layout_hash(), base);

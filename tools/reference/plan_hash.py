@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The layout hash of the `seed` model's plan at W = 4, computed independently of the C++ planner
+"""The layout hash of the `seed` model's plan at W = 4 (first line) and its model hash (second
+line), computed independently of the C++ planner
 from the byte stream sharding/shard_planner.h documents (plan format v2). The planner test pins
 the value this prints; run it after any change to the hash's input format."""
 import struct
@@ -26,3 +27,9 @@ h.u64(1)
 for v in [0,1408,352,0,4,1354]: h.u64(v)
 h.u64(1408)
 print(hex(h.h))
+# The model hash (ShardPlan::model_hash): the same at every world size and bucket size.
+m=F()
+m.s_("zeroshard.model.v1"); m.u64(len(T))
+for n,sh,ne in T:
+    m.s_(n); m.u64(len(sh)); [m.u64(d) for d in sh]; m.u64(ne)
+print(hex(m.h))
