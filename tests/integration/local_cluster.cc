@@ -273,6 +273,12 @@ absl::Status LocalCluster::Start(int count) {
 }
 
 absl::StatusOr<int> LocalCluster::StartWorker(const std::string& name) {
+  return StartWorker(name, {}, {});
+}
+
+absl::StatusOr<int> LocalCluster::StartWorker(const std::string& name,
+                                              const std::vector<std::string>& extra_flags,
+                                              const std::vector<std::string>& extra_env) {
   if (target_.empty()) {
     return absl::FailedPreconditionError(
         "no coordinator address yet: StartCoordinator() or ReserveCoordinatorPort() first");
@@ -286,12 +292,15 @@ absl::StatusOr<int> LocalCluster::StartWorker(const std::string& name) {
       "--final_params_dir=" + final_params_dir_,
   };
   argv.insert(argv.end(), options_.extra_worker_flags.begin(), options_.extra_worker_flags.end());
+  argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   ClusterProcess process;
   process.name = name;
   process.log_path = absl::StrCat(base_dir_, "/", name, ".", processes_.size(), ".log");
   // Workers share the cores: single-threaded BLAS (docs/design.md, "OpenBLAS"); the
   // OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE hints come through the inherited environment.
-  absl::StatusOr<pid_t> pid = Spawn(argv, process.log_path, {"OPENBLAS_NUM_THREADS=1"});
+  std::vector<std::string> env = {"OPENBLAS_NUM_THREADS=1"};
+  env.insert(env.end(), extra_env.begin(), extra_env.end());
+  absl::StatusOr<pid_t> pid = Spawn(argv, process.log_path, env);
   if (!pid.ok()) return pid.status();
   process.pid = *pid;
   processes_.push_back(process);
@@ -321,6 +330,31 @@ absl::StatusOr<int> LocalCluster::WaitForWorkerExit(int index, absl::Duration de
         process.name, " still runs after ", absl::FormatDuration(deadline), "\n", LogTails()));
   }
   return *process.wait_status;
+}
+
+absl::Status LocalCluster::WaitForWorkerStopped(int index, absl::Duration deadline) {
+  if (index < 0 || index >= worker_count()) {
+    return absl::OutOfRangeError(absl::StrCat("no worker ", index));
+  }
+  ClusterProcess& process = processes_[worker_indices_[index]];
+  const absl::Time end = absl::Now() + deadline;
+  while (process.running()) {
+    int status = 0;
+    const pid_t reaped = waitpid(process.pid, &status, WNOHANG | WUNTRACED);
+    if (reaped == process.pid && WIFSTOPPED(status)) return absl::OkStatus();
+    if (reaped == process.pid) {
+      process.wait_status = status;
+      break;
+    }
+    if (absl::Now() >= end) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          process.name, " did not stop within ", absl::FormatDuration(deadline), "\n", LogTails()));
+    }
+    absl::SleepFor(kPollInterval);
+  }
+  return absl::FailedPreconditionError(absl::StrCat(process.name, " ended (",
+                                                    DescribeWaitStatus(*process.wait_status),
+                                                    ") instead of stopping\n", LogTails()));
 }
 
 absl::Status LocalCluster::StopAll() {

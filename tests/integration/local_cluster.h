@@ -74,10 +74,18 @@ class LocalCluster {
 
   // Starts one worker process pointed at the coordinator's target; returns its index.
   absl::StatusOr<int> StartWorker(const std::string& name);
+  // The same, with `extra_flags` after every worker's flags and `extra_env` ("NAME=value")
+  // added to its environment.
+  absl::StatusOr<int> StartWorker(const std::string& name,
+                                  const std::vector<std::string>& extra_flags,
+                                  const std::vector<std::string>& extra_env);
   // Sends `signal` (e.g. SIGKILL, SIGTERM) to worker `index`; does not wait.
   absl::Status KillWorker(int index, int signal);
   // Waits until worker `index` exited and returns its wait status (see <sys/wait.h>).
   absl::StatusOr<int> WaitForWorkerExit(int index, absl::Duration deadline);
+  // Waits until worker `index` is stopped (SIGSTOP, e.g. by a test hook of its own). An error if
+  // it exits instead.
+  absl::Status WaitForWorkerStopped(int index, absl::Duration deadline);
 
   // SIGTERM to every worker, then to the coordinator; waits for each (stop deadline), SIGKILLs
   // what is left. Errors if any process had to be killed or exited with a failure status.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "common/grpc_status.h"
@@ -23,11 +24,22 @@ void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
 
 CoordinatorStore::CoordinatorStore(std::shared_ptr<v1::Coordinator::StubInterface> stub,
                                    std::string job_id, int64_t generation,
-                                   absl::Duration rpc_timeout)
+                                   absl::Duration rpc_timeout, AbortSignal* abort_signal)
     : stub_(std::move(stub)),
       job_id_(std::move(job_id)),
       generation_(generation),
-      rpc_timeout_(rpc_timeout) {}
+      rpc_timeout_(rpc_timeout),
+      abort_signal_(abort_signal) {}
+
+absl::Status CoordinatorStore::Call(grpc::ClientContext& context,
+                                    const std::function<grpc::Status()>& rpc) {
+  // Registered before the call starts: gRPC applies a TryCancel that comes first once it does.
+  std::optional<AbortSignal::Registration> cancel;
+  if (abort_signal_ != nullptr) {
+    cancel.emplace(abort_signal_->OnAbort([&context] { context.TryCancel(); }));
+  }
+  return common::FromGrpcStatus(rpc());
+}
 
 absl::Status CoordinatorStore::Set(absl::string_view key, absl::string_view value) {
   v1::StoreSetRequest request;
@@ -38,14 +50,17 @@ absl::Status CoordinatorStore::Set(absl::string_view key, absl::string_view valu
   v1::StoreSetResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, rpc_timeout_);
-  return common::FromGrpcStatus(stub_->StoreSet(&context, request, &response));
+  return Call(context, [&] { return stub_->StoreSet(&context, request, &response); });
 }
 
 absl::StatusOr<std::string> CoordinatorStore::Get(absl::string_view key, absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + std::max(timeout, absl::ZeroDuration());
   while (true) {
+    // Rounded up to whole milliseconds: rounded down, the last moments of a wait would become a
+    // request not to wait at all, which the coordinator answers with NOT_FOUND for a missing key.
     const absl::Duration wait =
-        std::clamp(deadline - absl::Now(), absl::ZeroDuration(), kLongestServerWait);
+        std::clamp(absl::Ceil(deadline - absl::Now(), absl::Milliseconds(1)), absl::ZeroDuration(),
+                   kLongestServerWait);
     v1::StoreGetRequest request;
     request.set_job_id(job_id_);
     request.set_generation(generation_);
@@ -54,7 +69,8 @@ absl::StatusOr<std::string> CoordinatorStore::Get(absl::string_view key, absl::D
     v1::StoreGetResponse response;
     grpc::ClientContext context;
     SetDeadline(&context, wait + rpc_timeout_);
-    absl::Status status = common::FromGrpcStatus(stub_->StoreGet(&context, request, &response));
+    absl::Status status =
+        Call(context, [&] { return stub_->StoreGet(&context, request, &response); });
     if (status.ok()) return std::move(*response.mutable_value());
     if (!absl::IsDeadlineExceeded(status) || absl::Now() >= deadline) return status;
   }
@@ -69,7 +85,8 @@ absl::StatusOr<int64_t> CoordinatorStore::Add(absl::string_view key, int64_t del
   v1::StoreAddResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, rpc_timeout_);
-  absl::Status status = common::FromGrpcStatus(stub_->StoreAdd(&context, request, &response));
+  absl::Status status =
+      Call(context, [&] { return stub_->StoreAdd(&context, request, &response); });
   if (!status.ok()) return status;
   return response.value();
 }
@@ -82,7 +99,8 @@ absl::StatusOr<bool> CoordinatorStore::Delete(absl::string_view key) {
   v1::StoreDeleteResponse response;
   grpc::ClientContext context;
   SetDeadline(&context, rpc_timeout_);
-  absl::Status status = common::FromGrpcStatus(stub_->StoreDelete(&context, request, &response));
+  absl::Status status =
+      Call(context, [&] { return stub_->StoreDelete(&context, request, &response); });
   if (!status.ok()) return status;
   return response.deleted();
 }

@@ -1,12 +1,16 @@
 // CoordinatorStore against a small in-process fake of the coordinator's four store RPCs over a
-// real localhost channel (the coordinator itself is tested with it in the integration tests).
+// real localhost channel (the coordinator itself is tested with it in the integration tests),
+// including an abort that cancels a Get in flight.
 #include "worker/comm/coordinator_store.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
@@ -14,6 +18,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "worker/comm/abort_signal.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_store.h"
 #include "worker/comm/testing/rank_threads.h"
@@ -37,15 +42,32 @@ class FakeStoreService : public v1::Coordinator::Service {
         Scoped(request->job_id(), request->generation(), request->key()), request->value()));
   }
 
-  grpc::Status StoreGet(grpc::ServerContext*, const v1::StoreGetRequest* request,
+  // As the coordinator's: a missing key is NOT_FOUND when asked not to wait (timeout_ms 0),
+  // DEADLINE_EXCEEDED after a wait. Waits in short slices so that a call the client cancelled
+  // ends too, instead of holding up the server's shutdown.
+  grpc::Status StoreGet(grpc::ServerContext* context, const v1::StoreGetRequest* request,
                         v1::StoreGetResponse* response) override {
     absl::Status scope = CheckScope(request->generation());
     if (!scope.ok()) return common::ToGrpcStatus(scope);
-    auto value = store_.Get(Scoped(request->job_id(), request->generation(), request->key()),
-                            absl::Milliseconds(request->timeout_ms()));
-    if (!value.ok()) return common::ToGrpcStatus(value.status());
-    response->set_value(*value);
-    return grpc::Status::OK;
+    const std::string key = Scoped(request->job_id(), request->generation(), request->key());
+    if (request->timeout_ms() == 0) {
+      auto value = store_.Get(key, absl::ZeroDuration());
+      if (!value.ok()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "key is not set");
+      response->set_value(*value);
+      return grpc::Status::OK;
+    }
+    const absl::Time deadline = absl::Now() + absl::Milliseconds(request->timeout_ms());
+    while (true) {
+      auto value = store_.Get(key, std::min(deadline - absl::Now(), absl::Milliseconds(50)));
+      if (value.ok()) {
+        response->set_value(*value);
+        return grpc::Status::OK;
+      }
+      if (!absl::IsDeadlineExceeded(value.status()) || absl::Now() >= deadline) {
+        return common::ToGrpcStatus(value.status());
+      }
+      if (context->IsCancelled()) return grpc::Status::CANCELLED;
+    }
   }
 
   grpc::Status StoreAdd(grpc::ServerContext*, const v1::StoreAddRequest* request,
@@ -123,9 +145,9 @@ TEST_F(CoordinatorStoreTest, ScopedToJobAndGeneration) {
   CoordinatorStore job_b(stub_, "job-b", 3);
   CoordinatorStore next_generation(stub_, "job-a", 4);
   ASSERT_TRUE(job_a.Set("k", "a").ok());
-  EXPECT_EQ(job_b.Get("k", absl::ZeroDuration()).status().code(),
+  EXPECT_EQ(job_b.Get("k", absl::Milliseconds(20)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ(next_generation.Get("k", absl::ZeroDuration()).status().code(),
+  EXPECT_EQ(next_generation.Get("k", absl::Milliseconds(20)).status().code(),
             absl::StatusCode::kDeadlineExceeded);
 }
 
@@ -148,6 +170,45 @@ TEST_F(CoordinatorStoreTest, GetWaitsForAKeySetLater) {
   setter.join();
   ASSERT_TRUE(value.ok()) << value.status();
   EXPECT_EQ(*value, "v");
+}
+
+TEST_F(CoordinatorStoreTest, AbortCancelsAGetInFlightAndFailsLaterCallsAtOnce) {
+  AbortSignal signal;
+  CoordinatorStore store(stub_, "job-a", 3, absl::Seconds(30), &signal);
+  absl::StatusOr<std::string> value = absl::UnknownError("not returned");
+  absl::Time returned_at;
+  absl::Notification returned;
+  std::thread getter([&] {
+    value = store.Get("never-set", absl::Seconds(60));
+    returned_at = absl::Now();
+    returned.Notify();
+  });
+  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  const absl::Time aborted_at = absl::Now();
+  signal.Abort();
+  const bool ended = returned.WaitForNotificationWithTimeout(absl::Seconds(90));
+  getter.join();
+  ASSERT_TRUE(ended);
+  EXPECT_EQ(value.status().code(), absl::StatusCode::kCancelled) << value.status();
+  EXPECT_LT(returned_at - aborted_at, absl::Seconds(2));
+
+  EXPECT_EQ(store.Set("k", "v").code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(store.Add("n", 1).status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(store.Delete("k").status().code(), absl::StatusCode::kCancelled);
+  // Nothing reached the coordinator.
+  CoordinatorStore other(stub_, "job-a", 3);
+  EXPECT_EQ(other.Get("k", absl::Milliseconds(20)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(CoordinatorStoreTest, AWaitOfAFractionOfAMillisecondIsStillAWait) {
+  CoordinatorStore store(stub_, "job-a", 3);
+  // Rounded down to whole milliseconds, the wait would end with a request not to wait at all
+  // (timeout_ms 0), which the coordinator answers with NOT_FOUND.
+  for (const absl::Duration timeout : {absl::Microseconds(1500), absl::Microseconds(300)}) {
+    EXPECT_EQ(store.Get("missing", timeout).status().code(), absl::StatusCode::kDeadlineExceeded)
+        << timeout;
+  }
 }
 
 TEST_F(CoordinatorStoreTest, GlooRendezvousThroughTheCoordinator) {

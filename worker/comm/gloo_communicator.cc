@@ -13,11 +13,10 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "gloo/rendezvous/context.h"
-#include "gloo/transport/tcp/device.h"
+#include "gloo/context.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "worker/comm/gloo_mesh.h"
 #include "worker/comm/gloo_ring.h"
-#include "worker/comm/gloo_store_adapter.h"
 #include "worker/comm/ring_schedule.h"
 
 namespace zeroshard::comm {
@@ -103,30 +102,16 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   }
   std::vector<std::shared_ptr<gloo::Context>> contexts;
   if (options.world_size > 1) {
-    const absl::Time start = absl::Now();
-    try {
-      for (int lane = 0; lane < kLanes; ++lane) {
-        gloo::transport::tcp::attr attr;
-        attr.hostname = options.hostname;
-        std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
-        auto mesh = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
-        const absl::Duration remaining = options.rendezvous_timeout - (absl::Now() - start);
-        mesh->setTimeout(ToGlooTimeout(remaining));
-        GlooStoreAdapter adapter(
-            options.store,
-            lane == 0 ? options.store_prefix : absl::StrCat(options.store_prefix, "/lane", lane),
-            std::max(remaining, absl::Milliseconds(1)));
-        mesh->connectFullMesh(adapter, device);
-        contexts.push_back(std::move(mesh));
-      }
-    } catch (const std::exception& e) {
-      const std::string message = absl::StrCat("gloo rendezvous of rank ", options.rank, "/",
-                                               options.world_size, " failed: ", e.what());
-      if (absl::Now() - start >= options.rendezvous_timeout) {
-        return absl::DeadlineExceededError(message);
-      }
-      return absl::UnavailableError(message);
-    }
+    GlooMeshOptions mesh;
+    mesh.rank = options.rank;
+    mesh.world_size = options.world_size;
+    mesh.lanes = kLanes;
+    mesh.store = options.store;
+    mesh.store_prefix = options.store_prefix;
+    mesh.hostname = options.hostname;
+    mesh.deadline = absl::Now() + options.rendezvous_timeout;
+    mesh.abort_signal = options.abort_signal;
+    ZS_ASSIGN_OR_RETURN(contexts, ConnectGlooMeshes(mesh));
   }
   return std::unique_ptr<GlooCommunicator>(new GlooCommunicator(options, std::move(contexts)));
 }

@@ -1,5 +1,6 @@
-// GlooCommunicator: the CPU Communicator. Gloo provides the rendezvous and the full mesh of TCP
-// pairs; the collectives are our own pipelined rings over Gloo's unbound buffers (gloo_ring.h).
+// GlooCommunicator: the CPU Communicator. Gloo provides the TCP pairs of the full mesh (connected
+// by gloo_mesh.h); the collectives are our own pipelined rings over Gloo's unbound buffers
+// (gloo_ring.h).
 #ifndef ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 #define ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 
@@ -17,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "worker/comm/abort_signal.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/store.h"
 
@@ -44,6 +46,9 @@ struct GlooCommunicatorOptions {
   std::string hostname = "127.0.0.1";
   // Bound on Create: waiting for peers' addresses and connecting to them.
   absl::Duration rendezvous_timeout = absl::Seconds(60);
+  // Optional; Create only. Aborting it ends a Create in progress at once with CANCELLED (the
+  // communicator's own Abort() ends its collectives).
+  AbortSignal* abort_signal = nullptr;
   // Pipeline unit: each ring step moves its piece in segments of at most this many bytes, so
   // the transfer of one segment overlaps the reduction of the previous one.
   size_t segment_bytes = 1024 * 1024;
@@ -72,9 +77,10 @@ struct GlooCommunicatorOptions {
 // caught on the communication thread (or in Create) and becomes a Status there.
 class GlooCommunicator : public Communicator {
  public:
-  // Connects the full mesh (all ranks call this with the same world size and store prefix).
-  // DEADLINE_EXCEEDED when peers do not show up within rendezvous_timeout; UNAVAILABLE for
-  // other transport failures; INVALID_ARGUMENT for bad options.
+  // Connects the full mesh (all ranks call this with the same world size and store prefix; see
+  // gloo_mesh.h). DEADLINE_EXCEEDED when peers do not show up within rendezvous_timeout;
+  // CANCELLED when options.abort_signal is aborted first; UNAVAILABLE for other transport
+  // failures; INVALID_ARGUMENT for bad options.
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
       const GlooCommunicatorOptions& options);
 

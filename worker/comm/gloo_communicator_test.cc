@@ -1,5 +1,5 @@
 // GlooCommunicator with threads as ranks over an InMemoryStore: every collective for world sizes
-// 1..5, sizes 0, 1, odd and large, every element type; Abort and timeouts.
+// 1..5, sizes 0, 1, odd and large, every element type; Abort (of Create too) and timeouts.
 #include "worker/comm/gloo_communicator.h"
 
 #include <memory>
@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "worker/comm/abort_signal.h"
 #include "worker/comm/collective_checks.h"
 #include "worker/comm/in_memory_store.h"
 #include "worker/comm/testing/rank_threads.h"
@@ -208,6 +210,35 @@ TEST(GlooCommunicatorTest, CreateFailsWhenAPeerNeverJoins) {
   EXPECT_EQ(communicator.status().code(), absl::StatusCode::kDeadlineExceeded)
       << communicator.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(GlooCommunicatorTest, AbortDuringCreateEndsTheRendezvousWithCancelled) {
+  InMemoryStore store;
+  AbortSignal signal;
+  GlooCommunicatorOptions options;
+  options.rank = 0;
+  options.world_size = 3;
+  options.store = &store;
+  options.rendezvous_timeout = absl::Seconds(60);
+  options.abort_signal = &signal;
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> communicator =
+      absl::UnknownError("not returned");
+  absl::Time returned_at;
+  absl::Notification returned;
+  std::thread creator([&] {
+    communicator = GlooCommunicator::Create(options);
+    returned_at = absl::Now();
+    returned.Notify();
+  });
+  // Its peers never show up, so it stays in the rendezvous.
+  EXPECT_FALSE(returned.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  const absl::Time aborted_at = absl::Now();
+  signal.Abort();
+  const bool ended = returned.WaitForNotificationWithTimeout(absl::Seconds(60));
+  creator.join();
+  ASSERT_TRUE(ended);
+  EXPECT_EQ(communicator.status().code(), absl::StatusCode::kCancelled) << communicator.status();
+  EXPECT_LT(returned_at - aborted_at, absl::Seconds(2));
 }
 
 TEST(GlooCommunicatorTest, OperationTimesOutWhenAPeerNeverIssuesIt) {

@@ -94,11 +94,7 @@ EngineTrainingRun::~EngineTrainingRun() {
   if (thread_.joinable()) thread_.join();
 }
 
-void EngineTrainingRun::Abort() {
-  aborted_.store(true);
-  absl::MutexLock lock(&mu_);
-  if (communicator_ != nullptr) communicator_->Abort();
-}
+void EngineTrainingRun::Abort() { abort_signal_.Abort(); }
 
 absl::Status EngineTrainingRun::status() const {
   absl::MutexLock lock(&mu_);
@@ -107,8 +103,9 @@ absl::Status EngineTrainingRun::status() const {
 
 void EngineTrainingRun::Main() {
   absl::Status status = Train();
-  if (!status.ok() && aborted_.load()) status = absl::AbortedError("aborted");
-  if (!status.ok() && !aborted_.load()) {
+  const bool aborted = abort_signal_.aborted();
+  if (!status.ok() && aborted) status = absl::AbortedError("aborted");
+  if (!status.ok() && !aborted) {
     ZS_LOG(ERROR) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
                   << assignment_.rank() << " failed: " << status;
   }
@@ -130,8 +127,14 @@ absl::StatusOr<bool> EngineTrainingRun::Report(const v1::StepMetrics& metrics, b
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   v1::ReportProgressResponse response;
-  ZS_RETURN_IF_ERROR(
-      common::FromGrpcStatus(options_.stub->ReportProgress(&context, request, &response)));
+  {
+    // An abort does not wait for a slow coordinator (the reporter's thread is joined on the way
+    // out).
+    const comm::AbortSignal::Registration cancel =
+        abort_signal_.OnAbort([&context] { context.TryCancel(); });
+    ZS_RETURN_IF_ERROR(
+        common::FromGrpcStatus(options_.stub->ReportProgress(&context, request, &response)));
+  }
   return response.continue_running();
 }
 
@@ -162,7 +165,8 @@ absl::Status EngineTrainingRun::Train() {
     ZS_ASSIGN_OR_RETURN(device, CreateCudaDevice(options_.cuda_device));
   }
 
-  comm::CoordinatorStore store(options_.stub, assignment_.job_id(), assignment_.generation());
+  comm::CoordinatorStore store(options_.stub, assignment_.job_id(), assignment_.generation(),
+                               absl::Seconds(30), &abort_signal_);
   std::unique_ptr<comm::Communicator> communicator;
   if (on_cuda) {
     ZS_ASSIGN_OR_RETURN(communicator,
@@ -174,21 +178,13 @@ absl::Status EngineTrainingRun::Train() {
     comm_options.world_size = static_cast<int>(world_size);
     comm_options.store = &store;
     comm_options.hostname = options_.listen_host;
+    comm_options.abort_signal = &abort_signal_;
     ZS_ASSIGN_OR_RETURN(communicator, comm::GlooCommunicator::Create(comm_options));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    communicator_ = communicator.get();
-    if (aborted_.load()) communicator_->Abort();
-  }
-  // The communicator outlives every use; detach it from Abort() before it is destroyed.
-  struct Detach {
-    EngineTrainingRun* run;
-    ~Detach() {
-      absl::MutexLock lock(&run->mu_);
-      run->communicator_ = nullptr;
-    }
-  } detach{this};
+  // From here Abort() ends the collectives (at once, if it came already); unregistered before
+  // the communicator is destroyed.
+  const comm::AbortSignal::Registration abort_collectives =
+      abort_signal_.OnAbort([raw = communicator.get()] { raw->Abort(); });
 
   workloads::TeacherStudentMlpOptions workload_options;
   ZS_ASSIGN_OR_RETURN(workload_options.layer_sizes,
@@ -223,7 +219,7 @@ absl::Status EngineTrainingRun::Train() {
   }
   v1::StepMetrics last;
   for (int64_t step = assignment_.start_step(); step < spec.steps(); ++step) {
-    if (aborted_.load()) return absl::AbortedError("aborted");
+    if (abort_signal_.aborted()) return absl::AbortedError("aborted");
     const absl::Time start = absl::Now();
     ZS_ASSIGN_OR_RETURN(const double local_loss, workload->ForwardBackward(step, *engine, *engine));
     const absl::Time computed = absl::Now();

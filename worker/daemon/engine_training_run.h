@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "sharding/shard_planner.h"
+#include "worker/comm/abort_signal.h"
 #include "worker/comm/communicator.h"
 #include "worker/daemon/training_run.h"
 #include "worker/workloads/workload.h"
@@ -64,14 +65,15 @@ class EngineTrainingRun final : public TrainingRun {
 
   const v1::Assignment assignment_;
   const EngineTrainingRunOptions options_;
-  std::atomic<bool> aborted_{false};
+  // Abort() aborts it. Whatever the run's thread blocks on is registered with it for as long as
+  // it blocks: the rendezvous store's RPCs, the ring's connecting, the communicator's
+  // collectives, the progress reports.
+  comm::AbortSignal abort_signal_;
   std::atomic<bool> done_{false};
   std::atomic<int64_t> step_{0};
 
   mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
-  // Set while the communicator exists, so Abort() can unblock its collectives.
-  comm::Communicator* communicator_ ABSL_GUARDED_BY(mu_) = nullptr;
 
   std::thread thread_;
 };
