@@ -104,18 +104,14 @@ absl::Status FragmentIndex::CheckComplete(const v1::ShardHeader& header) const {
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     CommittedCheckpoint checkpoint) {
   const v1::CheckpointManifest& manifest = checkpoint.manifest;
-  std::vector<const v1::CheckpointFile*> by_rank(manifest.world_size(), nullptr);
-  for (const v1::CheckpointFile& file : manifest.files()) {
-    if (file.rank() < 0 || file.rank() >= manifest.world_size() || by_rank[file.rank()]) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(checkpoint.directory, ": not a valid manifest (ReadManifest checks it)"));
-    }
-    by_rank[file.rank()] = &file;
-  }
-  if (by_rank.empty() || std::find(by_rank.begin(), by_rank.end(), nullptr) != by_rank.end()) {
+  absl::Status valid = ValidateManifest(manifest);
+  if (!valid.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(checkpoint.directory, ": not a valid manifest (ReadManifest checks it)"));
+        absl::StrCat("manifest of ", checkpoint.directory, ": ", valid.message()));
   }
+  // One file per rank (ValidateManifest), in rank order.
+  std::vector<const v1::CheckpointFile*> by_rank(manifest.world_size());
+  for (const v1::CheckpointFile& file : manifest.files()) by_rank[file.rank()] = &file;
   std::vector<std::unique_ptr<ShardReader>> files;
   std::vector<FragmentIndex::File> tables;
   for (const v1::CheckpointFile* entry : by_rank) {

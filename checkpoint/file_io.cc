@@ -7,12 +7,13 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
 namespace zeroshard::checkpoint {
@@ -22,7 +23,9 @@ namespace {
 // to a shard.
 constexpr size_t kBufferBytes = size_t{1} << 20;
 
-std::atomic<uint64_t> next_temp_number{0};
+// Temporary names must not collide across hosts on a shared filesystem, where containers often
+// run with the same pid: a random part, and O_EXCL so that a collision is retried, not shared.
+constexpr int kTempNameAttempts = 8;
 
 absl::string_view BaseNameOf(absl::string_view path) {
   const size_t slash = path.rfind('/');
@@ -56,13 +59,20 @@ absl::StatusOr<std::unique_ptr<DurableFile>> DurableFile::Create(std::string fin
     return absl::InvalidArgumentError(absl::StrCat("file path \"", final_path, "\" has no name"));
   }
   const std::string directory = DirectoryOf(final_path);
-  std::string temp_path =
-      absl::StrCat(directory, "/.", BaseNameOf(final_path), ".tmp-", ::getpid(), "-",
-                   next_temp_number.fetch_add(1, std::memory_order_relaxed));
-  const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoError("create", temp_path, errno);
-  return std::unique_ptr<DurableFile>(
-      new DurableFile(std::move(final_path), std::move(temp_path), fd));
+  absl::BitGen random;
+  for (int attempt = 1;; ++attempt) {
+    std::string temp_path =
+        absl::StrFormat("%s/.%s.tmp-%d-%016x", directory, BaseNameOf(final_path), ::getpid(),
+                        absl::Uniform<uint64_t>(random));
+    const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      return std::unique_ptr<DurableFile>(
+          new DurableFile(std::move(final_path), std::move(temp_path), fd));
+    }
+    if (errno != EEXIST || attempt == kTempNameAttempts) {
+      return ErrnoError("create", temp_path, errno);
+    }
+  }
 }
 
 DurableFile::DurableFile(std::string final_path, std::string temp_path, int fd)

@@ -27,14 +27,15 @@ std::string DirectoryOf(absl::string_view path);
 absl::Status SyncDirectory(const std::string& directory);
 
 // A file that only appears under its final name once complete and on disk. It is written as
-// "<dir>/.<name>.tmp-<pid>-<n>" in the final name's directory (readers ignore dot files);
+// "<dir>/.<name>.tmp-<pid>-<random>" in the final name's directory (readers ignore dot files);
 // Commit() flushes, fsyncs and closes it, renames it to the final name and fsyncs the directory.
 // Until then, and after any error, the final name is untouched: destroying an uncommitted
 // DurableFile removes the temporary file. After an error every call returns that error.
 // Thread contract: not thread-safe; one owner calls it (the checkpoint writer's thread).
 class DurableFile {
  public:
-  // Creates the temporary file (the directory must exist).
+  // Creates the temporary file (the directory must exist), under a name no other writer on any
+  // host shares.
   static absl::StatusOr<std::unique_ptr<DurableFile>> Create(std::string final_path);
   ~DurableFile();
   DurableFile(const DurableFile&) = delete;

@@ -121,6 +121,22 @@ TEST(FileIoTest, AtTheRenameTheFinalNameDoesNotExistYetAndTheTemporaryIsComplete
   EXPECT_EQ(*ReadFileToString(path), "{\"a\":1}");
 }
 
+TEST(FileIoTest, TwoWritersOfOneNameNeverShareATemporaryFile) {
+  const std::string dir = MakeTestDir("two_writers");
+  const std::string path = dir + "/f";
+  auto first = DurableFile::Create(path);
+  auto second = DurableFile::Create(path);
+  ASSERT_TRUE(first.ok() && second.ok());
+  EXPECT_NE((*first)->temp_path(), (*second)->temp_path());
+  ASSERT_TRUE((*first)->Append("first", 5).ok());
+  ASSERT_TRUE((*second)->Append("second", 6).ok());
+  ASSERT_TRUE((*first)->Commit().ok());
+  EXPECT_EQ(*ReadFileToString(path), "first");
+  ASSERT_TRUE((*second)->Commit().ok());
+  EXPECT_EQ(*ReadFileToString(path), "second");
+  EXPECT_EQ(ListDir(dir), std::vector<std::string>{"f"});
+}
+
 TEST(FileIoTest, ReplacingAFileIsAtomic) {
   const std::string dir = MakeTestDir("replace");
   const std::string path = dir + "/f";

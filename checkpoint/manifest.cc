@@ -275,6 +275,8 @@ absl::StatusOr<PruneResult> PruneCheckpoints(const std::string& job_dir, int kee
   }
   for (auto it = listing.uncommitted.rbegin(); it != listing.uncommitted.rend(); ++it) {
     if (it->step >= newest) break;
+    // A manifest of a newer format is a checkpoint this code cannot judge: leave it.
+    if (absl::IsFailedPrecondition(it->reason)) continue;
     ZS_RETURN_IF_ERROR(RemoveStepDirectory(it->directory));
     result.deleted_uncommitted.push_back(it->step);
   }

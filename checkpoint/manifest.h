@@ -105,7 +105,8 @@ struct PruneResult {
 // Keeps the `keep` newest committed checkpoints: deletes the older committed ones (manifest
 // first, so each stops being a checkpoint before its files go) and every uncommitted step
 // directory older than the newest committed checkpoint (abandoned attempts; newer ones may still
-// be being written). Stops at the first error, returning it. INVALID_ARGUMENT for keep < 1.
+// be being written), except those whose manifest has a newer format_version. Stops at the first
+// error, returning it. INVALID_ARGUMENT for keep < 1.
 // Thread contract: one pruner per job directory (the coordinator). Readers that already opened
 // a pruned file keep reading it (POSIX unlink semantics).
 absl::StatusOr<PruneResult> PruneCheckpoints(const std::string& job_dir, int keep);

@@ -275,6 +275,18 @@ TEST(ManifestTest, PruneKeepsTheNewestAndDropsAbandonedAttempts) {
   EXPECT_EQ(pruned->deleted_committed, std::vector<int64_t>{300});
 }
 
+TEST(ManifestTest, PruneLeavesAManifestOfANewerFormat) {
+  const std::string job_dir = MakeTestDir("prune_newer");
+  v1::CheckpointManifest newer = MakeStep(job_dir, 100, 1);
+  newer.set_format_version(kManifestFormatVersion + 1);
+  ASSERT_TRUE(WriteFileDurably(ManifestPath(StepDir(job_dir, 100)), ToJson(newer)).ok());
+  Commit(job_dir, 200);
+  absl::StatusOr<PruneResult> pruned = PruneCheckpoints(job_dir, 1);
+  ASSERT_TRUE(pruned.ok()) << pruned.status();
+  EXPECT_TRUE(pruned->deleted_uncommitted.empty());
+  EXPECT_TRUE(Exists(ManifestPath(StepDir(job_dir, 100))));
+}
+
 TEST(ManifestTest, PruneWithoutACheckpointDeletesNothing) {
   const std::string job_dir = MakeTestDir("prune_none");
   MakeStep(job_dir, 10, 1);

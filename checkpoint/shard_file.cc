@@ -282,26 +282,42 @@ absl::StatusOr<WrittenFile> ShardWriter::Finish() {
 }
 
 absl::StatusOr<WrittenFile> WriteShardFile(std::string path, v1::ShardHeader header,
+                                           std::vector<FragmentSpec> fragments,
+                                           const FragmentProducer& produce) {
+  ZS_ASSIGN_OR_RETURN(
+      std::unique_ptr<ShardWriter> writer,
+      ShardWriter::Create(std::move(path), std::move(header), std::move(fragments)));
+  for (size_t i = 0; i < writer->fragments().size(); ++i) {
+    const FragmentSpec& spec = writer->fragments()[i];
+    const uint64_t expected =
+        static_cast<uint64_t>(spec.num_elements()) * FragmentDTypeSize(spec.dtype);
+    uint64_t produced = 0;
+    auto wrong_size = [&](uint64_t bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fragments[", i, "] ", Quoted(FragmentKey(spec.state, spec.tensor, spec.begin, spec.end)),
+          ": ", bytes, " bytes produced for ", expected));
+    };
+    const ByteSink sink = [&](const void* data, size_t n) -> absl::Status {
+      // Checked per chunk: a chunk past the fragment's end would become the next one's bytes.
+      if (n > expected - produced) return wrong_size(produced + n);
+      produced += n;
+      return writer->Append(data, n);
+    };
+    ZS_RETURN_IF_ERROR(produce(i, sink));
+    if (produced != expected) return wrong_size(produced);
+  }
+  return writer->Finish();
+}
+
+absl::StatusOr<WrittenFile> WriteShardFile(std::string path, v1::ShardHeader header,
                                            absl::Span<const FragmentBytes> fragments) {
   std::vector<FragmentSpec> specs;
   specs.reserve(fragments.size());
-  for (size_t i = 0; i < fragments.size(); ++i) {
-    const FragmentSpec& spec = fragments[i].spec;
-    const uint64_t expected =
-        static_cast<uint64_t>(spec.num_elements()) * FragmentDTypeSize(spec.dtype);
-    if (fragments[i].bytes.size() != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fragments[", i, "] ", Quoted(FragmentKey(spec.state, spec.tensor, spec.begin, spec.end)),
-          ": ", fragments[i].bytes.size(), " bytes given for ", expected));
-    }
-    specs.push_back(spec);
-  }
-  ZS_ASSIGN_OR_RETURN(std::unique_ptr<ShardWriter> writer,
-                      ShardWriter::Create(std::move(path), std::move(header), std::move(specs)));
-  for (const FragmentBytes& fragment : fragments) {
-    ZS_RETURN_IF_ERROR(writer->Append(fragment.bytes.data(), fragment.bytes.size()));
-  }
-  return writer->Finish();
+  for (const FragmentBytes& fragment : fragments) specs.push_back(fragment.spec);
+  return WriteShardFile(std::move(path), std::move(header), std::move(specs),
+                        [&](size_t index, const ByteSink& sink) {
+                          return sink(fragments[index].bytes.data(), fragments[index].bytes.size());
+                        });
 }
 
 // ---- ShardReader ----

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -102,8 +103,21 @@ class ShardWriter {
   std::vector<FragmentSpec> fragments_;
 };
 
-// Writes a shard file from fragments held in memory: ShardWriter with one Append per fragment.
-// `bytes` must hold exactly each fragment's elements (INVALID_ARGUMENT naming it otherwise).
+// Takes the next chunk of a fragment's bytes.
+using ByteSink = std::function<absl::Status(const void* data, size_t n)>;
+// Produces the bytes of fragment `index` by calling `sink` with consecutive chunks that together
+// hold exactly that fragment's bytes (e.g. copied or converted out of a staging buffer a tile
+// at a time), returning the first error of `sink` or its own.
+using FragmentProducer = std::function<absl::Status(size_t index, const ByteSink& sink)>;
+
+// Writes a shard file with ShardWriter, calling `produce` once per fragment in declaration
+// order. INVALID_ARGUMENT naming the fragment when `produce` gives it more or fewer bytes than
+// it holds; an error `produce` returns is returned as it is. No file is left behind on error.
+absl::StatusOr<WrittenFile> WriteShardFile(std::string path, v1::ShardHeader header,
+                                           std::vector<FragmentSpec> fragments,
+                                           const FragmentProducer& produce);
+
+// The same for fragments held in memory: `bytes` must hold exactly each fragment's elements.
 absl::StatusOr<WrittenFile> WriteShardFile(std::string path, v1::ShardHeader header,
                                            absl::Span<const FragmentBytes> fragments);
 

@@ -19,6 +19,7 @@
 #include "checkpoint/proto_json.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/test_shards.h"
+#include "common/status_macros.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::checkpoint {
@@ -127,11 +128,61 @@ TEST(ShardFileTest, OneShotWriteProducesTheSameBytesAsTheStream) {
   short_one[2].bytes.remove_suffix(2);
   const absl::Status status = WriteShardFile(dir + "/c", shard.header, short_one).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  const FragmentSpec& spec = short_one[2].spec;
   EXPECT_TRUE(absl::StrContains(
       status.message(),
-      absl::StrCat("fragments[2] \"", FragmentKey(short_one[2].spec.state, short_one[2].spec.tensor,
-                                                  short_one[2].spec.begin, short_one[2].spec.end))))
+      absl::StrCat("fragments[2] \"", FragmentKey(spec.state, spec.tensor, spec.begin, spec.end),
+                   "\": ", short_one[2].bytes.size(), " bytes produced for ",
+                   fragments[2].bytes.size())))
       << status;
+}
+
+TEST(ShardFileTest, ProducerStreamsFragmentsInChunksAndMustGiveExactlyTheirBytes) {
+  const sharding::ShardPlan plan = TestPlan(3);
+  const TestShard shard = MakeTestShard(plan, 0, 50);
+  const std::string dir = MakeTestDir("producer");
+  std::vector<size_t> produced_order;
+  // Three-byte chunks: most chunks end inside an element.
+  auto in_chunks = [&](size_t index, const ByteSink& sink) -> absl::Status {
+    produced_order.push_back(index);
+    const std::string& bytes = shard.bytes[index];
+    for (size_t at = 0; at < bytes.size(); at += 3) {
+      ZS_RETURN_IF_ERROR(sink(bytes.data() + at, std::min<size_t>(3, bytes.size() - at)));
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<WrittenFile> produced =
+      WriteShardFile(dir + "/produced", shard.header, shard.specs, in_chunks);
+  ASSERT_TRUE(produced.ok()) << produced.status();
+  ASSERT_TRUE(WriteShardFile(dir + "/spans", shard.header, shard.fragments()).ok());
+  EXPECT_EQ(*ReadFileToString(dir + "/produced"), *ReadFileToString(dir + "/spans"));
+  ASSERT_EQ(produced_order.size(), shard.specs.size());
+  for (size_t i = 0; i < produced_order.size(); ++i) EXPECT_EQ(produced_order[i], i);
+
+  // One byte too many: refused at the chunk that overruns, not passed on to the next fragment.
+  const absl::Status too_many =
+      WriteShardFile(dir + "/too_many", shard.header, shard.specs,
+                     [&](size_t index, const ByteSink& sink) -> absl::Status {
+                       ZS_RETURN_IF_ERROR(in_chunks(index, sink));
+                       return index == 1 ? sink("x", 1) : absl::OkStatus();
+                     })
+          .status();
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
+  const FragmentSpec& second = shard.specs[1];
+  EXPECT_TRUE(absl::StrContains(
+      too_many.message(),
+      absl::StrCat(
+          "fragments[1] \"", FragmentKey(second.state, second.tensor, second.begin, second.end),
+          "\": ", shard.bytes[1].size() + 1, " bytes produced for ", shard.bytes[1].size())))
+      << too_many;
+  // The producer's own error comes back as it is.
+  const absl::Status failed =
+      WriteShardFile(dir + "/failed", shard.header, shard.specs, [](size_t index, const ByteSink&) {
+        return absl::UnavailableError(absl::StrCat("staging buffer ", index));
+      }).status();
+  EXPECT_EQ(failed, absl::UnavailableError("staging buffer 0"));
+  EXPECT_EQ(ReadFileToString(dir + "/too_many").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ReadFileToString(dir + "/failed").status().code(), absl::StatusCode::kNotFound);
 }
 
 // The container is plain safetensors: one 1-D tensor per fragment named by its key, and the two
