@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/manifest.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/job_state_table.h"
@@ -320,6 +321,20 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
     PersistLocked(changed);
     return v1::CommitCheckpointResponse();
   }
+  if (options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "checkpoint_root: the coordinator was started without --checkpoint_root, so it cannot "
+        "commit checkpoints");
+  }
+  const int32_t world_size = record->job.worker_ids_size();
+  const std::string expected_path = absl::StrCat(
+      record->job.spec().checkpoint().dir(), "/", checkpoint::StepDirName(request.step()), "/",
+      checkpoint::ShardFileName(request.rank(), world_size));
+  if (request.path() != expected_path) {
+    return absl::InvalidArgumentError(absl::StrCat("path: rank ", request.rank(), " of step ",
+                                                   request.step(), " must commit \"", expected_path,
+                                                   "\", got \"", request.path(), "\""));
+  }
   if (absl::Status saved = store_->SaveCheckpointCommit(request); !saved.ok()) {
     return absl::UnavailableError(absl::StrCat("state store: ", saved.message()));
   }
@@ -340,19 +355,64 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
     }
     return response;
   }
+  // Every rank's file is durable: the manifest, written last, makes the checkpoint exist.
+  const std::string job_dir =
+      checkpoint::JobCheckpointDir(options_.checkpoint_root, record->job.spec().checkpoint().dir());
+  const std::string step_dir = checkpoint::StepDir(job_dir, request.step());
+  v1::CheckpointManifest manifest;
+  manifest.set_job_id(record->job.id());
+  manifest.set_step(request.step());
+  manifest.set_generation(request.generation());
+  manifest.set_world_size(world_size);
+  if (record->plan.has_value()) manifest.set_layout_hash(record->plan->layout_hash());
+  std::sort(commits.begin(), commits.end(),
+            [](const v1::CommitCheckpointRequest& a, const v1::CommitCheckpointRequest& b) {
+              return a.rank() < b.rank();
+            });
+  for (const v1::CommitCheckpointRequest& commit : commits) {
+    v1::CheckpointFile& file = *manifest.add_files();
+    file.set_rank(commit.rank());
+    file.set_path(checkpoint::ShardFileName(commit.rank(), world_size));
+    file.set_bytes(commit.bytes());
+    file.set_crc32c(commit.crc32c());
+  }
+  *manifest.mutable_commit_time() = ToTimestamp(clock_->Now());
+  if (absl::Status written = checkpoint::WriteManifest(step_dir, manifest); !written.ok()) {
+    v1::JobEvent event;
+    event.set_type(v1::NOTICE);
+    event.set_generation(request.generation());
+    event.set_message(absl::StrCat("checkpoint at step ", request.step(),
+                                   " could not be committed: ", written.message()));
+    AddEventLocked(*record, std::move(event));
+    JobRecord* changed[] = {record};
+    PersistLocked(changed);
+    response.set_complete(false);
+    return response;
+  }
   v1::CheckpointRecord checkpoint;
   checkpoint.set_step(request.step());
   checkpoint.set_generation(request.generation());
-  checkpoint.set_world_size(record->job.worker_ids_size());
-  checkpoint.set_manifest_path(
-      absl::StrCat(record->job.spec().checkpoint().dir(), "/step-", request.step(), "/manifest"));
-  *checkpoint.mutable_commit_time() = ToTimestamp(clock_->Now());
+  checkpoint.set_world_size(world_size);
+  checkpoint.set_manifest_path(absl::StrCat(record->job.spec().checkpoint().dir(), "/",
+                                            checkpoint::StepDirName(request.step()), "/",
+                                            checkpoint::kManifestFileName));
+  *checkpoint.mutable_commit_time() = manifest.commit_time();
   *record->job.mutable_latest_checkpoint() = checkpoint;
   v1::JobEvent event;
   event.set_type(v1::CHECKPOINT_COMMITTED);
   event.set_generation(request.generation());
   *event.mutable_checkpoint() = checkpoint;
   AddEventLocked(*record, std::move(event));
+  // Only committed checkpoints count towards `keep`; older uncommitted step directories go too.
+  absl::StatusOr<checkpoint::PruneResult> pruned =
+      checkpoint::PruneCheckpoints(job_dir, record->job.spec().checkpoint().keep());
+  if (!pruned.ok()) {
+    v1::JobEvent notice;
+    notice.set_type(v1::NOTICE);
+    notice.set_generation(request.generation());
+    notice.set_message(absl::StrCat("pruning old checkpoints failed: ", pruned.status().message()));
+    AddEventLocked(*record, std::move(notice));
+  }
   JobRecord* changed[] = {record};
   PersistLocked(changed);
   *response.mutable_checkpoint() = checkpoint;

@@ -33,6 +33,10 @@ struct JobManagerOptions {
   SchedulerOptions scheduler;
   // Dead and departed workers are listed for this long, then forgotten.
   absl::Duration forget_gone_workers_after = absl::Minutes(10);
+  // The checkpoint root the workers write into (a directory the coordinator sees too): a
+  // checkpoint is committed by writing its manifest here once every rank committed its file.
+  // Empty: checkpoints cannot be committed (CommitCheckpoint refuses WRITTEN commits).
+  std::string checkpoint_root;
 };
 
 // Receives one job's events. Called with the manager's lock held: it must not block and must

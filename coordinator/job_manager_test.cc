@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "checkpoint/manifest.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::coordinator {
@@ -128,9 +131,31 @@ class JobManagerTest : public ::testing::Test {
     auto store = JobStore::Open(dir);
     ASSERT_TRUE(store.ok()) << store.status();
     JobManagerOptions options;
+    checkpoint_root_ = dir + "/checkpoints";
+    if (with_checkpoint_root_) options.checkpoint_root = checkpoint_root_;
     auto manager = JobManager::Create(&clock_, *std::move(store), rendezvous_.get(), options);
     ASSERT_TRUE(manager.ok()) << manager.status();
     manager_ = *std::move(manager);
+  }
+
+  // Writes rank `rank`'s file of `step` for `job` where its worker would (a few bytes) and
+  // returns the commit that rank would send.
+  v1::CommitCheckpointRequest WrittenCommit(const v1::Job& job, int rank, int64_t step) {
+    const std::string relative =
+        absl::StrCat(job.spec().checkpoint().dir(), "/", checkpoint::StepDirName(step), "/",
+                     checkpoint::ShardFileName(rank, job.worker_ids_size()));
+    const std::filesystem::path path = std::filesystem::path(checkpoint_root_) / relative;
+    std::filesystem::create_directories(path.parent_path());
+    std::ofstream(path) << "the shard of rank " << rank;
+    v1::CommitCheckpointRequest commit;
+    commit.set_worker_id(job.worker_ids(rank));
+    commit.set_job_id(job.id());
+    commit.set_generation(job.generation());
+    commit.set_rank(rank);
+    commit.set_step(step);
+    commit.set_path(relative);
+    commit.set_bytes(static_cast<int64_t>(std::filesystem::file_size(path)));
+    return commit;
   }
 
   std::string Register(const std::string& name, const std::string& host = "host-a") {
@@ -204,6 +229,8 @@ class JobManagerTest : public ::testing::Test {
 
   common::FakeClock clock_;
   std::string dir_;
+  std::string checkpoint_root_;       // <dir_>/checkpoints, the manager's checkpoint root
+  bool with_checkpoint_root_ = true;  // whether Start() gives the manager checkpoint_root_
   std::unique_ptr<RendezvousStore> rendezvous_;
   std::unique_ptr<JobManager> manager_;
 };
@@ -402,19 +429,25 @@ TEST_F(JobManagerTest, CheckpointBecomesLatestWhenEveryRankCommitted) {
   Register("b");
   auto job = manager_->SubmitJob(SeedSpec(2));
   const v1::Job running = *manager_->GetJob(job->id());
+  const std::string step_dir =
+      checkpoint::StepDir(checkpoint::JobCheckpointDir(checkpoint_root_, job->id()), 5);
   v1::CommitCheckpointRequest commit;
-  commit.set_job_id(job->id());
-  commit.set_generation(1);
-  commit.set_step(5);
   for (int rank : {1, 0}) {
-    commit.set_rank(rank);
-    commit.set_worker_id(running.worker_ids(rank));
-    commit.set_path(job->id() + "/step-5/rank-" + std::to_string(rank));
+    // The manifest is written last: not before every rank committed.
+    EXPECT_FALSE(std::filesystem::exists(checkpoint::ManifestPath(step_dir)));
+    commit = WrittenCommit(running, rank, 5);
     auto response = manager_->CommitCheckpoint(commit);
     ASSERT_TRUE(response.ok()) << response.status();
     EXPECT_EQ(response->complete(), rank == 0);
   }
-  EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 5);
+  const v1::CheckpointRecord latest = manager_->GetJob(job->id())->latest_checkpoint();
+  EXPECT_EQ(latest.step(), 5);
+  EXPECT_EQ(latest.manifest_path(), job->id() + "/step-000000000005/manifest.json");
+  absl::StatusOr<v1::CheckpointManifest> manifest = checkpoint::ReadManifest(step_dir);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->world_size(), 2);
+  ASSERT_EQ(manifest->files_size(), 2);
+  EXPECT_EQ(manifest->files(1).path(), "rank-00001-of-00002.safetensors");
   commit.set_worker_id(running.worker_ids(1));  // rank 0 claimed by the wrong worker
   EXPECT_EQ(manager_->CommitCheckpoint(commit).status().code(),
             absl::StatusCode::kPermissionDenied);
@@ -425,14 +458,7 @@ TEST_F(JobManagerTest, RepeatedOrLateCheckpointCommitNeverMovesLatestBack) {
   auto job = manager_->SubmitJob(SeedSpec(1));
   const v1::Job running = *manager_->GetJob(job->id());
   auto commit = [&](int64_t step) {
-    v1::CommitCheckpointRequest request;
-    request.set_worker_id(running.worker_ids(0));
-    request.set_job_id(job->id());
-    request.set_generation(1);
-    request.set_rank(0);
-    request.set_step(step);
-    request.set_path(job->id() + "/step-" + std::to_string(step) + "/rank-0");
-    return manager_->CommitCheckpoint(request);
+    return manager_->CommitCheckpoint(WrittenCommit(running, 0, step));
   };
   auto sink = std::make_shared<RecordingSink>();
   ASSERT_TRUE(manager_->Watch(job->id(), 0, sink).ok());
@@ -458,6 +484,43 @@ TEST_F(JobManagerTest, RepeatedOrLateCheckpointCommitNeverMovesLatestBack) {
   EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 10);
 }
 
+TEST_F(JobManagerTest, CommitsNameTheirFileAndOnlyKeepCheckpointsSurvive) {
+  Register("a");
+  v1::JobSpec spec = SeedSpec(1);
+  spec.mutable_checkpoint()->set_keep(2);
+  auto job = manager_->SubmitJob(spec);
+  const v1::Job running = *manager_->GetJob(job->id());
+  v1::CommitCheckpointRequest misnamed = WrittenCommit(running, 0, 3);
+  misnamed.set_path(job->id() + "/step-3/rank-0");
+  const absl::Status refused = manager_->CommitCheckpoint(misnamed).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(refused.message(), "path: ")) << refused;
+  for (int64_t step : {5, 10, 15}) {
+    auto response = manager_->CommitCheckpoint(WrittenCommit(running, 0, step));
+    ASSERT_TRUE(response.ok()) << response.status();
+    ASSERT_TRUE(response->complete());
+  }
+  absl::StatusOr<checkpoint::CheckpointListing> listing =
+      checkpoint::ListCheckpoints(checkpoint::JobCheckpointDir(checkpoint_root_, job->id()));
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  ASSERT_EQ(listing->committed.size(), 2u);
+  EXPECT_EQ(listing->committed[0].step, 15);
+  EXPECT_EQ(listing->committed[1].step, 10);
+  EXPECT_TRUE(listing->uncommitted.empty());  // step 3's file went with the pruning
+}
+
+TEST_F(JobManagerTest, WithoutACheckpointRootNothingIsCommitted) {
+  with_checkpoint_root_ = false;
+  StartFresh("no-root");
+  Register("a");
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  const absl::Status refused =
+      manager_->CommitCheckpoint(WrittenCommit(*manager_->GetJob(job->id()), 0, 2)).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StartsWith(refused.message(), "checkpoint_root: ")) << refused;
+  EXPECT_FALSE(manager_->GetJob(job->id())->has_latest_checkpoint());
+}
+
 TEST_F(JobManagerTest, TheNextGenerationResumesFromTheLatestCheckpoint) {
   v1::JobSpec spec = SeedSpec(1);
   spec.set_max_workers(2);
@@ -467,15 +530,8 @@ TEST_F(JobManagerTest, TheNextGenerationResumesFromTheLatestCheckpoint) {
   const v1::Job first = *manager_->GetJob(job->id());
   ASSERT_EQ(first.worker_ids_size(), 2);
   EXPECT_FALSE(Beat(a).has_resume_from());  // the first generation starts from scratch
-  v1::CommitCheckpointRequest commit;
-  commit.set_job_id(job->id());
-  commit.set_generation(1);
-  commit.set_step(7);
   for (int rank : {0, 1}) {
-    commit.set_rank(rank);
-    commit.set_worker_id(first.worker_ids(rank));
-    commit.set_path(job->id() + "/step-7/rank-" + std::to_string(rank));
-    ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
+    ASSERT_TRUE(manager_->CommitCheckpoint(WrittenCommit(first, rank, 7)).ok());
   }
   Lose(Loss::kLeft, b, first);
   EXPECT_EQ(Beat(a, job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
@@ -494,16 +550,8 @@ TEST_F(JobManagerTest, SkippedAndFailedCheckpointsAreNoticesAndNeverComplete) {
   Register("b");
   auto job = manager_->SubmitJob(SeedSpec(2));
   const v1::Job running = *manager_->GetJob(job->id());
-  v1::CommitCheckpointRequest commit;
-  commit.set_job_id(job->id());
-  commit.set_generation(1);
-  commit.set_step(4);
-  commit.set_rank(0);
-  commit.set_worker_id(running.worker_ids(0));
-  commit.set_path(job->id() + "/step-4/rank-0");
-  ASSERT_TRUE(manager_->CommitCheckpoint(commit).ok());
-  commit.set_rank(1);
-  commit.set_worker_id(running.worker_ids(1));
+  ASSERT_TRUE(manager_->CommitCheckpoint(WrittenCommit(running, 0, 4)).ok());
+  v1::CommitCheckpointRequest commit = WrittenCommit(running, 1, 4);
   commit.set_outcome(v1::CHECKPOINT_FAILED);
   commit.set_message("RESOURCE_EXHAUSTED: No space left on device");
   auto failed = manager_->CommitCheckpoint(commit);

@@ -21,6 +21,10 @@ ABSL_FLAG(bool, insecure_bind_any, false,
           "Allow a non-loopback --listen address without TLS (trusted networks only).");
 ABSL_FLAG(int, metrics_port, 0, "Port of the /metrics HTTP endpoint (0 picks one, -1 disables).");
 ABSL_FLAG(std::string, state_dir, "", "Directory of the durable job state (SQLite). Required.");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Directory the workers write checkpoints into (the same path on every worker and "
+          "here, e.g. a shared volume). The coordinator commits checkpoints by writing their "
+          "manifests there and reads it to export. Empty: no checkpoints can be committed.");
 ABSL_FLAG(absl::Duration, heartbeat_period, absl::Seconds(1), "Worker heartbeat period.");
 ABSL_FLAG(int, missed_heartbeats, 3, "Missed heartbeat periods after which a worker is dead.");
 ABSL_FLAG(absl::Duration, max_backfill_wait, absl::Seconds(30),
@@ -50,6 +54,7 @@ int main(int argc, char** argv) {
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.manager.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.manager.lease.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);
   options.manager.lease.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
   options.manager.scheduler.max_backfill_wait = absl::GetFlag(FLAGS_max_backfill_wait);
