@@ -545,14 +545,11 @@ absl::StatusOr<SafetensorsDType> ParseSafetensorsDType(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("unknown dtype \"", absl::CHexEscape(name), "\""));
 }
 
-// ---- SafetensorsWriter ----
-
-absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
-    std::string path, std::vector<TensorDecl> tensors, SafetensorsMetadata metadata) {
-  std::vector<uint64_t> tensor_bytes;
-  tensor_bytes.reserve(tensors.size());
+absl::StatusOr<SafetensorsHead> EncodeSafetensorsHead(const std::vector<TensorDecl>& tensors,
+                                                      const SafetensorsMetadata& metadata) {
+  SafetensorsHead head;
+  head.tensor_bytes.reserve(tensors.size());
   absl::flat_hash_set<absl::string_view> names;
-  uint64_t data_bytes = 0;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const TensorDecl& tensor = tensors[i];
     const std::string where =
@@ -578,28 +575,39 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
         return absl::InvalidArgumentError(absl::StrCat(where, ": size overflows 64 bits"));
       }
     }
-    if (__builtin_add_overflow(data_bytes, bytes, &data_bytes)) {
+    if (__builtin_add_overflow(head.data_bytes, bytes, &head.data_bytes)) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": file size overflows 64 bits"));
     }
-    tensor_bytes.push_back(bytes);
+    head.tensor_bytes.push_back(bytes);
   }
   ZS_RETURN_IF_ERROR(ValidateMetadata(metadata));
-  const std::string header = BuildHeaderJson(tensors, tensor_bytes, metadata);
+  const std::string header = BuildHeaderJson(tensors, head.tensor_bytes, metadata);
   const uint64_t header_bytes = RoundUpTo8(header.size());
   if (header_bytes > kMaxSafetensorsHeaderBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": a header of ", header_bytes,
+    return absl::InvalidArgumentError(absl::StrCat("a header of ", header_bytes,
                                                    " bytes exceeds the format's limit of ",
                                                    kMaxSafetensorsHeaderBytes));
   }
+  head.bytes = LengthPrefix(header_bytes);
+  head.bytes += header;
+  head.bytes.resize(kLengthPrefixBytes + header_bytes, ' ');
+  return head;
+}
+
+// ---- SafetensorsWriter ----
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
+    std::string path, std::vector<TensorDecl> tensors, SafetensorsMetadata metadata) {
+  absl::StatusOr<SafetensorsHead> head = EncodeSafetensorsHead(tensors, metadata);
+  if (!head.ok()) {
+    return absl::Status(head.status().code(), absl::StrCat(path, ": ", head.status().message()));
+  }
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<DurableFile> file, DurableFile::Create(std::move(path)));
-  const std::string prefix = LengthPrefix(header_bytes);
-  ZS_RETURN_IF_ERROR(file->Append(prefix.data(), prefix.size()));
-  ZS_RETURN_IF_ERROR(file->Append(header.data(), header.size()));
-  const std::string padding(header_bytes - header.size(), ' ');
-  ZS_RETURN_IF_ERROR(file->Append(padding.data(), padding.size()));
+  ZS_RETURN_IF_ERROR(file->Append(head->bytes.data(), head->bytes.size()));
+  const uint64_t header_bytes = head->bytes.size() - kLengthPrefixBytes;
   return std::unique_ptr<SafetensorsWriter>(
-      new SafetensorsWriter(std::move(file), std::move(tensors), std::move(tensor_bytes),
-                            std::move(metadata), header_bytes, data_bytes));
+      new SafetensorsWriter(std::move(file), std::move(tensors), std::move(head->tensor_bytes),
+                            std::move(metadata), header_bytes, head->data_bytes));
 }
 
 SafetensorsWriter::SafetensorsWriter(std::unique_ptr<DurableFile> file,

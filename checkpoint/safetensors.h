@@ -82,6 +82,20 @@ struct WrittenFile {
   uint32_t crc32c = 0;  // of the whole file, header included
 };
 
+// What a safetensors file of some declarations starts with, and what follows it.
+struct SafetensorsHead {
+  // The 8-byte length, the JSON header and its padding: the file's first bytes.
+  std::string bytes;
+  // Each tensor's data bytes, in declaration order, and their sum (the data section).
+  std::vector<uint64_t> tensor_bytes;
+  uint64_t data_bytes = 0;
+};
+
+// The head SafetensorsWriter::Create writes, for producers that stream a file elsewhere than to
+// a local file (an RPC). The same INVALID_ARGUMENT as Create, without the path.
+absl::StatusOr<SafetensorsHead> EncodeSafetensorsHead(const std::vector<TensorDecl>& tensors,
+                                                      const SafetensorsMetadata& metadata);
+
 // Writes one safetensors file as a stream: the tensors are declared up front, then their bytes
 // are appended in declaration order, in chunks of any size (a chunk may end inside a tensor or
 // span several). The writer keeps the CRC32C of each tensor and of the whole file as it goes.

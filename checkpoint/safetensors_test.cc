@@ -108,6 +108,29 @@ TEST(SafetensorsTest, GoldenLayout) {
   EXPECT_EQ(written->path, path);
 }
 
+// The head a streaming producer sends is the writer's, byte for byte.
+TEST(SafetensorsTest, EncodedHeadIsWhatTheWriterWrites) {
+  const std::string path = MakeTestDir("head") + "/h.safetensors";
+  const std::vector<TensorDecl> tensors = {{"w", SafetensorsDType::kF32, {3, 5}},
+                                           {"b", SafetensorsDType::kF16, {7}}};
+  const SafetensorsMetadata metadata = {{"format", "pt"}};
+  absl::StatusOr<SafetensorsHead> head = EncodeSafetensorsHead(tensors, metadata);
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->tensor_bytes, (std::vector<uint64_t>{60, 14}));
+  EXPECT_EQ(head->data_bytes, 74u);
+  EXPECT_EQ(head->bytes.size() % 8, 0u);
+  const std::string data = RandomBytes(74, 3);
+  ASSERT_TRUE(WriteAll(path, tensors, metadata, data).ok());
+  absl::StatusOr<std::string> contents = ReadFileToString(path);
+  ASSERT_TRUE(contents.ok());
+  EXPECT_EQ(*contents, head->bytes + data);
+
+  absl::Status refused =
+      EncodeSafetensorsHead({{"w", SafetensorsDType::kF32, {-1}}}, metadata).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "negative dimension")) << refused;
+}
+
 TEST(SafetensorsTest, ChunkedStreamRoundTrips) {
   const std::string path = MakeTestDir("roundtrip") + "/r.safetensors";
   std::vector<TensorDecl> tensors = {{"first", SafetensorsDType::kF32, {1000}},
