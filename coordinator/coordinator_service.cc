@@ -1,14 +1,21 @@
 // The Coordinator service's gRPC handlers.
 #include "coordinator/coordinator_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
+#include <optional>
+#include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/export.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "coordinator/request_validation.h"
@@ -161,6 +168,163 @@ void WatchSink::FinishLocked(const grpc::Status& status) {
   finished_ = true;
   if (reactor_ != nullptr) reactor_->Finish(status);
 }
+
+// Bytes per ExportCheckpointChunk (the last one may be shorter).
+constexpr size_t kExportChunkBytes = checkpoint::kDefaultExportChunkBytes;
+// Chunks queued at most, the one being written included: the next chunk is ready when a write
+// completes, and a client that does not read holds no more than this.
+constexpr size_t kMaxQueuedExportChunks = 2;
+
+// One ExportCheckpoint stream. A thread of its own finds the checkpoint, reads it and cuts the
+// exported file into chunks; the reactor writes one chunk at a time. The thread waits while the
+// queue is full, so the client's pace sets the reading's; once the client goes away (or a write
+// fails) its next chunk ends the reading. The call finishes only after the thread has ended and no
+// write is in flight, so OnDone's join does not wait.
+// Thread contract: the reading thread and gRPC's reactions meet under mu_. StartWrite and Finish
+// are called with mu_ held: gRPC never runs a reaction inline with the call that starts the
+// operation, so this cannot re-enter.
+class ExportReactor final : public grpc::ServerWriteReactor<v1::ExportCheckpointChunk> {
+ public:
+  // `reading_ended` runs on the thread once it stops reading (before the call finishes);
+  // `waits_for_testing` as ServiceOptions::export_waits_for_testing.
+  ExportReactor(JobManager* manager, CoordinatorMetrics* metrics,
+                std::function<void()> reading_ended, std::function<void(int64_t)> waits_for_testing)
+      : manager_(manager),
+        metrics_(metrics),
+        reading_ended_(std::move(reading_ended)),
+        waits_for_testing_(std::move(waits_for_testing)),
+        start_(absl::Now()) {}
+
+  void Start(std::string job_id, std::optional<int64_t> step) {
+    absl::MutexLock lock(&mu_);
+    thread_ = std::thread([this, job_id = std::move(job_id), step] {
+      const absl::Status status = Read(job_id, step);
+      reading_ended_();
+      absl::MutexLock lock(&mu_);
+      read_status_ = status;
+      read_done_ = true;
+      FinishIfDoneLocked();
+    });
+  }
+
+  // Ends a call that reads nothing (a refused request).
+  void Refuse(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    read_status_ = status;
+    read_done_ = true;
+    FinishIfDoneLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    queue_.pop_front();
+    if (!ok) gone_ = true;
+    if (!gone_ && !queue_.empty()) {
+      StartWrite(&queue_.front());
+      return;
+    }
+    writing_ = false;
+    queue_.clear();
+    FinishIfDoneLocked();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    gone_ = true;
+    FinishIfDoneLocked();
+  }
+
+  void OnDone() override {
+    // Start() assigns thread_ under mu_.
+    { absl::MutexLock lock(&mu_); }
+    if (thread_.joinable()) thread_.join();
+    delete this;
+  }
+
+ private:
+  // The thread's work: everything but the writes.
+  absl::Status Read(const std::string& job_id, std::optional<int64_t> step) {
+    ZS_ASSIGN_OR_RETURN(ExportSource source, manager_->FindExportCheckpoint(job_id, step));
+    ZS_ASSIGN_OR_RETURN(const std::unique_ptr<checkpoint::CheckpointReader> reader,
+                        checkpoint::CheckpointReader::Open(std::move(source.checkpoint)));
+    ZS_ASSIGN_OR_RETURN(const checkpoint::CheckpointExport file,
+                        checkpoint::CheckpointExport::Create(reader.get(), source.is_final));
+    v1::ExportCheckpointChunk chunk;
+    chunk.set_step(file.step());
+    chunk.set_final_state(source.is_final);
+    chunk.set_total_bytes(static_cast<int64_t>(file.total_bytes()));
+    chunk.set_tensor_count(static_cast<int32_t>(file.tensors().size()));
+    chunk.mutable_data()->reserve(kExportChunkBytes);
+    ZS_RETURN_IF_ERROR(file.Stream(
+        [&](const void* data, size_t n) -> absl::Status {
+          const char* bytes = static_cast<const char*>(data);
+          while (n > 0) {
+            const size_t take = std::min(n, kExportChunkBytes - chunk.data().size());
+            chunk.mutable_data()->append(bytes, take);
+            bytes += take;
+            n -= take;
+            if (chunk.data().size() == kExportChunkBytes) {
+              ZS_RETURN_IF_ERROR(Push(std::move(chunk)));
+              chunk = v1::ExportCheckpointChunk();
+              chunk.mutable_data()->reserve(kExportChunkBytes);
+            }
+          }
+          return absl::OkStatus();
+        },
+        kExportChunkBytes));
+    if (!chunk.data().empty()) ZS_RETURN_IF_ERROR(Push(std::move(chunk)));
+    return absl::OkStatus();
+  }
+
+  // Queues a chunk once there is room. CANCELLED when the client is gone.
+  absl::Status Push(v1::ExportCheckpointChunk chunk) {
+    absl::MutexLock lock(&mu_);
+    if (!RoomOrGoneLocked() && waits_for_testing_) waits_for_testing_(bytes_queued_);
+    mu_.Await(absl::Condition(this, &ExportReactor::RoomOrGoneLocked));
+    if (gone_) return absl::CancelledError("export: the client went away");
+    bytes_queued_ += static_cast<int64_t>(chunk.data().size());
+    queue_.push_back(std::move(chunk));
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&queue_.front());
+    }
+    return absl::OkStatus();
+  }
+
+  bool RoomOrGoneLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return gone_ || queue_.size() < kMaxQueuedExportChunks;
+  }
+
+  void FinishIfDoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || !read_done_ || writing_) return;
+    finished_ = true;
+    const absl::Status status =
+        gone_ ? absl::CancelledError("export: the client went away") : read_status_;
+    metrics_->RecordRpc("ExportCheckpoint", status.code(), absl::Now() - start_);
+    Finish(common::ToGrpcStatus(status));
+  }
+
+  JobManager* const manager_;
+  CoordinatorMetrics* const metrics_;
+  const std::function<void()> reading_ended_;
+  const std::function<void(int64_t)> waits_for_testing_;
+  const absl::Time start_;
+  // Assigned by Start() under mu_, joined by OnDone().
+  std::thread thread_;
+
+  mutable absl::Mutex mu_;
+  // Chunks not yet written; the front one is being written while `writing_`. A deque keeps it in
+  // place while more are queued behind it.
+  std::deque<v1::ExportCheckpointChunk> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t bytes_queued_ ABSL_GUARDED_BY(mu_) = 0;
+  // The client went away or a write failed: nothing more is written.
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;
+  // The thread has ended (or never started) with `read_status_`.
+  bool read_done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status read_status_ ABSL_GUARDED_BY(mu_);
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 }  // namespace
 
@@ -351,6 +515,35 @@ grpc::ServerUnaryReactor* CoordinatorService::CommitCheckpoint(
     ZS_ASSIGN_OR_RETURN(*response, manager_->CommitCheckpoint(*request));
     return absl::OkStatus();
   });
+}
+
+grpc::ServerWriteReactor<v1::ExportCheckpointChunk>* CoordinatorService::ExportCheckpoint(
+    grpc::CallbackServerContext*, const v1::ExportCheckpointRequest* request) {
+  auto* reactor = new ExportReactor(
+      manager_, metrics_,
+      [this] {
+        absl::MutexLock lock(&exports_mu_);
+        --exports_reading_;
+      },
+      options_.export_waits_for_testing);
+  if (absl::Status valid = ValidateExportCheckpointRequest(*request); !valid.ok()) {
+    reactor->Refuse(valid);
+    return reactor;
+  }
+  {
+    absl::MutexLock lock(&exports_mu_);
+    if (exports_reading_ >= options_.max_concurrent_exports) {
+      reactor->Refuse(absl::ResourceExhaustedError(
+          absl::StrCat("export: ", exports_reading_,
+                       " exports are running, the most this coordinator runs at once; retry "
+                       "when one has ended")));
+      return reactor;
+    }
+    ++exports_reading_;
+  }
+  reactor->Start(request->job_id(),
+                 request->has_step() ? std::optional<int64_t>(request->step()) : std::nullopt);
+  return reactor;
 }
 
 }  // namespace zeroshard::coordinator

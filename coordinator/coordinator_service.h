@@ -4,7 +4,11 @@
 #define ZEROSHARD_COORDINATOR_COORDINATOR_SERVICE_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rendezvous_store.h"
@@ -16,10 +20,17 @@ struct ServiceOptions {
   // Events a WatchJob stream may have queued before the watcher counts as fallen behind and
   // its stream ends with RESOURCE_EXHAUSTED.
   size_t max_watch_backlog = 4096;
+  // ExportCheckpoint streams reading the checkpoint root at once; another one gets
+  // RESOURCE_EXHAUSTED. Each holds a thread and up to one fragment of the checkpoint in memory.
+  int max_concurrent_exports = 4;
+  // Tests: runs on an export's reading thread whenever it must wait for its client to take a
+  // chunk (the queue is full), with the bytes of the file queued so far.
+  std::function<void(int64_t bytes_queued)> export_waits_for_testing;
 };
 
 // Thread-safe; handlers run on gRPC's callback threads and never block: StoreGet waits and
-// WatchJob streams hold no thread while idle.
+// WatchJob streams hold no thread while idle. ExportCheckpoint reads files on a thread of its own
+// per stream (at most max_concurrent_exports), never on gRPC's threads.
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
   CoordinatorService(JobManager* manager, RendezvousStore* rendezvous, CoordinatorMetrics* metrics,
@@ -71,6 +82,8 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* CommitCheckpoint(grpc::CallbackServerContext* context,
                                              const v1::CommitCheckpointRequest* request,
                                              v1::CommitCheckpointResponse* response) override;
+  grpc::ServerWriteReactor<v1::ExportCheckpointChunk>* ExportCheckpoint(
+      grpc::CallbackServerContext* context, const v1::ExportCheckpointRequest* request) override;
 
  private:
   // Runs `handler` (returning absl::Status) and finishes the call with its status.
@@ -82,6 +95,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   RendezvousStore* const rendezvous_;
   CoordinatorMetrics* const metrics_;
   const ServiceOptions options_;
+
+  absl::Mutex exports_mu_;
+  // ExportCheckpoint streams whose reading thread has not ended.
+  int exports_reading_ ABSL_GUARDED_BY(exports_mu_) = 0;
 };
 
 }  // namespace zeroshard::coordinator

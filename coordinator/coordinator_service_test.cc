@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,7 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/coordinator_server.h"
+#include "coordinator/test_checkpointed_job.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -93,8 +95,10 @@ bool NextOk(grpc::CompletionQueue& queue, void* expected_tag) {
 
 class CoordinatorServiceTest : public ::testing::Test {
  protected:
-  void StartServer(ServiceOptions service = {}) {
+  // `checkpoint_root`: the coordinator's --checkpoint_root (none when empty).
+  void StartServer(ServiceOptions service = {}, const std::string& checkpoint_root = "") {
     CoordinatorServerOptions options;
+    options.manager.checkpoint_root = checkpoint_root;
     options.listen_address = "127.0.0.1:0";
     options.metrics_port = 0;
     options.state_dir =
@@ -853,6 +857,187 @@ TEST_F(CoordinatorServiceTest, LeaseExpiryEndsTheGenerationAndTheSurvivorAborts)
   SetDeadline(context);
   EXPECT_EQ(stub_->StoreSet(&context, set, &set_response).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// ---- ExportCheckpoint ----
+
+// An export stream read to its end.
+struct ExportRead {
+  grpc::Status status;
+  std::vector<v1::ExportCheckpointChunk> chunks;
+
+  std::string file() const {
+    std::string bytes;
+    for (const v1::ExportCheckpointChunk& chunk : chunks) bytes += chunk.data();
+    return bytes;
+  }
+};
+
+ExportRead ReadExport(Stub& stub, const std::string& job_id, std::optional<int64_t> step) {
+  v1::ExportCheckpointRequest request;
+  request.set_job_id(job_id);
+  if (step.has_value()) request.set_step(*step);
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(60));
+  std::unique_ptr<grpc::ClientReader<v1::ExportCheckpointChunk>> reader =
+      stub.ExportCheckpoint(&context, request);
+  ExportRead read;
+  v1::ExportCheckpointChunk chunk;
+  while (reader->Read(&chunk)) read.chunks.push_back(chunk);
+  read.status = reader->Finish();
+  return read;
+}
+
+// An empty checkpoint root named after the test.
+std::string FreshCheckpointRoot() {
+  const std::string root =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-checkpoints");
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root);
+  return root;
+}
+
+TEST_F(CoordinatorServiceTest, ExportStreamsTheFinalCheckpointOrACommittedStepInChunks) {
+  const std::string root = FreshCheckpointRoot();
+  StartServer({}, root);
+  testing::CheckpointedJobOptions options;
+  options.finish = false;
+  absl::StatusOr<v1::Job> running = testing::RunCheckpointedJob(*stub_, root, options);
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(running->state(), v1::RUNNING);
+  ASSERT_EQ(running->latest_checkpoint().step(), 4);
+  const std::string& job_id = running->id();
+
+  // Still running: no final state yet, but any committed step exports.
+  const ExportRead no_final = ReadExport(*stub_, job_id, std::nullopt);
+  EXPECT_EQ(no_final.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(absl::StartsWith(no_final.status.error_message(), "job_id: ") &&
+              absl::StrContains(no_final.status.error_message(), "has no final checkpoint") &&
+              absl::StrContains(no_final.status.error_message(), "committed steps: 2, 4"))
+      << no_final.status.error_message();
+  EXPECT_TRUE(no_final.chunks.empty());
+  const ExportRead step2 = ReadExport(*stub_, job_id, 2);
+  ASSERT_TRUE(step2.status.ok()) << step2.status.error_message();
+  ASSERT_FALSE(step2.chunks.empty());
+  EXPECT_EQ(step2.chunks[0].step(), 2);
+  EXPECT_FALSE(step2.chunks[0].final_state());
+  absl::StatusOr<std::string> expected_step2 = testing::ExpectedExport(root, *running, 2, false);
+  ASSERT_TRUE(expected_step2.ok()) << expected_step2.status();
+  EXPECT_TRUE(step2.file() == *expected_step2) << "step 2's export differs";
+
+  // Every rank finishes: the job SUCCEEDED with a checkpoint at its last step, its final state.
+  v1::ReportProgressResponse progress;
+  for (int32_t rank : {0, 1}) ASSERT_TRUE(ReportProgress(*running, rank, 4, true, &progress).ok());
+  ASSERT_EQ(GetJob(job_id).state(), v1::SUCCEEDED);
+  const ExportRead final_state = ReadExport(*stub_, job_id, std::nullopt);
+  ASSERT_TRUE(final_state.status.ok()) << final_state.status.error_message();
+  absl::StatusOr<std::string> expected = testing::ExpectedExport(root, *running, 4, true);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_TRUE(final_state.file() == *expected) << "the final export differs";
+  ASSERT_GT(final_state.chunks.size(), 4u);  // 4.26 MB in 1 MiB chunks
+  const v1::ExportCheckpointChunk& first = final_state.chunks.front();
+  EXPECT_EQ(first.step(), 4);
+  EXPECT_TRUE(first.final_state());
+  EXPECT_EQ(first.tensor_count(), 4);
+  EXPECT_EQ(first.total_bytes(), static_cast<int64_t>(expected->size()));
+  for (size_t i = 0; i < final_state.chunks.size(); ++i) {
+    const v1::ExportCheckpointChunk& chunk = final_state.chunks[i];
+    if (i + 1 < final_state.chunks.size()) EXPECT_EQ(chunk.data().size(), size_t{1} << 20) << i;
+    EXPECT_LE(chunk.data().size(), size_t{1} << 20) << i;
+    if (i > 0) EXPECT_EQ(chunk.total_bytes(), 0) << i;
+  }
+  // Asked for by its step, the final checkpoint is still the final state.
+  const ExportRead by_step = ReadExport(*stub_, job_id, 4);
+  ASSERT_TRUE(by_step.status.ok()) << by_step.status.error_message();
+  EXPECT_TRUE(by_step.chunks.front().final_state());
+  EXPECT_TRUE(by_step.file() == *expected) << "step 4's export differs from the final one";
+
+  const ExportRead uncommitted = ReadExport(*stub_, job_id, 3);
+  EXPECT_EQ(uncommitted.status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(absl::StartsWith(uncommitted.status.error_message(), "step: ") &&
+              absl::StrContains(uncommitted.status.error_message(), "committed steps: 2, 4"))
+      << uncommitted.status.error_message();
+  EXPECT_EQ(ReadExport(*stub_, "job-999999", std::nullopt).status.error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  const ExportRead negative = ReadExport(*stub_, job_id, -1);
+  EXPECT_EQ(negative.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StartsWith(negative.status.error_message(), "step: "))
+      << negative.status.error_message();
+}
+
+TEST_F(CoordinatorServiceTest, ExportWithoutACheckpointRootNamesTheFlag) {
+  StartServer();
+  Register("only-rank");
+  const v1::Job job = Submit(Spec("no-root", 1));
+  for (std::optional<int64_t> step : {std::optional<int64_t>(), std::optional<int64_t>(1)}) {
+    const ExportRead refused = ReadExport(*stub_, job.id(), step);
+    EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_TRUE(absl::StrContains(refused.status.error_message(), "--checkpoint_root"))
+        << refused.status.error_message();
+  }
+}
+
+TEST_F(CoordinatorServiceTest, AStalledExportWaitsForItsClientUntilCancelled) {
+  absl::Mutex mu;
+  std::vector<int64_t> waited_at;  // bytes queued each time a reading thread waited
+  ServiceOptions service;
+  service.max_concurrent_exports = 1;
+  service.export_waits_for_testing = [&](int64_t bytes_queued) {
+    absl::MutexLock lock(&mu);
+    waited_at.push_back(bytes_queued);
+  };
+  const std::string root = FreshCheckpointRoot();
+  StartServer(service, root);
+  testing::CheckpointedJobOptions options;
+  options.name = "large";
+  options.layer_sizes = {2048, 2048, 16};  // 16.8 MB exported
+  options.checkpoint_steps = {4};
+  options.states = {{"param", v1::FLOAT32}};
+  absl::StatusOr<v1::Job> job = testing::RunCheckpointedJob(*stub_, root, options);
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<std::string> expected = testing::ExpectedExport(root, *job, 4, true);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+
+  // Its own connection with a fixed 64 KiB flow-control window, read once and then not again.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt("zeroshard.test_channel", 2);
+  std::unique_ptr<Stub> slow_stub = v1::Coordinator::NewStub(
+      grpc::CreateCustomChannel(server_->grpc_target(), grpc::InsecureChannelCredentials(), args));
+  v1::ExportCheckpointRequest request;
+  request.set_job_id(job->id());
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(60));
+  std::unique_ptr<grpc::ClientReader<v1::ExportCheckpointChunk>> stalled =
+      slow_stub->ExportCheckpoint(&context, request);
+  v1::ExportCheckpointChunk first;
+  ASSERT_TRUE(stalled->Read(&first));
+  EXPECT_EQ(first.total_bytes(), static_cast<int64_t>(expected->size()));
+
+  // The stalled stream's thread waits for its client with most of the file unread, holding the
+  // one export slot, while everything else is answered.
+  {
+    absl::MutexLock lock(&mu);
+    auto waited = [&waited_at] { return !waited_at.empty(); };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&waited), absl::Seconds(10)));
+    EXPECT_LT(waited_at.front(), first.total_bytes() / 2);
+  }
+  EXPECT_EQ(ReadExport(*stub_, job->id(), std::nullopt).status.error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(GetJob(job->id()).state(), v1::SUCCEEDED);
+
+  // Cancelled, it stops reading and frees the slot.
+  context.TryCancel();
+  EXPECT_EQ(stalled->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  ExportRead after = ReadExport(*stub_, job->id(), std::nullopt);
+  while (after.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED &&
+         absl::Now() < deadline) {
+    after = ReadExport(*stub_, job->id(), std::nullopt);
+  }
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_TRUE(after.file() == *expected) << "the export after the cancelled one differs";
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/manifest.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -417,6 +418,52 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
   PersistLocked(changed);
   *response.mutable_checkpoint() = checkpoint;
   return response;
+}
+
+absl::StatusOr<ExportSource> JobManager::FindExportCheckpoint(const std::string& job_id,
+                                                              std::optional<int64_t> step) {
+  ZS_ASSIGN_OR_RETURN(const v1::Job job, GetJob(job_id));
+  if (options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "checkpoint_root: the coordinator was started without --checkpoint_root, so it has no "
+        "checkpoints to export");
+  }
+  const std::string job_dir =
+      checkpoint::JobCheckpointDir(options_.checkpoint_root, job.spec().checkpoint().dir());
+  ZS_ASSIGN_OR_RETURN(checkpoint::CheckpointListing listing, checkpoint::ListCheckpoints(job_dir));
+  // Oldest first, for people.
+  std::vector<int64_t> steps;
+  for (const checkpoint::CommittedCheckpoint& committed : listing.committed) {
+    steps.push_back(committed.step);
+  }
+  std::reverse(steps.begin(), steps.end());
+  const std::string committed_steps =
+      steps.empty() ? "no checkpoint is committed"
+                    : absl::StrCat("committed steps: ", absl::StrJoin(steps, ", "),
+                                   " (pass one as step to export it)");
+  const bool has_final = job.state() == v1::SUCCEEDED && job.has_latest_checkpoint() &&
+                         job.latest_checkpoint().step() == job.spec().steps();
+  if (!step.has_value() && !has_final) {
+    std::string state = absl::StrCat("it is ", v1::JobState_Name(job.state()));
+    if (job.has_latest_checkpoint()) {
+      absl::StrAppend(&state, " with its latest checkpoint at step ",
+                      job.latest_checkpoint().step());
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job_id: ", job_id, " has no final checkpoint (one at its last step, ", job.spec().steps(),
+        ", of a job that SUCCEEDED): ", state, "; ", committed_steps));
+  }
+  const int64_t wanted = step.value_or(job.latest_checkpoint().step());
+  for (checkpoint::CommittedCheckpoint& committed : listing.committed) {
+    if (committed.step != wanted) continue;
+    ExportSource source;
+    source.is_final = has_final && wanted == job.latest_checkpoint().step();
+    source.checkpoint = std::move(committed);
+    return source;
+  }
+  return absl::NotFoundError(absl::StrCat(step.has_value() ? "step: " : "job_id: ", job_id,
+                                          " has no committed checkpoint at step ", wanted, " in ",
+                                          job_dir, "; ", committed_steps));
 }
 
 // ---- Periodic work ----

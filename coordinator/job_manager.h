@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "checkpoint/manifest.h"
 #include "common/clock.h"
 #include "coordinator/ids.h"
 #include "coordinator/job_store.h"
@@ -49,6 +50,13 @@ class JobEventSink {
   virtual bool OnEvent(const v1::JobEvent& event) = 0;
   // The job reached a final state: no more events will come.
   virtual void OnJobEnded() = 0;
+};
+
+// The committed checkpoint an export reads (JobManager::FindExportCheckpoint).
+struct ExportSource {
+  checkpoint::CommittedCheckpoint checkpoint;
+  // It is the job's final state: the job SUCCEEDED and this is its checkpoint at spec.steps.
+  bool is_final = false;
 };
 
 struct ManagerStats {
@@ -136,6 +144,19 @@ class JobManager {
       const v1::ReportProgressRequest& request);
   absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
       const v1::CommitCheckpointRequest& request);
+
+  // Checkpoints, for people.
+  // The committed checkpoint of the job at `step`, or without one its final checkpoint: the job
+  // SUCCEEDED and its latest checkpoint is at spec.steps. Lists the job's checkpoint directory
+  // (checkpoint::ListCheckpoints) after releasing the lock, so slow storage delays no other call.
+  // NOT_FOUND for an unknown job, or no committed checkpoint at `step` (listing the committed
+  // steps); FAILED_PRECONDITION without a checkpoint root ("checkpoint_root: ..."), or without
+  // `step` when the job has no final checkpoint (listing the committed steps); the listing's
+  // I/O errors.
+  absl::StatusOr<ExportSource> FindExportCheckpoint(const std::string& job_id,
+                                                    std::optional<int64_t> step);
+
+  const std::string& checkpoint_root() const { return options_.checkpoint_root; }
 
   // Expires leases (ending the generations of lost workers) and schedules pending jobs. The
   // service calls it periodically; tests call it after moving a fake clock.

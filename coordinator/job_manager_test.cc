@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -519,6 +520,69 @@ TEST_F(JobManagerTest, WithoutACheckpointRootNothingIsCommitted) {
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StartsWith(refused.message(), "checkpoint_root: ")) << refused;
   EXPECT_FALSE(manager_->GetJob(job->id())->has_latest_checkpoint());
+  const absl::Status no_export = manager_->FindExportCheckpoint(job->id(), 2).status();
+  EXPECT_EQ(no_export.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(no_export.message(), "--checkpoint_root")) << no_export;
+}
+
+TEST_F(JobManagerTest, ExportFindsTheFinalCheckpointOrACommittedStep) {
+  Register("a");
+  Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  const v1::Job running = *manager_->GetJob(job->id());
+  for (int64_t step : {5, 10}) {
+    for (int rank : {0, 1}) {
+      ASSERT_TRUE(manager_->CommitCheckpoint(WrittenCommit(running, rank, step)).ok());
+    }
+  }
+  const std::string job_dir = checkpoint::JobCheckpointDir(checkpoint_root_, job->id());
+
+  // Running, the job has no final state, even with a checkpoint at its last step.
+  absl::Status refused = manager_->FindExportCheckpoint(job->id(), std::nullopt).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StartsWith(refused.message(), "job_id: ")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "it is RUNNING")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "committed steps: 5, 10")) << refused;
+  absl::StatusOr<ExportSource> step5 = manager_->FindExportCheckpoint(job->id(), 5);
+  ASSERT_TRUE(step5.ok()) << step5.status();
+  EXPECT_EQ(step5->checkpoint.step, 5);
+  EXPECT_EQ(step5->checkpoint.directory, checkpoint::StepDir(job_dir, 5));
+  EXPECT_EQ(step5->checkpoint.manifest.world_size(), 2);
+  EXPECT_FALSE(step5->is_final);
+
+  ASSERT_TRUE(Finish(running, 0).ok());
+  ASSERT_TRUE(Finish(running, 1).ok());
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::SUCCEEDED);
+  for (std::optional<int64_t> step : {std::optional<int64_t>(), std::optional<int64_t>(10)}) {
+    absl::StatusOr<ExportSource> final_state = manager_->FindExportCheckpoint(job->id(), step);
+    ASSERT_TRUE(final_state.ok()) << final_state.status();
+    EXPECT_EQ(final_state->checkpoint.step, 10);
+    EXPECT_TRUE(final_state->is_final);
+  }
+  step5 = manager_->FindExportCheckpoint(job->id(), 5);
+  ASSERT_TRUE(step5.ok()) << step5.status();
+  EXPECT_FALSE(step5->is_final);
+
+  const absl::Status uncommitted = manager_->FindExportCheckpoint(job->id(), 7).status();
+  EXPECT_EQ(uncommitted.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StartsWith(uncommitted.message(), "step: ")) << uncommitted;
+  EXPECT_TRUE(absl::StrContains(uncommitted.message(), "committed steps: 5, 10")) << uncommitted;
+  EXPECT_EQ(manager_->FindExportCheckpoint("job-999999", std::nullopt).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, AJobThatSucceededWithoutACheckpointAtItsLastStepHasNoFinalState) {
+  Register("a");
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  const v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_TRUE(manager_->CommitCheckpoint(WrittenCommit(running, 0, 5)).ok());
+  ASSERT_TRUE(Finish(running, 0).ok());
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::SUCCEEDED);
+  const absl::Status refused = manager_->FindExportCheckpoint(job->id(), std::nullopt).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "latest checkpoint at step 5")) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "committed steps: 5 ")) << refused;
+  EXPECT_TRUE(manager_->FindExportCheckpoint(job->id(), 5).ok());
 }
 
 TEST_F(JobManagerTest, TheNextGenerationResumesFromTheLatestCheckpoint) {

@@ -268,4 +268,10 @@ absl::Status ValidateCommitCheckpointRequest(const v1::CommitCheckpointRequest& 
   return CheckNonNegative("bytes", request.bytes());
 }
 
+absl::Status ValidateExportCheckpointRequest(const v1::ExportCheckpointRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));
+  if (request.has_step()) ZS_RETURN_IF_ERROR(CheckNonNegative("step", request.step()));
+  return absl::OkStatus();
+}
+
 }  // namespace zeroshard::coordinator

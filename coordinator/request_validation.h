@@ -62,6 +62,9 @@ absl::Status ValidateReportProgressRequest(const v1::ReportProgressRequest& requ
 // `path` is checked with ValidateCheckpointPath.
 absl::Status ValidateCommitCheckpointRequest(const v1::CommitCheckpointRequest& request);
 
+// Checkpoints, for people. `step`, when set, is >= 0.
+absl::Status ValidateExportCheckpointRequest(const v1::ExportCheckpointRequest& request);
+
 }  // namespace zeroshard::coordinator
 
 #endif  // ZEROSHARD_COORDINATOR_REQUEST_VALIDATION_H_

@@ -163,6 +163,13 @@ v1::CommitCheckpointRequest ValidCommit() {
   return r;
 }
 
+v1::ExportCheckpointRequest ValidExport() {
+  v1::ExportCheckpointRequest r;
+  r.set_job_id("job-000042");
+  r.set_step(100);
+  return r;
+}
+
 TEST(RequestValidationTest, ValidRequestsPass) {
   EXPECT_TRUE(ValidateRegisterWorkerRequest(ValidRegister()).ok());
   EXPECT_TRUE(ValidateHeartbeatRequest(ValidHeartbeat()).ok());
@@ -180,6 +187,7 @@ TEST(RequestValidationTest, ValidRequestsPass) {
   EXPECT_TRUE(ValidateStoreDeleteRequest(ValidStoreDelete()).ok());
   EXPECT_TRUE(ValidateReportProgressRequest(ValidProgress()).ok());
   EXPECT_TRUE(ValidateCommitCheckpointRequest(ValidCommit()).ok());
+  EXPECT_TRUE(ValidateExportCheckpointRequest(ValidExport()).ok());
 }
 
 TEST(RequestValidationTest, ASkippedCheckpointNeedsNoFile) {
@@ -225,6 +233,13 @@ TEST(RequestValidationTest, OptionalAndEdgeValuesPass) {
   first.set_step(0);
   first.set_bytes(0);
   EXPECT_TRUE(ValidateCommitCheckpointRequest(first).ok());
+
+  v1::ExportCheckpointRequest final_state = ValidExport();
+  final_state.clear_step();
+  EXPECT_TRUE(ValidateExportCheckpointRequest(final_state).ok());
+  v1::ExportCheckpointRequest first_step = ValidExport();
+  first_step.set_step(0);
+  EXPECT_TRUE(ValidateExportCheckpointRequest(first_step).ok());
 }
 
 // One malformed request: `validate` builds it from a valid one and validates it.
@@ -653,7 +668,17 @@ INSTANTIATE_TEST_SUITE_P(
             "CommitPathWithNul", [](Commit& r) { r.set_path(std::string("a\0/b", 4)); }, "path",
             "control character"),
         BadCommit(
-            "CommitNegativeBytes", [](Commit& r) { r.set_bytes(-1); }, "bytes", "-1 must be >= 0")),
+            "CommitNegativeBytes", [](Commit& r) { r.set_bytes(-1); }, "bytes", "-1 must be >= 0"),
+        Bad<v1::ExportCheckpointRequest>(
+            "ExportNoJobId", ValidExport, ValidateExportCheckpointRequest,
+            [](v1::ExportCheckpointRequest& r) { r.clear_job_id(); }, "job_id", "required"),
+        Bad<v1::ExportCheckpointRequest>(
+            "ExportBadJobId", ValidExport, ValidateExportCheckpointRequest,
+            [](v1::ExportCheckpointRequest& r) { r.set_job_id("../job-000042"); }, "job_id",
+            "not a valid id"),
+        Bad<v1::ExportCheckpointRequest>(
+            "ExportNegativeStep", ValidExport, ValidateExportCheckpointRequest,
+            [](v1::ExportCheckpointRequest& r) { r.set_step(-1); }, "step", "-1 must be >= 0")),
     [](const ::testing::TestParamInfo<BadRequest>& info) { return info.param.name; });
 
 TEST(RequestValidationTest, LabelErrorsComeInKeyOrder) {
