@@ -95,4 +95,26 @@ absl::Status CoordinatorClient::WatchJob(const std::string& job_id, int64_t afte
   return common::FromGrpcStatus(reader->Finish());
 }
 
+absl::Status CoordinatorClient::ExportCheckpoint(
+    const std::string& job_id, std::optional<int64_t> step,
+    const std::function<absl::Status(const v1::ExportCheckpointChunk&)>& on_chunk) {
+  v1::ExportCheckpointRequest request;
+  request.set_job_id(job_id);
+  if (step.has_value()) request.set_step(*step);
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::ExportCheckpointChunk>> reader =
+      stub_->ExportCheckpoint(&context, request);
+  v1::ExportCheckpointChunk chunk;
+  absl::Status taken;
+  while (taken.ok() && reader->Read(&chunk)) taken = on_chunk(chunk);
+  if (!taken.ok()) {
+    // The coordinator stops reading; Finish then returns at once (CANCELLED), which `taken`
+    // explains better.
+    context.TryCancel();
+    reader->Finish();
+    return taken;
+  }
+  return common::FromGrpcStatus(reader->Finish());
+}
+
 }  // namespace zeroshard::client

@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
@@ -35,6 +37,13 @@ class CoordinatorClient {
   // the stream fails. No deadline: it lasts as long as the job.
   absl::Status WatchJob(const std::string& job_id, int64_t after_sequence,
                         const std::function<void(const v1::JobEvent&)>& on_event);
+
+  // Streams the export of the job's checkpoint at `step` (without one, its final checkpoint) to
+  // `on_chunk`, in order, until the stream ends. An error from `on_chunk` cancels the stream and
+  // is returned. No deadline: it lasts as long as the file takes.
+  absl::Status ExportCheckpoint(
+      const std::string& job_id, std::optional<int64_t> step,
+      const std::function<absl::Status(const v1::ExportCheckpointChunk&)>& on_chunk);
 
   v1::Coordinator::Stub* stub() { return stub_.get(); }
 

@@ -1,5 +1,5 @@
 // zeroshard: the command-line client of the coordinator (submit, jobs, get, watch, cancel,
-// workers, plan). Coordinator errors print as one line on stderr with a non-zero exit.
+// workers, plan, export). Coordinator errors print as one line on stderr with a non-zero exit.
 #include <unistd.h>
 
 #include <cstdio>
@@ -18,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "client/coordinator_client.h"
+#include "client/export_file.h"
 #include "client/job_spec_file.h"
 #include "client/progress_view.h"
 #include "google/protobuf/repeated_field.h"
@@ -56,7 +57,10 @@ ABSL_FLAG(std::string, state, "", "jobs/workers: only this state (e.g. running, 
 ABSL_FLAG(int, limit, 100, "jobs: at most this many.");
 ABSL_FLAG(std::string, reason, "", "cancel: why (recorded in the job).");
 ABSL_FLAG(std::string, output, "",
-          "get/submit: 'json' prints the job as JSON; watch: 'json' prints one event per line.");
+          "get/submit: 'json' prints the job as JSON; watch: 'json' prints one event per line; "
+          "export: the file to write (safetensors), or '-' for stdout.");
+ABSL_FLAG(std::optional<int64_t>, step, std::nullopt,
+          "export: the committed checkpoint's step (default: the job's final state).");
 
 namespace zeroshard::client {
 namespace {
@@ -71,6 +75,9 @@ Commands:
   cancel JOB_ID [--reason=R]   cancel a job
   workers [--state=S]          list workers
   plan JOB_ID                  show the running generation's shard map
+  export JOB_ID --output=PATH|- [--step=N]
+                               write the job's final weights (or checkpoint N's) as fp32
+                               safetensors that torch loads, to PATH or stdout
 )";
 
 int Fail(const absl::Status& status) {
@@ -309,6 +316,28 @@ int Run(std::vector<char*> args) {
       ranks.push_back(*std::move(view));
     }
     PrintShardMap(ranks, &std::cout);
+    return 0;
+  }
+  if (command == "export") {
+    auto id = need_id();
+    if (!id) return Usage("export: expected JOB_ID");
+    const std::string output = absl::GetFlag(FLAGS_output);
+    if (output.empty()) return Usage("export: --output=PATH (or - for stdout) is required");
+    const std::optional<int64_t> step = absl::GetFlag(FLAGS_step);
+    absl::StatusOr<ExportSummary> summary;
+    if (output == "-") {
+      if (isatty(STDOUT_FILENO) == 1) {
+        return Usage("export: stdout is a terminal; redirect it or pass --output=PATH");
+      }
+      summary = ExportToDescriptor(client, *id, step, STDOUT_FILENO);
+    } else {
+      summary = ExportToFile(client, *id, step, output);
+    }
+    if (!summary.ok()) return Fail(summary.status());
+    std::fprintf(stderr, "zeroshard: exported %s step %lld (%s): %d tensors, %lld bytes to %s\n",
+                 id->c_str(), static_cast<long long>(summary->step),
+                 summary->final_state ? "final" : "checkpoint", summary->tensor_count,
+                 static_cast<long long>(summary->bytes), output == "-" ? "stdout" : output.c_str());
     return 0;
   }
   return Usage(absl::StrCat("unknown command '", command, "'"));
