@@ -255,6 +255,10 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // changes only in Step(). The all-gathers Step() issued may still be running (they only read
   // the owned parameters). FailedPrecondition during a step; InvalidArgument for a wrong size.
   absl::StatusOr<SavedScalars> CopyStateTo(absl::Span<char> staging);
+  // SavedFragments()[index] alone, into `out` (its bytes() of host memory): to write a
+  // checkpoint straight from the engine, a fragment at a time, when training is over.
+  absl::Status CopyFragmentTo(size_t index, absl::Span<char> out);
+  SavedScalars scalars() const { return {optimizer_step_, loss_scale_, good_steps_}; }
 
   // Reads the values of one range of one array for RestoreState: (state, tensor, [begin, end),
   // dtype) as in SavedFragment (staging_offset unused); `out` has exactly its bytes.
@@ -266,6 +270,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // call it (the all-gathers are collective). InvalidArgument for bad scalars; the reader's
   // error otherwise, after which the engine's state is undefined (create a new one).
   absl::Status RestoreState(const SavedScalars& scalars, StateReader read);
+  // The ranges RestoreState reads, in its order (to check a checkpoint before loading it):
+  // SavedFragments() in zero1/zero2, whole tensors of every array in ddp.
+  std::vector<SavedFragment> RestoredRanges() const;
 
   // Bytes by category, from the counting allocator (device memory for a GPU device).
   MemoryReport Memory() const { return allocator_.Report(); }
