@@ -272,6 +272,13 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   }
   JobRecord& record = **found;
   response.set_continue_running(true);
+  if (!request.notice().empty()) {
+    v1::JobEvent event;
+    event.set_type(v1::NOTICE);
+    event.set_generation(request.generation());
+    event.set_message(absl::StrCat("rank ", request.rank(), ": ", request.notice()));
+    AddEventLocked(record, std::move(event));
+  }
   if (request.rank() == 0) {
     *record.job.mutable_progress() = request.metrics();
     v1::JobEvent event;
@@ -676,7 +683,10 @@ absl::Status JobManager::HandleLostWorkerLocked(const std::string& worker_id,
   ZS_RETURN_IF_ERROR(EndGenerationLocked(
       record, retry ? v1::RECOVERING : v1::FAILED,
       absl::StrCat("generation ", record.job.generation(), " ended: worker ", worker_id, " ", why,
-                   retry ? "; restarting from step 0"
+                   retry ? (record.job.has_latest_checkpoint()
+                                ? absl::StrCat("; resuming from the checkpoint at step ",
+                                               record.job.latest_checkpoint().step())
+                                : std::string("; restarting from step 0"))
                          : absl::StrCat("; no attempts left (max_attempts ",
                                         record.job.spec().max_attempts(), ")"))));
   JobRecord* changed[] = {&record};

@@ -510,6 +510,27 @@ TEST_F(JobManagerTest, CommitsNameTheirFileAndOnlyKeepCheckpointsSurvive) {
   EXPECT_TRUE(listing->uncommitted.empty());  // step 3's file went with the pruning
 }
 
+TEST_F(JobManagerTest, ANoticeFromAnyRankBecomesAnEvent) {
+  Register("a");
+  Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  const v1::Job running = *manager_->GetJob(job->id());
+  v1::ReportProgressRequest request;
+  request.set_worker_id(running.worker_ids(1));
+  request.set_job_id(job->id());
+  request.set_generation(1);
+  request.set_rank(1);
+  request.mutable_metrics()->set_step(3);
+  request.set_notice("checkpoint at step 3 unusable");
+  ASSERT_TRUE(manager_->ReportProgress(request).ok());
+  std::vector<std::string> notices;
+  for (const v1::JobEvent& event : Events(job->id())) {
+    if (event.type() == v1::NOTICE) notices.push_back(event.message());
+  }
+  EXPECT_EQ(notices, std::vector<std::string>({"rank 1: checkpoint at step 3 unusable"}));
+  EXPECT_FALSE(manager_->GetJob(job->id())->has_progress());  // only rank 0's steps count
+}
+
 TEST_F(JobManagerTest, WithoutACheckpointRootNothingIsCommitted) {
   with_checkpoint_root_ = false;
   StartFresh("no-root");

@@ -21,6 +21,8 @@ namespace {
 
 // CommitCheckpointRequest.message: an error text, not a log.
 constexpr size_t kMaxCheckpointMessageBytes = 1024;
+// ReportProgressRequest.notice: a few lines for the job's owner.
+constexpr size_t kMaxNoticeBytes = 4096;
 
 absl::Status Required(absl::string_view field) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
@@ -117,7 +119,10 @@ absl::Status CheckMemory(const v1::MemoryBreakdown& memory) {
   ZS_RETURN_IF_ERROR(
       CheckNonNegative("metrics.memory.comm_staging_bytes", memory.comm_staging_bytes()));
   ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.memory.workload_bytes", memory.workload_bytes()));
-  return CheckNonNegative("metrics.memory.kernel_tables_bytes", memory.kernel_tables_bytes());
+  ZS_RETURN_IF_ERROR(
+      CheckNonNegative("metrics.memory.kernel_tables_bytes", memory.kernel_tables_bytes()));
+  return CheckNonNegative("metrics.memory.checkpoint_staging_bytes",
+                          memory.checkpoint_staging_bytes());
 }
 
 absl::Status CheckMetrics(const v1::StepMetrics& metrics) {
@@ -248,7 +253,8 @@ absl::Status ValidateReportProgressRequest(const v1::ReportProgressRequest& requ
   ZS_RETURN_IF_ERROR(CheckAtLeast("generation", request.generation(), 1));
   ZS_RETURN_IF_ERROR(CheckRank(request.rank()));
   if (!request.has_metrics()) return Required("metrics");
-  return CheckMetrics(request.metrics());
+  ZS_RETURN_IF_ERROR(CheckMetrics(request.metrics()));
+  return jobspec::CheckMaxBytes("notice", request.notice(), kMaxNoticeBytes);
 }
 
 absl::Status ValidateCommitCheckpointRequest(const v1::CommitCheckpointRequest& request) {

@@ -532,6 +532,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadProgress(
             "ProgressNoJobId", [](Progress& r) { r.clear_job_id(); }, "job_id", "required"),
         BadProgress(
+            "ProgressLongNotice", [](Progress& r) { r.set_notice(std::string(4097, 'n')); },
+            "notice", "4096"),
+        BadProgress(
             "ProgressZeroGeneration", [](Progress& r) { r.set_generation(0); }, "generation",
             "0 must be >= 1"),
         BadProgress(

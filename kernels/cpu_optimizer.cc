@@ -15,6 +15,7 @@
 namespace zeroshard::kernels {
 namespace {
 
+using cpu_internal::ConvertSumSquaresFn;
 using cpu_internal::kSumLanes;
 using cpu_internal::SumSquaresFn;
 using cpu_internal::UpdateArrays;
@@ -77,6 +78,47 @@ SumSquaresFn SelectSumSquares(SimdLevel simd, DType dtype) {
     default:
       return cpu_internal::SelectSumSquaresScalar(dtype);
   }
+}
+
+ConvertSumSquaresFn SelectConvertSumSquares(SimdLevel simd, DType src_dtype, DType dst_dtype) {
+  switch (simd) {
+    case SimdLevel::kAvx512:
+      return cpu_internal::SelectConvertSumSquaresAvx512(src_dtype, dst_dtype);
+    case SimdLevel::kAvx2:
+      return cpu_internal::SelectConvertSumSquaresAvx2(src_dtype, dst_dtype);
+    default:
+      return cpu_internal::SelectConvertSumSquaresScalar(src_dtype, dst_dtype);
+  }
+}
+
+absl::Status ValidateStatsChunks(const void* src, DType src_dtype, const void* dst, DType dst_dtype,
+                                 absl::Span<const GradStatsChunk> chunks, const double* partials) {
+  if (!IsValidDType(src_dtype)) return absl::InvalidArgumentError("src_dtype is invalid");
+  if (!IsValidDType(dst_dtype)) return absl::InvalidArgumentError("dst_dtype is invalid");
+  if (!chunks.empty() && partials == nullptr) {
+    return absl::InvalidArgumentError("partials is null");
+  }
+  if (src == dst && src != nullptr && src_dtype != dst_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat("src == dst but the dtypes differ (",
+                                                   DTypeName(src_dtype), " to ",
+                                                   DTypeName(dst_dtype), ")"));
+  }
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const GradStatsChunk& chunk = chunks[k];
+    if (chunk.begin < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunks[", k, "].begin must be >= 0, got ", chunk.begin));
+    }
+    if (chunk.length < 0 || chunk.length > kCpuChunkElements) {
+      return absl::InvalidArgumentError(absl::StrCat("chunks[", k, "].length must be in [0, ",
+                                                     kCpuChunkElements, "], got ", chunk.length));
+    }
+    if (chunk.length > 0 && (src == nullptr || dst == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunks[", k, "] has elements but src or dst is null"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 // Whether the arrays the update of `piece` touches are pairwise disjoint, as UpdatePiece
@@ -199,8 +241,37 @@ absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces
     SelectSumSquares(level, piece.dtype)(piece.data, c.begin, c.end, lanes);
     chunk_sums[i] = CombineLanes(lanes);
   });
+  return CombineGradStatsCpu(chunk_sums);
+}
+
+absl::Status ConvertWithGradStatsCpu(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                                     absl::Span<const GradStatsChunk> chunks, double* partials,
+                                     ThreadPool* pool, SimdLevel simd) {
+  ZS_RETURN_IF_ERROR(ValidateStatsChunks(src, src_dtype, dst, dst_dtype, chunks, partials));
+  ZS_ASSIGN_OR_RETURN(const SimdLevel level, ResolveSimd(simd));
+  const int64_t num_chunks = static_cast<int64_t>(chunks.size());
+  if (src == dst) {
+    // The values are already in place: only their statistics.
+    const SumSquaresFn sum_squares = SelectSumSquares(level, src_dtype);
+    RunChunks(pool, num_chunks, [&](int64_t k) {
+      double lanes[kSumLanes];
+      sum_squares(src, chunks[k].begin, chunks[k].begin + chunks[k].length, lanes);
+      partials[k] = CombineLanes(lanes);
+    });
+    return absl::OkStatus();
+  }
+  const ConvertSumSquaresFn convert = SelectConvertSumSquares(level, src_dtype, dst_dtype);
+  RunChunks(pool, num_chunks, [&](int64_t k) {
+    double lanes[kSumLanes];
+    convert(src, dst, chunks[k].begin, chunks[k].begin + chunks[k].length, lanes);
+    partials[k] = CombineLanes(lanes);
+  });
+  return absl::OkStatus();
+}
+
+GradStats CombineGradStatsCpu(absl::Span<const double> partials) {
   GradStats stats;
-  for (double sum : chunk_sums) stats.sum_squares += sum;
+  for (double sum : partials) stats.sum_squares += sum;
   // A finite fp32 square is below 2^256, so a sum of fewer than 2^700 of them stays finite:
   // the sum is non-finite exactly when some element is NaN or +-Inf.
   stats.non_finite = !std::isfinite(stats.sum_squares);

@@ -47,6 +47,27 @@ absl::Status ApplyUpdateCpu(const OptimizerConfig& config, int64_t step, float g
 absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces, ThreadPool* pool,
                                               SimdLevel simd = SimdLevel::kAuto);
 
+// The statistics of a conversion, in the conversion's pass: for each chunk k, converts elements
+// [begin, begin + length) of `src` (src_dtype) into the same elements of `dst` (dst_dtype, each
+// rounded to nearest even as kernels/dtype.h does; equal dtypes copy the bits) and sets
+// partials[k] to the fp64 sum of squares of the converted values, summed as ComputeGradStatsCpu
+// sums one chunk. So a piece cut into chunks of kCpuChunkElements from its start, whose partials
+// CombineGradStatsCpu then adds in order, gets ComputeGradStatsCpu's bits over the converted
+// piece. With src == dst and equal dtypes nothing is written but the partials (the statistics
+// of values already in place). The same bits whatever `pool` and `simd`.
+// InvalidArgument for an invalid dtype, a chunk with begin < 0 or a length outside
+// [0, kCpuChunkElements], a null pointer that some chunk needs, or src == dst with different
+// dtypes; Unavailable when `simd` names an instruction set the processor lacks.
+// REQUIRES: the source and destination elements of the chunks do not overlap, unless src == dst
+// with equal dtypes.
+absl::Status ConvertWithGradStatsCpu(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+                                     absl::Span<const GradStatsChunk> chunks, double* partials,
+                                     ThreadPool* pool, SimdLevel simd = SimdLevel::kAuto);
+
+// The statistics whose chunk partials are `partials`: their sum in index order, from 0, as
+// ComputeGradStatsCpu adds its chunks' sums, and whether that sum is NaN or +-Inf.
+GradStats CombineGradStatsCpu(absl::Span<const double> partials);
+
 }  // namespace zeroshard::kernels
 
 #endif  // ZEROSHARD_KERNELS_CPU_OPTIMIZER_H_

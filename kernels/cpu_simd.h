@@ -29,6 +29,11 @@ using UpdateRangeFn = void (*)(const ElementScalars& scalars, bool has_momentum,
 inline constexpr int kSumLanes = 16;
 using SumSquaresFn = void (*)(const void* data, int64_t begin, int64_t end,
                               double lanes[kSumLanes]);
+// Converts elements [begin, end) of `src` into `dst` (each in its dtype) and fills the lanes as
+// SumSquaresFn over the converted values in `dst` would, in the same pass.
+// REQUIRES: src and dst do not overlap.
+using ConvertSumSquaresFn = void (*)(const void* src, void* dst, int64_t begin, int64_t end,
+                                     double lanes[kSumLanes]);
 
 // The param_copy_dtype of a piece without a parameter copy; otherwise the DType's value.
 inline constexpr int kNoParamCopyDType = -1;
@@ -40,6 +45,10 @@ UpdateRangeFn SelectUpdateRangeAvx512(OptimizerKind kind, DType grad_dtype, int 
 SumSquaresFn SelectSumSquaresScalar(DType dtype);
 SumSquaresFn SelectSumSquaresAvx2(DType dtype);
 SumSquaresFn SelectSumSquaresAvx512(DType dtype);
+
+ConvertSumSquaresFn SelectConvertSumSquaresScalar(DType src_dtype, DType dst_dtype);
+ConvertSumSquaresFn SelectConvertSumSquaresAvx2(DType src_dtype, DType dst_dtype);
+ConvertSumSquaresFn SelectConvertSumSquaresAvx512(DType src_dtype, DType dst_dtype);
 
 }  // namespace cpu_internal
 }  // namespace zeroshard::kernels

@@ -92,5 +92,9 @@ UpdateRangeFn SelectUpdateRangeAvx2(OptimizerKind kind, DType grad_dtype, int pa
 
 SumSquaresFn SelectSumSquaresAvx2(DType dtype) { return SelectSumSquares<Avx2Ops>(dtype); }
 
+ConvertSumSquaresFn SelectConvertSumSquaresAvx2(DType src_dtype, DType dst_dtype) {
+  return SelectConvertSumSquares<Avx2Ops>(src_dtype, dst_dtype);
+}
+
 }  // namespace cpu_internal
 }  // namespace zeroshard::kernels

@@ -92,5 +92,9 @@ UpdateRangeFn SelectUpdateRangeAvx512(OptimizerKind kind, DType grad_dtype, int 
 
 SumSquaresFn SelectSumSquaresAvx512(DType dtype) { return SelectSumSquares<Avx512Ops>(dtype); }
 
+ConvertSumSquaresFn SelectConvertSumSquaresAvx512(DType src_dtype, DType dst_dtype) {
+  return SelectConvertSumSquares<Avx512Ops>(src_dtype, dst_dtype);
+}
+
 }  // namespace cpu_internal
 }  // namespace zeroshard::kernels

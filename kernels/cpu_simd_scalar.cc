@@ -40,5 +40,9 @@ UpdateRangeFn SelectUpdateRangeScalar(OptimizerKind kind, DType grad_dtype, int 
 
 SumSquaresFn SelectSumSquaresScalar(DType dtype) { return SelectSumSquares<ScalarOps>(dtype); }
 
+ConvertSumSquaresFn SelectConvertSumSquaresScalar(DType src_dtype, DType dst_dtype) {
+  return SelectConvertSumSquares<ScalarOps>(src_dtype, dst_dtype);
+}
+
 }  // namespace cpu_internal
 }  // namespace zeroshard::kernels

@@ -222,6 +222,83 @@ SumSquaresFn SelectSumSquares(DType dtype) {
   }
 }
 
+// Converts the kWidth elements at i from kSrc in `src` to kDst in `dst`; returns the value `dst`
+// now holds there, as fp32. Equal dtypes copy the bits (as a memcpy would, NaN payloads too).
+template <class Ops, DType kSrc, DType kDst>
+__attribute__((always_inline)) inline typename Ops::V ConvertVector(const void* src, void* dst,
+                                                                    int64_t i) {
+  const typename Ops::V value = LoadAs<Ops, kSrc>(src, i);
+  if constexpr (kSrc == kDst) {
+    constexpr int kBytes = kDTypeBytes<kSrc> * Ops::kWidth;
+    __builtin_memcpy(static_cast<unsigned char*>(dst) + i * kDTypeBytes<kSrc>,
+                     static_cast<const unsigned char*>(src) + i * kDTypeBytes<kSrc>, kBytes);
+    return value;
+  } else {
+    StoreParamCopy<Ops, static_cast<int>(kDst)>(dst, i, value);
+    // Widening is exact; a narrower kDst rounded, so its value is read back from what was stored.
+    if constexpr (kDst == DType::kFloat32) {
+      return value;
+    } else {
+      return LoadAs<Ops, kDst>(dst, i);
+    }
+  }
+}
+
+// ConvertSumSquaresFn: SumSquares<Ops, kDst> over the values as they are converted, so the lanes
+// hold the bits SumSquares would give over `dst` afterwards.
+template <class Ops, DType kSrc, DType kDst>
+void ConvertSumSquares(const void* src, void* dst, int64_t begin, int64_t end,
+                       double lanes[kSumLanes]) {
+  constexpr int kWidth = Ops::kWidth;
+  static_assert(kSumLanes % kWidth == 0, "a vector must fill whole lanes");
+  typename Ops::Accumulator acc = Ops::ZeroAccumulator();
+  int64_t i = begin;
+  for (; i + kSumLanes <= end; i += kSumLanes) {
+    for (int k = 0; k < kSumLanes; k += kWidth) {
+      Ops::AccumulateSquares(acc, k, ConvertVector<Ops, kSrc, kDst>(src, dst, i + k));
+    }
+  }
+  if (i < end) {
+    // Zero padding converts to +0, whose square leaves the lanes' bits as they are (SumSquares).
+    constexpr int kSrcBytes = kDTypeBytes<kSrc>;
+    constexpr int kDstBytes = kDTypeBytes<kDst>;
+    alignas(64) unsigned char src_tail[kSumLanes * 4] = {};
+    alignas(64) unsigned char dst_tail[kSumLanes * 4] = {};
+    __builtin_memcpy(src_tail, static_cast<const unsigned char*>(src) + i * kSrcBytes,
+                     (end - i) * kSrcBytes);
+    for (int k = 0; k < kSumLanes; k += kWidth) {
+      Ops::AccumulateSquares(acc, k, ConvertVector<Ops, kSrc, kDst>(src_tail, dst_tail, k));
+    }
+    __builtin_memcpy(static_cast<unsigned char*>(dst) + i * kDstBytes, dst_tail,
+                     (end - i) * kDstBytes);
+  }
+  Ops::StoreLanes(acc, lanes);
+}
+
+template <class Ops, DType kSrc>
+ConvertSumSquaresFn SelectConvertSumSquaresTo(DType dst_dtype) {
+  switch (dst_dtype) {
+    case DType::kBFloat16:
+      return &ConvertSumSquares<Ops, kSrc, DType::kBFloat16>;
+    case DType::kFloat16:
+      return &ConvertSumSquares<Ops, kSrc, DType::kFloat16>;
+    default:
+      return &ConvertSumSquares<Ops, kSrc, DType::kFloat32>;
+  }
+}
+
+template <class Ops>
+ConvertSumSquaresFn SelectConvertSumSquares(DType src_dtype, DType dst_dtype) {
+  switch (src_dtype) {
+    case DType::kBFloat16:
+      return SelectConvertSumSquaresTo<Ops, DType::kBFloat16>(dst_dtype);
+    case DType::kFloat16:
+      return SelectConvertSumSquaresTo<Ops, DType::kFloat16>(dst_dtype);
+    default:
+      return SelectConvertSumSquaresTo<Ops, DType::kFloat32>(dst_dtype);
+  }
+}
+
 }  // namespace cpu_internal
 }  // namespace zeroshard::kernels
 

@@ -1,5 +1,7 @@
 // Tests of the CPU gradient statistics: the sum of squares against an exact reference, the same
-// bits across thread counts and instruction sets, and NaN/Inf detection in every position.
+// bits across thread counts and instruction sets, and NaN/Inf detection in every position; and
+// the statistics summed on a conversion's pass against the conversion followed by that pass.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -162,6 +164,292 @@ TEST(GradStatsTest, EmptyAndInvalid) {
   float x = 1.0f;
   EXPECT_EQ(ComputeGradStatsCpu({GradPiece{&x, static_cast<DType>(5), 1}}, nullptr).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// ---- ConvertWithGradStatsCpu: the statistics summed on a conversion's pass ----
+
+// The fp32 value of element i of `data` (of `dtype`).
+float ValueAt(const unsigned char* data, DType dtype, int64_t i) {
+  if (dtype == DType::kFloat32) {
+    float value;
+    std::memcpy(&value, data + 4 * i, 4);
+    return value;
+  }
+  uint16_t bits;
+  std::memcpy(&bits, data + 2 * i, 2);
+  return dtype == DType::kBFloat16 ? BFloat16ToFloat(bits) : HalfToFloat(bits);
+}
+
+// Sets element i of `data` (of `dtype`) to `value`, rounded to nearest even.
+void SetValue(unsigned char* data, DType dtype, int64_t i, float value) {
+  if (dtype == DType::kFloat32) {
+    std::memcpy(data + 4 * i, &value, 4);
+    return;
+  }
+  const uint16_t bits = dtype == DType::kBFloat16 ? FloatToBFloat16(value) : FloatToHalf(value);
+  std::memcpy(data + 2 * i, &bits, 2);
+}
+
+// One buffer holding pieces of `lengths` one after another, with `gap` elements before each, as
+// a reduced bucket holds tensor fragments between alignment gaps. `chunks` cut every piece into
+// chunks of kCpuChunkElements from its start; `pieces` are the pieces' places (in `data`).
+struct ChunkedBuffer {
+  DType dtype = DType::kFloat32;
+  std::vector<unsigned char> data;
+  std::vector<GradStatsChunk> chunks;
+  std::vector<GradPiece> pieces;
+  int64_t elements = 0;
+};
+
+ChunkedBuffer MakeChunkedBuffer(const std::vector<int64_t>& lengths, int64_t gap, DType dtype,
+                                uint32_t seed) {
+  ChunkedBuffer b;
+  b.dtype = dtype;
+  for (int64_t length : lengths) b.elements += gap + length;
+  b.data.resize(b.elements * DTypeSize(dtype));
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
+  for (int64_t i = 0; i < b.elements; ++i) SetValue(b.data.data(), dtype, i, uniform(rng));
+  int64_t begin = 0;
+  for (int64_t length : lengths) {
+    begin += gap;
+    for (int64_t offset = 0; offset < length; offset += kCpuChunkElements) {
+      b.chunks.push_back(
+          GradStatsChunk{begin + offset, std::min(kCpuChunkElements, length - offset)});
+    }
+    b.pieces.push_back(GradPiece{nullptr, dtype, length});
+    begin += length;
+  }
+  return b;
+}
+
+// `pieces` of `b` placed in `data` (a buffer of b's layout in `dtype`).
+std::vector<GradPiece> PiecesIn(const ChunkedBuffer& b, const unsigned char* data, DType dtype,
+                                int64_t gap) {
+  std::vector<GradPiece> pieces;
+  int64_t begin = 0;
+  for (const GradPiece& piece : b.pieces) {
+    begin += gap;
+    pieces.push_back(GradPiece{data + begin * DTypeSize(dtype), dtype, piece.length});
+    begin += piece.length;
+  }
+  return pieces;
+}
+
+// What ConvertElements leaves in a destination of `dst_dtype`: element by element through fp32
+// (equal dtypes: the bits).
+std::vector<unsigned char> ConvertedReference(const ChunkedBuffer& src, DType dst_dtype) {
+  if (src.dtype == dst_dtype) return src.data;
+  std::vector<unsigned char> dst(src.elements * DTypeSize(dst_dtype));
+  for (int64_t i = 0; i < src.elements; ++i) {
+    SetValue(dst.data(), dst_dtype, i, ValueAt(src.data.data(), src.dtype, i));
+  }
+  return dst;
+}
+
+// Whether elements of two buffers of `dtype` hold the same bits, treating every NaN as equal
+// to every other (a conversion may quiet a NaN).
+::testing::AssertionResult SameElements(const std::vector<unsigned char>& expected,
+                                        const std::vector<unsigned char>& actual, DType dtype,
+                                        int64_t begin, int64_t end) {
+  const int size = DTypeSize(dtype);
+  for (int64_t i = begin; i < end; ++i) {
+    if (std::memcmp(expected.data() + i * size, actual.data() + i * size, size) == 0) continue;
+    if (std::isnan(ValueAt(expected.data(), dtype, i)) &&
+        std::isnan(ValueAt(actual.data(), dtype, i))) {
+      continue;
+    }
+    return ::testing::AssertionFailure()
+           << "element " << i << ": expected " << ValueAt(expected.data(), dtype, i) << ", got "
+           << ValueAt(actual.data(), dtype, i);
+  }
+  return ::testing::AssertionSuccess();
+}
+
+constexpr int64_t kGap = 3;
+// Odd lengths, one shorter than a vector, pieces of exactly 16 and of several chunks.
+const std::vector<int64_t>& TestLengths() {
+  static const std::vector<int64_t>* lengths =
+      new std::vector<int64_t>{1, 15, 16, 17, 1001, 2 * kCpuChunkElements + 37, 0, 7};
+  return *lengths;
+}
+
+struct DTypePair {
+  DType src;
+  DType dst;
+};
+
+class ConvertWithGradStatsTest : public ::testing::TestWithParam<DTypePair> {};
+
+TEST_P(ConvertWithGradStatsTest, WritesWhatConvertWritesAndSumsWhatComputeGradStatsSums) {
+  const DTypePair dtypes = GetParam();
+  const ChunkedBuffer src = MakeChunkedBuffer(TestLengths(), kGap, dtypes.src, 21);
+  const std::vector<unsigned char> converted = ConvertedReference(src, dtypes.dst);
+  // The unfused passes: the conversion, then the statistics over what it wrote.
+  absl::StatusOr<GradStats> reference =
+      ComputeGradStatsCpu(PiecesIn(src, converted.data(), dtypes.dst, kGap), nullptr);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_FALSE(reference->non_finite);
+  const unsigned char kSentinel = 0xa5;
+  for (SimdLevel simd : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+    if (!SimdLevelSupported(simd)) continue;
+    for (int threads : {1, 2, 3}) {
+      SCOPED_TRACE(::testing::Message() << SimdLevelName(simd) << ", " << threads << " threads");
+      std::unique_ptr<ThreadPool> pool;
+      if (threads > 1) pool = std::make_unique<ThreadPool>(threads);
+      std::vector<unsigned char> dst(converted.size(), kSentinel);
+      std::vector<double> partials(src.chunks.size(), -1.0);
+      ASSERT_TRUE(ConvertWithGradStatsCpu(src.data.data(), dtypes.src, dst.data(), dtypes.dst,
+                                          src.chunks, partials.data(), pool.get(), simd)
+                      .ok());
+      const GradStats combined = CombineGradStatsCpu(partials);
+      EXPECT_EQ(Bits(combined.sum_squares), Bits(reference->sum_squares));
+      EXPECT_FALSE(combined.non_finite);
+      // Chunks are converted, and only chunks: the gaps between them keep what they held.
+      const int size = DTypeSize(dtypes.dst);
+      int64_t covered_to = 0;
+      for (const GradStatsChunk& chunk : src.chunks) {
+        for (int64_t i = covered_to * size; i < chunk.begin * size; ++i) {
+          ASSERT_EQ(dst[i], kSentinel) << "byte " << i << " outside every chunk was written";
+        }
+        EXPECT_TRUE(
+            SameElements(converted, dst, dtypes.dst, chunk.begin, chunk.begin + chunk.length));
+        covered_to = chunk.begin + chunk.length;
+      }
+    }
+  }
+}
+
+TEST_P(ConvertWithGradStatsTest, EachPartialIsItsChunksSumOfSquares) {
+  const DTypePair dtypes = GetParam();
+  const ChunkedBuffer src = MakeChunkedBuffer(TestLengths(), kGap, dtypes.src, 22);
+  std::vector<unsigned char> dst(src.elements * DTypeSize(dtypes.dst));
+  std::vector<double> partials(src.chunks.size());
+  ASSERT_TRUE(ConvertWithGradStatsCpu(src.data.data(), dtypes.src, dst.data(), dtypes.dst,
+                                      src.chunks, partials.data(), nullptr)
+                  .ok());
+  for (size_t k = 0; k < src.chunks.size(); ++k) {
+    const GradStatsChunk& chunk = src.chunks[k];
+    const GradPiece piece{dst.data() + chunk.begin * DTypeSize(dtypes.dst), dtypes.dst,
+                          chunk.length};
+    absl::StatusOr<GradStats> alone = ComputeGradStatsCpu({piece}, nullptr);
+    ASSERT_TRUE(alone.ok());
+    EXPECT_EQ(Bits(partials[k]), Bits(alone->sum_squares)) << "chunk " << k;
+  }
+}
+
+TEST_P(ConvertWithGradStatsTest, FindsNaNAndInfinityWhereverTheyAre) {
+  const DTypePair dtypes = GetParam();
+  const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity()};
+  ChunkedBuffer src = MakeChunkedBuffer({37, kCpuChunkElements + 21, 5}, kGap, dtypes.src, 23);
+  // Every position of a short piece (whole vectors and the tail), and the second chunk of a
+  // long one.
+  std::vector<int64_t> positions;
+  for (int64_t i = 0; i < 37; ++i) positions.push_back(kGap + i);
+  positions.push_back(2 * kGap + 37 + kCpuChunkElements + 20);
+  for (float special : specials) {
+    for (int64_t position : positions) {
+      const float saved = ValueAt(src.data.data(), dtypes.src, position);
+      SetValue(src.data.data(), dtypes.src, position, special);
+      for (SimdLevel simd : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+        if (!SimdLevelSupported(simd)) continue;
+        std::vector<unsigned char> dst(src.elements * DTypeSize(dtypes.dst));
+        std::vector<double> partials(src.chunks.size());
+        ASSERT_TRUE(ConvertWithGradStatsCpu(src.data.data(), dtypes.src, dst.data(), dtypes.dst,
+                                            src.chunks, partials.data(), nullptr, simd)
+                        .ok());
+        EXPECT_TRUE(CombineGradStatsCpu(partials).non_finite)
+            << special << " at " << position << ", " << SimdLevelName(simd);
+        const float moved = ValueAt(dst.data(), dtypes.dst, position);
+        EXPECT_EQ(std::isnan(moved), std::isnan(special)) << position;
+        EXPECT_EQ(std::isinf(moved), std::isinf(special)) << position;
+      }
+      SetValue(src.data.data(), dtypes.src, position, saved);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypePairs, ConvertWithGradStatsTest,
+                         ::testing::Values(DTypePair{DType::kFloat32, DType::kFloat32},
+                                           DTypePair{DType::kFloat32, DType::kBFloat16},
+                                           DTypePair{DType::kFloat32, DType::kFloat16},
+                                           DTypePair{DType::kBFloat16, DType::kFloat32},
+                                           DTypePair{DType::kBFloat16, DType::kBFloat16},
+                                           DTypePair{DType::kBFloat16, DType::kFloat16},
+                                           DTypePair{DType::kFloat16, DType::kFloat32},
+                                           DTypePair{DType::kFloat16, DType::kBFloat16},
+                                           DTypePair{DType::kFloat16, DType::kFloat16}),
+                         [](const ::testing::TestParamInfo<DTypePair>& info) {
+                           return std::string(DTypeName(info.param.src)) + "_to_" +
+                                  DTypeName(info.param.dst);
+                         });
+
+// The statistics are of the converted values: an fp32 gradient above fp16's range becomes Inf
+// in fp16 storage (a step to skip), while bf16 holds it.
+TEST(ConvertWithGradStatsTest, NarrowingOverflowIsNonFinite) {
+  std::vector<float> src(40, 0.5f);
+  src[33] = 70000.0f;
+  const std::vector<GradStatsChunk> chunks = {GradStatsChunk{0, 40}};
+  for (DType dst_dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (SimdLevel simd : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
+      if (!SimdLevelSupported(simd)) continue;
+      std::vector<uint16_t> dst(40);
+      double partial = 0.0;
+      ASSERT_TRUE(ConvertWithGradStatsCpu(src.data(), DType::kFloat32, dst.data(), dst_dtype,
+                                          chunks, &partial, nullptr, simd)
+                      .ok());
+      EXPECT_EQ(CombineGradStatsCpu({partial}).non_finite, dst_dtype == DType::kFloat16)
+          << DTypeName(dst_dtype) << " " << SimdLevelName(simd);
+    }
+  }
+}
+
+TEST_P(GradStatsTest, ConvertWithGradStatsInPlaceOnlySums) {
+  const DType dtype = GetParam();
+  ChunkedBuffer buffer = MakeChunkedBuffer(TestLengths(), kGap, dtype, 24);
+  const std::vector<unsigned char> before = buffer.data;
+  absl::StatusOr<GradStats> reference =
+      ComputeGradStatsCpu(PiecesIn(buffer, before.data(), dtype, kGap), nullptr);
+  ASSERT_TRUE(reference.ok());
+  std::vector<double> partials(buffer.chunks.size());
+  ASSERT_TRUE(ConvertWithGradStatsCpu(buffer.data.data(), dtype, buffer.data.data(), dtype,
+                                      buffer.chunks, partials.data(), nullptr)
+                  .ok());
+  EXPECT_EQ(Bits(CombineGradStatsCpu(partials).sum_squares), Bits(reference->sum_squares));
+  EXPECT_EQ(buffer.data, before);
+}
+
+TEST(ConvertWithGradStatsTest, RefusesBadArguments) {
+  std::vector<float> src(8, 1.0f), dst(8);
+  double partial = 0.0;
+  const std::vector<GradStatsChunk> one = {GradStatsChunk{0, 8}};
+  auto code = [&](const void* s, DType sd, void* d, DType dd,
+                  absl::Span<const GradStatsChunk> chunks, double* partials) {
+    return ConvertWithGradStatsCpu(s, sd, d, dd, chunks, partials, nullptr).code();
+  };
+  constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_EQ(code(src.data(), static_cast<DType>(7), dst.data(), DType::kFloat32, one, &partial),
+            kInvalid);
+  EXPECT_EQ(code(src.data(), DType::kFloat32, dst.data(), static_cast<DType>(7), one, &partial),
+            kInvalid);
+  EXPECT_EQ(code(src.data(), DType::kFloat32, dst.data(), DType::kFloat32, one, nullptr), kInvalid);
+  EXPECT_EQ(code(nullptr, DType::kFloat32, dst.data(), DType::kFloat32, one, &partial), kInvalid);
+  EXPECT_EQ(code(src.data(), DType::kFloat32, nullptr, DType::kFloat32, one, &partial), kInvalid);
+  EXPECT_EQ(code(src.data(), DType::kFloat32, src.data(), DType::kBFloat16, one, &partial),
+            kInvalid);
+  EXPECT_EQ(code(src.data(), DType::kFloat32, dst.data(), DType::kFloat32, {GradStatsChunk{-1, 4}},
+                 &partial),
+            kInvalid);
+  EXPECT_EQ(code(src.data(), DType::kFloat32, dst.data(), DType::kFloat32,
+                 {GradStatsChunk{0, kCpuChunkElements + 1}}, &partial),
+            kInvalid);
+  // Nothing to do is fine, whatever the pointers.
+  EXPECT_EQ(code(nullptr, DType::kFloat32, nullptr, DType::kFloat16, {}, nullptr),
+            absl::StatusCode::kOk);
+  EXPECT_EQ(CombineGradStatsCpu({}).sum_squares, 0.0);
+  EXPECT_FALSE(CombineGradStatsCpu({}).non_finite);
 }
 
 }  // namespace

@@ -76,6 +76,14 @@ struct GradStats {
   bool non_finite = false;   // some element is NaN or +-Inf (then sum_squares is too)
 };
 
+// One chunk of a conversion that also sums the squares of what it writes (the engine's move of
+// reduced gradients, ConvertWithGradStatsCpu): elements [begin, begin + length) of the source
+// and of the destination, whose sum of squares is one partial.
+struct GradStatsChunk {
+  int64_t begin = 0;
+  int64_t length = 0;
+};
+
 // Checks the configuration, the step (counted from 1, as torch.optim counts) and every piece:
 // InvalidArgument naming the field otherwise.
 absl::Status ValidateUpdate(const OptimizerConfig& config, int64_t step, float grad_scale,

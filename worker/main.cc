@@ -31,6 +31,10 @@ ABSL_FLAG(std::string, labels, "", "Labels, comma-separated key=value pairs.");
 ABSL_FLAG(absl::Duration, heartbeat_period, absl::Seconds(1),
           "Heartbeat period until the coordinator's registration reply sets it.");
 ABSL_FLAG(int, threads, 1, "Threads of the optimizer kernels.");
+ABSL_FLAG(std::string, checkpoint_root, "",
+          "Directory checkpoints are written to and resumed from: the coordinator's "
+          "--checkpoint_root, the same path on every worker (e.g. a shared volume). Empty: no "
+          "checkpoints, and jobs cannot resume after a lost worker.");
 ABSL_FLAG(std::string, final_params_dir, "",
           "If set, rank 0 writes each finished job's final parameters to DIR/<job_id>.f32.");
 
@@ -109,6 +113,7 @@ int main(int argc, char** argv) {
         run_options.threads = absl::GetFlag(FLAGS_threads);
         run_options.cuda_device = cuda_device;
         run_options.final_params_dir = absl::GetFlag(FLAGS_final_params_dir);
+        run_options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
         return zeroshard::worker::EngineTrainingRun::Start(assignment, std::move(run_options));
       });
   daemon_ptr = &daemon;

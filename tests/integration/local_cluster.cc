@@ -96,6 +96,8 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
   state_dir_ = base_dir_ + "/coordinator-state";
   port_file_ = base_dir_ + "/coordinator.ports";
   final_params_dir_ = base_dir_ + "/final_params";
+  checkpoint_root_ = base_dir_ + "/checkpoints";
+  std::filesystem::create_directories(checkpoint_root_);
   std::filesystem::create_directories(state_dir_);
   std::filesystem::create_directories(final_params_dir_);
 }
@@ -208,6 +210,7 @@ absl::Status LocalCluster::StartCoordinator() {
       absl::StrCat("--listen=127.0.0.1:", grpc_port_),
       "--metrics_port=0",
       "--state_dir=" + state_dir_,
+      "--checkpoint_root=" + checkpoint_root_,
       "--port_file=" + port_file_,
       absl::StrCat("--heartbeat_period=", absl::FormatDuration(options_.heartbeat_period)),
       absl::StrCat("--missed_heartbeats=", options_.missed_heartbeats),
@@ -290,6 +293,7 @@ absl::StatusOr<int> LocalCluster::StartWorker(const std::string& name,
       "--name=" + name,
       absl::StrCat("--threads=", options_.worker_threads),
       "--final_params_dir=" + final_params_dir_,
+      "--checkpoint_root=" + checkpoint_root_,
   };
   argv.insert(argv.end(), options_.extra_worker_flags.begin(), options_.extra_worker_flags.end());
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());

@@ -115,6 +115,8 @@ class LocalCluster {
   const std::string& base_dir() const { return base_dir_; }
   // Where rank 0 writes final parameters (--final_params_dir of every worker).
   const std::string& final_params_dir() const { return final_params_dir_; }
+  // The --checkpoint_root of the coordinator and every worker.
+  const std::string& checkpoint_root() const { return checkpoint_root_; }
 
   // The last `lines` lines of every process's log, for failure messages.
   std::string LogTails(int lines = 15) const;
@@ -136,6 +138,7 @@ class LocalCluster {
   std::string state_dir_;
   std::string port_file_;
   std::string final_params_dir_;
+  std::string checkpoint_root_;
   int grpc_port_ = 0;  // 0: none chosen yet
   int metrics_port_ = 0;
   std::string target_;

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "checkpoint/manifest.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/process_memory.h"
@@ -15,6 +17,8 @@
 #include "sharding/model_catalog.h"
 #include "worker/comm/coordinator_store.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/daemon/checkpoint_loader.h"
+#include "worker/daemon/checkpoint_writer.h"
 #include "worker/daemon/cuda_support.h"
 #include "worker/daemon/engine_config.h"
 #include "worker/daemon/progress_reporter.h"
@@ -26,9 +30,10 @@ namespace {
 
 // Memory a run holds outside the engine's allocator, by owner.
 struct OutsideEngineMemory {
-  int64_t comm_staging_bytes = 0;   // the communicator's (CommunicatorStats::scratch_bytes)
-  int64_t workload_bytes = 0;       // Workload::BufferBytes
-  int64_t kernel_tables_bytes = 0;  // DeviceOps::KernelTableBytes
+  int64_t comm_staging_bytes = 0;        // the communicator's (CommunicatorStats::scratch_bytes)
+  int64_t workload_bytes = 0;            // Workload::BufferBytes
+  int64_t kernel_tables_bytes = 0;       // DeviceOps::KernelTableBytes
+  int64_t checkpoint_staging_bytes = 0;  // CheckpointWriter::staging_bytes
 };
 
 // Wall times of one iteration's parts.
@@ -65,8 +70,10 @@ v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done,
   memory.set_comm_staging_bytes(outside.comm_staging_bytes);
   memory.set_workload_bytes(outside.workload_bytes);
   memory.set_kernel_tables_bytes(outside.kernel_tables_bytes);
+  memory.set_checkpoint_staging_bytes(outside.checkpoint_staging_bytes);
   memory.set_total_bytes(result.memory.total() + outside.comm_staging_bytes +
-                         outside.workload_bytes + outside.kernel_tables_bytes);
+                         outside.workload_bytes + outside.kernel_tables_bytes +
+                         outside.checkpoint_staging_bytes);
   // Figures the kernel does not give (no procfs) stay 0 rather than failing the step.
   if (absl::StatusOr<common::ProcessMemory> process = common::ReadProcessMemory(); process.ok()) {
     metrics.set_vmhwm_bytes(process->vmhwm_bytes);
@@ -116,7 +123,17 @@ void EngineTrainingRun::Main() {
   done_.store(true);
 }
 
-absl::StatusOr<bool> EngineTrainingRun::Report(const v1::StepMetrics& metrics, bool finished) {
+absl::Status EngineTrainingRun::Commit(const v1::CommitCheckpointRequest& request) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  const comm::AbortSignal::Registration cancel =
+      abort_signal_.OnAbort([&context] { context.TryCancel(); });
+  v1::CommitCheckpointResponse response;
+  return common::FromGrpcStatus(options_.stub->CommitCheckpoint(&context, request, &response));
+}
+
+absl::StatusOr<bool> EngineTrainingRun::Report(const v1::StepMetrics& metrics, bool finished,
+                                               const std::string& notice) {
   v1::ReportProgressRequest request;
   request.set_worker_id(options_.worker_id);
   request.set_job_id(assignment_.job_id());
@@ -124,6 +141,7 @@ absl::StatusOr<bool> EngineTrainingRun::Report(const v1::StepMetrics& metrics, b
   request.set_rank(assignment_.rank());
   *request.mutable_metrics() = metrics;
   request.set_finished(finished);
+  request.set_notice(notice);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   v1::ReportProgressResponse response;
@@ -207,9 +225,76 @@ absl::Status EngineTrainingRun::Train() {
   config.device = device.get();
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Engine::Create(plan, rank, config, communicator.get()));
-  ZS_RETURN_IF_ERROR(engine->InitializeParameters([&](int64_t tensor, absl::Span<float> out) {
-    return workload->InitialParameters(tensor, out);
-  }));
+  // From the checkpoint the generation resumes from, or from the initial parameters.
+  const v1::CheckpointPolicy& policy = spec.checkpoint();
+  int64_t first_step = 0;
+  if (assignment_.has_resume_from()) {
+    if (options_.checkpoint_root.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "checkpoint_root: generation ", assignment_.generation(), " resumes from step ",
+          assignment_.resume_from().step(), ", but this worker has no --checkpoint_root"));
+    }
+    CheckpointLoadOptions load;
+    load.job_dir = checkpoint::JobCheckpointDir(options_.checkpoint_root, policy.dir());
+    load.max_step = assignment_.resume_from().step();
+    load.rank = static_cast<int32_t>(rank);
+    load.world_size = static_cast<int32_t>(world_size);
+    load.optimizer = spec.optimizer().kind();
+    load.param_dtype = spec.precision().param_dtype();
+    ZS_ASSIGN_OR_RETURN(const LoadedCheckpoint loaded, LoadCheckpoint(load, plan, *engine, store));
+    first_step = loaded.step;
+    ZS_LOG(INFO) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
+                 << rank << " resumed from " << loaded.directory;
+    if (rank == 0 && !loaded.passed_over.empty()) {
+      v1::StepMetrics position;
+      position.set_step(first_step);
+      position.set_loss_scale(engine->loss_scale());
+      ZS_RETURN_IF_ERROR(Report(position, /*finished=*/false,
+                                absl::StrCat(absl::StrJoin(loaded.passed_over, "; "),
+                                             "; resumed from step ", first_step))
+                             .status());
+    }
+  } else {
+    ZS_RETURN_IF_ERROR(engine->InitializeParameters([&](int64_t tensor, absl::Span<float> out) {
+      return workload->InitialParameters(tensor, out);
+    }));
+  }
+
+  // Checkpoints: every policy.every_steps() steps from the writer's thread, and the last one
+  // (which export reads) when training is over.
+  std::unique_ptr<CheckpointWriter> writer;
+  if (!options_.checkpoint_root.empty()) {
+    CheckpointWriterOptions checkpoints;
+    checkpoints.root = options_.checkpoint_root;
+    checkpoints.job_dir = policy.dir();
+    v1::ShardHeader& header = checkpoints.header;
+    header.set_job_id(assignment_.job_id());
+    header.set_generation(assignment_.generation());
+    header.set_world_size(static_cast<int32_t>(world_size));
+    header.set_rank(static_cast<int32_t>(rank));
+    header.set_layout_hash(plan.layout_hash());
+    header.set_optimizer(spec.optimizer().kind());
+    header.set_param_dtype(spec.precision().param_dtype());
+    for (const sharding::TensorSpec& tensor : plan.tensors()) {
+      v1::CheckpointTensor& saved = *header.add_tensors();
+      saved.set_name(tensor.name);
+      for (int64_t dim : tensor.shape) saved.add_shape(dim);
+    }
+    for (const engine::Engine::SavedFragment& fragment : engine->SavedFragments()) {
+      if (header.states().empty() || header.states(header.states_size() - 1) != fragment.state) {
+        header.add_states(fragment.state);
+      }
+    }
+    checkpoints.fragments.assign(engine->SavedFragments().begin(), engine->SavedFragments().end());
+    v1::CommitCheckpointRequest& commit = checkpoints.commit_template;
+    commit.set_worker_id(options_.worker_id);
+    commit.set_job_id(assignment_.job_id());
+    commit.set_generation(assignment_.generation());
+    commit.set_rank(static_cast<int32_t>(rank));
+    writer = std::make_unique<CheckpointWriter>(
+        std::move(checkpoints),
+        [this](const v1::CommitCheckpointRequest& request) { return Commit(request); });
+  }
 
   // Rank 0 reports every step from the reporter's thread (progress_reporter.h says why).
   std::unique_ptr<ProgressReporter> reporter;
@@ -218,7 +303,7 @@ absl::Status EngineTrainingRun::Train() {
         [this](const v1::StepMetrics& metrics) { return Report(metrics, /*finished=*/false); });
   }
   v1::StepMetrics last;
-  for (int64_t step = assignment_.start_step(); step < spec.steps(); ++step) {
+  for (int64_t step = first_step; step < spec.steps(); ++step) {
     if (abort_signal_.aborted()) return absl::AbortedError("aborted");
     const absl::Time start = absl::Now();
     ZS_ASSIGN_OR_RETURN(const double local_loss, workload->ForwardBackward(step, *engine, *engine));
@@ -230,7 +315,16 @@ absl::Status EngineTrainingRun::Train() {
     outside.comm_staging_bytes = communicator->stats().scratch_bytes;
     outside.workload_bytes = workload->BufferBytes();
     if (device != nullptr) outside.kernel_tables_bytes = device->KernelTableBytes();
+    if (writer != nullptr) outside.checkpoint_staging_bytes = writer->staging_bytes();
     last = MetricsFor(result, step + 1, times, outside, vmrss_at_start_bytes);
+    if (writer != nullptr && policy.every_steps() > 0 && (step + 1) % policy.every_steps() == 0 &&
+        step + 1 < spec.steps()) {
+      ZS_RETURN_IF_ERROR(
+          writer
+              ->Save(step + 1,
+                     [&](absl::Span<char> staging) { return engine->CopyStateTo(staging); })
+              .status());
+    }
     if (reporter != nullptr && step + 1 < spec.steps()) {
       ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Post(last));
       if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
@@ -239,6 +333,16 @@ absl::Status EngineTrainingRun::Train() {
   if (reporter != nullptr) {
     ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Flush());
     if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
+  }
+  if (writer != nullptr) {
+    ZS_RETURN_IF_ERROR(writer->WriteNow(
+        spec.steps(), engine->scalars(),
+        [&](size_t index, absl::Span<char> out) { return engine->CopyFragmentTo(index, out); }));
+    const CheckpointWriterStats written = writer->stats();
+    ZS_LOG(INFO) << assignment_.job_id() << " rank " << rank << " checkpoints: " << written.written
+                 << " written (" << written.bytes_written << " bytes in "
+                 << absl::FormatDuration(written.write_time) << "), " << written.skipped
+                 << " skipped, " << written.failed << " failed";
   }
   if (rank == 0 && !options_.final_params_dir.empty()) {
     ZS_RETURN_IF_ERROR(WriteFinalParameters(*engine, plan, /*host_memory=*/!on_cuda));

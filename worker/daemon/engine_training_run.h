@@ -37,6 +37,10 @@ struct EngineTrainingRunOptions {
   // When set, rank 0 writes the final parameters of a finished job to
   // <dir>/<job_id>.f32 (raw little-endian fp32, the catalog's tensor order).
   std::string final_params_dir;
+  // The checkpoint root (the coordinator's --checkpoint_root, the same directory): where this
+  // rank writes its checkpoints and reads the one its generation resumes from. Empty: no
+  // checkpoints are written, and a generation that must resume fails.
+  std::string checkpoint_root;
   absl::Duration rpc_timeout = absl::Seconds(10);
 };
 
@@ -57,7 +61,11 @@ class EngineTrainingRun final : public TrainingRun {
   void Main();
   absl::Status Train();
   // Reports to the coordinator; returns false when the generation is no longer current.
-  absl::StatusOr<bool> Report(const v1::StepMetrics& metrics, bool finished);
+  // `notice`, when not empty, becomes a NOTICE event of the job.
+  absl::StatusOr<bool> Report(const v1::StepMetrics& metrics, bool finished,
+                              const std::string& notice = "");
+  // Sends one checkpoint commit (the checkpoint writer's thread).
+  absl::Status Commit(const v1::CommitCheckpointRequest& request);
   // Rank 0's final parameters, for comparing runs (see final_params_dir). `host_memory`: the
   // engine's buffers are host memory (a CPU run).
   absl::Status WriteFinalParameters(engine::Engine& engine, const sharding::ShardPlan& plan,

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -16,6 +17,14 @@ namespace zeroshard::engine {
 namespace {
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// The engine's chunk table goes to the kernel as it is.
+static_assert(sizeof(cuda_internal::DeviceGradStatsChunk) == sizeof(kernels::GradStatsChunk) &&
+                  offsetof(cuda_internal::DeviceGradStatsChunk, begin) ==
+                      offsetof(kernels::GradStatsChunk, begin) &&
+                  offsetof(cuda_internal::DeviceGradStatsChunk, length) ==
+                      offsetof(kernels::GradStatsChunk, length),
+              "DeviceGradStatsChunk is laid out as kernels::GradStatsChunk");
 
 }  // namespace
 
@@ -134,6 +143,36 @@ absl::Status CudaDeviceOps::ApplyUpdate(const kernels::OptimizerConfig& config, 
 absl::StatusOr<kernels::GradStats> CudaDeviceOps::ComputeGradStats(
     absl::Span<const kernels::GradPiece> pieces) {
   return kernels_->ComputeGradStats(pieces);
+}
+
+int64_t CudaDeviceOps::GradStatsChunkElements() const {
+  return cuda_internal::kGradStatsChunkElements;
+}
+
+absl::Status CudaDeviceOps::ConvertWithGradStats(const void* src, kernels::DType src_dtype,
+                                                 void* dst, kernels::DType dst_dtype,
+                                                 const kernels::GradStatsChunk* chunks,
+                                                 int64_t num_chunks, double* partials) {
+  if (!kernels::IsValidDType(src_dtype) || !kernels::IsValidDType(dst_dtype)) {
+    return absl::InvalidArgumentError("ConvertWithGradStats: invalid dtype");
+  }
+  if (src == dst && src_dtype != dst_dtype) {
+    return absl::InvalidArgumentError("ConvertWithGradStats: src == dst but the dtypes differ");
+  }
+  return common::CudaStatus(
+      cuda_internal::LaunchConvertWithGradStats(
+          src, static_cast<int32_t>(src_dtype), dst, static_cast<int32_t>(dst_dtype),
+          reinterpret_cast<const cuda_internal::DeviceGradStatsChunk*>(chunks), num_chunks,
+          partials, AsStream(stream_)),
+      "ConvertWithGradStats kernel");
+}
+
+absl::Status CudaDeviceOps::CombineGradStats(const double* partials, int64_t count,
+                                             double* result) {
+  if (count < 0) return absl::InvalidArgumentError(absl::StrCat("count must be >= 0, got ", count));
+  return common::CudaStatus(
+      cuda_internal::LaunchCombineGradStats(partials, count, result, AsStream(stream_)),
+      "CombineGradStats kernel");
 }
 
 absl::Status CudaDeviceOps::Synchronize() {

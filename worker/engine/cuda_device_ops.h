@@ -59,6 +59,12 @@ class CudaDeviceOps final : public DeviceOps {
                            absl::Span<const kernels::UpdatePiece> pieces) override;
   absl::StatusOr<kernels::GradStats> ComputeGradStats(
       absl::Span<const kernels::GradPiece> pieces) override;
+  int64_t GradStatsChunkElements() const override;
+  // Both queue one kernel and return; the chunks are not checked (they are device memory).
+  absl::Status ConvertWithGradStats(const void* src, kernels::DType src_dtype, void* dst,
+                                    kernels::DType dst_dtype, const kernels::GradStatsChunk* chunks,
+                                    int64_t num_chunks, double* partials) override;
+  absl::Status CombineGradStats(const double* partials, int64_t count, double* result) override;
   absl::Status Synchronize() override;
   int64_t KernelTableBytes() const override { return kernels_->TableBytes(); }
 

@@ -1,5 +1,6 @@
 // The engine's element conversions on a CUDA device: one thread per element (grid-stride), the
-// roundings of kernels/dtype.h, so the results are the host loops' bits (element_convert.cc).
+// roundings of kernels/dtype.h, so the results are the host loops' bits (element_convert.cc);
+// and the gradient statistics summed on the move of reduced gradients, in the kernels' order.
 #include <cuda_runtime.h>
 
 #include "kernels/dtype.h"
@@ -60,6 +61,71 @@ __global__ void ConvertElementsKernel(const void* src, int32_t src_dtype, void* 
   }
 }
 
+// Copies element i's bits (equal dtypes) or converts it; returns the value dst now holds.
+__device__ float MoveElement(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,
+                             int64_t i) {
+  const float value = LoadElement(src, src_dtype, i);
+  if (src_dtype == dst_dtype) {
+    if (src_dtype == static_cast<int32_t>(DType::kFloat32)) {
+      static_cast<uint32_t*>(dst)[i] = static_cast<const uint32_t*>(src)[i];
+    } else {
+      static_cast<uint16_t*>(dst)[i] = static_cast<const uint16_t*>(src)[i];
+    }
+    return value;
+  }
+  const float converted = RoundTo(dst_dtype, value);
+  StoreElement(dst, dst_dtype, i, converted);
+  return converted;
+}
+
+// Sums `value` over the block in a fixed tree, as kernels/cuda_kernels.cu's BlockSum (the same
+// bits); the result is valid in thread 0.
+__device__ double BlockSum(double value, double* shared) {
+  shared[threadIdx.x] = value;
+  __syncthreads();
+  for (int half = kThreadsPerBlock / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) shared[threadIdx.x] = shared[threadIdx.x] + shared[threadIdx.x + half];
+    __syncthreads();
+  }
+  const double sum = shared[0];
+  __syncthreads();
+  return sum;
+}
+
+// One block per chunk (grid-stride over chunks): the move and its sum of squares in one pass.
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    ConvertWithGradStatsKernel(const void* __restrict__ src, int32_t src_dtype, void* dst,
+                               int32_t dst_dtype, const DeviceGradStatsChunk* __restrict__ chunks,
+                               int64_t num_chunks, double* __restrict__ partials,
+                               bool statistics_only) {
+  __shared__ double shared[kThreadsPerBlock];
+  for (int64_t c = blockIdx.x; c < num_chunks; c += gridDim.x) {
+    const DeviceGradStatsChunk chunk = chunks[c];
+    const int64_t end = chunk.begin + chunk.length;
+    double sum = 0.0;
+    for (int64_t i = chunk.begin + threadIdx.x; i < end; i += kThreadsPerBlock) {
+      const double x = statistics_only ? LoadElement(src, src_dtype, i)
+                                       : MoveElement(src, src_dtype, dst, dst_dtype, i);
+      sum = sum + x * x;
+    }
+    const double chunk_sum = BlockSum(sum, shared);
+    if (threadIdx.x == 0) partials[c] = chunk_sum;
+  }
+}
+
+__global__ void __launch_bounds__(kThreadsPerBlock)
+    CombineGradStatsKernel(const double* __restrict__ partials, int64_t count,
+                           double* __restrict__ result) {
+  __shared__ double shared[kThreadsPerBlock];
+  double sum = 0.0;
+  for (int64_t k = threadIdx.x; k < count; k += kThreadsPerBlock) sum = sum + partials[k];
+  const double total = BlockSum(sum, shared);
+  if (threadIdx.x == 0) {
+    result[0] = total;
+    result[1] = isfinite(total) ? 0.0 : 1.0;
+  }
+}
+
 int BlocksFor(int64_t count) {
   const int64_t blocks = (count + kThreadsPerBlock - 1) / kThreadsPerBlock;
   return static_cast<int>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
@@ -81,6 +147,23 @@ cudaError_t LaunchConvertElements(const void* src, int32_t src_dtype, void* dst,
   if (count <= 0) return cudaSuccess;
   ConvertElementsKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(src, src_dtype, dst,
                                                                            dst_dtype, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchConvertWithGradStats(const void* src, int32_t src_dtype, void* dst,
+                                       int32_t dst_dtype, const DeviceGradStatsChunk* chunks,
+                                       int64_t num_chunks, double* partials, cudaStream_t stream) {
+  if (num_chunks <= 0) return cudaSuccess;
+  const int blocks = static_cast<int>(num_chunks < kMaxBlocks ? num_chunks : kMaxBlocks);
+  const bool statistics_only = src == dst && src_dtype == dst_dtype;
+  ConvertWithGradStatsKernel<<<blocks, kThreadsPerBlock, 0, stream>>>(
+      src, src_dtype, dst, dst_dtype, chunks, num_chunks, partials, statistics_only);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchCombineGradStats(const double* partials, int64_t count, double* result,
+                                   cudaStream_t stream) {
+  CombineGradStatsKernel<<<1, kThreadsPerBlock, 0, stream>>>(partials, count, result);
   return cudaGetLastError();
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu_optimizer.h"
 #include "worker/engine/element_convert.h"
 
@@ -47,6 +48,30 @@ absl::Status HostDeviceOps::ApplyUpdate(const kernels::OptimizerConfig& config, 
 absl::StatusOr<kernels::GradStats> HostDeviceOps::ComputeGradStats(
     absl::Span<const kernels::GradPiece> pieces) {
   return kernels::ComputeGradStatsCpu(pieces, &thread_pool_);
+}
+
+int64_t HostDeviceOps::GradStatsChunkElements() const { return kernels::kCpuChunkElements; }
+
+absl::Status HostDeviceOps::ConvertWithGradStats(const void* src, kernels::DType src_dtype,
+                                                 void* dst, kernels::DType dst_dtype,
+                                                 const kernels::GradStatsChunk* chunks,
+                                                 int64_t num_chunks, double* partials) {
+  if (num_chunks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_chunks must be >= 0, got ", num_chunks));
+  }
+  return kernels::ConvertWithGradStatsCpu(src, src_dtype, dst, dst_dtype,
+                                          absl::MakeConstSpan(chunks, num_chunks), partials,
+                                          &thread_pool_);
+}
+
+absl::Status HostDeviceOps::CombineGradStats(const double* partials, int64_t count,
+                                             double* result) {
+  if (count < 0) return absl::InvalidArgumentError(absl::StrCat("count must be >= 0, got ", count));
+  const kernels::GradStats stats =
+      kernels::CombineGradStatsCpu(absl::MakeConstSpan(partials, count));
+  result[0] = stats.sum_squares;
+  result[1] = stats.non_finite ? 1.0 : 0.0;
+  return absl::OkStatus();
 }
 
 }  // namespace zeroshard::engine

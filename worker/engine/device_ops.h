@@ -21,7 +21,8 @@ namespace zeroshard::engine {
 // (queued, in call order, on the device's one compute stream): a later operation, and a
 // collective issued after it on a communicator that waits for the compute stream, sees its
 // results. Operations that hand values to the host (CopyToHost, ComputeGradStats) and
-// Synchronize() wait for everything queued before them.
+// Synchronize() wait for everything queued before them; the others (ConvertWithGradStats and
+// CombineGradStats included) may return before they have run.
 //
 // Thread contract: the memory functions (MemoryBacking) are thread-safe; everything else is
 // called from one thread at a time (the engine's owner thread).
@@ -55,6 +56,27 @@ class DeviceOps : public MemoryBacking {
   virtual absl::StatusOr<kernels::GradStats> ComputeGradStats(
       absl::Span<const kernels::GradPiece> pieces) = 0;
 
+  // The gradient statistics on the pass that moves reduced gradients into their storage, so they
+  // cost no pass of their own. The most elements one statistics chunk may hold: the chunk size
+  // of this device's ComputeGradStats, so that a piece cut into chunks of this size from its
+  // start gets ComputeGradStats's bits from ConvertWithGradStats and CombineGradStats.
+  virtual int64_t GradStatsChunkElements() const = 0;
+  // For each chunk k of chunks[0, num_chunks): converts elements [begin, begin + length) of
+  // `src` into the same elements of `dst`, as ConvertElements, and sets partials[k] to the fp64
+  // sum of squares of the converted values. src == dst with equal dtypes: the statistics only.
+  // `chunks` and `partials` are device memory. InvalidArgument for a bad dtype or chunk where
+  // the device can check it.
+  // REQUIRES: every chunk holds at most GradStatsChunkElements() elements; source and
+  // destination elements do not overlap unless src == dst with equal dtypes.
+  virtual absl::Status ConvertWithGradStats(const void* src, kernels::DType src_dtype, void* dst,
+                                            kernels::DType dst_dtype,
+                                            const kernels::GradStatsChunk* chunks,
+                                            int64_t num_chunks, double* partials) = 0;
+  // Adds partials[0, count) in a fixed order into result[0] (device memory) and sets result[1] to
+  // 1 when that sum is NaN or +-Inf (some converted value was), else 0: with one ComputeGradStats
+  // chunk per partial, in its order, the numbers ComputeGradStats gives.
+  virtual absl::Status CombineGradStats(const double* partials, int64_t count, double* result) = 0;
+
   // Waits until everything queued has finished.
   virtual absl::Status Synchronize() = 0;
 
@@ -86,6 +108,11 @@ class HostDeviceOps final : public DeviceOps {
                            absl::Span<const kernels::UpdatePiece> pieces) override;
   absl::StatusOr<kernels::GradStats> ComputeGradStats(
       absl::Span<const kernels::GradPiece> pieces) override;
+  int64_t GradStatsChunkElements() const override;
+  absl::Status ConvertWithGradStats(const void* src, kernels::DType src_dtype, void* dst,
+                                    kernels::DType dst_dtype, const kernels::GradStatsChunk* chunks,
+                                    int64_t num_chunks, double* partials) override;
+  absl::Status CombineGradStats(const double* partials, int64_t count, double* result) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:

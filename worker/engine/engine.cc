@@ -105,6 +105,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const sharding::ShardPlan
   ZS_RETURN_IF_ERROR(engine->AllocateBuffers());
   engine->BuildPieces();
   engine->BuildSavedFragments();
+  ZS_RETURN_IF_ERROR(engine->BuildGradStatsChunks());
   return engine;
 }
 
@@ -258,19 +259,6 @@ void Engine::BuildPieces() {
     piece.param_copy = ParamsAt(flat);
     piece.param_dtype = config_.param_dtype;
   };
-  // Gradient statistics: the owned fragments in every mode (the same pieces, so the same bits).
-  for (const sharding::OwnedPiece& piece : view_.pieces()) {
-    for (const sharding::TensorFragment& fragment : view_.FragmentsOf(piece)) {
-      kernels::GradPiece stats;
-      stats.dtype = config_.grad_dtype;
-      stats.length = fragment.size();
-      stats.data = zero2 ? grads_.as<char>() + (OwnedOffset(piece.bucket) + fragment.flat_begin -
-                                                piece.flat_begin) *
-                                                   grad_size_
-                         : GradsAt(fragment.flat_begin);
-      stats_pieces_.push_back(stats);
-    }
-  }
   if (ddp) {
     for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
       const sharding::TensorPlacement& placement = plan_.placement(t);
@@ -304,6 +292,33 @@ void Engine::BuildPieces() {
       update_pieces_.push_back(piece);
     }
   }
+}
+
+absl::Status Engine::BuildGradStatsChunks() {
+  // The owned fragments in every mode, each cut from its start as ComputeGradStats cuts a piece:
+  // the same chunks everywhere, so the same bits.
+  const int64_t chunk_elems = device_->GradStatsChunkElements();
+  std::vector<kernels::GradStatsChunk> chunks;
+  stats_chunk_begin_.assign(plan_.num_buckets() + 1, 0);
+  for (const sharding::OwnedPiece& piece : view_.pieces()) {
+    stats_chunk_begin_[piece.bucket] = static_cast<int64_t>(chunks.size());
+    for (const sharding::TensorFragment& fragment : view_.FragmentsOf(piece)) {
+      for (int64_t begin = 0; begin < fragment.size(); begin += chunk_elems) {
+        kernels::GradStatsChunk chunk;
+        chunk.begin = fragment.flat_begin - piece.flat_begin + begin;
+        chunk.length = std::min(chunk_elems, fragment.size() - begin);
+        chunks.push_back(chunk);
+      }
+    }
+  }
+  stats_chunk_begin_[plan_.num_buckets()] = static_cast<int64_t>(chunks.size());
+  const int64_t table_bytes = static_cast<int64_t>(chunks.size() * sizeof(kernels::GradStatsChunk));
+  ZS_ASSIGN_OR_RETURN(stats_chunks_,
+                      allocator_.TryAllocate(MemoryCategory::kCommScratch, table_bytes));
+  ZS_ASSIGN_OR_RETURN(stats_partials_,
+                      allocator_.TryAllocate(MemoryCategory::kCommScratch,
+                                             static_cast<int64_t>(chunks.size() * sizeof(double))));
+  return device_->CopyFromHost(stats_chunks_.data(), chunks.data(), table_bytes);
 }
 
 char* Engine::ParamsAt(int64_t flat) const { return params_.as<char>() + flat * param_size_; }
@@ -489,7 +504,7 @@ absl::Status Engine::GradWritten(int64_t tensor, int64_t begin, int64_t end) {
   if (bucket.elems_arrived == plan_.buckets()[segment.bucket].tensor_elems) {
     ZS_RETURN_IF_ERROR(LaunchBucket(segment.bucket));
   }
-  return absl::OkStatus();
+  return RetireFinished();
 }
 
 absl::Status Engine::AcquireSlot(int64_t bucket) {
@@ -567,31 +582,44 @@ absl::Status Engine::RetireOldest() {
   exposed_wait_ += absl::Now() - wait_start;
   awaiting_check_.push_back(bucket_index);
   if (!ordered.ok()) return RecordFailure(ordered);
-  if (bucket.slot < 0) return absl::OkStatus();  // reduced in place in the gradient buffer
-  // Move the reduced values into the gradient storage the update reads, in grad_dtype.
+  // Move the owned fragments' reduced values into the gradient storage the update reads, in
+  // grad_dtype, summing their statistics on the way. Reduced in place in the gradient buffer
+  // (slot < 0), they are already there: the same call only sums. Alignment gaps are not moved:
+  // nothing reads them from the gradient storage.
   const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
-  const char* slot = SlotData(bucket.slot);
   const int64_t owned_begin = rank_ * layout.piece_elems;
-  absl::Status moved;
-  switch (config_.mode) {
-    case EngineMode::kDdp:
-      moved = device_->ConvertElements(slot, config_.reduce_dtype, GradsAt(layout.flat_begin),
-                                       config_.grad_dtype, layout.padded_elems);
-      break;
-    case EngineMode::kZero1:
-      moved = device_->ConvertElements(slot + owned_begin * reduce_size_, config_.reduce_dtype,
-                                       GradsAt(layout.flat_begin + owned_begin), config_.grad_dtype,
-                                       layout.piece_elems);
-      break;
-    case EngineMode::kZero2:
-      moved = device_->ConvertElements(slot + owned_begin * reduce_size_, config_.reduce_dtype,
-                                       grads_.as<char>() + OwnedOffset(bucket_index) * grad_size_,
-                                       config_.grad_dtype, layout.piece_elems);
-      break;
+  const char* reduced = bucket.slot >= 0 ? SlotData(bucket.slot) : GradsAt(layout.flat_begin);
+  char* owned_grads = config_.mode == EngineMode::kZero2
+                          ? grads_.as<char>() + OwnedOffset(bucket_index) * grad_size_
+                          : GradsAt(layout.flat_begin + owned_begin);
+  const int64_t first_chunk = stats_chunk_begin_[bucket_index];
+  absl::Status moved = device_->ConvertWithGradStats(
+      reduced + owned_begin * reduce_size_, config_.reduce_dtype, owned_grads, config_.grad_dtype,
+      stats_chunks_.as<kernels::GradStatsChunk>() + first_chunk,
+      stats_chunk_begin_[bucket_index + 1] - first_chunk,
+      stats_partials_.as<double>() + first_chunk);
+  if (moved.ok() && config_.mode == EngineMode::kDdp && bucket.slot >= 0) {
+    // ddp updates every piece: the other ranks' pieces of the bucket move too, without statistics.
+    const int64_t owned_end = owned_begin + layout.piece_elems;
+    moved = device_->ConvertElements(reduced, config_.reduce_dtype, GradsAt(layout.flat_begin),
+                                     config_.grad_dtype, owned_begin);
+    if (moved.ok()) {
+      moved = device_->ConvertElements(reduced + owned_end * reduce_size_, config_.reduce_dtype,
+                                       GradsAt(layout.flat_begin + owned_end), config_.grad_dtype,
+                                       layout.padded_elems - owned_end);
+    }
   }
   if (!moved.ok()) return RecordFailure(moved);
+  if (bucket.slot < 0) return absl::OkStatus();
   free_slots_.push_back(bucket.slot);
   bucket.slot = -1;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RetireFinished() {
+  while (!in_flight_.empty() && buckets_[in_flight_.front()].reduction->Done()) {
+    ZS_RETURN_IF_ERROR(RetireOldest());
+  }
   return absl::OkStatus();
 }
 
@@ -677,10 +705,10 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   gather_run_times_recorded_ = true;
   param_wait_ = absl::ZeroDuration();
 
-  // 1. Order every bucket's move into grads_ after its reduction, then wait on the host for the
-  //    reductions: the statistics below hand values to the host, so the reductions must have
-  //    succeeded. This rank's pieces of the summed gradients are then in grads_ (and in ddp,
-  //    every piece).
+  // 1. Order every bucket's move into grads_ (and its statistics) after its reduction, then wait
+  //    on the host for the reductions: the statistics below hand values to the host, so the
+  //    reductions must have succeeded. This rank's pieces of the summed gradients are then in
+  //    grads_ (and in ddp, every piece).
   while (!in_flight_.empty()) ZS_RETURN_IF_ERROR(RetireOldest());
   ZS_RETURN_IF_ERROR(CheckReductions());
   ZS_DCHECK(BucketsAreIdle())
@@ -693,12 +721,14 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
       std::max(0.0, result.timings.comm_ms - result.timings.exposed_comm_ms);
   result.timings.reduce_wall_ms = Milliseconds(last_reduced_ - first_launch_);
 
-  // 2. One small all-reduce: sum of squares of the owned gradients, non-finite count, loss.
-  absl::StatusOr<kernels::GradStats> stats = device_->ComputeGradStats(stats_pieces_);
-  if (!stats.ok()) return RecordFailure(stats.status());
-  // Staged on the host, reduced in the device's stats buffer (the communicator's memory).
-  double totals[3] = {stats->sum_squares, stats->non_finite ? 1.0 : 0.0, local_loss};
-  absl::Status status = device_->CopyFromHost(stats_buffer_.data(), totals, sizeof(totals));
+  // 2. One small all-reduce: sum of squares of the owned gradients, non-finite flag, loss. The
+  //    squares were summed per chunk as each bucket retired; their partials are added here in
+  //    chunk order, whatever order the buckets retired in, into the device's stats buffer (the
+  //    communicator's memory), where the loss joins them.
+  double* const stats = stats_buffer_.as<double>();
+  absl::Status status =
+      device_->CombineGradStats(stats_partials_.as<double>(), stats_chunk_begin_.back(), stats);
+  if (status.ok()) status = device_->CopyFromHost(stats + 2, &local_loss, sizeof(local_loss));
   comm::CollectiveOptions options;
   options.timeout = config_.collective_timeout;
   if (status.ok()) {
@@ -707,7 +737,8 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
                              comm::ReduceOp::kSum, options)
                  ->Wait();
   }
-  if (status.ok()) status = device_->CopyToHost(totals, stats_buffer_.data(), sizeof(totals));
+  double totals[3] = {0.0, 0.0, 0.0};
+  if (status.ok()) status = device_->CopyToHost(totals, stats, sizeof(totals));
   if (!status.ok()) return RecordFailure(status);
   const absl::Time stats_done = absl::Now();
   result.timings.grad_stats_ms = Milliseconds(stats_done - reduced);

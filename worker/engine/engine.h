@@ -94,7 +94,10 @@ struct StepTimings {
   // every bucket buffer of the pool was in flight and the communicator waits on the host (with
   // a device communicator the compute stream waits instead, Work::WaitOnComputeStream).
   double exposed_comm_ms = 0.0;
-  // Sum of squares and non-finite check of the owned gradients, plus the small all-reduce.
+  // Combining the gradient statistics and their small all-reduce {sum of squares, non-finite,
+  // loss}. The passes over the gradients are not in it: each bucket's statistics are summed on
+  // the move of its reduced values (or, reduced in place, right after its reduction) when it
+  // retires, during backward or, for the buckets still in flight, at the start of Step().
   double grad_stats_ms = 0.0;
   double update_ms = 0.0;
   // Issuing this step's parameter all-gathers (0 in ddp and on skipped steps). Step() does not
@@ -161,8 +164,9 @@ struct StepResult {
 //
 // Determinism: for a fixed W, ddp, zero1 and zero2 give bitwise equal parameters, and reruns are
 // bitwise identical: reductions are the communicator's fixed-order rings (an all-reduce equals a
-// reduce-scatter piece by piece), every mode computes the gradient statistics over the same
-// owned pieces, and the update is element-wise with the same grad_scale everywhere. The
+// reduce-scatter piece by piece), every mode sums the gradient statistics over the same chunks
+// of the same owned fragments, one partial per chunk, added in a fixed order whatever order the
+// buckets retired in, and the update is element-wise with the same grad_scale everywhere. The
 // all-gathers copy bits, and Parameters() hands out only tensors whose all-gathers are done, so
 // when they run does not change any result.
 //
@@ -199,8 +203,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // segment is open.
   absl::StatusOr<absl::Span<float>> GradBuffer(int64_t tensor, int64_t begin, int64_t end) override;
   // Stores the open segment (rounding it when staged); when it completes its bucket, starts the
-  // bucket's reduction without waiting for it. FailedPrecondition when [begin, end) of `tensor`
-  // is not the open segment.
+  // bucket's reduction without waiting for it. Then retires the reductions already done, so
+  // their moves and gradient statistics run during backward. FailedPrecondition when
+  // [begin, end) of `tensor` is not the open segment.
   absl::Status GradWritten(int64_t tensor, int64_t begin, int64_t end) override;
 
   // workloads::ParameterSource: the current full parameters of `tensor` as stored, in
@@ -255,6 +260,10 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // changes only in Step(). The all-gathers Step() issued may still be running (they only read
   // the owned parameters). FailedPrecondition during a step; InvalidArgument for a wrong size.
   absl::StatusOr<SavedScalars> CopyStateTo(absl::Span<char> staging);
+  // SavedFragments()[index] alone, into `out` (its bytes() of host memory): to write a
+  // checkpoint straight from the engine, a fragment at a time, when training is over.
+  absl::Status CopyFragmentTo(size_t index, absl::Span<char> out);
+  SavedScalars scalars() const { return {optimizer_step_, loss_scale_, good_steps_}; }
 
   // Reads the values of one range of one array for RestoreState: (state, tensor, [begin, end),
   // dtype) as in SavedFragment (staging_offset unused); `out` has exactly its bytes.
@@ -266,6 +275,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // call it (the all-gathers are collective). InvalidArgument for bad scalars; the reader's
   // error otherwise, after which the engine's state is undefined (create a new one).
   absl::Status RestoreState(const SavedScalars& scalars, StateReader read);
+  // The ranges RestoreState reads, in its order (to check a checkpoint before loading it):
+  // SavedFragments() in zero1/zero2, whole tensors of every array in ddp.
+  std::vector<SavedFragment> RestoredRanges() const;
 
   // Bytes by category, from the counting allocator (device memory for a GPU device).
   MemoryReport Memory() const { return allocator_.Report(); }
@@ -311,6 +323,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // ResourceExhausted when the device is out of memory.
   absl::Status AllocateBuffers();
   void BuildPieces();
+  // Cuts every owned fragment into statistics chunks (GradStatsChunkElements() each, from the
+  // fragment's start) and puts the table and its partials in device memory.
+  absl::Status BuildGradStatsChunks();
 
   bool UsesBucketPool() const;
   // Whether parameters need a separate fp32 master (bf16/fp16 parameters); fp32 parameters are
@@ -339,10 +354,14 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   absl::Status LaunchBucket(int64_t bucket);
   // Orders the device after the oldest in-flight reduction (Work::WaitOnComputeStream: the host
   // waits only with a host backend), queues the move of its reduced values into the gradient
-  // storage the update reads, frees its slot (what uses the slot next is queued after the move),
-  // and leaves it to CheckReductions().
+  // storage the update reads with the statistics of its owned fragments summed on the way (the
+  // statistics alone for a bucket reduced in place), frees its slot (what uses the slot next is
+  // queued after the move), and leaves it to CheckReductions().
   // REQUIRES: a reduction is in flight.
   absl::Status RetireOldest();
+  // Retires, oldest first, the in-flight reductions already done (Work::Done), so that their
+  // moves and statistics run during backward; waits for none.
+  absl::Status RetireFinished();
   // Waits on the host for every retired reduction and fails the engine with the first failure.
   absl::Status CheckReductions();
   // Waits for the outstanding all-gathers of buckets [first_bucket, first_bucket + num_buckets),
@@ -410,12 +429,20 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // fp32, the largest bucket's size: a segment on its way to a non-fp32 buffer (when
   // StagesGradients()).
   CountedBuffer grad_staging_;
-  CountedBuffer stats_buffer_;  // 3 doubles: sum of squares, non-finite count, loss
+  // 3 doubles: sum of squares, non-finite flag (0 or 1), loss; all-reduced.
+  CountedBuffer stats_buffer_;
+  // The gradient statistics' chunks (kernels::GradStatsChunk, offsets in the bucket's owned
+  // piece) and one fp64 partial sum of squares per chunk, in device memory; bucket b's are
+  // [stats_chunk_begin_[b], stats_chunk_begin_[b + 1]). Every bucket's retirement rewrites its
+  // partials, so each step's statistics are whole once every bucket has retired. The chunks
+  // cover the owned fragments in bucket and flat order, the same in every mode.
+  CountedBuffer stats_chunks_;
+  CountedBuffer stats_partials_;
+  std::vector<int64_t> stats_chunk_begin_;
 
-  // The update's pieces (one per owned fragment; one per tensor in ddp) and the statistics'
-  // pieces (the owned fragments' gradients, in every mode): fixed after construction.
+  // The update's pieces (one per owned fragment; one per tensor in ddp): fixed after
+  // construction.
   std::vector<kernels::UpdatePiece> update_pieces_;
-  std::vector<kernels::GradPiece> stats_pieces_;
 
   // Step state. Invariants: a bucket's reduction is set iff the bucket is in in_flight_
   // (launched) or in awaiting_check_ (retired, its outcome not yet seen on the host); both are

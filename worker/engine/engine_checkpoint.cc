@@ -84,6 +84,46 @@ absl::StatusOr<Engine::SavedScalars> Engine::CopyStateTo(absl::Span<char> stagin
   return SavedScalars{optimizer_step_, loss_scale_, good_steps_};
 }
 
+absl::Status Engine::CopyFragmentTo(size_t index, absl::Span<char> out) {
+  ZS_RETURN_IF_ERROR(failure_);
+  if (StepInProgress()) return absl::FailedPreconditionError("CopyFragmentTo during a step");
+  if (index >= saved_fragments_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("index: ", index, " of ", saved_fragments_.size(), " fragments"));
+  }
+  const SavedFragment& saved = saved_fragments_[index];
+  if (static_cast<int64_t>(out.size()) != saved.bytes()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("out: ", out.size(), " bytes, the fragment has ", saved.bytes()));
+  }
+  absl::Span<const sharding::TensorFragment> fragments = view_.fragments();
+  const sharding::TensorFragment& fragment = fragments[index % fragments.size()];
+  const sharding::OwnedPiece* piece = nullptr;
+  if (config_.mode != EngineMode::kDdp) {
+    for (const sharding::OwnedPiece& candidate : view_.pieces()) {
+      if (fragment.flat_begin >= candidate.flat_begin && fragment.flat_begin < candidate.flat_end) {
+        piece = &candidate;
+        break;
+      }
+    }
+    ZS_DCHECK(piece != nullptr) << "fragment " << index << " is in no owned piece";
+  }
+  return RecordFailure(device_->CopyToHost(
+      out.data(), StateAt(saved.state, fragment, piece, saved.begin), saved.bytes()));
+}
+
+std::vector<Engine::SavedFragment> Engine::RestoredRanges() const {
+  if (config_.mode != EngineMode::kDdp) return saved_fragments_;
+  std::vector<SavedFragment> ranges;
+  for (const SavedFragment& saved : saved_fragments_) {
+    if (!ranges.empty() && ranges.back().state == saved.state) continue;
+    for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
+      ranges.push_back({saved.state, t, 0, plan_.placement(t).num_elements, saved.dtype, 0});
+    }
+  }
+  return ranges;
+}
+
 absl::Status Engine::RestoreState(const SavedScalars& scalars, StateReader read) {
   ZS_RETURN_IF_ERROR(failure_);
   if (StepInProgress()) return absl::FailedPreconditionError("RestoreState during a step");
@@ -113,20 +153,11 @@ absl::Status Engine::RestoreState(const SavedScalars& scalars, StateReader read)
   };
   if (ddp) {
     // Every rank holds every array whole: read whole tensors, in plan layout.
-    std::vector<std::pair<std::string, DType>> states;
-    for (int64_t i = 0; i < static_cast<int64_t>(saved_fragments_.size()); ++i) {
-      const SavedFragment& saved = saved_fragments_[i];
-      if (states.empty() || states.back().first != saved.state) {
-        states.emplace_back(saved.state, saved.dtype);
-      }
-    }
-    for (const auto& [state, dtype] : states) {
-      for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
-        const sharding::TensorPlacement& placement = plan_.placement(t);
-        const sharding::TensorFragment whole{t, 0, placement.num_elements, placement.flat_offset};
-        const SavedFragment range{state, t, 0, placement.num_elements, dtype, 0};
-        ZS_RETURN_IF_ERROR(load(range, StateAt(state, whole, nullptr, 0)));
-      }
+    for (const SavedFragment& range : RestoredRanges()) {
+      const sharding::TensorPlacement& placement = plan_.placement(range.tensor);
+      const sharding::TensorFragment whole{range.tensor, 0, placement.num_elements,
+                                           placement.flat_offset};
+      ZS_RETURN_IF_ERROR(load(range, StateAt(range.state, whole, nullptr, 0)));
     }
   } else {
     absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();

@@ -10,8 +10,10 @@
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/dtype.h"
+#include "kernels/optimizer.h"
 #include "sharding/test_plans.h"
 #include "worker/comm/testing/identity_communicator.h"
+#include "worker/engine/device_ops.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/workload.h"
 
@@ -42,6 +44,21 @@ EngineConfig AdamBf16Config(EngineMode mode) {
   config.param_dtype = DType::kBFloat16;
   config.grad_dtype = DType::kBFloat16;
   return config;
+}
+
+// The engine's own communication scratch on the host device: the 3-double statistics buffer,
+// and for every statistics chunk (each owned fragment cut into chunks of the CPU's
+// GradStatsChunkElements()) one table entry and one fp64 partial sum.
+int64_t StatisticsScratchBytes(const sharding::ShardPlan& plan, int64_t rank) {
+  const absl::StatusOr<sharding::RankView> view = plan.ViewForRank(rank);
+  EXPECT_TRUE(view.ok()) << view.status();
+  if (!view.ok()) return 0;
+  const int64_t chunk_elems = HostDeviceOps(/*threads=*/1).GradStatsChunkElements();
+  int64_t chunks = 0;
+  for (const sharding::TensorFragment& fragment : view->fragments()) {
+    chunks += (fragment.size() + chunk_elems - 1) / chunk_elems;
+  }
+  return 3 * 8 + chunks * static_cast<int64_t>(sizeof(kernels::GradStatsChunk) + sizeof(double));
 }
 
 int64_t LargestBucket(const sharding::ShardPlan& plan) {
@@ -92,7 +109,7 @@ TEST_P(EngineMemoryTest, ReportedBytesFollowTheZeroFormulas) {
       // bf16 gradients are reduced in fp32 (the default), through a pool of 2 bucket buffers,
       // and backward's fp32 segments are rounded to bf16 through one bucket of fp32 staging.
       EXPECT_EQ(report.of(MemoryCategory::kBuckets), (2 + 1) * LargestBucket(plan) * 4);
-      EXPECT_EQ(report.of(MemoryCategory::kCommScratch), 3 * 8);
+      EXPECT_EQ(report.of(MemoryCategory::kCommScratch), StatisticsScratchBytes(plan, rank));
       // Optimizer state per rank is ddp's / W exactly (every rank owns padded_elems / W).
       const int64_t state = report.of(MemoryCategory::kOptimizerState);
       if (expected.mode == EngineMode::kDdp) {

@@ -114,9 +114,11 @@ class UncountedCommunicator : public comm::testing::IdentityCommunicator {
   }
 };
 
-// HostDeviceOps whose optimizer and statistics kernels (kernels/cpu_optimizer.h, which cut their
-// pieces into chunks in vectors of their own) are not counted; the rest is the engine's.
-// Thread contract: as DeviceOps.
+// HostDeviceOps whose optimizer and whole-piece statistics kernels (kernels/cpu_optimizer.h,
+// which cut their pieces into chunks in vectors of their own) are not counted; the rest is the
+// engine's, the statistics summed on the moves of reduced gradients included (the engine's
+// chunk table, cut once at creation). Counts the calls of those moves, so the test can see that
+// the step took that path. Thread contract: as DeviceOps.
 class UncountedKernels final : public DeviceOps {
  public:
   void* AllocateZeroed(int64_t bytes) override { return host_.AllocateZeroed(bytes); }
@@ -149,12 +151,28 @@ class UncountedKernels final : public DeviceOps {
   absl::StatusOr<kernels::GradStats> ComputeGradStats(
       absl::Span<const kernels::GradPiece> pieces) override {
     NotCounted apart;
+    ++whole_piece_stats_calls_;
     return host_.ComputeGradStats(pieces);
+  }
+  int64_t GradStatsChunkElements() const override { return host_.GradStatsChunkElements(); }
+  absl::Status ConvertWithGradStats(const void* src, kernels::DType src_dtype, void* dst,
+                                    kernels::DType dst_dtype, const kernels::GradStatsChunk* chunks,
+                                    int64_t num_chunks, double* partials) override {
+    ++moves_with_stats_;
+    return host_.ConvertWithGradStats(src, src_dtype, dst, dst_dtype, chunks, num_chunks, partials);
+  }
+  absl::Status CombineGradStats(const double* partials, int64_t count, double* result) override {
+    return host_.CombineGradStats(partials, count, result);
   }
   absl::Status Synchronize() override { return host_.Synchronize(); }
 
+  int64_t moves_with_stats() const { return moves_with_stats_; }
+  int64_t whole_piece_stats_calls() const { return whole_piece_stats_calls_; }
+
  private:
   HostDeviceOps host_{/*threads=*/1};
+  int64_t moves_with_stats_ = 0;
+  int64_t whole_piece_stats_calls_ = 0;
 };
 
 // Tensors of 700 to 2600 elements in 1024-element buckets: several buckets, more than the zero2
@@ -224,6 +242,7 @@ TEST(EngineStepAllocationTest, IterationsAfterWarmUpAllocateNothing) {
                       .ok());
       for (int step = 0; step < kWarmUp; ++step) ASSERT_TRUE(Iteration(**engine, step).ok());
       allocations = 0;
+      const int64_t moves_before = device.moves_with_stats();
       counting = true;
       absl::Status status;
       for (int step = kWarmUp; step < kWarmUp + kCounted && status.ok(); ++step) {
@@ -233,6 +252,9 @@ TEST(EngineStepAllocationTest, IterationsAfterWarmUpAllocateNothing) {
       ASSERT_TRUE(status.ok()) << status;
       EXPECT_EQ(allocations, 0) << "over " << kCounted << " iterations";
       EXPECT_EQ((*engine)->optimizer_step(), kWarmUp + kCounted);
+      // The counted steps summed their statistics on every bucket's move, and on no other pass.
+      EXPECT_EQ(device.moves_with_stats() - moves_before, kCounted * plan.num_buckets());
+      EXPECT_EQ(device.whole_piece_stats_calls(), 0);
     }
   }
 }

@@ -1,0 +1,329 @@
+// Issue 12: a lost worker costs at most the steps since the last checkpoint. Real coordinator and
+// worker processes on loopback: a worker kill -9'd mid-job is replaced by a spare and the job
+// resumes from its latest committed checkpoint, ending with parameters bitwise equal to an
+// uninterrupted run; without a spare the job shrinks and ends within 1e-6 of it; a corrupt
+// latest checkpoint is passed over (a NOTICE says so) for the previous one.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/manifest.h"
+#include "gtest/gtest.h"
+#include "tests/integration/local_cluster.h"
+
+namespace zeroshard::testing {
+namespace {
+
+constexpr absl::Duration kJobDeadline = absl::Seconds(240);
+constexpr int64_t kEverySteps = 40;
+
+LocalClusterOptions FastHeartbeats() {
+  LocalClusterOptions options;
+  options.heartbeat_period = absl::Milliseconds(200);
+  options.missed_heartbeats = 3;
+  return options;
+}
+
+// A model big enough that steps take milliseconds (the test stops a worker mid-job), small
+// enough that its checkpoints are a few MB.
+v1::JobSpec RecoverySpec(const std::string& name, int min_workers, int max_workers, int64_t steps,
+                         int64_t every_steps = kEverySteps) {
+  v1::JobSpec spec;
+  spec.set_name(name);
+  for (int64_t size : {128, 512, 512, 128}) spec.mutable_workload()->add_layer_sizes(size);
+  spec.mutable_workload()->set_dataset_size(4096);
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  spec.mutable_optimizer()->set_lr(1e-3);
+  spec.set_mode(v1::ZERO2);
+  spec.set_min_workers(min_workers);
+  spec.set_max_workers(max_workers);
+  spec.set_global_batch(96);
+  spec.set_steps(steps);
+  spec.set_seed(3);
+  spec.mutable_checkpoint()->set_every_steps(every_steps);
+  spec.mutable_checkpoint()->set_keep(3);
+  spec.set_max_attempts(5);
+  return spec;
+}
+
+absl::StatusOr<v1::Job> WaitForJob(LocalCluster& cluster, const std::string& job_id,
+                                   const std::function<bool(const v1::Job&)>& done,
+                                   absl::string_view what) {
+  v1::Job last;
+  absl::Status status = cluster.WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> job = cluster.client().GetJob(job_id);
+        if (!job.ok()) return false;
+        last = *std::move(job);
+        return done(last);
+      },
+      kJobDeadline, absl::StrCat(job_id, ": ", what));
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("last seen: ", last.ShortDebugString(), "\n",
+                                                    status.message()));
+  }
+  return last;
+}
+
+absl::StatusOr<v1::Job> RunToEnd(LocalCluster& cluster, const v1::JobSpec& spec) {
+  absl::StatusOr<v1::Job> submitted = cluster.client().SubmitJob(spec);
+  if (!submitted.ok()) return submitted.status();
+  return WaitForJob(
+      cluster, submitted->id(),
+      [](const v1::Job& job) {
+        return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
+               job.state() == v1::CANCELLED;
+      },
+      "ended");
+}
+
+// Every tensor's parameters in the job's final checkpoint (the one at spec.steps).
+absl::StatusOr<std::vector<std::vector<float>>> FinalParameters(const LocalCluster& cluster,
+                                                                const v1::Job& job) {
+  absl::StatusOr<checkpoint::CheckpointListing> listing = checkpoint::ListCheckpoints(
+      checkpoint::JobCheckpointDir(cluster.checkpoint_root(), job.spec().checkpoint().dir()));
+  if (!listing.ok()) return listing.status();
+  if (listing->committed.empty() || listing->committed.front().step != job.spec().steps()) {
+    return absl::NotFoundError(absl::StrCat(job.id(), ": no final checkpoint"));
+  }
+  absl::StatusOr<std::unique_ptr<checkpoint::CheckpointReader>> reader =
+      checkpoint::CheckpointReader::Open(listing->committed.front());
+  if (!reader.ok()) return reader.status();
+  std::vector<std::vector<float>> tensors;
+  for (const v1::CheckpointTensor& tensor : (*reader)->header().tensors()) {
+    int64_t elements = 1;
+    for (int64_t dim : tensor.shape()) elements *= dim;
+    std::vector<float>& values = tensors.emplace_back(elements);
+    absl::Status read = (*reader)->Read("param", tensor.name(), 0, elements, values.data(),
+                                        values.size() * sizeof(float));
+    if (!read.ok()) return read;
+  }
+  return tensors;
+}
+
+// Per tensor, max |a - b| / max |a|: the largest over tensors.
+double MaxRelativeDifference(const std::vector<std::vector<float>>& a,
+                             const std::vector<std::vector<float>>& b) {
+  double worst = 0.0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    double diff = 0.0;
+    double scale = 0.0;
+    for (size_t e = 0; e < a[t].size(); ++e) {
+      diff = std::max(diff, std::fabs(double{a[t][e]} - double{b[t][e]}));
+      scale = std::max(scale, std::fabs(double{a[t][e]}));
+    }
+    worst = std::max(worst, scale > 0.0 ? diff / scale : diff);
+  }
+  return worst;
+}
+
+// The local index of the worker holding `worker_id` (workers are named worker-<index>).
+absl::StatusOr<int> WorkerIndexOf(LocalCluster& cluster, const std::string& worker_id) {
+  for (int index = 0; index < cluster.worker_count(); ++index) {
+    absl::StatusOr<v1::WorkerInfo> info = cluster.FindWorker(absl::StrCat("worker-", index));
+    if (info.ok() && info->id() == worker_id) return index;
+  }
+  return absl::NotFoundError(absl::StrCat("no local worker is ", worker_id));
+}
+
+// Once `job` has committed a checkpoint at `min_checkpoint` or later: stops rank 1's worker
+// (SIGSTOP: its peers block in their collectives, so no checkpoint completes any more), calls
+// `while_stopped` with the job's latest checkpoint, then kills the worker. Returns that
+// checkpoint's step.
+absl::StatusOr<int64_t> StopAndKillRankOne(
+    LocalCluster& cluster, const std::string& job_id, int64_t min_checkpoint,
+    const std::function<void(const v1::CheckpointRecord&)>& while_stopped) {
+  absl::StatusOr<v1::Job> running = WaitForJob(
+      cluster, job_id,
+      [&](const v1::Job& job) {
+        return job.state() == v1::RUNNING && job.latest_checkpoint().step() >= min_checkpoint;
+      },
+      absl::StrCat("a checkpoint at step ", min_checkpoint, " or later"));
+  if (!running.ok()) return running.status();
+  absl::StatusOr<int> victim = WorkerIndexOf(cluster, running->worker_ids(1));
+  if (!victim.ok()) return victim.status();
+  if (absl::Status stopped = cluster.KillWorker(*victim, SIGSTOP); !stopped.ok()) return stopped;
+  if (absl::Status stopped = cluster.WaitForWorkerStopped(*victim, absl::Seconds(10));
+      !stopped.ok()) {
+    return stopped;
+  }
+  absl::StatusOr<v1::Job> frozen = cluster.client().GetJob(job_id);
+  if (!frozen.ok()) return frozen.status();
+  if (frozen->state() != v1::RUNNING) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the job ended before its worker was stopped: ", frozen->ShortDebugString()));
+  }
+  while_stopped(frozen->latest_checkpoint());
+  if (absl::Status killed = cluster.KillWorker(*victim, SIGKILL); !killed.ok()) return killed;
+  return frozen->latest_checkpoint().step();
+}
+
+std::vector<v1::JobEvent> Events(LocalCluster& cluster, const std::string& job_id) {
+  std::vector<v1::JobEvent> events;
+  absl::Status watched = cluster.client().WatchJob(
+      job_id, 0, [&](const v1::JobEvent& event) { events.push_back(event); });
+  EXPECT_TRUE(watched.ok()) << watched;
+  return events;
+}
+
+TEST(RecoveryTest, ASpareTakesOverFromTheLatestCheckpointBitwise) {
+  LocalCluster cluster(FastHeartbeats());
+  LogTailsOnFailure log_tails(cluster);
+  ASSERT_TRUE(cluster.Start(3).ok());
+  const v1::JobSpec spec = RecoverySpec("recovered", 2, 2, 600);
+  absl::StatusOr<v1::Job> submitted = cluster.client().SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  absl::StatusOr<int64_t> resumed_at =
+      StopAndKillRankOne(cluster, submitted->id(), 2 * kEverySteps, [](const auto&) {});
+  ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();
+  // The next generation starts from that checkpoint, on the survivor and the spare.
+  absl::StatusOr<v1::Job> second = WaitForJob(
+      cluster, submitted->id(), [](const v1::Job& job) { return job.generation() == 2; },
+      "generation 2");
+  ASSERT_TRUE(second.ok()) << second.status();
+  absl::StatusOr<v1::Job> ended = WaitForJob(
+      cluster, submitted->id(),
+      [](const v1::Job& job) { return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED; },
+      "ended");
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
+  EXPECT_EQ(ended->generation(), 2);
+  EXPECT_EQ(ended->latest_checkpoint().step(), 600);
+  for (const v1::JobEvent& event : Events(cluster, submitted->id())) {
+    if (event.type() == v1::GENERATION_STARTED && event.generation() == 2) {
+      EXPECT_EQ(event.worker_ids_size(), 2);
+    }
+  }
+
+  absl::StatusOr<v1::Job> reference = RunToEnd(cluster, RecoverySpec("reference", 2, 2, 600));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_EQ(reference->state(), v1::SUCCEEDED) << reference->message();
+  absl::StatusOr<std::vector<std::vector<float>>> recovered = FinalParameters(cluster, *ended);
+  absl::StatusOr<std::vector<std::vector<float>>> uninterrupted =
+      FinalParameters(cluster, *reference);
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  ASSERT_TRUE(uninterrupted.ok()) << uninterrupted.status();
+  EXPECT_TRUE(*recovered == *uninterrupted)
+      << "resumed from step " << *resumed_at << ": max relative difference "
+      << MaxRelativeDifference(*uninterrupted, *recovered);
+  EXPECT_TRUE(cluster.StopAll().ok());
+}
+
+TEST(RecoveryTest, WithoutASpareTheJobShrinksAndEndsWithinOneInAMillion) {
+  LocalCluster cluster(FastHeartbeats());
+  LogTailsOnFailure log_tails(cluster);
+  ASSERT_TRUE(cluster.Start(2).ok());
+  // Checkpoints every 20 steps and the kill after the one at step 180: the last 20 steps run at
+  // W = 1 (issue 12: "20 further steps match an uninterrupted run ... within 1e-6").
+  // A larger batch makes steps slower, so that the stop lands in the last 20 steps' window.
+  v1::JobSpec spec = RecoverySpec("shrunk", 1, 2, 200, 20);
+  spec.set_global_batch(480);
+  absl::StatusOr<v1::Job> submitted = cluster.client().SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  absl::StatusOr<int64_t> resumed_at =
+      StopAndKillRankOne(cluster, submitted->id(), 180, [](const auto&) {});
+  ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();
+  absl::StatusOr<v1::Job> ended = WaitForJob(
+      cluster, submitted->id(),
+      [](const v1::Job& job) { return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED; },
+      "ended");
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
+  EXPECT_EQ(ended->generation(), 2);
+  EXPECT_EQ(ended->worker_ids_size(), 1);
+
+  // The uninterrupted run at W = 2, on the survivor and a new worker.
+  absl::StatusOr<int> survivor = WorkerIndexOf(cluster, ended->worker_ids(0));
+  ASSERT_TRUE(survivor.ok()) << survivor.status();
+  ASSERT_TRUE(cluster.StartWorker("worker-2").ok());
+  ASSERT_TRUE(cluster
+                  .WaitForWorkerStates({absl::StrCat("worker-", *survivor), "worker-2"}, v1::IDLE,
+                                       absl::Seconds(30))
+                  .ok());
+  v1::JobSpec reference_spec = spec;
+  reference_spec.set_name("reference");
+  reference_spec.set_min_workers(2);
+  absl::StatusOr<v1::Job> reference = RunToEnd(cluster, reference_spec);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_EQ(reference->state(), v1::SUCCEEDED) << reference->message();
+  absl::StatusOr<std::vector<std::vector<float>>> shrunk = FinalParameters(cluster, *ended);
+  absl::StatusOr<std::vector<std::vector<float>>> uninterrupted =
+      FinalParameters(cluster, *reference);
+  ASSERT_TRUE(shrunk.ok()) << shrunk.status();
+  ASSERT_TRUE(uninterrupted.ok()) << uninterrupted.status();
+  const double difference = MaxRelativeDifference(*uninterrupted, *shrunk);
+  EXPECT_LE(difference, 1e-6) << "resumed from step " << *resumed_at << " at W = 1";
+  std::fprintf(stderr, "shrunk at step %lld: max relative difference %.3g\n",
+               static_cast<long long>(*resumed_at), difference);
+  EXPECT_TRUE(cluster.StopAll().ok());
+}
+
+TEST(RecoveryTest, ACorruptLatestCheckpointIsPassedOverForThePreviousOne) {
+  LocalCluster cluster(FastHeartbeats());
+  LogTailsOnFailure log_tails(cluster);
+  ASSERT_TRUE(cluster.Start(3).ok());
+  const v1::JobSpec spec = RecoverySpec("corrupted", 2, 2, 600);
+  absl::StatusOr<v1::Job> submitted = cluster.client().SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  std::string corrupted_file;
+  absl::StatusOr<int64_t> latest = StopAndKillRankOne(
+      cluster, submitted->id(), 2 * kEverySteps, [&](const v1::CheckpointRecord& record) {
+        // One byte of rank 0's file, near its end (fragment data, not the header).
+        const std::string step_dir = checkpoint::StepDir(
+            checkpoint::JobCheckpointDir(cluster.checkpoint_root(), submitted->id()),
+            record.step());
+        corrupted_file = step_dir + "/" + checkpoint::ShardFileName(0, 2);
+        std::FILE* file = std::fopen(corrupted_file.c_str(), "r+b");
+        ASSERT_NE(file, nullptr) << corrupted_file;
+        ASSERT_EQ(std::fseek(file, -100, SEEK_END), 0);
+        const int byte = std::fgetc(file);
+        ASSERT_EQ(std::fseek(file, -100, SEEK_END), 0);
+        std::fputc(byte ^ 0x5a, file);
+        ASSERT_EQ(std::fclose(file), 0);
+      });
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  ASSERT_FALSE(corrupted_file.empty());
+  absl::StatusOr<v1::Job> ended = WaitForJob(
+      cluster, submitted->id(),
+      [](const v1::Job& job) { return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED; },
+      "ended");
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
+  std::vector<std::string> notices;
+  for (const v1::JobEvent& event : Events(cluster, submitted->id())) {
+    if (event.type() == v1::NOTICE) notices.push_back(event.message());
+  }
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(notices[0], absl::StrCat("checkpoint at step ", *latest)))
+      << notices[0];
+  EXPECT_TRUE(absl::StrContains(notices[0], "DATA_LOSS")) << notices[0];
+  EXPECT_TRUE(
+      absl::StrContains(notices[0], absl::StrCat("resumed from step ", *latest - kEverySteps)))
+      << notices[0];
+
+  absl::StatusOr<v1::Job> reference = RunToEnd(cluster, RecoverySpec("reference", 2, 2, 600));
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  absl::StatusOr<std::vector<std::vector<float>>> recovered = FinalParameters(cluster, *ended);
+  absl::StatusOr<std::vector<std::vector<float>>> uninterrupted =
+      FinalParameters(cluster, *reference);
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  ASSERT_TRUE(uninterrupted.ok()) << uninterrupted.status();
+  EXPECT_TRUE(*recovered == *uninterrupted);
+  EXPECT_TRUE(cluster.StopAll().ok());
+}
+
+}  // namespace
+}  // namespace zeroshard::testing

@@ -1,0 +1,125 @@
+// Loading the checkpoint a generation resumes from.
+#include "worker/daemon/checkpoint_loader.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/manifest.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace zeroshard::worker {
+namespace {
+
+// The verdict a rank publishes: empty for usable, else why not.
+constexpr char kUsable[] = "ok";
+
+std::string VerdictKey(int64_t step, int32_t rank) {
+  return absl::StrCat("checkpoint/", step, "/", rank);
+}
+
+// FAILED_PRECONDITION when `header` describes another model, optimizer or parameter dtype.
+absl::Status CheckSameModel(const v1::ShardHeader& header, const sharding::ShardPlan& plan,
+                            const CheckpointLoadOptions& options, const std::string& where) {
+  if (header.tensors_size() != plan.num_tensors()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ": tensors: the checkpoint holds ", header.tensors_size(),
+        " tensors, the job's model has ", plan.num_tensors(), " (a checkpoint of another model)"));
+  }
+  for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+    const v1::CheckpointTensor& saved = header.tensors(static_cast<int>(t));
+    const sharding::TensorSpec& mine = plan.tensors()[t];
+    if (saved.name() != mine.name || !std::equal(saved.shape().begin(), saved.shape().end(),
+                                                 mine.shape.begin(), mine.shape.end())) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          where, ": tensors[", t, "]: the checkpoint has \"", saved.name(), "\" [",
+          absl::StrJoin(saved.shape(), ", "), "], the job's model \"", mine.name, "\" [",
+          absl::StrJoin(mine.shape, ", "), "] (a checkpoint of another model)"));
+    }
+  }
+  if (header.optimizer() != options.optimizer) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ": optimizer: the checkpoint holds ", v1::OptimizerKind_Name(header.optimizer()),
+        " state, the job uses ", v1::OptimizerKind_Name(options.optimizer)));
+  }
+  if (header.param_dtype() != options.param_dtype) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ": param_dtype: the checkpoint stores ", v1::DType_Name(header.param_dtype()),
+        " parameters, the job ", v1::DType_Name(options.param_dtype)));
+  }
+  return absl::OkStatus();
+}
+
+// Reads (and so verifies) every range `engine` will restore. DATA_LOSS for a corrupt file.
+absl::Status VerifyRanges(const checkpoint::CheckpointReader& reader,
+                          const sharding::ShardPlan& plan, const engine::Engine& engine) {
+  std::vector<char> scratch;
+  for (const engine::Engine::SavedFragment& range : engine.RestoredRanges()) {
+    scratch.resize(range.bytes());
+    ZS_RETURN_IF_ERROR(reader.Read(range.state, plan.tensors()[range.tensor].name, range.begin,
+                                   range.end, scratch.data(), scratch.size()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& options,
+                                                const sharding::ShardPlan& plan,
+                                                engine::Engine& engine, comm::Store& store) {
+  ZS_ASSIGN_OR_RETURN(checkpoint::CheckpointListing listing,
+                      checkpoint::ListCheckpoints(options.job_dir));
+  LoadedCheckpoint loaded;
+  for (checkpoint::CommittedCheckpoint& candidate : listing.committed) {
+    if (candidate.step > options.max_step) continue;
+    const int64_t step = candidate.step;
+    const std::string directory = candidate.directory;
+    // This rank's verdict: the files open, hold this model, and every range it needs reads back
+    // with its checksum.
+    absl::StatusOr<std::unique_ptr<checkpoint::CheckpointReader>> reader =
+        checkpoint::CheckpointReader::Open(std::move(candidate));
+    absl::Status verdict = reader.status();
+    if (verdict.ok()) {
+      ZS_RETURN_IF_ERROR(CheckSameModel((*reader)->header(), plan, options, directory));
+      verdict = VerifyRanges(**reader, plan, engine);
+    }
+    ZS_RETURN_IF_ERROR(
+        store.Set(VerdictKey(step, options.rank), verdict.ok() ? kUsable : verdict.ToString()));
+    // Every rank's verdict, so that all load the same checkpoint.
+    std::vector<std::string> refusals;
+    for (int32_t r = 0; r < options.world_size; ++r) {
+      ZS_ASSIGN_OR_RETURN(const std::string theirs,
+                          store.Get(VerdictKey(step, r), options.agreement_timeout));
+      if (theirs != kUsable) refusals.push_back(absl::StrCat("rank ", r, ": ", theirs));
+    }
+    if (!refusals.empty()) {
+      loaded.passed_over.push_back(absl::StrCat("checkpoint at step ", step, " (", directory,
+                                                ") unusable: ", absl::StrJoin(refusals, "; ")));
+      ZS_LOG(WARNING) << loaded.passed_over.back();
+      continue;
+    }
+    const v1::ShardHeader& header = (*reader)->header();
+    engine::Engine::SavedScalars scalars;
+    scalars.optimizer_step = header.optimizer_step();
+    scalars.loss_scale = header.loss_scale();
+    scalars.good_steps = header.loss_scale_good_steps();
+    ZS_RETURN_IF_ERROR(engine.RestoreState(
+        scalars, [&](const engine::Engine::SavedFragment& range, absl::Span<char> out) {
+          return (*reader)->Read(range.state, plan.tensors()[range.tensor].name, range.begin,
+                                 range.end, out.data(), out.size());
+        }));
+    loaded.step = step;
+    loaded.directory = directory;
+    return loaded;
+  }
+  return absl::DataLossError(absl::StrCat(
+      "no usable checkpoint at or before step ", options.max_step, " in ", options.job_dir,
+      loaded.passed_over.empty() ? " (none committed)"
+                                 : absl::StrCat(": ", absl::StrJoin(loaded.passed_over, "; "))));
+}
+
+}  // namespace zeroshard::worker
