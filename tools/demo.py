@@ -4,8 +4,8 @@
 Runs one job per (optimizer, mode) -- by default SGD lr 0.01 (the document's) and AdamW
 (docs/workloads.md's recommended demo config), each in `ddp` and in `zero2` mode -- through the
 `zeroshard` CLI, then prints side-by-side tables: loss at the first and last step, the largest
-|parameter difference| between ddp and zero2 of the same optimizer (read from the final
-parameter files rank 0 writes; 0 expected, docs/design.md "Bitwise"; a missing file is an
+|parameter difference| between ddp and zero2 of the same optimizer (each job's final state
+through `zeroshard export`; 0 expected, docs/design.md "Bitwise"; a failed export is an
 error), the optimizer-state bytes per worker the engine measured against the ZeRO formula, the
 median iteration time (forward + backward + step) and engine step time, every memory category
 the worker counts (the engine's, the communicator's staging, the workload's buffers) and each
@@ -16,7 +16,7 @@ every tensor, biases included, takes the optimizer's weight decay; --no_decay PA
 tensors into a group without weight decay. The header says which.
 
 Usually started by tools/demo.sh inside deploy/local/cluster.py, which sets
-ZEROSHARD_COORDINATOR, ZEROSHARD_CLI, ZEROSHARD_FINAL_PARAMS_DIR, ZEROSHARD_WORKERS and
+ZEROSHARD_COORDINATOR, ZEROSHARD_CLI, ZEROSHARD_LOG_DIR, ZEROSHARD_WORKERS and
 ZEROSHARD_WORKER_PIDS.
 Standard library only (NumPy is used for the parameter comparison when it is installed).
 """
@@ -28,10 +28,13 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
+import safetensors_file  # noqa: E402  (reads the exported files; standard library only)
 # sharding/model_catalog.cc's presets (layer sizes of the MLP).
 PRESET_LAYERS = {
     "seed": [10, 64, 10],
@@ -87,9 +90,11 @@ def parse_args():
         help="the zeroshard CLI (default: $ZEROSHARD_CLI, set by cluster.py)",
     )
     parser.add_argument(
-        "--final_params_dir",
-        default=os.environ.get("ZEROSHARD_FINAL_PARAMS_DIR"),
-        help="the workers' --final_params_dir (for the ddp/zero2 parameter comparison; required)",
+        "--export_dir",
+        default=os.environ.get("ZEROSHARD_LOG_DIR"),
+        help="where each job's final state is exported to (<job_id>.safetensors) for the ddp/zero2 "
+             "comparison (default: $ZEROSHARD_LOG_DIR, set by cluster.py, else a new temporary "
+             "directory)",
     )
     parser.add_argument("--workers", type=int, default=int(os.environ.get("ZEROSHARD_WORKERS", "4")))
     parser.add_argument("--preset", default="seed", choices=sorted(PRESET_LAYERS))
@@ -123,9 +128,8 @@ def parse_args():
     if not args.coordinator:
         parser.error("--coordinator (or ZEROSHARD_COORDINATOR) is required; "
                      "run me through deploy/local/cluster.py or tools/demo.sh")
-    if not args.final_params_dir:
-        parser.error("--final_params_dir (or ZEROSHARD_FINAL_PARAMS_DIR) is required: the "
-                     "workers' --final_params_dir, where the ddp/zero2 comparison reads from")
+    if not args.export_dir:
+        args.export_dir = tempfile.mkdtemp(prefix="zeroshard-demo-export-")
     if args.steps is None:
         args.steps = DEFAULT_STEPS[args.preset]
     args.optimizers = [o.strip() for o in args.optimizers.split(",") if o.strip()]
@@ -273,15 +277,13 @@ def run_job(args, run):
     peaks = [worker_peak_rss(pid) for pid in args.worker_pids]
     if peaks and all(p is not None for p in peaks):
         run.peak_rss = peaks
-    # Rank 0 writes the file before it reports its last step; the wait covers a directory that
-    # another machine shares.
-    path = os.path.join(args.final_params_dir, f"{run.job_id}.f32")
-    deadline = time.monotonic() + 10
-    while not os.path.exists(path) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    if not os.path.exists(path):
-        raise DemoError(f"{run.job_id} succeeded but wrote no final parameters at {path} "
-                        f"(is {args.final_params_dir} the workers' --final_params_dir?)")
+    # Every rank commits the final checkpoint before it reports its last step, so the final state
+    # exports once the job succeeded.
+    path = os.path.join(args.export_dir, f"{run.job_id}.safetensors")
+    exported = cli(args, "export", run.job_id, f"--output={path}", check=False)
+    if exported.returncode != 0:
+        raise DemoError(f"{run.job_id} succeeded but its final state does not export: "
+                        f"{exported.stderr.strip()}")
     run.params_path = path
 
 
@@ -297,28 +299,42 @@ def worker_peak_rss(pid):
     return None
 
 
-def read_f32(path):
+def read_params(path):
+    """An exported file's tensors: {name: fp32 values}, NumPy arrays when NumPy is installed."""
     try:
-        import numpy
-        return numpy.fromfile(path, dtype="<f4")
-    except ImportError:
-        values = array.array("f")
-        with open(path, "rb") as f:
-            values.frombytes(f.read())
-        if sys.byteorder != "little":
-            values.byteswap()
-        return values
+        tensors, _ = safetensors_file.read_safetensors(path)
+    except (OSError, ValueError) as e:
+        raise DemoError(f"{path}: {e}") from None
+    params = {}
+    for name, tensor in tensors.items():
+        if tensor.dtype != "F32":
+            raise DemoError(f"{path}: {name} is {tensor.dtype}, not F32")
+        try:
+            import numpy
+            params[name] = numpy.frombuffer(tensor.data, dtype="<f4")
+        except ImportError:
+            values = array.array("f")
+            values.frombytes(tensor.data)
+            if sys.byteorder != "little":
+                values.byteswap()
+            params[name] = values
+    return params
 
 
 def max_abs_diff(path_a, path_b):
-    a, b = read_f32(path_a), read_f32(path_b)
-    if len(a) != len(b):
-        raise DemoError(f"{path_a} and {path_b} differ in length ({len(a)} vs {len(b)})")
-    try:
-        import numpy
-        return float(numpy.max(numpy.abs(a.astype(numpy.float64) - b.astype(numpy.float64)))) if len(a) else 0.0
-    except ImportError:
-        return max((abs(x - y) for x, y in zip(a, b)), default=0.0)
+    a, b = read_params(path_a), read_params(path_b)
+    if sorted(a) != sorted(b) or any(len(a[name]) != len(b[name]) for name in a):
+        raise DemoError(f"{path_a} and {path_b} hold different tensors")
+    diff = 0.0
+    for name in a:
+        try:
+            import numpy
+            if len(a[name]):
+                delta = numpy.abs(a[name].astype(numpy.float64) - b[name].astype(numpy.float64))
+                diff = max(diff, float(numpy.max(delta)))
+        except ImportError:
+            diff = max(diff, max((abs(x - y) for x, y in zip(a[name], b[name])), default=0.0))
+    return diff
 
 
 def print_rows(headers, rows):

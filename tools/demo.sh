@@ -32,5 +32,4 @@ fi
 
 echo "== starting a local cluster: 1 coordinator, $WORKERS workers (logs in $LOG_DIR)"
 exec "$PYTHON" deploy/local/cluster.py --workers "$WORKERS" --bin_dir "$BIN_DIR" \
-  --log_dir "$LOG_DIR" -- "$PYTHON" tools/demo.py --workers "$WORKERS" \
-  --final_params_dir "$LOG_DIR/final_params" "$@"
+  --log_dir "$LOG_DIR" -- "$PYTHON" tools/demo.py --workers "$WORKERS" "$@"

@@ -35,8 +35,6 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory checkpoints are written to and resumed from: the coordinator's "
           "--checkpoint_root, the same path on every worker (e.g. a shared volume). Empty: no "
           "checkpoints, and jobs cannot resume after a lost worker.");
-ABSL_FLAG(std::string, final_params_dir, "",
-          "If set, rank 0 writes each finished job's final parameters to DIR/<job_id>.f32.");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("zeroshard-worker --coordinator=HOST:PORT [--device=cpu]");
@@ -112,7 +110,6 @@ int main(int argc, char** argv) {
         run_options.listen_host = absl::GetFlag(FLAGS_listen_host);
         run_options.threads = absl::GetFlag(FLAGS_threads);
         run_options.cuda_device = cuda_device;
-        run_options.final_params_dir = absl::GetFlag(FLAGS_final_params_dir);
         run_options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
         return zeroshard::worker::EngineTrainingRun::Start(assignment, std::move(run_options));
       });

@@ -71,6 +71,12 @@ def parse_args(argv):
         "--log_dir", default=None, help="where logs and state go (default: a new dir under /tmp)"
     )
     parser.add_argument(
+        "--checkpoint_root",
+        default=None,
+        help="the --checkpoint_root of the coordinator and every worker: where checkpoints are "
+        "written, resumed from and exported from (default: checkpoints/ in the log directory)",
+    )
+    parser.add_argument(
         "--heartbeat_period", default="1s", help="coordinator heartbeat period (default 1s)"
     )
     parser.add_argument(
@@ -184,7 +190,10 @@ class Cluster:
         self.binaries = binaries
         self.log_dir = log_dir
         self.state_dir = os.path.join(log_dir, "coordinator-state")
-        self.final_params_dir = os.path.join(log_dir, "final_params")
+        # One directory for the coordinator and every worker, as a shared volume would be.
+        self.checkpoint_root = os.path.abspath(
+            args.checkpoint_root or os.path.join(log_dir, "checkpoints")
+        )
         self.port_file = os.path.join(log_dir, "coordinator.ports")
         self.processes = []  # in start order
         self.coordinator = None
@@ -202,6 +211,7 @@ class Cluster:
 
     def start_coordinator(self):
         os.makedirs(self.state_dir, exist_ok=True)
+        os.makedirs(self.checkpoint_root, exist_ok=True)
         try:
             os.remove(self.port_file)
         except FileNotFoundError:
@@ -212,6 +222,7 @@ class Cluster:
             "--metrics_port=0",
             f"--state_dir={self.state_dir}",
             f"--port_file={self.port_file}",
+            f"--checkpoint_root={self.checkpoint_root}",
             f"--heartbeat_period={self.args.heartbeat_period}",
         ]
         self.coordinator = self._start("coordinator", argv)
@@ -247,14 +258,13 @@ class Cluster:
         return (grpc_port, metrics_port) if grpc_port > 0 else None
 
     def start_workers(self):
-        os.makedirs(self.final_params_dir, exist_ok=True)
         for i in range(self.args.workers):
             argv = [
                 self.binaries["worker"],
                 f"--coordinator={self.address}",
                 "--device=cpu",
                 f"--name=worker-{i}",
-                f"--final_params_dir={self.final_params_dir}",
+                f"--checkpoint_root={self.checkpoint_root}",
             ]
             if self.args.worker_threads is not None:
                 argv.append(f"--threads={self.args.worker_threads}")
@@ -326,7 +336,7 @@ class Cluster:
         env["ZEROSHARD_COORDINATOR"] = self.address
         env["ZEROSHARD_CLI"] = os.path.abspath(self.binaries["client"])
         env["ZEROSHARD_LOG_DIR"] = self.log_dir
-        env["ZEROSHARD_FINAL_PARAMS_DIR"] = self.final_params_dir
+        env["ZEROSHARD_CHECKPOINT_ROOT"] = self.checkpoint_root
         env["ZEROSHARD_WORKERS"] = str(self.args.workers)
         # The workers' process ids, comma-separated, in worker order (for tools that read their
         # /proc/<pid>/status, such as the demo's per-worker peak RSS).

@@ -451,7 +451,7 @@ def parse_watch_output(lines):
 def measured_steps(progress, times, steps, warmup):
     """The measured steps' metrics, and the wall between rank 0's reports of consecutive
     measured steps: each report follows its iteration, so their spacing is the whole loop, the
-    report's RPC included. The last report comes after the final parameters are written, so the
+    report's RPC included. The last report comes after the final checkpoint is written, so the
     interval that ends there is left out."""
     measured = [progress[s] for s in range(warmup + 1, warmup + steps + 1)]
     intervals = [times[s] - times[s - 1] for s in range(warmup + 1, warmup + steps)

@@ -129,7 +129,7 @@ class ZeroShardSummaryTest(unittest.TestCase):
             progress[step] = {"step": str(step), "iteration_ms": 10.0 + step if measured else 900.0,
                               "step_ms": 4.0, "update_ms": 1.0, "loss": 0.25}
             # (10 + step) ms since the previous report, but the last one comes 5 s later (the
-            # final parameters are written first).
+            # final checkpoint is written first).
             times[step] = (times.get(step - 1, 100.0) + (10.0 + step) / 1e3 +
                            (5.0 if step == warmup + steps else 0.0))
         measured, intervals = bench.measured_steps(progress, times, steps, warmup)

@@ -1,14 +1,15 @@
 // End-to-end tests of issue 6 ("Tests") on real coordinator, worker and CLI processes on
-// loopback: training to completion on 2 and 4 workers, cancel, kill -9 recovery, and a job that
-// stays PENDING until enough workers join. (Bad specs through the CLI: cli_test.cc.)
+// loopback: training to completion on 2 and 4 workers (final parameters through `zeroshard
+// export`), cancel, kill -9 recovery, and a job that stays PENDING until enough workers join.
+// (Bad specs through the CLI: cli_test.cc.)
 #include <signal.h>
 #include <sys/wait.h>
 
 #include <algorithm>
-#include <fstream>
 #include <functional>
 #include <iostream>
-#include <sstream>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "checkpoint/safetensors.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "tests/integration/local_cluster.h"
@@ -131,18 +133,50 @@ std::vector<v1::StepMetrics> ProgressOf(const std::vector<v1::JobEvent>& events)
   return progress;
 }
 
-std::string ReadBytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
-// Index of the first float that differs between two equally long .f32 files, or -1.
+// Index of the first float that differs between two equally long fp32 arrays' bytes, or -1.
 int64_t FirstDifferentFloat(const std::string& a, const std::string& b) {
   const auto mismatch = std::mismatch(a.begin(), a.end(), b.begin(), b.end());
   if (mismatch.first == a.end() && mismatch.second == b.end()) return -1;
   return (mismatch.first - a.begin()) / static_cast<int64_t>(sizeof(float));
+}
+
+// One tensor of a file `zeroshard export` wrote.
+struct ExportedTensor {
+  std::string name;
+  std::vector<int64_t> shape;
+  std::string bytes;  // fp32 values
+};
+
+// The job's final parameters: `zeroshard export JOB_ID --output=PATH`, read back with the
+// checkpoint library's safetensors reader, in the file's order.
+absl::StatusOr<std::vector<ExportedTensor>> ExportWithCli(LocalCluster& cluster,
+                                                          const std::string& job_id) {
+  const std::string path = absl::StrCat(cluster.base_dir(), "/", job_id, ".safetensors");
+  absl::StatusOr<CommandResult> run = RunCommand(
+      {LocalCluster::RunfilePath("client/zeroshard"),
+       "--coordinator=" + cluster.coordinator_target(), "export", job_id, "--output=" + path},
+      kJobDeadline);
+  if (!run.ok()) return run.status();
+  if (run->exit_code() != 0) {
+    return absl::InternalError(
+        absl::StrCat("zeroshard export exited with ", run->exit_code(), ": ", run->stderr_text));
+  }
+  absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsReader>> file =
+      checkpoint::SafetensorsReader::Open(path);
+  if (!file.ok()) return file.status();
+  std::vector<ExportedTensor> tensors;
+  for (const checkpoint::TensorInfo& info : (*file)->tensors()) {
+    if (info.dtype != checkpoint::SafetensorsDType::kF32) {
+      return absl::InternalError(absl::StrCat(path, ": ", info.name, " is not F32"));
+    }
+    ExportedTensor& tensor = tensors.emplace_back();
+    tensor.name = info.name;
+    tensor.shape = info.shape;
+    tensor.bytes.resize(info.num_bytes());
+    absl::Status read = (*file)->ReadTensorBytes(info, 0, tensor.bytes.data(), info.num_bytes());
+    if (!read.ok()) return read;
+  }
+  return tensors;
 }
 
 // Issue 6: a job on 2 and on 4 workers completes; with the demo config the loss falls at least
@@ -157,7 +191,7 @@ TEST_P(TrainingTest, DdpAndZero2TrainTheDemoConfigToBitwiseEqualParameters) {
   absl::Status started = cluster.Start(workers);
   ASSERT_TRUE(started.ok()) << started;
 
-  std::string final_params[2];
+  std::vector<ExportedTensor> final_params[2];
   const v1::Mode modes[2] = {v1::DDP, v1::ZERO2};
   for (int m = 0; m < 2; ++m) {
     SCOPED_TRACE(absl::StrCat(v1::Mode_Name(modes[m]), " on ", workers, " workers"));
@@ -188,11 +222,29 @@ TEST_P(TrainingTest, DdpAndZero2TrainTheDemoConfigToBitwiseEqualParameters) {
     EXPECT_EQ(job->state(), v1::SUCCEEDED) << job->message();
     EXPECT_EQ(job->worker_ids_size(), workers);
     EXPECT_EQ(job->generation(), 1);
-    final_params[m] = ReadBytes(absl::StrCat(cluster.final_params_dir(), "/", job->id(), ".f32"));
-    EXPECT_EQ(final_params[m].size(), kSeedPresetParams * sizeof(float));
+    absl::StatusOr<std::vector<ExportedTensor>> exported = ExportWithCli(cluster, job->id());
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    final_params[m] = *std::move(exported);
+    // torch's names and shapes for nn.Sequential(Linear(10, 64), ReLU(), Linear(64, 10)).
+    std::map<std::string, std::vector<int64_t>> shapes;
+    size_t bytes = 0;
+    for (const ExportedTensor& tensor : final_params[m]) {
+      shapes[tensor.name] = tensor.shape;
+      bytes += tensor.bytes.size();
+    }
+    EXPECT_EQ(
+        shapes,
+        (std::map<std::string, std::vector<int64_t>>{
+            {"0.weight", {64, 10}}, {"0.bias", {64}}, {"2.weight", {10, 64}}, {"2.bias", {10}}}));
+    EXPECT_EQ(bytes, kSeedPresetParams * sizeof(float));
   }
-  EXPECT_EQ(FirstDifferentFloat(final_params[0], final_params[1]), -1)
-      << "ddp and zero2 final parameters differ (index of the first different float)";
+  ASSERT_EQ(final_params[0].size(), final_params[1].size());
+  for (size_t t = 0; t < final_params[0].size(); ++t) {
+    EXPECT_EQ(final_params[0][t].name, final_params[1][t].name);
+    EXPECT_EQ(FirstDifferentFloat(final_params[0][t].bytes, final_params[1][t].bytes), -1)
+        << "ddp and zero2 final parameters of " << final_params[0][t].name
+        << " differ (index of the first different float)";
+  }
 
   absl::Status stopped = cluster.StopAll();
   EXPECT_TRUE(stopped.ok()) << stopped;

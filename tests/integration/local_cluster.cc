@@ -95,11 +95,9 @@ LocalCluster::LocalCluster(LocalClusterOptions options) : options_(std::move(opt
   std::filesystem::create_directories(base_dir_);
   state_dir_ = base_dir_ + "/coordinator-state";
   port_file_ = base_dir_ + "/coordinator.ports";
-  final_params_dir_ = base_dir_ + "/final_params";
   checkpoint_root_ = base_dir_ + "/checkpoints";
   std::filesystem::create_directories(checkpoint_root_);
   std::filesystem::create_directories(state_dir_);
-  std::filesystem::create_directories(final_params_dir_);
 }
 
 LocalCluster::~LocalCluster() {
@@ -292,7 +290,6 @@ absl::StatusOr<int> LocalCluster::StartWorker(const std::string& name,
       "--device=cpu",
       "--name=" + name,
       absl::StrCat("--threads=", options_.worker_threads),
-      "--final_params_dir=" + final_params_dir_,
       "--checkpoint_root=" + checkpoint_root_,
   };
   argv.insert(argv.end(), options_.extra_worker_flags.begin(), options_.extra_worker_flags.end());

@@ -113,8 +113,6 @@ class LocalCluster {
   const ClusterProcess& worker_process(int index) const;
   int worker_count() const { return static_cast<int>(worker_indices_.size()); }
   const std::string& base_dir() const { return base_dir_; }
-  // Where rank 0 writes final parameters (--final_params_dir of every worker).
-  const std::string& final_params_dir() const { return final_params_dir_; }
   // The --checkpoint_root of the coordinator and every worker.
   const std::string& checkpoint_root() const { return checkpoint_root_; }
 
@@ -137,7 +135,6 @@ class LocalCluster {
   std::string base_dir_;
   std::string state_dir_;
   std::string port_file_;
-  std::string final_params_dir_;
   std::string checkpoint_root_;
   int grpc_port_ = 0;  // 0: none chosen yet
   int metrics_port_ = 0;

@@ -3,9 +3,9 @@
 without a no-decay group for the biases, compared with Debian's torch on the same model and data.
 
 Runs as the command of deploy/local/cluster.py (torch_adamw_test.sh starts it), which sets
-ZEROSHARD_CLI, ZEROSHARD_COORDINATOR, ZEROSHARD_FINAL_PARAMS_DIR, ZEROSHARD_LOG_DIR and
-ZEROSHARD_WORKERS. Jobs go in as JSON spec files through the `zeroshard` CLI; rank 0 writes the
-final parameters (raw float32, the catalog's tensor order) to ZEROSHARD_FINAL_PARAMS_DIR.
+ZEROSHARD_CLI, ZEROSHARD_COORDINATOR, ZEROSHARD_LOG_DIR and ZEROSHARD_WORKERS. Jobs go in as JSON
+spec files through the `zeroshard` CLI, and their final parameters come out through `zeroshard
+export` (safetensors with torch's names, read with tools/safetensors_file.py).
 """
 
 import fnmatch
@@ -19,6 +19,8 @@ import torch
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO_ROOT, "tools", "reference"))
+sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
+import safetensors_file  # noqa: E402  (no PyPI package in CI)
 import workload_reference  # noqa: E402  (the generator of docs/workloads.md, bit for bit)
 
 LAYERS = [10, 64, 10]  # the `seed` preset
@@ -158,11 +160,17 @@ def zeroshard_run(name, mode, groups):
                           f"{watched.stderr.strip()}")
     if sorted(losses) != list(range(1, STEPS + 1)):
         raise CheckFailed(f"{name} ({job_id}): progress for steps {sorted(losses)}")
-    # Rank 0 writes the file before it reports its last step, so it exists once the job succeeded.
-    path = os.path.join(os.environ["ZEROSHARD_FINAL_PARAMS_DIR"], f"{job_id}.f32")
-    if not os.path.exists(path):
-        raise CheckFailed(f"{name} ({job_id}): no final parameters at {path}")
-    params = np.fromfile(path, dtype="<f4")
+    # Every rank commits the final checkpoint before it reports its last step, so the job's final
+    # state exists once it succeeded.
+    path = os.path.join(os.environ["ZEROSHARD_LOG_DIR"], f"{job_id}.safetensors")
+    exported = cli("export", job_id, f"--output={path}")
+    if exported.returncode != 0:
+        raise CheckFailed(f"{name} ({job_id}): export failed: {exported.stderr.strip()}")
+    tensors, _ = safetensors_file.read_safetensors(path)
+    state = safetensors_file.to_torch(tensors)
+    # torch's names and shapes: the file loads into the model strictly.
+    mlp(workload_reference.ROLE_STUDENT).load_state_dict(state, strict=True)
+    params = np.concatenate([state[tensor].numpy().ravel() for tensor in catalog_order()])
     return params, [losses[step] for step in range(1, STEPS + 1)]
 
 

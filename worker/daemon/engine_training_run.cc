@@ -1,8 +1,6 @@
 // One generation's training on this worker.
 #include "worker/daemon/engine_training_run.h"
 
-#include <cstdio>
-#include <filesystem>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -344,69 +342,12 @@ absl::Status EngineTrainingRun::Train() {
                  << absl::FormatDuration(written.write_time) << "), " << written.skipped
                  << " skipped, " << written.failed << " failed";
   }
-  if (rank == 0 && !options_.final_params_dir.empty()) {
-    ZS_RETURN_IF_ERROR(WriteFinalParameters(*engine, plan, /*host_memory=*/!on_cuda));
-  }
   ZS_RETURN_IF_ERROR(Report(last, /*finished=*/true).status());
   ZS_LOG(INFO) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
                << rank << " finished " << spec.steps() << " steps, loss " << last.loss()
                << ", counted " << last.memory().total_bytes() << " bytes, peak RSS "
                << last.vmhwm_bytes() << " bytes (" << last.vmrss_at_start_bytes()
                << " at the start)";
-  return absl::OkStatus();
-}
-
-absl::Status EngineTrainingRun::WriteFinalParameters(engine::Engine& engine,
-                                                     const sharding::ShardPlan& plan,
-                                                     bool host_memory) {
-  std::error_code error;
-  std::filesystem::create_directories(options_.final_params_dir, error);
-  const std::string path =
-      absl::StrCat(options_.final_params_dir, "/", assignment_.job_id(), ".f32");
-  const std::string tmp = path + ".tmp";
-  FILE* file = std::fopen(tmp.c_str(), "wb");
-  if (file == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat("final_params_dir: cannot write ", tmp));
-  }
-  bool ok = true;
-  for (int64_t t = 0; t < plan.num_tensors(); ++t) {
-    // fp32 host parameters are written from where they are: a host copy of the largest tensor
-    // would be a peak of the process's memory that no category counts. Others are widened (and
-    // copied from the device) one tensor at a time.
-    std::vector<float> copy;
-    absl::Span<const float> values;
-    // Parameters() waits for the tensor's all-gathers of the last step.
-    const absl::StatusOr<workloads::StoredParameters> stored = engine.Parameters(t);
-    if (!stored.ok()) {
-      std::fclose(file);
-      std::remove(tmp.c_str());
-      return stored.status();
-    }
-    if (host_memory && stored->dtype == kernels::DType::kFloat32) {
-      values = absl::MakeConstSpan(static_cast<const float*>(stored->data), stored->size);
-    } else {
-      absl::StatusOr<std::vector<float>> on_host = engine.ParametersOnHost(t);
-      if (on_host.ok()) {
-        copy = *std::move(on_host);
-        values = copy;
-      } else {
-        std::fclose(file);
-        std::remove(tmp.c_str());
-        return on_host.status();
-      }
-    }
-    if (static_cast<int64_t>(values.size()) != plan.placement(t).num_elements) {
-      std::fclose(file);
-      std::remove(tmp.c_str());
-      return absl::InternalError(
-          absl::StrCat("final parameters of tensor ", t, ": got ", values.size(), " elements"));
-    }
-    ok &= std::fwrite(values.data(), sizeof(float), values.size(), file) == values.size();
-  }
-  ok &= std::fclose(file) == 0;
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::DataLossError(absl::StrCat("final_params_dir: writing ", path, " failed"));
-  }
   return absl::OkStatus();
 }
 

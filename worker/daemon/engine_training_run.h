@@ -34,9 +34,6 @@ struct EngineTrainingRunOptions {
   // >= 0: train on this CUDA device (NCCL, the CUDA kernels and workload; needs a build with
   // --config=cuda, see cuda_support.h). -1: on the CPU (Gloo).
   int cuda_device = -1;
-  // When set, rank 0 writes the final parameters of a finished job to
-  // <dir>/<job_id>.f32 (raw little-endian fp32, the catalog's tensor order).
-  std::string final_params_dir;
   // The checkpoint root (the coordinator's --checkpoint_root, the same directory): where this
   // rank writes its checkpoints and reads the one its generation resumes from. Empty: no
   // checkpoints are written, and a generation that must resume fails.
@@ -66,10 +63,6 @@ class EngineTrainingRun final : public TrainingRun {
                               const std::string& notice = "");
   // Sends one checkpoint commit (the checkpoint writer's thread).
   absl::Status Commit(const v1::CommitCheckpointRequest& request);
-  // Rank 0's final parameters, for comparing runs (see final_params_dir). `host_memory`: the
-  // engine's buffers are host memory (a CPU run).
-  absl::Status WriteFinalParameters(engine::Engine& engine, const sharding::ShardPlan& plan,
-                                    bool host_memory);
 
   const v1::Assignment assignment_;
   const EngineTrainingRunOptions options_;
