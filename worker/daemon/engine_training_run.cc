@@ -18,11 +18,16 @@
 #include "worker/daemon/cuda_support.h"
 #include "worker/daemon/engine_config.h"
 #include "worker/daemon/progress_reporter.h"
+#include "worker/daemon/rpc_retry.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/teacher_student_mlp.h"
 
 namespace zeroshard::worker {
 namespace {
+
+// How long the `finished` report (and the progress reports before it) may wait for a coordinator
+// that is down: a restart takes seconds, and the run has nothing left to do but this.
+constexpr absl::Duration kFinishedReportDeadline = absl::Minutes(5);
 
 // Memory a run holds outside the engine's allocator, by owner.
 struct OutsideEngineMemory {
@@ -95,9 +100,10 @@ EngineTrainingRun::~EngineTrainingRun() {
 }
 
 void EngineTrainingRun::Abort() {
-  aborted_.store(true);
+  if (!aborted_.exchange(true)) abort_requested_.Notify();
   absl::MutexLock lock(&mu_);
   if (communicator_ != nullptr) communicator_->Abort();
+  if (reporter_ != nullptr) reporter_->Cancel();
 }
 
 absl::Status EngineTrainingRun::status() const {
@@ -221,6 +227,19 @@ absl::Status EngineTrainingRun::Train() {
     reporter = std::make_unique<ProgressReporter>(
         [this](const v1::StepMetrics& metrics) { return Report(metrics, /*finished=*/false); });
   }
+  // Detached from Abort() before it is destroyed.
+  struct DetachReporter {
+    EngineTrainingRun* run;
+    ~DetachReporter() {
+      absl::MutexLock lock(&run->mu_);
+      run->reporter_ = nullptr;
+    }
+  } detach_reporter{this};
+  {
+    absl::MutexLock lock(&mu_);
+    reporter_ = reporter.get();
+    if (reporter_ != nullptr && aborted_.load()) reporter_->Cancel();
+  }
   v1::StepMetrics last;
   for (int64_t step = assignment_.start_step(); step < spec.steps(); ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
@@ -240,14 +259,22 @@ absl::Status EngineTrainingRun::Train() {
       if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
     }
   }
+  // The coordinator must hear of every rank's finish even across its restart: the reports wait
+  // for it, up to a deadline or Abort().
+  const absl::Time report_deadline = absl::Now() + kFinishedReportDeadline;
   if (reporter != nullptr) {
-    ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Flush());
+    ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Flush(report_deadline));
     if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
   }
   if (rank == 0 && !options_.final_params_dir.empty()) {
     ZS_RETURN_IF_ERROR(WriteFinalParameters(*engine, plan, /*host_memory=*/!on_cuda));
   }
-  ZS_RETURN_IF_ERROR(Report(last, /*finished=*/true).status());
+  ZS_RETURN_IF_ERROR(RetryRpc(
+      "ReportProgress (finished)", [&] { return Report(last, /*finished=*/true).status(); },
+      report_deadline,
+      [this](absl::Duration delay) {
+        return !abort_requested_.WaitForNotificationWithTimeout(delay);
+      }));
   ZS_LOG(INFO) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
                << rank << " finished " << spec.steps() << " steps, loss " << last.loss()
                << ", counted " << last.memory().total_bytes() << " bytes, peak RSS "

@@ -11,8 +11,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/communicator.h"
+#include "worker/daemon/progress_reporter.h"
 #include "worker/daemon/training_run.h"
 #include "worker/workloads/workload.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
@@ -65,6 +67,8 @@ class EngineTrainingRun final : public TrainingRun {
   const v1::Assignment assignment_;
   const EngineTrainingRunOptions options_;
   std::atomic<bool> aborted_{false};
+  // Notified by the first Abort(): ends the waits between retries of the `finished` report.
+  absl::Notification abort_requested_;
   std::atomic<bool> done_{false};
   std::atomic<int64_t> step_{0};
 
@@ -72,6 +76,8 @@ class EngineTrainingRun final : public TrainingRun {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   // Set while the communicator exists, so Abort() can unblock its collectives.
   comm::Communicator* communicator_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Rank 0's, while it exists, so Abort() can end its retries (a coordinator outage).
+  ProgressReporter* reporter_ ABSL_GUARDED_BY(mu_) = nullptr;
 
   std::thread thread_;
 };
