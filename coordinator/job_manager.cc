@@ -62,6 +62,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
     JobRecord& record = manager->jobs_[id];
     record.job = std::move(job);
     record.events = std::move(events);
+    record.published_events = record.events.size();
     record.pending_since = clock->Now();
     if (const std::optional<int64_t> number = ParseJobId(id)) {
       manager->next_job_number_ = std::max(manager->next_job_number_, *number + 1);
@@ -204,6 +205,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted) {
     return absl::UnavailableError(absl::StrCat("state store: job not accepted: ", saved.message()));
   }
   record.events.push_back(std::move(submitted_event));
+  record.published_events = 1;
   ++next_job_number_;
   jobs_.emplace(id, std::move(record));
   ZS_LOG(INFO) << "job " << id << " submitted";
@@ -277,10 +279,11 @@ absl::Status JobManager::Watch(const std::string& job_id, int64_t after_sequence
                                std::shared_ptr<JobEventSink> sink) {
   absl::MutexLock lock(&mu_);
   ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(job_id));
-  for (const v1::JobEvent& event : record->events) {
+  for (size_t i = 0; i < record->published_events; ++i) {
+    const v1::JobEvent& event = record->events[i];
     if (event.sequence() > after_sequence && !sink->OnEvent(event)) return absl::OkStatus();
   }
-  if (IsFinal(record->job.state())) {
+  if (IsFinal(record->job.state()) && record->published_events == record->events.size()) {
     sink->OnJobEnded();
   } else {
     record->sinks.push_back(std::move(sink));
@@ -452,14 +455,21 @@ v1::JobEvent& JobManager::AddEventLocked(JobRecord& record, v1::JobEvent event) 
   event.set_job_id(record.job.id());
   event.set_sequence(static_cast<int64_t>(record.events.size()) + 1);
   *event.mutable_time() = ToTimestamp(clock_->Now());
-  record.sinks.erase(std::remove_if(record.sinks.begin(), record.sinks.end(),
-                                    [&](const std::shared_ptr<JobEventSink>& sink) {
-                                      return !sink->OnEvent(event);
-                                    }),
-                     record.sinks.end());
   unpersisted_events_.push_back(event);
   record.events.push_back(std::move(event));
   return record.events.back();
+}
+
+void JobManager::PublishLocked(JobRecord& record) {
+  for (; record.published_events < record.events.size(); ++record.published_events) {
+    const v1::JobEvent& event = record.events[record.published_events];
+    record.sinks.erase(std::remove_if(record.sinks.begin(), record.sinks.end(),
+                                      [&](const std::shared_ptr<JobEventSink>& sink) {
+                                        return !sink->OnEvent(event);
+                                      }),
+                       record.sinks.end());
+  }
+  if (IsFinal(record.job.state())) EndSinksLocked(record);
 }
 
 absl::Status JobManager::CheckStateEdgeLocked(const JobRecord& record, v1::JobState state) {
@@ -492,7 +502,6 @@ absl::Status JobManager::SetStateLocked(JobRecord& record, v1::JobState state,
   AddEventLocked(record, std::move(event));
   ZS_LOG(INFO) << "job " << record.job.id() << " -> " << v1::JobState_Name(state) << ": "
                << message;
-  if (IsFinal(state)) EndSinksLocked(record);
   return absl::OkStatus();
 }
 
@@ -528,7 +537,17 @@ void JobManager::PersistLocked(absl::Span<JobRecord* const> records) {
     ZS_LOG(ERROR) << "state store write failed (will retry with the next change): " << saved;
     return;
   }
+  // Durable now: watchers may see them.
+  std::vector<std::string> published_jobs;
+  for (const v1::JobEvent& event : unpersisted_events_) {
+    if (published_jobs.empty() || published_jobs.back() != event.job_id()) {
+      published_jobs.push_back(event.job_id());
+    }
+  }
   unpersisted_events_.clear();
+  for (const std::string& job_id : published_jobs) {
+    if (auto it = jobs_.find(job_id); it != jobs_.end()) PublishLocked(it->second);
+  }
   for (JobRecord* record : records) record->run_assignment_unsaved = false;
 }
 

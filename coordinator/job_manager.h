@@ -144,7 +144,9 @@ class JobManager {
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   absl::StatusOr<v1::ShardPlan> GetShardPlan(const v1::GetShardPlanRequest& request);
   // Replays the job's events after `after_sequence` into `sink`, then keeps it subscribed to
-  // new ones. A job already ended gets its history and OnJobEnded at once.
+  // new ones. A job already ended gets its history and OnJobEnded at once. Sinks get an event
+  // only once it is durable, so no watcher sees one that a coordinator restart could lose (and
+  // whose sequence number the next coordinator would give to another).
   absl::Status Watch(const std::string& job_id, int64_t after_sequence,
                      std::shared_ptr<JobEventSink> sink);
 
@@ -167,6 +169,8 @@ class JobManager {
   struct JobRecord {
     v1::Job job;
     std::vector<v1::JobEvent> events;
+    // events[0, published_events) are durable and were sent to the sinks.
+    size_t published_events = 0;
     absl::Time pending_since;
     // The current generation's plan (RUNNING only).
     std::optional<sharding::ShardPlan> plan;
@@ -194,9 +198,13 @@ class JobManager {
   absl::StatusOr<JobRecord*> FindRankLocked(const std::string& worker_id, const std::string& job_id,
                                             int64_t generation, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends an event (sequence, time, job id filled in) and fans it out to the sinks.
+  // Appends an event (sequence, time, job id filled in). PersistLocked sends it to the sinks
+  // once it is durable.
   v1::JobEvent& AddEventLocked(JobRecord& record, v1::JobEvent event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the record's durable events that its sinks have not had, and ends the sinks when the
+  // job has ended.
+  void PublishLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION (logged at ERROR) when the job's current state -> `state` is not an
   // edge of kJobStateEdges.
   absl::Status CheckStateEdgeLocked(const JobRecord& record, v1::JobState state)
@@ -205,7 +213,8 @@ class JobManager {
   // CheckStateEdgeLocked) any other change, and then changes nothing.
   absl::Status SetStateLocked(JobRecord& record, v1::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Persists the records' jobs and their events added since the last persist.
+  // Persists the records' jobs and the events added since the last persist, then publishes
+  // those events (PublishLocked).
   void PersistLocked(absl::Span<JobRecord* const> records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the next generation of a pending or recovering job on `workers` (rank order) with
   // `plan`. Changes nothing when the job may not become RUNNING.

@@ -3,6 +3,8 @@
 // and the adoption of running generations after them, and every edge of the job state machine.
 #include "coordinator/job_manager.h"
 
+#include <sqlite3.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <set>
@@ -413,6 +415,35 @@ TEST_F(JobManagerTest, ClosedWatcherIsDropped) {
   ASSERT_TRUE(Finish(*manager_->GetJob(job->id()), 0, /*finished=*/false).ok());
   EXPECT_EQ(sink->events.size(), seen + 1);  // the first event found it closed
   EXPECT_EQ(sink.use_count(), 1);
+}
+
+TEST_F(JobManagerTest, WatchersSeeOnlyDurableEvents) {
+  Register("a");
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(manager_->Watch(job->id(), 0, sink).ok());
+  const size_t seen = sink->events.size();
+
+  // Another connection holds the database: the manager's writes fail (SQLITE_BUSY).
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/zeroshard.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "BEGIN EXCLUSIVE;", nullptr, nullptr, nullptr), SQLITE_OK);
+  ASSERT_TRUE(Report(running, 0, 1).ok());  // accepted; memory stays authoritative
+  EXPECT_EQ(manager_->GetJob(job->id())->progress().step(), 1);
+  // A restart could lose the event and give its sequence to another: nobody sees it yet.
+  EXPECT_EQ(sink->events.size(), seen);
+  EXPECT_EQ(Events(job->id()).size(), seen);
+  ASSERT_EQ(sqlite3_exec(db, "COMMIT;", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+
+  // The next write makes both durable, and both are sent, in order.
+  ASSERT_TRUE(Report(running, 0, 2).ok());
+  ASSERT_EQ(sink->events.size(), seen + 2);
+  EXPECT_EQ(sink->events[seen].progress().step(), 1);
+  EXPECT_EQ(sink->events[seen + 1].progress().step(), 2);
+  EXPECT_EQ(Events(job->id()).size(), seen + 2);
 }
 
 TEST_F(JobManagerTest, RestartKeepsJobsAndRestartsRunningOnesInANewGeneration) {
