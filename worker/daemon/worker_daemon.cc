@@ -32,6 +32,23 @@ std::string WorkerDaemon::worker_id() const {
 void WorkerDaemon::Stop() {
   // Notify() may run only once: two threads could both see HasBeenNotified() false.
   if (!stop_requested_.exchange(true)) stop_.Notify();
+  absl::MutexLock lock(&call_mu_);
+  if (call_ != nullptr) call_->TryCancel();
+}
+
+void WorkerDaemon::BeginCall(grpc::ClientContext& context) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  context.set_wait_for_ready(true);
+  absl::MutexLock lock(&call_mu_);
+  call_ = &context;
+  // A Stop() that came before call_ was set cancels here (a call cancelled before it starts
+  // ends as soon as it starts).
+  if (stop_requested_.load()) context.TryCancel();
+}
+
+void WorkerDaemon::EndCall() {
+  absl::MutexLock lock(&call_mu_);
+  call_ = nullptr;
 }
 
 absl::StatusOr<bool> WorkerDaemon::Register() {
@@ -46,10 +63,11 @@ absl::StatusOr<bool> WorkerDaemon::Register() {
     // The run trains on meanwhile: each attempt presents its latest step.
     if (run_ != nullptr) *request.mutable_status() = RunStatus();
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    BeginCall(context);
     v1::RegisterWorkerResponse response;
     const absl::Status status =
         common::FromGrpcStatus(stub_->RegisterWorker(&context, request, &response));
+    EndCall();
     if (status.ok()) {
       {
         absl::MutexLock lock(&id_mu_);
@@ -138,10 +156,11 @@ absl::Status WorkerDaemon::HeartbeatOnce() {
   request.set_worker_id(worker_id());
   *request.mutable_status() = RunStatus();
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  BeginCall(context);
   v1::HeartbeatResponse response;
   const absl::Status status =
       common::FromGrpcStatus(stub_->Heartbeat(&context, request, &response));
+  EndCall();
   if (!status.ok()) return status;
   Converge(response.assignment());
   return absl::OkStatus();

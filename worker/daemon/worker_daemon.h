@@ -59,6 +59,12 @@ class WorkerDaemon {
   absl::StatusOr<bool> Register();
   // What the worker runs, for heartbeats and registrations.
   v1::WorkerStatus RunStatus() const;
+  // Sets up `context` for a registration or heartbeat: it waits for the coordinator to be
+  // reachable, up to rpc_timeout (wait_for_ready), so that the call itself drives gRPC's
+  // reconnection after a coordinator restart; calls that fail at once leave that to gRPC's
+  // backup poller, which runs every 5 s. Stop() cancels the call. EndCall() after it.
+  void BeginCall(grpc::ClientContext& context);
+  void EndCall();
   // One heartbeat and the convergence step after it.
   absl::Status HeartbeatOnce();
   void Converge(const v1::Assignment& assignment);
@@ -74,6 +80,10 @@ class WorkerDaemon {
   // Set by the first Stop(), which alone notifies stop_.
   std::atomic<bool> stop_requested_{false};
   absl::Notification stop_;
+
+  absl::Mutex call_mu_;
+  // The registration or heartbeat under way (Run()'s thread), for Stop() to cancel.
+  grpc::ClientContext* call_ ABSL_GUARDED_BY(call_mu_) = nullptr;
 
   mutable absl::Mutex id_mu_;
   // Written by Run()'s thread, read by any.

@@ -101,6 +101,8 @@ class WorkerDaemonTest : public ::testing::Test {
     options.name = "w";
     options.host = "host-a";
     options.register_retry = absl::Milliseconds(20);
+    // Calls wait this long for a coordinator that is down, then fail.
+    options.rpc_timeout = absl::Milliseconds(500);
     // Reconnect quickly after a coordinator restart, as zeroshard-worker does.
     grpc::ChannelArguments channel_args;
     channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
@@ -194,11 +196,13 @@ TEST_F(WorkerDaemonTest, ARunOutlivesACoordinatorRestartAndIsAdopted) {
   ASSERT_TRUE(Eventually([&] { return Started() == 1; }));
   const std::string id = daemon->worker_id();
 
-  // The coordinator goes away; the daemon's heartbeats fail, and the run goes on.
+  // The coordinator goes away; the daemon's heartbeats fail (each attempt reads the run's step),
+  // and the run goes on.
   server_.reset();
   const int reads_before = step_reads_.load();
   ASSERT_TRUE(Eventually([&] { return step_reads_.load() >= reads_before + 3; }));
   EXPECT_EQ(aborted_.load(), 0);
+  EXPECT_EQ(daemon->worker_id(), id);
 
   // Restarted on the same state, the coordinator adopts the run: same id, same run.
   StartCoordinator(port);
@@ -236,6 +240,36 @@ TEST_F(WorkerDaemonTest, ARunTheRestartedCoordinatorCannotAdoptIsAborted) {
   EXPECT_EQ(Started(), 1);
   daemon->Stop();
   thread.join();
+}
+
+TEST_F(WorkerDaemonTest, StopEndsAHeartbeatWaitingForTheCoordinator) {
+  const int port = FreePort();
+  StartCoordinator(port);
+  WorkerDaemonOptions options;
+  options.name = "w";
+  options.host = "host-a";
+  options.rpc_timeout = absl::Minutes(10);  // a heartbeat would wait this long for a coordinator
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  WorkerDaemon daemon(options, std::shared_ptr<v1::Coordinator::StubInterface>(std::move(stub)),
+                      [this](const v1::Assignment&) -> std::unique_ptr<TrainingRun> {
+                        return std::make_unique<FakeRun>(&aborted_, &step_reads_);
+                      });
+  absl::Notification returned;
+  std::thread thread([&] {
+    EXPECT_TRUE(daemon.Run().ok());
+    returned.Notify();
+  });
+  ASSERT_TRUE(server_->manager()->SubmitJob(Spec()).ok());
+  ASSERT_TRUE(Eventually([&] { return step_reads_.load() > 0; }));  // running, heartbeating
+  server_.reset();
+  // A heartbeat that began after the coordinator went away waits for it; Stop() ends it.
+  const int reads = step_reads_.load();
+  ASSERT_TRUE(Eventually([&] { return step_reads_.load() > reads; }));
+  daemon.Stop();
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  thread.join();
+  EXPECT_EQ(aborted_.load(), 1);  // stopping aborts the run
 }
 
 TEST_F(WorkerDaemonTest, SlowAbortDoesNotStallHeartbeatsOrTheNextRun) {
