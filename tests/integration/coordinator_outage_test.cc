@@ -1,7 +1,5 @@
-// Issue 12, item 5: the coordinator is not in the data path. On real coordinator and worker
-// processes, a W = 2 job outlives three kill -9s of the coordinator (each restarted on the same
-// address and state dir): its one generation is adopted every time, it succeeds, and its losses
-// equal, bit for bit, those of the same job run without restarts.
+// Issue 12, item 5, on real processes: a W = 2 job outlives three kill -9s of the coordinator in
+// one (adopted) generation, with the losses, bit for bit, of the same job run without restarts.
 #include <signal.h>
 
 #include <algorithm>
@@ -36,9 +34,10 @@ constexpr int kMissedHeartbeats = 3;
 constexpr char kAdoptionWindowFlag[] = "--adoption_window=30s";
 constexpr int kCoordinatorKills = 3;
 // The job with restarts is sized, from a calibration job, to train about this long: long enough
-// for three kill, restart and adoption rounds of a few seconds each.
+// for three kill, restart and adoption rounds of about 5 s each, even when the machine turns
+// out twice as fast as the calibration said.
 constexpr int64_t kCalibrationSteps = 1000;
-constexpr absl::Duration kTargetTrainingTime = absl::Seconds(40);
+constexpr absl::Duration kTargetTrainingTime = absl::Seconds(60);
 // Reports that reach each restarted coordinator before the next kill.
 constexpr int64_t kStepsBetweenKills = 50;
 constexpr absl::Duration kStateDeadline = absl::Seconds(60);

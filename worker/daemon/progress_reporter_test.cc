@@ -30,7 +30,8 @@ ProgressReporterOptions FastRetries(int64_t max_pending = 10000) {
 
 // A coordinator stand-in. Records every attempt and every delivered step; while `down` every
 // attempt fails with UNAVAILABLE; `error_at` answers that step with `error`; `stop_at` answers it
-// (and later ones) with "stop"; with `hold` every attempt waits until Release().
+// (and later ones) with "stop"; with `hold` every attempt waits until Release(). Thread-safe: the
+// reporter's thread sends while the test's thread steers and reads.
 class RecordingSender {
  public:
   explicit RecordingSender(bool hold = false) : hold_(hold) {}

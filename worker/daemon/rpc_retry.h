@@ -1,6 +1,5 @@
-// Retrying a worker's calls to the coordinator through an outage (a coordinator restart, a
-// network blip): which errors are worth repeating, and how long to wait between attempts. The
-// progress reporter, the final `finished` report and checkpoint commits share it.
+// Retrying a worker's calls to the coordinator through an outage (a restart, a network blip):
+// which errors are worth repeating and the backoff, shared by every report and commit.
 #ifndef ZEROSHARD_WORKER_DAEMON_RPC_RETRY_H_
 #define ZEROSHARD_WORKER_DAEMON_RPC_RETRY_H_
 

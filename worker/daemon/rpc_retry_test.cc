@@ -12,7 +12,8 @@
 namespace zeroshard::worker {
 namespace {
 
-// A coordinator stand-in answering each attempt with the next of `answers` (then OK).
+// A coordinator stand-in answering each attempt with the next of `answers` (then OK). Not
+// thread-safe: the retry loop calls it on the test's thread.
 class ScriptedCall {
  public:
   explicit ScriptedCall(std::deque<absl::Status> answers) : answers_(std::move(answers)) {}

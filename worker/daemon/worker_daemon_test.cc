@@ -20,7 +20,7 @@ namespace zeroshard::worker {
 namespace {
 
 // Counts its life; "trains" until aborted. Counts the daemon's reads of its step too: every
-// heartbeat and registration attempt reads it once.
+// heartbeat and registration attempt reads it once. Thread-safe (atomics), as TrainingRun says.
 class FakeRun : public TrainingRun {
  public:
   FakeRun(std::atomic<int>* aborted, std::atomic<int>* step_reads)
