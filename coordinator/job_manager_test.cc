@@ -217,14 +217,7 @@ class JobManagerTest : public ::testing::Test {
   }
 
   absl::Status Commit(const v1::Job& job, int rank, int64_t step) {
-    v1::CommitCheckpointRequest commit;
-    commit.set_worker_id(job.worker_ids(rank));
-    commit.set_job_id(job.id());
-    commit.set_generation(job.generation());
-    commit.set_rank(rank);
-    commit.set_step(step);
-    commit.set_path(absl::StrCat(job.id(), "/step-", step, "/rank-", rank));
-    return manager_->CommitCheckpoint(commit).status();
+    return manager_->CommitCheckpoint(WrittenCommit(job, rank, step)).status();
   }
 
   absl::Status Finish(const v1::Job& job, int rank, bool finished = true) {
