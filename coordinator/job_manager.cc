@@ -47,6 +47,12 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
                                                                RendezvousStore* rendezvous,
                                                                JobManagerOptions options) {
   ZS_ASSIGN_OR_RETURN(std::vector<v1::Job> jobs, store->LoadJobs());
+  ZS_ASSIGN_OR_RETURN(std::vector<v1::Assignment> run_assignments, store->LoadRunAssignments());
+  absl::flat_hash_map<std::string, v1::Assignment> run_assignment_by_job;
+  for (v1::Assignment& assignment : run_assignments) {
+    const std::string job_id = assignment.job_id();
+    run_assignment_by_job[job_id] = std::move(assignment);
+  }
   std::unique_ptr<JobManager> manager(
       new JobManager(clock, std::move(store), rendezvous, std::move(options)));
   absl::MutexLock lock(&manager->mu_);
@@ -57,18 +63,25 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
     JobRecord& record = manager->jobs_[id];
     record.job = std::move(job);
     record.events = std::move(events);
+    record.published_events = record.events.size();
     record.pending_since = clock->Now();
     if (const std::optional<int64_t> number = ParseJobId(id)) {
       manager->next_job_number_ = std::max(manager->next_job_number_, *number + 1);
     }
     if (record.job.state() == v1::RUNNING) {
-      // Workers re-register after a restart with new ids: the generation cannot continue.
-      const bool retry = record.job.attempts() < record.job.spec().max_attempts();
-      ZS_RETURN_IF_ERROR(manager->SetStateLocked(
-          record, retry ? v1::RECOVERING : v1::FAILED,
-          absl::StrCat("generation ", record.job.generation(), " ended: coordinator restarted",
-                       retry ? "" : "; no attempts left")));
-      record.job.clear_worker_ids();
+      // The workers train on: adopt their generation when they re-register.
+      const auto stored = run_assignment_by_job.find(id);
+      const absl::Status adopting = manager->BeginAdoptionLocked(
+          record, stored == run_assignment_by_job.end() ? nullptr : &stored->second);
+      if (!adopting.ok()) {
+        const bool retry = record.job.attempts() < record.job.spec().max_attempts();
+        ZS_RETURN_IF_ERROR(manager->SetStateLocked(
+            record, retry ? v1::RECOVERING : v1::FAILED,
+            absl::StrCat("generation ", record.job.generation(),
+                         " ended: coordinator restarted; cannot adopt it: ", adopting.message(),
+                         retry ? "" : "; no attempts left")));
+        record.job.clear_worker_ids();
+      }
       changed.push_back(&record);
     }
   }
@@ -90,13 +103,33 @@ JobManager::JobManager(common::Clock* clock, std::unique_ptr<JobStore> store,
 v1::RegisterWorkerResponse JobManager::RegisterWorker(const v1::RegisterWorkerRequest& request) {
   absl::MutexLock lock(&mu_);
   ReserveWorkerNumbersLocked();
-  const v1::WorkerInfo& worker = workers_.Register(request, clock_->Now());
   v1::RegisterWorkerResponse response;
-  response.set_worker_id(worker.id());
   response.set_heartbeat_period_ms(absl::ToInt64Milliseconds(options_.lease.heartbeat_period));
   response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease.lease()));
+  if (!request.status().job_id().empty()) {
+    absl::StatusOr<JobRecord*> adoptable = FindAdoptableRankLocked(request);
+    absl::StatusOr<v1::WorkerInfo*> worker =
+        adoptable.ok() ? workers_.RegisterAs(request, request.previous_worker_id(), clock_->Now())
+                       : adoptable.status();
+    if (worker.ok()) {
+      AdoptRankLocked(**adoptable, **worker, request.status());
+      response.set_worker_id((*worker)->id());
+      response.set_adopted(true);
+      return response;
+    }
+    ZS_LOG(WARNING) << "worker " << request.previous_worker_id() << " (name=" << request.name()
+                    << ") registers running " << request.status().job_id() << " generation "
+                    << request.status().generation() << " rank " << request.status().rank()
+                    << ", which cannot be adopted: " << worker.status().message()
+                    << "; it gets a new id and aborts that run";
+  }
+  const v1::WorkerInfo& worker = workers_.Register(request, clock_->Now());
+  response.set_worker_id(worker.id());
   ZS_LOG(INFO) << "worker " << worker.id() << " registered: name=" << request.name()
-               << " host=" << request.host();
+               << " host=" << request.host()
+               << (request.previous_worker_id().empty()
+                       ? ""
+                       : absl::StrCat(" (was ", request.previous_worker_id(), ")"));
   ScheduleLocked();
   return response;
 }
@@ -173,6 +206,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted) {
     return absl::UnavailableError(absl::StrCat("state store: job not accepted: ", saved.message()));
   }
   record.events.push_back(std::move(submitted_event));
+  record.published_events = 1;
   ++next_job_number_;
   jobs_.emplace(id, std::move(record));
   ZS_LOG(INFO) << "job " << id << " submitted";
@@ -246,10 +280,11 @@ absl::Status JobManager::Watch(const std::string& job_id, int64_t after_sequence
                                std::shared_ptr<JobEventSink> sink) {
   absl::MutexLock lock(&mu_);
   ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(job_id));
-  for (const v1::JobEvent& event : record->events) {
+  for (size_t i = 0; i < record->published_events; ++i) {
+    const v1::JobEvent& event = record->events[i];
     if (event.sequence() > after_sequence && !sink->OnEvent(event)) return absl::OkStatus();
   }
-  if (IsFinal(record->job.state())) {
+  if (IsFinal(record->job.state()) && record->published_events == record->events.size()) {
     sink->OnJobEnded();
   } else {
     record->sinks.push_back(std::move(sink));
@@ -272,38 +307,33 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   }
   JobRecord& record = **found;
   response.set_continue_running(true);
+  bool changed_job = false;
   if (!request.notice().empty()) {
     v1::JobEvent event;
     event.set_type(v1::NOTICE);
     event.set_generation(request.generation());
     event.set_message(absl::StrCat("rank ", request.rank(), ": ", request.notice()));
     AddEventLocked(record, std::move(event));
+    changed_job = true;
   }
-  if (request.rank() == 0) {
+  // Workers resend a report whose answer they did not get (the coordinator restarted, or the
+  // call timed out), so a step already recorded may come again: it is recorded once.
+  if (request.rank() == 0 && request.metrics().step() > record.job.progress().step()) {
     *record.job.mutable_progress() = request.metrics();
     v1::JobEvent event;
     event.set_type(v1::PROGRESS);
     event.set_generation(request.generation());
     *event.mutable_progress() = request.metrics();
     AddEventLocked(record, std::move(event));
+    changed_job = true;
   }
-  if (request.finished()) {
-    record.finished_ranks.insert(request.rank());
-    if (static_cast<int>(record.finished_ranks.size()) == record.job.worker_ids_size()) {
-      ZS_RETURN_IF_ERROR(SetStateLocked(record, v1::SUCCEEDED, "all ranks finished"));
-      for (const std::string& worker_id : record.job.worker_ids()) {
-        if (v1::WorkerInfo* worker = workers_.FindLive(worker_id)) {
-          workers_.Assign(*worker, IdleAssignment());
-        }
-      }
-      rendezvous_->DropNamespace(record.job.id(), record.job.generation());
-      record.plan.reset();
-      ScheduleLocked();
-    }
+  if (request.finished() && record.finished_ranks.insert(request.rank()).second) {
+    ZS_RETURN_IF_ERROR(SucceedIfAllFinishedLocked(record));
+    changed_job = true;
   }
-  // Only rank 0's reports and finishes change the job: the other ranks' per-step reports cost no
-  // durable (fsync'd) write.
-  if (request.rank() == 0 || request.finished()) {
+  // Only rank 0's new reports and finishes change the job: the other ranks' per-step reports
+  // cost no durable (fsync'd) write.
+  if (changed_job) {
     JobRecord* changed[] = {&record};
     PersistLocked(changed);
   }
@@ -484,6 +514,7 @@ void JobManager::Tick() {
       ZS_LOG(ERROR) << "worker " << worker_id << ": its generation did not end: " << ended;
     }
   }
+  EndExpiredAdoptionsLocked();
   workers_.ForgetGone(now - options_.forget_gone_workers_after);
   ScheduleLocked();
 }
@@ -538,21 +569,34 @@ v1::JobEvent& JobManager::AddEventLocked(JobRecord& record, v1::JobEvent event) 
   event.set_job_id(record.job.id());
   event.set_sequence(static_cast<int64_t>(record.events.size()) + 1);
   *event.mutable_time() = ToTimestamp(clock_->Now());
-  record.sinks.erase(std::remove_if(record.sinks.begin(), record.sinks.end(),
-                                    [&](const std::shared_ptr<JobEventSink>& sink) {
-                                      return !sink->OnEvent(event);
-                                    }),
-                     record.sinks.end());
   unpersisted_events_.push_back(event);
   record.events.push_back(std::move(event));
   return record.events.back();
 }
 
+void JobManager::PublishLocked(JobRecord& record) {
+  for (; record.published_events < record.events.size(); ++record.published_events) {
+    const v1::JobEvent& event = record.events[record.published_events];
+    record.sinks.erase(std::remove_if(record.sinks.begin(), record.sinks.end(),
+                                      [&](const std::shared_ptr<JobEventSink>& sink) {
+                                        return !sink->OnEvent(event);
+                                      }),
+                       record.sinks.end());
+  }
+  if (IsFinal(record.job.state())) EndSinksLocked(record);
+}
+
 absl::Status JobManager::CheckStateEdgeLocked(const JobRecord& record, v1::JobState state) {
-  if (IsAllowedJobStateEdge(record.job.state(), state)) return absl::OkStatus();
-  absl::Status refused = absl::FailedPreconditionError(
-      absl::StrCat("job ", record.job.id(), ": ", v1::JobState_Name(record.job.state()), " -> ",
-                   v1::JobState_Name(state), " is not a transition of the job state machine"));
+  const bool allowed = IsAllowedJobStateEdge(record.job.state(), state);
+  // RUNNING -> RUNNING (11) is an adoption's end, and nothing else.
+  const bool adopts = record.job.state() != state || record.adoption.has_value();
+  if (allowed && adopts) return absl::OkStatus();
+  absl::Status refused = absl::FailedPreconditionError(absl::StrCat(
+      "job ", record.job.id(), ": ", v1::JobState_Name(record.job.state()), " -> ",
+      v1::JobState_Name(state),
+      allowed ? " is taken only when an adopted generation's last rank is back, and this job is "
+                "adopting none"
+              : " is not a transition of the job state machine"));
   ZS_LOG(ERROR) << refused;
   return refused;
 }
@@ -572,7 +616,6 @@ absl::Status JobManager::SetStateLocked(JobRecord& record, v1::JobState state,
   AddEventLocked(record, std::move(event));
   ZS_LOG(INFO) << "job " << record.job.id() << " -> " << v1::JobState_Name(state) << ": "
                << message;
-  if (IsFinal(state)) EndSinksLocked(record);
   return absl::OkStatus();
 }
 
@@ -597,14 +640,29 @@ void JobManager::EndSinksLocked(JobRecord& record) {
 
 void JobManager::PersistLocked(absl::Span<JobRecord* const> records) {
   std::vector<const v1::Job*> jobs;
-  for (JobRecord* record : records) jobs.push_back(&record->job);
-  absl::Status saved = store_->Save(jobs, unpersisted_events_);
+  std::vector<const v1::Assignment*> run_assignments;
+  for (JobRecord* record : records) {
+    jobs.push_back(&record->job);
+    if (record->run_assignment_unsaved) run_assignments.push_back(&record->run_assignment);
+  }
+  absl::Status saved = store_->Save(jobs, unpersisted_events_, run_assignments);
   if (!saved.ok()) {
     // Keep the events for the next attempt; the in-memory state stays authoritative.
     ZS_LOG(ERROR) << "state store write failed (will retry with the next change): " << saved;
     return;
   }
+  // Durable now: watchers may see them.
+  std::vector<std::string> published_jobs;
+  for (const v1::JobEvent& event : unpersisted_events_) {
+    if (published_jobs.empty() || published_jobs.back() != event.job_id()) {
+      published_jobs.push_back(event.job_id());
+    }
+  }
   unpersisted_events_.clear();
+  for (const std::string& job_id : published_jobs) {
+    if (auto it = jobs_.find(job_id); it != jobs_.end()) PublishLocked(it->second);
+  }
+  for (JobRecord* record : records) record->run_assignment_unsaved = false;
 }
 
 absl::Status JobManager::StartGenerationLocked(JobRecord& record,
@@ -634,6 +692,8 @@ absl::Status JobManager::StartGenerationLocked(JobRecord& record,
     *assignment.mutable_resume_from() = job.latest_checkpoint();
     assignment.set_start_step(job.latest_checkpoint().step());
   }
+  record.run_assignment = assignment;
+  record.run_assignment_unsaved = true;
   for (int32_t rank = 0; rank < world_size; ++rank) {
     assignment.set_rank(rank);
     workers_.Assign(*workers_.FindLive(worker_ids[rank]), assignment);
@@ -663,6 +723,7 @@ absl::Status JobManager::EndGenerationLocked(JobRecord& record, v1::JobState nex
   }
   rendezvous_->DropNamespace(job.id(), job.generation());
   record.plan.reset();
+  record.adoption.reset();
   return SetStateLocked(record, next_state, message);
 }
 
@@ -692,6 +753,144 @@ absl::Status JobManager::HandleLostWorkerLocked(const std::string& worker_id,
   JobRecord* changed[] = {&record};
   PersistLocked(changed);
   return absl::OkStatus();
+}
+
+absl::Status JobManager::SucceedIfAllFinishedLocked(JobRecord& record) {
+  if (static_cast<int>(record.finished_ranks.size()) != record.job.worker_ids_size()) {
+    return absl::OkStatus();
+  }
+  ZS_RETURN_IF_ERROR(SetStateLocked(record, v1::SUCCEEDED, "all ranks finished"));
+  for (const std::string& worker_id : record.job.worker_ids()) {
+    if (v1::WorkerInfo* worker = workers_.FindLive(worker_id)) {
+      workers_.Assign(*worker, IdleAssignment());
+    }
+  }
+  rendezvous_->DropNamespace(record.job.id(), record.job.generation());
+  record.plan.reset();
+  record.adoption.reset();
+  ScheduleLocked();
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::BeginAdoptionLocked(JobRecord& record, const v1::Assignment* stored) {
+  const v1::Job& job = record.job;
+  if (stored == nullptr || stored->kind() != v1::ASSIGNMENT_RUN ||
+      stored->generation() != job.generation() || stored->world_size() != job.worker_ids_size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no RUN assignment of generation ", job.generation(), " was stored"));
+  }
+  absl::StatusOr<sharding::ShardPlan> plan = jobspec::PlanForJob(job.spec(), job.worker_ids_size());
+  if (!plan.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat("cannot plan: ", plan.status().message()));
+  }
+  if (plan->layout_hash() != stored->plan_layout_hash()) {
+    return absl::FailedPreconditionError(absl::StrCat("its plan's layout hash is now ",
+                                                      plan->layout_hash(), ", the workers run ",
+                                                      stored->plan_layout_hash()));
+  }
+  record.plan.emplace(*std::move(plan));
+  record.run_assignment = *stored;
+  const absl::Duration window = options_.AdoptionWindow();
+  record.adoption.emplace();
+  record.adoption->deadline = clock_->Now() + window;
+  // The ring is connected already and needs no store; the namespace lets the generation use it
+  // again (what it held before the restart is gone).
+  rendezvous_->OpenNamespace(job.id(), job.generation());
+  v1::JobEvent event;
+  event.set_type(v1::NOTICE);
+  event.set_generation(job.generation());
+  event.set_message(absl::StrCat("coordinator restarted: adopting generation ", job.generation(),
+                                 " from its ", job.worker_ids_size(), " workers, which have ",
+                                 absl::FormatDuration(window), " to re-register"));
+  AddEventLocked(record, std::move(event));
+  ZS_LOG(INFO) << "job " << job.id() << ": adopting generation " << job.generation() << " (workers "
+               << absl::StrJoin(job.worker_ids(), ", ") << ") within " << window;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobManager::JobRecord*> JobManager::FindAdoptableRankLocked(
+    const v1::RegisterWorkerRequest& request) {
+  const v1::WorkerStatus& status = request.status();
+  auto it = jobs_.find(status.job_id());
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("no job ", status.job_id()));
+  }
+  JobRecord& record = it->second;
+  if (!record.adoption.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        status.job_id(), " is not adopting a generation (it is ",
+        v1::JobState_Name(record.job.state()), " in generation ", record.job.generation(), ")"));
+  }
+  if (status.generation() != record.job.generation()) {
+    return absl::FailedPreconditionError(absl::StrCat("generation ", status.generation(),
+                                                      " is not the one being adopted (",
+                                                      record.job.generation(), ")"));
+  }
+  if (status.rank() >= record.job.worker_ids_size() ||
+      record.job.worker_ids(status.rank()) != request.previous_worker_id()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(request.previous_worker_id(), " did not hold rank ", status.rank()));
+  }
+  if (workers_.Find(request.previous_worker_id()) != nullptr) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(request.previous_worker_id(), " has registered again already"));
+  }
+  return &record;
+}
+
+void JobManager::AdoptRankLocked(JobRecord& record, v1::WorkerInfo& worker,
+                                 const v1::WorkerStatus& status) {
+  v1::Assignment assignment = record.run_assignment;
+  assignment.set_rank(status.rank());
+  workers_.Assign(worker, assignment);
+  record.adoption->returned_ranks.insert(status.rank());
+  // This coordinator keeps no finished ranks from before its restart: the worker says so.
+  if (status.finished()) record.finished_ranks.insert(status.rank());
+  const v1::Job& job = record.job;
+  ZS_LOG(INFO) << "worker " << worker.id() << " is back: " << job.id() << " generation "
+               << job.generation() << " rank " << status.rank() << " at step " << status.step()
+               << (status.finished() ? " (finished)" : "") << "; "
+               << record.adoption->returned_ranks.size() << " of " << job.worker_ids_size()
+               << " ranks adopted";
+  if (static_cast<int>(record.adoption->returned_ranks.size()) == job.worker_ids_size()) {
+    // Neither can be refused: the job is RUNNING and adopting.
+    absl::Status adopted = SetStateLocked(
+        record, v1::RUNNING,
+        absl::StrCat("generation ", job.generation(), " adopted after a coordinator restart"));
+    record.adoption.reset();
+    if (adopted.ok()) adopted = SucceedIfAllFinishedLocked(record);
+    if (!adopted.ok()) ZS_LOG(ERROR) << "job " << job.id() << ": " << adopted;
+  }
+  JobRecord* changed[] = {&record};
+  PersistLocked(changed);
+}
+
+void JobManager::EndExpiredAdoptionsLocked() {
+  const absl::Time now = clock_->Now();
+  std::vector<JobRecord*> changed;
+  for (auto& [id, record] : jobs_) {
+    if (!record.adoption.has_value() || now < record.adoption->deadline) continue;
+    std::vector<int32_t> missing;
+    for (int32_t rank = 0; rank < record.job.worker_ids_size(); ++rank) {
+      if (record.adoption->returned_ranks.count(rank) == 0) missing.push_back(rank);
+    }
+    const bool retry = record.job.attempts() < record.job.spec().max_attempts();
+    const absl::Status ended = EndGenerationLocked(
+        record, retry ? v1::RECOVERING : v1::FAILED,
+        absl::StrCat("generation ", record.job.generation(),
+                     " ended: coordinator restarted: ranks ", absl::StrJoin(missing, ", "),
+                     " did not come back within ", absl::FormatDuration(options_.AdoptionWindow()),
+                     retry ? ""
+                           : absl::StrCat("; no attempts left (max_attempts ",
+                                          record.job.spec().max_attempts(), ")")));
+    if (!ended.ok()) {
+      ZS_LOG(ERROR) << "job " << id << ": adoption window ended, generation not ended: " << ended;
+      record.adoption.reset();
+      continue;
+    }
+    changed.push_back(&record);
+  }
+  if (!changed.empty()) PersistLocked(changed);
 }
 
 void JobManager::ScheduleLocked() {

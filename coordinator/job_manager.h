@@ -38,6 +38,11 @@ struct JobManagerOptions {
   // checkpoint is committed by writing its manifest here once every rank committed its file.
   // Empty: checkpoints cannot be committed (CommitCheckpoint refuses WRITTEN commits).
   std::string checkpoint_root;
+  // After a restart, how long a generation that was running waits for its workers to
+  // re-register and be adopted. Unset: 2 leases (a worker notices the restart on its next
+  // heartbeat, within one period, and re-registers at once).
+  std::optional<absl::Duration> adoption_window;
+  absl::Duration AdoptionWindow() const { return adoption_window.value_or(2 * lease.lease()); }
 };
 
 // Receives one job's events. Called with the manager's lock held: it must not block and must
@@ -78,9 +83,9 @@ struct ManagerStats {
 //  SubmitJob --> +-----------+      1      +-----------+      5      +------------+
 //                |  PENDING  |------------>|  RUNNING  |------------>| RECOVERING |
 //                +-----------+             +-----------+<------------+------------+
-//                      |                     |      |         8            |
-//                    2 |                   6 |      | 4                  9 |
-//                      |                     |      v                      |
+//                      |                     | |  ^ |         8            |
+//                    2 |                   6 | +--+ | 4                  9 |
+//                      |                     |  11  v                      |
 //                      |                     |  +-----------+              |
 //                      |                     |  | SUCCEEDED |              |
 //                      |                     |  +-----------+              |
@@ -100,8 +105,10 @@ struct ManagerStats {
 // (4)  RUNNING -> SUCCEEDED: ReportProgress, when every rank of the generation reported finished.
 // (5)  RUNNING -> RECOVERING: EndGenerationLocked (from HandleLostWorkerLocked), when a rank's
 //      worker is lost (Tick: lease expired; LeaveWorker; Heartbeat with a run_error for its
-//      generation) and attempts < spec.max_attempts. Also Create, for a job stored as RUNNING
-//      (the coordinator restarted) with attempts left.
+//      generation) and attempts < spec.max_attempts. Also, after a coordinator restart, Tick
+//      when an adoption window ends with ranks missing ("coordinator restarted: ranks ... did
+//      not come back"), and Create for a job stored RUNNING that cannot be adopted (no stored
+//      RUN assignment of its generation, or its plan no longer has that layout hash).
 // (6)  RUNNING -> FAILED: as (5), when attempts >= spec.max_attempts ("no attempts left").
 // (7)  RUNNING -> CANCELLED: CancelJob, through EndGenerationLocked (the workers get ABORT).
 // (8)  RECOVERING -> RUNNING: StartGenerationLocked (from ScheduleLocked), as (1): the next
@@ -109,14 +116,28 @@ struct ManagerStats {
 //      from step 0.
 // (9)  RECOVERING -> FAILED: ScheduleLocked, as (2).
 // (10) RECOVERING -> CANCELLED: CancelJob.
+// (11) RUNNING -> RUNNING: AdoptRankLocked (from RegisterWorker), when the last rank of a
+//      generation being adopted is back ("generation G adopted after a coordinator restart").
+//      Only an adopting job takes it: for any other job CheckStateEdgeLocked refuses it.
+//
+// Adoption. The coordinator is not in the data path: workers train on while it is down. Create
+// keeps a job stored RUNNING as RUNNING, "adopting" (JobRecord::adoption, a NOTICE event says
+// so), for options.adoption_window. A worker that re-registers presenting its previous id and a
+// status naming (job, generation, rank) of that generation, where the job's worker_ids[rank] is
+// that id and the id is free, gets the id back and the stored RUN assignment for its rank; once
+// every rank is back, edge (11). Reports and checkpoint commits of an adopting generation are
+// accepted as for any running one. When the window ends first, edge (5) or (6), and the ranks
+// that came back get ABORT. Adopting is a flag rather than a JobState of its own because nothing
+// about the job changes for its owner: it runs, at the same generation, throughout.
 //
 // Thread-safe: every public method takes the one mutex, so each is atomic with respect to the
 // others. Inputs must already be validated for shape (coordinator/request_validation.h); the
 // manager checks them against state (ids, generations, ranks) and validates job specs itself.
 class JobManager {
  public:
-  // Loads the durable state. Jobs that were RUNNING when the coordinator stopped lost their
-  // generation: they are RECOVERING (or FAILED when out of attempts) and restart from step 0.
+  // Loads the durable state. Jobs that were RUNNING when the coordinator stopped are adopted
+  // from their workers (see "Adoption" above) or, when that cannot be, end their generation as
+  // a lost worker would (RECOVERING, or FAILED when out of attempts).
   static absl::StatusOr<std::unique_ptr<JobManager>> Create(common::Clock* clock,
                                                             std::unique_ptr<JobStore> store,
                                                             RendezvousStore* rendezvous,
@@ -135,7 +156,9 @@ class JobManager {
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   absl::StatusOr<v1::ShardPlan> GetShardPlan(const v1::GetShardPlanRequest& request);
   // Replays the job's events after `after_sequence` into `sink`, then keeps it subscribed to
-  // new ones. A job already ended gets its history and OnJobEnded at once.
+  // new ones. A job already ended gets its history and OnJobEnded at once. Sinks get an event
+  // only once it is durable, so no watcher sees one that a coordinator restart could lose (and
+  // whose sequence number the next coordinator would give to another).
   absl::Status Watch(const std::string& job_id, int64_t after_sequence,
                      std::shared_ptr<JobEventSink> sink);
 
@@ -171,11 +194,23 @@ class JobManager {
   struct JobRecord {
     v1::Job job;
     std::vector<v1::JobEvent> events;
+    // events[0, published_events) are durable and were sent to the sinks.
+    size_t published_events = 0;
     absl::Time pending_since;
     // The current generation's plan (RUNNING only).
     std::optional<sharding::ShardPlan> plan;
     absl::flat_hash_set<int32_t> finished_ranks;
     std::vector<std::shared_ptr<JobEventSink>> sinks;
+    // The current generation's RUN assignment as rank 0 got it (each rank gets it with its own
+    // rank). Stored with the job, so that a restarted coordinator hands out the same one.
+    v1::Assignment run_assignment;
+    bool run_assignment_unsaved = false;
+    // Set while a restarted coordinator adopts the running generation from its workers.
+    struct Adoption {
+      absl::Time deadline;
+      absl::flat_hash_set<int32_t> returned_ranks;
+    };
+    std::optional<Adoption> adoption;
   };
 
   JobManager(common::Clock* clock, std::unique_ptr<JobStore> store, RendezvousStore* rendezvous,
@@ -188,9 +223,13 @@ class JobManager {
   absl::StatusOr<JobRecord*> FindRankLocked(const std::string& worker_id, const std::string& job_id,
                                             int64_t generation, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends an event (sequence, time, job id filled in) and fans it out to the sinks.
+  // Appends an event (sequence, time, job id filled in). PersistLocked sends it to the sinks
+  // once it is durable.
   v1::JobEvent& AddEventLocked(JobRecord& record, v1::JobEvent event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends the record's durable events that its sinks have not had, and ends the sinks when the
+  // job has ended.
+  void PublishLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION (logged at ERROR) when the job's current state -> `state` is not an
   // edge of kJobStateEdges.
   absl::Status CheckStateEdgeLocked(const JobRecord& record, v1::JobState state)
@@ -199,7 +238,8 @@ class JobManager {
   // CheckStateEdgeLocked) any other change, and then changes nothing.
   absl::Status SetStateLocked(JobRecord& record, v1::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Persists the records' jobs and their events added since the last persist.
+  // Persists the records' jobs and the events added since the last persist, then publishes
+  // those events (PublishLocked).
   void PersistLocked(absl::Span<JobRecord* const> records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the next generation of a pending or recovering job on `workers` (rank order) with
   // `plan`. Changes nothing when the job may not become RUNNING.
@@ -213,6 +253,24 @@ class JobManager {
   // Ends the generation whose rank `worker_id` holds, if that generation is still running.
   absl::Status HandleLostWorkerLocked(const std::string& worker_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A running job's generation has finished when every rank reported `finished`: then the job
+  // SUCCEEDED (edge 4) and its workers are idle. Does nothing before that.
+  absl::Status SucceedIfAllFinishedLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Create: starts adopting the running generation of a job stored RUNNING, whose RUN assignment
+  // was stored as `stored` (null when none was). FAILED_PRECONDITION, changing nothing, when it
+  // cannot be adopted.
+  absl::Status BeginAdoptionLocked(JobRecord& record, const v1::Assignment* stored)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The adopting job whose rank the registering worker may take back (see "Adoption"), or why it
+  // may not.
+  absl::StatusOr<JobRecord*> FindAdoptableRankLocked(const v1::RegisterWorkerRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives `worker` (registered under its previous id) its rank of the generation being adopted;
+  // takes edge (11) when it was the last one missing.
+  void AdoptRankLocked(JobRecord& record, v1::WorkerInfo& worker, const v1::WorkerStatus& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Tick: ends the generations whose adoption window passed with ranks missing.
+  void EndExpiredAdoptionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndSinksLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes sure the registry's next worker number lies in a block reserved in the durable store,

@@ -1,16 +1,20 @@
 // Tests for the job manager on a fake clock with a real SQLite store: scheduling into
-// generations, level-triggered assignments, completion, cancellation, lost workers, restarts,
-// and every edge of the job state machine.
+// generations, level-triggered assignments, completion, cancellation, lost workers, restarts
+// and the adoption of running generations after them, and every edge of the job state machine.
 #include "coordinator/job_manager.h"
+
+#include <sqlite3.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/manifest.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::coordinator {
@@ -176,6 +180,45 @@ class JobManagerTest : public ::testing::Test {
     auto response = manager_->Heartbeat(request);
     EXPECT_TRUE(response.ok()) << response.status();
     return response.ok() ? response->assignment() : v1::Assignment();
+  }
+
+  // A worker the coordinator forgot registering again: its previous id and the run it has.
+  v1::RegisterWorkerResponse Reregister(const std::string& previous_id, const std::string& job_id,
+                                        int64_t generation, int32_t rank, bool finished = false) {
+    v1::RegisterWorkerRequest request;
+    request.set_name("back");
+    request.set_host("host-a");
+    request.set_device_kind(v1::CPU);
+    request.set_previous_worker_id(previous_id);
+    request.mutable_status()->set_job_id(job_id);
+    request.mutable_status()->set_generation(generation);
+    request.mutable_status()->set_rank(rank);
+    request.mutable_status()->set_step(5);
+    request.mutable_status()->set_finished(finished);
+    return manager_->RegisterWorker(request);
+  }
+
+  // Moves the clock to the end of the adoption window and ticks; `live` heartbeat first, so
+  // their leases (shorter than the window) hold.
+  void EndAdoptionWindow(const std::vector<std::string>& live = {}) {
+    clock_.Advance(JobManagerOptions().AdoptionWindow());
+    for (const std::string& worker_id : live) Beat(worker_id);
+    manager_->Tick();
+  }
+
+  absl::StatusOr<v1::ReportProgressResponse> Report(const v1::Job& job, int rank, int64_t step) {
+    v1::ReportProgressRequest request;
+    request.set_worker_id(job.worker_ids(rank));
+    request.set_job_id(job.id());
+    request.set_generation(job.generation());
+    request.set_rank(rank);
+    request.mutable_metrics()->set_step(step);
+    request.mutable_metrics()->set_loss(1.0 / static_cast<double>(step));
+    return manager_->ReportProgress(request);
+  }
+
+  absl::Status Commit(const v1::Job& job, int rank, int64_t step) {
+    return manager_->CommitCheckpoint(WrittenCommit(job, rank, step)).status();
   }
 
   absl::Status Finish(const v1::Job& job, int rank, bool finished = true) {
@@ -394,6 +437,35 @@ TEST_F(JobManagerTest, ClosedWatcherIsDropped) {
   EXPECT_EQ(sink.use_count(), 1);
 }
 
+TEST_F(JobManagerTest, WatchersSeeOnlyDurableEvents) {
+  Register("a");
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(manager_->Watch(job->id(), 0, sink).ok());
+  const size_t seen = sink->events.size();
+
+  // Another connection holds the database: the manager's writes fail (SQLITE_BUSY).
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir_ + "/zeroshard.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "BEGIN EXCLUSIVE;", nullptr, nullptr, nullptr), SQLITE_OK);
+  ASSERT_TRUE(Report(running, 0, 1).ok());  // accepted; memory stays authoritative
+  EXPECT_EQ(manager_->GetJob(job->id())->progress().step(), 1);
+  // A restart could lose the event and give its sequence to another: nobody sees it yet.
+  EXPECT_EQ(sink->events.size(), seen);
+  EXPECT_EQ(Events(job->id()).size(), seen);
+  ASSERT_EQ(sqlite3_exec(db, "COMMIT;", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+
+  // The next write makes both durable, and both are sent, in order.
+  ASSERT_TRUE(Report(running, 0, 2).ok());
+  ASSERT_EQ(sink->events.size(), seen + 2);
+  EXPECT_EQ(sink->events[seen].progress().step(), 1);
+  EXPECT_EQ(sink->events[seen + 1].progress().step(), 2);
+  EXPECT_EQ(Events(job->id()).size(), seen + 2);
+}
+
 TEST_F(JobManagerTest, RestartKeepsJobsAndRestartsRunningOnesInANewGeneration) {
   Register("a");
   auto running = manager_->SubmitJob(SeedSpec(1));
@@ -403,9 +475,14 @@ TEST_F(JobManagerTest, RestartKeepsJobsAndRestartsRunningOnesInANewGeneration) {
 
   Start(dir_);  // a new manager on the same state dir; workers are soft state
   EXPECT_TRUE(manager_->ListWorkers(v1::WORKER_STATE_UNSPECIFIED).empty());
+  // The running job waits for its worker to come back and be adopted; none does.
+  EXPECT_EQ(manager_->GetJob(running->id())->state(), v1::RUNNING);
+  EndAdoptionWindow();
   v1::Job recovered = *manager_->GetJob(running->id());
   EXPECT_EQ(recovered.state(), v1::RECOVERING);
-  EXPECT_NE(recovered.message().find("coordinator restarted"), std::string::npos);
+  EXPECT_NE(recovered.message().find("coordinator restarted: ranks 0 did not come back"),
+            std::string::npos)
+      << recovered.message();
   EXPECT_EQ(manager_->GetJob(pending->id())->state(), v1::PENDING);
   auto sink = std::make_shared<RecordingSink>();
   ASSERT_TRUE(manager_->Watch(running->id(), 0, sink).ok());
@@ -789,7 +866,7 @@ TEST_F(JobManagerTest, Edges5And6LostWorkerEndsTheGenerationRecoveringOrFailed) 
   }
 }
 
-TEST_F(JobManagerTest, Edges5And6CoordinatorRestartEndsTheGenerationRecoveringOrFailed) {
+TEST_F(JobManagerTest, Edges5And6AdoptionWindowEndsTheGenerationRecoveringOrFailed) {
   struct Case {
     int max_attempts;
     v1::JobState expected;
@@ -804,6 +881,8 @@ TEST_F(JobManagerTest, Edges5And6CoordinatorRestartEndsTheGenerationRecoveringOr
     ASSERT_TRUE(job.ok()) << job.status();
     ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
     Start(dir_);
+    EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);  // adopting
+    EndAdoptionWindow();
     const v1::Job restarted = *manager_->GetJob(job->id());
     EXPECT_EQ(restarted.state(), c.expected);
     EXPECT_NE(restarted.message().find("coordinator restarted"), std::string::npos);
@@ -862,6 +941,234 @@ TEST_F(JobManagerTest, Edge10RecoveringToCancelled) {
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
   EXPECT_EQ(cancelled->state(), v1::CANCELLED);
   EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, v1::RECOVERING, v1::CANCELLED}));
+}
+
+TEST_F(JobManagerTest, Edge11EveryRankBackAdoptsTheGenerationUnchanged) {
+  Register("a");
+  Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const v1::Assignment before[] = {Beat(running.worker_ids(0)), Beat(running.worker_ids(1))};
+  ASSERT_TRUE(Report(running, 0, 3).ok());
+
+  Start(dir_);
+  const std::vector<v1::JobEvent> restarted = Events(job->id());
+  EXPECT_EQ(restarted.back().type(), v1::NOTICE);
+  EXPECT_TRUE(absl::StrContains(restarted.back().message(), "adopting generation 1"))
+      << restarted.back().message();
+  // The old ids are unknown until their workers register again.
+  v1::HeartbeatRequest old_id;
+  old_id.set_worker_id(running.worker_ids(0));
+  EXPECT_EQ(manager_->Heartbeat(old_id).status().code(), absl::StatusCode::kNotFound);
+  // Rank 0 trains on meanwhile: its reports are accepted.
+  auto early = Report(running, 0, 4);
+  ASSERT_TRUE(early.ok()) << early.status();
+  EXPECT_TRUE(early->continue_running());
+
+  const v1::RegisterWorkerResponse rank1 = Reregister(running.worker_ids(1), job->id(), 1, 1);
+  EXPECT_TRUE(rank1.adopted());
+  EXPECT_EQ(rank1.worker_id(), running.worker_ids(1));
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING}));  // rank 0 is missing
+  const v1::RegisterWorkerResponse rank0 = Reregister(running.worker_ids(0), job->id(), 1, 0);
+  EXPECT_TRUE(rank0.adopted());
+  EXPECT_EQ(rank0.worker_id(), running.worker_ids(0));
+
+  const v1::Job adopted = *manager_->GetJob(job->id());
+  EXPECT_EQ(adopted.state(), v1::RUNNING);
+  EXPECT_EQ(adopted.generation(), 1);
+  EXPECT_EQ(adopted.attempts(), 1);
+  EXPECT_EQ(adopted.message(), "generation 1 adopted after a coordinator restart");
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, v1::RUNNING}));
+  // Each rank gets the very assignment it ran before the restart.
+  for (int rank : {0, 1}) {
+    const v1::Assignment now = Beat(running.worker_ids(rank), job->id(), 1);
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(now, before[rank]))
+        << "rank " << rank << ":\n"
+        << now.DebugString() << "vs\n"
+        << before[rank].DebugString();
+  }
+  v1::GetShardPlanRequest plan_request;
+  plan_request.set_job_id(job->id());
+  auto plan = manager_->GetShardPlan(plan_request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->layout_hash(), before[0].plan_layout_hash());
+
+  // A report recorded before the restart and sent again is recorded once; new steps go on.
+  const size_t events = Events(job->id()).size();
+  ASSERT_TRUE(Report(running, 0, 4).ok());
+  EXPECT_EQ(Events(job->id()).size(), events);
+  ASSERT_TRUE(Report(running, 0, 8).ok());
+  EXPECT_EQ(Events(job->id()).size(), events + 1);
+  EXPECT_EQ(manager_->GetJob(job->id())->progress().step(), 8);
+  ASSERT_TRUE(Finish(running, 0).ok());
+  ASSERT_TRUE(Finish(running, 1).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::SUCCEEDED);
+}
+
+TEST_F(JobManagerTest, AdoptedRanksGetTheGenerationsStoredAssignment) {
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_max_workers(2);
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job first = *manager_->GetJob(job->id());
+  ASSERT_EQ(first.worker_ids_size(), 2);
+  ASSERT_TRUE(Commit(first, 0, 7).ok());
+  ASSERT_TRUE(Commit(first, 1, 7).ok());
+  Lose(Loss::kLeft, b, first);
+  ASSERT_EQ(Beat(a, job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+  const v1::Assignment second = Beat(a);
+  ASSERT_EQ(second.generation(), 2);
+  ASSERT_EQ(second.start_step(), 7);
+  // A later checkpoint becomes the job's latest; generation 2 still runs from step 7.
+  const v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_TRUE(Commit(running, 0, 12).ok());
+  ASSERT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 12);
+
+  Start(dir_);
+  ASSERT_TRUE(Reregister(a, job->id(), 2, 0).adopted());
+  const v1::Assignment adopted = Beat(a, job->id(), 2);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(adopted, second))
+      << adopted.DebugString() << "vs\n"
+      << second.DebugString();
+  EXPECT_EQ(adopted.resume_from().step(), 7);
+  EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 12);
+}
+
+TEST_F(JobManagerTest, AdoptionWindowEndsWithARankMissing) {
+  Register("a");
+  Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+
+  Start(dir_);
+  const std::string back = running.worker_ids(0);
+  ASSERT_TRUE(Reregister(back, job->id(), 1, 0).adopted());
+  clock_.Advance(JobManagerOptions().AdoptionWindow() - absl::Milliseconds(1));
+  Beat(back);
+  manager_->Tick();
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);  // not yet
+  EndAdoptionWindow({back});
+
+  const v1::Job ended = *manager_->GetJob(job->id());
+  EXPECT_EQ(ended.state(), v1::RECOVERING);
+  EXPECT_TRUE(absl::StrContains(ended.message(),
+                                "generation 1 ended: coordinator restarted: ranks 1 did not come "
+                                "back within"))
+      << ended.message();
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, v1::RECOVERING}));
+  // The rank that came back is told to abort; the late one cannot be adopted any more.
+  EXPECT_EQ(Beat(back, job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+  const v1::RegisterWorkerResponse late = Reregister(running.worker_ids(1), job->id(), 1, 1);
+  EXPECT_FALSE(late.adopted());
+  EXPECT_NE(late.worker_id(), running.worker_ids(1));
+  // Once both run nothing, the job starts its next generation on them.
+  EXPECT_EQ(Beat(back).kind(), v1::ASSIGNMENT_RUN);
+  const v1::Job next = *manager_->GetJob(job->id());
+  EXPECT_EQ(next.state(), v1::RUNNING);
+  EXPECT_EQ(next.generation(), 2);
+  EXPECT_EQ(next.attempts(), 2);
+}
+
+TEST_F(JobManagerTest, AStatusOfAnotherGenerationIsNotAdopted) {
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job first = *manager_->GetJob(job->id());
+  Lose(Loss::kLeft, a, first);
+  ASSERT_EQ(Beat(b, job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+  Beat(b);
+  const std::string c = Register("c");
+  const v1::Job second = *manager_->GetJob(job->id());
+  ASSERT_EQ(second.generation(), 2);
+
+  Start(dir_);
+  // b presents generation 1, which it no longer runs; a was never in generation 2.
+  const int b_rank = second.worker_ids(0) == b ? 0 : 1;
+  const v1::RegisterWorkerResponse stale_b = Reregister(b, job->id(), 1, b_rank);
+  EXPECT_FALSE(stale_b.adopted());
+  EXPECT_NE(stale_b.worker_id(), b);
+  EXPECT_EQ(Beat(stale_b.worker_id()).kind(), v1::ASSIGNMENT_IDLE);
+  const v1::RegisterWorkerResponse stale_a = Reregister(a, job->id(), 1, 0);
+  EXPECT_FALSE(stale_a.adopted());
+  EXPECT_NE(stale_a.worker_id(), a);
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, v1::RECOVERING, v1::RUNNING}));
+  // The refusals took no id: generation 2's workers still get theirs back.
+  EXPECT_TRUE(Reregister(b, job->id(), 2, b_rank).adopted());
+  EXPECT_TRUE(Reregister(c, job->id(), 2, 1 - b_rank).adopted());
+  EXPECT_EQ(manager_->GetJob(job->id())->generation(), 2);
+  EXPECT_EQ(StatePath(job->id()),
+            (Path{v1::PENDING, v1::RUNNING, v1::RECOVERING, v1::RUNNING, v1::RUNNING}));
+}
+
+TEST_F(JobManagerTest, AdoptedIdsNeverCollideWithOthers) {
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+
+  Start(dir_);
+  const std::string fresh = Register("fresh");
+  EXPECT_NE(fresh, a);
+  EXPECT_NE(fresh, b);
+  const std::string rank0 = running.worker_ids(0);
+  const std::string rank1 = running.worker_ids(1);
+  ASSERT_TRUE(Reregister(rank0, job->id(), 1, 0).adopted());
+  // A second claimant of the same id, or of another rank's id, gets an id of its own.
+  const v1::RegisterWorkerResponse twice = Reregister(rank0, job->id(), 1, 0);
+  EXPECT_FALSE(twice.adopted());
+  const v1::RegisterWorkerResponse wrong_rank = Reregister(rank1, job->id(), 1, 0);
+  EXPECT_FALSE(wrong_rank.adopted());
+  ASSERT_TRUE(Reregister(rank1, job->id(), 1, 1).adopted());
+  const std::string later = Register("later");
+  std::set<std::string> ids;
+  for (const v1::WorkerInfo& worker : manager_->ListWorkers(v1::WORKER_STATE_UNSPECIFIED)) {
+    EXPECT_TRUE(ids.insert(worker.id()).second) << "listed twice: " << worker.id();
+  }
+  EXPECT_EQ(ids,
+            (std::set<std::string>{a, b, fresh, twice.worker_id(), wrong_rank.worker_id(), later}));
+  EXPECT_EQ(manager_->ListWorkers(v1::BUSY).size(), 2u);
+  EXPECT_EQ(manager_->GetJob(job->id())->message(),
+            "generation 1 adopted after a coordinator restart");
+}
+
+TEST_F(JobManagerTest, ARankThatFinishedBeforeTheRestartCountsAsFinished) {
+  Register("a");
+  Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_TRUE(Finish(running, 1).ok());
+
+  Start(dir_);
+  ASSERT_TRUE(Reregister(running.worker_ids(1), job->id(), 1, 1, /*finished=*/true).adopted());
+  ASSERT_TRUE(Reregister(running.worker_ids(0), job->id(), 1, 0).adopted());
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+  ASSERT_TRUE(Finish(running, 0).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::SUCCEEDED);
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, v1::RUNNING, v1::SUCCEEDED}));
+}
+
+TEST_F(JobManagerTest, CancellingWhileAdoptingAbortsTheRanksBack) {
+  Register("a");
+  Register("b");
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+
+  Start(dir_);
+  ASSERT_TRUE(Reregister(running.worker_ids(0), job->id(), 1, 0).adopted());
+  ASSERT_TRUE(manager_->CancelJob(job->id(), "test").ok());
+  EXPECT_EQ(Beat(running.worker_ids(0), job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+  EXPECT_FALSE(Reregister(running.worker_ids(1), job->id(), 1, 1).adopted());
+  EndAdoptionWindow({running.worker_ids(0)});  // nothing left to end
+  EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, v1::CANCELLED}));
 }
 
 TEST_F(JobManagerTest, SetStateRefusesEveryChangeOutsideTheTableAndChangesNothing) {

@@ -25,9 +25,12 @@ inline constexpr JobStateEdge kJobStateEdges[] = {
     {v1::RECOVERING, v1::RUNNING},    // (8)
     {v1::RECOVERING, v1::FAILED},     // (9)
     {v1::RECOVERING, v1::CANCELLED},  // (10)
+    // The one edge from a state to itself: a generation adopted after a coordinator restart
+    // (JobManager takes it only while adopting).
+    {v1::RUNNING, v1::RUNNING},  // (11)
 };
 
-// Whether `from` -> `to` is in kJobStateEdges. No state changes to itself.
+// Whether `from` -> `to` is in kJobStateEdges. No state but RUNNING changes to itself.
 constexpr bool IsAllowedJobStateEdge(v1::JobState from, v1::JobState to) {
   for (const JobStateEdge& edge : kJobStateEdges) {
     if (edge.from == from && edge.to == to) return true;

@@ -19,7 +19,7 @@ constexpr v1::JobState kStates[] = {v1::PENDING,   v1::RUNNING, v1::RECOVERING,
 constexpr int kExpected[6][6] = {
     //                PENDING RUNNING RECOVERING SUCCEEDED FAILED CANCELLED
     /* PENDING    */ {0,      1,      0,         0,        1,     1},
-    /* RUNNING    */ {0,      0,      1,         1,        1,     1},
+    /* RUNNING    */ {0,      1,      1,         1,        1,     1},
     /* RECOVERING */ {0,      1,      0,         0,        1,     1},
     /* SUCCEEDED  */ {0,      0,      0,         0,        0,     0},
     /* FAILED     */ {0,      0,      0,         0,        0,     0},
@@ -55,12 +55,12 @@ TEST(JobStateTableTest, TableHoldsExactlyTheEdgesOfTheDiagram) {
 }
 
 TEST(JobStateTableTest, EdgesAreInTheDiagramsNumbering) {
-  // (1) to (10), as listed under the diagram.
+  // (1) to (11), as listed under the diagram.
   const std::vector<Edge> numbered = {
       {v1::PENDING, v1::RUNNING},      {v1::PENDING, v1::FAILED},     {v1::PENDING, v1::CANCELLED},
       {v1::RUNNING, v1::SUCCEEDED},    {v1::RUNNING, v1::RECOVERING}, {v1::RUNNING, v1::FAILED},
       {v1::RUNNING, v1::CANCELLED},    {v1::RECOVERING, v1::RUNNING}, {v1::RECOVERING, v1::FAILED},
-      {v1::RECOVERING, v1::CANCELLED},
+      {v1::RECOVERING, v1::CANCELLED}, {v1::RUNNING, v1::RUNNING},
   };
   std::vector<Edge> in_table;
   for (const JobStateEdge& edge : kJobStateEdges) in_table.push_back({edge.from, edge.to});

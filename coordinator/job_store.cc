@@ -31,6 +31,10 @@ CREATE TABLE IF NOT EXISTS checkpoint_commits (
   commit_request BLOB NOT NULL,
   PRIMARY KEY (job_id, generation, step, rank)
 );
+CREATE TABLE IF NOT EXISTS run_assignments (
+  job_id TEXT PRIMARY KEY,
+  assignment BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS counters (
   name TEXT PRIMARY KEY,
   value INTEGER NOT NULL
@@ -142,7 +146,8 @@ absl::Status JobStore::Commit() {
 }
 
 absl::Status JobStore::Save(absl::Span<const v1::Job* const> jobs,
-                            absl::Span<const v1::JobEvent> events) {
+                            absl::Span<const v1::JobEvent> events,
+                            absl::Span<const v1::Assignment* const> run_assignments) {
   ZS_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
   absl::Status status = [&]() -> absl::Status {
     Statement put_job(db_, "INSERT OR REPLACE INTO jobs (id, job) VALUES (?, ?);");
@@ -160,6 +165,14 @@ absl::Status JobStore::Save(absl::Span<const v1::Job* const> jobs,
       put_event.BindInt(2, event.sequence());
       put_event.BindBlob(3, event.SerializeAsString());
       ZS_RETURN_IF_ERROR(put_event.StepDone());
+    }
+    Statement put_assignment(
+        db_, "INSERT OR REPLACE INTO run_assignments (job_id, assignment) VALUES (?, ?);");
+    ZS_RETURN_IF_ERROR(put_assignment.Prepared());
+    for (const v1::Assignment* assignment : run_assignments) {
+      put_assignment.BindText(1, assignment->job_id());
+      put_assignment.BindBlob(2, assignment->SerializeAsString());
+      ZS_RETURN_IF_ERROR(put_assignment.StepDone());
     }
     return absl::OkStatus();
   }();
@@ -207,6 +220,12 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LoadEvents(const std::string
   ZS_RETURN_IF_ERROR(statement.Prepared());
   statement.BindText(1, job_id);
   return LoadRows<v1::JobEvent>(statement, "event");
+}
+
+absl::StatusOr<std::vector<v1::Assignment>> JobStore::LoadRunAssignments() {
+  Statement statement(db_, "SELECT assignment FROM run_assignments ORDER BY job_id;");
+  ZS_RETURN_IF_ERROR(statement.Prepared());
+  return LoadRows<v1::Assignment>(statement, "run assignment");
 }
 
 absl::Status JobStore::SaveCheckpointCommit(const v1::CommitCheckpointRequest& commit) {

@@ -1,5 +1,6 @@
-// Durable job state in SQLite (WAL): jobs with their specs and state, their event histories, and
-// checkpoint commits. Survives kill -9 of the coordinator.
+// Durable job state in SQLite (WAL): jobs with their specs and state, their event histories, the
+// RUN assignment of each job's current generation, and checkpoint commits. Survives kill -9 of
+// the coordinator.
 #ifndef ZEROSHARD_COORDINATOR_JOB_STORE_H_
 #define ZEROSHARD_COORDINATOR_JOB_STORE_H_
 
@@ -11,6 +12,7 @@
 #include "absl/types/span.h"
 #include "zeroshard/v1/coordinator.pb.h"
 #include "zeroshard/v1/job.pb.h"
+#include "zeroshard/v1/worker.pb.h"
 
 struct sqlite3;
 
@@ -26,8 +28,10 @@ class JobStore {
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
 
-  // Writes the jobs (insert or replace) and appends the events, atomically.
-  absl::Status Save(absl::Span<const v1::Job* const> jobs, absl::Span<const v1::JobEvent> events);
+  // Writes the jobs (insert or replace), appends the events and writes each job's current
+  // generation's RUN assignment (insert or replace, keyed by its job_id), atomically.
+  absl::Status Save(absl::Span<const v1::Job* const> jobs, absl::Span<const v1::JobEvent> events,
+                    absl::Span<const v1::Assignment* const> run_assignments = {});
 
   // Reserves `count` worker numbers that no earlier call (in this or an earlier coordinator
   // process) returned, and returns the first of them: [first, first + count). Worker ids must
@@ -38,6 +42,9 @@ class JobStore {
   absl::StatusOr<std::vector<v1::Job>> LoadJobs();
   // A job's events in sequence order.
   absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(const std::string& job_id);
+  // The last RUN assignment saved for each job (a restarted coordinator adopts a running
+  // generation with it), in job id order.
+  absl::StatusOr<std::vector<v1::Assignment>> LoadRunAssignments();
 
   // Records one rank's checkpoint commit (idempotent per job, generation, step and rank).
   absl::Status SaveCheckpointCommit(const v1::CommitCheckpointRequest& commit);

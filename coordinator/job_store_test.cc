@@ -79,6 +79,40 @@ TEST(JobStoreTest, SaveReplacesAJob) {
   EXPECT_EQ((*loaded)[0].state(), v1::SUCCEEDED);
 }
 
+TEST(JobStoreTest, RunAssignmentsAreReplacedPerJobAndSurviveReopening) {
+  const std::string dir = TempDir("run-assignments");
+  v1::Assignment first;
+  first.set_kind(v1::ASSIGNMENT_RUN);
+  first.set_job_id("job-000002");
+  first.set_generation(1);
+  first.set_world_size(2);
+  first.set_plan_layout_hash(77);
+  first.set_start_step(0);
+  v1::Assignment next = first;
+  next.set_generation(2);
+  next.set_start_step(40);
+  next.mutable_resume_from()->set_step(40);
+  v1::Assignment other = first;
+  other.set_job_id("job-000001");
+  {
+    auto store = JobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    const v1::Job job = MakeJob("job-000002", v1::RUNNING);
+    const v1::Job* jobs[] = {&job};
+    const v1::Assignment* saved[] = {&first, &other};
+    ASSERT_TRUE((*store)->Save(jobs, {}, saved).ok());
+    const v1::Assignment* replaced[] = {&next};
+    ASSERT_TRUE((*store)->Save({}, {}, replaced).ok());
+  }
+  auto store = JobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto loaded = (*store)->LoadRunAssignments();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 2u);
+  EXPECT_TRUE(MessageDifferencer::Equals((*loaded)[0], other));
+  EXPECT_TRUE(MessageDifferencer::Equals((*loaded)[1], next));
+}
+
 TEST(JobStoreTest, CheckpointCommitsAreIdempotentPerRank) {
   auto store = JobStore::Open(TempDir("commits"));
   ASSERT_TRUE(store.ok());

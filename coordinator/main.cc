@@ -29,6 +29,9 @@ ABSL_FLAG(absl::Duration, heartbeat_period, absl::Seconds(1), "Worker heartbeat 
 ABSL_FLAG(int, missed_heartbeats, 3, "Missed heartbeat periods after which a worker is dead.");
 ABSL_FLAG(absl::Duration, max_backfill_wait, absl::Seconds(30),
           "How long a pending job lets later jobs start ahead of it before it reserves workers.");
+ABSL_FLAG(absl::Duration, adoption_window, absl::ZeroDuration(),
+          "After a restart, how long a running generation waits for its workers to re-register "
+          "and be adopted before it ends (0: two leases).");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the chosen gRPC and metrics ports are written here (\"grpc metrics\") once "
           "serving.");
@@ -58,6 +61,13 @@ int main(int argc, char** argv) {
   options.manager.lease.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);
   options.manager.lease.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
   options.manager.scheduler.max_backfill_wait = absl::GetFlag(FLAGS_max_backfill_wait);
+  if (const absl::Duration window = absl::GetFlag(FLAGS_adoption_window);
+      window > absl::ZeroDuration()) {
+    options.manager.adoption_window = window;
+  } else if (window < absl::ZeroDuration()) {
+    ZS_LOG(ERROR) << "--adoption_window must not be negative";
+    return 2;
+  }
   if (!IsLoopback(options.listen_address) && !absl::GetFlag(FLAGS_insecure_bind_any)) {
     ZS_LOG(ERROR) << "--listen=" << options.listen_address
                   << " is not loopback; pass --insecure_bind_any to serve it without TLS";

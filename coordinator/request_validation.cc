@@ -156,6 +156,16 @@ absl::Status CheckMetrics(const v1::StepMetrics& metrics) {
   return CheckNonNegative("metrics.vmrss_at_start_bytes", metrics.vmrss_at_start_bytes());
 }
 
+// A worker's status, on heartbeats and registrations; `status.job_id` may be empty (idle).
+absl::Status CheckWorkerStatus(const v1::WorkerStatus& status) {
+  if (!status.job_id().empty()) ZS_RETURN_IF_ERROR(CheckJobId("status.job_id", status.job_id()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("status.generation", status.generation()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("status.step", status.step()));
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckMaxBytes("status.run_error", status.run_error(), kMaxRunErrorBytes));
+  return jobspec::CheckIntInRange("status.rank", status.rank(), 0, sharding::kMaxWorldSize - 1);
+}
+
 }  // namespace
 
 absl::Status ValidateRegisterWorkerRequest(const v1::RegisterWorkerRequest& request) {
@@ -165,16 +175,19 @@ absl::Status ValidateRegisterWorkerRequest(const v1::RegisterWorkerRequest& requ
                                           request.device_kind(), {v1::CPU, v1::CUDA}));
   ZS_RETURN_IF_ERROR(jobspec::CheckIntInRange("device_memory_bytes", request.device_memory_bytes(),
                                               0, kMaxDeviceMemoryBytes));
-  return CheckLabels(request.labels());
+  ZS_RETURN_IF_ERROR(CheckLabels(request.labels()));
+  if (!request.previous_worker_id().empty()) {
+    ZS_RETURN_IF_ERROR(CheckWorkerId("previous_worker_id", request.previous_worker_id()));
+  } else if (!request.status().job_id().empty()) {
+    // A run can only be adopted by the worker that held its rank.
+    return absl::InvalidArgumentError("previous_worker_id: required when status.job_id is set");
+  }
+  return CheckWorkerStatus(request.status());
 }
 
 absl::Status ValidateHeartbeatRequest(const v1::HeartbeatRequest& request) {
   ZS_RETURN_IF_ERROR(CheckWorkerId("worker_id", request.worker_id()));
-  const v1::WorkerStatus& status = request.status();
-  if (!status.job_id().empty()) ZS_RETURN_IF_ERROR(CheckJobId("status.job_id", status.job_id()));
-  ZS_RETURN_IF_ERROR(CheckNonNegative("status.generation", status.generation()));
-  ZS_RETURN_IF_ERROR(CheckNonNegative("status.step", status.step()));
-  return jobspec::CheckMaxBytes("status.run_error", status.run_error(), kMaxRunErrorBytes);
+  return CheckWorkerStatus(request.status());
 }
 
 absl::Status ValidateLeaveWorkerRequest(const v1::LeaveWorkerRequest& request) {

@@ -27,8 +27,11 @@ inline constexpr size_t kMaxStoreValueBytes = size_t{1} << 20;
 inline constexpr int64_t kMaxStoreTimeoutMs = 600000;
 
 // Workers.
+// `previous_worker_id` may be empty, but not when `status.job_id` is set; `status` as on
+// heartbeats.
 absl::Status ValidateRegisterWorkerRequest(const v1::RegisterWorkerRequest& request);
-// `status.job_id` may be empty (an idle worker); when set it must be a job id.
+// `status.job_id` may be empty (an idle worker); when set it must be a job id. `status.rank` is in
+// [0, kMaxWorldSize).
 absl::Status ValidateHeartbeatRequest(const v1::HeartbeatRequest& request);
 absl::Status ValidateLeaveWorkerRequest(const v1::LeaveWorkerRequest& request);
 // WORKER_STATE_UNSPECIFIED (list all) is allowed.

@@ -30,6 +30,17 @@ v1::RegisterWorkerRequest ValidRegister() {
   return r;
 }
 
+// A worker the coordinator forgot, registering again with the run it wants adopted.
+v1::RegisterWorkerRequest ValidReregister() {
+  v1::RegisterWorkerRequest r = ValidRegister();
+  r.set_previous_worker_id("worker-000007");
+  r.mutable_status()->set_job_id("job-000042");
+  r.mutable_status()->set_generation(2);
+  r.mutable_status()->set_rank(3);
+  r.mutable_status()->set_step(17);
+  return r;
+}
+
 v1::HeartbeatRequest ValidHeartbeat() {
   v1::HeartbeatRequest r;
   r.set_worker_id("worker-000007");
@@ -172,6 +183,7 @@ v1::ExportCheckpointRequest ValidExport() {
 
 TEST(RequestValidationTest, ValidRequestsPass) {
   EXPECT_TRUE(ValidateRegisterWorkerRequest(ValidRegister()).ok());
+  EXPECT_TRUE(ValidateRegisterWorkerRequest(ValidReregister()).ok());
   EXPECT_TRUE(ValidateHeartbeatRequest(ValidHeartbeat()).ok());
   EXPECT_TRUE(ValidateLeaveWorkerRequest(ValidLeave()).ok());
   EXPECT_TRUE(ValidateListWorkersRequest(ValidListWorkers()).ok());
@@ -210,9 +222,18 @@ TEST(RequestValidationTest, OptionalAndEdgeValuesPass) {
   }
   EXPECT_TRUE(ValidateRegisterWorkerRequest(minimal).ok());
 
+  // An idle worker registering again names its old id and no run.
+  v1::RegisterWorkerRequest idle_again = minimal;
+  idle_again.set_previous_worker_id("worker-000001");
+  EXPECT_TRUE(ValidateRegisterWorkerRequest(idle_again).ok());
+
   v1::HeartbeatRequest idle;
   idle.set_worker_id("worker-1234567");
   EXPECT_TRUE(ValidateHeartbeatRequest(idle).ok());
+  v1::HeartbeatRequest last_rank = ValidHeartbeat();
+  last_rank.mutable_status()->set_rank(65535);
+  last_rank.mutable_status()->set_finished(true);
+  EXPECT_TRUE(ValidateHeartbeatRequest(last_rank).ok());
 
   EXPECT_TRUE(ValidateListWorkersRequest(v1::ListWorkersRequest()).ok());
   v1::ListJobsRequest all;
@@ -279,6 +300,12 @@ using Commit = v1::CommitCheckpointRequest;
 BadRequest BadRegister(std::string name, std::function<void(Register&)> mutate, std::string field,
                        std::string contains) {
   return Bad<Register>(std::move(name), ValidRegister, ValidateRegisterWorkerRequest,
+                       std::move(mutate), std::move(field), std::move(contains));
+}
+
+BadRequest BadReregister(std::string name, std::function<void(Register&)> mutate, std::string field,
+                         std::string contains) {
+  return Bad<Register>(std::move(name), ValidReregister, ValidateRegisterWorkerRequest,
                        std::move(mutate), std::move(field), std::move(contains));
 }
 
@@ -360,6 +387,23 @@ INSTANTIATE_TEST_SUITE_P(
             "LongLabelValue",
             [](Register& r) { (*r.mutable_labels())["zone"] = std::string(257, 'v'); },
             "labels[\"zone\"]", "257 bytes is longer than the limit of 256"),
+        BadReregister(
+            "StatusWithoutPreviousWorkerId", [](Register& r) { r.clear_previous_worker_id(); },
+            "previous_worker_id", "required when status.job_id is set"),
+        BadReregister(
+            "BadPreviousWorkerId", [](Register& r) { r.set_previous_worker_id("worker-7"); },
+            "previous_worker_id", "\"worker-7\" is not a valid id"),
+        BadReregister(
+            "BadReregisterStatusJobId",
+            [](Register& r) { r.mutable_status()->set_job_id("job-42"); }, "status.job_id",
+            "not a valid id"),
+        BadReregister(
+            "NegativeReregisterStatusRank", [](Register& r) { r.mutable_status()->set_rank(-1); },
+            "status.rank", "-1 is out of range [0, 65535]"),
+        BadReregister(
+            "OversizedReregisterRunError",
+            [](Register& r) { r.mutable_status()->set_run_error(std::string(1025, 'e')); },
+            "status.run_error", "1025 bytes is longer than the limit of 1024"),
         BadHeartbeat(
             "NoWorkerId", [](Heartbeat& r) { r.clear_worker_id(); }, "worker_id", "required"),
         BadHeartbeat(
@@ -381,6 +425,9 @@ INSTANTIATE_TEST_SUITE_P(
         BadHeartbeat(
             "NegativeStatusStep", [](Heartbeat& r) { r.mutable_status()->set_step(-5); },
             "status.step", "-5 must be >= 0"),
+        BadHeartbeat(
+            "StatusRankTooLarge", [](Heartbeat& r) { r.mutable_status()->set_rank(65536); },
+            "status.rank", "65536 is out of range [0, 65535]"),
         BadHeartbeat(
             "OversizedRunError",
             [](Heartbeat& r) { r.mutable_status()->set_run_error(std::string(1025, 'e')); },

@@ -1,6 +1,8 @@
 // Worker membership with leases.
 #include "coordinator/worker_registry.h"
 
+#include <optional>
+
 #include "absl/strings/str_cat.h"
 #include "coordinator/ids.h"
 #include "google/protobuf/util/time_util.h"
@@ -22,7 +24,27 @@ WorkerRegistry::WorkerRegistry(LeaseOptions options) : options_(options) {}
 
 const v1::WorkerInfo& WorkerRegistry::Register(const v1::RegisterWorkerRequest& request,
                                                absl::Time now) {
-  const int64_t number = next_number_++;
+  return Add(next_number_++, request, now);
+}
+
+absl::StatusOr<v1::WorkerInfo*> WorkerRegistry::RegisterAs(const v1::RegisterWorkerRequest& request,
+                                                           const std::string& worker_id,
+                                                           absl::Time now) {
+  const std::optional<int64_t> number = ParseWorkerId(worker_id);
+  if (!number.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker_id: ", worker_id, " is not a worker id"));
+  }
+  if (workers_.count(*number) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker_id: ", worker_id, " is in use (or was, since this coordinator started)"));
+  }
+  SkipToNumber(*number + 1);
+  return &Add(*number, request, now);
+}
+
+v1::WorkerInfo& WorkerRegistry::Add(int64_t number, const v1::RegisterWorkerRequest& request,
+                                    absl::Time now) {
   Entry& entry = workers_[number];
   v1::WorkerInfo& info = entry.info;
   info.set_id(FormatWorkerId(number));

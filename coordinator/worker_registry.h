@@ -35,6 +35,12 @@ class WorkerRegistry {
   // Registers a new worker (a re-registering worker gets a new id) with a lease from `now`.
   // The request must be validated already.
   const v1::WorkerInfo& Register(const v1::RegisterWorkerRequest& request, absl::Time now);
+  // Registers a worker under `worker_id`, the id an earlier coordinator gave it (adoption after a
+  // restart), with a lease from `now`. FAILED_PRECONDITION when this registry knows the id
+  // already (live, dead or departed), INVALID_ARGUMENT when it is not a worker id. New ids
+  // continue above it, so none can collide with it.
+  absl::StatusOr<v1::WorkerInfo*> RegisterAs(const v1::RegisterWorkerRequest& request,
+                                             const std::string& worker_id, absl::Time now);
 
   // The number the next registered worker's id gets; numbers only grow.
   int64_t next_number() const { return next_number_; }
@@ -73,6 +79,9 @@ class WorkerRegistry {
     v1::WorkerInfo info;
     absl::Time lease_end;
   };
+
+  // Adds a live, idle worker numbered `number` (not in use).
+  v1::WorkerInfo& Add(int64_t number, const v1::RegisterWorkerRequest& request, absl::Time now);
 
   LeaseOptions options_;
   int64_t next_number_ = 1;

@@ -80,5 +80,33 @@ TEST(WorkerRegistryTest, AssignmentDrivesBusyAndIdle) {
   EXPECT_EQ(registry.List(v1::WORKER_STATE_UNSPECIFIED).size(), 1u);
 }
 
+TEST(WorkerRegistryTest, RegisterAsTakesAFreeIdOnceAndNewIdsContinueAboveIt) {
+  WorkerRegistry registry({absl::Seconds(1), 3});
+  const std::string fresh = registry.Register(Request("a"), kStart).id();
+  ASSERT_EQ(fresh, "worker-000001");
+  absl::StatusOr<v1::WorkerInfo*> adopted =
+      registry.RegisterAs(Request("b"), "worker-000042", kStart);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ((*adopted)->id(), "worker-000042");
+  EXPECT_EQ((*adopted)->name(), "b");
+  EXPECT_EQ((*adopted)->state(), v1::IDLE);
+  EXPECT_EQ(registry.FindLive("worker-000042"), *adopted);
+  // Its lease runs from `now` like any registration's.
+  EXPECT_EQ(registry.ExpireLeases(kStart + absl::Seconds(4)).size(), 2u);
+
+  // Taken ids are refused, whether live, dead (above) or given out by Register.
+  EXPECT_EQ(registry.RegisterAs(Request("c"), "worker-000042", kStart).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry.RegisterAs(Request("c"), fresh, kStart).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry.RegisterAs(Request("c"), "worker-42", kStart).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // New ids never collide with the adopted one.
+  EXPECT_EQ(registry.Register(Request("d"), kStart).id(), "worker-000043");
+  // An adopted id below the numbering leaves it where it was.
+  ASSERT_TRUE(registry.RegisterAs(Request("e"), "worker-000007", kStart).ok());
+  EXPECT_EQ(registry.Register(Request("f"), kStart).id(), "worker-000044");
+}
+
 }  // namespace
 }  // namespace zeroshard::coordinator

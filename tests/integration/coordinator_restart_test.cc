@@ -1,5 +1,6 @@
 // Durability across kill -9: runs the real zeroshard-coordinator binary, submits jobs (one of
-// them running), SIGKILLs it, restarts it on the same --state_dir and finds every job and event.
+// them running), SIGKILLs it, restarts it on the same --state_dir and finds every job and event;
+// the running job's generation is adopted when its worker comes back, and ends when it does not.
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -42,8 +43,12 @@ void SetDeadline(grpc::ClientContext& context) {
 // One zeroshard-coordinator process. The destructor SIGKILLs it if it still runs.
 class CoordinatorProcess {
  public:
-  CoordinatorProcess(std::string state_dir, std::string port_file)
-      : state_dir_(std::move(state_dir)), port_file_(std::move(port_file)) {}
+  // `extra_flags` are appended to every start's command line.
+  CoordinatorProcess(std::string state_dir, std::string port_file,
+                     std::vector<std::string> extra_flags = {})
+      : state_dir_(std::move(state_dir)),
+        port_file_(std::move(port_file)),
+        extra_flags_(std::move(extra_flags)) {}
   ~CoordinatorProcess() { Kill(); }
 
   // Starts the binary and waits (polling, within a deadline) until it wrote its port file.
@@ -54,6 +59,7 @@ class CoordinatorProcess {
                                      "--port_file=" + port_file_, "--state_dir=" + state_dir_,
                                      // Long leases: the test worker need not keep beating.
                                      "--heartbeat_period=10s"};
+    args.insert(args.end(), extra_flags_.begin(), extra_flags_.end());
     pid_ = fork();
     if (pid_ < 0) return ::testing::AssertionFailure() << "fork failed";
     if (pid_ == 0) {
@@ -99,6 +105,7 @@ class CoordinatorProcess {
  private:
   const std::string state_dir_;
   const std::string port_file_;
+  const std::vector<std::string> extra_flags_;
   pid_t pid_ = -1;
   int grpc_port_ = 0;
   std::shared_ptr<grpc::Channel> channel_;
@@ -125,6 +132,29 @@ v1::Job Submit(v1::Coordinator::Stub& stub, const v1::JobSpec& spec) {
   const grpc::Status status = stub.SubmitJob(&context, request, &job);
   EXPECT_TRUE(status.ok()) << status.error_message();
   return job;
+}
+
+v1::RegisterWorkerResponse RegisterWorker(v1::Coordinator::Stub& stub,
+                                          const v1::RegisterWorkerRequest& request) {
+  v1::RegisterWorkerResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status status = stub.RegisterWorker(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  return response;
+}
+
+v1::Assignment Heartbeat(v1::Coordinator::Stub& stub, const std::string& worker_id,
+                         const v1::WorkerStatus& status = {}) {
+  v1::HeartbeatRequest request;
+  request.set_worker_id(worker_id);
+  *request.mutable_status() = status;
+  v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status sent = stub.Heartbeat(&context, request, &response);
+  EXPECT_TRUE(sent.ok()) << sent.error_message();
+  return response.assignment();
 }
 
 v1::Job GetJob(v1::Coordinator::Stub& stub, const std::string& job_id) {
@@ -157,7 +187,7 @@ std::vector<v1::JobEvent> History(v1::Coordinator::Stub& stub, const std::string
   return events;
 }
 
-TEST(CoordinatorRestartTest, JobsAndHistorySurviveKillNine) {
+TEST(CoordinatorRestartTest, JobsAndHistorySurviveKillNineAndTheRunningJobIsAdopted) {
   const std::string tmp = Env("TEST_TMPDIR");
   const std::string state_dir = tmp + "/coordinator-state";
   std::filesystem::remove_all(state_dir);
@@ -221,12 +251,11 @@ TEST(CoordinatorRestartTest, JobsAndHistorySurviveKillNine) {
   }
   ASSERT_EQ(listed.jobs_size(), 3);
 
-  const v1::Job recovering = GetJob(coordinator.stub(), running.id());
-  EXPECT_EQ(recovering.state(), v1::RECOVERING);
-  EXPECT_TRUE(absl::StrContains(recovering.message(), "coordinator restarted"))
-      << recovering.message();
-  EXPECT_EQ(recovering.generation(), 1);
-  EXPECT_TRUE(MessageDifferencer::Equals(recovering.spec(), running.spec()));
+  // The running job keeps running: the coordinator waits for its worker to come back.
+  const v1::Job adopting = GetJob(coordinator.stub(), running.id());
+  EXPECT_EQ(adopting.state(), v1::RUNNING);
+  EXPECT_EQ(adopting.generation(), 1);
+  EXPECT_TRUE(MessageDifferencer::Equals(adopting.spec(), running.spec()));
   const v1::Job still_pending = GetJob(coordinator.stub(), pending.id());
   EXPECT_EQ(still_pending.state(), v1::PENDING);
   EXPECT_TRUE(MessageDifferencer::Equals(still_pending.create_time(), pending.create_time()));
@@ -234,7 +263,7 @@ TEST(CoordinatorRestartTest, JobsAndHistorySurviveKillNine) {
   EXPECT_EQ(still_cancelled.state(), v1::CANCELLED);
   EXPECT_TRUE(absl::StrContains(still_cancelled.message(), "changed my mind"));
 
-  // Every event survived, unchanged; the running job gained one: RECOVERING.
+  // Every event survived, unchanged; the running job gained one: a NOTICE that it is adopting.
   for (const auto& [id, count] : event_counts) {
     const int expected = id == running.id() ? count + 1 : count;
     const std::vector<v1::JobEvent> after = History(coordinator.stub(), id, expected);
@@ -247,8 +276,9 @@ TEST(CoordinatorRestartTest, JobsAndHistorySurviveKillNine) {
     }
     if (id == running.id()) {
       EXPECT_EQ(after.back().sequence(), count + 1);
-      EXPECT_EQ(after.back().state(), v1::RECOVERING);
-      EXPECT_TRUE(absl::StrContains(after.back().message(), "coordinator restarted"));
+      EXPECT_EQ(after.back().type(), v1::NOTICE);
+      EXPECT_TRUE(absl::StrContains(after.back().message(), "coordinator restarted: adopting"))
+          << after.back().message();
     }
   }
 
@@ -262,23 +292,69 @@ TEST(CoordinatorRestartTest, JobsAndHistorySurviveKillNine) {
     EXPECT_EQ(coordinator.stub().Heartbeat(&context, request, &response).error_code(),
               grpc::StatusCode::NOT_FOUND);
   }
-  // Once a worker registers again (with an id no earlier incarnation gave out), the job restarts
-  // from step 0 in generation 2.
-  v1::RegisterWorkerResponse registered_again;
-  {
-    grpc::ClientContext context;
-    SetDeadline(context);
-    ASSERT_TRUE(
-        coordinator.stub().RegisterWorker(&context, register_request, &registered_again).ok());
+  // Presenting its old id and its run, it gets both back: the generation goes on.
+  v1::RegisterWorkerRequest back = register_request;
+  back.set_previous_worker_id(registered.worker_id());
+  back.mutable_status()->set_job_id(running.id());
+  back.mutable_status()->set_generation(1);
+  back.mutable_status()->set_rank(0);
+  back.mutable_status()->set_step(12);
+  const v1::RegisterWorkerResponse adopted = RegisterWorker(coordinator.stub(), back);
+  EXPECT_TRUE(adopted.adopted());
+  EXPECT_EQ(adopted.worker_id(), registered.worker_id());
+  const v1::Assignment assignment =
+      Heartbeat(coordinator.stub(), adopted.worker_id(), back.status());
+  EXPECT_EQ(assignment.kind(), v1::ASSIGNMENT_RUN);
+  EXPECT_EQ(assignment.job_id(), running.id());
+  EXPECT_EQ(assignment.generation(), 1);
+  const v1::Job continued = GetJob(coordinator.stub(), running.id());
+  EXPECT_EQ(continued.state(), v1::RUNNING);
+  EXPECT_EQ(continued.message(), "generation 1 adopted after a coordinator restart");
+  EXPECT_EQ(continued.generation(), 1);
+  EXPECT_EQ(continued.attempts(), 1);
+  // New ids continue after the old ones.
+  const v1::Job next = Submit(coordinator.stub(), Spec("after-restart", 4));
+  EXPECT_EQ(next.id(), "job-000004");
+}
+
+TEST(CoordinatorRestartTest, ARunningJobWhoseWorkerDoesNotComeBackStartsANewGeneration) {
+  const std::string tmp = Env("TEST_TMPDIR");
+  const std::string state_dir = tmp + "/coordinator-state-not-back";
+  std::filesystem::remove_all(state_dir);
+  CoordinatorProcess coordinator(state_dir, tmp + "/coordinator-not-back.ports",
+                                 {"--adoption_window=1s"});
+  ASSERT_TRUE(coordinator.Start());
+  v1::RegisterWorkerRequest register_request;
+  register_request.set_name("restart-worker");
+  register_request.set_host("host-a");
+  register_request.set_device_kind(v1::CPU);
+  const v1::RegisterWorkerResponse registered =
+      RegisterWorker(coordinator.stub(), register_request);
+  const v1::Job running = Submit(coordinator.stub(), Spec("runs", 1));
+  ASSERT_EQ(Heartbeat(coordinator.stub(), registered.worker_id()).kind(), v1::ASSIGNMENT_RUN);
+
+  coordinator.Kill();
+  ASSERT_TRUE(coordinator.Start());
+  // No worker presents the run: when the window ends, so does the generation.
+  const absl::Time deadline = absl::Now() + kStartDeadline;
+  v1::Job ended = GetJob(coordinator.stub(), running.id());
+  while (ended.state() == v1::RUNNING && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+    ended = GetJob(coordinator.stub(), running.id());
   }
+  EXPECT_EQ(ended.state(), v1::RECOVERING);
+  EXPECT_TRUE(absl::StrContains(
+      ended.message(), "generation 1 ended: coordinator restarted: ranks 0 did not come back"))
+      << ended.message();
+  // A worker registering afresh (with an id no earlier incarnation gave out) runs generation 2.
+  const v1::RegisterWorkerResponse registered_again =
+      RegisterWorker(coordinator.stub(), register_request);
+  EXPECT_FALSE(registered_again.adopted());
   EXPECT_NE(registered_again.worker_id(), registered.worker_id());
   const v1::Job restarted = GetJob(coordinator.stub(), running.id());
   EXPECT_EQ(restarted.state(), v1::RUNNING);
   EXPECT_EQ(restarted.generation(), 2);
   EXPECT_EQ(restarted.attempts(), 2);
-  // New ids continue after the old ones.
-  const v1::Job next = Submit(coordinator.stub(), Spec("after-restart", 4));
-  EXPECT_EQ(next.id(), "job-000004");
 }
 
 }  // namespace

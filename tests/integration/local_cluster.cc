@@ -203,7 +203,7 @@ absl::Status LocalCluster::StartCoordinator() {
     return absl::FailedPreconditionError("the coordinator already runs");
   }
   std::filesystem::remove(port_file_);
-  const std::vector<std::string> argv = {
+  std::vector<std::string> argv = {
       RunfilePath("coordinator/zeroshard-coordinator"),
       absl::StrCat("--listen=127.0.0.1:", grpc_port_),
       "--metrics_port=0",
@@ -213,6 +213,8 @@ absl::Status LocalCluster::StartCoordinator() {
       absl::StrCat("--heartbeat_period=", absl::FormatDuration(options_.heartbeat_period)),
       absl::StrCat("--missed_heartbeats=", options_.missed_heartbeats),
   };
+  argv.insert(argv.end(), options_.extra_coordinator_flags.begin(),
+              options_.extra_coordinator_flags.end());
   ClusterProcess process;
   process.name = "coordinator";
   process.log_path = absl::StrCat(base_dir_, "/coordinator.", coordinator_starts_++, ".log");

@@ -32,6 +32,8 @@ struct LocalClusterOptions {
   // Each worker's --threads, and flags appended to every worker's command line.
   int worker_threads = 1;
   std::vector<std::string> extra_worker_flags;
+  // Flags appended to the coordinator's command line (every start).
+  std::vector<std::string> extra_coordinator_flags;
   // Under $TEST_TMPDIR when empty: a fresh directory per LocalCluster.
   std::string base_dir;
 };

@@ -1,10 +1,12 @@
 // One generation's training on this worker.
 #include "worker/daemon/engine_training_run.h"
 
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "checkpoint/manifest.h"
 #include "common/grpc_status.h"
@@ -20,11 +22,16 @@
 #include "worker/daemon/cuda_support.h"
 #include "worker/daemon/engine_config.h"
 #include "worker/daemon/progress_reporter.h"
+#include "worker/daemon/rpc_retry.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/teacher_student_mlp.h"
 
 namespace zeroshard::worker {
 namespace {
+
+// How long the `finished` report (and the progress reports before it) and a checkpoint commit may
+// wait for a coordinator that is down: a restart takes seconds.
+constexpr absl::Duration kCoordinatorOutageDeadline = absl::Minutes(5);
 
 // Memory a run holds outside the engine's allocator, by owner.
 struct OutsideEngineMemory {
@@ -122,6 +129,23 @@ void EngineTrainingRun::Main() {
 }
 
 absl::Status EngineTrainingRun::Commit(const v1::CommitCheckpointRequest& request) {
+  // Retried through a coordinator outage: a checkpoint that every rank wrote must not be lost
+  // because the coordinator restarted meanwhile.
+  return RetryRpc(
+      "CommitCheckpoint", [&] { return CommitOnce(request); },
+      absl::Now() + kCoordinatorOutageDeadline,
+      [this](absl::Duration delay) { return WaitUnlessAborted(delay); });
+}
+
+bool EngineTrainingRun::WaitUnlessAborted(absl::Duration delay) {
+  absl::Notification aborted;
+  const comm::AbortSignal::Registration wake = abort_signal_.OnAbort([&aborted] {
+    if (!aborted.HasBeenNotified()) aborted.Notify();
+  });
+  return !aborted.WaitForNotificationWithTimeout(delay);
+}
+
+absl::Status EngineTrainingRun::CommitOnce(const v1::CommitCheckpointRequest& request) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
   const comm::AbortSignal::Registration cancel =
@@ -300,6 +324,12 @@ absl::Status EngineTrainingRun::Train() {
     reporter = std::make_unique<ProgressReporter>(
         [this](const v1::StepMetrics& metrics) { return Report(metrics, /*finished=*/false); });
   }
+  // Abort() ends the reporter's retries through a coordinator outage (unregistered before the
+  // reporter goes).
+  std::optional<comm::AbortSignal::Registration> cancel_reports;
+  if (reporter != nullptr) {
+    cancel_reports.emplace(abort_signal_.OnAbort([raw = reporter.get()] { raw->Cancel(); }));
+  }
   v1::StepMetrics last;
   for (int64_t step = first_step; step < spec.steps(); ++step) {
     if (abort_signal_.aborted()) return absl::AbortedError("aborted");
@@ -328,8 +358,11 @@ absl::Status EngineTrainingRun::Train() {
       if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
     }
   }
+  // The coordinator must hear of every rank's finish even across its restart: the reports wait
+  // for it, up to a deadline or Abort().
+  const absl::Time report_deadline = absl::Now() + kCoordinatorOutageDeadline;
   if (reporter != nullptr) {
-    ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Flush());
+    ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Flush(report_deadline));
     if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
   }
   if (writer != nullptr) {
@@ -342,7 +375,9 @@ absl::Status EngineTrainingRun::Train() {
                  << absl::FormatDuration(written.write_time) << "), " << written.skipped
                  << " skipped, " << written.failed << " failed";
   }
-  ZS_RETURN_IF_ERROR(Report(last, /*finished=*/true).status());
+  ZS_RETURN_IF_ERROR(RetryRpc(
+      "ReportProgress (finished)", [&] { return Report(last, /*finished=*/true).status(); },
+      report_deadline, [this](absl::Duration delay) { return WaitUnlessAborted(delay); }));
   ZS_LOG(INFO) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
                << rank << " finished " << spec.steps() << " steps, loss " << last.loss()
                << ", counted " << last.memory().total_bytes() << " bytes, peak RSS "

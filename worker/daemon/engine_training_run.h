@@ -61,8 +61,12 @@ class EngineTrainingRun final : public TrainingRun {
   // `notice`, when not empty, becomes a NOTICE event of the job.
   absl::StatusOr<bool> Report(const v1::StepMetrics& metrics, bool finished,
                               const std::string& notice = "");
-  // Sends one checkpoint commit (the checkpoint writer's thread).
+  // Sends one checkpoint commit (the checkpoint writer's thread), retrying through a coordinator
+  // outage until a deadline or Abort().
   absl::Status Commit(const v1::CommitCheckpointRequest& request);
+  absl::Status CommitOnce(const v1::CommitCheckpointRequest& request);
+  // Waits `delay` unless Abort() comes first; true when the whole delay passed (RetryRpc's wait).
+  bool WaitUnlessAborted(absl::Duration delay);
 
   const v1::Assignment assignment_;
   const EngineTrainingRunOptions options_;

@@ -32,21 +32,42 @@ std::string WorkerDaemon::worker_id() const {
 void WorkerDaemon::Stop() {
   // Notify() may run only once: two threads could both see HasBeenNotified() false.
   if (!stop_requested_.exchange(true)) stop_.Notify();
+  absl::MutexLock lock(&call_mu_);
+  if (call_ != nullptr) call_->TryCancel();
 }
 
-absl::Status WorkerDaemon::Register() {
+void WorkerDaemon::BeginCall(grpc::ClientContext& context) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  context.set_wait_for_ready(true);
+  absl::MutexLock lock(&call_mu_);
+  call_ = &context;
+  // A Stop() that came before call_ was set cancels here (a call cancelled before it starts
+  // ends as soon as it starts).
+  if (stop_requested_.load()) context.TryCancel();
+}
+
+void WorkerDaemon::EndCall() {
+  absl::MutexLock lock(&call_mu_);
+  call_ = nullptr;
+}
+
+absl::StatusOr<bool> WorkerDaemon::Register() {
   v1::RegisterWorkerRequest request;
   request.set_name(options_.name);
   request.set_host(options_.host);
   request.set_device_kind(options_.device_kind);
   request.set_device_memory_bytes(options_.device_memory_bytes);
   for (const auto& [key, value] : options_.labels) (*request.mutable_labels())[key] = value;
+  request.set_previous_worker_id(worker_id());
   while (!stop_.HasBeenNotified()) {
+    // The run trains on meanwhile: each attempt presents its latest step.
+    if (run_ != nullptr) *request.mutable_status() = RunStatus();
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+    BeginCall(context);
     v1::RegisterWorkerResponse response;
     const absl::Status status =
         common::FromGrpcStatus(stub_->RegisterWorker(&context, request, &response));
+    EndCall();
     if (status.ok()) {
       {
         absl::MutexLock lock(&id_mu_);
@@ -54,8 +75,13 @@ absl::Status WorkerDaemon::Register() {
       }
       heartbeat_period_ = absl::Milliseconds(response.heartbeat_period_ms());
       ZS_LOG(INFO) << "registered as " << response.worker_id() << " (heartbeat every "
-                   << heartbeat_period_ << ", lease " << response.lease_ms() << " ms)";
-      return absl::OkStatus();
+                   << heartbeat_period_ << ", lease " << response.lease_ms() << " ms)"
+                   << (response.adopted()
+                           ? absl::StrCat("; the coordinator adopted ", request.status().job_id(),
+                                          " generation ", request.status().generation(), " rank ",
+                                          request.status().rank())
+                           : "");
+      return response.adopted();
     }
     // Bad flags (INVALID_ARGUMENT) will not get better by retrying.
     if (status.code() == absl::StatusCode::kInvalidArgument) return status;
@@ -66,8 +92,8 @@ absl::Status WorkerDaemon::Register() {
 }
 
 absl::Status WorkerDaemon::Run() {
-  if (absl::Status registered = Register(); !registered.ok()) {
-    return stop_.HasBeenNotified() ? absl::OkStatus() : registered;
+  if (absl::StatusOr<bool> registered = Register(); !registered.ok()) {
+    return stop_.HasBeenNotified() ? absl::OkStatus() : registered.status();
   }
   // Stays OK unless re-registering fails for a reason other than Stop().
   absl::Status result;
@@ -75,15 +101,19 @@ absl::Status WorkerDaemon::Run() {
     const absl::Time next = absl::Now() + heartbeat_period_;
     if (absl::Status beat = HeartbeatOnce(); !beat.ok()) {
       if (beat.code() == absl::StatusCode::kNotFound) {
-        // The coordinator forgot us (restart or expired lease): our generation is over too.
+        // The coordinator forgot us (a restart, or our lease ended). The run goes on while we
+        // register again: a restarted coordinator adopts it rather than ending its generation.
         ZS_LOG(WARNING) << "coordinator does not know " << worker_id() << "; registering again";
-        AbortRun();
-        if (absl::Status registered = Register(); !registered.ok()) {
-          if (!stop_.HasBeenNotified()) result = registered;
+        absl::StatusOr<bool> adopted = Register();
+        if (!adopted.ok()) {
+          if (!stop_.HasBeenNotified()) result = adopted.status();
           break;
         }
+        // Not adopted: for the coordinator that generation is over.
+        if (!*adopted) AbortRun();
         continue;
       }
+      // The coordinator is down or slow: the run does not need it, so it goes on.
       ZS_LOG(WARNING) << "heartbeat failed: " << beat;
     }
     ReapRetiredRuns();
@@ -101,27 +131,36 @@ absl::Status WorkerDaemon::Run() {
   return result;
 }
 
-absl::Status WorkerDaemon::HeartbeatOnce() {
-  v1::HeartbeatRequest request;
-  request.set_worker_id(worker_id());
-  if (run_ != nullptr) {
-    v1::WorkerStatus& status = *request.mutable_status();
+v1::WorkerStatus WorkerDaemon::RunStatus() const {
+  v1::WorkerStatus status;
+  if (run_ == nullptr) return status;
+  status.set_job_id(run_assignment_.job_id());
+  status.set_generation(run_assignment_.generation());
+  status.set_rank(run_assignment_.rank());
+  status.set_step(run_->step());
+  if (run_->Done()) {
     const absl::Status run_status = run_->status();
-    if (!run_->Done() || !run_status.ok()) {
-      status.set_job_id(run_assignment_.job_id());
-      status.set_generation(run_assignment_.generation());
-      status.set_step(run_->step());
-    }
     // A failed run says so, so the coordinator ends the generation instead of waiting for it.
-    if (run_->Done() && !run_status.ok()) {
+    // A finished one says so too: a restarted coordinator does not know which ranks finished.
+    if (run_status.ok()) {
+      status.set_finished(true);
+    } else {
       status.set_run_error(std::string(run_status.ToString()).substr(0, kMaxRunErrorBytes));
     }
   }
+  return status;
+}
+
+absl::Status WorkerDaemon::HeartbeatOnce() {
+  v1::HeartbeatRequest request;
+  request.set_worker_id(worker_id());
+  *request.mutable_status() = RunStatus();
   grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+  BeginCall(context);
   v1::HeartbeatResponse response;
   const absl::Status status =
       common::FromGrpcStatus(stub_->Heartbeat(&context, request, &response));
+  EndCall();
   if (!status.ok()) return status;
   Converge(response.assignment());
   return absl::OkStatus();

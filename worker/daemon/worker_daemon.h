@@ -1,7 +1,9 @@
 // The worker daemon's control loop: registers with the coordinator (retrying until it is up),
 // heartbeats, and converges to the assignment each heartbeat reply carries (level-triggered):
 // starts the assigned generation's TrainingRun, aborts runs that are no longer wanted, and
-// re-registers when the coordinator forgot it.
+// re-registers when the coordinator forgot it. The coordinator is not in the data path: a run
+// goes on while heartbeats fail, and a restarted coordinator adopts it when the daemon
+// re-registers presenting its previous id and the run.
 #ifndef ZEROSHARD_WORKER_DAEMON_WORKER_DAEMON_H_
 #define ZEROSHARD_WORKER_DAEMON_WORKER_DAEMON_H_
 
@@ -13,6 +15,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -42,7 +45,8 @@ class WorkerDaemon {
 
   // Runs until Stop(): then aborts the current run, leaves the coordinator and returns OK.
   // Returns the error early when registering fails for good (INVALID_ARGUMENT), also when
-  // re-registering after the coordinator forgot this worker.
+  // re-registering after the coordinator forgot this worker. Failed heartbeats (the coordinator
+  // is down) never stop the run; only the coordinator's answers do.
   absl::Status Run();
   void Stop();
 
@@ -50,7 +54,17 @@ class WorkerDaemon {
   std::string worker_id() const;
 
  private:
-  absl::Status Register();
+  // Registers, presenting the previous id and the current run (if any) so that a restarted
+  // coordinator can adopt the run. Returns whether it did.
+  absl::StatusOr<bool> Register();
+  // What the worker runs, for heartbeats and registrations.
+  v1::WorkerStatus RunStatus() const;
+  // Sets up `context` for a registration or heartbeat: it waits for the coordinator to be
+  // reachable, up to rpc_timeout (wait_for_ready), so that the call itself drives gRPC's
+  // reconnection after a coordinator restart; calls that fail at once leave that to gRPC's
+  // backup poller, which runs every 5 s. Stop() cancels the call. EndCall() after it.
+  void BeginCall(grpc::ClientContext& context);
+  void EndCall();
   // One heartbeat and the convergence step after it.
   absl::Status HeartbeatOnce();
   void Converge(const v1::Assignment& assignment);
@@ -66,6 +80,10 @@ class WorkerDaemon {
   // Set by the first Stop(), which alone notifies stop_.
   std::atomic<bool> stop_requested_{false};
   absl::Notification stop_;
+
+  absl::Mutex call_mu_;
+  // The registration or heartbeat under way (Run()'s thread), for Stop() to cancel.
+  grpc::ClientContext* call_ ABSL_GUARDED_BY(call_mu_) = nullptr;
 
   mutable absl::Mutex id_mu_;
   // Written by Run()'s thread, read by any.

@@ -1,5 +1,6 @@
 // The daemon's control loop against a real in-process coordinator over gRPC, with a fake
-// training run: registration retries, convergence to RUN / ABORT / IDLE, re-registration.
+// training run: registration retries, convergence to RUN / ABORT / IDLE, re-registration, and a
+// run that outlives a coordinator restart (adopted) or is aborted (not adopted).
 #include "worker/daemon/worker_daemon.h"
 
 #include <netinet/in.h>
@@ -18,20 +19,23 @@
 namespace zeroshard::worker {
 namespace {
 
-// Counts its life; "trains" until aborted.
+// Counts its life; "trains" until aborted. Counts the daemon's reads of its step too: every
+// heartbeat and registration attempt reads it once. Thread-safe (atomics), as TrainingRun says.
 class FakeRun : public TrainingRun {
  public:
-  explicit FakeRun(std::atomic<int>* aborted) : aborted_(aborted) {}
+  FakeRun(std::atomic<int>* aborted, std::atomic<int>* step_reads)
+      : aborted_(aborted), step_reads_(step_reads) {}
   void Abort() override {
     done_ = true;
     aborted_->fetch_add(1);
   }
   bool Done() const override { return done_; }
   absl::Status status() const override { return absl::OkStatus(); }
-  int64_t step() const override { return 0; }
+  int64_t step() const override { return step_reads_->fetch_add(1) + 1; }
 
  private:
   std::atomic<int>* aborted_;
+  std::atomic<int>* step_reads_;
   std::atomic<bool> done_{false};
 };
 
@@ -75,11 +79,16 @@ bool Eventually(const std::function<bool()>& condition,
 
 class WorkerDaemonTest : public ::testing::Test {
  protected:
-  void StartCoordinator(int port) {
+  // A coordinator on `port` whose state lives in a directory named after the port (and
+  // `state_suffix`), so that a restart on the same port finds the state of the one before.
+  void StartCoordinator(int port, absl::Duration adoption_window = absl::Seconds(30),
+                        const std::string& state_suffix = "") {
     coordinator::CoordinatorServerOptions options;
     options.listen_address = "127.0.0.1:" + std::to_string(port);
     options.metrics_port = -1;
-    options.state_dir = std::string(std::getenv("TEST_TMPDIR")) + "/state-" + std::to_string(port);
+    options.state_dir =
+        std::string(std::getenv("TEST_TMPDIR")) + "/state-" + std::to_string(port) + state_suffix;
+    options.manager.adoption_window = adoption_window;
     options.manager.lease.heartbeat_period = absl::Milliseconds(50);
     options.tick_period = absl::Milliseconds(10);
     auto server = coordinator::CoordinatorServer::Start(options);
@@ -92,14 +101,21 @@ class WorkerDaemonTest : public ::testing::Test {
     options.name = "w";
     options.host = "host-a";
     options.register_retry = absl::Milliseconds(20);
-    auto stub = v1::Coordinator::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                             grpc::InsecureChannelCredentials()));
+    // Calls wait this long for a coordinator that is down, then fail.
+    options.rpc_timeout = absl::Milliseconds(500);
+    // Reconnect quickly after a coordinator restart, as zeroshard-worker does.
+    grpc::ChannelArguments channel_args;
+    channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
+    channel_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20);
+    channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
+    auto stub = v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), channel_args));
     return std::make_unique<WorkerDaemon>(
         options, std::shared_ptr<v1::Coordinator::StubInterface>(std::move(stub)),
         [this](const v1::Assignment& assignment) {
           absl::MutexLock lock(&mu_);
           started_.push_back(assignment);
-          return std::make_unique<FakeRun>(&aborted_);
+          return std::make_unique<FakeRun>(&aborted_, &step_reads_);
         });
   }
 
@@ -120,6 +136,7 @@ class WorkerDaemonTest : public ::testing::Test {
   absl::Mutex mu_;
   std::vector<v1::Assignment> started_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> aborted_{0};
+  std::atomic<int> step_reads_{0};
 };
 
 TEST_F(WorkerDaemonTest, RegistersOnceCoordinatorComesUpThenRunsAndAbortsOnCancel) {
@@ -165,6 +182,94 @@ TEST_F(WorkerDaemonTest, RegistersAgainWhenTheCoordinatorForgetsIt) {
   EXPECT_TRUE(Eventually([&] { return daemon->worker_id() != first_id; }));
   daemon->Stop();
   thread.join();
+}
+
+TEST_F(WorkerDaemonTest, ARunOutlivesACoordinatorRestartAndIsAdopted) {
+  const int port = FreePort();
+  StartCoordinator(port);
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
+  std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+  coordinator::JobManager* manager = server_->manager();
+  ASSERT_TRUE(Eventually([&] { return manager->ListWorkers(v1::IDLE).size() == 1; }));
+  auto job = manager->SubmitJob(Spec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Eventually([&] { return Started() == 1; }));
+  const std::string id = daemon->worker_id();
+
+  // The coordinator goes away; the daemon's heartbeats fail (each attempt reads the run's step),
+  // and the run goes on.
+  server_.reset();
+  const int reads_before = step_reads_.load();
+  ASSERT_TRUE(Eventually([&] { return step_reads_.load() >= reads_before + 3; }));
+  EXPECT_EQ(aborted_.load(), 0);
+  EXPECT_EQ(daemon->worker_id(), id);
+
+  // Restarted on the same state, the coordinator adopts the run: same id, same run.
+  StartCoordinator(port);
+  manager = server_->manager();
+  ASSERT_TRUE(Eventually([&] {
+    return manager->GetJob(job->id())->message() ==
+           "generation 1 adopted after a coordinator restart";
+  }));
+  EXPECT_EQ(daemon->worker_id(), id);
+  EXPECT_EQ(aborted_.load(), 0);
+  EXPECT_EQ(Started(), 1);
+  const std::vector<v1::WorkerInfo> busy = manager->ListWorkers(v1::BUSY);
+  ASSERT_EQ(busy.size(), 1u);
+  EXPECT_EQ(busy[0].id(), id);
+  EXPECT_EQ(manager->GetJob(job->id())->generation(), 1);
+  daemon->Stop();
+  thread.join();
+}
+
+TEST_F(WorkerDaemonTest, ARunTheRestartedCoordinatorCannotAdoptIsAborted) {
+  const int port = FreePort();
+  StartCoordinator(port);
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
+  std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+  ASSERT_TRUE(Eventually([&] { return server_->manager()->ListWorkers(v1::IDLE).size() == 1; }));
+  ASSERT_TRUE(server_->manager()->SubmitJob(Spec()).ok());
+  ASSERT_TRUE(Eventually([&] { return Started() == 1; }));
+
+  // A coordinator that lost the state knows no such job: the run is over for it. (It numbers
+  // workers from 1 again, so the new id may even equal the old one.)
+  server_.reset();
+  StartCoordinator(port, absl::Seconds(30), "-lost");
+  ASSERT_TRUE(Eventually([&] { return aborted_.load() == 1; }));
+  EXPECT_TRUE(Eventually([&] { return server_->manager()->ListWorkers(v1::IDLE).size() == 1; }));
+  EXPECT_EQ(Started(), 1);
+  daemon->Stop();
+  thread.join();
+}
+
+TEST_F(WorkerDaemonTest, StopEndsAHeartbeatWaitingForTheCoordinator) {
+  const int port = FreePort();
+  StartCoordinator(port);
+  WorkerDaemonOptions options;
+  options.name = "w";
+  options.host = "host-a";
+  options.rpc_timeout = absl::Minutes(10);  // a heartbeat would wait this long for a coordinator
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  WorkerDaemon daemon(options, std::shared_ptr<v1::Coordinator::StubInterface>(std::move(stub)),
+                      [this](const v1::Assignment&) -> std::unique_ptr<TrainingRun> {
+                        return std::make_unique<FakeRun>(&aborted_, &step_reads_);
+                      });
+  absl::Notification returned;
+  std::thread thread([&] {
+    EXPECT_TRUE(daemon.Run().ok());
+    returned.Notify();
+  });
+  ASSERT_TRUE(server_->manager()->SubmitJob(Spec()).ok());
+  ASSERT_TRUE(Eventually([&] { return step_reads_.load() > 0; }));  // running, heartbeating
+  server_.reset();
+  // A heartbeat that began after the coordinator went away waits for it; Stop() ends it.
+  const int reads = step_reads_.load();
+  ASSERT_TRUE(Eventually([&] { return step_reads_.load() > reads; }));
+  daemon.Stop();
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(20)));
+  thread.join();
+  EXPECT_EQ(aborted_.load(), 1);  // stopping aborts the run
 }
 
 TEST_F(WorkerDaemonTest, SlowAbortDoesNotStallHeartbeatsOrTheNextRun) {

@@ -1,0 +1,338 @@
+// Issue 12, item 5, on real processes: a W = 2 job outlives three kill -9s of the coordinator in
+// one (adopted) generation, with the losses, bit for bit, of the same job run without restarts.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/integration/local_cluster.h"
+
+namespace zeroshard::testing {
+namespace {
+
+// Short heartbeats, so that workers notice an outage and a restart within a fraction of a second.
+constexpr absl::Duration kHeartbeatPeriod = absl::Milliseconds(200);
+constexpr int kMissedHeartbeats = 3;
+// Generous for a loaded 2-core machine (a restart and the workers' reconnects can take seconds
+// there); operators get 2 leases by default.
+constexpr char kAdoptionWindowFlag[] = "--adoption_window=30s";
+constexpr int kCoordinatorKills = 3;
+// The job with restarts is sized, from a calibration job, to train about this long: long enough
+// for three kill, restart and adoption rounds of about 5 s each, even when the machine turns
+// out twice as fast as the calibration said.
+constexpr int64_t kCalibrationSteps = 1000;
+constexpr absl::Duration kTargetTrainingTime = absl::Seconds(60);
+// Reports that reach each restarted coordinator before the next kill.
+constexpr int64_t kStepsBetweenKills = 50;
+constexpr absl::Duration kStateDeadline = absl::Seconds(60);
+constexpr absl::Duration kJobDeadline = absl::Seconds(600);
+
+// A small MLP whose steps (a few ms) keep rank 0's reports within what the coordinator's durable
+// writes sustain.
+v1::JobSpec OutageSpec(const std::string& name, int64_t steps) {
+  v1::JobSpec spec;
+  spec.set_name(name);
+  for (int64_t width : {32, 256, 256, 32}) spec.mutable_workload()->add_layer_sizes(width);
+  spec.mutable_workload()->set_dataset_size(1024);
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  spec.mutable_optimizer()->set_lr(0.001);
+  spec.set_mode(v1::ZERO2);
+  spec.set_min_workers(2);
+  spec.set_max_workers(2);
+  spec.set_global_batch(128);
+  spec.set_steps(steps);
+  spec.set_seed(0);
+  return spec;
+}
+
+bool IsFinal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+// Polls the job until `done` holds for it; the error says what was awaited and the job last seen.
+absl::StatusOr<v1::Job> WaitForJob(LocalCluster& cluster, const std::string& job_id,
+                                   const std::function<bool(const v1::Job&)>& done,
+                                   absl::Duration deadline, absl::string_view what) {
+  v1::Job last;
+  absl::Status status = cluster.WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> job = cluster.client().GetJob(job_id);
+        if (!job.ok()) return false;
+        last = *std::move(job);
+        return done(last);
+      },
+      deadline, absl::StrCat(job_id, ": ", what));
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("last seen: ", last.ShortDebugString(), "\n",
+                                                    status.message()));
+  }
+  return last;
+}
+
+absl::StatusOr<v1::Job> RunToTheEnd(LocalCluster& cluster, const v1::JobSpec& spec) {
+  absl::StatusOr<v1::Job> submitted = cluster.client().SubmitJob(spec);
+  if (!submitted.ok()) return submitted.status();
+  return WaitForJob(
+      cluster, submitted->id(), [](const v1::Job& job) { return IsFinal(job.state()); },
+      kJobDeadline, "ended");
+}
+
+// Follows a job's events from its start to its end on a thread of its own, through coordinator
+// restarts: it reconnects after the last event it got. (Replaying a long history at once would
+// overflow the stream's backlog; following it live never does.)
+//
+// Thread contract: construct, Events() and destroy on the test's thread; only the collector's
+// thread touches the events until Events() has joined it. The destructor cancels the stream.
+class EventCollector {
+ public:
+  EventCollector(v1::Coordinator::Stub* stub, std::string job_id)
+      : stub_(stub), job_id_(std::move(job_id)), thread_([this] { Follow(); }) {}
+  ~EventCollector() {
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+      if (context_ != nullptr) context_->TryCancel();
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+
+  // Waits until the job ended (or following it failed) and returns its whole history.
+  absl::StatusOr<std::vector<v1::JobEvent>> Events() {
+    thread_.join();
+    if (!status_.ok()) return status_;
+    return events_;
+  }
+
+ private:
+  void Follow() {
+    const absl::Time deadline = absl::Now() + kJobDeadline;
+    while (true) {
+      grpc::ClientContext context;
+      {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) break;
+        context_ = &context;
+      }
+      v1::WatchJobRequest request;
+      request.set_job_id(job_id_);
+      request.set_after_sequence(events_.empty() ? 0 : events_.back().sequence());
+      std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
+      for (v1::JobEvent event; reader->Read(&event);) events_.push_back(event);
+      const grpc::Status finished = reader->Finish();
+      absl::MutexLock lock(&mu_);
+      context_ = nullptr;
+      if (finished.ok()) return;
+      if (absl::Now() >= deadline) {
+        status_ = absl::DeadlineExceededError(
+            absl::StrCat("following ", job_id_, ": ", finished.error_message()));
+        return;
+      }
+      // The coordinator is down or restarting: reconnect shortly.
+      auto stopping = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
+      if (mu_.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(20))) break;
+    }
+    status_ = absl::CancelledError(absl::StrCat("following ", job_id_, ": stopped"));
+  }
+
+  v1::Coordinator::Stub* const stub_;
+  const std::string job_id_;
+  std::vector<v1::JobEvent> events_;
+  absl::Status status_;
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  // The stream being read, so that the destructor can cancel it.
+  grpc::ClientContext* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::thread thread_;  // last: starts after the members above exist
+};
+
+// Lines of `path` that contain `needle`.
+int CountLines(const std::string& path, absl::string_view needle) {
+  std::ifstream in(path);
+  int count = 0;
+  for (std::string line; std::getline(in, line);) count += absl::StrContains(line, needle);
+  return count;
+}
+
+uint64_t Bits(double value) {
+  uint64_t bits;
+  std::memcpy(&bits, &value, sizeof(bits));
+  return bits;
+}
+
+TEST(CoordinatorOutageTest, ThreeKillNinesOfTheCoordinatorEndNoGeneration) {
+  LocalClusterOptions options;
+  options.heartbeat_period = kHeartbeatPeriod;
+  options.missed_heartbeats = kMissedHeartbeats;
+  options.extra_coordinator_flags = {kAdoptionWindowFlag};
+  LocalCluster cluster(options);
+  LogTailsOnFailure log_tails(cluster);
+  absl::Status started = cluster.Start(2);
+  ASSERT_TRUE(started.ok()) << started;
+
+  // How fast this machine trains the job now.
+  const absl::Time calibration_start = absl::Now();
+  absl::StatusOr<v1::Job> calibration =
+      RunToTheEnd(cluster, OutageSpec("calibration", kCalibrationSteps));
+  ASSERT_TRUE(calibration.ok()) << calibration.status();
+  ASSERT_EQ(calibration->state(), v1::SUCCEEDED) << calibration->message();
+  const absl::Duration per_step = (absl::Now() - calibration_start) / kCalibrationSteps;
+  const int64_t steps = std::clamp<int64_t>(kTargetTrainingTime / per_step, 3000, 200000);
+  std::cout << "calibration: " << per_step << " per step; the job runs " << steps << " steps\n";
+
+  absl::StatusOr<v1::Job> submitted = cluster.client().SubmitJob(OutageSpec("outage", steps));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const std::string job_id = submitted->id();
+  EventCollector history(cluster.client().stub(), job_id);
+  int64_t seen_step = 0;
+  for (int kill = 1; kill <= kCoordinatorKills; ++kill) {
+    SCOPED_TRACE(absl::StrCat("kill ", kill));
+    // Rank 0's reports reach this coordinator (after an adoption: they resumed).
+    absl::StatusOr<v1::Job> running = WaitForJob(
+        cluster, job_id,
+        [&](const v1::Job& job) {
+          return IsFinal(job.state()) || job.progress().step() >= seen_step + kStepsBetweenKills;
+        },
+        kStateDeadline, "reports arriving");
+    ASSERT_TRUE(running.ok()) << running.status();
+    // Far from its end, so that it still trains when the coordinator is back.
+    ASSERT_TRUE(running->state() == v1::RUNNING && running->progress().step() < steps * 3 / 4)
+        << "the job is at step " << running->progress().step() << " of " << steps << " ("
+        << v1::JobState_Name(running->state()) << ") before kill " << kill
+        << "; the machine trained faster than the calibration said";
+    const std::set<std::string> ranks(running->worker_ids().begin(), running->worker_ids().end());
+
+    const auto unreachable = [&] {
+      int lines = 0;
+      for (int i = 0; i < 2; ++i) {
+        lines += CountLines(cluster.worker_process(i).log_path, "the coordinator is unreachable");
+      }
+      return lines;
+    };
+    const int unreachable_before = unreachable();
+    absl::Status killed = cluster.StopCoordinator(SIGKILL);
+    ASSERT_TRUE(killed.ok()) << killed;
+    // Rank 0 trains on: its next step's report finds the coordinator gone.
+    absl::Status noticed = cluster.WaitFor([&] { return unreachable() > unreachable_before; },
+                                           kStateDeadline, "rank 0's reports failing");
+    ASSERT_TRUE(noticed.ok()) << noticed;
+
+    absl::Status restarted = cluster.StartCoordinator();
+    ASSERT_TRUE(restarted.ok()) << restarted;
+    // The new coordinator started knowing no worker: once it lists the generation's two workers
+    // BUSY under their old ids, both re-registered and the generation was adopted.
+    absl::Status adopted = cluster.WaitFor(
+        [&] {
+          absl::StatusOr<std::vector<v1::WorkerInfo>> busy = cluster.client().ListWorkers(v1::BUSY);
+          if (!busy.ok()) return false;
+          std::set<std::string> ids;
+          for (const v1::WorkerInfo& worker : *busy) ids.insert(worker.id());
+          return ids == ranks;
+        },
+        kStateDeadline, "the generation's workers back under their ids");
+    ASSERT_TRUE(adopted.ok()) << adopted;
+    absl::StatusOr<v1::Job> after = cluster.client().GetJob(job_id);
+    ASSERT_TRUE(after.ok()) << after.status();
+    ASSERT_EQ(after->state(), v1::RUNNING) << after->message();
+    EXPECT_EQ(after->message(), "generation 1 adopted after a coordinator restart");
+    EXPECT_EQ(after->generation(), 1);
+    seen_step = after->progress().step();
+  }
+
+  absl::StatusOr<v1::Job> ended = WaitForJob(
+      cluster, job_id, [](const v1::Job& job) { return IsFinal(job.state()); }, kJobDeadline,
+      "ended");
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
+  EXPECT_EQ(ended->generation(), 1);
+  EXPECT_EQ(ended->attempts(), 1);
+  EXPECT_EQ(ended->progress().step(), steps);
+
+  absl::StatusOr<std::vector<v1::JobEvent>> events = history.Events();
+  ASSERT_TRUE(events.ok()) << events.status();
+  int generations_started = 0;
+  int adoptions_begun = 0;
+  std::vector<v1::JobState> states;
+  std::vector<v1::StepMetrics> progress;
+  for (const v1::JobEvent& event : *events) {
+    switch (event.type()) {
+      case v1::GENERATION_STARTED:
+        ++generations_started;
+        break;
+      case v1::NOTICE:
+        adoptions_begun += absl::StrContains(event.message(), "adopting generation 1");
+        break;
+      case v1::STATE_CHANGED:
+        states.push_back(event.state());
+        break;
+      case v1::PROGRESS:
+        progress.push_back(event.progress());
+        break;
+      default:
+        break;
+    }
+  }
+  EXPECT_EQ(generations_started, 1);
+  EXPECT_EQ(adoptions_begun, kCoordinatorKills);
+  EXPECT_EQ(states, (std::vector<v1::JobState>{v1::PENDING, v1::RUNNING, v1::RUNNING, v1::RUNNING,
+                                               v1::RUNNING, v1::SUCCEEDED}));
+  ASSERT_FALSE(progress.empty());
+  for (size_t i = 1; i < progress.size(); ++i) {
+    ASSERT_GT(progress[i].step(), progress[i - 1].step()) << "PROGRESS event " << i;
+  }
+  EXPECT_EQ(progress.back().step(), steps);
+  std::cout << "outage job: " << progress.size() << " of " << steps << " steps reported\n";
+
+  // Training never stopped: the same job without restarts has the same loss at every step that
+  // both reported, and at the last.
+  absl::StatusOr<v1::Job> reference_submitted =
+      cluster.client().SubmitJob(OutageSpec("reference", steps));
+  ASSERT_TRUE(reference_submitted.ok()) << reference_submitted.status();
+  EventCollector reference_history(cluster.client().stub(), reference_submitted->id());
+  absl::StatusOr<v1::Job> reference = WaitForJob(
+      cluster, reference_submitted->id(), [](const v1::Job& job) { return IsFinal(job.state()); },
+      kJobDeadline, "ended");
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  ASSERT_EQ(reference->state(), v1::SUCCEEDED) << reference->message();
+  EXPECT_EQ(Bits(ended->progress().loss()), Bits(reference->progress().loss()))
+      << ended->progress().loss() << " with restarts, " << reference->progress().loss()
+      << " without";
+  absl::StatusOr<std::vector<v1::JobEvent>> reference_events = reference_history.Events();
+  ASSERT_TRUE(reference_events.ok()) << reference_events.status();
+  std::map<int64_t, double> reference_loss;
+  for (const v1::JobEvent& event : *reference_events) {
+    if (event.type() == v1::PROGRESS)
+      reference_loss[event.progress().step()] = event.progress().loss();
+  }
+  int compared = 0;
+  for (const v1::StepMetrics& metrics : progress) {
+    const auto it = reference_loss.find(metrics.step());
+    if (it == reference_loss.end()) continue;
+    ++compared;
+    ASSERT_EQ(Bits(metrics.loss()), Bits(it->second))
+        << "step " << metrics.step() << ": " << metrics.loss() << " vs " << it->second;
+  }
+  EXPECT_GT(compared, 0);
+  std::cout << "losses compared bitwise at " << compared << " steps\n";
+
+  absl::Status stopped = cluster.StopAll();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+}  // namespace
+}  // namespace zeroshard::testing
