@@ -50,6 +50,13 @@ ABSL_FLAG(std::optional<int64_t>, dataset_size, std::nullopt, "submit: synthetic
 ABSL_FLAG(std::optional<int64_t>, seed, std::nullopt, "submit: data and init seed.");
 ABSL_FLAG(std::optional<double>, clip_grad_norm, std::nullopt, "submit: gradient clipping.");
 ABSL_FLAG(std::optional<int64_t>, bucket_elems, std::nullopt, "submit: bucket size, elements.");
+ABSL_FLAG(std::optional<int64_t>, checkpoint_every, std::nullopt,
+          "submit: checkpoint every this many steps (checkpoint.every_steps; 0: only the final "
+          "one).");
+ABSL_FLAG(std::optional<int>, checkpoint_keep, std::nullopt,
+          "submit: committed checkpoints kept (checkpoint.keep).");
+ABSL_FLAG(std::optional<int>, max_attempts, std::nullopt,
+          "submit: generations the job may start before it fails (max_attempts).");
 ABSL_FLAG(std::optional<std::string>, param_dtype, std::nullopt,
           "submit: float32, bfloat16 or float16.");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends.");
@@ -164,6 +171,11 @@ absl::StatusOr<v1::JobSpec> SpecFromArgs(const std::vector<char*>& args) {
   if (auto v = absl::GetFlag(FLAGS_seed)) spec.set_seed(static_cast<uint64_t>(*v));
   if (auto v = absl::GetFlag(FLAGS_clip_grad_norm)) spec.set_clip_grad_norm(*v);
   if (auto v = absl::GetFlag(FLAGS_bucket_elems)) spec.set_bucket_elems(*v);
+  if (auto v = absl::GetFlag(FLAGS_checkpoint_every)) {
+    spec.mutable_checkpoint()->set_every_steps(*v);
+  }
+  if (auto v = absl::GetFlag(FLAGS_checkpoint_keep)) spec.mutable_checkpoint()->set_keep(*v);
+  if (auto v = absl::GetFlag(FLAGS_max_attempts)) spec.set_max_attempts(*v);
   if (auto v = absl::GetFlag(FLAGS_param_dtype)) {
     v1::DType dtype;
     absl::Status parsed = ParseEnumFlag("param_dtype", *v, v1::DType_Parse, &dtype);

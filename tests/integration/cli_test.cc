@@ -72,6 +72,9 @@ TEST(CliTest, BadSpecsFailWithOneLineNamingTheFieldAndDisturbNothing) {
        {"submit", "--name=empty-pattern", "--preset=seed", "--optimizer=adamw",
         "--no_decay=*.bias,"},
        "param_groups[0].patterns[1]"},
+      {"negative checkpoint interval",
+       {"submit", "--name=bad-ckpt", "--preset=seed", "--optimizer=adamw", "--checkpoint_every=-1"},
+       "checkpoint.every_steps"},
   };
   for (const BadSpec& bad : bad_specs) {
     SCOPED_TRACE(bad.what);
@@ -111,7 +114,8 @@ TEST(CliTest, BadSpecsFailWithOneLineNamingTheFieldAndDisturbNothing) {
                                       "  - patterns: ['0.*']\n"
                                       "    lr_scale: 0.5\n");
   absl::StatusOr<CommandResult> submitted =
-      RunCli(cluster, {"submit", valid, "--no_decay=*.bias,2.weight"});
+      RunCli(cluster, {"submit", valid, "--no_decay=*.bias,2.weight", "--checkpoint_every=5",
+                       "--checkpoint_keep=3", "--max_attempts=2"});
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   ASSERT_EQ(submitted->exit_code(), 0) << submitted->stderr_text;
   const std::string job_id(absl::StripSuffix(submitted->stdout_text, "\n"));
@@ -128,6 +132,11 @@ TEST(CliTest, BadSpecsFailWithOneLineNamingTheFieldAndDisturbNothing) {
   ASSERT_TRUE(succeeded.ok()) << succeeded;
   EXPECT_EQ(last.state(), v1::SUCCEEDED) << last.message();
   ASSERT_EQ(last.spec().param_groups_size(), 2) << last.spec().ShortDebugString();
+  EXPECT_EQ(last.spec().checkpoint().every_steps(), 5);
+  EXPECT_EQ(last.spec().checkpoint().keep(), 3);
+  EXPECT_EQ(last.spec().max_attempts(), 2);
+  // Checkpoints at 5, 10, 15 and the final one at 20; three kept.
+  EXPECT_EQ(last.latest_checkpoint().step(), 20);
   const v1::ParamGroup& no_decay = last.spec().param_groups(0);
   ASSERT_EQ(no_decay.patterns_size(), 2);
   EXPECT_EQ(no_decay.patterns(0), "*.bias");
