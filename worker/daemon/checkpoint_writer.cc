@@ -16,6 +16,8 @@ namespace {
 // Bytes handed to the shard writer per call: large enough for the disk, small enough that the
 // CRC of a chunk runs from cache.
 constexpr size_t kAppendChunkBytes = size_t{4} << 20;
+// WriteNow's scratch: the only memory a final checkpoint adds to the process's peak.
+constexpr size_t kDirectChunkBytes = size_t{1} << 20;
 
 v1::DType ToFragmentDType(kernels::DType dtype) {
   switch (dtype) {
@@ -95,13 +97,19 @@ absl::Status CheckpointWriter::WriteNow(int64_t step, const engine::Engine::Save
                                         CopyFragmentFn copy_fragment) {
   Flush();
   absl::Status copy_error;
-  std::vector<char> scratch;
+  std::vector<char> scratch(kDirectChunkBytes);
   WriteAndCommit(HeaderFor(step, scalars), [&](checkpoint::ShardWriter& writer) -> absl::Status {
     for (size_t i = 0; i < options_.fragments.size(); ++i) {
-      scratch.resize(options_.fragments[i].bytes());
-      copy_error = copy_fragment(i, absl::MakeSpan(scratch));
-      ZS_RETURN_IF_ERROR(copy_error);
-      ZS_RETURN_IF_ERROR(writer.Append(scratch.data(), scratch.size()));
+      const engine::Engine::SavedFragment& fragment = options_.fragments[i];
+      const int64_t element_size = kernels::DTypeSize(fragment.dtype);
+      const int64_t per_chunk = static_cast<int64_t>(kDirectChunkBytes) / element_size;
+      for (int64_t first = 0; first < fragment.end - fragment.begin; first += per_chunk) {
+        const int64_t count = std::min(per_chunk, fragment.end - fragment.begin - first);
+        const absl::Span<char> chunk(scratch.data(), count * element_size);
+        copy_error = copy_fragment(i, first, chunk);
+        ZS_RETURN_IF_ERROR(copy_error);
+        ZS_RETURN_IF_ERROR(writer.Append(chunk.data(), chunk.size()));
+      }
     }
     return absl::OkStatus();
   });

@@ -74,11 +74,12 @@ class CheckpointWriter {
   // Waits until nothing is being written (every started checkpoint committed or failed).
   void Flush();
   // The last checkpoint of a run, when training is over: waits for a write in progress, then
-  // writes the checkpoint of `step` on the calling thread, each fragment copied by
-  // `copy_fragment` (Engine::CopyFragmentTo) into a scratch buffer of its size, so no staging
-  // copy of the whole state is made, and commits it. A failed write is a FAILED commit (the job
-  // goes on); the error here is `copy_fragment`'s only.
-  using CopyFragmentFn = absl::FunctionRef<absl::Status(size_t index, absl::Span<char> out)>;
+  // writes the checkpoint of `step` on the calling thread, the fragments copied by
+  // `copy_fragment` (Engine::CopyFragmentTo) a chunk of at most 1 MiB at a time, so no staging
+  // copy of the state is made (not even of one fragment), and commits it. A failed write is a
+  // FAILED commit (the job goes on); the error here is `copy_fragment`'s only.
+  using CopyFragmentFn =
+      absl::FunctionRef<absl::Status(size_t index, int64_t first, absl::Span<char> out)>;
   absl::Status WriteNow(int64_t step, const engine::Engine::SavedScalars& scalars,
                         CopyFragmentFn copy_fragment);
 

@@ -366,9 +366,10 @@ absl::Status EngineTrainingRun::Train() {
     if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
   }
   if (writer != nullptr) {
-    ZS_RETURN_IF_ERROR(writer->WriteNow(
-        spec.steps(), engine->scalars(),
-        [&](size_t index, absl::Span<char> out) { return engine->CopyFragmentTo(index, out); }));
+    ZS_RETURN_IF_ERROR(writer->WriteNow(spec.steps(), engine->scalars(),
+                                        [&](size_t index, int64_t first, absl::Span<char> out) {
+                                          return engine->CopyFragmentTo(index, first, out);
+                                        }));
     const CheckpointWriterStats written = writer->stats();
     ZS_LOG(INFO) << assignment_.job_id() << " rank " << rank << " checkpoints: " << written.written
                  << " written (" << written.bytes_written << " bytes in "

@@ -260,9 +260,11 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // changes only in Step(). The all-gathers Step() issued may still be running (they only read
   // the owned parameters). FailedPrecondition during a step; InvalidArgument for a wrong size.
   absl::StatusOr<SavedScalars> CopyStateTo(absl::Span<char> staging);
-  // SavedFragments()[index] alone, into `out` (its bytes() of host memory): to write a
-  // checkpoint straight from the engine, a fragment at a time, when training is over.
-  absl::Status CopyFragmentTo(size_t index, absl::Span<char> out);
+  // Elements [first, first + out.size() / element size) of SavedFragments()[index] (counted from
+  // the fragment's start) into `out` (host memory): to write a checkpoint straight from the
+  // engine, a bounded chunk at a time, when training is over. InvalidArgument for a range
+  // outside the fragment or a size that is not whole elements.
+  absl::Status CopyFragmentTo(size_t index, int64_t first, absl::Span<char> out);
   SavedScalars scalars() const { return {optimizer_step_, loss_scale_, good_steps_}; }
 
   // Reads the values of one range of one array for RestoreState: (state, tensor, [begin, end),

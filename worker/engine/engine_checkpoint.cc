@@ -84,7 +84,7 @@ absl::StatusOr<Engine::SavedScalars> Engine::CopyStateTo(absl::Span<char> stagin
   return SavedScalars{optimizer_step_, loss_scale_, good_steps_};
 }
 
-absl::Status Engine::CopyFragmentTo(size_t index, absl::Span<char> out) {
+absl::Status Engine::CopyFragmentTo(size_t index, int64_t first, absl::Span<char> out) {
   ZS_RETURN_IF_ERROR(failure_);
   if (StepInProgress()) return absl::FailedPreconditionError("CopyFragmentTo during a step");
   if (index >= saved_fragments_.size()) {
@@ -92,9 +92,13 @@ absl::Status Engine::CopyFragmentTo(size_t index, absl::Span<char> out) {
         absl::StrCat("index: ", index, " of ", saved_fragments_.size(), " fragments"));
   }
   const SavedFragment& saved = saved_fragments_[index];
-  if (static_cast<int64_t>(out.size()) != saved.bytes()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("out: ", out.size(), " bytes, the fragment has ", saved.bytes()));
+  const int64_t element_size = kernels::DTypeSize(saved.dtype);
+  const int64_t count = static_cast<int64_t>(out.size()) / element_size;
+  if (static_cast<int64_t>(out.size()) % element_size != 0 || first < 0 ||
+      first + count > saved.end - saved.begin) {
+    return absl::InvalidArgumentError(absl::StrCat("elements [", first, ", ", first, " + ",
+                                                   out.size(), " bytes): outside the fragment's ",
+                                                   saved.end - saved.begin, " elements"));
   }
   absl::Span<const sharding::TensorFragment> fragments = view_.fragments();
   const sharding::TensorFragment& fragment = fragments[index % fragments.size()];
@@ -109,7 +113,7 @@ absl::Status Engine::CopyFragmentTo(size_t index, absl::Span<char> out) {
     ZS_DCHECK(piece != nullptr) << "fragment " << index << " is in no owned piece";
   }
   return RecordFailure(device_->CopyToHost(
-      out.data(), StateAt(saved.state, fragment, piece, saved.begin), saved.bytes()));
+      out.data(), StateAt(saved.state, fragment, piece, saved.begin + first), out.size()));
 }
 
 std::vector<Engine::SavedFragment> Engine::RestoredRanges() const {

@@ -130,6 +130,26 @@ Segment RunSegment(int64_t world_size, const EngineConfig& config, int64_t first
         std::vector<char> staging(engine->SavedBytes());
         ZS_ASSIGN_OR_RETURN(const Engine::SavedScalars scalars,
                             engine->CopyStateTo(absl::MakeSpan(staging)));
+        // A fragment at a time, in chunks of 100 elements: the same bytes.
+        for (size_t i = 0; i < engine->SavedFragments().size(); ++i) {
+          const Engine::SavedFragment& fragment = engine->SavedFragments()[i];
+          const int64_t size = kernels::DTypeSize(fragment.dtype);
+          std::vector<char> chunk;
+          for (int64_t first = 0; first < fragment.end - fragment.begin; first += 100) {
+            chunk.resize(std::min<int64_t>(100, fragment.end - fragment.begin - first) * size);
+            ZS_RETURN_IF_ERROR(engine->CopyFragmentTo(i, first, absl::MakeSpan(chunk)));
+            if (std::memcmp(chunk.data(), staging.data() + fragment.staging_offset + first * size,
+                            chunk.size()) != 0) {
+              return absl::InternalError(
+                  absl::StrCat("CopyFragmentTo(", i, ", ", first, ") differs from CopyStateTo"));
+            }
+          }
+          chunk.resize(size);
+          if (engine->CopyFragmentTo(i, fragment.end - fragment.begin, absl::MakeSpan(chunk))
+                  .ok()) {
+            return absl::InternalError("CopyFragmentTo accepted a range past the fragment");
+          }
+        }
         {
           absl::MutexLock lock(&mu);
           segment.saved.scalars = scalars;
