@@ -8,9 +8,11 @@ calls `gemm_bench --list` prints; every other round runs them in the reverse ord
 rises or falls during the run falls on every side alike. Every JSON line is printed with "side"
 and "round" added, then per job and shape one "gemm_vs_torch" line (each side's median GFLOP/s
 over the rounds, and ours / side), and per job one "gemm_iteration_vs_torch" line (the summed ms
-of an iteration's GEMMs). A run whose process got less than --min_cpu_per_wall of a core while
-timing (its "cpu_per_wall": other processes took the core) is printed but left out of the
-medians; "runs_used" says how many each median has. Run it under the bench lock; build first:
+of an iteration's GEMMs). Wall-time medians leave out a run whose process got less than
+--min_cpu_per_wall of a core while timing (its "cpu_per_wall": other processes took the core;
+"runs_used" says how many are left); the CPU-time medians ("gflops_cpu", "ms_cpu": the thread's
+CPU time, which descheduling does not advance) use every run. Run it under the bench lock; build
+first:
   bazel build -c opt //tests/bench:gemm_bench
   flock /tmp/zs/bench.lock tests/bench/compare_torch_gemm.py [--rounds=5] \\
       [--variant=skylakex:OPENBLAS_CORETYPE=SkylakeX] \\
@@ -101,10 +103,11 @@ def main() -> int:
             if line["bench"] == "gemm_iteration"
             and (line["cpu_per_wall"] or 0) >= args.min_cpu_per_wall}
 
-    def medians(bench: str, key_fields: tuple, value: str) -> dict:
+    def medians(bench: str, key_fields: tuple, value: str, every_run: bool = False) -> dict:
         grouped = {}
         for line in lines:
-            if line["bench"] == bench and (line["side"], line["round"], line["job"]) in kept:
+            if line["bench"] == bench and (
+                    every_run or (line["side"], line["round"], line["job"]) in kept):
                 key = tuple(line[field] for field in key_fields)
                 grouped.setdefault(key, {}).setdefault(line["side"], []).append(line[value])
         return {key: {side: statistics.median(values) for side, values in by_side.items()}
@@ -112,24 +115,34 @@ def main() -> int:
 
     libraries = {line["side"]: line["library"] for line in lines if line["bench"] == "gemm"}
     shapes = {(line["job"], line["shape"]): line for line in lines if line["bench"] == "gemm"}
-    for key, by_side in medians("gemm", ("job", "shape"), "gflops").items():
-        shape = shapes[key]
+
+    def ours_over(by_side: dict, ours_faster_when_larger: bool) -> dict:
+        return {side: round(by_side["ours"] / by_side[side] if ours_faster_when_larger
+                            else by_side[side] / by_side["ours"], 3)
+                for side in side_names if side in by_side and side != "ours" and "ours" in by_side}
+
+    def by_name(by_side: dict, digits: int) -> dict:
+        return {side: round(by_side[side], digits) for side in side_names if side in by_side}
+
+    # Keyed by every run's CPU medians, so a job with no run left for the wall medians still shows.
+    wall_rates = medians("gemm", ("job", "shape"), "gflops")
+    for key, cpu_rates in medians("gemm", ("job", "shape"), "gflops_cpu", every_run=True).items():
+        shape, by_side = shapes[key], wall_rates.get(key, {})
         print(json.dumps({
             "bench": "gemm_vs_torch", "job": key[0], "shape": key[1], "kind": shape["kind"],
             "m": shape["m"], "n": shape["n"], "k": shape["k"], "rounds": args.rounds,
-            "gflops": {side: round(by_side[side], 2) for side in side_names if side in by_side},
-            "ours_over": {side: round(by_side["ours"] / by_side[side], 3)
-                          for side in side_names
-                          if side in by_side and side != "ours" and "ours" in by_side},
+            "gflops": by_name(by_side, 2), "ours_over": ours_over(by_side, True),
+            "gflops_cpu": by_name(cpu_rates, 2), "ours_over_cpu": ours_over(cpu_rates, True),
         }, separators=(",", ":")), flush=True)
     for field in ("ms_blocked_dw", "ms_whole_dw"):
-        for key, by_side in medians("gemm_iteration", ("job",), field).items():
+        wall_ms = medians("gemm_iteration", ("job",), field)
+        for key, cpu_ms in medians("gemm_iteration", ("job",), field + "_cpu",
+                                   every_run=True).items():
+            by_side = wall_ms.get(key, {})
             print(json.dumps({
                 "bench": "gemm_iteration_vs_torch", "job": key[0], "sum": field,
-                "ms": {side: round(by_side[side], 4) for side in side_names if side in by_side},
-                "ours_over": {side: round(by_side[side] / by_side["ours"], 3)
-                              for side in side_names
-                              if side in by_side and side != "ours" and "ours" in by_side},
+                "ms": by_name(by_side, 4), "ours_over": ours_over(by_side, False),
+                "ms_cpu": by_name(cpu_ms, 4), "ours_over_cpu": ours_over(cpu_ms, False),
                 "runs_used": {side: sum(1 for run in kept if run[0] == side and run[2] == key[0])
                               for side in side_names},
                 "library": {side: libraries.get(side) for side in side_names},

@@ -153,12 +153,13 @@ struct Shape {
   std::string group;       // a block's sequence
   int64_t first_row = -1;  // a block's first output row (a cut row: the row)
   bool cut_row = false;
-  std::vector<Gemm> calls;    // one, but a sequence's blocks
-  int64_t rows_total = 0;     // a sequence's: the weight's rows
-  float* gradient = nullptr;  // a sequence's: the whole weight gradient its blocks fill
-  std::vector<double> samples_us;
-  double max_error = 0.0;    // against a double-precision product, on sampled elements
-  uint64_t result_hash = 0;  // of the output's bits (the teacher's, for a forward)
+  std::vector<Gemm> calls;             // one, but a sequence's blocks
+  int64_t rows_total = 0;              // a sequence's: the weight's rows
+  float* gradient = nullptr;           // a sequence's: the whole weight gradient its blocks fill
+  std::vector<double> samples_us;      // wall time of each timed run
+  std::vector<double> cpu_samples_us;  // this thread's CPU time of the same runs
+  double max_error = 0.0;              // against a double-precision product, on sampled elements
+  uint64_t result_hash = 0;            // of the output's bits (the teacher's, for a forward)
 
   // A sequence counts the gradient's work once, though a cut row's call computes its whole row
   // for each of its two parts.
@@ -456,10 +457,34 @@ BlasInfo DescribeBlas() {
   return info;
 }
 
-double CpuSeconds() {
+double CpuSeconds(clockid_t clock) {
   timespec t;
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  clock_gettime(clock, &t);
   return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// A point in time on both clocks: wall, and the CPU time of this thread, which other processes
+// taking the core do not advance (this machine is shared; the BLAS runs on this thread). Reading
+// the CPU clock is a system call: a start reads it before the wall clock and an end after, so
+// the wall intervals leave it out (the CPU ones hold about one, a fraction of a microsecond).
+struct Stamp {
+  std::chrono::steady_clock::time_point wall;
+  double cpu_seconds;
+  static Stamp Start() {
+    const double cpu = CpuSeconds(CLOCK_THREAD_CPUTIME_ID);
+    return {std::chrono::steady_clock::now(), cpu};
+  }
+  static Stamp End() {
+    const std::chrono::steady_clock::time_point wall = std::chrono::steady_clock::now();
+    return {wall, CpuSeconds(CLOCK_THREAD_CPUTIME_ID)};
+  }
+};
+
+// Appends the interval [from, to) in microseconds, wall and CPU, to `shape`.
+void AddSample(const Stamp& from, const Stamp& to, Shape& shape) {
+  shape.samples_us.push_back(
+      std::chrono::duration<double, std::micro>(to.wall - from.wall).count());
+  shape.cpu_samples_us.push_back(1e6 * (to.cpu_seconds - from.cpu_seconds));
 }
 
 std::string Bool(bool value) { return value ? "true" : "false"; }
@@ -513,15 +538,12 @@ void RunJob(Job& job, const BlasInfo& blas, int reps, int warmup) {
 
   // Every pass runs the calls in the MLP's order; a layer's whole dW and its blocks alternate
   // which goes first, so neither always finds the other's operands in cache.
-  auto Micros = [](Clock::time_point from, Clock::time_point to) {
-    return std::chrono::duration<double, std::micro>(to - from).count();
-  };
-  std::vector<Clock::time_point> call_ends;
+  std::vector<Stamp> call_ends;
   call_ends.reserve(job.shapes.size());
   double cpu = 0.0, wall = 0.0;
   for (int pass = 0; pass < warmup + reps; ++pass) {
     const bool timed = pass >= warmup;
-    const double cpu_start = CpuSeconds();
+    const double cpu_start = CpuSeconds(CLOCK_PROCESS_CPUTIME_ID);
     const Clock::time_point pass_start = Clock::now();
     std::vector<const Shape*> order;
     for (size_t s = 0; s < job.shapes.size(); ++s) {
@@ -540,22 +562,22 @@ void RunJob(Job& job, const BlasInfo& blas, int reps, int warmup) {
     }
     for (const Shape* shape : order) {
       call_ends.clear();
-      const Clock::time_point start = Clock::now();
+      const Stamp start = Stamp::Start();
       for (const Gemm& call : shape->calls) {
         call.Run();
-        call_ends.push_back(Clock::now());
+        call_ends.push_back(Stamp::End());
       }
       if (!timed) continue;
-      by_name[shape->name]->samples_us.push_back(Micros(start, call_ends.back()));
+      AddSample(start, call_ends.back(), *by_name[shape->name]);
       if (shape->kind == Kind::kWeightGradientBlocks) {
         const std::vector<Shape*>& blocks = blocks_of[shape->name];
         for (size_t c = 0; c < blocks.size(); ++c) {
-          blocks[c]->samples_us.push_back(Micros(c == 0 ? start : call_ends[c - 1], call_ends[c]));
+          AddSample(c == 0 ? start : call_ends[c - 1], call_ends[c], *blocks[c]);
         }
       }
     }
     if (timed) {
-      cpu += CpuSeconds() - cpu_start;
+      cpu += CpuSeconds(CLOCK_PROCESS_CPUTIME_ID) - cpu_start;
       wall += std::chrono::duration<double>(Clock::now() - pass_start).count();
     }
   }
@@ -575,49 +597,48 @@ void RunJob(Job& job, const BlasInfo& blas, int reps, int warmup) {
     }
   }
 
-  double blocked_us = 0.0, whole_us = 0.0, flops = 0.0;
+  // Per iteration: the forwards and input gradients, plus the weight gradients either as the
+  // blocks the engine's segments make (ours) or as whole calls (torch's autograd); wall and CPU.
+  double blocked_us[2] = {0.0, 0.0}, whole_us[2] = {0.0, 0.0}, flops = 0.0;
   for (Shape* shape : distinct) {
-    const double median = Median(shape->samples_us);
-    const double per_iteration = shape->calls_per_iteration * median;
-    switch (shape->kind) {
-      case Kind::kForward:
-      case Kind::kInputGradient:
-        blocked_us += per_iteration;
-        whole_us += per_iteration;
-        flops += shape->calls_per_iteration * shape->Flops();
-        break;
-      case Kind::kWeightGradient:
-        whole_us += per_iteration;
-        flops += shape->Flops();
-        break;
-      case Kind::kWeightGradientBlocks:
-        blocked_us += per_iteration;
-        break;
-      case Kind::kWeightGradientBlock:
-        break;
+    const double median[2] = {Median(shape->samples_us), Median(shape->cpu_samples_us)};
+    for (int clock = 0; clock < 2; ++clock) {
+      const double per_iteration = shape->calls_per_iteration * median[clock];
+      if (shape->kind == Kind::kForward || shape->kind == Kind::kInputGradient) {
+        blocked_us[clock] += per_iteration;
+        whole_us[clock] += per_iteration;
+      } else if (shape->kind == Kind::kWeightGradient) {
+        whole_us[clock] += per_iteration;
+      } else if (shape->kind == Kind::kWeightGradientBlocks) {
+        blocked_us[clock] += per_iteration;
+      }
     }
+    if (shape->kind == Kind::kForward || shape->kind == Kind::kInputGradient ||
+        shape->kind == Kind::kWeightGradient) {
+      flops += shape->calls_per_iteration * shape->Flops();
+    }
+    const bool block = shape->kind == Kind::kWeightGradientBlock;
     std::printf(
         "{\"bench\":\"gemm\",\"library\":\"%s\",%s,\"threads\":%d,\"gflops\":%.2f,"
-        "\"median_us\":%.3f,\"min_us\":%.3f,\"reps\":%zu,\"max_rel_error\":%s,"
-        "\"result_fnv1a\":%s}\n",
+        "\"median_us\":%.3f,\"min_us\":%.3f,\"gflops_cpu\":%.2f,\"median_cpu_us\":%.3f,"
+        "\"reps\":%zu,\"max_rel_error\":%s,\"result_fnv1a\":%s}\n",
         blas.library.c_str(), ShapeFields(job, *shape).c_str(), blas.threads,
-        shape->Flops() / median / 1e3, median,
+        shape->Flops() / median[0] / 1e3, median[0],
         *std::min_element(shape->samples_us.begin(), shape->samples_us.end()),
-        shape->samples_us.size(),
-        shape->kind == Kind::kWeightGradientBlock
-            ? "null"  // a block is checked as part of its sequence's gradient
-            : absl::StrFormat("%.2e", shape->max_error).c_str(),
-        shape->kind == Kind::kWeightGradientBlock
-            ? "null"
-            : absl::StrFormat("\"%016x\"", shape->result_hash).c_str());
+        shape->Flops() / median[1] / 1e3, median[1], shape->samples_us.size(),
+        // A block is checked as part of its sequence's gradient.
+        block ? "null" : absl::StrFormat("%.2e", shape->max_error).c_str(),
+        block ? "null" : absl::StrFormat("\"%016x\"", shape->result_hash).c_str());
   }
   std::printf(
       "{\"bench\":\"gemm_iteration\",\"library\":\"%s\",\"job\":\"%s\",\"world_size\":%lld,"
       "\"per_rank_batch\":%lld,\"threads\":%d,\"gflop\":%.6f,\"ms_blocked_dw\":%.4f,"
-      "\"ms_whole_dw\":%.4f,\"cpu_per_wall\":%.3f,\"blas_path\":\"%s\",\"blas_config\":\"%s\"}\n",
+      "\"ms_whole_dw\":%.4f,\"ms_blocked_dw_cpu\":%.4f,\"ms_whole_dw_cpu\":%.4f,"
+      "\"cpu_per_wall\":%.3f,\"blas_path\":\"%s\",\"blas_config\":\"%s\"}\n",
       blas.library.c_str(), job.preset.c_str(), static_cast<long long>(job.world_size),
-      static_cast<long long>(job.batch), blas.threads, flops / 1e9, blocked_us / 1e3,
-      whole_us / 1e3, wall > 0.0 ? cpu / wall : 0.0, blas.path.c_str(), blas.config.c_str());
+      static_cast<long long>(job.batch), blas.threads, flops / 1e9, blocked_us[0] / 1e3,
+      whole_us[0] / 1e3, blocked_us[1] / 1e3, whole_us[1] / 1e3, wall > 0.0 ? cpu / wall : 0.0,
+      blas.path.c_str(), blas.config.c_str());
   std::fflush(stdout);
 }
 

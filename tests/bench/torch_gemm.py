@@ -202,7 +202,11 @@ def run_job(shapes: list, reps: int, warmup: int, blas: dict) -> None:
     order = [s for s in shapes if s["kind"] != "weight_grad_block"]
     forwards = [s for s in order if s["kind"] == "forward"]
     backward = [s for s in order if s["kind"] != "forward"]
+    # Wall and this thread's CPU time (what other processes taking the core do not advance;
+    # with one thread, torch's BLAS runs on the calling thread). A start reads the CPU clock
+    # first and an end last, so the wall intervals leave those reads out.
     samples = {s["shape"]: [] for s in shapes}
+    cpu_samples = {s["shape"]: [] for s in shapes}
     blocks_of = {}
     for s in shapes:
         if s["kind"] == "weight_grad_block":
@@ -225,43 +229,54 @@ def run_job(shapes: list, reps: int, warmup: int, blas: dict) -> None:
         for shape, copy in steps:
             ops = job.ops[shape["shape"]]
             ends = []
-            start = time.perf_counter_ns()
+            cpu_start = time.thread_time_ns()
+            start = (time.perf_counter_ns(), cpu_start)
             for op in ([ops[copy]] if copy is not None else ops):
                 op()
-                ends.append(time.perf_counter_ns())
+                wall_end = time.perf_counter_ns()
+                ends.append((wall_end, time.thread_time_ns()))
             if not timed:
                 continue
-            samples[shape["shape"]].append((ends[-1] - start) / 1e3)
+            samples[shape["shape"]].append((ends[-1][0] - start[0]) / 1e3)
+            cpu_samples[shape["shape"]].append((ends[-1][1] - start[1]) / 1e3)
             if shape["kind"] == "weight_grad_blocks":
                 for i, name in enumerate(blocks_of[shape["shape"]]):
-                    samples[name].append((ends[i] - (start if i == 0 else ends[i - 1])) / 1e3)
+                    begin = start if i == 0 else ends[i - 1]
+                    samples[name].append((ends[i][0] - begin[0]) / 1e3)
+                    cpu_samples[name].append((ends[i][1] - begin[1]) / 1e3)
         if timed:
             cpu += time.process_time() - cpu_start
             wall += time.perf_counter() - wall_start
 
-    blocked_us = whole_us = flops = 0.0
+    # Per iteration: forwards and input gradients, plus the weight gradients whole (what
+    # autograd runs) or as gemm_bench's blocks; wall and CPU.
+    blocked_us, whole_us, flops = [0.0, 0.0], [0.0, 0.0], 0.0
     for shape in shapes:
-        median = statistics.median(samples[shape["shape"]])
+        name = shape["shape"]
+        median = (statistics.median(samples[name]), statistics.median(cpu_samples[name]))
         work = 2.0 * shape["m"] * shape["n"] * shape["k"]
         calls = shape["calls_per_iteration"]
-        if shape["kind"] in ("forward", "input_grad"):
-            blocked_us += calls * median
-            whole_us += calls * median
+        for clock in (0, 1):
+            if shape["kind"] in ("forward", "input_grad"):
+                blocked_us[clock] += calls * median[clock]
+                whole_us[clock] += calls * median[clock]
+            elif shape["kind"] == "weight_grad":
+                whole_us[clock] += median[clock]
+            elif shape["kind"] == "weight_grad_blocks":
+                blocked_us[clock] += median[clock]
+        if shape["kind"] in ("forward", "input_grad", "weight_grad"):
             flops += calls * work
-        elif shape["kind"] == "weight_grad":
-            whole_us += median
-            flops += work
-        elif shape["kind"] == "weight_grad_blocks":
-            blocked_us += median
         line = {"bench": "gemm", "library": blas["library"], **{
             key: value for key, value in shape.items() if key != "bench"}}
         line.update({
             "threads": torch.get_num_threads(),
             "blas_threads": blas["blas_threads"],
-            "gflops": round(work / median / 1e3, 2),
-            "median_us": round(median, 3),
-            "min_us": round(min(samples[shape["shape"]]), 3),
-            "reps": len(samples[shape["shape"]]),
+            "gflops": round(work / median[0] / 1e3, 2),
+            "median_us": round(median[0], 3),
+            "min_us": round(min(samples[name]), 3),
+            "gflops_cpu": round(work / median[1] / 1e3, 2) if median[1] > 0 else None,
+            "median_cpu_us": round(median[1], 3),
+            "reps": len(samples[name]),
             "max_rel_error": (None if shape["kind"] == "weight_grad_block"
                               else float(f"{max_rel_error(shape, job):.2e}")),
             "torch_version": torch.__version__,
@@ -271,7 +286,9 @@ def run_job(shapes: list, reps: int, warmup: int, blas: dict) -> None:
         "bench": "gemm_iteration", "library": blas["library"], "job": shapes[0]["job"],
         "world_size": shapes[0]["world_size"], "threads": torch.get_num_threads(),
         "blas_threads": blas["blas_threads"], "gflop": round(flops / 1e9, 6),
-        "ms_blocked_dw": round(blocked_us / 1e3, 4), "ms_whole_dw": round(whole_us / 1e3, 4),
+        "ms_blocked_dw": round(blocked_us[0] / 1e3, 4), "ms_whole_dw": round(whole_us[0] / 1e3, 4),
+        "ms_blocked_dw_cpu": round(blocked_us[1] / 1e3, 4),
+        "ms_whole_dw_cpu": round(whole_us[1] / 1e3, 4),
         "cpu_per_wall": round(cpu / wall, 3) if wall else None,
         "torch_version": torch.__version__, "blas_info": blas["blas_info"],
     }, separators=(",", ":")), flush=True)
