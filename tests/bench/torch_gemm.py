@@ -229,8 +229,8 @@ def run_job(shapes: list, reps: int, warmup: int, blas: dict) -> None:
         for shape, copy in steps:
             ops = job.ops[shape["shape"]]
             ends = []
-            cpu_start = time.thread_time_ns()
-            start = (time.perf_counter_ns(), cpu_start)
+            thread_start = time.thread_time_ns()
+            start = (time.perf_counter_ns(), thread_start)
             for op in ([ops[copy]] if copy is not None else ops):
                 op()
                 wall_end = time.perf_counter_ns()
