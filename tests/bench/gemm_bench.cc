@@ -62,6 +62,7 @@ double Median(std::vector<double> values) {
 
 // A float array at a 64-byte boundary, filled with values uniform in [-1, 1) from `seed`
 // (xorshift64*: any fixed values do, the timings do not depend on them).
+// Thread contract: not thread-safe; the bench runs on one thread.
 class Floats {
  public:
   Floats(int64_t count, uint64_t seed)
@@ -170,6 +171,7 @@ struct Shape {
 };
 
 // The job's buffers, as the MLP holds them per rank, and every GEMM the MLP issues on them.
+// Thread contract: not thread-safe; the bench runs on one thread.
 struct Job {
   std::string preset;
   int64_t world_size = 1;
