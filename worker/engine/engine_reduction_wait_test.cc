@@ -1,6 +1,7 @@
 // How the engine waits for bucket reductions: during backward it only orders the device after a
 // reduction (Work::WaitOnComputeStream, so a device communicator never blocks the host there),
 // and Step() waits for every reduction on the host before the statistics, failing on any failure.
+// How long the host waited is reported bucket by bucket, in backward or in the step.
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -9,6 +10,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "gtest/gtest.h"
 #include "sharding/test_plans.h"
 #include "worker/comm/communicator.h"
@@ -171,6 +175,115 @@ TEST(EngineReductionWaitTest, AFailureKnownWhenOrderingTheDeviceFailsTheNextSegm
             absl::StatusCode::kAborted);
   EXPECT_EQ(communicator.log(), (WaitLog{"device 0"}));
 }
+
+// A bucket reduction at W = 1 that takes `duration` from its launch to finish, as a slow
+// collective would: waiting for it blocks until then. Thread-compatible (the engine's owner).
+class SlowReduction : public comm::Work {
+ public:
+  explicit SlowReduction(absl::Duration duration) : finish_(absl::Now() + duration) {}
+
+  absl::Status Wait(absl::Duration /*timeout*/) override {
+    absl::SleepFor(finish_ - absl::Now());
+    return absl::OkStatus();
+  }
+  bool Done() const override { return absl::Now() >= finish_; }
+  std::optional<absl::Duration> RunTime() const override {
+    if (!Done()) return std::nullopt;
+    return absl::ZeroDuration();
+  }
+
+ private:
+  const absl::Time finish_;
+};
+
+// One rank whose reduction of bucket `slow_bucket` (counted in launch order, which is bucket
+// order, within each step) takes `duration` in the first step; every other collective finishes
+// at once. Thread contract: the engine's owner thread.
+class SlowBucketCommunicator : public comm::testing::IdentityCommunicator {
+ public:
+  SlowBucketCommunicator(int64_t slow_bucket, absl::Duration duration)
+      : slow_bucket_(slow_bucket), duration_(duration) {}
+
+  std::unique_ptr<comm::Work> ReduceScatterInPlace(void*, size_t, comm::ElementType, comm::ReduceOp,
+                                                   const comm::CollectiveOptions&) override {
+    const int64_t launch = launches_++;
+    const bool slow = launch == slow_bucket_;  // the first step's launches only
+    return std::make_unique<SlowReduction>(slow ? duration_ : absl::ZeroDuration());
+  }
+
+ private:
+  const int64_t slow_bucket_;
+  const absl::Duration duration_;
+  int64_t launches_ = 0;
+};
+
+struct SlowBucketCase {
+  const char* name;
+  int pool_size;
+  int64_t slow_bucket;
+  bool waited_in_backward;  // else in Step()
+};
+
+class BucketWaitTest : public ::testing::TestWithParam<SlowBucketCase> {};
+
+// A reduction 100 ms slow is exposed on its own bucket: the host waits for it while the next
+// bucket needs its buffer (backward) or in Step(), and the other buckets' waits stay small.
+TEST_P(BucketWaitTest, TheSlowBucketCarriesTheExposedWaitWhereItWasWaitedFor) {
+  const SlowBucketCase& c = GetParam();
+  constexpr absl::Duration kSlow = absl::Milliseconds(100);
+  const sharding::ShardPlan plan = FourBucketPlan();
+  SlowBucketCommunicator communicator(c.slow_bucket, kSlow);
+  EngineConfig config;
+  config.mode = EngineMode::kZero2;
+  config.optimizer.kind = kernels::OptimizerKind::kSgd;
+  config.optimizer.lr = 0.1;
+  config.bucket_pool_size = c.pool_size;
+  auto engine = Engine::Create(plan, /*rank=*/0, config, &communicator);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+
+  for (int64_t t = 0; t < kTensors; ++t)
+    ASSERT_TRUE(workloads::CopyGradientToSink(**engine, t, Gradient()).ok());
+  absl::StatusOr<StepResult> result = (*engine)->Step(/*local_loss=*/1.0);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const absl::Span<const BucketWait> waits = result->timings.bucket_waits;
+  ASSERT_EQ(static_cast<int64_t>(waits.size()), plan.num_buckets());
+  double sum = 0.0;
+  for (int64_t b = 0; b < plan.num_buckets(); ++b) {
+    sum += waits[b].backward_ms + waits[b].step_ms;
+    if (b == c.slow_bucket) continue;
+    // The others finished at once; a loaded machine may still preempt the waiting thread.
+    EXPECT_LT(waits[b].backward_ms + waits[b].step_ms, 0.5 * absl::ToDoubleMilliseconds(kSlow))
+        << "bucket " << b;
+  }
+  const BucketWait& slow = waits[c.slow_bucket];
+  const double where = c.waited_in_backward ? slow.backward_ms : slow.step_ms;
+  const double elsewhere = c.waited_in_backward ? slow.step_ms : slow.backward_ms;
+  // Only the moments between its launch and the wait were not waited for.
+  EXPECT_GT(where, 0.5 * absl::ToDoubleMilliseconds(kSlow));
+  EXPECT_LT(elsewhere, 0.5 * absl::ToDoubleMilliseconds(kSlow));
+  EXPECT_NEAR(sum, result->timings.exposed_comm_ms, 1e-6 * sum + 1e-9);
+
+  // The next step starts from zero: nothing is slow any more.
+  for (int64_t t = 0; t < kTensors; ++t)
+    ASSERT_TRUE(workloads::CopyGradientToSink(**engine, t, Gradient()).ok());
+  result = (*engine)->Step(/*local_loss=*/1.0);
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_EQ(static_cast<int64_t>(result->timings.bucket_waits.size()), plan.num_buckets());
+  EXPECT_LT(result->timings.bucket_waits[c.slow_bucket].backward_ms +
+                result->timings.bucket_waits[c.slow_bucket].step_ms,
+            0.5 * absl::ToDoubleMilliseconds(kSlow));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    PoolsAndBuckets, BucketWaitTest,
+    ::testing::Values(
+        // One buffer: bucket 2 is retired when bucket 3 needs the buffer, during backward.
+        SlowBucketCase{"OneBufferMiddleBucket", 1, 2, true},
+        // The last bucket has no successor to wait for it: Step() does.
+        SlowBucketCase{"OneBufferLastBucket", 1, 3, false},
+        // A buffer per bucket: backward never waits, Step() waits for all.
+        SlowBucketCase{"BufferPerBucketFirstBucket", 4, 0, false}),
+    [](const ::testing::TestParamInfo<SlowBucketCase>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace zeroshard::engine
