@@ -2,6 +2,7 @@
 // reduction (Work::WaitOnComputeStream, so a device communicator never blocks the host there),
 // and Step() waits for every reduction on the host before the statistics, failing on any failure.
 // How long the host waited is reported bucket by bucket, in backward or in the step.
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -175,6 +176,92 @@ TEST(EngineReductionWaitTest, AFailureKnownWhenOrderingTheDeviceFailsTheNextSegm
             absl::StatusCode::kAborted);
   EXPECT_EQ(communicator.log(), (WaitLog{"device 0"}));
 }
+
+// Counts the bucket reductions launched (reduce-scatters, and all-reduces in ddp); they finish
+// at once. Thread contract: the engine's owner thread.
+class LaunchCountingCommunicator : public comm::testing::IdentityCommunicator {
+ public:
+  int launches() const { return launches_; }
+
+  std::unique_ptr<comm::Work> ReduceScatterInPlace(
+      void* buffer, size_t count, comm::ElementType type, comm::ReduceOp op,
+      const comm::CollectiveOptions& options) override {
+    ++launches_;
+    return IdentityCommunicator::ReduceScatterInPlace(buffer, count, type, op, options);
+  }
+  std::unique_ptr<comm::Work> AllReduce(void* buffer, size_t count, comm::ElementType type,
+                                        comm::ReduceOp op,
+                                        const comm::CollectiveOptions& options) override {
+    ++launches_;
+    return IdentityCommunicator::AllReduce(buffer, count, type, op, options);
+  }
+
+ private:
+  int launches_ = 0;
+};
+
+class LaunchOrderTest : public ::testing::TestWithParam<EngineMode> {};
+
+// Backward hands gradients over in tensor-list order (the order it produces them), so the flat
+// layout fills from its start: a bucket's reduction must start right when the segment that
+// completes it is written, not later, and so in the order backward completes the buckets.
+TEST_P(LaunchOrderTest, EachBucketIsLaunchedWhenBackwardCompletesIt) {
+  // Tensors spanning buckets, and buckets holding several tensors and alignment gaps.
+  auto plan = sharding::PlanOfSizes({1500, 3000, 700, 90, 2500}, /*world_size=*/1,
+                                    sharding::kMinBucketElems);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // Flat position after which bucket b has all of its tensor elements.
+  std::vector<int64_t> completed_at;
+  for (const sharding::BucketLayout& bucket : plan->buckets()) {
+    const sharding::TensorPlacement& last =
+        plan->placement(bucket.first_tensor + bucket.num_tensors - 1);
+    completed_at.push_back(std::min(last.flat_end(), bucket.flat_end()));
+  }
+  LaunchCountingCommunicator communicator;
+  EngineConfig config;
+  config.mode = GetParam();
+  config.optimizer.kind = kernels::OptimizerKind::kSgd;
+  config.optimizer.lr = 0.1;
+  config.bucket_pool_size = static_cast<int>(plan->num_buckets());
+  auto engine = Engine::Create(*plan, /*rank=*/0, config, &communicator);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  ASSERT_TRUE((*engine)
+                  ->InitializeParameters([](int64_t, absl::Span<float> out) {
+                    for (float& value : out) value = 1.0f;
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  int segments = 0;
+  for (int64_t t = 0; t < plan->num_tensors(); ++t) {
+    const sharding::TensorPlacement& placement = plan->placement(t);
+    for (int64_t begin = 0; begin < placement.num_elements;) {
+      const int64_t end = (*engine)->GradSegmentEnd(t, begin);
+      absl::StatusOr<absl::Span<float>> out = (*engine)->GradBuffer(t, begin, end);
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (float& value : *out) value = 0.5f;
+      ASSERT_TRUE((*engine)->GradWritten(t, begin, end).ok());
+      // The buckets completed so far, and no other, are launched.
+      const int64_t written_to = placement.flat_offset + end;
+      const int expected = static_cast<int>(std::count_if(
+          completed_at.begin(), completed_at.end(), [&](int64_t at) { return at <= written_to; }));
+      EXPECT_EQ(communicator.launches(), expected)
+          << "after tensor " << t << " [" << begin << ", " << end << ")";
+      begin = end;
+      ++segments;
+    }
+  }
+  // Segments end at bucket boundaries: more segments than tensors.
+  EXPECT_GT(segments, plan->num_tensors());
+  EXPECT_EQ(communicator.launches(), plan->num_buckets());
+  EXPECT_TRUE((*engine)->Step(/*local_loss=*/1.0).ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, LaunchOrderTest,
+                         ::testing::Values(EngineMode::kDdp, EngineMode::kZero1,
+                                           EngineMode::kZero2),
+                         [](const ::testing::TestParamInfo<EngineMode>& info) {
+                           return std::string(EngineModeName(info.param));
+                         });
 
 // A bucket reduction at W = 1 that takes `duration` from its launch to finish, as a slow
 // collective would: waiting for it blocks until then. Thread-compatible (the engine's owner).
