@@ -4,6 +4,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -15,9 +18,12 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
+#include "worker/comm/gloo_communicator.h"
 #include "worker/daemon/cuda_support.h"
 #include "worker/daemon/engine_training_run.h"
+#include "worker/daemon/thread_placement.h"
 #include "worker/daemon/worker_daemon.h"
+#include "worker/engine/engine.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port.");
 ABSL_FLAG(std::string, device, "cpu",
@@ -33,6 +39,21 @@ ABSL_FLAG(absl::Duration, heartbeat_period, absl::Seconds(1),
 ABSL_FLAG(int, threads, 1, "Threads of the optimizer kernels.");
 ABSL_FLAG(std::string, final_params_dir, "",
           "If set, rank 0 writes each finished job's final parameters to DIR/<job_id>.f32.");
+// Tuning of the gradient reduction on a CPU worker (docs/performance.md, "Reduce-scatter under
+// backward"); the defaults are the measured best on the machine of those figures.
+ABSL_FLAG(int, bucket_pool_size, zeroshard::engine::EngineConfig().bucket_pool_size,
+          "Reduce buffers zero2 keeps in flight (each one bucket).");
+ABSL_FLAG(int64_t, gloo_segment_bytes, zeroshard::comm::GlooCommunicatorOptions().segment_bytes,
+          "Pipeline segment of the Gloo rings, bytes.");
+ABSL_FLAG(int, gloo_staging_segments, zeroshard::comm::GlooCommunicatorOptions().staging_segments,
+          "Segments the Gloo reduce-scatter receives into ahead.");
+ABSL_FLAG(int, gloo_lanes, zeroshard::comm::GlooCommunicatorOptions().lanes,
+          "Gloo transport lanes (full meshes, each with its event-loop thread), 1 to 8.");
+ABSL_FLAG(std::string, thread_pinning, "none",
+          "none, shared (a rank's training and communication threads on one CPU, ranks on "
+          "different CPUs) or spread (the communication thread on the next rank's CPU).");
+ABSL_FLAG(std::optional<int>, comm_thread_nice, std::nullopt,
+          "Nice value of the communication thread (default: inherited).");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("zeroshard-worker --coordinator=HOST:PORT [--device=cpu]");
@@ -89,6 +110,23 @@ int main(int argc, char** argv) {
     ZS_LOG(ERROR) << "--threads must be at least 1";
     return 2;
   }
+  if (absl::GetFlag(FLAGS_bucket_pool_size) < 1) {
+    ZS_LOG(ERROR) << "--bucket_pool_size must be at least 1";
+    return 2;
+  }
+  absl::StatusOr<zeroshard::worker::ThreadPinning> pinning =
+      zeroshard::worker::ParseThreadPinning(absl::GetFlag(FLAGS_thread_pinning));
+  if (!pinning.ok()) {
+    ZS_LOG(ERROR) << "--" << pinning.status().message();
+    return 2;
+  }
+  // The communicator checks the rest when a run creates it; a bad value fails there.
+  zeroshard::comm::GlooCommunicatorOptions gloo;
+  gloo.segment_bytes =
+      static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_gloo_segment_bytes)));
+  gloo.staging_segments = absl::GetFlag(FLAGS_gloo_staging_segments);
+  gloo.lanes = absl::GetFlag(FLAGS_gloo_lanes);
+  gloo.thread_nice = absl::GetFlag(FLAGS_comm_thread_nice);
 
   // Reconnect at least every second while the coordinator is away (gRPC's backoff would grow
   // to minutes), so a worker started first, or outliving a coordinator restart, rejoins promptly.
@@ -109,6 +147,9 @@ int main(int argc, char** argv) {
         run_options.threads = absl::GetFlag(FLAGS_threads);
         run_options.cuda_device = cuda_device;
         run_options.final_params_dir = absl::GetFlag(FLAGS_final_params_dir);
+        run_options.bucket_pool_size = absl::GetFlag(FLAGS_bucket_pool_size);
+        run_options.gloo = gloo;
+        run_options.pinning = *pinning;
         return zeroshard::worker::EngineTrainingRun::Start(assignment, std::move(run_options));
       });
   daemon_ptr = &daemon;

@@ -1,6 +1,8 @@
 // One generation's training on this worker.
 #include "worker/daemon/engine_training_run.h"
 
+#include <time.h>
+
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -30,11 +32,38 @@ struct OutsideEngineMemory {
   int64_t kernel_tables_bytes = 0;  // DeviceOps::KernelTableBytes
 };
 
-// Wall times of one iteration's parts.
+// Wall times of one iteration's parts, and the CPU time it used.
 struct IterationTimes {
   absl::Duration compute;    // the workload's forward and backward
   absl::Duration iteration;  // compute plus the engine's step
+  int64_t training_thread_cpu_ns = 0;
+  int64_t comm_thread_cpu_ns = 0;
+  int64_t process_cpu_ns = 0;
 };
+
+// Cumulative CPU time of `clock`, nanoseconds; 0 where the clock cannot be read.
+int64_t CpuNanoseconds(clockid_t clock) {
+  timespec time;
+  if (clock_gettime(clock, &time) != 0) return 0;
+  return int64_t{time.tv_sec} * 1000000000 + time.tv_nsec;
+}
+
+// CPU clocks read at one moment of the training thread.
+struct CpuClocks {
+  int64_t training_thread_ns = 0;
+  int64_t comm_thread_ns = 0;
+  int64_t process_ns = 0;
+
+  static CpuClocks Read(const comm::Communicator& communicator) {
+    CpuClocks clocks;
+    clocks.training_thread_ns = CpuNanoseconds(CLOCK_THREAD_CPUTIME_ID);
+    clocks.comm_thread_ns = communicator.stats().thread_cpu_ns;
+    clocks.process_ns = CpuNanoseconds(CLOCK_PROCESS_CPUTIME_ID);
+    return clocks;
+  }
+};
+
+double NanosecondsToMs(int64_t ns) { return static_cast<double>(ns) / 1e6; }
 
 v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done,
                            const IterationTimes& times, const OutsideEngineMemory& outside,
@@ -53,6 +82,16 @@ v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done,
   metrics.set_skipped(result.skipped);
   metrics.set_iteration_ms(absl::ToDoubleMilliseconds(times.iteration));
   metrics.set_compute_ms(absl::ToDoubleMilliseconds(times.compute));
+  const absl::Span<const engine::BucketWait> waits = result.timings.bucket_waits;
+  if (waits.size() <= static_cast<size_t>(jobspec::kMaxReportedBuckets)) {
+    for (const engine::BucketWait& wait : waits) {
+      metrics.add_bucket_exposed_ms(wait.backward_ms + wait.step_ms);
+      metrics.add_bucket_exposed_in_backward_ms(wait.backward_ms);
+    }
+  }
+  metrics.set_compute_thread_cpu_ms(NanosecondsToMs(times.training_thread_cpu_ns));
+  metrics.set_comm_thread_cpu_ms(NanosecondsToMs(times.comm_thread_cpu_ns));
+  metrics.set_process_cpu_ms(NanosecondsToMs(times.process_cpu_ns));
   v1::MemoryBreakdown& memory = *metrics.mutable_memory();
   using engine::MemoryCategory;
   memory.set_params_bytes(result.memory.of(MemoryCategory::kParams));
@@ -168,12 +207,24 @@ absl::Status EngineTrainingRun::Train() {
                         CreateNcclCommunicator(*device, &store, static_cast<int>(rank),
                                                static_cast<int>(world_size)));
   } else {
-    comm::GlooCommunicatorOptions comm_options;
+    ThreadPlacement placement;
+    if (options_.pinning != ThreadPinning::kNone) {
+      ZS_ASSIGN_OR_RETURN(const std::vector<int> cpus, AllowedCpus());
+      placement = PlaceThreads(options_.pinning, rank, cpus);
+    }
+    comm::GlooCommunicatorOptions comm_options = options_.gloo;
     comm_options.rank = static_cast<int>(rank);
     comm_options.world_size = static_cast<int>(world_size);
     comm_options.store = &store;
     comm_options.hostname = options_.listen_host;
+    comm_options.thread_cpus.clear();
+    if (placement.comm_cpu.has_value()) comm_options.thread_cpus.push_back(*placement.comm_cpu);
     ZS_ASSIGN_OR_RETURN(communicator, comm::GlooCommunicator::Create(comm_options));
+    // After the communicator: Gloo's event-loop threads, started by Create on this thread, keep
+    // the CPUs they inherited.
+    if (placement.training_cpu.has_value()) {
+      ZS_RETURN_IF_ERROR(PinCurrentThread(*placement.training_cpu));
+    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -208,6 +259,7 @@ absl::Status EngineTrainingRun::Train() {
 
   ZS_ASSIGN_OR_RETURN(engine::EngineConfig config, EngineConfigForJob(spec, options_.threads));
   config.device = device.get();
+  config.bucket_pool_size = options_.bucket_pool_size;
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Engine::Create(plan, rank, config, communicator.get()));
   ZS_RETURN_IF_ERROR(engine->InitializeParameters([&](int64_t tensor, absl::Span<float> out) {
@@ -217,11 +269,16 @@ absl::Status EngineTrainingRun::Train() {
   v1::StepMetrics last;
   for (int64_t step = assignment_.start_step(); step < spec.steps(); ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
+    const CpuClocks cpu_start = CpuClocks::Read(*communicator);
     const absl::Time start = absl::Now();
     ZS_ASSIGN_OR_RETURN(const double local_loss, workload->ForwardBackward(step, *engine, *engine));
     const absl::Time computed = absl::Now();
     ZS_ASSIGN_OR_RETURN(const engine::StepResult result, engine->Step(local_loss));
-    const IterationTimes times{computed - start, absl::Now() - start};
+    IterationTimes times{computed - start, absl::Now() - start};
+    const CpuClocks cpu_end = CpuClocks::Read(*communicator);
+    times.training_thread_cpu_ns = cpu_end.training_thread_ns - cpu_start.training_thread_ns;
+    times.comm_thread_cpu_ns = cpu_end.comm_thread_ns - cpu_start.comm_thread_ns;
+    times.process_cpu_ns = cpu_end.process_ns - cpu_start.process_ns;
     step_.store(step + 1);
     OutsideEngineMemory outside;
     outside.comm_staging_bytes = communicator->stats().scratch_bytes;

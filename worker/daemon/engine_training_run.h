@@ -13,13 +13,12 @@
 #include "absl/synchronization/mutex.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/daemon/thread_placement.h"
 #include "worker/daemon/training_run.h"
+#include "worker/engine/engine.h"
 #include "worker/workloads/workload.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
-
-namespace zeroshard::engine {
-class Engine;
-}  // namespace zeroshard::engine
 
 namespace zeroshard::worker {
 
@@ -36,6 +35,14 @@ struct EngineTrainingRunOptions {
   // When set, rank 0 writes the final parameters of a finished job to
   // <dir>/<job_id>.f32 (raw little-endian fp32, the catalog's tensor order).
   std::string final_params_dir;
+  // engine::EngineConfig::bucket_pool_size (the reduce buffers zero2 keeps in flight).
+  int bucket_pool_size = engine::EngineConfig().bucket_pool_size;
+  // The CPU communicator's tuning: its segment_bytes, staging_segments, lanes and thread_nice are
+  // used; rank, world size, store, hostname (listen_host) and thread_cpus (from `pinning`) are the
+  // run's.
+  comm::GlooCommunicatorOptions gloo;
+  // Where the training and communication threads run on a CPU run.
+  ThreadPinning pinning = ThreadPinning::kNone;
   absl::Duration rpc_timeout = absl::Seconds(10);
 };
 
