@@ -50,8 +50,9 @@ ABSL_FLAG(int, gloo_staging_segments, zeroshard::comm::GlooCommunicatorOptions()
 ABSL_FLAG(int, gloo_lanes, zeroshard::comm::GlooCommunicatorOptions().lanes,
           "Gloo transport lanes (full meshes, each with its event-loop thread), 1 to 8.");
 ABSL_FLAG(std::string, thread_pinning, "none",
-          "none, shared (a rank's training and communication threads on one CPU, ranks on "
-          "different CPUs) or spread (the communication thread on the next rank's CPU).");
+          "none, training (each rank's training thread on its own CPU), shared (the "
+          "communication thread on that CPU too) or spread (the communication thread on the next "
+          "rank's CPU).");
 ABSL_FLAG(std::optional<int>, comm_thread_nice, std::nullopt,
           "Nice value of the communication thread (default: inherited).");
 

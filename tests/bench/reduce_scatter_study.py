@@ -18,7 +18,9 @@ Prints one JSON line per variant, medians over the measured iterations of rank 0
    "comm_thread_cpu_ms","process_cpu_ms","cpu_per_core_ms","peak_rss_bytes", ...}
 bucket_exposed_ms is the per-bucket median (bucket 0 is reduced first); cpu_per_core_ms is
 process_cpu_ms times the world size divided by the CPUs this process may use: at the iteration's
-wall time (iter_ms) the cores were full.
+wall time (iter_ms) the cores were full. iter_vs_reference compares each variant with the first
+one listed, round by round (each round's medians, then the median of the ratios); on a shared
+machine that is the figure to quote.
 """
 
 import argparse
@@ -51,6 +53,7 @@ VARIANTS = {
     "staging_8": (["--gloo_staging_segments=8"], None),
     "lanes_1": (["--gloo_lanes=1"], None),
     "lanes_2": (["--gloo_lanes=2"], None),
+    "pin_training": (["--thread_pinning=training"], None),
     "pin_shared": (["--thread_pinning=shared"], None),
     "pin_spread": (["--thread_pinning=spread"], None),
     "comm_nice_-5": (["--comm_thread_nice=-5"], None),
@@ -154,8 +157,13 @@ def run_variant(args, name, flags, bucket_elems, log_dir):
         return [json.loads(line) for line in f if line.strip()][-1]
 
 
-def summarize(args, name, flags, bucket_elems, runs):
-    """The variant's JSON line from its runs (one per round)."""
+def round_median(run, key="iteration_ms"):
+    return median([float(m.get(key, 0.0)) for m in run["measured"]])
+
+
+def summarize(args, name, flags, bucket_elems, runs, reference_runs):
+    """The variant's JSON line from its runs (one per round); `reference_runs` are the first
+    variant's, round by round."""
     measured = [m for run in runs for m in run["measured"]]
     world_size = e2e.JOBS[args.job]["world_size"]
     cpus = len(os.sched_getaffinity(0))
@@ -197,8 +205,13 @@ def summarize(args, name, flags, bucket_elems, runs):
                                    for m in measured]),
         "bucket_bytes": int(measured[-1].get("memory", {}).get("bucket_bytes", 0)),
         "peak_rss_bytes": max(peaks) if peaks else None,
-        "iter_ms_per_round": [median([float(m.get("iteration_ms", 0.0)) for m in run["measured"]])
-                              for run in runs],
+        # Each round's median iteration over the reference's in the same round (run next to
+        # it), then the median of those: the comparison that load changes between rounds spare.
+        "iter_vs_reference": median([round_median(run) / round_median(ref)
+                                     for run, ref in zip(runs, reference_runs)]),
+        "iter_ms_per_round": [round_median(run) for run in runs],
+        # The quietest round's median: what the variant does when the machine is least shared.
+        "iter_ms_best_round": min(round_median(run) for run in runs),
         "steps": len(measured),
         "rounds": len(runs),
         "load_average": [run["load_average"] for run in runs],
@@ -245,8 +258,9 @@ def main(argv):
             say(f"round {number + 1}/{args.rounds}: {name} (load average {e2e.load_average()})")
             runs.setdefault(name, []).append(run_variant(args, name, flags, bucket_elems,
                                                          log_dir))
+    reference = runs[args.variants[0][0]]
     for name, flags, bucket_elems in args.variants:
-        e2e.emit(summarize(args, name, flags, bucket_elems, runs[name]))
+        e2e.emit(summarize(args, name, flags, bucket_elems, runs[name], reference))
     say(f"cluster logs in {log_root}")
     return 0
 

@@ -12,18 +12,20 @@
 namespace zeroshard::worker {
 
 absl::StatusOr<ThreadPinning> ParseThreadPinning(absl::string_view name) {
-  for (ThreadPinning pinning :
-       {ThreadPinning::kNone, ThreadPinning::kShared, ThreadPinning::kSpread}) {
+  for (ThreadPinning pinning : {ThreadPinning::kNone, ThreadPinning::kTraining,
+                                ThreadPinning::kShared, ThreadPinning::kSpread}) {
     if (name == ThreadPinningName(pinning)) return pinning;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("thread_pinning: \"", name, "\" is not none, shared or spread"));
+      absl::StrCat("thread_pinning: \"", name, "\" is not none, training, shared or spread"));
 }
 
 const char* ThreadPinningName(ThreadPinning pinning) {
   switch (pinning) {
     case ThreadPinning::kNone:
       return "none";
+    case ThreadPinning::kTraining:
+      return "training";
     case ThreadPinning::kShared:
       return "shared";
     case ThreadPinning::kSpread:
@@ -37,8 +39,8 @@ ThreadPlacement PlaceThreads(ThreadPinning pinning, int64_t rank, absl::Span<con
   if (pinning == ThreadPinning::kNone || allowed.empty()) return placement;
   const int64_t count = static_cast<int64_t>(allowed.size());
   placement.training_cpu = allowed[rank % count];
-  placement.comm_cpu =
-      pinning == ThreadPinning::kShared ? allowed[rank % count] : allowed[(rank + 1) % count];
+  if (pinning == ThreadPinning::kShared) placement.comm_cpu = allowed[rank % count];
+  if (pinning == ThreadPinning::kSpread) placement.comm_cpu = allowed[(rank + 1) % count];
   return placement;
 }
 

@@ -14,14 +14,14 @@
 
 namespace zeroshard::worker {
 
-// kNone: the scheduler places every thread. kShared: a rank's training thread and its
-// communication thread share one CPU, rank r on the r-th allowed CPU (mod their count), so the
-// ranks of a machine start on different CPUs. kSpread: the training thread as in kShared, the
-// communication thread on the next allowed CPU (the one the next rank trains on). Gloo's
-// event-loop threads are never pinned.
-enum class ThreadPinning { kNone, kShared, kSpread };
+// kNone: the scheduler places every thread. kTraining: only the training thread is pinned, rank
+// r's on the r-th allowed CPU (mod their count), so the ranks of a machine train on different
+// CPUs. kShared: the training thread as in kTraining, and the communication thread on the same
+// CPU. kSpread: the training thread as in kTraining, the communication thread on the next allowed
+// CPU (the one the next rank trains on). Gloo's event-loop threads are never pinned.
+enum class ThreadPinning { kNone, kTraining, kShared, kSpread };
 
-// "none", "shared" or "spread"; InvalidArgument otherwise.
+// "none", "training", "shared" or "spread"; InvalidArgument otherwise.
 absl::StatusOr<ThreadPinning> ParseThreadPinning(absl::string_view name);
 const char* ThreadPinningName(ThreadPinning pinning);
 

@@ -12,8 +12,8 @@ namespace zeroshard::worker {
 namespace {
 
 TEST(ThreadPinningTest, NamesRoundTripAndUnknownNamesAreRefused) {
-  for (ThreadPinning pinning :
-       {ThreadPinning::kNone, ThreadPinning::kShared, ThreadPinning::kSpread}) {
+  for (ThreadPinning pinning : {ThreadPinning::kNone, ThreadPinning::kTraining,
+                                ThreadPinning::kShared, ThreadPinning::kSpread}) {
     absl::StatusOr<ThreadPinning> parsed = ParseThreadPinning(ThreadPinningName(pinning));
     ASSERT_TRUE(parsed.ok()) << parsed.status();
     EXPECT_EQ(*parsed, pinning);
@@ -28,6 +28,15 @@ TEST(PlaceThreadsTest, NoneLeavesEveryThreadUnpinned) {
   const ThreadPlacement placement = PlaceThreads(ThreadPinning::kNone, 1, cpus);
   EXPECT_FALSE(placement.training_cpu.has_value());
   EXPECT_FALSE(placement.comm_cpu.has_value());
+}
+
+TEST(PlaceThreadsTest, TrainingPinsOnlyTheTrainingThreadOnTheRanksCpu) {
+  const std::vector<int> cpus = {0, 1};
+  for (int64_t rank = 0; rank < 3; ++rank) {
+    const ThreadPlacement placement = PlaceThreads(ThreadPinning::kTraining, rank, cpus);
+    EXPECT_EQ(placement.training_cpu, cpus[rank % 2]) << "rank " << rank;
+    EXPECT_FALSE(placement.comm_cpu.has_value()) << "rank " << rank;
+  }
 }
 
 TEST(PlaceThreadsTest, SharedPutsBothThreadsOfARankOnItsOwnCpu) {
