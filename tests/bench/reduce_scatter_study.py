@@ -26,6 +26,7 @@ machine that is the figure to quote.
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -150,6 +151,9 @@ def run_variant(args, name, flags, bucket_elems, log_dir):
     if bucket_elems is not None:
         command.append(f"--bucket_elems={bucket_elems}")
     status = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=sys.stderr).returncode
+    # The cluster's workers write each job's final parameters there (100 MB for medium): a study
+    # of a hundred jobs would fill the disk.
+    shutil.rmtree(os.path.join(log_dir, "final_params"), ignore_errors=True)
     if status != 0:
         raise e2e.BenchError(f"{name}: the cluster run failed (status {status}; logs in "
                              f"{log_dir})")
