@@ -50,9 +50,10 @@ ABSL_FLAG(int, gloo_staging_segments, zeroshard::comm::GlooCommunicatorOptions()
 ABSL_FLAG(int, gloo_lanes, zeroshard::comm::GlooCommunicatorOptions().lanes,
           "Gloo transport lanes (full meshes, each with its event-loop thread), 1 to 8.");
 ABSL_FLAG(std::string, thread_pinning, "none",
-          "none, training (each rank's training thread on its own CPU), shared (the "
-          "communication thread on that CPU too) or spread (the communication thread on the next "
-          "rank's CPU).");
+          "none, training (rank r's training thread on the r-th CPU, mod their count), shared "
+          "(its communication thread on that CPU too) or spread (the communication thread on the "
+          "next rank's CPU). Only for machines that hold ranks numbered apart by less than their "
+          "CPU count (e.g. every rank of a local cluster): ranks r and r + CPUs would share one.");
 ABSL_FLAG(std::optional<int>, comm_thread_nice, std::nullopt,
           "Nice value of the communication thread (default: inherited).");
 

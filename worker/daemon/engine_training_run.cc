@@ -202,12 +202,12 @@ absl::Status EngineTrainingRun::Train() {
 
   comm::CoordinatorStore store(options_.stub, assignment_.job_id(), assignment_.generation());
   std::unique_ptr<comm::Communicator> communicator;
+  ThreadPlacement placement;  // CPU runs only
   if (on_cuda) {
     ZS_ASSIGN_OR_RETURN(communicator,
                         CreateNcclCommunicator(*device, &store, static_cast<int>(rank),
                                                static_cast<int>(world_size)));
   } else {
-    ThreadPlacement placement;
     if (options_.pinning != ThreadPinning::kNone) {
       ZS_ASSIGN_OR_RETURN(const std::vector<int> cpus, AllowedCpus());
       placement = PlaceThreads(options_.pinning, rank, cpus);
@@ -220,11 +220,6 @@ absl::Status EngineTrainingRun::Train() {
     comm_options.thread_cpus.clear();
     if (placement.comm_cpu.has_value()) comm_options.thread_cpus.push_back(*placement.comm_cpu);
     ZS_ASSIGN_OR_RETURN(communicator, comm::GlooCommunicator::Create(comm_options));
-    // After the communicator: Gloo's event-loop threads, started by Create on this thread, keep
-    // the CPUs they inherited.
-    if (placement.training_cpu.has_value()) {
-      ZS_RETURN_IF_ERROR(PinCurrentThread(*placement.training_cpu));
-    }
   }
   {
     absl::MutexLock lock(&mu_);
@@ -266,6 +261,11 @@ absl::Status EngineTrainingRun::Train() {
     return workload->InitialParameters(tensor, out);
   }));
 
+  // Pinned only now: the threads made so far (Gloo's event loops, the optimizer kernels' pool)
+  // would otherwise inherit this thread's one CPU.
+  if (placement.training_cpu.has_value()) {
+    ZS_RETURN_IF_ERROR(PinCurrentThread(*placement.training_cpu));
+  }
   v1::StepMetrics last;
   for (int64_t step = assignment_.start_step(); step < spec.steps(); ++step) {
     if (aborted_.load()) return absl::AbortedError("aborted");
