@@ -52,8 +52,8 @@ ABSL_FLAG(int, gloo_lanes, zeroshard::comm::GlooCommunicatorOptions().lanes,
 ABSL_FLAG(std::string, thread_pinning, "none",
           "none, training (rank r's training thread on the r-th CPU, mod their count), shared "
           "(its communication thread on that CPU too) or spread (the communication thread on the "
-          "next rank's CPU). Only for machines that hold ranks numbered apart by less than their "
-          "CPU count (e.g. every rank of a local cluster): ranks r and r + CPUs would share one.");
+          "next rank's CPU). A host's ranks are contiguous, so its workers get a CPU each while "
+          "there are no more of them than CPUs.");
 ABSL_FLAG(std::optional<int>, comm_thread_nice, std::nullopt,
           "Nice value of the communication thread (default: inherited).");
 
