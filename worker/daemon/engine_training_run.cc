@@ -3,6 +3,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <vector>
@@ -63,7 +64,8 @@ struct CpuClocks {
   }
 };
 
-double NanosecondsToMs(int64_t ns) { return static_cast<double>(ns) / 1e6; }
+// A clock that could not be read at one end reads 0 there: never report a negative time.
+double NanosecondsToMs(int64_t ns) { return static_cast<double>(std::max<int64_t>(0, ns)) / 1e6; }
 
 v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done,
                            const IterationTimes& times, const OutsideEngineMemory& outside,
