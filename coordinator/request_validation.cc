@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/ids.h"
+#include "jobspec/job_plan.h"
 #include "jobspec/job_spec_defaults.h"
 #include "jobspec/job_spec_validation.h"
 #include "jobspec/job_spec_validation_checks.h"
@@ -125,6 +126,43 @@ absl::Status CheckMemory(const v1::MemoryBreakdown& memory) {
                           memory.checkpoint_staging_bytes());
 }
 
+// At most kMaxReportedBuckets entries, each finite and >= 0; errors name the entry
+// ("metrics.bucket_exposed_ms[3]: -1 is negative").
+absl::Status CheckBucketFigures(absl::string_view field,
+                                const google::protobuf::RepeatedField<double>& values) {
+  if (values.size() > jobspec::kMaxReportedBuckets) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", values.size(),
+                                                   " entries is more than the limit of ",
+                                                   jobspec::kMaxReportedBuckets));
+  }
+  for (int i = 0; i < values.size(); ++i) {
+    ZS_RETURN_IF_ERROR(
+        jobspec::CheckFiniteNonNegative(absl::StrCat(field, "[", i, "]"), values[i]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBucketExposure(const v1::StepMetrics& metrics) {
+  ZS_RETURN_IF_ERROR(CheckBucketFigures("metrics.bucket_exposed_ms", metrics.bucket_exposed_ms()));
+  ZS_RETURN_IF_ERROR(CheckBucketFigures("metrics.bucket_exposed_in_backward_ms",
+                                        metrics.bucket_exposed_in_backward_ms()));
+  const auto& total = metrics.bucket_exposed_ms();
+  const auto& in_backward = metrics.bucket_exposed_in_backward_ms();
+  if (in_backward.size() != total.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics.bucket_exposed_in_backward_ms: ", in_backward.size(),
+                     " entries, but bucket_exposed_ms has ", total.size()));
+  }
+  for (int i = 0; i < total.size(); ++i) {
+    if (in_backward[i] > total[i]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "metrics.bucket_exposed_in_backward_ms[", i, "]: ", jobspec::FormatDouble(in_backward[i]),
+          " is more than bucket_exposed_ms[", i, "] (", jobspec::FormatDouble(total[i]), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckMetrics(const v1::StepMetrics& metrics) {
   const bool skipped = metrics.skipped();
   ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.step", metrics.step()));
@@ -153,7 +191,14 @@ absl::Status CheckMetrics(const v1::StepMetrics& metrics) {
       jobspec::CheckFiniteNonNegative("metrics.param_wait_ms", metrics.param_wait_ms()));
   ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.vmhwm_bytes", metrics.vmhwm_bytes()));
   ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.vmrss_bytes", metrics.vmrss_bytes()));
-  return CheckNonNegative("metrics.vmrss_at_start_bytes", metrics.vmrss_at_start_bytes());
+  ZS_RETURN_IF_ERROR(
+      CheckNonNegative("metrics.vmrss_at_start_bytes", metrics.vmrss_at_start_bytes()));
+  ZS_RETURN_IF_ERROR(CheckBucketExposure(metrics));
+  ZS_RETURN_IF_ERROR(jobspec::CheckFiniteNonNegative("metrics.compute_thread_cpu_ms",
+                                                     metrics.compute_thread_cpu_ms()));
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckFiniteNonNegative("metrics.comm_thread_cpu_ms", metrics.comm_thread_cpu_ms()));
+  return jobspec::CheckFiniteNonNegative("metrics.process_cpu_ms", metrics.process_cpu_ms());
 }
 
 // A worker's status, on heartbeats and registrations; `status.job_id` may be empty (idle).

@@ -59,7 +59,9 @@ absl::Status ValidateStoreDeleteRequest(const v1::StoreDeleteRequest& request);
 
 // Progress and checkpoints, from workers.
 // `metrics` is required. Times are finite and >= 0, memory byte counts >= 0, loss finite,
-// grad_norm finite and >= 0, loss_scale finite and > 0. A skipped step (`metrics.skipped`) was
+// grad_norm finite and >= 0, loss_scale finite and > 0; the per-bucket figures have at most
+// jobspec::kMaxReportedBuckets entries each, both the same number, and no bucket's wait in
+// backward is more than its whole wait. A skipped step (`metrics.skipped`) was
 // skipped because a gradient was not finite, so its loss and grad_norm may be NaN or Inf.
 absl::Status ValidateReportProgressRequest(const v1::ReportProgressRequest& request);
 // `path` is checked with ValidateCheckpointPath.

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "jobspec/job_plan.h"
 
 namespace zeroshard::coordinator {
 namespace {
@@ -158,6 +159,11 @@ v1::ReportProgressRequest ValidProgress() {
   m.set_loss_scale(1);
   m.mutable_memory()->set_params_bytes(1000);
   m.mutable_memory()->set_total_bytes(1000);
+  for (double ms : {0.0, 2.5, 0.25}) m.add_bucket_exposed_ms(ms);
+  for (double ms : {0.0, 2.0, 0.25}) m.add_bucket_exposed_in_backward_ms(ms);
+  m.set_compute_thread_cpu_ms(10);
+  m.set_comm_thread_cpu_ms(4);
+  m.set_process_cpu_ms(20);
   return r;
 }
 
@@ -249,6 +255,18 @@ TEST(RequestValidationTest, OptionalAndEdgeValuesPass) {
   skipped.mutable_metrics()->set_grad_norm(kInf);
   skipped.mutable_metrics()->set_loss_scale(32768);
   EXPECT_TRUE(ValidateReportProgressRequest(skipped).ok());
+
+  // Per-bucket figures are optional, and up to the limit of them pass.
+  v1::ReportProgressRequest no_buckets = ValidProgress();
+  no_buckets.mutable_metrics()->clear_bucket_exposed_ms();
+  no_buckets.mutable_metrics()->clear_bucket_exposed_in_backward_ms();
+  EXPECT_TRUE(ValidateReportProgressRequest(no_buckets).ok());
+  v1::ReportProgressRequest most_buckets = no_buckets;
+  for (int b = 0; b < jobspec::kMaxReportedBuckets; ++b) {
+    most_buckets.mutable_metrics()->add_bucket_exposed_ms(1.0);
+    most_buckets.mutable_metrics()->add_bucket_exposed_in_backward_ms(1.0);
+  }
+  EXPECT_TRUE(ValidateReportProgressRequest(most_buckets).ok());
 
   v1::CommitCheckpointRequest first = ValidCommit();
   first.set_step(0);
@@ -672,7 +690,44 @@ INSTANTIATE_TEST_SUITE_P(
             "metrics.param_wait_ms", "is negative"),
         BadProgress(
             "NegativeVmHwm", [](Progress& r) { r.mutable_metrics()->set_vmhwm_bytes(-1); },
-            "metrics.vmhwm_bytes", "-1 must be >= 0")),
+            "metrics.vmhwm_bytes", "-1 must be >= 0"),
+        BadProgress(
+            "NegativeBucketExposure",
+            [](Progress& r) { r.mutable_metrics()->set_bucket_exposed_ms(1, -1); },
+            "metrics.bucket_exposed_ms[1]", "-1 is negative"),
+        BadProgress(
+            "NaNBucketExposureInBackward",
+            [](Progress& r) { r.mutable_metrics()->set_bucket_exposed_in_backward_ms(2, kNaN); },
+            "metrics.bucket_exposed_in_backward_ms[2]", "NaN is not allowed"),
+        BadProgress(
+            "TooManyBuckets",
+            [](Progress& r) {
+              for (int b = 0; b < jobspec::kMaxReportedBuckets; ++b) {
+                r.mutable_metrics()->add_bucket_exposed_ms(0);
+                r.mutable_metrics()->add_bucket_exposed_in_backward_ms(0);
+              }
+            },
+            "metrics.bucket_exposed_ms", "4099 entries is more than the limit of 4096"),
+        BadProgress(
+            "BucketCountsDisagree",
+            [](Progress& r) { r.mutable_metrics()->add_bucket_exposed_in_backward_ms(0); },
+            "metrics.bucket_exposed_in_backward_ms", "4 entries, but bucket_exposed_ms has 3"),
+        BadProgress(
+            "MoreInBackwardThanInAll",
+            [](Progress& r) { r.mutable_metrics()->set_bucket_exposed_in_backward_ms(1, 3); },
+            "metrics.bucket_exposed_in_backward_ms[1]",
+            "3 is more than bucket_exposed_ms[1] (2.5)"),
+        BadProgress(
+            "NegativeCommThreadCpu",
+            [](Progress& r) { r.mutable_metrics()->set_comm_thread_cpu_ms(-1); },
+            "metrics.comm_thread_cpu_ms", "-1 is negative"),
+        BadProgress(
+            "InfiniteComputeThreadCpu",
+            [](Progress& r) { r.mutable_metrics()->set_compute_thread_cpu_ms(kInf); },
+            "metrics.compute_thread_cpu_ms", "Inf is not allowed"),
+        BadProgress(
+            "NaNProcessCpu", [](Progress& r) { r.mutable_metrics()->set_process_cpu_ms(kNaN); },
+            "metrics.process_cpu_ms", "NaN is not allowed")),
     [](const ::testing::TestParamInfo<BadRequest>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(

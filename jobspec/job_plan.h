@@ -18,6 +18,10 @@ namespace zeroshard::jobspec {
 // The format of the plans PlanToProto writes (v1::ShardPlan.plan_version).
 inline constexpr int32_t kShardPlanVersion = 2;
 
+// The most buckets a progress report gives figures for one by one (StepMetrics'
+// bucket_exposed_ms): workers whose plan has more leave them out, the coordinator refuses more.
+inline constexpr int kMaxReportedBuckets = 4096;
+
 // The parameter group `tensor_name` belongs to: the first of spec.param_groups with a pattern
 // that matches it (fnmatch), or null for the default group.
 const v1::ParamGroup* GroupOf(const v1::JobSpec& spec, absl::string_view tensor_name);

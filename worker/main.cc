@@ -4,6 +4,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -15,9 +18,12 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
+#include "worker/comm/gloo_communicator.h"
 #include "worker/daemon/cuda_support.h"
 #include "worker/daemon/engine_training_run.h"
+#include "worker/daemon/thread_placement.h"
 #include "worker/daemon/worker_daemon.h"
+#include "worker/engine/engine.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port.");
 ABSL_FLAG(std::string, device, "cpu",
@@ -35,6 +41,23 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory checkpoints are written to and resumed from: the coordinator's "
           "--checkpoint_root, the same path on every worker (e.g. a shared volume). Empty: no "
           "checkpoints, and jobs cannot resume after a lost worker.");
+// Tuning of the gradient reduction on a CPU worker (docs/performance.md, "Reduce-scatter under
+// backward"); the defaults are the measured best on the machine of those figures.
+ABSL_FLAG(int, bucket_pool_size, zeroshard::engine::EngineConfig().bucket_pool_size,
+          "Reduce buffers zero2 keeps in flight (each one bucket).");
+ABSL_FLAG(int64_t, gloo_segment_bytes, zeroshard::comm::GlooCommunicatorOptions().segment_bytes,
+          "Pipeline segment of the Gloo rings, bytes.");
+ABSL_FLAG(int, gloo_staging_segments, zeroshard::comm::GlooCommunicatorOptions().staging_segments,
+          "Segments the Gloo reduce-scatter receives into ahead.");
+ABSL_FLAG(int, gloo_lanes, zeroshard::comm::GlooCommunicatorOptions().lanes,
+          "Gloo transport lanes (full meshes, each with its event-loop thread), 1 to 8.");
+ABSL_FLAG(std::string, thread_pinning, "none",
+          "none, training (rank r's training thread on the r-th CPU, mod their count), shared "
+          "(its communication thread on that CPU too) or spread (the communication thread on the "
+          "next rank's CPU). A host's ranks are contiguous, so its workers get a CPU each while "
+          "there are no more of them than CPUs.");
+ABSL_FLAG(std::optional<int>, comm_thread_nice, std::nullopt,
+          "Nice value of the communication thread (default: inherited).");
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("zeroshard-worker --coordinator=HOST:PORT [--device=cpu]");
@@ -91,6 +114,23 @@ int main(int argc, char** argv) {
     ZS_LOG(ERROR) << "--threads must be at least 1";
     return 2;
   }
+  if (absl::GetFlag(FLAGS_bucket_pool_size) < 1) {
+    ZS_LOG(ERROR) << "--bucket_pool_size must be at least 1";
+    return 2;
+  }
+  absl::StatusOr<zeroshard::worker::ThreadPinning> pinning =
+      zeroshard::worker::ParseThreadPinning(absl::GetFlag(FLAGS_thread_pinning));
+  if (!pinning.ok()) {
+    ZS_LOG(ERROR) << "--" << pinning.status().message();
+    return 2;
+  }
+  // The communicator checks the rest when a run creates it; a bad value fails there.
+  zeroshard::comm::GlooCommunicatorOptions gloo;
+  gloo.segment_bytes =
+      static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_gloo_segment_bytes)));
+  gloo.staging_segments = absl::GetFlag(FLAGS_gloo_staging_segments);
+  gloo.lanes = absl::GetFlag(FLAGS_gloo_lanes);
+  gloo.thread_nice = absl::GetFlag(FLAGS_comm_thread_nice);
 
   // Reconnect at least every second while the coordinator is away (gRPC's backoff would grow
   // to minutes), so a worker started first, or outliving a coordinator restart, rejoins promptly.
@@ -111,6 +151,9 @@ int main(int argc, char** argv) {
         run_options.threads = absl::GetFlag(FLAGS_threads);
         run_options.cuda_device = cuda_device;
         run_options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
+        run_options.bucket_pool_size = absl::GetFlag(FLAGS_bucket_pool_size);
+        run_options.gloo = gloo;
+        run_options.pinning = *pinning;
         return zeroshard::worker::EngineTrainingRun::Start(assignment, std::move(run_options));
       });
   daemon_ptr = &daemon;

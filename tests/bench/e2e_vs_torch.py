@@ -568,6 +568,8 @@ def run_zeroshard_round(job, modes, steps, warmup, bin_dir, log_dir, job_timeout
     ]
     # The cluster's own stdout (the coordinator's address) must not mix with the JSON lines.
     status = subprocess.run(command, stdin=subprocess.DEVNULL, stdout=sys.stderr).returncode
+    # Each job's final checkpoint (300 MB on medium) is not needed here.
+    shutil.rmtree(os.path.join(log_dir, "checkpoints"), ignore_errors=True)
     if status != 0:
         raise BenchError(f"{job}: the ZeroShard cluster run failed (status {status}; logs in "
                          f"{log_dir})")

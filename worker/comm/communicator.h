@@ -86,6 +86,10 @@ struct CommunicatorStats {
   // reports it as its own memory category. 0 for backends whose buffers live inside a library
   // that does not say (NCCL).
   int64_t scratch_bytes = 0;
+  // CPU time the backend's own communication thread has used since the communicator was made
+  // (cumulative; the owner takes differences per step), in nanoseconds. 0 for backends without
+  // such a thread (NCCL) or where the thread's clock cannot be read.
+  int64_t thread_cpu_ns = 0;
 };
 
 // A handle to one issued operation. Thread-safe: Wait and Done may be called from any thread.

@@ -4,11 +4,14 @@
 #ifndef ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 #define ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 
+#include <time.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +23,7 @@
 #include "absl/time/time.h"
 #include "worker/comm/abort_signal.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/ring_schedule.h"
 #include "worker/comm/store.h"
 
 namespace gloo {
@@ -55,6 +59,16 @@ struct GlooCommunicatorOptions {
   // Reduce-scatter receives into this many staging segments (the communicator's only scratch
   // for in-place collectives: staging_segments * segment_bytes).
   int staging_segments = 4;
+  // Transport lanes, 1 to kMaxLanes (ring_schedule.h): Gloo contexts, each a full mesh with its
+  // own event-loop thread; a message travels on its sender's lane.
+  int lanes = kDefaultLanes;
+  // CPUs the communication thread may run on (pthread_setaffinity_np); empty: those of the
+  // thread calling Create. Gloo's event-loop threads are left where they are.
+  std::vector<int> thread_cpus;
+  // Nice value of the communication thread (setpriority on its thread id; one below the process's
+  // needs CAP_SYS_NICE); unset: inherited. Nice weighs threads against others of the same
+  // scheduling group only (with autogroup, those of the same session).
+  std::optional<int> thread_nice;
 };
 
 // Algorithms (W = world size, r = this rank, pieces p = 0..W-1, next = r+1, prev = r-1 mod W):
@@ -71,16 +85,18 @@ struct GlooCommunicatorOptions {
 // Each rank sends and receives (W-1)/W of the buffer per reduce-scatter or all-gather.
 //
 // Thread contract: as Communicator's. Operations run on one communication thread owned by this
-// object (Gloo adds an event-loop thread per transport lane: two full meshes of TCP connections,
-// a message travelling on its sender's lane, so one thread reads a rank's ring input while
-// another writes its output). Gloo throws; every exception is
-// caught on the communication thread (or in Create) and becomes a Status there.
+// object (Gloo adds an event-loop thread per transport lane: by default two full meshes of TCP
+// connections, a message travelling on its sender's lane, so one thread reads a rank's ring input
+// while another writes its output). Gloo throws; every exception is caught on the communication
+// thread (or in Create) and becomes a Status there. stats().thread_cpu_ns is the communication
+// thread's CPU time (not the event-loop threads').
 class GlooCommunicator : public Communicator {
  public:
   // Connects the full mesh (all ranks call this with the same world size and store prefix; see
   // gloo_mesh.h). DEADLINE_EXCEEDED when peers do not show up within rendezvous_timeout;
   // CANCELLED when options.abort_signal is aborted first; UNAVAILABLE for other transport
-  // failures; INVALID_ARGUMENT for bad options.
+  // failures; INVALID_ARGUMENT for bad options; the error of pinning the communication thread or
+  // setting its nice value (thread_cpus, thread_nice).
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
       const GlooCommunicatorOptions& options);
 
@@ -123,8 +139,11 @@ class GlooCommunicator : public Communicator {
   // has failed.
   std::unique_ptr<Work> Enqueue(Operation operation);
 
-  // The communication thread: runs queued operations in order until destruction.
-  void CommunicationLoop();
+  // The communication thread: applies thread_cpus and thread_nice, then runs queued operations
+  // in order until destruction.
+  void CommunicationLoop(std::vector<int> cpus, std::optional<int> nice);
+  // Blocks until the communication thread has applied its CPUs and nice value; their error.
+  absl::Status AwaitThreadSetup();
   bool HasThreadWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Communication thread only: the state an operation's GlooRing borrows from this object.
@@ -180,6 +199,10 @@ class GlooCommunicator : public Communicator {
   // The buffer the communication thread is blocked on, so Abort() can interrupt the wait.
   gloo::transport::UnboundBuffer* waiting_on_ ABSL_GUARDED_BY(mu_) = nullptr;
 
+  // Set once by the communication thread before it runs any operation.
+  bool thread_set_up_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status thread_setup_ ABSL_GUARDED_BY(mu_);
+
   std::atomic<int64_t> operations_completed_{0};
   std::atomic<int64_t> bytes_sent_{0};
   std::atomic<int64_t> bytes_received_{0};
@@ -187,6 +210,10 @@ class GlooCommunicator : public Communicator {
   std::atomic<int64_t> scratch_bytes_{0};
 
   std::thread thread_;
+  // The communication thread's CPU-time clock (stats().thread_cpu_ns), set by the constructor
+  // before anything else can call stats(); unreadable when pthread_getcpuclockid failed.
+  clockid_t thread_clock_ = CLOCK_THREAD_CPUTIME_ID;
+  bool thread_clock_readable_ = false;
 };
 
 }  // namespace zeroshard::comm

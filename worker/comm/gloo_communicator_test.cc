@@ -2,7 +2,14 @@
 // 1..5, sizes 0, 1, odd and large, every element type; Abort (of Create too) and timeouts.
 #include "worker/comm/gloo_communicator.h"
 
+#include <sched.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -21,17 +28,17 @@ namespace {
 
 using ::zeroshard::comm::testing::RunOnRankThreads;
 
-// Creates `world_size` communicators concurrently (one thread per rank) over one store.
-std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(
-    int world_size, Store* store, size_t segment_bytes = GlooCommunicatorOptions().segment_bytes) {
+// Creates `world_size` communicators concurrently (one thread per rank) over one store, each
+// with `tuning`'s segment_bytes, staging_segments, lanes, thread_cpus and thread_nice.
+std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(int world_size, Store* store,
+                                                           const GlooCommunicatorOptions& tuning) {
   std::vector<std::unique_ptr<GlooCommunicator>> group(world_size);
   const absl::Status status = RunOnRankThreads(world_size, [&](int rank) -> absl::Status {
-    GlooCommunicatorOptions options;
+    GlooCommunicatorOptions options = tuning;
     options.rank = rank;
     options.world_size = world_size;
     options.store = store;
     options.rendezvous_timeout = absl::Seconds(30);
-    options.segment_bytes = segment_bytes;
     auto communicator = GlooCommunicator::Create(options);
     if (!communicator.ok()) return communicator.status();
     group[rank] = std::move(*communicator);
@@ -39,6 +46,47 @@ std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(
   });
   EXPECT_TRUE(status.ok()) << status;
   return group;
+}
+
+std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(
+    int world_size, Store* store, size_t segment_bytes = GlooCommunicatorOptions().segment_bytes) {
+  GlooCommunicatorOptions tuning;
+  tuning.segment_bytes = segment_bytes;
+  return CreateGroup(world_size, store, tuning);
+}
+
+// The thread ids of this process whose /proc status line `key` reads `value` exactly.
+std::vector<std::string> ThreadsWhoseStatusReads(const std::string& key, const std::string& value) {
+  std::vector<std::string> matching;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream status(task.path() / "status");
+    std::string line;
+    while (std::getline(status, line)) {
+      if (line.rfind(key + ":", 0) != 0) continue;
+      std::string field = line.substr(key.size() + 1);
+      field.erase(0, field.find_first_not_of(" \t"));
+      if (field == value) matching.push_back(task.path().filename().string());
+    }
+  }
+  return matching;
+}
+
+// The nice value of each thread of this process (field 19 of /proc/self/task/<tid>/stat).
+std::vector<int> ThreadNiceValues() {
+  std::vector<int> values;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream stat(task.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    // The command name may hold spaces: fields are counted after its closing parenthesis.
+    std::istringstream fields(line.substr(line.rfind(')') + 2));
+    std::string field;
+    // After the name: state (3) ... nice (19).
+    for (int index = 3; index <= 19 && fields >> field; ++index) {
+      if (index == 19) values.push_back(std::stoi(field));
+    }
+  }
+  return values;
 }
 
 class GlooCollectivesTest : public ::testing::TestWithParam<int> {};
@@ -111,6 +159,129 @@ TEST(GlooCommunicatorTest, SeparateRunsAndSegmentSizesGiveTheSameBits) {
   }
   for (int rank = 1; rank < kWorldSize; ++rank) {
     EXPECT_TRUE(results[0][rank] == results[0][0]) << "ranks disagree: " << rank;
+  }
+}
+
+TEST(GlooCommunicatorTest, EveryLaneCountGivesTheSameBits) {
+  constexpr int kWorldSize = 3;
+  constexpr size_t kPieceCount = 20000;
+  std::vector<std::vector<std::vector<char>>> results;
+  for (int lanes : {1, kDefaultLanes, 3}) {
+    InMemoryStore store;
+    GlooCommunicatorOptions tuning;
+    tuning.segment_bytes = 4096;
+    tuning.lanes = lanes;
+    auto group = CreateGroup(kWorldSize, &store, tuning);
+    for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+    std::vector<std::vector<char>> buffers(kWorldSize);
+    const absl::Status status = RunOnRankThreads(kWorldSize, [&](int rank) {
+      std::vector<char>& buffer = buffers[rank];
+      buffer = MakeInput(ElementType::kFloat32, rank, kWorldSize * kPieceCount, 9);
+      return group[rank]
+          ->AllReduce(buffer.data(), kWorldSize * kPieceCount, ElementType::kFloat32,
+                      ReduceOp::kSum)
+          ->Wait(absl::Seconds(60));
+    });
+    ASSERT_TRUE(status.ok()) << "lanes " << lanes << ": " << status;
+    results.push_back(buffers);
+  }
+  for (size_t run = 1; run < results.size(); ++run) {
+    for (int rank = 0; rank < kWorldSize; ++rank) {
+      EXPECT_TRUE(results[run][rank] == results[0][rank]) << "run " << run << ", rank " << rank;
+    }
+  }
+}
+
+TEST(GlooCommunicatorTest, CreateRejectsBadLaneAndThreadOptionsNamingTheField) {
+  struct Case {
+    const char* field;
+    void (*set)(GlooCommunicatorOptions&);
+  };
+  const Case cases[] = {
+      {"lanes", [](GlooCommunicatorOptions& o) { o.lanes = 0; }},
+      {"lanes", [](GlooCommunicatorOptions& o) { o.lanes = kMaxLanes + 1; }},
+      {"thread_cpus",
+       [](GlooCommunicatorOptions& o) {
+         o.thread_cpus = {0, -1};
+       }},
+      {"thread_cpus", [](GlooCommunicatorOptions& o) { o.thread_cpus = {CPU_SETSIZE}; }},
+      {"thread_nice", [](GlooCommunicatorOptions& o) { o.thread_nice = 20; }},
+      {"thread_nice", [](GlooCommunicatorOptions& o) { o.thread_nice = -21; }},
+  };
+  for (const Case& c : cases) {
+    GlooCommunicatorOptions options;
+    c.set(options);
+    const auto communicator = GlooCommunicator::Create(options);
+    ASSERT_FALSE(communicator.ok()) << c.field;
+    EXPECT_EQ(communicator.status().code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(communicator.status().message().find(c.field), absl::string_view::npos)
+        << communicator.status();
+  }
+}
+
+TEST(GlooCommunicatorTest, ThreadCpusPinTheCommunicationThread) {
+  cpu_set_t allowed;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(allowed), &allowed), 0);
+  int last_cpu = -1;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &allowed)) last_cpu = cpu;
+  }
+  if (CPU_COUNT(&allowed) < 2) GTEST_SKIP() << "needs 2 CPUs to tell a pinned thread apart";
+  const std::string pinned = std::to_string(last_cpu);
+  ASSERT_TRUE(ThreadsWhoseStatusReads("Cpus_allowed_list", pinned).empty());
+  InMemoryStore store;
+  GlooCommunicatorOptions tuning;
+  tuning.thread_cpus = {last_cpu};
+  auto group = CreateGroup(1, &store, tuning);
+  ASSERT_NE(group[0], nullptr);
+  // Create returned after the thread pinned itself: exactly one thread is now on that CPU alone.
+  EXPECT_EQ(ThreadsWhoseStatusReads("Cpus_allowed_list", pinned).size(), 1u);
+  group.clear();
+  EXPECT_TRUE(ThreadsWhoseStatusReads("Cpus_allowed_list", pinned).empty());
+}
+
+TEST(GlooCommunicatorTest, ThreadNiceSetsTheCommunicationThreadsNiceValue) {
+  constexpr int kNice = 7;
+  auto count = [&](const std::vector<int>& values) {
+    return std::count(values.begin(), values.end(), kNice);
+  };
+  const std::vector<int> before = ThreadNiceValues();
+  ASSERT_FALSE(before.empty());
+  InMemoryStore store;
+  GlooCommunicatorOptions tuning;
+  tuning.thread_nice = kNice;
+  auto group = CreateGroup(1, &store, tuning);
+  ASSERT_NE(group[0], nullptr);
+  EXPECT_EQ(count(ThreadNiceValues()), count(before) + 1);
+}
+
+TEST(GlooCommunicatorTest, ThreadCpuTimeGrowsWithTheCollectivesAndStaysWithinTheWall) {
+  constexpr int kWorldSize = 2;
+  InMemoryStore store;
+  auto group = CreateGroup(kWorldSize, &store);
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  std::vector<int64_t> before;
+  for (const auto& communicator : group) before.push_back(communicator->stats().thread_cpu_ns);
+  const absl::Time start = absl::Now();
+  const size_t piece_count = size_t{1} << 20;
+  const absl::Status status = RunOnRankThreads(kWorldSize, [&](int rank) -> absl::Status {
+    std::vector<float> bucket(kWorldSize * piece_count, 1.0f);
+    for (int repeat = 0; repeat < 4; ++repeat) {
+      const absl::Status reduced = group[rank]
+                                       ->ReduceScatterInPlace(bucket.data(), piece_count,
+                                                              ElementType::kFloat32, ReduceOp::kSum)
+                                       ->Wait();
+      if (!reduced.ok()) return reduced;
+    }
+    return absl::OkStatus();
+  });
+  const int64_t wall_ns = absl::ToInt64Nanoseconds(absl::Now() - start);
+  ASSERT_TRUE(status.ok()) << status;
+  for (int rank = 0; rank < kWorldSize; ++rank) {
+    const int64_t used = group[rank]->stats().thread_cpu_ns - before[rank];
+    // Summing 4 MiB four times takes CPU time; one thread cannot use more than the wall.
+    EXPECT_GT(used, 0) << "rank " << rank;
+    EXPECT_LE(used, wall_ns) << "rank " << rank;
   }
 }
 

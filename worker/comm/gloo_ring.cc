@@ -164,11 +164,11 @@ gloo::transport::UnboundBuffer* GlooRing::Buffer(const void* data, size_t bytes,
 }
 
 gloo::transport::UnboundBuffer* GlooRing::SendBuffer(const void* data, size_t bytes) {
-  return Buffer(data, bytes, LaneOf(rank_));
+  return Buffer(data, bytes, LaneOf(rank_, static_cast<int>(environment_.lanes->size())));
 }
 
 gloo::transport::UnboundBuffer* GlooRing::RecvBuffer(void* data, size_t bytes, int peer) {
-  return Buffer(data, bytes, LaneOf(peer));
+  return Buffer(data, bytes, LaneOf(peer, static_cast<int>(environment_.lanes->size())));
 }
 
 void GlooRing::Send(gloo::transport::UnboundBuffer* buffer, int peer, uint64_t unit) {

@@ -32,7 +32,7 @@ struct GlooRingEnvironment {
   // GlooCommunicatorOptions' segment_bytes and staging_segments.
   size_t segment_bytes = 0;
   int staging_segments = 1;
-  // The transport lanes: messages from rank s travel on (*lanes)[LaneOf(s)].
+  // The transport lanes: messages from rank s travel on (*lanes)[LaneOf(s, lanes->size())].
   const std::vector<std::shared_ptr<gloo::Context>>* lanes = nullptr;
   // Reduce-scatter staging, grown as needed and kept between operations.
   std::vector<char>* staging = nullptr;

@@ -13,7 +13,7 @@ uint64_t MakeSlot(uint32_t tag, uint64_t sequence, uint64_t unit) {
 
 int Mod(int value, int modulus) { return ((value % modulus) + modulus) % modulus; }
 
-int LaneOf(int sender) { return sender % kLanes; }
+int LaneOf(int sender, int lanes) { return sender % lanes; }
 
 int NextRank(int rank, int world_size) { return (rank + 1) % world_size; }
 

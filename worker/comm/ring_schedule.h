@@ -26,15 +26,17 @@ uint64_t MakeSlot(uint32_t tag, uint64_t sequence, uint64_t unit);
 // `value` modulo `modulus` (> 0), in [0, modulus) also for negative values.
 int Mod(int value, int modulus);
 
-// Transport lanes: every rank has kLanes Gloo contexts (each a full mesh of TCP connections with
-// its own event-loop thread), and a message from rank s travels on lane s % kLanes. A ring's
-// neighbours differ in parity (except at the wrap of an odd ring), so each rank's outgoing and
-// incoming ring traffic are served by different event-loop threads: with one context, that one
-// thread copies every byte in and out of the sockets (at W = 2 both directions share a socket).
-constexpr int kLanes = 2;
+// Transport lanes: every rank has `lanes` Gloo contexts (each a full mesh of TCP connections with
+// its own event-loop thread), and a message from rank s travels on lane s % lanes. With the
+// default two, a ring's neighbours differ in parity (except at the wrap of an odd ring), so each
+// rank's outgoing and incoming ring traffic are served by different event-loop threads: with one
+// context, that one thread copies every byte in and out of the sockets (at W = 2 both directions
+// share a socket).
+constexpr int kDefaultLanes = 2;
+constexpr int kMaxLanes = 8;
 
-// The lane of every message `sender` sends.
-int LaneOf(int sender);
+// The lane of every message `sender` sends, with `lanes` (>= 1) lanes.
+int LaneOf(int sender, int lanes);
 
 // Ring neighbours (W = world_size): data flows PreviousRank(r) -> r -> NextRank(r).
 int NextRank(int rank, int world_size);

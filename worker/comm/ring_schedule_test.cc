@@ -90,22 +90,34 @@ TEST(ModTest, WrapsNegativeValuesIntoRange) {
 }
 
 TEST(LaneTest, LaneIsTheSendersParity) {
-  EXPECT_EQ(kLanes, 2);
-  EXPECT_EQ(LaneOf(0), 0);
-  EXPECT_EQ(LaneOf(1), 1);
-  EXPECT_EQ(LaneOf(2), 0);
-  EXPECT_EQ(LaneOf(7), 1);
+  EXPECT_EQ(kDefaultLanes, 2);
+  EXPECT_EQ(LaneOf(0, kDefaultLanes), 0);
+  EXPECT_EQ(LaneOf(1, kDefaultLanes), 1);
+  EXPECT_EQ(LaneOf(2, kDefaultLanes), 0);
+  EXPECT_EQ(LaneOf(7, kDefaultLanes), 1);
+}
+
+TEST(LaneTest, OneLaneCarriesEverySendersMessages) {
+  for (int sender = 0; sender < 5; ++sender) EXPECT_EQ(LaneOf(sender, 1), 0) << sender;
+}
+
+TEST(LaneTest, MoreLanesThanTwoTakeTheSenderModuloTheirCount) {
+  EXPECT_EQ(LaneOf(2, 3), 2);
+  EXPECT_EQ(LaneOf(3, 3), 0);
+  EXPECT_EQ(LaneOf(7, 3), 1);
 }
 
 TEST(LaneTest, RingNeighboursUseDifferentLanesExceptAtAnOddRingsWrap) {
   for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_NE(LaneOf(NextRank(rank, 4)), LaneOf(rank)) << "W=4, rank " << rank;
+    EXPECT_NE(LaneOf(NextRank(rank, 4), kDefaultLanes), LaneOf(rank, kDefaultLanes))
+        << "W=4, rank " << rank;
   }
   for (int rank = 0; rank < 4; ++rank) {
-    EXPECT_NE(LaneOf(NextRank(rank, 5)), LaneOf(rank)) << "W=5, rank " << rank;
+    EXPECT_NE(LaneOf(NextRank(rank, 5), kDefaultLanes), LaneOf(rank, kDefaultLanes))
+        << "W=5, rank " << rank;
   }
   // Rank 4 of 5 sends to rank 0: both even.
-  EXPECT_EQ(LaneOf(NextRank(4, 5)), LaneOf(4));
+  EXPECT_EQ(LaneOf(NextRank(4, 5), kDefaultLanes), LaneOf(4, kDefaultLanes));
 }
 
 TEST(RingNeighboursTest, NextAndPreviousWrapAround) {

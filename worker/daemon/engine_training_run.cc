@@ -1,6 +1,11 @@
 // One generation's training on this worker.
 #include "worker/daemon/engine_training_run.h"
 
+#include <time.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
 #include <optional>
 #include <vector>
 
@@ -41,11 +46,39 @@ struct OutsideEngineMemory {
   int64_t checkpoint_staging_bytes = 0;  // CheckpointWriter::staging_bytes
 };
 
-// Wall times of one iteration's parts.
+// Wall times of one iteration's parts, and the CPU time it used.
 struct IterationTimes {
   absl::Duration compute;    // the workload's forward and backward
   absl::Duration iteration;  // compute plus the engine's step
+  int64_t training_thread_cpu_ns = 0;
+  int64_t comm_thread_cpu_ns = 0;
+  int64_t process_cpu_ns = 0;
 };
+
+// Cumulative CPU time of `clock`, nanoseconds; 0 where the clock cannot be read.
+int64_t CpuNanoseconds(clockid_t clock) {
+  timespec time;
+  if (clock_gettime(clock, &time) != 0) return 0;
+  return int64_t{time.tv_sec} * 1000000000 + time.tv_nsec;
+}
+
+// CPU clocks read at one moment of the training thread.
+struct CpuClocks {
+  int64_t training_thread_ns = 0;
+  int64_t comm_thread_ns = 0;
+  int64_t process_ns = 0;
+
+  static CpuClocks Read(const comm::Communicator& communicator) {
+    CpuClocks clocks;
+    clocks.training_thread_ns = CpuNanoseconds(CLOCK_THREAD_CPUTIME_ID);
+    clocks.comm_thread_ns = communicator.stats().thread_cpu_ns;
+    clocks.process_ns = CpuNanoseconds(CLOCK_PROCESS_CPUTIME_ID);
+    return clocks;
+  }
+};
+
+// A clock that could not be read at one end reads 0 there: never report a negative time.
+double NanosecondsToMs(int64_t ns) { return static_cast<double>(std::max<int64_t>(0, ns)) / 1e6; }
 
 v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done,
                            const IterationTimes& times, const OutsideEngineMemory& outside,
@@ -64,6 +97,16 @@ v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done,
   metrics.set_skipped(result.skipped);
   metrics.set_iteration_ms(absl::ToDoubleMilliseconds(times.iteration));
   metrics.set_compute_ms(absl::ToDoubleMilliseconds(times.compute));
+  const absl::Span<const engine::BucketWait> waits = result.timings.bucket_waits;
+  if (waits.size() <= static_cast<size_t>(jobspec::kMaxReportedBuckets)) {
+    for (const engine::BucketWait& wait : waits) {
+      metrics.add_bucket_exposed_ms(wait.backward_ms + wait.step_ms);
+      metrics.add_bucket_exposed_in_backward_ms(wait.backward_ms);
+    }
+  }
+  metrics.set_compute_thread_cpu_ms(NanosecondsToMs(times.training_thread_cpu_ns));
+  metrics.set_comm_thread_cpu_ms(NanosecondsToMs(times.comm_thread_cpu_ns));
+  metrics.set_process_cpu_ms(NanosecondsToMs(times.process_cpu_ns));
   v1::MemoryBreakdown& memory = *metrics.mutable_memory();
   using engine::MemoryCategory;
   memory.set_params_bytes(result.memory.of(MemoryCategory::kParams));
@@ -208,17 +251,24 @@ absl::Status EngineTrainingRun::Train() {
   comm::CoordinatorStore store(options_.stub, assignment_.job_id(), assignment_.generation(),
                                absl::Seconds(30), &abort_signal_);
   std::unique_ptr<comm::Communicator> communicator;
+  ThreadPlacement placement;  // CPU runs only
   if (on_cuda) {
     ZS_ASSIGN_OR_RETURN(communicator,
                         CreateNcclCommunicator(*device, &store, static_cast<int>(rank),
                                                static_cast<int>(world_size)));
   } else {
-    comm::GlooCommunicatorOptions comm_options;
+    if (options_.pinning != ThreadPinning::kNone) {
+      ZS_ASSIGN_OR_RETURN(const std::vector<int> cpus, AllowedCpus());
+      placement = PlaceThreads(options_.pinning, rank, cpus);
+    }
+    comm::GlooCommunicatorOptions comm_options = options_.gloo;
     comm_options.rank = static_cast<int>(rank);
     comm_options.world_size = static_cast<int>(world_size);
     comm_options.store = &store;
     comm_options.hostname = options_.listen_host;
     comm_options.abort_signal = &abort_signal_;
+    comm_options.thread_cpus.clear();
+    if (placement.comm_cpu.has_value()) comm_options.thread_cpus.push_back(*placement.comm_cpu);
     ZS_ASSIGN_OR_RETURN(communicator, comm::GlooCommunicator::Create(comm_options));
   }
   // From here Abort() ends the collectives (at once, if it came already); unregistered before
@@ -245,6 +295,7 @@ absl::Status EngineTrainingRun::Train() {
 
   ZS_ASSIGN_OR_RETURN(engine::EngineConfig config, EngineConfigForJob(spec, options_.threads));
   config.device = device.get();
+  config.bucket_pool_size = options_.bucket_pool_size;
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
                       engine::Engine::Create(plan, rank, config, communicator.get()));
   // From the checkpoint the generation resumes from, or from the initial parameters.
@@ -330,14 +381,24 @@ absl::Status EngineTrainingRun::Train() {
   if (reporter != nullptr) {
     cancel_reports.emplace(abort_signal_.OnAbort([raw = reporter.get()] { raw->Cancel(); }));
   }
+  // Pinned only now: the threads made so far (Gloo's event loops, the optimizer kernels' pool)
+  // would otherwise inherit this thread's one CPU.
+  if (placement.training_cpu.has_value()) {
+    ZS_RETURN_IF_ERROR(PinCurrentThread(*placement.training_cpu));
+  }
   v1::StepMetrics last;
   for (int64_t step = first_step; step < spec.steps(); ++step) {
     if (abort_signal_.aborted()) return absl::AbortedError("aborted");
+    const CpuClocks cpu_start = CpuClocks::Read(*communicator);
     const absl::Time start = absl::Now();
     ZS_ASSIGN_OR_RETURN(const double local_loss, workload->ForwardBackward(step, *engine, *engine));
     const absl::Time computed = absl::Now();
     ZS_ASSIGN_OR_RETURN(const engine::StepResult result, engine->Step(local_loss));
-    const IterationTimes times{computed - start, absl::Now() - start};
+    IterationTimes times{computed - start, absl::Now() - start};
+    const CpuClocks cpu_end = CpuClocks::Read(*communicator);
+    times.training_thread_cpu_ns = cpu_end.training_thread_ns - cpu_start.training_thread_ns;
+    times.comm_thread_cpu_ns = cpu_end.comm_thread_ns - cpu_start.comm_thread_ns;
+    times.process_cpu_ns = cpu_end.process_ns - cpu_start.process_ns;
     step_.store(step + 1);
     OutsideEngineMemory outside;
     outside.comm_staging_bytes = communicator->stats().scratch_bytes;

@@ -14,13 +14,12 @@
 #include "sharding/shard_planner.h"
 #include "worker/comm/abort_signal.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/daemon/thread_placement.h"
 #include "worker/daemon/training_run.h"
+#include "worker/engine/engine.h"
 #include "worker/workloads/workload.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
-
-namespace zeroshard::engine {
-class Engine;
-}  // namespace zeroshard::engine
 
 namespace zeroshard::worker {
 
@@ -38,6 +37,14 @@ struct EngineTrainingRunOptions {
   // rank writes its checkpoints and reads the one its generation resumes from. Empty: no
   // checkpoints are written, and a generation that must resume fails.
   std::string checkpoint_root;
+  // engine::EngineConfig::bucket_pool_size (the reduce buffers zero2 keeps in flight).
+  int bucket_pool_size = engine::EngineConfig().bucket_pool_size;
+  // The CPU communicator's tuning: its segment_bytes, staging_segments, lanes and thread_nice are
+  // used; rank, world size, store, hostname (listen_host) and thread_cpus (from `pinning`) are the
+  // run's.
+  comm::GlooCommunicatorOptions gloo;
+  // Where the training and communication threads run on a CPU run.
+  ThreadPinning pinning = ThreadPinning::kNone;
   absl::Duration rpc_timeout = absl::Seconds(10);
 };
 

@@ -128,6 +128,8 @@ Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const E
       buckets_(plan.num_buckets()),
       in_flight_(plan.num_buckets()),
       awaiting_check_(plan.num_buckets()),
+      bucket_waits_{std::vector<BucketWait>(plan.num_buckets()),
+                    std::vector<BucketWait>(plan.num_buckets())},
       loss_scale_(config.loss_scale.initial_scale) {
   owned_offsets_.reserve(plan_.num_buckets());
   int64_t offset = 0;
@@ -579,7 +581,7 @@ absl::Status Engine::RetireOldest() {
   // a host backend waits here. CheckReductions() learns the outcome before the host uses it.
   const absl::Time wait_start = absl::Now();
   const absl::Status ordered = bucket.reduction->WaitOnComputeStream();
-  exposed_wait_ += absl::Now() - wait_start;
+  RecordReductionWait(bucket_index, absl::Now() - wait_start);
   awaiting_check_.push_back(bucket_index);
   if (!ordered.ok()) return RecordFailure(ordered);
   // Move the owned fragments' reduced values into the gradient storage the update reads, in
@@ -664,12 +666,13 @@ absl::Status Engine::RetireGather(int64_t bucket_index) {
 
 absl::Status Engine::CheckReductions() {
   while (!awaiting_check_.empty()) {
-    BucketState& bucket = buckets_[awaiting_check_.front()];
+    const int64_t bucket_index = awaiting_check_.front();
+    BucketState& bucket = buckets_[bucket_index];
     awaiting_check_.pop_front();
     const absl::Time wait_start = absl::Now();
     const absl::Status status = bucket.reduction->Wait();
     last_reduced_ = absl::Now();
-    exposed_wait_ += last_reduced_ - wait_start;
+    RecordReductionWait(bucket_index, last_reduced_ - wait_start);
     const std::optional<absl::Duration> run_time = bucket.reduction->RunTime();
     if (run_time.has_value()) {
       reduce_run_time_ += *run_time;
@@ -682,6 +685,12 @@ absl::Status Engine::CheckReductions() {
   return absl::OkStatus();
 }
 
+void Engine::RecordReductionWait(int64_t bucket, absl::Duration waited) {
+  exposed_wait_ += waited;
+  BucketWait& share = bucket_waits_[current_bucket_waits_][bucket];
+  (in_step_ ? share.step_ms : share.backward_ms) += Milliseconds(waited);
+}
+
 absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   ZS_RETURN_IF_ERROR(failure_);
   if (next_tensor_ != plan_.num_tensors()) {
@@ -691,6 +700,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   }
   StepResult result;
   const absl::Time step_start = absl::Now();
+  in_step_ = true;
 
   // 0. The previous step's all-gathers that forward did not wait for: the update below writes
   //    the parameters they fill, and the step reports how they went.
@@ -715,6 +725,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
       << "a bucket still holds a slot or a reduction after the last retired";
   const absl::Time reduced = absl::Now();
   result.timings.exposed_comm_ms = Milliseconds(exposed_wait_);
+  result.timings.bucket_waits = bucket_waits_[current_bucket_waits_];
   result.timings.comm_ms =
       Milliseconds(run_times_recorded_ ? reduce_run_time_ : last_reduced_ - first_launch_);
   result.timings.overlapped_comm_ms =
@@ -831,6 +842,11 @@ void Engine::ResetStepState() {
   first_launch_ = absl::InfiniteFuture();
   last_reduced_ = absl::InfinitePast();
   exposed_wait_ = absl::ZeroDuration();
+  in_step_ = false;
+  // The result just returned points to the current set: the next step records into the other.
+  current_bucket_waits_ = 1 - current_bucket_waits_;
+  std::fill(bucket_waits_[current_bucket_waits_].begin(),
+            bucket_waits_[current_bucket_waits_].end(), BucketWait{});
   reduce_run_time_ = absl::ZeroDuration();
   run_times_recorded_ = true;
 }

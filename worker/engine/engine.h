@@ -4,6 +4,7 @@
 #ifndef ZEROSHARD_WORKER_ENGINE_ENGINE_H_
 #define ZEROSHARD_WORKER_ENGINE_ENGINE_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -81,6 +82,16 @@ struct EngineConfig {
   absl::Duration collective_timeout = absl::Minutes(5);
 };
 
+// How long the host was blocked on one bucket's reduction in one step, milliseconds (the
+// bucket's share of StepTimings::exposed_comm_ms).
+struct BucketWait {
+  // While gradients were being handed over: GradBuffer() or the bucket launch waiting for this
+  // bucket's reduction to free its pool buffer (every buffer of the pool in flight).
+  double backward_ms = 0.0;
+  // In Step(): waiting for this bucket's reduction to finish.
+  double step_ms = 0.0;
+};
+
 // Milliseconds spent in the parts of one step.
 struct StepTimings {
   // Gradient reduction: the sum of the buckets' reductions' run times on the communicator
@@ -94,6 +105,10 @@ struct StepTimings {
   // every bucket buffer of the pool was in flight and the communicator waits on the host (with
   // a device communicator the compute stream waits instead, Work::WaitOnComputeStream).
   double exposed_comm_ms = 0.0;
+  // exposed_comm_ms bucket by bucket (bucket_waits[b] for bucket b of the plan). The engine
+  // allocated the storage when it was created (a step allocates nothing); it holds this step's
+  // figures until the next Step() begins.
+  absl::Span<const BucketWait> bucket_waits;
   // Combining the gradient statistics and their small all-reduce {sum of squares, non-finite,
   // loss}. The passes over the gradients are not in it: each bucket's statistics are summed on
   // the move of its reduced values (or, reduced in place, right after its reduction) when it
@@ -366,6 +381,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   absl::Status RetireFinished();
   // Waits on the host for every retired reduction and fails the engine with the first failure.
   absl::Status CheckReductions();
+  // Adds `waited`, a host wait on `bucket`'s reduction, to exposed_wait_ and the bucket's share,
+  // in backward or in the step (in_step_).
+  void RecordReductionWait(int64_t bucket, absl::Duration waited);
   // Waits for the outstanding all-gathers of buckets [first_bucket, first_bucket + num_buckets),
   // in issue order (the last bucket first), adding the time blocked to param_wait_: `on_host`
   // waits on the host for their outcome (Work::Wait); otherwise only orders the device after
@@ -470,6 +488,12 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   absl::Time first_launch_ = absl::InfiniteFuture();
   absl::Time last_reduced_ = absl::InfinitePast();
   absl::Duration exposed_wait_ = absl::ZeroDuration();
+  // Whether Step() is running (host waits on reductions count as the step's, not backward's).
+  bool in_step_ = false;
+  // exposed_wait_ per bucket, in two sets of num_buckets() made at creation: this step's, and the
+  // previous step's, which the last StepResult points to until the next Step() begins.
+  std::array<std::vector<BucketWait>, 2> bucket_waits_;
+  int current_bucket_waits_ = 0;
   // Sum of the retired reductions' run times; false once one came without a run time.
   absl::Duration reduce_run_time_ = absl::ZeroDuration();
   bool run_times_recorded_ = true;
