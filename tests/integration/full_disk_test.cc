@@ -50,8 +50,8 @@ TEST(FullDiskTest, AFullDiskFailsThatCheckpointOnlyAndTheJobGoesOn) {
   LocalCluster cluster;
   LogTailsOnFailure log_tails(cluster);
   ASSERT_TRUE(cluster.StartCoordinator().ok());
-  // worker-0 registers first, so it is rank 0 (ranks follow registration order on one host):
-  // rank 0 also writes the final parameters file, which the limit would refuse as well.
+  // worker-0 registers first, so it is rank 0 and the limited worker rank 1 (ranks follow
+  // registration order on one host), as the checks below expect.
   ASSERT_TRUE(cluster.StartWorker("worker-0").ok());
   ASSERT_TRUE(cluster.WaitForIdleWorkers(1, absl::Seconds(30)).ok());
   absl::StatusOr<int> limited = cluster.StartWorker(
