@@ -71,6 +71,9 @@ int main(int argc, char** argv) {
   // Gloo writes to its TCP pairs with writev: a peer that died (kill -9) must surface as a
   // collective error (EPIPE, then Status), not as a SIGPIPE that kills this worker too.
   signal(SIGPIPE, SIG_IGN);
+  // A checkpoint past the file-size limit (RLIMIT_FSIZE) must fail that checkpoint with EFBIG
+  // ("File too large": a FAILED commit, the job goes on), not kill the worker with SIGXFSZ.
+  signal(SIGXFSZ, SIG_IGN);
 
   using zeroshard::worker::WorkerDaemonOptions;
   WorkerDaemonOptions options;

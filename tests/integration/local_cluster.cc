@@ -281,7 +281,8 @@ absl::StatusOr<int> LocalCluster::StartWorker(const std::string& name) {
 
 absl::StatusOr<int> LocalCluster::StartWorker(const std::string& name,
                                               const std::vector<std::string>& extra_flags,
-                                              const std::vector<std::string>& extra_env) {
+                                              const std::vector<std::string>& extra_env,
+                                              const std::vector<std::string>& wrapper) {
   if (target_.empty()) {
     return absl::FailedPreconditionError(
         "no coordinator address yet: StartCoordinator() or ReserveCoordinatorPort() first");
@@ -296,6 +297,7 @@ absl::StatusOr<int> LocalCluster::StartWorker(const std::string& name,
   };
   argv.insert(argv.end(), options_.extra_worker_flags.begin(), options_.extra_worker_flags.end());
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
+  argv.insert(argv.begin(), wrapper.begin(), wrapper.end());
   ClusterProcess process;
   process.name = name;
   process.log_path = absl::StrCat(base_dir_, "/", name, ".", processes_.size(), ".log");

@@ -77,10 +77,13 @@ class LocalCluster {
   // Starts one worker process pointed at the coordinator's target; returns its index.
   absl::StatusOr<int> StartWorker(const std::string& name);
   // The same, with `extra_flags` after every worker's flags and `extra_env` ("NAME=value")
-  // added to its environment.
+  // added to its environment. A non-empty `wrapper` is a command the worker runs under, its
+  // first element an absolute path that execs the rest of its arguments and then the worker's
+  // command line in the same process, e.g. {"/usr/bin/prlimit", "--fsize=1000000", "--"}.
   absl::StatusOr<int> StartWorker(const std::string& name,
                                   const std::vector<std::string>& extra_flags,
-                                  const std::vector<std::string>& extra_env);
+                                  const std::vector<std::string>& extra_env,
+                                  const std::vector<std::string>& wrapper = {});
   // Sends `signal` (e.g. SIGKILL, SIGTERM) to worker `index`; does not wait.
   absl::Status KillWorker(int index, int signal);
   // Waits until worker `index` exited and returns its wait status (see <sys/wait.h>).
