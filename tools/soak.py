@@ -22,9 +22,10 @@ Summary fields: jobs `submitted` (submit attempts), `acknowledged` (the CLI prin
 knows it), `stuck` (not ended when the drain is over), `generations` (over the acknowledged
 jobs), `recoveries` (generations after each job's first), `generation_ends` by cause (from the
 jobs' STATE_CHANGED events: coordinator restart, lost worker, failed run, other), `adoptions`
-(generations a restarted coordinator adopted instead of ending them), `steps_lost`
-(over jobs, the steps re-run after recoveries: before each generation's first reported step,
-the highest step any earlier generation reported minus the step it resumed from), kills and
+(generations a restarted coordinator adopted instead of ending them), `steps_lost` (over jobs,
+the steps re-run after recoveries: before each generation's first reported step, the highest
+step any earlier generation reported minus the step it resumed from), its largest for one
+recovery, how many recoveries lost more than the job's checkpoint interval, kills and
 restarts. `steps_lost` counts what rank 0 reported to the coordinator: steps run while the
 coordinator was down and never reported are not in it. The exit status is 0 when lost and stuck
 are both 0.
@@ -212,7 +213,8 @@ class Soak:
             log(f"submit of {spec['name']} not acknowledged: {output.strip()[:200]}")
             return
         self.counts["acknowledged"] += 1
-        self.jobs[job_id] = {"state": "PENDING", "message": "", "generation": 0}
+        self.jobs[job_id] = {"state": "PENDING", "message": "", "generation": 0,
+                             "every_steps": spec["checkpoint"]["every_steps"]}
         log(f"submitted {job_id} ({spec['name']}: {spec['steps']} steps, "
             f"checkpoint every {spec['checkpoint']['every_steps']})")
 
@@ -243,9 +245,18 @@ class Soak:
 
     # --- the run --------------------------------------------------------------------------
 
+    def wait_until_serving(self):
+        """Until the coordinator answers, so that the first submissions are not refused."""
+        deadline = time.monotonic() + 60
+        while self.cli("workers", timeout=15)[0] != 0:
+            if time.monotonic() >= deadline:
+                raise cluster.ClusterError("the coordinator did not serve within 60 s")
+            time.sleep(0.2)
+
     def run(self):
         for name in self.names():
             self.start(name)
+        self.wait_until_serving()
         start = time.monotonic()
         end = start + 60 * self.args.minutes
         next_kill = start + 5 + self.rng.expovariate(1.0 / self.args.kill_interval)
@@ -305,7 +316,7 @@ class Soak:
 
     @staticmethod
     def steps_lost(events):
-        """Steps re-run after recoveries: before each generation's first reported step, the
+        """Steps re-run after each recovery: before each generation's first reported step, the
         highest step reported so far minus the step that generation resumed from."""
         first, highest = {}, {}
         for event in events:
@@ -316,9 +327,10 @@ class Soak:
             first.setdefault(generation, step)
             first[generation] = min(first[generation], step)
             highest[generation] = max(highest.get(generation, 0), step)
-        lost, reached = 0, 0
+        lost, reached = [], 0
         for generation in sorted(first):
-            lost += max(0, reached - (first[generation] - 1))
+            if reached > 0:
+                lost.append(max(0, reached - (first[generation] - 1)))
             reached = max(reached, highest[generation])
         return lost
 
@@ -335,7 +347,7 @@ class Soak:
     def summary(self):
         states = [entry["state"] for entry in self.jobs.values()]
         ends = {"coordinator_restart": 0, "worker_lost": 0, "run_failed": 0, "other": 0}
-        steps_lost, worst, failures, adoptions = 0, 0, [], 0
+        steps_lost, worst, over_interval, failures, adoptions = 0, 0, 0, [], 0
         for job_id, entry in sorted(self.jobs.items()):
             if entry["state"] not in FINAL_STATES:
                 continue
@@ -347,9 +359,10 @@ class Soak:
                     ends[self.generation_end_cause(event.get("message", ""))] += 1
                 elif "adopted after a coordinator restart" in event.get("message", ""):
                     adoptions += 1
-            lost = self.steps_lost(events)
-            steps_lost += lost
-            worst = max(worst, lost)
+            for lost in self.steps_lost(events):
+                steps_lost += lost
+                worst = max(worst, lost)
+                over_interval += lost > entry["every_steps"]
             if entry["state"] != "SUCCEEDED":
                 failures.append(f"{job_id} {entry['state']}: {entry['message'][:300]}")
         generations = sum(entry["generation"] for entry in self.jobs.values())
@@ -370,7 +383,8 @@ class Soak:
             "generation_ends": ends,
             "adoptions": adoptions,
             "steps_lost": steps_lost,
-            "steps_lost_max_job": worst,
+            "steps_lost_max_recovery": worst,
+            "recoveries_losing_more_than_every_steps": over_interval,
             "coordinator_kills": self.counts["coordinator_kills"],
             "worker_kills": self.counts["worker_kills"],
             "restarts": self.counts["restarts"],
@@ -425,6 +439,9 @@ def main(argv):
     try:
         soak.run()
         result = soak.summary()
+    except cluster.ClusterError as e:
+        log(f"error: {e}")
+        return 1
     finally:
         soak.stop_all()
     print(json.dumps(result), flush=True)

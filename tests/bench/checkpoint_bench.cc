@@ -88,9 +88,9 @@ absl::Time EventTime(const v1::JobEvent& event) {
   return absl::FromUnixSeconds(event.time().seconds()) + absl::Nanoseconds(event.time().nanos());
 }
 
-std::string JsonNumbers(const std::vector<double>& values, const char* format) {
+std::string JsonNumbers(const std::vector<double>& values, int decimals) {
   std::vector<std::string> parts;
-  for (double value : values) parts.push_back(absl::StrFormat(format, value));
+  for (double value : values) parts.push_back(absl::StrFormat("%.*f", decimals, value));
   return absl::StrCat("[", absl::StrJoin(parts, ","), "]");
 }
 
@@ -304,8 +304,8 @@ JobFigures MeasureJob(LocalCluster& cluster, const std::string& variant, int64_t
       static_cast<long long>(figures.Sum(&RankWrites::written)),
       static_cast<long long>(figures.Sum(&RankWrites::skipped)),
       static_cast<long long>(figures.Sum(&RankWrites::failed)),
-      static_cast<long long>(figures.committed), JsonNumbers(gbps, "%.3f").c_str(),
-      JsonNumbers(write_s, "%.3f").c_str());
+      static_cast<long long>(figures.committed), JsonNumbers(gbps, 3).c_str(),
+      JsonNumbers(write_s, 3).c_str());
   std::fflush(stdout);
   return figures;
 }
@@ -473,13 +473,13 @@ void PrintSummary(int64_t params, int64_t every_steps, const std::vector<JobFigu
       static_cast<long long>(absl::GetFlag(FLAGS_steps)),
       static_cast<long long>(absl::GetFlag(FLAGS_warmup)), Median(gbps), Median(write_s),
       slowest_write_s, interval_s, Median(step_ms), Median(step_ms_with), ratio,
-      JsonNumbers(ratios, "%.3f").c_str(), Median(iteration_ms), Median(iteration_ms_with),
+      JsonNumbers(ratios, 3).c_str(), Median(iteration_ms), Median(iteration_ms_with),
       static_cast<long long>(due), static_cast<long long>(written), static_cast<long long>(skipped),
       static_cast<long long>(failed), static_cast<long long>(committed),
       every_due_written ? "true" : "false", interval_covers_write ? "true" : "false",
       ratio <= 1.1 && every_due_written && interval_covers_write ? "true" : "false",
-      Median(recovery_s), JsonNumbers(recovery_s, "%.3f").c_str(),
-      static_cast<long long>(recovery_every_steps), JsonNumbers(steps_lost, "%.0f").c_str());
+      Median(recovery_s), JsonNumbers(recovery_s, 3).c_str(),
+      static_cast<long long>(recovery_every_steps), JsonNumbers(steps_lost, 0).c_str());
   std::fflush(stdout);
 }
 
