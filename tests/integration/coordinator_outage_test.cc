@@ -61,35 +61,11 @@ v1::JobSpec OutageSpec(const std::string& name, int64_t steps) {
   return spec;
 }
 
-bool IsFinal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
-}
-
-// Polls the job until `done` holds for it; the error says what was awaited and the job last seen.
-absl::StatusOr<v1::Job> WaitForJob(LocalCluster& cluster, const std::string& job_id,
-                                   const std::function<bool(const v1::Job&)>& done,
-                                   absl::Duration deadline, absl::string_view what) {
-  v1::Job last;
-  absl::Status status = cluster.WaitFor(
-      [&] {
-        absl::StatusOr<v1::Job> job = cluster.client().GetJob(job_id);
-        if (!job.ok()) return false;
-        last = *std::move(job);
-        return done(last);
-      },
-      deadline, absl::StrCat(job_id, ": ", what));
-  if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat("last seen: ", last.ShortDebugString(), "\n",
-                                                    status.message()));
-  }
-  return last;
-}
-
 absl::StatusOr<v1::Job> RunToTheEnd(LocalCluster& cluster, const v1::JobSpec& spec) {
   absl::StatusOr<v1::Job> submitted = cluster.client().SubmitJob(spec);
   if (!submitted.ok()) return submitted.status();
-  return WaitForJob(
-      cluster, submitted->id(), [](const v1::Job& job) { return IsFinal(job.state()); },
+  return cluster.WaitForJob(
+      submitted->id(), [](const v1::Job& job) { return IsFinalJobState(job.state()); },
       kJobDeadline, "ended");
 }
 
@@ -203,10 +179,11 @@ TEST(CoordinatorOutageTest, ThreeKillNinesOfTheCoordinatorEndNoGeneration) {
   for (int kill = 1; kill <= kCoordinatorKills; ++kill) {
     SCOPED_TRACE(absl::StrCat("kill ", kill));
     // Rank 0's reports reach this coordinator (after an adoption: they resumed).
-    absl::StatusOr<v1::Job> running = WaitForJob(
-        cluster, job_id,
+    absl::StatusOr<v1::Job> running = cluster.WaitForJob(
+        job_id,
         [&](const v1::Job& job) {
-          return IsFinal(job.state()) || job.progress().step() >= seen_step + kStepsBetweenKills;
+          return IsFinalJobState(job.state()) ||
+                 job.progress().step() >= seen_step + kStepsBetweenKills;
         },
         kStateDeadline, "reports arriving");
     ASSERT_TRUE(running.ok()) << running.status();
@@ -254,8 +231,8 @@ TEST(CoordinatorOutageTest, ThreeKillNinesOfTheCoordinatorEndNoGeneration) {
     seen_step = after->progress().step();
   }
 
-  absl::StatusOr<v1::Job> ended = WaitForJob(
-      cluster, job_id, [](const v1::Job& job) { return IsFinal(job.state()); }, kJobDeadline,
+  absl::StatusOr<v1::Job> ended = cluster.WaitForJob(
+      job_id, [](const v1::Job& job) { return IsFinalJobState(job.state()); }, kJobDeadline,
       "ended");
   ASSERT_TRUE(ended.ok()) << ended.status();
   EXPECT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
@@ -304,8 +281,8 @@ TEST(CoordinatorOutageTest, ThreeKillNinesOfTheCoordinatorEndNoGeneration) {
       cluster.client().SubmitJob(OutageSpec("reference", steps));
   ASSERT_TRUE(reference_submitted.ok()) << reference_submitted.status();
   EventCollector reference_history(cluster.client().stub(), reference_submitted->id());
-  absl::StatusOr<v1::Job> reference = WaitForJob(
-      cluster, reference_submitted->id(), [](const v1::Job& job) { return IsFinal(job.state()); },
+  absl::StatusOr<v1::Job> reference = cluster.WaitForJob(
+      reference_submitted->id(), [](const v1::Job& job) { return IsFinalJobState(job.state()); },
       kJobDeadline, "ended");
   ASSERT_TRUE(reference.ok()) << reference.status();
   ASSERT_EQ(reference->state(), v1::SUCCEEDED) << reference->message();

@@ -67,33 +67,9 @@ v1::JobSpec DemoSpec(const std::string& name, v1::Mode mode, int workers) {
   return spec;
 }
 
-bool IsFinal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
-}
-
-// Polls the job until `done` holds for it; the error says what was awaited and the job last seen.
-absl::StatusOr<v1::Job> WaitForJob(LocalCluster& cluster, const std::string& job_id,
-                                   const std::function<bool(const v1::Job&)>& done,
-                                   absl::Duration deadline, absl::string_view what) {
-  v1::Job last;
-  absl::Status status = cluster.WaitFor(
-      [&] {
-        absl::StatusOr<v1::Job> job = cluster.client().GetJob(job_id);
-        if (!job.ok()) return false;
-        last = *std::move(job);
-        return done(last);
-      },
-      deadline, absl::StrCat(job_id, ": ", what));
-  if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat("last seen: ", last.ShortDebugString(), "\n",
-                                                    status.message()));
-  }
-  return last;
-}
-
 absl::StatusOr<v1::Job> WaitForJobEnd(LocalCluster& cluster, const std::string& job_id) {
-  return WaitForJob(
-      cluster, job_id, [](const v1::Job& job) { return IsFinal(job.state()); }, kJobDeadline,
+  return cluster.WaitForJob(
+      job_id, [](const v1::Job& job) { return IsFinalJobState(job.state()); }, kJobDeadline,
       "ended");
 }
 
@@ -297,8 +273,8 @@ TEST(EndToEndTest, CancelStopsWorkersWithinThreeHeartbeatsAndFreesThem) {
 
   absl::StatusOr<v1::Job> endless = cluster.client().SubmitJob(EndlessSpec("endless", 2));
   ASSERT_TRUE(endless.ok()) << endless.status();
-  absl::StatusOr<v1::Job> running = WaitForJob(
-      cluster, endless->id(),
+  absl::StatusOr<v1::Job> running = cluster.WaitForJob(
+      endless->id(),
       [](const v1::Job& job) { return job.state() == v1::RUNNING && job.progress().step() >= 20; },
       kStateDeadline, "RUNNING past step 20");
   ASSERT_TRUE(running.ok()) << running.status();
@@ -350,8 +326,8 @@ TEST(EndToEndTest, KilledWorkerRestartsTheJobOnTheSurvivors) {
   spec.set_steps(1000);
   absl::StatusOr<v1::Job> submitted = cluster.client().SubmitJob(spec);
   ASSERT_TRUE(submitted.ok()) << submitted.status();
-  absl::StatusOr<v1::Job> running = WaitForJob(
-      cluster, submitted->id(),
+  absl::StatusOr<v1::Job> running = cluster.WaitForJob(
+      submitted->id(),
       [](const v1::Job& job) { return job.state() == v1::RUNNING && job.progress().step() >= 20; },
       kStateDeadline, "RUNNING past step 20");
   ASSERT_TRUE(running.ok()) << running.status();

@@ -437,6 +437,29 @@ absl::Status LocalCluster::WaitForWorkerStates(const std::vector<std::string>& n
   return status;
 }
 
+bool IsFinalJobState(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+absl::StatusOr<v1::Job> LocalCluster::WaitForJob(const std::string& job_id,
+                                                 const std::function<bool(const v1::Job&)>& done,
+                                                 absl::Duration deadline, absl::string_view what) {
+  v1::Job last;
+  absl::Status status = WaitFor(
+      [&] {
+        absl::StatusOr<v1::Job> job = client().GetJob(job_id);
+        if (!job.ok()) return false;
+        last = *std::move(job);
+        return done(last);
+      },
+      deadline, absl::StrCat(job_id, ": ", what));
+  if (!status.ok()) {
+    return absl::Status(status.code(), absl::StrCat("last seen: ", last.ShortDebugString(), "\n",
+                                                    status.message()));
+  }
+  return last;
+}
+
 absl::Status LocalCluster::WaitForIdleWorkers(int count, absl::Duration deadline) {
   std::vector<std::string> names;
   for (int i = 0; i < count; ++i) names.push_back(absl::StrCat("worker-", i));

@@ -53,6 +53,9 @@ struct ClusterProcess {
 //
 // Invariant: every process ever started is in processes_ (coordinator first, if any), and the
 // destructor SIGKILLs the process group of each one that was not reaped.
+// SUCCEEDED, FAILED or CANCELLED: no edge leaves them.
+bool IsFinalJobState(v1::JobState state);
+
 class LocalCluster {
  public:
   explicit LocalCluster(LocalClusterOptions options = {});
@@ -100,6 +103,11 @@ class LocalCluster {
   // `what` and the log tails of the processes.
   absl::Status WaitFor(const std::function<bool()>& predicate, absl::Duration deadline,
                        absl::string_view what);
+  // Polls job `job_id` (GetJob) until `done` holds for it and returns the job as then seen; the
+  // error names `what` and the job last seen.
+  absl::StatusOr<v1::Job> WaitForJob(const std::string& job_id,
+                                     const std::function<bool(const v1::Job&)>& done,
+                                     absl::Duration deadline, absl::string_view what);
   // Waits until the coordinator lists workers with each of `names` in `state`.
   absl::Status WaitForWorkerStates(const std::vector<std::string>& names, v1::WorkerState state,
                                    absl::Duration deadline);

@@ -59,35 +59,16 @@ v1::JobSpec RecoverySpec(const std::string& name, int min_workers, int max_worke
   return spec;
 }
 
-absl::StatusOr<v1::Job> WaitForJob(LocalCluster& cluster, const std::string& job_id,
-                                   const std::function<bool(const v1::Job&)>& done,
-                                   absl::string_view what) {
-  v1::Job last;
-  absl::Status status = cluster.WaitFor(
-      [&] {
-        absl::StatusOr<v1::Job> job = cluster.client().GetJob(job_id);
-        if (!job.ok()) return false;
-        last = *std::move(job);
-        return done(last);
-      },
-      kJobDeadline, absl::StrCat(job_id, ": ", what));
-  if (!status.ok()) {
-    return absl::Status(status.code(), absl::StrCat("last seen: ", last.ShortDebugString(), "\n",
-                                                    status.message()));
-  }
-  return last;
-}
-
 absl::StatusOr<v1::Job> RunToEnd(LocalCluster& cluster, const v1::JobSpec& spec) {
   absl::StatusOr<v1::Job> submitted = cluster.client().SubmitJob(spec);
   if (!submitted.ok()) return submitted.status();
-  return WaitForJob(
-      cluster, submitted->id(),
+  return cluster.WaitForJob(
+      submitted->id(),
       [](const v1::Job& job) {
         return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
                job.state() == v1::CANCELLED;
       },
-      "ended");
+      kJobDeadline, "ended");
 }
 
 // Every tensor's parameters in the job's final checkpoint (the one at spec.steps).
@@ -146,12 +127,12 @@ absl::StatusOr<int> WorkerIndexOf(LocalCluster& cluster, const std::string& work
 absl::StatusOr<int64_t> StopAndKillRankOne(
     LocalCluster& cluster, const std::string& job_id, int64_t min_checkpoint,
     const std::function<void(const v1::CheckpointRecord&)>& while_stopped) {
-  absl::StatusOr<v1::Job> running = WaitForJob(
-      cluster, job_id,
+  absl::StatusOr<v1::Job> running = cluster.WaitForJob(
+      job_id,
       [&](const v1::Job& job) {
         return job.state() == v1::RUNNING && job.latest_checkpoint().step() >= min_checkpoint;
       },
-      absl::StrCat("a checkpoint at step ", min_checkpoint, " or later"));
+      kJobDeadline, absl::StrCat("a checkpoint at step ", min_checkpoint, " or later"));
   if (!running.ok()) return running.status();
   absl::StatusOr<int> victim = WorkerIndexOf(cluster, running->worker_ids(1));
   if (!victim.ok()) return victim.status();
@@ -190,14 +171,14 @@ TEST(RecoveryTest, ASpareTakesOverFromTheLatestCheckpointBitwise) {
       StopAndKillRankOne(cluster, submitted->id(), 2 * kEverySteps, [](const auto&) {});
   ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();
   // The next generation starts from that checkpoint, on the survivor and the spare.
-  absl::StatusOr<v1::Job> second = WaitForJob(
-      cluster, submitted->id(), [](const v1::Job& job) { return job.generation() == 2; },
+  absl::StatusOr<v1::Job> second = cluster.WaitForJob(
+      submitted->id(), [](const v1::Job& job) { return job.generation() == 2; }, kJobDeadline,
       "generation 2");
   ASSERT_TRUE(second.ok()) << second.status();
-  absl::StatusOr<v1::Job> ended = WaitForJob(
-      cluster, submitted->id(),
+  absl::StatusOr<v1::Job> ended = cluster.WaitForJob(
+      submitted->id(),
       [](const v1::Job& job) { return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED; },
-      "ended");
+      kJobDeadline, "ended");
   ASSERT_TRUE(ended.ok()) << ended.status();
   ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
   EXPECT_EQ(ended->generation(), 2);
@@ -236,10 +217,10 @@ TEST(RecoveryTest, WithoutASpareTheJobShrinksAndEndsWithinOneInAMillion) {
   absl::StatusOr<int64_t> resumed_at =
       StopAndKillRankOne(cluster, submitted->id(), 180, [](const auto&) {});
   ASSERT_TRUE(resumed_at.ok()) << resumed_at.status();
-  absl::StatusOr<v1::Job> ended = WaitForJob(
-      cluster, submitted->id(),
+  absl::StatusOr<v1::Job> ended = cluster.WaitForJob(
+      submitted->id(),
       [](const v1::Job& job) { return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED; },
-      "ended");
+      kJobDeadline, "ended");
   ASSERT_TRUE(ended.ok()) << ended.status();
   ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
   EXPECT_EQ(ended->generation(), 2);
@@ -296,10 +277,10 @@ TEST(RecoveryTest, ACorruptLatestCheckpointIsPassedOverForThePreviousOne) {
       });
   ASSERT_TRUE(latest.ok()) << latest.status();
   ASSERT_FALSE(corrupted_file.empty());
-  absl::StatusOr<v1::Job> ended = WaitForJob(
-      cluster, submitted->id(),
+  absl::StatusOr<v1::Job> ended = cluster.WaitForJob(
+      submitted->id(),
       [](const v1::Job& job) { return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED; },
-      "ended");
+      kJobDeadline, "ended");
   ASSERT_TRUE(ended.ok()) << ended.status();
   ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
   std::vector<std::string> notices;
