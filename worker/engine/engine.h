@@ -412,6 +412,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // any range of a tensor in plan layout (ddp, and "param" in every mode).
   char* StateAt(absl::string_view state, const sharding::TensorFragment& fragment,
                 const sharding::OwnedPiece* piece, int64_t element) const;
+  // Where element `element` (of its tensor) of saved_fragments_[index] lives in this engine.
+  char* SavedAt(size_t index, int64_t element) const;
 
   const sharding::ShardPlan plan_;
   const sharding::RankView view_;
@@ -515,6 +517,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   absl::Status failure_;
 
   std::vector<SavedFragment> saved_fragments_;
+  // saved_piece_[f]: the index in view_.pieces() of the piece holding view_.fragments()[f]
+  // (saved_fragments_ repeats the view's fragments once per array).
+  std::vector<size_t> saved_piece_;
   int64_t saved_bytes_ = 0;
 };
 

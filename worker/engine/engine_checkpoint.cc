@@ -25,6 +25,12 @@ void Engine::BuildSavedFragments() {
   for (int k = 0; k < state_arrays_; ++k) {
     states.emplace_back(kernels::StateArrayName(config_.optimizer, k), DType::kFloat32);
   }
+  absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();
+  size_t piece = 0;
+  for (const sharding::TensorFragment& fragment : view_.fragments()) {
+    while (fragment.flat_begin >= pieces[piece].flat_end) ++piece;
+    saved_piece_.push_back(piece);
+  }
   saved_bytes_ = 0;
   for (const auto& [state, dtype] : states) {
     for (const sharding::TensorFragment& fragment : view_.fragments()) {
@@ -58,6 +64,13 @@ char* Engine::StateAt(absl::string_view state, const sharding::TensorFragment& f
   return nullptr;
 }
 
+char* Engine::SavedAt(size_t index, int64_t element) const {
+  const size_t f = index % saved_piece_.size();
+  const sharding::OwnedPiece* piece =
+      config_.mode == EngineMode::kDdp ? nullptr : &view_.pieces()[saved_piece_[f]];
+  return StateAt(saved_fragments_[index].state, view_.fragments()[f], piece, element);
+}
+
 absl::StatusOr<Engine::SavedScalars> Engine::CopyStateTo(absl::Span<char> staging) {
   ZS_RETURN_IF_ERROR(failure_);
   if (StepInProgress()) return absl::FailedPreconditionError("CopyStateTo during a step");
@@ -65,21 +78,10 @@ absl::StatusOr<Engine::SavedScalars> Engine::CopyStateTo(absl::Span<char> stagin
     return absl::InvalidArgumentError(
         absl::StrCat("staging: ", staging.size(), " bytes, the saved state is ", saved_bytes_));
   }
-  const bool ddp = config_.mode == EngineMode::kDdp;
-  absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();
-  absl::Span<const sharding::TensorFragment> fragments = view_.fragments();
-  // saved_fragments_ repeats view_.fragments() once per state, in order.
-  size_t piece_index = 0;
   for (size_t i = 0; i < saved_fragments_.size(); ++i) {
-    const size_t f = i % fragments.size();
-    if (f == 0) piece_index = 0;
-    const sharding::TensorFragment& fragment = fragments[f];
-    while (fragment.flat_begin >= pieces[piece_index].flat_end) ++piece_index;
     const SavedFragment& saved = saved_fragments_[i];
-    const char* source =
-        StateAt(saved.state, fragment, ddp ? nullptr : &pieces[piece_index], saved.begin);
-    ZS_RETURN_IF_ERROR(RecordFailure(
-        device_->CopyToHost(staging.data() + saved.staging_offset, source, saved.bytes())));
+    ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyToHost(staging.data() + saved.staging_offset,
+                                                         SavedAt(i, saved.begin), saved.bytes())));
   }
   return SavedScalars{optimizer_step_, loss_scale_, good_steps_};
 }
@@ -100,20 +102,8 @@ absl::Status Engine::CopyFragmentTo(size_t index, int64_t first, absl::Span<char
                                                    out.size(), " bytes): outside the fragment's ",
                                                    saved.end - saved.begin, " elements"));
   }
-  absl::Span<const sharding::TensorFragment> fragments = view_.fragments();
-  const sharding::TensorFragment& fragment = fragments[index % fragments.size()];
-  const sharding::OwnedPiece* piece = nullptr;
-  if (config_.mode != EngineMode::kDdp) {
-    for (const sharding::OwnedPiece& candidate : view_.pieces()) {
-      if (fragment.flat_begin >= candidate.flat_begin && fragment.flat_begin < candidate.flat_end) {
-        piece = &candidate;
-        break;
-      }
-    }
-    ZS_DCHECK(piece != nullptr) << "fragment " << index << " is in no owned piece";
-  }
-  return RecordFailure(device_->CopyToHost(
-      out.data(), StateAt(saved.state, fragment, piece, saved.begin + first), out.size()));
+  return RecordFailure(
+      device_->CopyToHost(out.data(), SavedAt(index, saved.begin + first), out.size()));
 }
 
 std::vector<Engine::SavedFragment> Engine::RestoredRanges() const {
@@ -164,17 +154,8 @@ absl::Status Engine::RestoreState(const SavedScalars& scalars, StateReader read)
       ZS_RETURN_IF_ERROR(load(range, StateAt(range.state, whole, nullptr, 0)));
     }
   } else {
-    absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();
-    absl::Span<const sharding::TensorFragment> fragments = view_.fragments();
-    size_t piece_index = 0;
     for (size_t i = 0; i < saved_fragments_.size(); ++i) {
-      const size_t f = i % fragments.size();
-      if (f == 0) piece_index = 0;
-      const sharding::TensorFragment& fragment = fragments[f];
-      while (fragment.flat_begin >= pieces[piece_index].flat_end) ++piece_index;
-      const SavedFragment& saved = saved_fragments_[i];
-      ZS_RETURN_IF_ERROR(
-          load(saved, StateAt(saved.state, fragment, &pieces[piece_index], saved.begin)));
+      ZS_RETURN_IF_ERROR(load(saved_fragments_[i], SavedAt(i, saved_fragments_[i].begin)));
     }
   }
   optimizer_step_ = scalars.optimizer_step;
