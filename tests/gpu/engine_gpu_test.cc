@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
@@ -164,10 +165,12 @@ absl::Status CopyDeviceGradientToSink(CudaDeviceOps& device, workloads::Gradient
                                        });
 }
 
-// Largest |gpu - cpu| relative to the tensor's largest |cpu| (at least 1e-6), and how many
-// elements are bitwise equal.
+// Largest |gpu - cpu| relative to the tensor's largest |cpu| (at least 1e-6); the largest
+// ||gpu - cpu|| / ||cpu|| over tensors (the norm-wise error, which one element's cancellation
+// does not dominate); and how many elements are bitwise equal.
 struct Difference {
   double worst_relative = 0.0;
+  double worst_norm_relative = 0.0;
   int64_t elements = 0;
   int64_t bitwise_equal = 0;
 };
@@ -178,14 +181,22 @@ Difference Compare(const std::vector<std::vector<float>>& cpu,
   for (size_t t = 0; t < cpu.size(); ++t) {
     double scale = 1e-6;
     for (float value : cpu[t]) scale = std::max(scale, std::fabs(static_cast<double>(value)));
+    double error_squares = 0.0;
+    double value_squares = 0.0;
     for (size_t k = 0; k < cpu[t].size(); ++k) {
       const double gpu_value = t < gpu.size() && k < gpu[t].size() ? gpu[t][k] : NAN;
       const double delta = std::fabs(gpu_value - cpu[t][k]) / scale;
       difference.worst_relative =
           std::isnan(delta) ? INFINITY : std::max(difference.worst_relative, delta);
+      error_squares += (gpu_value - cpu[t][k]) * (gpu_value - cpu[t][k]);
+      value_squares += static_cast<double>(cpu[t][k]) * cpu[t][k];
       ++difference.elements;
       if (gpu_value == cpu[t][k]) ++difference.bitwise_equal;
     }
+    const double norm_relative = std::sqrt(error_squares / std::max(value_squares, 1e-30));
+    difference.worst_norm_relative = std::isnan(norm_relative)
+                                         ? INFINITY
+                                         : std::max(difference.worst_norm_relative, norm_relative);
   }
   return difference;
 }
@@ -201,11 +212,20 @@ std::vector<std::vector<float>> InitialValues(const workloads::Workload& workloa
 }
 
 // 1. The CUDA MLP's loss and gradients against the CPU MLP's, at the initial parameters stored
-//    in `dtype`. fp32: cuBLAS sgemm against OpenBLAS sgemm. bf16/fp16: cublasGemmEx rounds the
-//    activation or delta operand to the parameter dtype, the CPU keeps it fp32, so the
-//    tolerances are that rounding's (2^-9 bf16, 2^-12 fp16 relative per operand), with room.
+//    in `dtype`. fp32: cuBLAS sgemm against OpenBLAS sgemm; every element within
+//    `gradient_tolerance` of its tensor's largest value. bf16/fp16: cublasGemmEx rounds the
+//    activation or delta operand to the parameter dtype, the CPU keeps it fp32. That rounding
+//    (2^-9 bf16, 2^-12 fp16) is amplified where values cancel: the output's error is
+//    (student - teacher), much smaller than the outputs whose rounding it inherits, and single
+//    gradient elements are sums that cancel. The first GPU runs saw, per tensor, worst elements
+//    at 7-9% (bf16) and 1-5% (fp16) of the tensor's largest value and norm-wise errors
+//    ||gpu - cpu|| / ||cpu|| of 3.9-4.4% (bf16) and 0.24-1.1% (fp16). So these dtypes are
+//    checked norm-wise within `gradient_tolerance`, a few times what was seen and far below the
+//    O(1) of a wrong shape or transposition (their losses agree within 6e-5).
+enum class GradientCheck { kElementWise, kNormWise };
+
 void CheckMlpGradients(CudaDeviceOps& device, const std::vector<int64_t>& sizes, DType dtype,
-                       double loss_tolerance, double gradient_tolerance) {
+                       double loss_tolerance, GradientCheck check, double gradient_tolerance) {
   TeacherStudentMlpOptions options;
   options.layer_sizes = sizes;
   options.seed = 7;
@@ -228,10 +248,15 @@ void CheckMlpGradients(CudaDeviceOps& device, const std::vector<int64_t>& sizes,
     if (!Check(cpu_loss.status(), name) || !Check(gpu_loss.status(), name)) return;
     const double loss_error = std::fabs(*gpu_loss - *cpu_loss) / std::max(1e-12, *cpu_loss);
     const Difference difference = Compare(cpu_sink.gradients(), gpu_sink.gradients());
-    Report(loss_error <= loss_tolerance && difference.worst_relative <= gradient_tolerance,
+    const bool element_wise = check == GradientCheck::kElementWise;
+    const double gradient_error =
+        element_wise ? difference.worst_relative : difference.worst_norm_relative;
+    Report(loss_error <= loss_tolerance && gradient_error <= gradient_tolerance,
            absl::StrCat(name, " step ", step, ": loss cpu ", *cpu_loss, " gpu ", *gpu_loss,
-                        " (rel ", loss_error, " <= ", loss_tolerance, "), gradients worst rel ",
-                        difference.worst_relative, " <= ", gradient_tolerance, ", ",
+                        " (rel ", loss_error, " <= ", loss_tolerance, "), gradients ",
+                        element_wise ? "worst element" : "norm-wise", " rel ", gradient_error,
+                        " <= ", gradient_tolerance, " (worst element ", difference.worst_relative,
+                        ", norm-wise ", difference.worst_norm_relative, "), ",
                         difference.bitwise_equal, "/", difference.elements, " bitwise equal"));
   }
 }
@@ -249,6 +274,87 @@ std::vector<std::vector<float>> HostParametersOf(Engine& engine) {
     values.push_back(tensor.ok() ? *std::move(tensor) : std::vector<float>());
   }
   return values;
+}
+
+// 3. Checkpoints through CudaDeviceOps, after engines whose parameters are bitwise equal: the
+//    CUDA engine's CopyStateTo staging equals the CPU engine's byte for byte, CopyFragmentTo
+//    (in chunks, from an element past a fragment's start) gives the same bytes, and a fresh
+//    CUDA engine restored (RestoreState) from the CPU engine's staging takes one more step
+//    bitwise equal to the CPU engine's.
+void CheckCheckpoint(const std::string& label, const sharding::ShardPlan& plan,
+                     const EngineConfig& gpu_config, comm::Communicator* communicator, Engine& cpu,
+                     Engine& gpu, absl::FunctionRef<bool(Engine&, Engine&)> next_step) {
+  const std::string name = absl::StrCat("checkpoint ", label);
+  if (cpu.SavedBytes() != gpu.SavedBytes() ||
+      cpu.SavedFragments().size() != gpu.SavedFragments().size()) {
+    Report(false, absl::StrCat(name, ": saved layouts differ: cpu ", cpu.SavedBytes(), " bytes in ",
+                               cpu.SavedFragments().size(), " fragments, gpu ", gpu.SavedBytes(),
+                               " bytes in ", gpu.SavedFragments().size()));
+    return;
+  }
+  std::vector<char> cpu_staging(cpu.SavedBytes());
+  std::vector<char> gpu_staging(gpu.SavedBytes());
+  absl::StatusOr<Engine::SavedScalars> cpu_scalars = cpu.CopyStateTo(absl::MakeSpan(cpu_staging));
+  absl::StatusOr<Engine::SavedScalars> gpu_scalars = gpu.CopyStateTo(absl::MakeSpan(gpu_staging));
+  if (!Check(cpu_scalars.status(), name) || !Check(gpu_scalars.status(), name)) return;
+  const bool staging_equal =
+      cpu_staging == gpu_staging && cpu_scalars->optimizer_step == gpu_scalars->optimizer_step;
+  // CopyFragmentTo from element 1 on, 3 elements a chunk (a partial last chunk).
+  int64_t chunk_mismatches = 0;
+  for (size_t index = 0; index < gpu.SavedFragments().size(); ++index) {
+    const Engine::SavedFragment& fragment = gpu.SavedFragments()[index];
+    const int64_t element_size = kernels::DTypeSize(fragment.dtype);
+    for (int64_t first = 1; first < fragment.end - fragment.begin; first += 3) {
+      const int64_t count = std::min<int64_t>(3, fragment.end - fragment.begin - first);
+      std::vector<char> chunk(count * element_size);
+      if (!Check(gpu.CopyFragmentTo(index, first, absl::MakeSpan(chunk)), name)) return;
+      if (std::memcmp(chunk.data(),
+                      gpu_staging.data() + fragment.staging_offset + first * element_size,
+                      chunk.size()) != 0) {
+        ++chunk_mismatches;
+      }
+    }
+  }
+  Report(staging_equal && chunk_mismatches == 0,
+         absl::StrCat(name, ": CopyStateTo ", gpu.SavedBytes(), " bytes in ",
+                      gpu.SavedFragments().size(), " fragments ",
+                      staging_equal ? "equal to" : "DIFFER from", " the CPU engine's; ",
+                      chunk_mismatches, " CopyFragmentTo chunks differ"));
+
+  absl::StatusOr<std::unique_ptr<Engine>> restored =
+      Engine::Create(plan, 0, gpu_config, communicator);
+  if (!Check(restored.status(), name)) return;
+  // Reads any range from the CPU staging, piece by piece from the saved fragments of that array
+  // and tensor that overlap it (ddp restores whole tensors, which may span several fragments).
+  auto read = [&](const Engine::SavedFragment& range, absl::Span<char> out) -> absl::Status {
+    const int64_t element_size = kernels::DTypeSize(range.dtype);
+    int64_t covered = 0;
+    for (const Engine::SavedFragment& saved : cpu.SavedFragments()) {
+      if (saved.state != range.state || saved.tensor != range.tensor ||
+          saved.dtype != range.dtype) {
+        continue;
+      }
+      const int64_t begin = std::max(saved.begin, range.begin);
+      const int64_t end = std::min(saved.end, range.end);
+      if (begin >= end) continue;
+      std::memcpy(out.data() + (begin - range.begin) * element_size,
+                  cpu_staging.data() + saved.staging_offset + (begin - saved.begin) * element_size,
+                  (end - begin) * element_size);
+      covered += end - begin;
+    }
+    if (covered == range.end - range.begin) return absl::OkStatus();
+    return absl::NotFoundError(absl::StrCat("the saved fragments hold ", covered, " of ",
+                                            range.state, " of tensor ", range.tensor, " [",
+                                            range.begin, ", ", range.end, ")"));
+  };
+  if (!Check((*restored)->RestoreState(*cpu_scalars, read), name + ": RestoreState")) return;
+  if (!next_step(cpu, **restored)) return;
+  const Difference after = Compare(HostParametersOf(cpu), HostParametersOf(**restored));
+  Report(after.bitwise_equal == after.elements,
+         absl::StrCat(name,
+                      ": a CUDA engine restored from the CPU engine's checkpoint, one more "
+                      "step: ",
+                      after.bitwise_equal, "/", after.elements, " parameters bitwise equal"));
 }
 
 // 2. Three W=1 steps on synthetic gradients: the CPU engine (single-rank communicator) against
@@ -298,8 +404,9 @@ void CheckEngineSteps(const std::string& label, EngineConfig config, double tole
     Report(false, label + ": no device memory for the gradients");
     return;
   }
-  double worst_norm_error = 0.0;
-  for (int64_t step = 0; step < 3; ++step) {
+  // One iteration on both engines: the same synthetic gradients, then Step. Returns the
+  // grad_norm's relative difference (negative after a failure, already reported).
+  auto run_step = [&](int64_t step, Engine& cpu_engine, Engine& gpu_engine) -> double {
     for (int64_t t = 0; t < plan->num_tensors(); ++t) {
       std::vector<float> gradient(plan->placement(t).num_elements);
       for (size_t k = 0; k < gradient.size(); ++k) gradient[k] = SyntheticGradient(step, t, k);
@@ -307,25 +414,28 @@ void CheckEngineSteps(const std::string& label, EngineConfig config, double tole
       if (!Check(
               (*device)->CopyFromHost(on_device, gradient.data(), gradient.size() * sizeof(float)),
               label) ||
-          !Check(workloads::CopyGradientToSink(**cpu, t, gradient), label) ||
-          !Check(CopyDeviceGradientToSink(**device, **gpu, t,
+          !Check(workloads::CopyGradientToSink(cpu_engine, t, gradient), label) ||
+          !Check(CopyDeviceGradientToSink(**device, gpu_engine, t,
                                           absl::MakeConstSpan(on_device, gradient.size())),
                  label)) {
-        (*device)->Free(device_gradient);
-        return;
+        return -1.0;
       }
     }
-    absl::StatusOr<engine::StepResult> cpu_step = (*cpu)->Step(0.5);
-    absl::StatusOr<engine::StepResult> gpu_step = (*gpu)->Step(0.5);
-    if (!Check(cpu_step.status(), label) || !Check(gpu_step.status(), label)) {
+    absl::StatusOr<engine::StepResult> cpu_step = cpu_engine.Step(0.5);
+    absl::StatusOr<engine::StepResult> gpu_step = gpu_engine.Step(0.5);
+    if (!Check(cpu_step.status(), label) || !Check(gpu_step.status(), label)) return -1.0;
+    return std::fabs(gpu_step->grad_norm - cpu_step->grad_norm) /
+           std::max(1e-30, cpu_step->grad_norm);
+  };
+  double worst_norm_error = 0.0;
+  for (int64_t step = 0; step < 3; ++step) {
+    const double norm_error = run_step(step, **cpu, **gpu);
+    if (norm_error < 0) {
       (*device)->Free(device_gradient);
       return;
     }
-    worst_norm_error =
-        std::max(worst_norm_error, std::fabs(gpu_step->grad_norm - cpu_step->grad_norm) /
-                                       std::max(1e-30, cpu_step->grad_norm));
+    worst_norm_error = std::max(worst_norm_error, norm_error);
   }
-  (*device)->Free(device_gradient);
   const Difference difference = Compare(HostParametersOf(**cpu), HostParametersOf(**gpu));
   Report(
       difference.worst_relative <= tolerance && worst_norm_error <= 1e-12,
@@ -333,6 +443,13 @@ void CheckEngineSteps(const std::string& label, EngineConfig config, double tole
                    " <= ", tolerance, ", grad_norm rel ", worst_norm_error, " <= 1e-12, ",
                    difference.bitwise_equal, "/", difference.elements,
                    " bitwise equal; gpu memory ", (*gpu)->Memory().ToString()));
+  if (difference.bitwise_equal == difference.elements) {
+    CheckCheckpoint(label, *plan, gpu_config, nccl->get(), **cpu, **gpu,
+                    [&](Engine& cpu_engine, Engine& gpu_engine) {
+                      return run_step(3, cpu_engine, gpu_engine) >= 0;
+                    });
+  }
+  (*device)->Free(device_gradient);
 }
 
 int Main() {
@@ -344,10 +461,14 @@ int Main() {
   {
     absl::StatusOr<std::unique_ptr<CudaDeviceOps>> device = CudaDeviceOps::Create(0);
     if (!Check(device.status(), "CudaDeviceOps::Create")) return 1;
-    CheckMlpGradients(**device, {10, 64, 10}, DType::kFloat32, 1e-5, 1e-4);
-    CheckMlpGradients(**device, {96, 512, 256, 40}, DType::kFloat32, 1e-5, 1e-4);
-    CheckMlpGradients(**device, {96, 512, 256, 40}, DType::kBFloat16, 2e-2, 5e-2);
-    CheckMlpGradients(**device, {96, 512, 256, 40}, DType::kFloat16, 3e-3, 1e-2);
+    CheckMlpGradients(**device, {10, 64, 10}, DType::kFloat32, 1e-5, GradientCheck::kElementWise,
+                      1e-4);
+    CheckMlpGradients(**device, {96, 512, 256, 40}, DType::kFloat32, 1e-5,
+                      GradientCheck::kElementWise, 1e-4);
+    CheckMlpGradients(**device, {96, 512, 256, 40}, DType::kBFloat16, 2e-3,
+                      GradientCheck::kNormWise, 0.1);
+    CheckMlpGradients(**device, {96, 512, 256, 40}, DType::kFloat16, 5e-4, GradientCheck::kNormWise,
+                      0.03);
   }
   for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
     EngineConfig config;
