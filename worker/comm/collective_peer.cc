@@ -1,6 +1,8 @@
 // collective_peer: one rank of a multi-process Gloo test, launched by gloo_multiprocess_test.
 // Modes: "check" runs every collective (collective_checks) and exits 0 when all match;
-// "join_and_hang" connects, marks "<prefix>/joined/<rank>" in the store and waits to be killed.
+// "join_and_hang" connects, marks "<prefix>/joined/<rank>" in the store and waits to be killed;
+// "allgather_forever" connects, marks it too, then all-gathers pieces of the first
+// --piece_counts fp32 elements until a collective fails (its peer's test kills it mid-transfer).
 #include <unistd.h>
 
 #include <cstdio>
@@ -20,7 +22,8 @@ ABSL_FLAG(std::string, store_dir, "", "FileStore directory shared by the ranks")
 ABSL_FLAG(std::string, prefix, "gloo", "store key prefix of this group");
 ABSL_FLAG(int, rank, 0, "this process's rank");
 ABSL_FLAG(int, world_size, 1, "number of ranks");
-ABSL_FLAG(std::string, mode, "check", "check | join_and_hang");
+ABSL_FLAG(std::string, mode, "check", "check | join_and_hang | allgather_forever");
+ABSL_FLAG(int64_t, segment_bytes, 64 * 1024, "GlooCommunicatorOptions::segment_bytes");
 ABSL_FLAG(std::string, piece_counts, "0,1,1001", "comma-separated piece sizes to check");
 ABSL_FLAG(std::string, types, "fp32,bf16", "comma-separated element types to check");
 
@@ -48,7 +51,7 @@ int Main() {
   options.store = &store;
   options.store_prefix = absl::GetFlag(FLAGS_prefix);
   options.rendezvous_timeout = absl::Seconds(60);
-  options.segment_bytes = 64 * 1024;
+  options.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
   auto communicator = GlooCommunicator::Create(options);
   if (!communicator.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, communicator.status().ToString().c_str());
@@ -57,6 +60,23 @@ int Main() {
   if (absl::GetFlag(FLAGS_mode) == "join_and_hang") {
     if (!store.Set(absl::StrCat(options.store_prefix, "/joined/", rank), "1").ok()) return 1;
     while (true) ::pause();
+  }
+  if (absl::GetFlag(FLAGS_mode) == "allgather_forever") {
+    size_t piece_count = 0;
+    const std::vector<std::string> counts = absl::StrSplit(absl::GetFlag(FLAGS_piece_counts), ',');
+    if (!absl::SimpleAtoi(counts.front(), &piece_count)) return 2;
+    std::vector<float> gathered(piece_count * options.world_size, 1.0f);
+    if (!store.Set(absl::StrCat(options.store_prefix, "/joined/", rank), "1").ok()) return 1;
+    while (true) {
+      absl::Status status =
+          (*communicator)
+              ->AllGatherInPlace(gathered.data(), piece_count, ElementType::kFloat32)
+              ->Wait(absl::Minutes(5));
+      if (!status.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, status.ToString().c_str());
+        return 1;
+      }
+    }
   }
   uint64_t seed = 1000;
   for (absl::string_view type_name : absl::StrSplit(absl::GetFlag(FLAGS_types), ',')) {

@@ -157,6 +157,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   }
   ZS_RETURN_IF_ERROR(ValidateThreadOptions(options));
   std::vector<std::shared_ptr<gloo::Context>> contexts;
+  std::unique_ptr<PeerWatch> peer_watch;
   if (options.world_size > 1) {
     GlooMeshOptions mesh;
     mesh.rank = options.rank;
@@ -168,20 +169,35 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     mesh.deadline = absl::Now() + options.rendezvous_timeout;
     mesh.abort_signal = options.abort_signal;
     ZS_ASSIGN_OR_RETURN(contexts, ConnectGlooMeshes(mesh));
+    PeerWatchOptions watch;
+    watch.rank = options.rank;
+    watch.world_size = options.world_size;
+    watch.store = options.store;
+    watch.store_prefix = options.store_prefix;
+    watch.hostname = options.hostname;
+    watch.deadline = mesh.deadline;
+    watch.abort_signal = options.abort_signal;
+    ZS_ASSIGN_OR_RETURN(peer_watch, PeerWatch::Connect(watch));
   }
   std::unique_ptr<GlooCommunicator> communicator(
-      new GlooCommunicator(options, std::move(contexts)));
+      new GlooCommunicator(options, std::move(contexts), std::move(peer_watch)));
   ZS_RETURN_IF_ERROR(communicator->AwaitThreadSetup());
+  if (communicator->peer_watch_ != nullptr) {
+    communicator->peer_watch_->Start(
+        [raw = communicator.get()](absl::Status why) { raw->Fail(std::move(why)); });
+  }
   return communicator;
 }
 
 GlooCommunicator::GlooCommunicator(const GlooCommunicatorOptions& options,
-                                   std::vector<std::shared_ptr<gloo::Context>> contexts)
+                                   std::vector<std::shared_ptr<gloo::Context>> contexts,
+                                   std::unique_ptr<PeerWatch> peer_watch)
     : rank_(options.rank),
       world_size_(options.world_size),
       segment_bytes_(options.segment_bytes),
       staging_segments_(options.staging_segments),
-      contexts_(std::move(contexts)) {
+      contexts_(std::move(contexts)),
+      peer_watch_(std::move(peer_watch)) {
   {
     absl::MutexLock lock(&mu_);
     connections_open_ = !contexts_.empty();
@@ -210,6 +226,13 @@ GlooCommunicator::~GlooCommunicator() {
   }
   if (busy) Abort();
   thread_.join();
+  bool failed;
+  {
+    absl::MutexLock lock(&mu_);
+    failed = failed_;
+  }
+  // Before the Gloo connections close: a peer reads the farewell, then sees the end.
+  if (peer_watch_ != nullptr) peer_watch_->Stop(/*farewell=*/!failed);
   // Graceful close: data already written still reaches the peers.
   contexts_.clear();
 }
@@ -330,6 +353,9 @@ void GlooCommunicator::MarkFailed(const absl::Status& cause) {
 }
 
 void GlooCommunicator::CloseConnections() {
+  // First, so that the peers learn of the failure at once (their collectives may be waiting on
+  // a message this rank will never send).
+  if (peer_watch_ != nullptr) peer_watch_->Stop(/*farewell=*/false);
   for (const std::shared_ptr<gloo::Context>& context : contexts_) {
     try {
       context->closeConnections();
@@ -362,16 +388,20 @@ absl::Status GlooCommunicator::WaitOnBuffer(gloo::transport::UnboundBuffer* buff
       receive ? buffer->waitRecv(nullptr, timeout) : buffer->waitSend(nullptr, timeout);
   if (!completed) {
     absl::MutexLock lock(&mu_);
-    return absl::AbortedError(failed_ ? failure_.message() : "gloo wait aborted");
+    if (!failed_) return absl::AbortedError("gloo wait aborted");
+    // A lost peer keeps its UNAVAILABLE (the operation failed, nobody aborted it).
+    return absl::IsAborted(failure_) ? absl::AbortedError(failure_.message()) : failure_;
   }
   return absl::OkStatus();
 }
 
-void GlooCommunicator::Abort() {
+void GlooCommunicator::Abort() { Fail(absl::AbortedError("communicator aborted")); }
+
+void GlooCommunicator::Fail(absl::Status cause) {
   absl::MutexLock lock(&mu_);
   if (!failed_) {
     failed_ = true;
-    failure_ = absl::AbortedError("communicator aborted");
+    failure_ = std::move(cause);
   }
   if (waiting_on_ != nullptr) {
     waiting_on_->abortWaitRecv();

@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "worker/comm/abort_signal.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/peer_watch.h"
 #include "worker/comm/ring_schedule.h"
 #include "worker/comm/store.h"
 
@@ -87,9 +88,9 @@ struct GlooCommunicatorOptions {
 // Thread contract: as Communicator's. Operations run on one communication thread owned by this
 // object (Gloo adds an event-loop thread per transport lane: by default two full meshes of TCP
 // connections, a message travelling on its sender's lane, so one thread reads a rank's ring input
-// while another writes its output). Gloo throws; every exception is caught on the communication
-// thread (or in Create) and becomes a Status there. stats().thread_cpu_ns is the communication
-// thread's CPU time (not the event-loop threads').
+// while another writes its output; and a PeerWatch thread, peer_watch.h). Gloo throws; every
+// exception is caught on the communication thread (or in Create) and becomes a Status there.
+// stats().thread_cpu_ns is the communication thread's CPU time (not the event-loop threads').
 class GlooCommunicator : public Communicator {
  public:
   // Connects the full mesh (all ranks call this with the same world size and store prefix; see
@@ -101,7 +102,8 @@ class GlooCommunicator : public Communicator {
       const GlooCommunicatorOptions& options);
 
   // Operations still queued or running are aborted (their Work finishes with ABORTED); an idle
-  // communicator closes its connections gracefully.
+  // communicator that has not failed closes its connections gracefully and bids its peers
+  // farewell (their PeerWatch does not report it lost).
   ~GlooCommunicator() override;
 
   GlooCommunicator(const GlooCommunicator&) = delete;
@@ -133,7 +135,8 @@ class GlooCommunicator : public Communicator {
   class Completion;
 
   GlooCommunicator(const GlooCommunicatorOptions& options,
-                   std::vector<std::shared_ptr<gloo::Context>> contexts);
+                   std::vector<std::shared_ptr<gloo::Context>> contexts,
+                   std::unique_ptr<PeerWatch> peer_watch);
 
   // Queues `operation` for the communication thread, or returns ABORTED when the communicator
   // has failed.
@@ -164,6 +167,9 @@ class GlooCommunicator : public Communicator {
 
   // Records the communicator's first failure; later operations fail with ABORTED.
   void MarkFailed(const absl::Status& cause);
+  // Records `cause` as the failure (unless there is one) and interrupts the communication
+  // thread's wait: Abort() with a reason (the PeerWatch thread's, for a lost peer).
+  void Fail(absl::Status cause);
   // Communication thread only: hard-closes every connection (peers see a reset and fail fast),
   // after which Gloo no longer touches any buffer.
   void CloseConnections();
@@ -188,7 +194,7 @@ class GlooCommunicator : public Communicator {
   // Sequence number of the next issued operation; identical on every rank because every rank
   // issues the same operations in the same order. Part of each message's slot.
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 0;
-  // Set once, by Abort() or by the first failed operation; never cleared.
+  // Set once, by Abort(), a lost peer or the first failed operation; never cleared.
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
   // Whether Gloo's connections are still open (they close once after a failure).
@@ -208,6 +214,11 @@ class GlooCommunicator : public Communicator {
   std::atomic<int64_t> bytes_received_{0};
   // Bytes of staging_ and scratch_ (stats().scratch_bytes), stored by the communication thread.
   std::atomic<int64_t> scratch_bytes_{0};
+
+  // Tells this rank at once when a peer's process ends (null at world size 1). Stopped (without
+  // a farewell) by CloseConnections, with one by the destructor of a communicator that has not
+  // failed.
+  std::unique_ptr<PeerWatch> peer_watch_;
 
   std::thread thread_;
   // The communication thread's CPU-time clock (stats().thread_cpu_ns), set by the constructor

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -275,6 +276,13 @@ absl::Status EngineTrainingRun::Train() {
   // the communicator is destroyed.
   const comm::AbortSignal::Registration abort_collectives =
       abort_signal_.OnAbort([raw = communicator.get()] { raw->Abort(); });
+  // A run that ends in an error fails its communicator first: a failed communicator bids its
+  // peers no farewell, so they stop waiting for this rank at once (comm/peer_watch.h) instead of
+  // at their collectives' timeouts.
+  bool succeeded = false;
+  absl::Cleanup fail_communicator = [&succeeded, raw = communicator.get()] {
+    if (!succeeded) raw->Abort();
+  };
 
   workloads::TeacherStudentMlpOptions workload_options;
   ZS_ASSIGN_OR_RETURN(workload_options.layer_sizes,
@@ -445,6 +453,7 @@ absl::Status EngineTrainingRun::Train() {
                << ", counted " << last.memory().total_bytes() << " bytes, peak RSS "
                << last.vmhwm_bytes() << " bytes (" << last.vmrss_at_start_bytes()
                << " at the start)";
+  succeeded = true;
   return absl::OkStatus();
 }
 

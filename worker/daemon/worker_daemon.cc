@@ -117,7 +117,7 @@ absl::Status WorkerDaemon::Run() {
       ZS_LOG(WARNING) << "heartbeat failed: " << beat;
     }
     ReapRetiredRuns();
-    stop_.WaitForNotificationWithTimeout(next - absl::Now());
+    WaitForNextHeartbeat(next);
   }
   AbortRun();
   grpc::ClientContext context;
@@ -161,9 +161,29 @@ absl::Status WorkerDaemon::HeartbeatOnce() {
   const absl::Status status =
       common::FromGrpcStatus(stub_->Heartbeat(&context, request, &response));
   EndCall();
+  last_heartbeat_ok_ = status.ok();
   if (!status.ok()) return status;
+  reported_run_ended_ = request.status().finished() || !request.status().run_error().empty();
+  reported_no_run_ = run_ == nullptr;
   Converge(response.assignment());
   return absl::OkStatus();
+}
+
+bool WorkerDaemon::HasNews() const {
+  if (run_ == nullptr) return !reported_no_run_;
+  return run_->Done() && !reported_run_ended_;
+}
+
+void WorkerDaemon::WaitForNextHeartbeat(absl::Time next) {
+  // Short enough to add little to a recovery, long enough to cost nothing while training.
+  constexpr absl::Duration kNewsPollInterval = absl::Milliseconds(20);
+  while (absl::Now() < next) {
+    // After a failed heartbeat (the coordinator is down) the regular period applies.
+    if (last_heartbeat_ok_ && HasNews()) return;
+    if (stop_.WaitForNotificationWithTimeout(std::min(next - absl::Now(), kNewsPollInterval))) {
+      return;
+    }
+  }
 }
 
 bool WorkerDaemon::IsCurrentRun(const v1::Assignment& assignment) const {

@@ -1,8 +1,10 @@
 // The worker daemon's control loop: registers with the coordinator (retrying until it is up),
 // heartbeats, and converges to the assignment each heartbeat reply carries (level-triggered):
 // starts the assigned generation's TrainingRun, aborts runs that are no longer wanted, and
-// re-registers when the coordinator forgot it. The coordinator is not in the data path: a run
-// goes on while heartbeats fail, and a restarted coordinator adopts it when the daemon
+// re-registers when the coordinator forgot it. Between the regular heartbeats it sends one at once
+// when it has news that moves a recovery along: its run ended (failed or finished), or a reply
+// just stopped its run (it is free for the next generation). The coordinator is not in the data
+// path: a run goes on while heartbeats fail, and a restarted coordinator adopts it when the daemon
 // re-registers presenting its previous id and the run.
 #ifndef ZEROSHARD_WORKER_DAEMON_WORKER_DAEMON_H_
 #define ZEROSHARD_WORKER_DAEMON_WORKER_DAEMON_H_
@@ -67,6 +69,12 @@ class WorkerDaemon {
   void EndCall();
   // One heartbeat and the convergence step after it.
   absl::Status HeartbeatOnce();
+  // Waits until `next` or Stop(), or until there is news for the coordinator after a heartbeat
+  // that reached it (HasNews; checked every kNewsPollInterval).
+  void WaitForNextHeartbeat(absl::Time next);
+  // Whether what a heartbeat would report now differs from what the last one reported: the
+  // run has ended since, or there is no run any more.
+  bool HasNews() const;
   void Converge(const v1::Assignment& assignment);
   // Aborts the current run (if any) and moves it to retiring_.
   void AbortRun();
@@ -94,6 +102,10 @@ class WorkerDaemon {
   v1::Assignment run_assignment_;
   // Whether run_'s failure has been logged.
   bool run_failure_logged_ = false;
+  // What the last heartbeat that reached the coordinator reported (HasNews).
+  bool last_heartbeat_ok_ = false;
+  bool reported_run_ended_ = false;
+  bool reported_no_run_ = false;
   // Aborted runs whose threads have not ended yet (a run blocked in a rendezvous can take long
   // to notice). Kept here rather than joined inline so heartbeats, and the lease, go on.
   std::vector<std::unique_ptr<TrainingRun>> retiring_;

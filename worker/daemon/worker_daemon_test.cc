@@ -1,6 +1,7 @@
 // The daemon's control loop against a real in-process coordinator over gRPC, with a fake
 // training run: registration retries, convergence to RUN / ABORT / IDLE, re-registration, and a
-// run that outlives a coordinator restart (adopted) or is aborted (not adopted).
+// run that outlives a coordinator restart (adopted) or is aborted (not adopted), and news (a run
+// that ended) reported at once rather than at the next heartbeat period.
 #include "worker/daemon/worker_daemon.h"
 
 #include <netinet/in.h>
@@ -19,23 +20,28 @@
 namespace zeroshard::worker {
 namespace {
 
-// Counts its life; "trains" until aborted. Counts the daemon's reads of its step too: every
-// heartbeat and registration attempt reads it once. Thread-safe (atomics), as TrainingRun says.
+// Counts its life; "trains" until aborted, or until `failed` is notified (then it has failed).
+// Counts the daemon's reads of its step too: every heartbeat and registration attempt reads it
+// once. Thread-safe (atomics), as TrainingRun says.
 class FakeRun : public TrainingRun {
  public:
-  FakeRun(std::atomic<int>* aborted, std::atomic<int>* step_reads)
-      : aborted_(aborted), step_reads_(step_reads) {}
+  FakeRun(std::atomic<int>* aborted, std::atomic<int>* step_reads, const absl::Notification* failed)
+      : aborted_(aborted), step_reads_(step_reads), failed_(failed) {}
   void Abort() override {
     done_ = true;
     aborted_->fetch_add(1);
   }
-  bool Done() const override { return done_; }
-  absl::Status status() const override { return absl::OkStatus(); }
+  bool Done() const override { return done_ || failed_->HasBeenNotified(); }
+  absl::Status status() const override {
+    return !done_ && failed_->HasBeenNotified() ? absl::InternalError("the fake run failed")
+                                                : absl::OkStatus();
+  }
   int64_t step() const override { return step_reads_->fetch_add(1) + 1; }
 
  private:
   std::atomic<int>* aborted_;
   std::atomic<int>* step_reads_;
+  const absl::Notification* failed_;
   std::atomic<bool> done_{false};
 };
 
@@ -82,14 +88,15 @@ class WorkerDaemonTest : public ::testing::Test {
   // A coordinator on `port` whose state lives in a directory named after the port (and
   // `state_suffix`), so that a restart on the same port finds the state of the one before.
   void StartCoordinator(int port, absl::Duration adoption_window = absl::Seconds(30),
-                        const std::string& state_suffix = "") {
+                        const std::string& state_suffix = "",
+                        absl::Duration heartbeat_period = absl::Milliseconds(50)) {
     coordinator::CoordinatorServerOptions options;
     options.listen_address = "127.0.0.1:" + std::to_string(port);
     options.metrics_port = -1;
     options.state_dir =
         std::string(std::getenv("TEST_TMPDIR")) + "/state-" + std::to_string(port) + state_suffix;
     options.manager.adoption_window = adoption_window;
-    options.manager.lease.heartbeat_period = absl::Milliseconds(50);
+    options.manager.lease.heartbeat_period = heartbeat_period;
     options.tick_period = absl::Milliseconds(10);
     auto server = coordinator::CoordinatorServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -115,7 +122,7 @@ class WorkerDaemonTest : public ::testing::Test {
         [this](const v1::Assignment& assignment) {
           absl::MutexLock lock(&mu_);
           started_.push_back(assignment);
-          return std::make_unique<FakeRun>(&aborted_, &step_reads_);
+          return std::make_unique<FakeRun>(&aborted_, &step_reads_, &runs_failed_);
         });
   }
 
@@ -137,6 +144,7 @@ class WorkerDaemonTest : public ::testing::Test {
   std::vector<v1::Assignment> started_ ABSL_GUARDED_BY(mu_);
   std::atomic<int> aborted_{0};
   std::atomic<int> step_reads_{0};
+  absl::Notification runs_failed_;  // every FakeRun fails once notified
 };
 
 TEST_F(WorkerDaemonTest, RegistersOnceCoordinatorComesUpThenRunsAndAbortsOnCancel) {
@@ -164,6 +172,31 @@ TEST_F(WorkerDaemonTest, RegistersOnceCoordinatorComesUpThenRunsAndAbortsOnCance
   thread.join();
   EXPECT_EQ(aborted_.load(), 2);  // stopping aborts the running one
   EXPECT_TRUE(Eventually([&] { return manager->ListWorkers(v1::LEFT).size() == 1; }));
+}
+
+TEST_F(WorkerDaemonTest, ARunThatFailsIsReportedAtOnceNotAtTheNextHeartbeat) {
+  const int port = FreePort();
+  // Heartbeats every 10 s: without the news path the job would succeed only at the next one.
+  const absl::Duration period = absl::Seconds(10);
+  StartCoordinator(port, absl::Seconds(30), "", period);
+  coordinator::JobManager* manager = server_->manager();
+  // Submitted first, so that the worker is placed when it registers and its first heartbeat
+  // (at once after registering) brings the run.
+  auto job = manager->SubmitJob(Spec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
+  std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+  ASSERT_TRUE(Eventually([&] { return Started() == 1; }));
+  const absl::Time failed_at = absl::Now();
+  runs_failed_.Notify();
+  // The failure ends generation 1 (the job is then retried, or fails).
+  ASSERT_TRUE(Eventually([&] {
+    const v1::Job now = *manager->GetJob(job->id());
+    return now.generation() >= 2 || now.state() == v1::FAILED;
+  }));
+  EXPECT_LT(absl::Now() - failed_at, period / 2);
+  daemon->Stop();
+  thread.join();
 }
 
 TEST_F(WorkerDaemonTest, RegistersAgainWhenTheCoordinatorForgetsIt) {
@@ -253,7 +286,7 @@ TEST_F(WorkerDaemonTest, StopEndsAHeartbeatWaitingForTheCoordinator) {
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
   WorkerDaemon daemon(options, std::shared_ptr<v1::Coordinator::StubInterface>(std::move(stub)),
                       [this](const v1::Assignment&) -> std::unique_ptr<TrainingRun> {
-                        return std::make_unique<FakeRun>(&aborted_, &step_reads_);
+                        return std::make_unique<FakeRun>(&aborted_, &step_reads_, &runs_failed_);
                       });
   absl::Notification returned;
   std::thread thread([&] {
