@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
+#include "worker/attach/attach_listener.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/daemon/cuda_support.h"
 #include "worker/daemon/engine_training_run.h"
@@ -37,6 +38,9 @@ ABSL_FLAG(std::string, labels, "", "Labels, comma-separated key=value pairs.");
 ABSL_FLAG(absl::Duration, heartbeat_period, absl::Seconds(1),
           "Heartbeat period until the coordinator's registration reply sets it.");
 ABSL_FLAG(int, threads, 1, "Threads of the optimizer kernels.");
+ABSL_FLAG(std::string, attach_socket, "",
+          "Unix socket (absolute path) on which attached PyTorch trainers connect to this worker "
+          "(docs/pytorch.md); empty: attached jobs cannot run here.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory checkpoints are written to and resumed from: the coordinator's "
           "--checkpoint_root, the same path on every worker (e.g. a shared volume). Empty: no "
@@ -113,6 +117,17 @@ int main(int argc, char** argv) {
     options.labels[kv.first] = kv.second;
   }
   options.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);
+  std::unique_ptr<zeroshard::attach::AttachListener> attach_listener;
+  if (!absl::GetFlag(FLAGS_attach_socket).empty()) {
+    absl::StatusOr<std::unique_ptr<zeroshard::attach::AttachListener>> listener =
+        zeroshard::attach::AttachListener::Create(absl::GetFlag(FLAGS_attach_socket));
+    if (!listener.ok()) {
+      ZS_LOG(ERROR) << "--" << listener.status().message();
+      return 2;
+    }
+    attach_listener = *std::move(listener);
+    options.attach_socket = attach_listener->path();
+  }
   if (absl::GetFlag(FLAGS_threads) < 1) {
     ZS_LOG(ERROR) << "--threads must be at least 1";
     return 2;
@@ -157,6 +172,7 @@ int main(int argc, char** argv) {
         run_options.bucket_pool_size = absl::GetFlag(FLAGS_bucket_pool_size);
         run_options.gloo = gloo;
         run_options.pinning = *pinning;
+        run_options.attach_listen_fd = attach_listener != nullptr ? attach_listener->fd() : -1;
         return zeroshard::worker::EngineTrainingRun::Start(assignment, std::move(run_options));
       });
   daemon_ptr = &daemon;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <optional>
 #include <vector>
 
@@ -21,6 +22,8 @@
 #include "common/status_macros.h"
 #include "jobspec/job_plan.h"
 #include "sharding/model_catalog.h"
+#include "worker/attach/attached_trainer.h"
+#include "worker/attach/shared_memory_backing.h"
 #include "worker/comm/coordinator_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/daemon/checkpoint_loader.h"
@@ -244,9 +247,24 @@ absl::Status EngineTrainingRun::Train() {
   // On a CUDA device: the device (its compute stream) outlives the communicator, the workload
   // and the engine, declared after it. On the CPU it stays null and the engine makes its own.
   const bool on_cuda = options_.cuda_device >= 0;
+  // An attached trainer maps the engine's buffers: they live in shared memory (CPU only).
+  const bool attached = spec.workload().has_attached();
+  std::unique_ptr<attach::SharedMemoryBacking> shared_memory;
   std::unique_ptr<engine::DeviceOps> device;
   if (on_cuda) {
+    if (attached) {
+      return absl::UnimplementedError(
+          "device_kind: attached trainers on CUDA workers are not supported yet (CPU only)");
+    }
     ZS_ASSIGN_OR_RETURN(device, CreateCudaDevice(options_.cuda_device));
+  } else if (attached) {
+    if (options_.attach_listen_fd < 0) {
+      return absl::FailedPreconditionError(
+          "workload.attached: this worker serves no attached trainers (start it with "
+          "--attach_socket)");
+    }
+    shared_memory = std::make_unique<attach::SharedMemoryBacking>();
+    device = std::make_unique<engine::HostDeviceOps>(options_.threads, shared_memory.get());
   }
 
   comm::CoordinatorStore store(options_.stub, assignment_.job_id(), assignment_.generation(),
@@ -285,17 +303,36 @@ absl::Status EngineTrainingRun::Train() {
   };
 
   workloads::TeacherStudentMlpOptions workload_options;
-  ZS_ASSIGN_OR_RETURN(workload_options.layer_sizes,
-                      sharding::ResolveLayerSizes({spec.workload().preset(),
-                                                   {spec.workload().layer_sizes().begin(),
-                                                    spec.workload().layer_sizes().end()}}));
+  if (!attached) {
+    ZS_ASSIGN_OR_RETURN(workload_options.layer_sizes,
+                        sharding::ResolveLayerSizes({spec.workload().preset(),
+                                                     {spec.workload().layer_sizes().begin(),
+                                                      spec.workload().layer_sizes().end()}}));
+  }
   workload_options.seed = spec.seed();
   workload_options.global_batch = spec.global_batch();
   workload_options.world_size = world_size;
   workload_options.rank = rank;
   workload_options.dataset_size = spec.workload().dataset_size();
   std::unique_ptr<workloads::Workload> workload;
-  if (on_cuda) {
+  attach::AttachedTrainer* trainer = nullptr;
+  std::optional<comm::AbortSignal::Registration> abort_trainer;
+  if (attached) {
+    attach::AttachedTrainerOptions trainer_options;
+    trainer_options.listen_fd = options_.attach_listen_fd;
+    trainer_options.job_id = assignment_.job_id();
+    trainer_options.generation = assignment_.generation();
+    trainer_options.rank = static_cast<int32_t>(rank);
+    trainer_options.world_size = static_cast<int32_t>(world_size);
+    trainer_options.layout_hash = plan.layout_hash();
+    trainer_options.attach_deadline = absl::Now() + options_.attach_timeout;
+    auto owned =
+        std::make_unique<attach::AttachedTrainer>(std::move(trainer_options), shared_memory.get());
+    trainer = owned.get();
+    abort_trainer.emplace(abort_signal_.OnAbort([trainer] { trainer->Abort(); }));
+    ZS_RETURN_IF_ERROR(trainer->Accept());
+    workload = std::move(owned);
+  } else if (on_cuda) {
     ZS_ASSIGN_OR_RETURN(workload, CreateCudaWorkload(*device, workload_options));
   } else {
     ZS_ASSIGN_OR_RETURN(workload, workloads::TeacherStudentMlp::Create(workload_options));
@@ -336,9 +373,16 @@ absl::Status EngineTrainingRun::Train() {
                              .status());
     }
   } else {
+    // An attached trainer sends its model's initial values first.
+    if (trainer != nullptr) {
+      ZS_RETURN_IF_ERROR(trainer->Welcome(*engine, first_step, /*needs_initial_parameters=*/true));
+    }
     ZS_RETURN_IF_ERROR(engine->InitializeParameters([&](int64_t tensor, absl::Span<float> out) {
       return workload->InitialParameters(tensor, out);
     }));
+  }
+  if (trainer != nullptr && assignment_.has_resume_from()) {
+    ZS_RETURN_IF_ERROR(trainer->Welcome(*engine, first_step, /*needs_initial_parameters=*/false));
   }
 
   // Checkpoints: every policy.every_steps() steps from the writer's thread, and the last one
@@ -395,13 +439,26 @@ absl::Status EngineTrainingRun::Train() {
     ZS_RETURN_IF_ERROR(PinCurrentThread(*placement.training_cpu));
   }
   v1::StepMetrics last;
-  for (int64_t step = first_step; step < spec.steps(); ++step) {
+  // Built-in workloads run the job's steps; an attached trainer runs until it finishes.
+  const int64_t last_step =
+      attached ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(spec.steps());
+  int64_t step = first_step;
+  for (; step < last_step; ++step) {
     if (abort_signal_.aborted()) return absl::AbortedError("aborted");
+    ZS_ASSIGN_OR_RETURN(const bool more, workload->AwaitNextStep());
+    if (!more) break;
     const CpuClocks cpu_start = CpuClocks::Read(*communicator);
     const absl::Time start = absl::Now();
     ZS_ASSIGN_OR_RETURN(const double local_loss, workload->ForwardBackward(step, *engine, *engine));
     const absl::Time computed = absl::Now();
+    if (const std::optional<double> lr = workload->LearningRate(); lr.has_value()) {
+      ZS_RETURN_IF_ERROR(engine->SetLearningRate(*lr));
+    }
     ZS_ASSIGN_OR_RETURN(const engine::StepResult result, engine->Step(local_loss));
+    ZS_RETURN_IF_ERROR(workload->StepApplied(
+        workloads::StepOutcome{result.skipped, result.optimizer_step, result.global_loss,
+                               result.grad_norm, result.clip_coef, result.next_loss_scale},
+        *engine));
     IterationTimes times{computed - start, absl::Now() - start};
     const CpuClocks cpu_end = CpuClocks::Read(*communicator);
     times.training_thread_cpu_ns = cpu_end.training_thread_ns - cpu_start.training_thread_ns;
@@ -415,14 +472,14 @@ absl::Status EngineTrainingRun::Train() {
     if (writer != nullptr) outside.checkpoint_staging_bytes = writer->staging_bytes();
     last = MetricsFor(result, step + 1, times, outside, vmrss_at_start_bytes);
     if (writer != nullptr && policy.every_steps() > 0 && (step + 1) % policy.every_steps() == 0 &&
-        step + 1 < spec.steps()) {
+        step + 1 < last_step) {
       ZS_RETURN_IF_ERROR(
           writer
               ->Save(step + 1,
                      [&](absl::Span<char> staging) { return engine->CopyStateTo(staging); })
               .status());
     }
-    if (reporter != nullptr && step + 1 < spec.steps()) {
+    if (reporter != nullptr && step + 1 < last_step) {
       ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Post(last));
       if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
     }
@@ -435,7 +492,7 @@ absl::Status EngineTrainingRun::Train() {
     if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
   }
   if (writer != nullptr) {
-    ZS_RETURN_IF_ERROR(writer->WriteNow(spec.steps(), engine->scalars(),
+    ZS_RETURN_IF_ERROR(writer->WriteNow(step, engine->scalars(),
                                         [&](size_t index, int64_t first, absl::Span<char> out) {
                                           return engine->CopyFragmentTo(index, first, out);
                                         }));
@@ -449,10 +506,9 @@ absl::Status EngineTrainingRun::Train() {
       "ReportProgress (finished)", [&] { return Report(last, /*finished=*/true).status(); },
       report_deadline, [this](absl::Duration delay) { return WaitUnlessAborted(delay); }));
   ZS_LOG(INFO) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
-               << rank << " finished " << spec.steps() << " steps, loss " << last.loss()
-               << ", counted " << last.memory().total_bytes() << " bytes, peak RSS "
-               << last.vmhwm_bytes() << " bytes (" << last.vmrss_at_start_bytes()
-               << " at the start)";
+               << rank << " finished " << step << " steps, loss " << last.loss() << ", counted "
+               << last.memory().total_bytes() << " bytes, peak RSS " << last.vmhwm_bytes()
+               << " bytes (" << last.vmrss_at_start_bytes() << " at the start)";
   succeeded = true;
   return absl::OkStatus();
 }

@@ -46,6 +46,11 @@ struct EngineTrainingRunOptions {
   // Where the training and communication threads run on a CPU run.
   ThreadPinning pinning = ThreadPinning::kNone;
   absl::Duration rpc_timeout = absl::Seconds(10);
+  // The worker's listening attach socket (docs/pytorch.md), not owned; -1: none, and attached
+  // jobs fail. An attached run accepts its trainer here.
+  int attach_listen_fd = -1;
+  // How long an attached run waits for its trainer to connect and say hello.
+  absl::Duration attach_timeout = absl::Minutes(2);
 };
 
 // Thread contract: see TrainingRun. The run's own thread does all the training.

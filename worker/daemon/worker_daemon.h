@@ -37,6 +37,8 @@ struct WorkerDaemonOptions {
   // Wait between registration attempts while the coordinator is unreachable.
   absl::Duration register_retry = absl::Milliseconds(500);
   absl::Duration rpc_timeout = absl::Seconds(5);
+  // The unix socket attached trainers connect to (registered with the coordinator); empty: none.
+  std::string attach_socket;
 };
 
 // Thread contract: Run() on one thread; Stop() from any thread (e.g. a signal watcher).

@@ -9,7 +9,8 @@
 
 namespace zeroshard::engine {
 
-HostDeviceOps::HostDeviceOps(int threads) : thread_pool_(threads) {}
+HostDeviceOps::HostDeviceOps(int threads, MemoryBacking* memory)
+    : memory_(memory != nullptr ? memory : &heap_), thread_pool_(threads) {}
 
 absl::Status HostDeviceOps::CopyFromHost(void* dst, const void* host_src, int64_t bytes) {
   if (bytes > 0) std::memcpy(dst, host_src, bytes);

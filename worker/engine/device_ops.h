@@ -89,11 +89,13 @@ class DeviceOps : public MemoryBacking {
 // operation runs to completion before it returns. Thread contract: as DeviceOps.
 class HostDeviceOps final : public DeviceOps {
  public:
-  // `threads` (>= 1) run the optimizer kernels; results do not depend on it.
-  explicit HostDeviceOps(int threads);
+  // `threads` (>= 1) run the optimizer kernels; results do not depend on it. Blocks come from
+  // `memory` when given (e.g. shared memory an attached trainer maps; it must outlive this
+  // object), else from the heap.
+  explicit HostDeviceOps(int threads, MemoryBacking* memory = nullptr);
 
-  void* AllocateZeroed(int64_t bytes) override { return memory_.AllocateZeroed(bytes); }
-  void Free(void* data) override { memory_.Free(data); }
+  void* AllocateZeroed(int64_t bytes) override { return memory_->AllocateZeroed(bytes); }
+  void Free(void* data) override { memory_->Free(data); }
   const char* name() const override { return "cpu"; }
   bool host_memory() const override { return true; }
   absl::Status CopyFromHost(void* dst, const void* host_src, int64_t bytes) override;
@@ -116,7 +118,8 @@ class HostDeviceOps final : public DeviceOps {
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  private:
-  HostMemoryBacking memory_;
+  HostMemoryBacking heap_;
+  MemoryBacking* const memory_;
   kernels::ThreadPool thread_pool_;
 };
 

@@ -114,6 +114,7 @@ Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const E
     : plan_(plan),
       view_(std::move(view)),
       config_(config),
+      optimizer_(config.optimizer),
       communicator_(communicator),
       world_size_(plan.world_size()),
       rank_(view_.rank()),
@@ -321,6 +322,25 @@ absl::Status Engine::BuildGradStatsChunks() {
                       allocator_.TryAllocate(MemoryCategory::kCommScratch,
                                              static_cast<int64_t>(chunks.size() * sizeof(double))));
   return device_->CopyFromHost(stats_chunks_.data(), chunks.data(), table_bytes);
+}
+
+absl::Status Engine::SetLearningRate(double lr) {
+  if (!std::isfinite(lr) || lr < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("lr: must be finite and >= 0, got ", lr));
+  }
+  optimizer_.lr = lr;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float*> Engine::FullGradient(int64_t tensor) const {
+  if (tensor < 0 || tensor >= plan_.num_tensors()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, " is outside the plan"));
+  }
+  if (config_.mode == EngineMode::kZero2 || StagesGradients()) {
+    return absl::FailedPreconditionError(
+        "no full-size fp32 gradient buffer (zero2, or gradients stored in another dtype)");
+  }
+  return reinterpret_cast<float*>(GradsAt(plan_.placement(tensor).flat_offset));
 }
 
 char* Engine::ParamsAt(int64_t flat) const { return params_.as<char>() + flat * param_size_; }
@@ -765,8 +785,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
       result.clip_coef = std::min(1.0, config_.clip_grad_norm / (result.grad_norm + kClipEpsilon));
     }
     const float grad_scale = static_cast<float>(result.clip_coef / (world * loss_scale_));
-    status =
-        device_->ApplyUpdate(config_.optimizer, optimizer_step_ + 1, grad_scale, update_pieces_);
+    status = device_->ApplyUpdate(optimizer_, optimizer_step_ + 1, grad_scale, update_pieces_);
     // Asynchronous devices: update_ms then covers the update's run time.
     if (status.ok()) status = device_->Synchronize();
     if (!status.ok()) return RecordFailure(status);

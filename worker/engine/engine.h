@@ -236,6 +236,17 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // (e.g. to write them to a file). Waits on the host for the tensor's outstanding all-gathers.
   absl::StatusOr<std::vector<float>> ParametersOnHost(int64_t tensor);
 
+  // The base learning rate of the next Step()s' updates (each tensor's lr_scale multiplies it):
+  // an attached trainer's scheduler sets it every step. InvalidArgument unless finite and >= 0.
+  absl::Status SetLearningRate(double lr);
+  double learning_rate() const { return optimizer_.lr; }
+
+  // ddp/zero1 with fp32 gradients stored unstaged: where `tensor`'s gradient lives in the
+  // full-size gradient buffer, the memory GradBuffer hands out for its segments (an attached
+  // trainer's .grad views it). FailedPrecondition in zero2 or with staged gradients;
+  // InvalidArgument for a tensor outside the plan.
+  absl::StatusOr<float*> FullGradient(int64_t tensor) const;
+
   // Finishes the step: waits for the previous step's all-gathers still outstanding and for the
   // reductions, checks the global norm and overflow, updates the owned pieces and issues the
   // parameters' all-gathers without waiting for them (see above). Every tensor must have been
@@ -418,6 +429,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   const sharding::ShardPlan plan_;
   const sharding::RankView view_;
   const EngineConfig config_;
+  // config_.optimizer with the current learning rate (SetLearningRate).
+  kernels::OptimizerConfig optimizer_;
   comm::Communicator* const communicator_;
   const int64_t world_size_;
   const int64_t rank_;

@@ -13,6 +13,7 @@
 #define ZEROSHARD_WORKER_WORKLOADS_WORKLOAD_H_
 
 #include <cstdint>
+#include <optional>
 
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
@@ -97,6 +98,17 @@ absl::Status ForEachGradSegment(
 absl::Status CopyGradientToSink(GradientSink& sink, int64_t tensor,
                                 absl::Span<const float> gradient);
 
+// What the engine's update of one step came to (engine::StepResult's figures), for a workload
+// that waits for it (an attached trainer).
+struct StepOutcome {
+  bool skipped = false;
+  int64_t optimizer_step = 0;
+  double global_loss = 0.0;
+  double grad_norm = 0.0;
+  double clip_coef = 1.0;
+  double next_loss_scale = 1.0;
+};
+
 // A model that produces gradients on one rank. Not thread-safe: one step at a time.
 class Workload {
  public:
@@ -120,6 +132,22 @@ class Workload {
   // the counted total explains the process's memory. Called between steps, on the thread that
   // runs ForwardBackward.
   virtual int64_t BufferBytes() const = 0;
+
+  // ---- Steps the workload drives (an attached trainer, worker/attach) ----
+  // Blocks until the workload is ready for its next step; false when it has no more (an
+  // attached trainer finished), which ends the run successfully. Built-in workloads run the
+  // job's step count and return true at once.
+  virtual absl::StatusOr<bool> AwaitNextStep() { return true; }
+  // The base learning rate of the update of the step ForwardBackward just ran, when the
+  // workload sets it (a trainer's LR scheduler); nullopt: the job's optimizer.lr.
+  virtual std::optional<double> LearningRate() const { return std::nullopt; }
+  // After the engine applied that step: its outcome. `params` gives the updated parameters
+  // (waiting for their all-gathers). Built-in workloads ignore it.
+  virtual absl::Status StepApplied(const StepOutcome& outcome, ParameterSource& params) {
+    (void)outcome;
+    (void)params;
+    return absl::OkStatus();
+  }
 };
 
 }  // namespace zeroshard::workloads

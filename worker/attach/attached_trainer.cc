@@ -1,0 +1,389 @@
+// AttachedTrainer: accepting the trainer, the welcome, and the per-step request loop.
+#include "worker/attach/attached_trainer.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace zeroshard::attach {
+namespace {
+
+// Waits for the listener are cut into slices this long, so that Abort() is seen in time.
+constexpr absl::Duration kAcceptSlice = absl::Milliseconds(50);
+// A connected trainer must say hello within this (a stray connection must not hold the worker).
+constexpr int kHelloTimeoutSeconds = 30;
+
+void SetReceiveTimeout(int fd, int seconds) {
+  timeval timeout{seconds, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+}
+
+}  // namespace
+
+AttachedTrainer::AttachedTrainer(AttachedTrainerOptions options, SharedMemoryBacking* backing)
+    : options_(std::move(options)), backing_(backing) {}
+
+AttachedTrainer::~AttachedTrainer() = default;
+
+void AttachedTrainer::Abort() {
+  absl::MutexLock lock(&abort_mu_);
+  aborted_ = true;
+  if (socket_ != nullptr) socket_->Shutdown();
+}
+
+absl::Status AttachedTrainer::Accept() {
+  while (true) {
+    {
+      absl::MutexLock lock(&abort_mu_);
+      if (aborted_) return absl::CancelledError("aborted while waiting for the trainer");
+    }
+    const absl::Duration remaining = options_.attach_deadline - absl::Now();
+    if (remaining <= absl::ZeroDuration()) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("no trainer of ", options_.job_id, " rank ", options_.rank,
+                       " attached in time (its launcher must start it and call zt.init())"));
+    }
+    pollfd listener{options_.listen_fd, POLLIN, 0};
+    const int ready = ::poll(&listener, 1,
+                             static_cast<int>(absl::ToInt64Milliseconds(std::max(
+                                 absl::Milliseconds(1), std::min(remaining, kAcceptSlice)))));
+    if (ready <= 0) continue;
+    const int fd = ::accept4(options_.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    SetReceiveTimeout(fd, kHelloTimeoutSeconds);
+    auto connection = std::make_unique<FrameSocket>(fd);
+    v1::AttachRequest request;
+    if (!connection->Read(request).ok() || !request.has_hello()) continue;
+    const v1::AttachHello& hello = request.hello();
+    v1::AttachResponse refusal;
+    if (hello.job_id() != options_.job_id) {
+      refusal.set_error(absl::StrCat("this worker runs ", options_.job_id, " rank ", options_.rank,
+                                     ", not ", hello.job_id()));
+      (void)connection->Write(refusal);
+      continue;
+    }
+    std::string mismatch;
+    if (hello.rank() != options_.rank || hello.world_size() != options_.world_size) {
+      mismatch =
+          absl::StrCat("the trainer is rank ", hello.rank(), " of ", hello.world_size(),
+                       ", this worker runs rank ", options_.rank, " of ", options_.world_size);
+    } else if (hello.layout_hash() != 0 && hello.layout_hash() != options_.layout_hash) {
+      mismatch = absl::StrCat("the trainer's model has layout hash ", hello.layout_hash(),
+                              ", the job's plan ", options_.layout_hash,
+                              " (a parameter differs in name, shape or group between ranks, "
+                              "or the model changed after the job was submitted)");
+    }
+    if (!mismatch.empty()) {
+      refusal.set_error(mismatch);
+      (void)connection->Write(refusal);
+      return absl::FailedPreconditionError(mismatch);
+    }
+    SetReceiveTimeout(fd, 0);
+    absl::MutexLock lock(&abort_mu_);
+    if (aborted_) return absl::CancelledError("aborted while the trainer attached");
+    socket_ = std::move(connection);
+    return absl::OkStatus();
+  }
+}
+
+absl::Status AttachedTrainer::Reply(const v1::AttachResponse& response, int pass_fd) {
+  return socket_->Write(response, pass_fd);
+}
+
+absl::Status AttachedTrainer::Ack() {
+  v1::AttachResponse response;
+  response.mutable_ack();
+  return Reply(response);
+}
+
+absl::Status AttachedTrainer::Fail(absl::Status status) {
+  if (socket_ != nullptr && !absl::IsCancelled(status)) {
+    v1::AttachResponse response;
+    response.set_error(std::string(status.message()));
+    (void)socket_->Write(response);
+  }
+  return status;
+}
+
+absl::Status AttachedTrainer::ReadRequest() {
+  v1::AttachRequest request;
+  ZS_RETURN_IF_ERROR(socket_->Read(request));
+  pending_ = std::move(request);
+  return absl::OkStatus();
+}
+
+absl::Status AttachedTrainer::MapBlock(const v1::MapBlock& request) {
+  const std::optional<SharedMemoryBacking::Block> block = backing_->FindById(request.block());
+  if (!block.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("map_block: no block ", request.block()));
+  }
+  v1::AttachResponse response;
+  response.mutable_mapped()->set_block(block->id);
+  response.mutable_mapped()->set_bytes(block->bytes);
+  return Reply(response, block->fd);
+}
+
+absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step,
+                                      bool needs_initial_parameters) {
+  const sharding::ShardPlan& plan = engine.plan();
+  zero2_ = engine.config().mode == engine::EngineMode::kZero2;
+  num_tensors_ = static_cast<int32_t>(plan.num_tensors());
+  tensor_elements_.assign(num_tensors_, 0);
+  full_gradients_.assign(num_tensors_, nullptr);
+  v1::AttachResponse response;
+  v1::AttachWelcome& welcome = *response.mutable_welcome();
+  welcome.set_job_id(options_.job_id);
+  welcome.set_generation(options_.generation);
+  welcome.set_rank(options_.rank);
+  welcome.set_world_size(options_.world_size);
+  welcome.set_mode(engine::EngineModeName(engine.config().mode));
+  welcome.set_layout_hash(plan.layout_hash());
+  welcome.set_start_step(start_step);
+  welcome.set_needs_initial_parameters(needs_initial_parameters);
+  welcome.set_loss_scale(engine.loss_scale());
+  for (int32_t t = 0; t < num_tensors_; ++t) {
+    const sharding::TensorSpec& spec = plan.tensors()[t];
+    tensor_elements_[t] = spec.num_elements;
+    v1::AttachedTensorLayout& layout = *welcome.add_tensors();
+    layout.set_name(spec.name);
+    for (int64_t dim : spec.shape) layout.add_shape(dim);
+    layout.set_elements(spec.num_elements);
+    ZS_ASSIGN_OR_RETURN(const workloads::StoredParameters params, engine.Parameters(t));
+    const std::optional<SharedMemoryBacking::Block> param_block = backing_->Find(params.data);
+    if (!param_block.has_value()) {
+      return Fail(absl::InternalError("the engine's parameters are not in shared memory"));
+    }
+    layout.set_param_block(param_block->id);
+    layout.set_param_offset(static_cast<const char*>(params.data) - param_block->data);
+    layout.set_grad_block(-1);
+    if (zero2_) {
+      for (int64_t begin = 0; begin < spec.num_elements;) {
+        begin = engine.GradSegmentEnd(t, begin);
+        layout.add_segment_ends(begin);
+      }
+    } else {
+      ZS_ASSIGN_OR_RETURN(float* gradient, engine.FullGradient(t));
+      const std::optional<SharedMemoryBacking::Block> grad_block = backing_->Find(gradient);
+      if (!grad_block.has_value()) {
+        return Fail(absl::InternalError("the engine's gradients are not in shared memory"));
+      }
+      full_gradients_[t] = gradient;
+      layout.set_grad_block(grad_block->id);
+      layout.set_grad_offset(reinterpret_cast<char*>(gradient) - grad_block->data);
+    }
+  }
+  ZS_RETURN_IF_ERROR(Reply(response));
+  if (!needs_initial_parameters) return absl::OkStatus();
+  // The trainer maps the parameters and writes its model's values; then says so.
+  while (true) {
+    ZS_RETURN_IF_ERROR(ReadRequest());
+    v1::AttachRequest request = *std::move(pending_);
+    pending_.reset();
+    if (request.has_map_block()) {
+      if (absl::Status mapped = MapBlock(request.map_block()); !mapped.ok()) return Fail(mapped);
+      continue;
+    }
+    if (!request.has_initial_parameters()) {
+      return Fail(absl::FailedPreconditionError(
+          "the trainer must send its initial parameters before its first step"));
+    }
+    break;
+  }
+  initial_.assign(num_tensors_, {});
+  for (int32_t t = 0; t < num_tensors_; ++t) {
+    ZS_ASSIGN_OR_RETURN(const workloads::StoredParameters params, engine.Parameters(t));
+    const float* values = static_cast<const float*>(params.data);
+    initial_[t].assign(values, values + params.size);
+    for (float value : initial_[t]) {
+      if (!std::isfinite(value)) {
+        return Fail(absl::InvalidArgumentError(absl::StrCat(
+            "parameter ", plan.tensors()[t].name, ": its initial values hold NaN or Inf")));
+      }
+    }
+  }
+  return Ack();
+}
+
+absl::Status AttachedTrainer::InitialParameters(int64_t tensor, absl::Span<float> out) const {
+  if (tensor < 0 || tensor >= static_cast<int64_t>(initial_.size()) ||
+      out.size() != initial_[tensor].size()) {
+    return absl::FailedPreconditionError("the trainer sent no initial parameters");
+  }
+  std::copy(initial_[tensor].begin(), initial_[tensor].end(), out.begin());
+  return absl::OkStatus();
+}
+
+int64_t AttachedTrainer::BufferBytes() const {
+  int64_t bytes = 0;
+  for (const std::vector<float>& tensor : initial_) {
+    bytes += static_cast<int64_t>(tensor.capacity() * sizeof(float));
+  }
+  return bytes;
+}
+
+absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
+  // Engine::InitializeParameters has read the initial values by now.
+  initial_.clear();
+  initial_.shrink_to_fit();
+  if (!pending_.has_value()) ZS_RETURN_IF_ERROR(ReadRequest());
+  if (pending_->has_finish()) {
+    pending_.reset();
+    ZS_RETURN_IF_ERROR(Ack());
+    return false;
+  }
+  return true;
+}
+
+absl::Status AttachedTrainer::HandOver(workloads::GradientSink& sink, int32_t tensor) {
+  for (int64_t begin = 0; begin < tensor_elements_[tensor];) {
+    const int64_t end = sink.GradSegmentEnd(tensor, begin);
+    ZS_ASSIGN_OR_RETURN(const absl::Span<float> buffer, sink.GradBuffer(tensor, begin, end));
+    if (buffer.data() != full_gradients_[tensor] + begin) {
+      return absl::InternalError("the engine moved a gradient segment out of the shared buffer");
+    }
+    ZS_RETURN_IF_ERROR(sink.GradWritten(tensor, begin, end));
+    begin = end;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AttachedTrainer::HandOverReady(workloads::GradientSink& sink) {
+  while (next_tensor_ < num_tensors_ && ready_[next_tensor_]) {
+    ZS_RETURN_IF_ERROR(HandOver(sink, next_tensor_));
+    ++next_tensor_;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
+                                                        workloads::ParameterSource& params,
+                                                        workloads::GradientSink& sink) {
+  (void)step;
+  (void)params;  // the trainer reads the shared parameters, gathered before the last answer
+  ready_.assign(num_tensors_, false);
+  next_tensor_ = 0;
+  open_segment_.reset();
+  lr_.reset();
+  while (true) {
+    if (!pending_.has_value()) {
+      if (absl::Status read = ReadRequest(); !read.ok()) return read;
+    }
+    v1::AttachRequest request = *std::move(pending_);
+    pending_.reset();
+    absl::Status served;
+    switch (request.request_case()) {
+      case v1::AttachRequest::kMapBlock:
+        served = MapBlock(request.map_block());
+        break;
+      case v1::AttachRequest::kReady:
+        if (zero2_) {
+          served = absl::FailedPreconditionError("ready: zero2 hands gradients over by segment");
+          break;
+        }
+        for (int32_t tensor : request.ready().tensors()) {
+          if (tensor < 0 || tensor >= num_tensors_) {
+            served = absl::InvalidArgumentError(absl::StrCat("ready: no tensor ", tensor));
+            break;
+          }
+          ready_[tensor] = true;
+        }
+        if (served.ok()) served = HandOverReady(sink);
+        break;
+      case v1::AttachRequest::kSegment: {
+        const v1::GradientSegment& segment = request.segment();
+        if (!zero2_ || open_segment_.has_value() || segment.tensor() < 0 ||
+            segment.tensor() >= num_tensors_) {
+          served = absl::FailedPreconditionError(
+              absl::StrCat("segment: tensor ", segment.tensor(), " [", segment.begin(), ", ",
+                           segment.end(), ") is not the next segment"));
+          break;
+        }
+        absl::StatusOr<absl::Span<float>> buffer =
+            sink.GradBuffer(segment.tensor(), segment.begin(), segment.end());
+        if (!buffer.ok()) {
+          served = buffer.status();
+          break;
+        }
+        const std::optional<SharedMemoryBacking::Block> block = backing_->Find(buffer->data());
+        if (!block.has_value()) {
+          served = absl::InternalError("the engine's bucket buffer is not in shared memory");
+          break;
+        }
+        open_segment_ = segment;
+        v1::AttachResponse response;
+        response.mutable_place()->set_block(block->id);
+        response.mutable_place()->set_offset(reinterpret_cast<char*>(buffer->data()) - block->data);
+        served = Reply(response);
+        break;
+      }
+      case v1::AttachRequest::kWritten: {
+        const v1::GradientSegment& segment = request.written();
+        if (!open_segment_.has_value() || open_segment_->tensor() != segment.tensor() ||
+            open_segment_->begin() != segment.begin() || open_segment_->end() != segment.end()) {
+          served = absl::FailedPreconditionError("written: not the segment that was placed");
+          break;
+        }
+        open_segment_.reset();
+        served = sink.GradWritten(segment.tensor(), segment.begin(), segment.end());
+        if (served.ok() && segment.end() == tensor_elements_[segment.tensor()]) {
+          next_tensor_ = segment.tensor() + 1;
+        }
+        break;
+      }
+      case v1::AttachRequest::kStep: {
+        const double lr = request.step().lr();
+        if (!std::isfinite(lr) || lr < 0) {
+          return Fail(absl::InvalidArgumentError(absl::StrCat("step: lr ", lr, " is not >= 0")));
+        }
+        if (!zero2_) {
+          // Tensors never marked ready take their buffer as it is (zeros, or what accumulated).
+          for (; next_tensor_ < num_tensors_; ++next_tensor_) {
+            if (absl::Status handed = HandOver(sink, next_tensor_); !handed.ok()) {
+              return Fail(handed);
+            }
+          }
+        } else if (next_tensor_ != num_tensors_ || open_segment_.has_value()) {
+          return Fail(absl::FailedPreconditionError(
+              absl::StrCat("step: tensor ", next_tensor_, "'s gradient was not handed over")));
+        }
+        lr_ = lr;
+        return request.step().loss();
+      }
+      default:
+        served = absl::FailedPreconditionError(absl::StrCat(
+            "request ", static_cast<int>(request.request_case()), " is not allowed during a step"));
+    }
+    if (!served.ok()) return Fail(served);
+  }
+}
+
+absl::Status AttachedTrainer::StepApplied(const workloads::StepOutcome& outcome,
+                                          workloads::ParameterSource& params) {
+  for (int32_t t = 0; t < num_tensors_; ++t) {
+    if (absl::Status gathered = params.Parameters(t).status(); !gathered.ok()) {
+      return Fail(gathered);
+    }
+  }
+  v1::AttachResponse response;
+  v1::StepOutcome& result = *response.mutable_step_result();
+  result.set_skipped(outcome.skipped);
+  result.set_optimizer_step(outcome.optimizer_step);
+  result.set_global_loss(outcome.global_loss);
+  result.set_grad_norm(outcome.grad_norm);
+  result.set_clip_coef(outcome.clip_coef);
+  result.set_next_loss_scale(outcome.next_loss_scale);
+  return Reply(response);
+}
+
+}  // namespace zeroshard::attach

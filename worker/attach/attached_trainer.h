@@ -1,0 +1,115 @@
+// AttachedTrainer: the Workload of an attached job (docs/pytorch.md): a PyTorch trainer process
+// computes forward and backward on parameters it maps from the worker's shared memory, and tells
+// the worker over a unix socket when gradients are ready and when to step.
+#ifndef ZEROSHARD_WORKER_ATTACH_ATTACHED_TRAINER_H_
+#define ZEROSHARD_WORKER_ATTACH_ATTACHED_TRAINER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "worker/attach/frame_socket.h"
+#include "worker/attach/shared_memory_backing.h"
+#include "worker/engine/engine.h"
+#include "worker/workloads/workload.h"
+#include "zeroshard/v1/attach.pb.h"
+
+namespace zeroshard::attach {
+
+struct AttachedTrainerOptions {
+  // The worker's listening unix socket (not owned): the trainer's connection is accepted here.
+  int listen_fd = -1;
+  std::string job_id;
+  int64_t generation = 0;
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  // The plan's; a trainer whose model hashes otherwise is refused.
+  uint64_t layout_hash = 0;
+  // The trainer must have connected and said hello by then.
+  absl::Time attach_deadline = absl::InfiniteFuture();
+};
+
+// The protocol (proto/zeroshard/v1/attach.proto), from the worker's side:
+//   Accept():   hello from the trainer of this job and rank (other trainers are refused and
+//               closed; the worker keeps waiting for its own).
+//   Welcome():  the layout of the engine's shared buffers; in a first generation, the trainer's
+//               initial parameter values (InitialParameters reads them).
+//   per step:   AwaitNextStep() takes the trainer's first request of the step (finish ends the
+//               run); ForwardBackward() serves map_block / ready / segment / written until the
+//               step request, handing the gradients to the engine in plan order; the run calls
+//               Engine::Step with LearningRate(); StepApplied() waits for the all-gathers and
+//               answers the step request.
+// Any error is answered to the trainer (AttachResponse.error) and ends the run.
+//
+// Thread contract: everything on the run's thread, except Abort() (any thread).
+class AttachedTrainer final : public workloads::Workload {
+ public:
+  // `backing` holds the engine's memory (the blocks the trainer maps); it must outlive this.
+  AttachedTrainer(AttachedTrainerOptions options, SharedMemoryBacking* backing);
+  ~AttachedTrainer() override;
+
+  // Waits for this rank's trainer. DEADLINE_EXCEEDED at options.attach_deadline, CANCELLED on
+  // Abort(), FAILED_PRECONDITION when this job's trainer says another rank, world size or layout
+  // hash (it is told why).
+  absl::Status Accept();
+  // Sends the welcome for `engine` (whose memory is the backing's). With
+  // `needs_initial_parameters`, waits for the trainer's initial values and copies them.
+  absl::Status Welcome(engine::Engine& engine, int64_t start_step, bool needs_initial_parameters);
+  // Ends a wait for the trainer (Accept, or a request) with CANCELLED.
+  void Abort();
+
+  // workloads::Workload.
+  absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const override;
+  absl::StatusOr<double> ForwardBackward(int64_t step, workloads::ParameterSource& params,
+                                         workloads::GradientSink& sink) override;
+  int64_t BufferBytes() const override;
+  absl::StatusOr<bool> AwaitNextStep() override;
+  std::optional<double> LearningRate() const override { return lr_; }
+  absl::Status StepApplied(const workloads::StepOutcome& outcome,
+                           workloads::ParameterSource& params) override;
+
+ private:
+  // Reads the next request (into pending_).
+  absl::Status ReadRequest();
+  // Answers `status`'s error to the trainer (best effort) and returns it.
+  absl::Status Fail(absl::Status status);
+  absl::Status Reply(const v1::AttachResponse& response, int pass_fd = -1);
+  absl::Status Ack();
+  absl::Status MapBlock(const v1::MapBlock& request);
+  // ddp/zero1: hands tensors to the engine in plan order while the next one is ready.
+  absl::Status HandOverReady(workloads::GradientSink& sink);
+  absl::Status HandOver(workloads::GradientSink& sink, int32_t tensor);
+
+  const AttachedTrainerOptions options_;
+  SharedMemoryBacking* const backing_;
+  std::unique_ptr<FrameSocket> socket_;
+  absl::Mutex abort_mu_;
+  bool aborted_ ABSL_GUARDED_BY(abort_mu_) = false;
+
+  // From the engine, at Welcome.
+  bool zero2_ = false;
+  int32_t num_tensors_ = 0;
+  std::vector<int64_t> tensor_elements_;
+  std::vector<float*> full_gradients_;  // ddp/zero1: each tensor's gradient view
+  std::vector<std::vector<float>> initial_;
+
+  // The request being served, if read but not yet handled.
+  std::optional<v1::AttachRequest> pending_;
+  // This step: tensors marked ready (ddp/zero1), the next tensor to hand over, the open zero2
+  // segment.
+  std::vector<bool> ready_;
+  int32_t next_tensor_ = 0;
+  std::optional<v1::GradientSegment> open_segment_;
+  std::optional<double> lr_;
+  bool initial_acknowledged_ = true;
+};
+
+}  // namespace zeroshard::attach
+
+#endif  // ZEROSHARD_WORKER_ATTACH_ATTACHED_TRAINER_H_

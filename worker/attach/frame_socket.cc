@@ -1,0 +1,99 @@
+// FrameSocket: length-prefixed frames with an optional SCM_RIGHTS descriptor.
+#include "worker/attach/frame_socket.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace zeroshard::attach {
+
+FrameSocket::FrameSocket(int fd) : fd_(fd) {}
+
+FrameSocket::~FrameSocket() { ::close(fd_); }
+
+void FrameSocket::Shutdown() {
+  shut_down_.store(true);
+  ::shutdown(fd_, SHUT_RDWR);
+}
+
+absl::Status FrameSocket::ReadExactly(char* data, size_t size, bool frame_started) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::recv(fd_, data + done, size - done, 0);
+    if (shut_down_.load()) return absl::CancelledError("the attach connection was shut down");
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0 && done == 0 && !frame_started) {
+      return absl::UnavailableError("the trainer closed its connection");
+    }
+    return absl::UnavailableError(
+        absl::StrCat("the trainer's connection broke: ",
+                     n == 0 ? "end of stream inside a frame" : std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FrameSocket::Read(google::protobuf::MessageLite& message) {
+  unsigned char header[4];
+  if (absl::Status read = ReadExactly(reinterpret_cast<char*>(header), 4, false); !read.ok()) {
+    return read;
+  }
+  const uint32_t length = uint32_t{header[0]} | uint32_t{header[1]} << 8 |
+                          uint32_t{header[2]} << 16 | uint32_t{header[3]} << 24;
+  if (length > kMaxFrameBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attach frame of ", length, " bytes (at most ", kMaxFrameBytes, ")"));
+  }
+  std::string body(length, '\0');
+  if (absl::Status read = ReadExactly(body.data(), length, true); !read.ok()) return read;
+  if (!message.ParseFromString(body)) {
+    return absl::InvalidArgumentError(absl::StrCat("unparsable attach frame (", length, " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FrameSocket::Write(const google::protobuf::MessageLite& message, int pass_fd) {
+  if (shut_down_.load()) return absl::CancelledError("the attach connection was shut down");
+  std::string frame(4, '\0');
+  if (!message.AppendToString(&frame)) return absl::InternalError("cannot serialize a frame");
+  const uint32_t length = static_cast<uint32_t>(frame.size() - 4);
+  for (int k = 0; k < 4; ++k) frame[k] = static_cast<char>((length >> (8 * k)) & 0xff);
+  size_t sent = 0;
+  bool fd_sent = pass_fd < 0;
+  while (sent < frame.size()) {
+    iovec io{frame.data() + sent, frame.size() - sent};
+    msghdr header{};
+    header.msg_iov = &io;
+    header.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))];
+    if (!fd_sent) {
+      std::memset(control, 0, sizeof(control));
+      header.msg_control = control;
+      header.msg_controllen = sizeof(control);
+      cmsghdr* message_header = CMSG_FIRSTHDR(&header);
+      message_header->cmsg_level = SOL_SOCKET;
+      message_header->cmsg_type = SCM_RIGHTS;
+      message_header->cmsg_len = CMSG_LEN(sizeof(int));
+      std::memcpy(CMSG_DATA(message_header), &pass_fd, sizeof(int));
+    }
+    const ssize_t n = ::sendmsg(fd_, &header, MSG_NOSIGNAL);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::UnavailableError(
+          absl::StrCat("writing to the trainer failed: ", std::strerror(errno)));
+    }
+    fd_sent = true;
+    sent += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace zeroshard::attach

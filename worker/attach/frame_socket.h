@@ -1,0 +1,46 @@
+// FrameSocket: the attach protocol's framing (proto/zeroshard/v1/attach.proto) on a connected
+// unix stream socket: a 4-byte little-endian length, then one serialized message; a frame may
+// carry one file descriptor (SCM_RIGHTS).
+#ifndef ZEROSHARD_WORKER_ATTACH_FRAME_SOCKET_H_
+#define ZEROSHARD_WORKER_ATTACH_FRAME_SOCKET_H_
+
+#include <atomic>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "google/protobuf/message_lite.h"
+
+namespace zeroshard::attach {
+
+// Frames longer than this are refused (a trainer's welcome lists every tensor: 64 MiB allows
+// hundreds of thousands).
+inline constexpr uint32_t kMaxFrameBytes = 64u << 20;
+
+// Thread contract: one thread reads and writes; Shutdown() may be called from any thread.
+class FrameSocket {
+ public:
+  // Takes ownership of `fd`, a connected unix stream socket.
+  explicit FrameSocket(int fd);
+  ~FrameSocket();
+  FrameSocket(const FrameSocket&) = delete;
+  FrameSocket& operator=(const FrameSocket&) = delete;
+
+  // Blocks for the next frame. UNAVAILABLE when the peer closed the connection (between frames
+  // or inside one), CANCELLED after Shutdown(), INVALID_ARGUMENT for an oversized or unparsable
+  // frame.
+  absl::Status Read(google::protobuf::MessageLite& message);
+  // Sends one frame, with `pass_fd` as SCM_RIGHTS when >= 0 (the descriptor stays open here).
+  absl::Status Write(const google::protobuf::MessageLite& message, int pass_fd = -1);
+  // Ends a blocked Read (CANCELLED) and every later call.
+  void Shutdown();
+
+ private:
+  absl::Status ReadExactly(char* data, size_t size, bool frame_started);
+
+  const int fd_;
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace zeroshard::attach
+
+#endif  // ZEROSHARD_WORKER_ATTACH_FRAME_SOCKET_H_
