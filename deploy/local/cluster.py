@@ -268,6 +268,11 @@ class Cluster:
             ]
             if self.args.worker_threads is not None:
                 argv.append(f"--threads={self.args.worker_threads}")
+            # Where attached PyTorch trainers (python3 -m zeroshard.launch) connect; a unix
+            # socket path must fit sockaddr_un (107 bytes).
+            attach_socket = os.path.join(os.path.abspath(self.log_dir), f"worker-{i}.sock")
+            if len(attach_socket) <= 107:
+                argv.append(f"--attach_socket={attach_socket}")
             argv.extend(self.args.worker_flag)
             self.workers.append(self._start(f"worker-{i}", argv))
 
