@@ -17,6 +17,9 @@ PACKAGES=(
   libgloo-dev libsqlite3-dev sqlite3 libopenblas-dev libcpp-httplib-dev libyaml-cpp-dev
   # Tools the scripts use; python3-torch for tests/integration:torch_adamw_test (the reference).
   python3 python3-numpy python3-torch curl procps
+  # The zeroshard Python package (python/): its gRPC client and the stubs protoc generates
+  # (grpc_python_plugin comes with protobuf-compiler-grpc).
+  python3-grpcio python3-protobuf
 )
 
 SUDO=""
