@@ -269,7 +269,6 @@ absl::Status AttachedTrainer::HandOverReady(workloads::GradientSink& sink) {
 absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
                                                         workloads::ParameterSource& params,
                                                         workloads::GradientSink& sink) {
-  (void)step;
   (void)params;  // the trainer reads the shared parameters, gathered before the last answer
   ready_.assign(num_tensors_, false);
   next_tensor_ = 0;
@@ -360,6 +359,12 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
         lr_ = lr;
         return request.step().loss();
       }
+      case v1::AttachRequest::kFinish:
+        // The trainer gave up on this step (an exception between backward and step()): its
+        // gradients are incomplete, so the run fails (its peers stop at once) after the ack.
+        (void)Ack();
+        return absl::AbortedError(absl::StrCat("the trainer finished in the middle of step ", step,
+                                               " (after handing over part of its gradients)"));
       default:
         served = absl::FailedPreconditionError(absl::StrCat(
             "request ", static_cast<int>(request.request_case()), " is not allowed during a step"));

@@ -1,0 +1,113 @@
+"""Bad input to zt.ShardedOptimizer, run by `python3 -m zeroshard.launch --workers 1`: each case
+must raise an exception whose text names the parameter (issue 13). Prints one JSON line per case;
+exits 1 when a case does not raise as expected.
+"""
+
+import json
+import sys
+
+import torch
+
+import zeroshard.torch as zt
+
+
+def linear_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+
+
+def non_contiguous():
+    model = linear_model()
+    model[0].weight = torch.nn.Parameter(torch.randn(4, 3).t())
+    zt.ShardedOptimizer(model, "sgd", lr=0.1)
+
+
+def sparse():
+    model = linear_model()
+    model[2].bias = torch.nn.Parameter(torch.zeros(2).to_sparse())
+    zt.ShardedOptimizer(model, "sgd", lr=0.1)
+
+
+def half_precision():
+    model = linear_model()
+    model[2].weight = torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float16))
+    zt.ShardedOptimizer(model, "sgd", lr=0.1)
+
+
+def replaced_after_building():
+    model = linear_model()
+    optimizer = zt.ShardedOptimizer(model, "sgd", lr=0.1)
+    try:
+        model[2].weight.data = torch.zeros(2, 3)
+        model(torch.randn(5, 4)).sum().backward()
+        optimizer.step()
+    finally:
+        zt.finish(optimizer)
+
+
+def group_lr_ratio_broken():
+    model = linear_model()
+    biases = [model[0].bias, model[2].bias]
+    optimizer = zt.ShardedOptimizer(model, "sgd", lr=0.1,
+                                    param_groups=[{"params": biases, "lr": 0.05}])
+    try:
+        optimizer.param_groups[1]["lr"] = 0.07  # no longer half of group 0's
+        model(torch.randn(5, 4)).sum().backward()
+        optimizer.step()
+    finally:
+        zt.finish(optimizer)
+
+
+def unknown_group_key():
+    model = linear_model()
+    zt.ShardedOptimizer(model, "adam", lr=0.1,
+                        param_groups=[{"params": [model[0].bias], "betas": (0.8, 0.9)}])
+
+
+# (case, the exception type, text it must contain)
+CASES = [
+    (non_contiguous, ValueError, "parameter 0.weight: it is not contiguous"),
+    (sparse, ValueError, "parameter 2.bias: sparse"),
+    (half_precision, ValueError, "parameter 2.weight: dtype torch.float16"),
+    (replaced_after_building, ValueError, "parameter 2.weight: its data was replaced"),
+    (group_lr_ratio_broken, ValueError, "param_groups[1]: lr 0.07"),
+    (unknown_group_key, ValueError, "param_groups[0]: keys ['betas']"),
+]
+
+
+def frozen_parameters_are_left_alone():
+    """requires_grad=False is allowed: not sharded, not updated; the rest trains."""
+    model = linear_model()
+    model[0].weight.requires_grad_(False)
+    frozen = model[0].weight.detach().clone()
+    trained = model[2].weight.detach().clone()
+    optimizer = zt.ShardedOptimizer(model, "sgd", lr=0.1)
+    for _ in range(3):
+        model(torch.randn(5, 4)).pow(2).sum().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    zt.finish(optimizer)
+    return torch.equal(model[0].weight, frozen) and not torch.equal(model[2].weight, trained)
+
+
+def main():
+    zt.init()
+    failures = 0
+    for case, expected_type, expected_text in CASES:
+        try:
+            case()
+            raised = None
+        except Exception as e:  # the case's exception is the result
+            raised = e
+        ok = isinstance(raised, expected_type) and expected_text in str(raised)
+        failures += 0 if ok else 1
+        print(json.dumps({"case": case.__name__, "ok": ok, "raised": repr(raised),
+                          "expected": expected_text}), flush=True)
+    ok = frozen_parameters_are_left_alone()
+    failures += 0 if ok else 1
+    print(json.dumps({"case": "frozen_parameters_are_left_alone", "ok": ok}), flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
