@@ -62,5 +62,16 @@ class AttachEquivalenceTest(unittest.TestCase):
         self.check_world_size(3)
 
 
+class AttachBadInputTest(unittest.TestCase):
+    def test_every_bad_input_names_the_parameter(self):
+        status, out = launch(1, "attach_bad_input_script.py")
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for line in lines:
+            print(json.dumps(line))
+        self.assertEqual(len(lines), 7, out)
+        self.assertEqual([line["case"] for line in lines if not line["ok"]], [])
+        self.assertEqual(status, 0)
+
+
 if __name__ == "__main__":
     unittest.main()

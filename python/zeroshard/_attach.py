@@ -37,11 +37,9 @@ class AttachConnection:
         self._blocks = {}  # block id -> (mmap, bytes)
 
     def close(self):
-        for mapped, _ in self._blocks.values():
-            try:
-                mapped.close()
-            except BufferError:
-                pass  # tensors still view it: the mapping lives on until they are freed
+        # The mappings are not closed: the model's parameters still view them (torch.frombuffer
+        # keeps a reference, not a buffer export, so mmap.close() would unmap under them). They
+        # go when the last tensor viewing them does.
         self._blocks.clear()
         self._socket.close()
 
