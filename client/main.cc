@@ -196,9 +196,9 @@ void PrintJobJson(const v1::Job& job) {
 
 void PrintJobSummary(const v1::Job& job) {
   std::cout << absl::StrFormat(
-      "%s  %s  name=%s  generation=%d  workers=%d  step=%d/%d  loss=%.6g\n", job.id(),
+      "%s  %s  name=%s  generation=%d  workers=%d  step=%s  loss=%.6g\n", job.id(),
       v1::JobState_Name(job.state()), job.spec().name(), job.generation(), job.worker_ids_size(),
-      job.progress().step(), job.spec().steps(), job.progress().loss());
+      StepOfTotal(job.progress().step(), job.spec().steps()), job.progress().loss());
   if (!job.message().empty()) std::cout << "  " << job.message() << "\n";
 }
 
@@ -260,7 +260,7 @@ int Run(std::vector<char*> args) {
       std::cout << absl::StrFormat("%-12s %-11s %-4d %-7d %-13s %-12.6g %s\n", job.id(),
                                    v1::JobState_Name(job.state()), job.generation(),
                                    job.worker_ids_size(),
-                                   absl::StrCat(job.progress().step(), "/", job.spec().steps()),
+                                   StepOfTotal(job.progress().step(), job.spec().steps()),
                                    job.progress().loss(), job.spec().name());
     }
     return 0;
@@ -299,16 +299,17 @@ int Run(std::vector<char*> args) {
     }
     absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client.ListWorkers(state);
     if (!workers.ok()) return Fail(workers.status());
-    std::cout << absl::StrFormat("%-14s %-14s %-12s %-5s %-6s %-12s %s\n", "ID", "NAME", "HOST",
-                                 "KIND", "STATE", "JOB", "RANK");
+    std::cout << absl::StrFormat("%-14s %-14s %-12s %-5s %-6s %-12s %-11s %s\n", "ID", "NAME",
+                                 "HOST", "KIND", "STATE", "JOB", "RANK", "ATTACH_SOCKET");
     for (const v1::WorkerInfo& worker : *workers) {
       const bool running = worker.assignment().kind() == v1::ASSIGNMENT_RUN;
       std::cout << absl::StrFormat(
-          "%-14s %-14s %-12s %-5s %-6s %-12s %s\n", worker.id(), worker.name(), worker.host(),
+          "%-14s %-14s %-12s %-5s %-6s %-12s %-11s %s\n", worker.id(), worker.name(), worker.host(),
           v1::DeviceKind_Name(worker.device_kind()), v1::WorkerState_Name(worker.state()),
           running ? worker.assignment().job_id() : "-",
           running ? absl::StrCat(worker.assignment().rank(), "/", worker.assignment().world_size())
-                  : "-");
+                  : "-",
+          worker.attach_socket().empty() ? "-" : worker.attach_socket());
     }
     return 0;
   }

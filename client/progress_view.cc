@@ -16,23 +16,35 @@ ProgressView::ProgressView(std::string job_id, int64_t total_steps, bool termina
 
 std::string ProgressView::ProgressLine(const v1::StepMetrics& metrics, int64_t total_steps,
                                        int bar_width) {
-  const int64_t total = std::max<int64_t>(total_steps, 1);
-  const int64_t step = std::clamp<int64_t>(metrics.step(), 0, total);
-  const int filled = static_cast<int>(bar_width * step / total);
   // The whole iteration (forward, backward and step) where the worker reports it; older workers
   // report the engine's step alone.
   const bool whole_iteration = metrics.iteration_ms() > 0;
   const double per_step_ms = whole_iteration ? metrics.iteration_ms() : metrics.step_ms();
-  const int64_t eta_s = static_cast<int64_t>(std::llround((total - step) * per_step_ms / 1000.0));
-  std::string line = absl::StrFormat("[%s%s] %*d/%d  loss %.6g  %.2f ms/%s  ETA %d:%02d:%02d",
-                                     std::string(filled, '#'), std::string(bar_width - filled, '-'),
-                                     static_cast<int>(absl::StrCat(total).size()), step, total,
-                                     metrics.loss(), per_step_ms, whole_iteration ? "iter" : "step",
-                                     eta_s / 3600, eta_s / 60 % 60, eta_s % 60);
+  const char* const unit = whole_iteration ? "iter" : "step";
+  std::string line;
+  if (total_steps <= 0) {
+    // No end to measure against: no bar and no ETA.
+    line = absl::StrFormat("step %d  loss %.6g  %.2f ms/%s", metrics.step(), metrics.loss(),
+                           per_step_ms, unit);
+  } else {
+    const int64_t step = std::clamp<int64_t>(metrics.step(), 0, total_steps);
+    const int filled = static_cast<int>(bar_width * step / total_steps);
+    const int64_t eta_s =
+        static_cast<int64_t>(std::llround((total_steps - step) * per_step_ms / 1000.0));
+    line = absl::StrFormat("[%s%s] %*d/%d  loss %.6g  %.2f ms/%s  ETA %d:%02d:%02d",
+                           std::string(filled, '#'), std::string(bar_width - filled, '-'),
+                           static_cast<int>(absl::StrCat(total_steps).size()), step, total_steps,
+                           metrics.loss(), per_step_ms, unit, eta_s / 3600, eta_s / 60 % 60,
+                           eta_s % 60);
+  }
   if (metrics.vmhwm_bytes() > 0) {
     absl::StrAppendFormat(&line, "  peak RSS %.1f MiB", metrics.vmhwm_bytes() / 1048576.0);
   }
   return line;
+}
+
+std::string StepOfTotal(int64_t step, int64_t total_steps) {
+  return total_steps > 0 ? absl::StrCat(step, "/", total_steps) : absl::StrCat(step);
 }
 
 void ProgressView::OnEvent(const v1::JobEvent& event) {

@@ -48,6 +48,32 @@ TEST(ProgressViewTest, ProgressLineTimesTheWholeIterationAndShowsThePeakRss) {
             "[#####-----] 40/80  loss 0.0123  150.00 ms/iter  ETA 0:00:06  peak RSS 768.0 MiB");
 }
 
+TEST(ProgressViewTest, WithoutAFixedStepCountTheLineHasTheStepAloneAndNoEta) {
+  v1::StepMetrics metrics;
+  metrics.set_step(1234);
+  metrics.set_loss(0.0123);
+  metrics.set_step_ms(50);
+  EXPECT_EQ(ProgressView::ProgressLine(metrics, 0, 10), "step 1234  loss 0.0123  50.00 ms/step");
+  metrics.set_iteration_ms(150);
+  metrics.set_vmhwm_bytes(int64_t{768} << 20);
+  EXPECT_EQ(ProgressView::ProgressLine(metrics, 0, 10),
+            "step 1234  loss 0.0123  150.00 ms/iter  peak RSS 768.0 MiB");
+
+  std::ostringstream out;
+  ProgressView view("job-000007", 0, /*terminal=*/false, &out);
+  view.OnEvent(Progress(3, 0.5, 10));
+  view.OnEvent(State(v1::SUCCEEDED, "all ranks finished"));
+  EXPECT_EQ(out.str(),
+            "job-000007 step 3  loss 0.5  10.00 ms/step\n"
+            "job-000007 SUCCEEDED: all ranks finished\n");
+}
+
+TEST(ProgressViewTest, StepOfTotalLeavesOutAMissingTotal) {
+  EXPECT_EQ(StepOfTotal(40, 80), "40/80");
+  EXPECT_EQ(StepOfTotal(40, 0), "40");
+  EXPECT_EQ(StepOfTotal(0, 0), "0");
+}
+
 TEST(ProgressViewTest, PlainOutputHasOneLinePerEvent) {
   std::ostringstream out;
   ProgressView view("job-000001", 2, /*terminal=*/false, &out);

@@ -1,9 +1,11 @@
 // Service tests: an in-process CoordinatorServer on a loopback port and a real gRPC channel.
 // Covers validation of every RPC, waiting StoreGets without a thread each, WatchJob, the ops
-// surface (health, reflection, /metrics) and leases on a fake clock.
+// surface (health, reflection, /metrics), leases on a fake clock, and attached jobs on their
+// pinned workers.
 #include <dirent.h>
 #include <httplib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -114,11 +117,13 @@ class CoordinatorServiceTest : public ::testing::Test {
     stub_ = v1::Coordinator::NewStub(channel_);
   }
 
-  std::string Register(const std::string& name, const std::string& host = "host-a") {
+  std::string Register(const std::string& name, const std::string& host = "host-a",
+                       const std::string& attach_socket = "") {
     v1::RegisterWorkerRequest request;
     request.set_name(name);
     request.set_host(host);
     request.set_device_kind(v1::CPU);
+    request.set_attach_socket(attach_socket);
     v1::RegisterWorkerResponse response;
     grpc::ClientContext context;
     SetDeadline(context);
@@ -293,6 +298,8 @@ TEST_F(CoordinatorServiceTest, EveryMalformedRequestIsRefusedAndChangesNothing) 
           edited(worker, [](auto& r) { r.set_device_memory_bytes(-1); })));
   add(Bad("label key with spaces", kInvalid, "labels", &Stub::RegisterWorker,
           edited(worker, [](auto& r) { (*r.mutable_labels())["Bad Key"] = "x"; })));
+  add(Bad("relative attach socket", kInvalid, "attach_socket", &Stub::RegisterWorker,
+          edited(worker, [](auto& r) { r.set_attach_socket("w.sock"); })));
   // Heartbeat.
   v1::HeartbeatRequest heartbeat;
   add(Bad("heartbeat without worker id", kInvalid, "worker_id", &Stub::Heartbeat, heartbeat));
@@ -360,6 +367,9 @@ TEST_F(CoordinatorServiceTest, EveryMalformedRequestIsRefusedAndChangesNothing) 
               [](v1::JobSpec& s) { s.mutable_checkpoint()->set_dir("../elsewhere"); }));
   add(BadSpec("unknown device kind in the spec", "spec.device_kind",
               [](v1::JobSpec& s) { s.set_device_kind(static_cast<v1::DeviceKind>(9)); }));
+  add(BadSpec("attached model and a preset", "spec.workload.attached", [](v1::JobSpec& s) {
+    s.mutable_workload()->mutable_attached()->add_workers("worker-a");
+  }));
   // GetJob, ListJobs, CancelJob, WatchJob, GetShardPlan.
   v1::GetJobRequest get_job;
   add(Bad("GetJob without id", kInvalid, "job_id", &Stub::GetJob, get_job));
@@ -501,6 +511,154 @@ TEST_F(CoordinatorServiceTest, EveryMalformedRequestIsRefusedAndChangesNothing) 
   ASSERT_EQ(jobs.jobs_size(), 2);
   EXPECT_EQ(jobs.jobs(0).id(), second.id());
   EXPECT_EQ(jobs.jobs(1).id(), job.id());
+}
+
+// ---- Attached jobs ----
+
+// A trainer's model: tensors in gradient-ready order, ranks pinned to workers by name.
+v1::JobSpec AttachedSpec(const std::vector<std::string>& workers) {
+  v1::JobSpec spec;
+  spec.set_name("torch-train");
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  v1::AttachedModel& attached = *spec.mutable_workload()->mutable_attached();
+  const std::pair<const char*, std::vector<int64_t>> tensors[] = {
+      {"head.bias", {10}}, {"head.weight", {10, 32}}, {"scale", {}}, {"embed.weight", {100, 32}}};
+  for (const auto& [name, shape] : tensors) {
+    v1::AttachedTensor& tensor = *attached.add_tensors();
+    tensor.set_name(name);
+    for (int64_t dim : shape) tensor.add_shape(dim);
+  }
+  for (const std::string& worker : workers) attached.add_workers(worker);
+  return spec;
+}
+
+TEST_F(CoordinatorServiceTest, AttachedJobRunsOnItsPinnedWorkersWithTheirSockets) {
+  StartServer();
+  // The coordinator only passes the paths on (bazel's TEST_TMPDIR is longer than a socket path
+  // may be).
+  const std::string socket_dir = "/tmp/zeroshard-attach";
+  const std::string first = Register("trainer-host-0", "host-a", socket_dir + "/w0.sock");
+  const std::string second = Register("trainer-host-1", "host-b", socket_dir + "/w1.sock");
+  // Pinned in the reverse order of registration (and of hosts).
+  const v1::JobSpec spec = AttachedSpec({"trainer-host-1", "trainer-host-0"});
+  const v1::Job submitted = Submit(spec);
+  ASSERT_FALSE(submitted.id().empty());
+  EXPECT_EQ(submitted.spec().steps(), 0);
+  EXPECT_FALSE(submitted.spec().has_global_batch());
+  EXPECT_EQ(submitted.spec().min_workers(), 2);
+  EXPECT_EQ(submitted.spec().max_workers(), 2);
+
+  const std::string by_rank[] = {second, first};
+  const std::string socket_by_rank[] = {socket_dir + "/w1.sock", socket_dir + "/w0.sock"};
+  for (int rank : {1, 0}) {
+    v1::HeartbeatResponse response;
+    const grpc::Status status = Heartbeat(by_rank[rank], &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    const v1::Assignment& assignment = response.assignment();
+    EXPECT_EQ(assignment.kind(), v1::ASSIGNMENT_RUN) << "rank " << rank;
+    EXPECT_EQ(assignment.job_id(), submitted.id());
+    EXPECT_EQ(assignment.rank(), rank);
+    EXPECT_EQ(assignment.world_size(), 2);
+    EXPECT_EQ(assignment.attach_socket(), socket_by_rank[rank]);
+    EXPECT_TRUE(assignment.spec().workload().has_attached());
+  }
+  const v1::Job job = GetJob(submitted.id());
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.message();
+  ASSERT_EQ(job.worker_ids_size(), 2);
+  EXPECT_EQ(job.worker_ids(0), second);
+  EXPECT_EQ(job.worker_ids(1), first);
+
+  // The plan lists the spec's tensors, in its order, with their shapes.
+  v1::GetShardPlanRequest plan_request;
+  plan_request.set_job_id(job.id());
+  plan_request.set_include_layout(true);
+  v1::ShardPlan plan;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->GetShardPlan(&context, plan_request, &plan);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  const v1::AttachedModel& attached = spec.workload().attached();
+  ASSERT_EQ(plan.tensors_size(), attached.tensors_size());
+  int64_t elements = 0;
+  for (int t = 0; t < plan.tensors_size(); ++t) {
+    EXPECT_EQ(plan.tensors(t).name(), attached.tensors(t).name());
+    EXPECT_TRUE(std::equal(plan.tensors(t).shape().begin(), plan.tensors(t).shape().end(),
+                           attached.tensors(t).shape().begin(), attached.tensors(t).shape().end()))
+        << plan.tensors(t).name();
+    elements += plan.tensors(t).elements();
+  }
+  EXPECT_EQ(elements, 10 + 10 * 32 + 1 + 100 * 32);
+  EXPECT_EQ(plan.model_elems(), elements);
+
+  // ListWorkers shows each worker's socket.
+  {
+    v1::ListWorkersResponse workers;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(stub_->ListWorkers(&context, v1::ListWorkersRequest(), &workers).ok());
+    ASSERT_EQ(workers.workers_size(), 2);
+    EXPECT_EQ(workers.workers(0).attach_socket(), socket_dir + "/w0.sock");
+    EXPECT_EQ(workers.workers(1).attach_socket(), socket_dir + "/w1.sock");
+  }
+
+  // It ends when every rank reported finished, whatever its step.
+  v1::ReportProgressResponse progress;
+  ASSERT_TRUE(ReportProgress(job, 0, 37, false, &progress).ok());
+  EXPECT_TRUE(progress.continue_running());
+  ASSERT_TRUE(ReportProgress(job, 1, 37, true, &progress).ok());
+  ASSERT_TRUE(ReportProgress(job, 0, 37, true, &progress).ok());
+  const v1::Job done = GetJob(job.id());
+  EXPECT_EQ(done.state(), v1::SUCCEEDED);
+  EXPECT_EQ(done.progress().step(), 37);
+}
+
+TEST_F(CoordinatorServiceTest, BadAttachedSpecsAreRefusedNamingTheField) {
+  StartServer();
+  struct Case {
+    std::string field;
+    std::function<void(v1::JobSpec&)> edit;
+  };
+  const Case cases[] = {
+      {"spec.workload.attached", [](v1::JobSpec& s) { s.mutable_workload()->set_preset("seed"); }},
+      {"spec.workload.attached.tensors",
+       [](v1::JobSpec& s) { s.mutable_workload()->mutable_attached()->clear_tensors(); }},
+      {"spec.workload.attached.tensors[1].shape[1]",
+       [](v1::JobSpec& s) {
+         s.mutable_workload()->mutable_attached()->mutable_tensors(1)->set_shape(1, 0);
+       }},
+      {"spec.workload.attached.tensors[3].name",
+       [](v1::JobSpec& s) {
+         s.mutable_workload()->mutable_attached()->mutable_tensors(3)->set_name("head.bias");
+       }},
+      {"spec.workload.attached.workers",
+       [](v1::JobSpec& s) { s.mutable_workload()->mutable_attached()->clear_workers(); }},
+      {"spec.workload.attached.workers[1]",
+       [](v1::JobSpec& s) { s.mutable_workload()->mutable_attached()->set_workers(1, "node-a"); }},
+      {"spec.precision.param_dtype",
+       [](v1::JobSpec& s) { s.mutable_precision()->set_param_dtype(v1::BFLOAT16); }},
+      {"spec.min_workers", [](v1::JobSpec& s) { s.set_min_workers(1); }},
+      {"spec.steps", [](v1::JobSpec& s) { s.set_steps(100); }},
+      {"spec.global_batch", [](v1::JobSpec& s) { s.set_global_batch(64); }},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.field);
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = AttachedSpec({"node-a", "node-b"});
+    c.edit(*request.mutable_spec());
+    v1::Job job;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->SubmitJob(&context, request, &job);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_TRUE(absl::StartsWith(status.error_message(), c.field + ": ")) << status.error_message();
+  }
+  v1::ListJobsResponse jobs;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  ASSERT_TRUE(stub_->ListJobs(&context, v1::ListJobsRequest(), &jobs).ok());
+  EXPECT_EQ(jobs.jobs_size(), 0);
 }
 
 TEST_F(CoordinatorServiceTest, OversizedMessageIsResourceExhausted) {

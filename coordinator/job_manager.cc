@@ -2,7 +2,10 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -38,6 +41,46 @@ v1::Assignment IdleAssignment() {
   v1::Assignment assignment;
   assignment.set_kind(v1::ASSIGNMENT_IDLE);
   return assignment;
+}
+
+// The socket a rank's trainer attaches to: its worker's own, for an attached job.
+std::string AttachSocketFor(const v1::JobSpec& spec, const v1::WorkerInfo& worker) {
+  return spec.workload().has_attached() ? worker.attach_socket() : std::string();
+}
+
+// The worker of each rank of an attached job, by id ("" where no live worker has the rank's
+// name yet: the job waits for it). FAILED_PRECONDITION when a pinned worker is live but cannot
+// run its rank (no attach socket, or another device kind): waiting would not change that, since
+// a worker states both when it registers.
+absl::StatusOr<std::vector<std::string>> PinnedWorkerIds(
+    const v1::JobSpec& spec,
+    const absl::flat_hash_map<std::string, const v1::WorkerInfo*>& live_by_name) {
+  const v1::AttachedModel& attached = spec.workload().attached();
+  std::vector<std::string> ids;
+  ids.reserve(attached.workers_size());
+  for (int rank = 0; rank < attached.workers_size(); ++rank) {
+    const auto it = live_by_name.find(attached.workers(rank));
+    if (it == live_by_name.end()) {
+      ids.emplace_back();
+      continue;
+    }
+    const v1::WorkerInfo& worker = *it->second;
+    const std::string which = absl::StrCat("workload.attached.workers[", rank, "]: worker ",
+                                           worker.name(), " (", worker.id(), ")");
+    if (worker.attach_socket().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(which,
+                       " registered without an attach_socket, so no trainer can attach "
+                       "to it"));
+    }
+    if (worker.device_kind() != spec.device_kind()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          which, " is a ", v1::DeviceKind_Name(worker.device_kind()),
+          " worker; the job's device_kind is ", v1::DeviceKind_Name(spec.device_kind())));
+    }
+    ids.push_back(worker.id());
+  }
+  return ids;
 }
 
 }  // namespace
@@ -127,6 +170,9 @@ v1::RegisterWorkerResponse JobManager::RegisterWorker(const v1::RegisterWorkerRe
   response.set_worker_id(worker.id());
   ZS_LOG(INFO) << "worker " << worker.id() << " registered: name=" << request.name()
                << " host=" << request.host()
+               << (request.attach_socket().empty()
+                       ? ""
+                       : absl::StrCat(" attach_socket=", request.attach_socket()))
                << (request.previous_worker_id().empty()
                        ? ""
                        : absl::StrCat(" (was ", request.previous_worker_id(), ")"));
@@ -478,8 +524,15 @@ absl::StatusOr<ExportSource> JobManager::FindExportCheckpoint(const std::string&
       steps.empty() ? "no checkpoint is committed"
                     : absl::StrCat("committed steps: ", absl::StrJoin(steps, ", "),
                                    " (pass one as step to export it)");
+  // An attached job (steps 0) has no fixed last step, so no checkpoint is known to be final.
   const bool has_final = job.state() == v1::SUCCEEDED && job.has_latest_checkpoint() &&
+                         job.spec().steps() > 0 &&
                          job.latest_checkpoint().step() == job.spec().steps();
+  if (!step.has_value() && job.spec().steps() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job_id: ", job_id, " has no final checkpoint (an attached job has no fixed last step); ",
+        committed_steps));
+  }
   if (!step.has_value() && !has_final) {
     std::string state = absl::StrCat("it is ", v1::JobState_Name(job.state()));
     if (job.has_latest_checkpoint()) {
@@ -695,8 +748,10 @@ absl::Status JobManager::StartGenerationLocked(JobRecord& record,
   record.run_assignment = assignment;
   record.run_assignment_unsaved = true;
   for (int32_t rank = 0; rank < world_size; ++rank) {
+    v1::WorkerInfo& worker = *workers_.FindLive(worker_ids[rank]);
     assignment.set_rank(rank);
-    workers_.Assign(*workers_.FindLive(worker_ids[rank]), assignment);
+    assignment.set_attach_socket(AttachSocketFor(job.spec(), worker));
+    workers_.Assign(worker, assignment);
   }
   record.plan.emplace(std::move(plan));
 
@@ -842,6 +897,7 @@ void JobManager::AdoptRankLocked(JobRecord& record, v1::WorkerInfo& worker,
                                  const v1::WorkerStatus& status) {
   v1::Assignment assignment = record.run_assignment;
   assignment.set_rank(status.rank());
+  assignment.set_attach_socket(AttachSocketFor(record.job.spec(), worker));
   workers_.Assign(worker, assignment);
   record.adoption->returned_ranks.insert(status.rank());
   // This coordinator keeps no finished ranks from before its restart: the worker says so.
@@ -895,20 +951,41 @@ void JobManager::EndExpiredAdoptionsLocked() {
 
 void JobManager::ScheduleLocked() {
   std::vector<PendingJob> pending;
-  for (const auto& [id, record] : jobs_) {
+  std::vector<JobRecord*> changed;
+  // Built once per pass, and only when an attached job is pending.
+  std::optional<absl::flat_hash_map<std::string, const v1::WorkerInfo*>> live_by_name;
+  for (auto& [id, record] : jobs_) {
     if (!IsPending(record.job.state())) continue;
     const v1::JobSpec& spec = record.job.spec();
-    pending.push_back({id, spec.device_kind(), spec.min_workers(), spec.max_workers(),
-                       spec.global_batch(), record.pending_since});
+    PendingJob job{id,
+                   spec.device_kind(),
+                   spec.min_workers(),
+                   spec.max_workers(),
+                   spec.global_batch(),
+                   record.pending_since};
+    if (spec.workload().has_attached()) {
+      if (!live_by_name.has_value()) live_by_name = workers_.LiveWorkersByName();
+      absl::StatusOr<std::vector<std::string>> pinned = PinnedWorkerIds(spec, *live_by_name);
+      if (!pinned.ok()) {
+        // PENDING and RECOVERING may always fail.
+        const absl::Status failed = SetStateLocked(
+            record, v1::FAILED,
+            absl::StrCat("cannot run on its pinned workers: ", pinned.status().message()));
+        if (failed.ok()) changed.push_back(&record);
+        continue;
+      }
+      job.pinned_worker_ids = *std::move(pinned);
+    }
+    pending.push_back(std::move(job));
   }
-  if (pending.empty()) return;
   std::vector<FreeWorker> free_workers;
-  for (v1::DeviceKind kind : {v1::CPU, v1::CUDA}) {
-    for (const v1::WorkerInfo* worker : workers_.IdleWorkers(kind)) {
-      free_workers.push_back({worker->id(), worker->host(), kind});
+  if (!pending.empty()) {
+    for (v1::DeviceKind kind : {v1::CPU, v1::CUDA}) {
+      for (const v1::WorkerInfo* worker : workers_.IdleWorkers(kind)) {
+        free_workers.push_back({worker->id(), worker->host(), kind});
+      }
     }
   }
-  std::vector<JobRecord*> changed;
   for (const Placement& placement :
        Schedule(pending, free_workers, clock_->Now(), options_.scheduler)) {
     JobRecord& record = jobs_[placement.job_id];

@@ -98,9 +98,11 @@ struct ManagerStats {
 // CANCELLED are final: no edge leaves them.
 //
 // (1)  PENDING -> RUNNING: StartGenerationLocked (from ScheduleLocked), when the scheduler finds
-//      enough idle workers of the job's device kind. Generation and attempts go up by one.
+//      enough idle workers of the job's device kind (an attached job: its pinned workers, see
+//      "Attached jobs" below). Generation and attempts go up by one.
 // (2)  PENDING -> FAILED: ScheduleLocked, when the shard plan for the chosen world size cannot
-//      be built ("cannot plan: ...").
+//      be built ("cannot plan: ..."), or an attached job's pinned worker cannot run its rank
+//      ("cannot run on its pinned workers: ...").
 // (3)  PENDING -> CANCELLED: CancelJob.
 // (4)  RUNNING -> SUCCEEDED: ReportProgress, when every rank of the generation reported finished.
 // (5)  RUNNING -> RECOVERING: EndGenerationLocked (from HandleLostWorkerLocked), when a rank's
@@ -129,6 +131,18 @@ struct ManagerStats {
 // accepted as for any running one. When the window ends first, edge (5) or (6), and the ranks
 // that came back get ABORT. Adopting is a flag rather than a JobState of its own because nothing
 // about the job changes for its owner: it runs, at the same generation, throughout.
+//
+// Attached jobs (spec.workload.attached). Rank r runs on the live worker named
+// attached.workers[r] (the newest id where live workers share a name), and its RUN assignment
+// carries that worker's attach_socket. The job starts only when every one of those workers is
+// IDLE; until then it stays PENDING (or RECOVERING), also while one of them is DEAD, LEFT or not
+// registered at all, since a worker may register again under its name with a new id. It FAILS
+// instead (edge 2 or 9) as soon as a pinned worker is live but cannot run its rank: registered
+// without an attach_socket, or with another device kind. That would not change by waiting: a
+// worker states both when it registers, and the trainer that submitted the job expects that
+// daemon. A generation ends as any other's (a lost worker, a run_error, max_attempts apply), and
+// the next one needs the same workers, by name, again. An attached job has no fixed step count
+// (spec.steps 0): it SUCCEEDS when every rank reported finished.
 //
 // Thread-safe: every public method takes the one mutex, so each is atomic with respect to the
 // others. Inputs must already be validated for shape (coordinator/request_validation.h); the
@@ -170,7 +184,8 @@ class JobManager {
 
   // Checkpoints, for people.
   // The committed checkpoint of the job at `step`, or without one its final checkpoint: the job
-  // SUCCEEDED and its latest checkpoint is at spec.steps. Lists the job's checkpoint directory
+  // SUCCEEDED and its latest checkpoint is at spec.steps (an attached job, with no fixed step
+  // count, has none: `step` is required). Lists the job's checkpoint directory
   // (checkpoint::ListCheckpoints) after releasing the lock, so slow storage delays no other call.
   // NOT_FOUND for an unknown job, or no committed checkpoint at `step` (listing the committed
   // steps); FAILED_PRECONDITION without a checkpoint root ("checkpoint_root: ..."), or without
@@ -201,8 +216,9 @@ class JobManager {
     std::optional<sharding::ShardPlan> plan;
     absl::flat_hash_set<int32_t> finished_ranks;
     std::vector<std::shared_ptr<JobEventSink>> sinks;
-    // The current generation's RUN assignment as rank 0 got it (each rank gets it with its own
-    // rank). Stored with the job, so that a restarted coordinator hands out the same one.
+    // The current generation's RUN assignment as rank 0 got it, without an attach_socket (each
+    // rank gets it with its own rank and, for an attached job, its worker's attach_socket).
+    // Stored with the job, so that a restarted coordinator hands out the same one.
     v1::Assignment run_assignment;
     bool run_assignment_unsaved = false;
     // Set while a restarted coordinator adopts the running generation from its workers.

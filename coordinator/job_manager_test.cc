@@ -1,6 +1,7 @@
 // Tests for the job manager on a fake clock with a real SQLite store: scheduling into
 // generations, level-triggered assignments, completion, cancellation, lost workers, restarts
-// and the adoption of running generations after them, and every edge of the job state machine.
+// and the adoption of running generations after them, every edge of the job state machine, and
+// attached jobs on their pinned workers.
 #include "coordinator/job_manager.h"
 
 #include <sqlite3.h>
@@ -10,6 +11,9 @@
 #include <fstream>
 #include <optional>
 #include <set>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -66,6 +70,25 @@ v1::Job UnplannableJob(v1::JobState state) {
   spec.set_max_attempts(3);
   return job;
 }
+
+// An attached model's spec (as a trainer would submit it) pinned to `workers` in rank order.
+v1::JobSpec AttachedSpec(const std::vector<std::string>& workers) {
+  v1::JobSpec spec;
+  spec.set_name("torch-job");
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  v1::AttachedModel& attached = *spec.mutable_workload()->mutable_attached();
+  const std::pair<const char*, std::vector<int64_t>> tensors[] = {
+      {"fc2.bias", {10}}, {"fc2.weight", {10, 64}}, {"fc1.bias", {64}}, {"fc1.weight", {64, 10}}};
+  for (const auto& [name, shape] : tensors) {
+    v1::AttachedTensor& tensor = *attached.add_tensors();
+    tensor.set_name(name);
+    for (int64_t dim : shape) tensor.add_shape(dim);
+  }
+  for (const std::string& worker : workers) attached.add_workers(worker);
+  return spec;
+}
+
+std::string SocketOf(const std::string& name) { return "/run/zeroshard/" + name + ".sock"; }
 
 // How a worker holding a rank is lost.
 enum class Loss { kLeft, kLeaseExpired, kRunFailed };
@@ -180,6 +203,18 @@ class JobManagerTest : public ::testing::Test {
     auto response = manager_->Heartbeat(request);
     EXPECT_TRUE(response.ok()) << response.status();
     return response.ok() ? response->assignment() : v1::Assignment();
+  }
+
+  // A worker that serves attached trainers on SocketOf(name) (or on none, when `socket` is "").
+  std::string RegisterAttachable(const std::string& name, const std::string& host = "host-a",
+                                 std::optional<std::string> socket = std::nullopt,
+                                 v1::DeviceKind kind = v1::CPU) {
+    v1::RegisterWorkerRequest request;
+    request.set_name(name);
+    request.set_host(host);
+    request.set_device_kind(kind);
+    request.set_attach_socket(socket.value_or(SocketOf(name)));
+    return manager_->RegisterWorker(request).worker_id();
   }
 
   // A worker the coordinator forgot registering again: its previous id and the run it has.
@@ -1169,6 +1204,238 @@ TEST_F(JobManagerTest, CancellingWhileAdoptingAbortsTheRanksBack) {
   EXPECT_FALSE(Reregister(running.worker_ids(1), job->id(), 1, 1).adopted());
   EndAdoptionWindow({running.worker_ids(0)});  // nothing left to end
   EXPECT_EQ(StatePath(job->id()), (Path{v1::PENDING, v1::RUNNING, v1::CANCELLED}));
+}
+
+// ---- Attached jobs ----
+
+TEST_F(JobManagerTest, AttachedJobRunsOnItsPinnedWorkersInItsRankOrderWithTheirSockets) {
+  // An unpinned worker registered first, and hosts in the opposite order of the ranks: a job the
+  // scheduler placed would start elsewhere or in another order.
+  const std::string other = RegisterAttachable("other", "host-0");
+  const std::string a = RegisterAttachable("node-a", "host-1");
+  const std::string b = RegisterAttachable("node-b", "host-2");
+  auto job = manager_->SubmitJob(AttachedSpec({"node-b", "node-a"}));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec().steps(), 0);
+  EXPECT_EQ(job->spec().min_workers(), 2);
+  const v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.message();
+  EXPECT_EQ(std::vector<std::string>(running.worker_ids().begin(), running.worker_ids().end()),
+            (std::vector<std::string>{b, a}));
+  for (const auto& [rank, worker_id, name] :
+       {std::tuple(0, b, "node-b"), std::tuple(1, a, "node-a")}) {
+    const v1::Assignment assignment = Beat(worker_id);
+    EXPECT_EQ(assignment.kind(), v1::ASSIGNMENT_RUN);
+    EXPECT_EQ(assignment.rank(), rank);
+    EXPECT_EQ(assignment.world_size(), 2);
+    EXPECT_EQ(assignment.attach_socket(), SocketOf(name)) << "rank " << rank;
+  }
+  // A built-in job's ranks get no socket, even on a worker that has one.
+  auto builtin = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_EQ(manager_->GetJob(builtin->id())->state(), v1::RUNNING);
+  EXPECT_EQ(Beat(other).kind(), v1::ASSIGNMENT_RUN);
+  EXPECT_EQ(Beat(other).attach_socket(), "");
+
+  v1::GetShardPlanRequest plan_request;
+  plan_request.set_job_id(job->id());
+  plan_request.set_include_layout(true);
+  auto plan = manager_->GetShardPlan(plan_request);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->tensors_size(), 4);
+  for (int t = 0; t < 4; ++t) {
+    EXPECT_EQ(plan->tensors(t).name(), job->spec().workload().attached().tensors(t).name());
+  }
+  EXPECT_EQ(plan->layout_hash(), Beat(a).plan_layout_hash());
+
+  // No fixed step count: progress goes on past any number, and the job ends when every rank
+  // finished.
+  ASSERT_TRUE(Report(running, 0, 250).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->progress().step(), 250);
+  ASSERT_TRUE(Finish(running, 1).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+  ASSERT_TRUE(Finish(running, 0).ok());
+  const v1::Job succeeded = *manager_->GetJob(job->id());
+  EXPECT_EQ(succeeded.state(), v1::SUCCEEDED);
+  EXPECT_EQ(succeeded.progress().step(), 250);
+  EXPECT_EQ(Beat(a).kind(), v1::ASSIGNMENT_IDLE);
+  EXPECT_EQ(Beat(a).attach_socket(), "");
+}
+
+TEST_F(JobManagerTest, AttachedJobWaitsUntilEveryPinnedWorkerIsRegisteredAndIdle) {
+  const std::string b = RegisterAttachable("node-b");
+  auto builtin = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_EQ(manager_->GetJob(builtin->id())->worker_ids(0), b);
+  auto job = manager_->SubmitJob(AttachedSpec({"node-a", "node-b"}));
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::PENDING);  // node-a unknown, node-b busy
+  const std::string a = RegisterAttachable("node-a");
+  RegisterAttachable("node-c");
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::PENDING);  // node-b still busy
+  // Long waits do not make it take other workers.
+  clock_.Advance(absl::Minutes(5));
+  for (const std::string& worker : {a, b}) Beat(worker);
+  manager_->Tick();
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::PENDING);
+
+  ASSERT_TRUE(Finish(*manager_->GetJob(builtin->id()), 0).ok());
+  const v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.message();
+  EXPECT_EQ(running.worker_ids(0), a);
+  EXPECT_EQ(running.worker_ids(1), b);
+}
+
+// A generation that ends goes to RECOVERING, and the next one waits for the same workers by name:
+// a worker that left or died comes back under its name with a new id, one whose run failed
+// becomes idle once it stops running the generation.
+class AttachedRecoveryTest : public JobManagerTest, public ::testing::WithParamInterface<Loss> {};
+
+TEST_P(AttachedRecoveryTest, TheNextGenerationWaitsForTheSamePinnedWorkers) {
+  const Loss loss = GetParam();
+  const std::string a = RegisterAttachable("node-a");
+  const std::string b = RegisterAttachable("node-b");
+  v1::JobSpec spec = AttachedSpec({"node-a", "node-b"});
+  spec.set_max_attempts(2);
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job first = *manager_->GetJob(job->id());
+  ASSERT_EQ(first.state(), v1::RUNNING);
+
+  if (loss == Loss::kLeaseExpired) {
+    // Only node-a keeps beating.
+    for (int i = 0; i < 4; ++i) {
+      clock_.Advance(absl::Seconds(1));
+      Beat(a, job->id(), 1);
+      manager_->Tick();
+    }
+  } else {
+    Lose(loss, b, first);
+  }
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING);
+  EXPECT_EQ(Beat(a, job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+  EXPECT_EQ(Beat(a).kind(), v1::ASSIGNMENT_IDLE);  // idle, but node-b is not yet
+  std::string new_b = b;
+  if (loss == Loss::kRunFailed) {
+    EXPECT_EQ(Beat(b, job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+    EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING);
+    Beat(b);  // it stopped running generation 1
+  } else {
+    // Another worker does not stand in for it, however long the job waits.
+    const std::string c = RegisterAttachable("node-c");
+    clock_.Advance(absl::Minutes(2));
+    for (const std::string& worker : {a, c}) Beat(worker);
+    manager_->Tick();
+    EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING);
+    new_b = RegisterAttachable("node-b", "host-a", "/run/zeroshard/node-b-restarted.sock");
+    EXPECT_NE(new_b, b);
+  }
+  const v1::Job second = *manager_->GetJob(job->id());
+  ASSERT_EQ(second.state(), v1::RUNNING) << second.message();
+  EXPECT_EQ(second.generation(), 2);
+  EXPECT_EQ(second.attempts(), 2);
+  EXPECT_EQ(second.worker_ids(0), a);
+  EXPECT_EQ(second.worker_ids(1), new_b);
+  const v1::Assignment rank1 = Beat(new_b);
+  EXPECT_EQ(rank1.generation(), 2);
+  EXPECT_EQ(rank1.rank(), 1);
+  EXPECT_EQ(rank1.attach_socket(),
+            loss == Loss::kRunFailed ? SocketOf("node-b") : "/run/zeroshard/node-b-restarted.sock");
+
+  // max_attempts applies as for any job.
+  Lose(Loss::kRunFailed, a, second);
+  const v1::Job failed = *manager_->GetJob(job->id());
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_TRUE(absl::StrContains(failed.message(), "no attempts left")) << failed.message();
+}
+
+INSTANTIATE_TEST_SUITE_P(Losses, AttachedRecoveryTest,
+                         ::testing::Values(Loss::kLeft, Loss::kLeaseExpired, Loss::kRunFailed),
+                         [](const ::testing::TestParamInfo<Loss>& info) {
+                           std::string name = LossName(info.param);
+                           name.erase(std::remove(name.begin(), name.end(), '-'), name.end());
+                           return name;
+                         });
+
+TEST_F(JobManagerTest, AttachedJobFailsWhenAPinnedWorkerCannotRunItsRank) {
+  // Already registered without a socket: the job fails at once.
+  RegisterAttachable("node-a");
+  RegisterAttachable("plain", "host-a", "");
+  auto job = manager_->SubmitJob(AttachedSpec({"node-a", "plain"}));
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::Job failed = *manager_->GetJob(job->id());
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_TRUE(absl::StrContains(failed.message(),
+                                "cannot run on its pinned workers: workload.attached.workers[1]: "
+                                "worker plain (worker-"))
+      << failed.message();
+  EXPECT_TRUE(absl::StrContains(failed.message(), "registered without an attach_socket"))
+      << failed.message();
+
+  // Registering later with another device kind: the pending job fails then.
+  auto cuda = manager_->SubmitJob(AttachedSpec({"node-a", "gpu-0"}));
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  ASSERT_EQ(cuda->state(), v1::PENDING);
+  RegisterAttachable("gpu-0", "host-a", std::nullopt, v1::CUDA);
+  failed = *manager_->GetJob(cuda->id());
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_TRUE(
+      absl::StrContains(failed.message(), "workload.attached.workers[1]: worker gpu-0 (worker-"))
+      << failed.message();
+  EXPECT_TRUE(absl::StrContains(failed.message(), "is a CUDA worker; the job's device_kind is CPU"))
+      << failed.message();
+  EXPECT_EQ(StatePath(cuda->id()), (std::vector<v1::JobState>{v1::PENDING, v1::FAILED}));
+}
+
+TEST_F(JobManagerTest, AdoptedAttachedRanksKeepTheirSockets) {
+  RegisterAttachable("node-a");
+  RegisterAttachable("node-b");
+  auto job = manager_->SubmitJob(AttachedSpec({"node-b", "node-a"}));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const v1::Assignment before[] = {Beat(running.worker_ids(0)), Beat(running.worker_ids(1))};
+  ASSERT_EQ(before[0].attach_socket(), SocketOf("node-b"));
+
+  Start(dir_);
+  const char* const names[] = {"node-b", "node-a"};
+  for (int rank : {1, 0}) {
+    v1::RegisterWorkerRequest request;
+    request.set_name(names[rank]);
+    request.set_host("host-a");
+    request.set_device_kind(v1::CPU);
+    request.set_attach_socket(SocketOf(names[rank]));
+    request.set_previous_worker_id(running.worker_ids(rank));
+    request.mutable_status()->set_job_id(job->id());
+    request.mutable_status()->set_generation(1);
+    request.mutable_status()->set_rank(rank);
+    ASSERT_TRUE(manager_->RegisterWorker(request).adopted()) << "rank " << rank;
+  }
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+  for (int rank : {0, 1}) {
+    const v1::Assignment now = Beat(running.worker_ids(rank), job->id(), 1);
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(now, before[rank]))
+        << "rank " << rank << ":\n"
+        << now.DebugString() << "vs\n"
+        << before[rank].DebugString();
+  }
+}
+
+TEST_F(JobManagerTest, AnAttachedJobHasNoFinalCheckpointButExportsACommittedStep) {
+  RegisterAttachable("node-a");
+  auto job = manager_->SubmitJob(AttachedSpec({"node-a"}));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  ASSERT_TRUE(Commit(running, 0, 40).ok());
+  ASSERT_TRUE(Finish(running, 0).ok());
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::SUCCEEDED);
+  const absl::Status refused = manager_->FindExportCheckpoint(job->id(), std::nullopt).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "an attached job has no fixed last step"))
+      << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "committed steps: 40")) << refused;
+  absl::StatusOr<ExportSource> step40 = manager_->FindExportCheckpoint(job->id(), 40);
+  ASSERT_TRUE(step40.ok()) << step40.status();
+  EXPECT_FALSE(step40->is_final);
 }
 
 TEST_F(JobManagerTest, SetStateRefusesEveryChangeOutsideTheTableAndChangesNothing) {

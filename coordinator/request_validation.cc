@@ -211,6 +211,22 @@ absl::Status CheckWorkerStatus(const v1::WorkerStatus& status) {
   return jobspec::CheckIntInRange("status.rank", status.rank(), 0, sharding::kMaxWorldSize - 1);
 }
 
+// Empty (no attached trainers), or a path a trainer on the worker's host can connect to.
+absl::Status CheckAttachSocket(absl::string_view path) {
+  if (path.empty()) return absl::OkStatus();
+  ZS_RETURN_IF_ERROR(jobspec::CheckMaxBytes("attach_socket", path, kMaxAttachSocketBytes));
+  if (absl::c_any_of(path, [](char c) { return absl::ascii_iscntrl(c); })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attach_socket: ", jobspec::Quote(path), " contains a control character"));
+  }
+  if (path.front() != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attach_socket: ", jobspec::Quote(path),
+                     " is not an absolute path (it must start with /)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateRegisterWorkerRequest(const v1::RegisterWorkerRequest& request) {
@@ -227,7 +243,8 @@ absl::Status ValidateRegisterWorkerRequest(const v1::RegisterWorkerRequest& requ
     // A run can only be adopted by the worker that held its rank.
     return absl::InvalidArgumentError("previous_worker_id: required when status.job_id is set");
   }
-  return CheckWorkerStatus(request.status());
+  ZS_RETURN_IF_ERROR(CheckWorkerStatus(request.status()));
+  return CheckAttachSocket(request.attach_socket());
 }
 
 absl::Status ValidateHeartbeatRequest(const v1::HeartbeatRequest& request) {

@@ -19,6 +19,8 @@ inline constexpr int64_t kMaxDeviceMemoryBytes = int64_t{1} << 50;
 inline constexpr int kMaxWorkerLabels = 32;
 inline constexpr size_t kMaxLabelKeyLength = 63;
 inline constexpr size_t kMaxLabelValueBytes = 256;
+// sockaddr_un's sun_path holds 108 bytes with the terminating NUL.
+inline constexpr size_t kMaxAttachSocketBytes = 107;
 inline constexpr size_t kMaxCancelReasonBytes = 1024;
 inline constexpr size_t kMaxRunErrorBytes = 1024;
 inline constexpr int32_t kMaxListJobsLimit = 1000;
@@ -28,7 +30,8 @@ inline constexpr int64_t kMaxStoreTimeoutMs = 600000;
 
 // Workers.
 // `previous_worker_id` may be empty, but not when `status.job_id` is set; `status` as on
-// heartbeats.
+// heartbeats; `attach_socket` empty, or an absolute path of at most kMaxAttachSocketBytes bytes
+// without control characters.
 absl::Status ValidateRegisterWorkerRequest(const v1::RegisterWorkerRequest& request);
 // `status.job_id` may be empty (an idle worker); when set it must be a job id. `status.rank` is in
 // [0, kMaxWorldSize).

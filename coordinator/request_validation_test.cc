@@ -28,6 +28,7 @@ v1::RegisterWorkerRequest ValidRegister() {
   r.set_device_memory_bytes(int64_t{16} << 30);
   (*r.mutable_labels())["zone"] = "eu-west-1a";
   (*r.mutable_labels())["example.com/rack"] = "r17";
+  r.set_attach_socket("/run/zeroshard/cpu-0.sock");
   return r;
 }
 
@@ -228,6 +229,12 @@ TEST(RequestValidationTest, OptionalAndEdgeValuesPass) {
   }
   EXPECT_TRUE(ValidateRegisterWorkerRequest(minimal).ok());
 
+  // No attach socket (a worker that serves no attached trainers), or the longest path allowed.
+  EXPECT_TRUE(minimal.attach_socket().empty());
+  v1::RegisterWorkerRequest longest_socket = minimal;
+  longest_socket.set_attach_socket("/" + std::string(106, 's'));
+  EXPECT_TRUE(ValidateRegisterWorkerRequest(longest_socket).ok());
+
   // An idle worker registering again names its old id and no run.
   v1::RegisterWorkerRequest idle_again = minimal;
   idle_again.set_previous_worker_id("worker-000001");
@@ -422,6 +429,20 @@ INSTANTIATE_TEST_SUITE_P(
             "OversizedReregisterRunError",
             [](Register& r) { r.mutable_status()->set_run_error(std::string(1025, 'e')); },
             "status.run_error", "1025 bytes is longer than the limit of 1024"),
+        BadRegister(
+            "RelativeAttachSocket", [](Register& r) { r.set_attach_socket("run/w.sock"); },
+            "attach_socket", "\"run/w.sock\" is not an absolute path (it must start with /)"),
+        BadRegister(
+            "LongAttachSocket",
+            [](Register& r) { r.set_attach_socket("/" + std::string(107, 's')); }, "attach_socket",
+            "108 bytes is longer than the limit of 107"),
+        BadRegister(
+            "AttachSocketWithNul",
+            [](Register& r) { r.set_attach_socket(std::string("/run/a\0b", 8)); }, "attach_socket",
+            "contains a control character"),
+        BadRegister(
+            "AttachSocketWithNewline", [](Register& r) { r.set_attach_socket("/run/a\nb"); },
+            "attach_socket", "\"/run/a\\nb\" contains a control character"),
         BadHeartbeat(
             "NoWorkerId", [](Heartbeat& r) { r.clear_worker_id(); }, "worker_id", "required"),
         BadHeartbeat(

@@ -1,8 +1,11 @@
-// FIFO gang scheduler with bounded backfill.
+// FIFO gang scheduler with bounded backfill, and pinned placements for attached jobs.
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
 #include <map>
+
+#include "absl/algorithm/container.h"
+#include "absl/container/flat_hash_map.h"
 
 namespace zeroshard::coordinator {
 
@@ -14,37 +17,106 @@ int64_t ChooseWorldSize(const PendingJob& job, int64_t available) {
   return 0;
 }
 
+namespace {
+
+// The free workers of one device kind in placement order (grouped by host), and which of them
+// this pass has given out or held already. Not thread-safe: local to one Schedule call.
+class WorkerPool {
+ public:
+  void Add(const FreeWorker* worker) {
+    workers_.push_back(worker);
+    taken_.push_back(false);
+    ++available_;
+  }
+  // Stable: registration order within a host.
+  void GroupByHost() {
+    std::stable_sort(workers_.begin(), workers_.end(),
+                     [](const FreeWorker* a, const FreeWorker* b) { return a->host < b->host; });
+  }
+  size_t size() const { return workers_.size(); }
+  const FreeWorker& worker(size_t index) const { return *workers_[index]; }
+  bool taken(size_t index) const { return taken_[index]; }
+  int64_t available() const { return available_; }
+
+  void Take(size_t index) {
+    taken_[index] = true;
+    --available_;
+  }
+  // The first `count` workers not taken yet, in order. A subsequence of host-grouped workers is
+  // still host-grouped, so each job's ranks keep a host's workers contiguous.
+  std::vector<std::string> TakeFirst(int64_t count) {
+    std::vector<std::string> ids;
+    ids.reserve(count);
+    for (; static_cast<int64_t>(ids.size()) < count; ++first_untaken_) {
+      if (taken_[first_untaken_]) continue;
+      ids.push_back(workers_[first_untaken_]->worker_id);
+      Take(first_untaken_);
+    }
+    return ids;
+  }
+
+  // A job that waited too long for workers of this kind holds them all: no later job gets one.
+  void Reserve() { reserved_ = true; }
+  bool reserved() const { return reserved_; }
+
+ private:
+  std::vector<const FreeWorker*> workers_;
+  std::vector<bool> taken_;
+  int64_t available_ = 0;
+  // Every worker before it is taken: TakeFirst resumes here.
+  size_t first_untaken_ = 0;
+  bool reserved_ = false;
+};
+
+struct PoolSlot {
+  WorkerPool* pool = nullptr;
+  size_t index = 0;
+};
+
+}  // namespace
+
 std::vector<Placement> Schedule(const std::vector<PendingJob>& pending,
                                 const std::vector<FreeWorker>& free_workers, absl::Time now,
                                 const SchedulerOptions& options) {
-  // Free workers per device kind, grouped by host (stable: registration order within a host).
-  std::map<v1::DeviceKind, std::vector<const FreeWorker*>> free_by_kind;
-  for (const FreeWorker& worker : free_workers) {
-    free_by_kind[worker.device_kind].push_back(&worker);
+  std::map<v1::DeviceKind, WorkerPool> pools;
+  for (const FreeWorker& worker : free_workers) pools[worker.device_kind].Add(&worker);
+  for (auto& [kind, pool] : pools) pool.GroupByHost();
+  // Where each free worker is, for pinned jobs; built only when one is pending.
+  absl::flat_hash_map<std::string, PoolSlot> slot_by_id;
+  if (absl::c_any_of(pending,
+                     [](const PendingJob& job) { return !job.pinned_worker_ids.empty(); })) {
+    for (auto& [kind, pool] : pools) {
+      for (size_t i = 0; i < pool.size(); ++i) slot_by_id[pool.worker(i).worker_id] = {&pool, i};
+    }
   }
-  for (auto& [kind, workers] : free_by_kind) {
-    std::stable_sort(workers.begin(), workers.end(),
-                     [](const FreeWorker* a, const FreeWorker* b) { return a->host < b->host; });
-  }
-  std::map<v1::DeviceKind, bool> reserved;
-  std::map<v1::DeviceKind, size_t> taken;
   std::vector<Placement> placements;
   for (const PendingJob& job : pending) {
-    if (reserved[job.device_kind]) continue;
-    std::vector<const FreeWorker*>& workers = free_by_kind[job.device_kind];
-    size_t& used = taken[job.device_kind];
-    const int64_t world_size = ChooseWorldSize(job, static_cast<int64_t>(workers.size() - used));
-    if (world_size == 0) {
-      if (now - job.pending_since >= options.max_backfill_wait) reserved[job.device_kind] = true;
+    WorkerPool& pool = pools[job.device_kind];
+    if (pool.reserved()) continue;
+    const bool waited_too_long = now - job.pending_since >= options.max_backfill_wait;
+    if (!job.pinned_worker_ids.empty()) {
+      std::vector<size_t> free_slots;
+      for (const std::string& id : job.pinned_worker_ids) {
+        const auto it = slot_by_id.find(id);
+        if (it == slot_by_id.end() || it->second.pool != &pool || pool.taken(it->second.index)) {
+          continue;
+        }
+        free_slots.push_back(it->second.index);
+      }
+      if (free_slots.size() == job.pinned_worker_ids.size()) {
+        for (size_t index : free_slots) pool.Take(index);
+        placements.push_back({job.job_id, job.pinned_worker_ids});
+      } else if (waited_too_long) {
+        for (size_t index : free_slots) pool.Take(index);
+      }
       continue;
     }
-    Placement placement;
-    placement.job_id = job.job_id;
-    for (int64_t i = 0; i < world_size; ++i) {
-      placement.worker_ids.push_back(workers[used + i]->worker_id);
+    const int64_t world_size = ChooseWorldSize(job, pool.available());
+    if (world_size == 0) {
+      if (waited_too_long) pool.Reserve();
+      continue;
     }
-    used += world_size;
-    placements.push_back(std::move(placement));
+    placements.push_back({job.job_id, pool.TakeFirst(world_size)});
   }
   return placements;
 }

@@ -1,5 +1,6 @@
 // Gang scheduling, FIFO with bounded backfill: a pure function from the pending jobs and the free
-// workers to the jobs that start now and the workers (in rank order) each one gets.
+// workers to the jobs that start now and the workers (in rank order) each one gets. Jobs pinned
+// to particular workers (attached jobs) start on exactly those.
 #ifndef ZEROSHARD_COORDINATOR_SCHEDULER_H_
 #define ZEROSHARD_COORDINATOR_SCHEDULER_H_
 
@@ -20,6 +21,11 @@ struct PendingJob {
   int64_t global_batch = 1;
   // When the job became pending (submission or the end of its last generation).
   absl::Time pending_since;
+  // Set for a job pinned to its workers (an attached job): the worker id of each rank, in rank
+  // order, each a different worker, or "" for a rank whose worker is not registered (live) now. The
+  // job starts on exactly these workers once every one is free, and its min/max_workers and
+  // global_batch are not used. Empty: the scheduler picks the workers.
+  std::vector<std::string> pinned_worker_ids;
 };
 
 struct FreeWorker {
@@ -39,13 +45,17 @@ struct SchedulerOptions {
   // does not fit ("backfill") only while that earlier job has been pending for less than this;
   // after that the earlier job reserves the workers of its device kind, and nothing behind it
   // starts until it does. So no job waits behind later ones for longer than this.
+  // A pinned job that waited this long reserves only its own free workers (they are held for it
+  // until the rest are free), not every worker of its device kind: it may wait for a worker that
+  // never comes back, and should not stop the whole kind meanwhile. Pinned jobs wait, like any
+  // other, behind an earlier job that reserved their device kind.
   absl::Duration max_backfill_wait = absl::Seconds(30);
 };
 
 // The largest W in [min_workers, min(max_workers, available)] that divides global_batch, or 0.
 int64_t ChooseWorldSize(const PendingJob& job, int64_t available);
 
-// `pending` is in FIFO order; `free_workers` in registration order. Deterministic.
+// `pending` is in FIFO order; `free_workers` in registration order, unique ids. Deterministic.
 std::vector<Placement> Schedule(const std::vector<PendingJob>& pending,
                                 const std::vector<FreeWorker>& free_workers, absl::Time now,
                                 const SchedulerOptions& options = {});

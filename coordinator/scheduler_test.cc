@@ -1,4 +1,5 @@
-// Tests for the FIFO gang scheduler: world-size choice, host contiguity, backfill and its bound.
+// Tests for the FIFO gang scheduler: world-size choice, host contiguity, backfill and its bound,
+// and jobs pinned to their workers.
 #include "coordinator/scheduler.h"
 
 #include "gtest/gtest.h"
@@ -75,6 +76,91 @@ TEST(SchedulerTest, HeadThatWaitedTooLongReservesWorkers) {
   ASSERT_EQ(placements.size(), 2u);
   EXPECT_EQ(placements[0].job_id, "big");
   EXPECT_EQ(placements[0].worker_ids.size(), 8u);
+}
+
+PendingJob Pinned(std::string id, std::vector<std::string> worker_ids,
+                  absl::Duration waited = absl::ZeroDuration()) {
+  PendingJob job = Job(std::move(id), 1, 1, 1, waited);
+  job.pinned_worker_ids = std::move(worker_ids);
+  return job;
+}
+
+TEST(SchedulerTest, PinnedJobRunsOnItsWorkersInItsRankOrder) {
+  // Rank order is the job's, not the hosts' or registration's.
+  const std::vector<Placement> placements =
+      Schedule({Pinned("attached", {"w3", "w0", "w5"})}, Workers(6), kNow);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].job_id, "attached");
+  EXPECT_EQ(placements[0].worker_ids, (std::vector<std::string>{"w3", "w0", "w5"}));
+}
+
+TEST(SchedulerTest, PinnedJobWaitsUntilEveryWorkerIsFree) {
+  std::vector<FreeWorker> workers = Workers(4);
+  // w9 is not free (busy, dead, or not registered), nor is a rank nobody registered as ("").
+  EXPECT_TRUE(Schedule({Pinned("a", {"w1", "w9"})}, workers, kNow).empty());
+  EXPECT_TRUE(Schedule({Pinned("a", {"w1", ""})}, workers, kNow).empty());
+  // A worker of another device kind is not free for it.
+  workers.push_back({"w9", "host-0", v1::CUDA});
+  EXPECT_TRUE(Schedule({Pinned("a", {"w1", "w9"})}, workers, kNow).empty());
+  PendingJob on_cuda = Pinned("a", {"w9"});
+  on_cuda.device_kind = v1::CUDA;
+  EXPECT_EQ(Schedule({on_cuda}, workers, kNow).size(), 1u);
+}
+
+TEST(SchedulerTest, PinnedAndUnpinnedJobsShareTheWorkers) {
+  const std::vector<Placement> placements =
+      Schedule({Job("first", 2, 2, 128), Pinned("pinned", {"w0", "w1"}), Job("third", 2, 2, 128),
+                Pinned("late", {"w3"})},
+               Workers(6), kNow);
+  ASSERT_EQ(placements.size(), 3u);
+  // "first" took w0 and w2 (host-0), so "pinned" waits; "third" gets the next free workers.
+  EXPECT_EQ(placements[0].job_id, "first");
+  EXPECT_EQ(placements[0].worker_ids, (std::vector<std::string>{"w0", "w2"}));
+  EXPECT_EQ(placements[1].job_id, "third");
+  EXPECT_EQ(placements[1].worker_ids, (std::vector<std::string>{"w4", "w1"}));
+  // "late" is behind both and its worker is still free.
+  EXPECT_EQ(placements[2].job_id, "late");
+  EXPECT_EQ(placements[2].worker_ids, (std::vector<std::string>{"w3"}));
+}
+
+TEST(SchedulerTest, PinnedWorkersTakenFirstAreSkippedByLaterJobs) {
+  const std::vector<Placement> placements =
+      Schedule({Pinned("pinned", {"w2", "w1"}), Job("any", 1, 4, 4)}, Workers(6), kNow);
+  ASSERT_EQ(placements.size(), 2u);
+  EXPECT_EQ(placements[0].worker_ids, (std::vector<std::string>{"w2", "w1"}));
+  // The other four, host-0's first: w0 and w4, then w3 and w5.
+  EXPECT_EQ(placements[1].worker_ids, (std::vector<std::string>{"w0", "w4", "w3", "w5"}));
+}
+
+TEST(SchedulerTest, PinnedJobThatWaitedTooLongHoldsOnlyItsOwnWorkers) {
+  SchedulerOptions options;
+  options.max_backfill_wait = absl::Seconds(30);
+  // w1 is free, w9 is not: while young, the pinned job lets a later job take w1.
+  std::vector<Placement> placements =
+      Schedule({Pinned("pinned", {"w1", "w9"}, absl::Seconds(29)), Job("any", 4, 4, 4)}, Workers(4),
+               kNow, options);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].job_id, "any");
+  // After the wait it holds w1, but the kind stays open: a later job gets the other workers.
+  placements = Schedule({Pinned("pinned", {"w1", "w9"}, absl::Seconds(30)), Job("any", 1, 4, 4)},
+                        Workers(4), kNow, options);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].job_id, "any");
+  EXPECT_EQ(placements[0].worker_ids, (std::vector<std::string>{"w0", "w2"}))
+      << "w1 is held for the pinned job, w3 would make 3 workers, which do not divide 4";
+}
+
+TEST(SchedulerTest, PinnedJobWaitsBehindAnEarlierJobThatReservedItsKind) {
+  SchedulerOptions options;
+  options.max_backfill_wait = absl::Seconds(30);
+  EXPECT_TRUE(Schedule({Job("big", 8, 8, 128, absl::Seconds(31)), Pinned("pinned", {"w0"})},
+                       Workers(4), kNow, options)
+                  .empty());
+  // Another kind's reservation does not hold it.
+  PendingJob big_on_cuda = Job("big", 8, 8, 128, absl::Seconds(31));
+  big_on_cuda.device_kind = v1::CUDA;
+  EXPECT_EQ(Schedule({big_on_cuda, Pinned("pinned", {"w0"})}, Workers(4), kNow, options).size(),
+            1u);
 }
 
 TEST(SchedulerTest, SchedulesAThousandWorkerJob) {

@@ -53,6 +53,7 @@ v1::WorkerInfo& WorkerRegistry::Add(int64_t number, const v1::RegisterWorkerRequ
   info.set_device_kind(request.device_kind());
   info.set_device_memory_bytes(request.device_memory_bytes());
   *info.mutable_labels() = request.labels();
+  info.set_attach_socket(request.attach_socket());
   info.set_state(v1::IDLE);
   *info.mutable_register_time() = ToTimestamp(now);
   *info.mutable_last_heartbeat_time() = ToTimestamp(now);
@@ -121,6 +122,15 @@ std::vector<const v1::WorkerInfo*> WorkerRegistry::IdleWorkers(v1::DeviceKind ki
     }
   }
   return idle;
+}
+
+absl::flat_hash_map<std::string, const v1::WorkerInfo*> WorkerRegistry::LiveWorkersByName() const {
+  absl::flat_hash_map<std::string, const v1::WorkerInfo*> by_name;
+  // Numbers ascend, so a later entry of a name is the newer one.
+  for (const auto& [number, entry] : workers_) {
+    if (IsLive(entry.info)) by_name[entry.info.name()] = &entry.info;
+  }
+  return by_name;
 }
 
 std::vector<const v1::WorkerInfo*> WorkerRegistry::List(v1::WorkerState state) const {

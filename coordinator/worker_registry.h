@@ -33,7 +33,8 @@ class WorkerRegistry {
   const LeaseOptions& options() const { return options_; }
 
   // Registers a new worker (a re-registering worker gets a new id) with a lease from `now`.
-  // The request must be validated already.
+  // The request must be validated already. The WorkerInfo takes the request's fields (name,
+  // host, device, labels, attach_socket), so each registration states them afresh.
   const v1::WorkerInfo& Register(const v1::RegisterWorkerRequest& request, absl::Time now);
   // Registers a worker under `worker_id`, the id an earlier coordinator gave it (adoption after a
   // restart), with a lease from `now`. FAILED_PRECONDITION when this registry knows the id
@@ -63,6 +64,10 @@ class WorkerRegistry {
 
   // Idle workers of `kind`, in registration order.
   std::vector<const v1::WorkerInfo*> IdleWorkers(v1::DeviceKind kind) const;
+
+  // The live worker of each name. Where live workers share a name (a restarted worker registered
+  // again before its old lease ended), the one with the newest (highest) id.
+  absl::flat_hash_map<std::string, const v1::WorkerInfo*> LiveWorkersByName() const;
 
   // Workers (optionally only those in `state`), in registration order.
   std::vector<const v1::WorkerInfo*> List(v1::WorkerState state) const;

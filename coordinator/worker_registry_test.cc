@@ -108,5 +108,37 @@ TEST(WorkerRegistryTest, RegisterAsTakesAFreeIdOnceAndNewIdsContinueAboveIt) {
   EXPECT_EQ(registry.Register(Request("f"), kStart).id(), "worker-000044");
 }
 
+TEST(WorkerRegistryTest, AttachSocketIsStoredOnEveryRegistration) {
+  WorkerRegistry registry({absl::Seconds(1), 3});
+  v1::RegisterWorkerRequest request = Request("a");
+  request.set_attach_socket("/run/zeroshard/a.sock");
+  const std::string first = registry.Register(request, kStart).id();
+  EXPECT_EQ(registry.Find(first)->attach_socket(), "/run/zeroshard/a.sock");
+  // Registering again (a new id, or an adopted one) takes what the worker says now.
+  request.set_attach_socket("/run/zeroshard/a2.sock");
+  const std::string again = registry.Register(request, kStart).id();
+  EXPECT_EQ(registry.Find(again)->attach_socket(), "/run/zeroshard/a2.sock");
+  absl::StatusOr<v1::WorkerInfo*> adopted = registry.RegisterAs(request, "worker-000042", kStart);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ((*adopted)->attach_socket(), "/run/zeroshard/a2.sock");
+  EXPECT_EQ(registry.Register(Request("b"), kStart).attach_socket(), "");
+}
+
+TEST(WorkerRegistryTest, LiveWorkersByNameTakesTheNewestLiveIdOfEachName) {
+  WorkerRegistry registry({absl::Seconds(1), 3});
+  const std::string old_a = registry.Register(Request("a"), kStart).id();
+  const std::string b = registry.Register(Request("b"), kStart).id();
+  const std::string new_a = registry.Register(Request("a"), kStart + absl::Seconds(2)).id();
+  absl::flat_hash_map<std::string, const v1::WorkerInfo*> by_name = registry.LiveWorkersByName();
+  ASSERT_EQ(by_name.size(), 2u);
+  EXPECT_EQ(by_name["a"]->id(), new_a);
+  EXPECT_EQ(by_name["b"]->id(), b);
+  // The newer "a" leaves: the older one, still live, is "a" again. Dead workers are not listed.
+  ASSERT_TRUE(registry.Leave(new_a).ok());
+  EXPECT_EQ(registry.LiveWorkersByName()["a"]->id(), old_a);
+  EXPECT_EQ(registry.ExpireLeases(kStart + absl::Seconds(4)).size(), 2u);
+  EXPECT_TRUE(registry.LiveWorkersByName().empty());
+}
+
 }  // namespace
 }  // namespace zeroshard::coordinator

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "sharding/model_catalog.h"
 
@@ -21,13 +22,47 @@ const v1::ParamGroup* GroupOf(const v1::JobSpec& spec, absl::string_view tensor_
   return nullptr;
 }
 
-absl::StatusOr<std::vector<sharding::TensorSpec>> TensorsForJob(const v1::JobSpec& spec) {
+namespace {
+
+// The attached trainer's tensors as the spec lists them (validated specs only reach here; the
+// planner checks shapes again, so this only guards the element count against overflow).
+absl::StatusOr<std::vector<sharding::TensorSpec>> AttachedTensors(
+    const v1::AttachedModel& attached) {
+  std::vector<sharding::TensorSpec> tensors;
+  tensors.reserve(attached.tensors_size());
+  for (int t = 0; t < attached.tensors_size(); ++t) {
+    const v1::AttachedTensor& tensor = attached.tensors(t);
+    sharding::TensorSpec spec;
+    spec.name = tensor.name();
+    spec.shape.assign(tensor.shape().begin(), tensor.shape().end());
+    spec.num_elements = 1;  // a scalar (shape []) has one element
+    for (int64_t dim : spec.shape) {
+      if (dim < 1 || spec.num_elements > sharding::kMaxFlatElems / dim) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("workload.attached.tensors[", t,
+                         "].shape: not a plannable shape (every dimension "
+                         "must be >= 1, the product at most ",
+                         sharding::kMaxFlatElems, ")"));
+      }
+      spec.num_elements *= dim;
+    }
+    tensors.push_back(std::move(spec));
+  }
+  return tensors;
+}
+
+absl::StatusOr<std::vector<sharding::TensorSpec>> ModelTensors(const v1::WorkloadSpec& spec) {
+  if (spec.has_attached()) return AttachedTensors(spec.attached());
   sharding::WorkloadSpec workload;
-  workload.preset = spec.workload().preset();
-  workload.layer_sizes.assign(spec.workload().layer_sizes().begin(),
-                              spec.workload().layer_sizes().end());
-  ZS_ASSIGN_OR_RETURN(std::vector<sharding::TensorSpec> tensors,
-                      sharding::BuildTensorList(workload));
+  workload.preset = spec.preset();
+  workload.layer_sizes.assign(spec.layer_sizes().begin(), spec.layer_sizes().end());
+  return sharding::BuildTensorList(workload);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<sharding::TensorSpec>> TensorsForJob(const v1::JobSpec& spec) {
+  ZS_ASSIGN_OR_RETURN(std::vector<sharding::TensorSpec> tensors, ModelTensors(spec.workload()));
   for (sharding::TensorSpec& tensor : tensors) {
     tensor.weight_decay = spec.optimizer().weight_decay();
     tensor.lr_scale = 1.0f;

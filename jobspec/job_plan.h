@@ -26,8 +26,10 @@ inline constexpr int kMaxReportedBuckets = 4096;
 // that matches it (fnmatch), or null for the default group.
 const v1::ParamGroup* GroupOf(const v1::JobSpec& spec, absl::string_view tensor_name);
 
-// The model's tensors in gradient-ready order (the catalog's errors name the `workload` field),
-// each with its parameter group's weight decay and lr scale. `spec` has its defaults applied.
+// The model's tensors in gradient-ready order, each with its parameter group's weight decay and lr
+// scale: the built-in model's from the catalog (its errors name the `workload` field), or an
+// attached model's as workload.attached lists them (names and shapes; a scalar, shape [], has
+// one element). `spec` has its defaults applied.
 absl::StatusOr<std::vector<sharding::TensorSpec>> TensorsForJob(const v1::JobSpec& spec);
 
 // The plan of `spec` (defaults applied) at `world_size` ranks.

@@ -1,5 +1,9 @@
-// Tests for the spec -> plan bridge: the seed model's plan and its API view.
+// Tests for the spec -> plan bridge: the seed model's plan and its API view, and an attached
+// model's tensors taken from its spec.
 #include "jobspec/job_plan.h"
+
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -13,6 +17,117 @@ v1::JobSpec SeedSpec() {
   spec.mutable_workload()->set_preset("seed");
   spec.mutable_optimizer()->set_kind(v1::SGD);
   return WithDefaults(spec);
+}
+
+// A small transformer-like list, in gradient-ready order, with a scalar and a 3-d tensor.
+v1::JobSpec AttachedSpec() {
+  v1::JobSpec spec;
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  spec.mutable_optimizer()->set_weight_decay(0.1);
+  v1::AttachedModel& attached = *spec.mutable_workload()->mutable_attached();
+  const std::pair<const char*, std::vector<int64_t>> tensors[] = {{"head.bias", {65}},
+                                                                  {"head.weight", {65, 128}},
+                                                                  {"temperature", {}},
+                                                                  {"blocks.0.conv", {4, 3, 3}},
+                                                                  {"embed.weight", {65, 128}}};
+  for (const auto& [name, shape] : tensors) {
+    v1::AttachedTensor& tensor = *attached.add_tensors();
+    tensor.set_name(name);
+    for (int64_t dim : shape) tensor.add_shape(dim);
+  }
+  attached.add_workers("node-b");
+  attached.add_workers("node-a");
+  return WithDefaults(spec);
+}
+
+TEST(JobPlanTest, AttachedTensorsAreTheSpecsInItsOrder) {
+  const v1::JobSpec spec = AttachedSpec();
+  absl::StatusOr<std::vector<sharding::TensorSpec>> tensors = TensorsForJob(spec);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  ASSERT_EQ(static_cast<int>(tensors->size()), spec.workload().attached().tensors_size());
+  for (int t = 0; t < spec.workload().attached().tensors_size(); ++t) {
+    const v1::AttachedTensor& given = spec.workload().attached().tensors(t);
+    const sharding::TensorSpec& got = (*tensors)[t];
+    EXPECT_EQ(got.name, given.name());
+    EXPECT_EQ(got.shape, std::vector<int64_t>(given.shape().begin(), given.shape().end()));
+    int64_t elements = 1;
+    for (int64_t dim : given.shape()) elements *= dim;
+    EXPECT_EQ(got.num_elements, elements) << got.name;
+    EXPECT_EQ(got.weight_decay, 0.1) << got.name;
+    EXPECT_EQ(got.lr_scale, 1.0f) << got.name;
+  }
+  EXPECT_EQ((*tensors)[2].num_elements, 1) << "a scalar has one element";
+}
+
+TEST(JobPlanTest, AttachedTensorsTakeTheirGroupsAndThePlanCoversThem) {
+  v1::JobSpec spec = AttachedSpec();
+  v1::ParamGroup& no_decay = *spec.add_param_groups();
+  no_decay.add_patterns("*.bias");
+  no_decay.add_patterns("temperature");
+  no_decay.set_weight_decay(0);
+  v1::ParamGroup& slow_embed = *spec.add_param_groups();
+  slow_embed.add_patterns("embed.*");
+  slow_embed.set_lr_scale(0.5);
+  absl::StatusOr<std::vector<sharding::TensorSpec>> tensors = TensorsForJob(spec);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  const double decay[] = {0, 0.1, 0, 0.1, 0.1};
+  const float lr_scale[] = {1, 1, 1, 1, 0.5f};
+  for (size_t t = 0; t < tensors->size(); ++t) {
+    EXPECT_EQ((*tensors)[t].weight_decay, decay[t]) << (*tensors)[t].name;
+    EXPECT_EQ((*tensors)[t].lr_scale, lr_scale[t]) << (*tensors)[t].name;
+  }
+
+  absl::StatusOr<sharding::ShardPlan> plan = PlanForJob(spec, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->tensor_elems(), 65 + 65 * 128 + 1 + 4 * 3 * 3 + 65 * 128);
+  absl::StatusOr<v1::ShardPlan> view = PlanToProto(*plan, 0, /*include_layout=*/true);
+  ASSERT_TRUE(view.ok()) << view.status();
+  ASSERT_EQ(view->tensors_size(), 5);
+  for (int t = 0; t < view->tensors_size(); ++t) {
+    EXPECT_EQ(view->tensors(t).name(), spec.workload().attached().tensors(t).name());
+    EXPECT_EQ(view->tensors(t).weight_decay(), decay[t]);
+  }
+}
+
+TEST(JobPlanTest, AttachedLayoutHashCoversNamesShapesAndGroups) {
+  const v1::JobSpec base = AttachedSpec();
+  absl::StatusOr<sharding::ShardPlan> plan = PlanForJob(base, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  // The pinned workers are not part of the layout: the same model on other workers plans alike.
+  v1::JobSpec other_workers = base;
+  other_workers.mutable_workload()->mutable_attached()->set_workers(0, "node-c");
+  EXPECT_EQ(PlanForJob(other_workers, 2)->layout_hash(), plan->layout_hash());
+  v1::JobSpec renamed = base;
+  renamed.mutable_workload()->mutable_attached()->mutable_tensors(1)->set_name("lm_head.weight");
+  EXPECT_NE(PlanForJob(renamed, 2)->layout_hash(), plan->layout_hash());
+  // Same element count, another shape.
+  v1::JobSpec reshaped = base;
+  v1::AttachedTensor& conv = *reshaped.mutable_workload()->mutable_attached()->mutable_tensors(3);
+  conv.set_shape(0, 3);
+  conv.set_shape(1, 4);
+  EXPECT_NE(PlanForJob(reshaped, 2)->layout_hash(), plan->layout_hash());
+  v1::JobSpec grouped = base;
+  v1::ParamGroup& group = *grouped.add_param_groups();
+  group.add_patterns("head.*");
+  group.set_lr_scale(2);
+  EXPECT_NE(PlanForJob(grouped, 2)->layout_hash(), plan->layout_hash());
+}
+
+TEST(JobPlanTest, AttachedShapesThatCannotBePlannedAreRefused) {
+  v1::JobSpec spec = AttachedSpec();
+  spec.mutable_workload()->mutable_attached()->mutable_tensors(3)->set_shape(1, 0);
+  absl::StatusOr<std::vector<sharding::TensorSpec>> tensors = TensorsForJob(spec);
+  EXPECT_EQ(tensors.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(tensors.status().message(), "workload.attached.tensors[3].shape: "))
+      << tensors.status();
+  // Dimensions whose product overflows int64 are refused, not wrapped around.
+  spec = AttachedSpec();
+  v1::AttachedTensor& huge = *spec.mutable_workload()->mutable_attached()->mutable_tensors(0);
+  for (int d = 0; d < 5; ++d) huge.add_shape(int64_t{1} << 20);
+  tensors = TensorsForJob(spec);
+  EXPECT_EQ(tensors.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(tensors.status().message(), "workload.attached.tensors[0].shape: "))
+      << tensors.status();
 }
 
 TEST(JobPlanTest, SeedModelPlanCoversEveryElementOnce) {

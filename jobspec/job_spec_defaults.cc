@@ -54,7 +54,11 @@ void ApplyPrecisionDefaults(PrecisionSpec& precision) {
 }  // namespace
 
 JobSpec WithDefaults(JobSpec spec, const std::string& job_id) {
-  if (!spec.workload().has_dataset_size()) {
+  // Attached trainers load their own data and decide when to stop, so an attached job gets no
+  // dataset size, no global batch and no step count (0: none), and runs on its pinned workers.
+  const bool attached = spec.workload().has_attached();
+  const int32_t pinned_workers = spec.workload().attached().workers_size();
+  if (!attached && !spec.workload().has_dataset_size()) {
     spec.mutable_workload()->set_dataset_size(kDefaultDatasetSize);
   }
   ApplyOptimizerDefaults(*spec.mutable_optimizer());
@@ -62,11 +66,13 @@ JobSpec WithDefaults(JobSpec spec, const std::string& job_id) {
   ApplyPrecisionDefaults(*spec.mutable_precision());
   if (!spec.has_clip_grad_norm()) spec.set_clip_grad_norm(0.0);
   if (!spec.has_bucket_elems()) spec.set_bucket_elems(sharding::kDefaultBucketElems);
-  if (!spec.has_min_workers()) spec.set_min_workers(1);
-  if (!spec.has_max_workers()) spec.set_max_workers(spec.min_workers());
+  if (!spec.has_min_workers()) spec.set_min_workers(attached ? pinned_workers : 1);
+  if (!spec.has_max_workers()) {
+    spec.set_max_workers(attached ? pinned_workers : spec.min_workers());
+  }
   if (spec.device_kind() == v1::DEVICE_KIND_UNSPECIFIED) spec.set_device_kind(v1::CPU);
-  if (!spec.has_steps()) spec.set_steps(kDefaultSteps);
-  if (!spec.has_global_batch()) spec.set_global_batch(kDefaultGlobalBatch);
+  if (!spec.has_steps()) spec.set_steps(attached ? 0 : kDefaultSteps);
+  if (!attached && !spec.has_global_batch()) spec.set_global_batch(kDefaultGlobalBatch);
   if (!spec.has_seed()) spec.set_seed(0);
   v1::CheckpointPolicy& checkpoint = *spec.mutable_checkpoint();
   if (!checkpoint.has_every_steps()) checkpoint.set_every_steps(0);

@@ -22,8 +22,10 @@ inline constexpr double kDefaultLossScaleGrowthFactor = 2.0;
 
 // Returns `spec` with every unset field that has a default set to it. Fields already set are
 // kept as given (validation judges them). Some defaults depend on other fields (the optimizer
-// kind, the grad dtype, the job id), so this runs on the whole spec. `job_id` names the default
-// checkpoint directory.
+// kind, the grad dtype, the job id, workload.attached), so this runs on the whole spec. `job_id`
+// names the default checkpoint directory. An attached spec gets no dataset_size and no
+// global_batch, steps 0 (no fixed count), and min_workers and max_workers equal to the number of
+// its pinned workers.
 zeroshard::v1::JobSpec WithDefaults(zeroshard::v1::JobSpec spec, const std::string& job_id = "");
 
 }  // namespace zeroshard::jobspec

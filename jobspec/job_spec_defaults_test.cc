@@ -207,6 +207,48 @@ TEST(JobSpecDefaultsTest, ExplicitValuesAreKept) {
   EXPECT_EQ(applied.mode(), v1::DDP);
 }
 
+TEST(JobSpecDefaultsTest, AttachedJobsGetNoDataStepsOrBatchAndTheirPinnedWorkerCount) {
+  JobSpec spec;
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  v1::AttachedModel& attached = *spec.mutable_workload()->mutable_attached();
+  attached.add_tensors()->set_name("w");
+  for (const char* name : {"node-c", "node-a", "node-b"}) attached.add_workers(name);
+  const JobSpec applied = WithDefaults(spec, "job-000003");
+  EXPECT_FALSE(applied.workload().has_dataset_size());
+  EXPECT_FALSE(applied.has_global_batch());
+  EXPECT_TRUE(applied.has_steps());
+  EXPECT_EQ(applied.steps(), 0);
+  EXPECT_EQ(applied.min_workers(), 3);
+  EXPECT_EQ(applied.max_workers(), 3);
+  // Everything else as for built-in models.
+  JobSpec builtin = spec;
+  builtin.mutable_workload()->clear_attached();
+  builtin.mutable_workload()->set_preset("seed");
+  const JobSpec builtin_applied = WithDefaults(builtin, "job-000003");
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(applied.optimizer(),
+                                                                 builtin_applied.optimizer()));
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(applied.precision(),
+                                                                 builtin_applied.precision()));
+  EXPECT_EQ(applied.mode(), builtin_applied.mode());
+  EXPECT_EQ(applied.bucket_elems(), builtin_applied.bucket_elems());
+  EXPECT_EQ(applied.checkpoint().dir(), "job-000003");
+  EXPECT_EQ(applied.max_attempts(), builtin_applied.max_attempts());
+  // Applying the defaults again changes nothing.
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(WithDefaults(applied), applied));
+
+  // Explicit values are kept for validation to judge.
+  spec.set_steps(5);
+  spec.set_global_batch(64);
+  spec.set_min_workers(2);
+  spec.mutable_workload()->set_dataset_size(10);
+  const JobSpec explicit_values = WithDefaults(spec);
+  EXPECT_EQ(explicit_values.steps(), 5);
+  EXPECT_EQ(explicit_values.global_batch(), 64);
+  EXPECT_EQ(explicit_values.min_workers(), 2);
+  EXPECT_EQ(explicit_values.max_workers(), 3);
+  EXPECT_EQ(explicit_values.workload().dataset_size(), 10);
+}
+
 TEST(JobSpecJsonTest, RoundTripsThroughJson) {
   JobSpec spec;
   spec.set_name("seed-adamw");

@@ -1,5 +1,6 @@
 // ValidateJobSpec and ValidateCheckpointPath: the ranges of job.proto's comments, checked in
-// field order, plus the workload (through the model catalog) and the batch/world-size rule.
+// field order, plus the workload (through the model catalog, or the attached tensor list) and the
+// batch/world-size rule.
 #include "jobspec/job_spec_validation.h"
 
 #include <initializer_list>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "absl/algorithm/container.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -42,7 +44,106 @@ constexpr int64_t kMaxCheckpointEverySteps = 1000000000;
 constexpr int64_t kMaxCheckpointKeep = 100;
 constexpr int64_t kMaxAttempts = 100;
 
+// A list entry's name must be unique: returns the index of an earlier entry named `name`, or
+// records `index` for it and returns -1.
+int FirstIndexOf(absl::flat_hash_map<absl::string_view, int>& index_by_name, absl::string_view name,
+                 int index) {
+  const auto [it, inserted] = index_by_name.emplace(name, index);
+  return inserted ? -1 : it->second;
+}
+
+absl::Status ValidateAttachedTensors(const v1::AttachedModel& attached) {
+  const int count = attached.tensors_size();
+  if (count < 1 || count > kMaxAttachedTensors) {
+    return absl::InvalidArgumentError(absl::StrCat("workload.attached.tensors: ", count,
+                                                   " tensors; 1 to ", kMaxAttachedTensors,
+                                                   " are allowed"));
+  }
+  absl::flat_hash_map<absl::string_view, int> index_by_name;
+  index_by_name.reserve(count);
+  int64_t total_elements = 0;
+  for (int t = 0; t < count; ++t) {
+    const v1::AttachedTensor& tensor = attached.tensors(t);
+    const std::string field = absl::StrCat("workload.attached.tensors[", t, "]");
+    if (tensor.name().empty() || tensor.name().size() > kMaxAttachedTensorNameLength) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".name: ", Quote(tensor.name()),
+                                                     " must be 1 to ", kMaxAttachedTensorNameLength,
+                                                     " characters"));
+    }
+    if (const int first = FirstIndexOf(index_by_name, tensor.name(), t); first >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".name: ", Quote(tensor.name()),
+                                                     " is also the name of tensors[", first,
+                                                     "]; names must be unique"));
+    }
+    int64_t elements = 1;
+    for (int d = 0; d < tensor.shape_size(); ++d) {
+      const int64_t dim = tensor.shape(d);
+      if (dim < 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".shape[", d, "]: must be >= 1, got ", dim));
+      }
+      // Checked before multiplying, so the product never overflows.
+      if (elements > kMaxAttachedElements / dim) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".shape: more than ",
+                                                       kMaxAttachedElements, " elements; at most ",
+                                                       kMaxAttachedElements, " in all"));
+      }
+      elements *= dim;
+    }
+    // Each term is at most kMaxAttachedElements and the sum stops at the first excess: no
+    // overflow.
+    total_elements += elements;
+    if (total_elements > kMaxAttachedElements) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("workload.attached.tensors: more than ", kMaxAttachedElements,
+                       " elements in all (the limit is passed at tensors[", t, "])"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAttachedWorkers(const v1::AttachedModel& attached) {
+  const int count = attached.workers_size();
+  if (count == 0) {
+    return absl::InvalidArgumentError(
+        "workload.attached.workers: required: the worker of each rank, in rank order");
+  }
+  if (count > sharding::kMaxWorldSize) {
+    return absl::InvalidArgumentError(absl::StrCat("workload.attached.workers: ", count,
+                                                   " workers; 1 to ", sharding::kMaxWorldSize,
+                                                   " are allowed"));
+  }
+  absl::flat_hash_map<absl::string_view, int> rank_by_name;
+  rank_by_name.reserve(count);
+  for (int rank = 0; rank < count; ++rank) {
+    const std::string field = absl::StrCat("workload.attached.workers[", rank, "]");
+    const std::string& name = attached.workers(rank);
+    ZS_RETURN_IF_ERROR(CheckName(field, name));
+    if (const int first = FirstIndexOf(rank_by_name, name, rank); first >= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", Quote(name), " is also workers[",
+                                                     first,
+                                                     "]; each rank needs a worker of its own"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateWorkload(const v1::WorkloadSpec& workload) {
+  if (workload.has_attached()) {
+    if (!workload.preset().empty() || workload.layer_sizes_size() > 0) {
+      return absl::InvalidArgumentError(
+          "workload.attached: set either attached or preset/layer_sizes, not both");
+    }
+    // Attached trainers load their own data: a synthetic dataset size would mean nothing.
+    if (workload.has_dataset_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("workload.dataset_size: does not apply to attached models (their "
+                       "trainers load the data); leave it unset, got ",
+                       workload.dataset_size()));
+    }
+    ZS_RETURN_IF_ERROR(ValidateAttachedTensors(workload.attached()));
+    return ValidateAttachedWorkers(workload.attached());
+  }
   sharding::WorkloadSpec catalog_spec;
   catalog_spec.preset = workload.preset();
   catalog_spec.layer_sizes.assign(workload.layer_sizes().begin(), workload.layer_sizes().end());
@@ -145,12 +246,18 @@ absl::Status ValidateMode(v1::Mode mode) {
   return CheckEnumIn("mode", *v1::Mode_descriptor(), mode, {v1::DDP, v1::ZERO1, v1::ZERO2});
 }
 
-absl::Status ValidatePrecision(const PrecisionSpec& precision) {
+absl::Status ValidatePrecision(const PrecisionSpec& precision, bool attached) {
   const v1::DType kCopyDtypes[] = {v1::FLOAT32, v1::BFLOAT16, v1::FLOAT16};
   const std::vector<int> copy_dtypes(std::begin(kCopyDtypes), std::end(kCopyDtypes));
   const google::protobuf::EnumDescriptor& dtype = *v1::DType_descriptor();
   ZS_RETURN_IF_ERROR(
       CheckEnumIn("precision.param_dtype", dtype, precision.param_dtype(), copy_dtypes));
+  // The parameters are the trainer's own tensors, shared with the worker: torch's fp32.
+  if (attached && precision.param_dtype() != v1::FLOAT32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("precision.param_dtype: only FLOAT32 is supported for attached models, got ",
+                     v1::DType_Name(precision.param_dtype())));
+  }
   ZS_RETURN_IF_ERROR(
       CheckEnumIn("precision.grad_dtype", dtype, precision.grad_dtype(), copy_dtypes));
   ZS_RETURN_IF_ERROR(
@@ -216,6 +323,30 @@ absl::Status CheckSomeWorldSizeDividesBatch(const JobSpec& spec) {
       spec.min_workers(), ", ", spec.max_workers(), "]; the world size must divide it"));
 }
 
+// An attached job runs exactly on its pinned workers, one rank each.
+absl::Status CheckPinnedWorkerCount(absl::string_view field, int64_t value, int pinned) {
+  if (value == pinned) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": ", value, " must equal the number of workload.attached.workers (", pinned, ")"));
+}
+
+// Attached jobs run until their trainers finish, on data their trainers load.
+absl::Status CheckAttachedStepsAndBatch(const JobSpec& spec) {
+  if (spec.steps() != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("steps: attached jobs have no fixed step count (they end when their "
+                     "trainers finish); leave it unset or 0, got ",
+                     spec.steps()));
+  }
+  if (spec.has_global_batch()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("global_batch: does not apply to attached jobs (their trainers load the "
+                     "data); leave it unset, got ",
+                     spec.global_batch()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateCheckpointPolicy(const v1::CheckpointPolicy& checkpoint) {
   ZS_RETURN_IF_ERROR(CheckIntInRange("checkpoint.every_steps", checkpoint.every_steps(), 0,
                                      kMaxCheckpointEverySteps));
@@ -228,11 +359,13 @@ absl::Status ValidateCheckpointPolicy(const v1::CheckpointPolicy& checkpoint) {
 }  // namespace
 
 absl::Status ValidateJobSpec(const JobSpec& spec) {
+  const bool attached = spec.workload().has_attached();
+  const int pinned = spec.workload().attached().workers_size();
   ZS_RETURN_IF_ERROR(jobspec::CheckName("name", spec.name()));
   ZS_RETURN_IF_ERROR(ValidateWorkload(spec.workload()));
   ZS_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   ZS_RETURN_IF_ERROR(ValidateMode(spec.mode()));
-  ZS_RETURN_IF_ERROR(ValidatePrecision(spec.precision()));
+  ZS_RETURN_IF_ERROR(ValidatePrecision(spec.precision(), attached));
   ZS_RETURN_IF_ERROR(ValidateParamGroups(spec));
   ZS_RETURN_IF_ERROR(CheckDoubleInRange("clip_grad_norm", spec.clip_grad_norm(), 0, Bound::kClosed,
                                         kMaxClipGradNorm, Bound::kClosed));
@@ -240,6 +373,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                                      sharding::kMaxBucketElems));
   ZS_RETURN_IF_ERROR(
       CheckIntInRange("min_workers", spec.min_workers(), 1, sharding::kMaxWorldSize));
+  if (attached)
+    ZS_RETURN_IF_ERROR(CheckPinnedWorkerCount("min_workers", spec.min_workers(), pinned));
   if (spec.max_workers() < spec.min_workers()) {
     return absl::InvalidArgumentError(absl::StrCat("max_workers: ", spec.max_workers(),
                                                    " is below min_workers ", spec.min_workers()));
@@ -249,11 +384,17 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
                                                    " is out of range [min_workers, ",
                                                    sharding::kMaxWorldSize, "]"));
   }
+  if (attached)
+    ZS_RETURN_IF_ERROR(CheckPinnedWorkerCount("max_workers", spec.max_workers(), pinned));
   ZS_RETURN_IF_ERROR(CheckEnumIn("device_kind", *v1::DeviceKind_descriptor(), spec.device_kind(),
                                  {v1::CPU, v1::CUDA}));
-  ZS_RETURN_IF_ERROR(CheckIntInRange("steps", spec.steps(), 1, kMaxSteps));
-  ZS_RETURN_IF_ERROR(CheckIntInRange("global_batch", spec.global_batch(), 1, kMaxGlobalBatch));
-  ZS_RETURN_IF_ERROR(CheckSomeWorldSizeDividesBatch(spec));
+  if (attached) {
+    ZS_RETURN_IF_ERROR(CheckAttachedStepsAndBatch(spec));
+  } else {
+    ZS_RETURN_IF_ERROR(CheckIntInRange("steps", spec.steps(), 1, kMaxSteps));
+    ZS_RETURN_IF_ERROR(CheckIntInRange("global_batch", spec.global_batch(), 1, kMaxGlobalBatch));
+    ZS_RETURN_IF_ERROR(CheckSomeWorldSizeDividesBatch(spec));
+  }
   ZS_RETURN_IF_ERROR(ValidateCheckpointPolicy(spec.checkpoint()));
   return CheckIntInRange("max_attempts", spec.max_attempts(), 1, kMaxAttempts);
 }

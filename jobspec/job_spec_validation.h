@@ -15,6 +15,11 @@ namespace zeroshard::jobspec {
 // planner's kMinBucketElems, kMaxBucketElems and kMaxWorldSize).
 inline constexpr size_t kMaxCheckpointPathBytes = 4096;
 
+// Bounds on an attached model (workload.attached, job.proto).
+inline constexpr int kMaxAttachedTensors = 100000;
+inline constexpr size_t kMaxAttachedTensorNameLength = 256;
+inline constexpr int64_t kMaxAttachedElements = int64_t{1} << 34;
+
 // Validates `spec` as WithDefaults returns it: unset optional fields already hold their
 // defaults, so every field is judged by its value against the range job.proto documents. Fields
 // are checked in proto order and the first error is returned; the message starts with the
@@ -27,6 +32,11 @@ inline constexpr size_t kMaxCheckpointPathBytes = 4096;
 //
 // An empty `checkpoint.dir` is accepted: it stands for the job id, which WithDefaults fills in
 // when it is given one (the coordinator mints the id after validation).
+//
+// An attached spec (workload.attached set) follows rules of its own: no preset or layer_sizes,
+// no dataset_size, fp32 parameters, min_workers = max_workers = the number of pinned workers,
+// steps 0 (no fixed count), no global_batch. Its messages name the element with its index, e.g.
+// `workload.attached.tensors[3].shape[1]: must be >= 1, got 0`.
 absl::Status ValidateJobSpec(const zeroshard::v1::JobSpec& spec);
 
 // A path under the checkpoint root: relative (no leading '/'), at most kMaxCheckpointPathBytes

@@ -1,5 +1,6 @@
 // ValidateJobSpec and ValidateCheckpointPath: valid specs pass (including every range's edges),
-// and a table of malformed specs each fails with INVALID_ARGUMENT naming the field.
+// and a table of malformed specs each fails with INVALID_ARGUMENT naming the field; the same for
+// attached specs (workload.attached) and their rules of their own.
 #include "jobspec/job_spec_validation.h"
 
 #include <cmath>
@@ -7,9 +8,11 @@
 #include <limits>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "jobspec/job_spec_defaults.h"
 
@@ -569,6 +572,237 @@ INSTANTIATE_TEST_SUITE_P(
         InvalidCase{"TooManyAttempts", [](JobSpec& s) { s.set_max_attempts(101); }, "max_attempts",
                     "101 is out of range"}),
     [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.name; });
+
+// ---- Attached models ----
+
+// A valid attached spec before defaults: two tensors on two pinned workers.
+JobSpec AttachedSpec() {
+  JobSpec spec;
+  spec.set_name("torch-run");
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  v1::AttachedModel& attached = *spec.mutable_workload()->mutable_attached();
+  v1::AttachedTensor& bias = *attached.add_tensors();
+  bias.set_name("fc.bias");
+  bias.add_shape(10);
+  v1::AttachedTensor& weight = *attached.add_tensors();
+  weight.set_name("fc.weight");
+  weight.add_shape(10);
+  weight.add_shape(64);
+  attached.add_workers("node-b");
+  attached.add_workers("node-a");
+  return spec;
+}
+
+v1::AttachedModel& Attached(JobSpec& s) { return *s.mutable_workload()->mutable_attached(); }
+
+// Sets tensor `t`'s shape (the tensor is added when it is the next one).
+void SetShape(JobSpec& s, int t, std::vector<int64_t> shape) {
+  v1::AttachedModel& attached = Attached(s);
+  if (t == attached.tensors_size()) attached.add_tensors()->set_name(absl::StrCat("extra.", t));
+  attached.mutable_tensors(t)->clear_shape();
+  for (int64_t dim : shape) attached.mutable_tensors(t)->add_shape(dim);
+}
+
+TEST(ValidateAttachedSpecTest, AttachedSpecIsValid) {
+  const absl::Status status = ValidateWithDefaults(AttachedSpec());
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+class ValidAttachedSpecTest : public ::testing::TestWithParam<ValidCase> {};
+
+TEST_P(ValidAttachedSpecTest, Passes) {
+  JobSpec spec = AttachedSpec();
+  GetParam().mutate(spec);
+  const absl::Status status = ValidateWithDefaults(spec);
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Edges, ValidAttachedSpecTest,
+    ::testing::Values(
+        ValidCase{"ScalarTensor", [](JobSpec& s) { SetShape(s, 2, {}); }},
+        ValidCase{"OneTensor", [](JobSpec& s) { Attached(s).mutable_tensors()->RemoveLast(); }},
+        ValidCase{"MostTensors",
+                  [](JobSpec& s) {
+                    Attached(s).clear_tensors();
+                    for (int t = 0; t < 100000; ++t) {
+                      Attached(s).add_tensors()->set_name(absl::StrCat("p", t));
+                    }
+                  }},
+        ValidCase{
+            "LongestName",
+            [](JobSpec& s) { Attached(s).mutable_tensors(0)->set_name(std::string(256, 'n')); }},
+        // Tensor names are the trainer's own: any characters.
+        ValidCase{"NameWithAnyCharacters",
+                  [](JobSpec& s) { Attached(s).mutable_tensors(0)->set_name("Layer[0]/W q.k"); }},
+        ValidCase{"MostElements",
+                  [](JobSpec& s) {
+                    SetShape(s, 0, {int64_t{1} << 20, int64_t{1} << 13});
+                    SetShape(s, 1, {int64_t{1} << 33});
+                  }},
+        ValidCase{"OneWorker", [](JobSpec& s) { Attached(s).mutable_workers()->RemoveLast(); }},
+        ValidCase{"ExplicitWorkerCounts",
+                  [](JobSpec& s) {
+                    s.set_min_workers(2);
+                    s.set_max_workers(2);
+                  }},
+        ValidCase{"ZeroSteps", [](JobSpec& s) { s.set_steps(0); }},
+        ValidCase{"ExplicitFp32",
+                  [](JobSpec& s) { s.mutable_precision()->set_param_dtype(v1::FLOAT32); }},
+        ValidCase{"Bf16Reduce",
+                  [](JobSpec& s) { s.mutable_precision()->set_reduce_dtype(v1::BFLOAT16); }},
+        ValidCase{"Cuda", [](JobSpec& s) { s.set_device_kind(v1::CUDA); }},
+        ValidCase{"Zero1", [](JobSpec& s) { s.set_mode(v1::ZERO1); }},
+        ValidCase{"GroupsAndCheckpoints",
+                  [](JobSpec& s) {
+                    v1::ParamGroup& group = *s.add_param_groups();
+                    group.add_patterns("*.bias");
+                    group.set_weight_decay(0);
+                    s.mutable_checkpoint()->set_every_steps(50);
+                  }}),
+    [](const ::testing::TestParamInfo<ValidCase>& info) { return info.param.name; });
+
+class InvalidAttachedSpecTest : public ::testing::TestWithParam<InvalidCase> {};
+
+TEST_P(InvalidAttachedSpecTest, FailsNamingTheField) {
+  const InvalidCase& c = GetParam();
+  JobSpec spec = AttachedSpec();
+  c.mutate(spec);
+  const absl::Status status = ValidateWithDefaults(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StartsWith(status.message(), c.field + ": ")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), c.contains)) << status;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Malformed, InvalidAttachedSpecTest,
+    ::testing::Values(
+        InvalidCase{"AlsoPreset", [](JobSpec& s) { s.mutable_workload()->set_preset("seed"); },
+                    "workload.attached", "set either attached or preset/layer_sizes, not both"},
+        InvalidCase{"AlsoLayerSizes",
+                    [](JobSpec& s) {
+                      s.mutable_workload()->add_layer_sizes(4);
+                      s.mutable_workload()->add_layer_sizes(4);
+                    },
+                    "workload.attached", "not both"},
+        InvalidCase{"DatasetSize", [](JobSpec& s) { s.mutable_workload()->set_dataset_size(1024); },
+                    "workload.dataset_size",
+                    "does not apply to attached models (their trainers load the data); leave it "
+                    "unset, got 1024"},
+        InvalidCase{"NoTensors", [](JobSpec& s) { Attached(s).clear_tensors(); },
+                    "workload.attached.tensors", "0 tensors; 1 to 100000 are allowed"},
+        InvalidCase{"TooManyTensors",
+                    [](JobSpec& s) {
+                      for (int t = 2; t < 100001; ++t) {
+                        Attached(s).add_tensors()->set_name(absl::StrCat("p", t));
+                      }
+                    },
+                    "workload.attached.tensors", "100001 tensors; 1 to 100000 are allowed"},
+        InvalidCase{"EmptyName", [](JobSpec& s) { Attached(s).mutable_tensors(1)->clear_name(); },
+                    "workload.attached.tensors[1].name", "\"\" must be 1 to 256 characters"},
+        InvalidCase{
+            "LongName",
+            [](JobSpec& s) { Attached(s).mutable_tensors(0)->set_name(std::string(257, 'n')); },
+            "workload.attached.tensors[0].name", "must be 1 to 256 characters"},
+        InvalidCase{"DuplicateName",
+                    [](JobSpec& s) {
+                      SetShape(s, 2, {3});
+                      Attached(s).mutable_tensors(2)->set_name("fc.bias");
+                    },
+                    "workload.attached.tensors[2].name",
+                    "\"fc.bias\" is also the name of tensors[0]; names must be unique"},
+        InvalidCase{"ZeroDim",
+                    [](JobSpec& s) {
+                      SetShape(s, 2, {1});
+                      SetShape(s, 3, {4, 0, 2});
+                    },
+                    "workload.attached.tensors[3].shape[1]", "must be >= 1, got 0"},
+        InvalidCase{"NegativeDim", [](JobSpec& s) { SetShape(s, 0, {-7}); },
+                    "workload.attached.tensors[0].shape[0]", "must be >= 1, got -7"},
+        InvalidCase{"TensorOverflowingInt64",
+                    [](JobSpec& s) {
+                      SetShape(s, 1, {int64_t{1} << 40, int64_t{1} << 40, int64_t{1} << 40});
+                    },
+                    "workload.attached.tensors[1].shape",
+                    "more than 17179869184 elements; at most 17179869184 in all"},
+        InvalidCase{"TooManyElementsInAll",
+                    [](JobSpec& s) {
+                      SetShape(s, 0, {int64_t{1} << 33});
+                      SetShape(s, 1, {int64_t{1} << 33});
+                      SetShape(s, 2, {1});
+                    },
+                    "workload.attached.tensors",
+                    "more than 17179869184 elements in all (the limit is passed at tensors[2])"},
+        InvalidCase{"NoWorkers", [](JobSpec& s) { Attached(s).clear_workers(); },
+                    "workload.attached.workers", "required"},
+        InvalidCase{"BadWorkerName", [](JobSpec& s) { Attached(s).set_workers(1, "Node_A"); },
+                    "workload.attached.workers[1]",
+                    "\"Node_A\" must be 1 to 63 characters of [a-z0-9-]"},
+        InvalidCase{"EmptyWorkerName", [](JobSpec& s) { Attached(s).set_workers(0, ""); },
+                    "workload.attached.workers[0]", "must be 1 to 63 characters"},
+        InvalidCase{"DuplicateWorker",
+                    [](JobSpec& s) {
+                      Attached(s).add_workers("node-c");
+                      Attached(s).add_workers("node-a");
+                    },
+                    "workload.attached.workers[3]",
+                    "\"node-a\" is also workers[1]; each rank needs a worker of its own"},
+        InvalidCase{"TooManyWorkers",
+                    [](JobSpec& s) {
+                      for (int w = 2; w < 65537; ++w) Attached(s).add_workers(absl::StrCat("n", w));
+                    },
+                    "workload.attached.workers", "65537 workers; 1 to 65536 are allowed"},
+        InvalidCase{
+            "Bf16Params", [](JobSpec& s) { s.mutable_precision()->set_param_dtype(v1::BFLOAT16); },
+            "precision.param_dtype", "only FLOAT32 is supported for attached models, got BFLOAT16"},
+        InvalidCase{
+            "UnknownParamDtype",
+            [](JobSpec& s) { s.mutable_precision()->set_param_dtype(static_cast<v1::DType>(42)); },
+            "precision.param_dtype", "unknown DType value 42"},
+        InvalidCase{"MinWorkersNotThePinnedCount", [](JobSpec& s) { s.set_min_workers(1); },
+                    "min_workers", "1 must equal the number of workload.attached.workers (2)"},
+        InvalidCase{"MaxWorkersNotThePinnedCount", [](JobSpec& s) { s.set_max_workers(3); },
+                    "max_workers", "3 must equal the number of workload.attached.workers (2)"},
+        InvalidCase{"MinWorkersAboveThePinnedCount",
+                    [](JobSpec& s) {
+                      s.set_min_workers(3);
+                      s.set_max_workers(3);
+                    },
+                    "min_workers", "3 must equal"},
+        InvalidCase{"UnknownDeviceKind",
+                    [](JobSpec& s) { s.set_device_kind(static_cast<v1::DeviceKind>(7)); },
+                    "device_kind", "unknown DeviceKind value 7; allowed: CPU, CUDA"},
+        InvalidCase{"Steps", [](JobSpec& s) { s.set_steps(100); }, "steps",
+                    "attached jobs have no fixed step count (they end when their trainers "
+                    "finish); leave it unset or 0, got 100"},
+        InvalidCase{"NegativeSteps", [](JobSpec& s) { s.set_steps(-1); }, "steps", "got -1"},
+        InvalidCase{"GlobalBatch", [](JobSpec& s) { s.set_global_batch(128); }, "global_batch",
+                    "does not apply to attached jobs (their trainers load the data); leave it "
+                    "unset, got 128"},
+        InvalidCase{"ZeroGlobalBatch", [](JobSpec& s) { s.set_global_batch(0); }, "global_batch",
+                    "leave it unset, got 0"},
+        InvalidCase{"Zero3", [](JobSpec& s) { s.set_mode(v1::ZERO3); }, "mode",
+                    "ZERO3 is not implemented yet"},
+        InvalidCase{"ZeroAttempts", [](JobSpec& s) { s.set_max_attempts(0); }, "max_attempts",
+                    "0 is out of range [1, 100]"}),
+    [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.name; });
+
+TEST(ValidateAttachedSpecTest, BuiltInFieldRulesStillApplyToBuiltInSpecs) {
+  // An empty attached message counts as set: it is an attached spec without tensors.
+  JobSpec empty_attached = BaseSpec();
+  empty_attached.mutable_workload()->clear_preset();
+  empty_attached.mutable_workload()->mutable_attached();
+  EXPECT_TRUE(absl::StartsWith(ValidateWithDefaults(empty_attached).message(),
+                               "workload.attached.tensors: 0 tensors"));
+  // A built-in spec still needs steps >= 1 and a batch that a world size divides.
+  JobSpec builtin = BaseSpec();
+  builtin.set_steps(0);
+  EXPECT_TRUE(
+      absl::StartsWith(ValidateWithDefaults(builtin).message(), "steps: 0 is out of range"));
+  builtin = BaseSpec();
+  EXPECT_EQ(WithDefaults(builtin).global_batch(), 128);
+  EXPECT_EQ(WithDefaults(builtin).workload().dataset_size(), 1024);
+}
 
 TEST(ValidateJobSpecTest, FirstErrorInFieldOrderWins) {
   JobSpec spec = BaseSpec();
