@@ -8,7 +8,9 @@ says what it trains), and bad input raises an exception naming the parameter
 import json
 import os
 import subprocess
+import shutil
 import sys
+import tempfile
 import unittest
 
 
@@ -27,13 +29,17 @@ def launch(workers, script, *script_args, timeout_s=600):
     env["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "python"),
                                          os.path.dirname(os.path.abspath(__file__))])
     env["OMP_NUM_THREADS"] = "1"
-    log_dir = os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"),
-                           f"attach-{os.path.basename(script)}-{workers}")
+    # Short: the workers' attach sockets live there, and a unix socket path has at most 107
+    # bytes (Bazel's TEST_TMPDIR is longer).
+    log_dir = tempfile.mkdtemp(prefix="zs-attach-", dir="/tmp")
     command = [sys.executable, "-m", "zeroshard.launch", "--workers", str(workers),
                "--bin_dir", root, "--log_dir", log_dir,
                os.path.join(os.path.dirname(os.path.abspath(__file__)), script)] + list(script_args)
-    result = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, timeout=timeout_s)
+    try:
+        result = subprocess.run(command, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, timeout=timeout_s)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
     if result.returncode != 0:
         sys.stderr.write(result.stderr[-6000:])
     return result.returncode, result.stdout
