@@ -17,8 +17,9 @@ class WorkerLost(RuntimeError):
     the training step cannot complete. The job follows its fault policy."""
 
 
-class AttachError(RuntimeError):
-    """The worker refused a request (its message says why); the run is over."""
+class AttachError(WorkerLost):
+    """The worker answered a request with an error (its message says why: a lost peer, a failed
+    collective, a refused request); its run is over, so this is a WorkerLost too."""
 
 
 class AttachConnection:
@@ -85,7 +86,7 @@ class AttachConnection:
         if response.error:
             for fd in fds:
                 os.close(fd)
-            raise AttachError(response.error)
+            raise AttachError(f"the worker's run failed: {response.error}")
         return response, (fds[0] if fds else None)
 
     def block(self, block_id):

@@ -1,0 +1,139 @@
+"""Faults of attached trainers on a real local cluster (coordinator and 2 workers from the
+runfiles, trainers started here as zeroshard.launch would): a trainer killed with SIGKILL fails
+its generation, the job FAILS (max_attempts 1) and both workers return to IDLE, while the other
+trainer raises zt.WorkerLost; a worker killed with SIGKILL makes both trainers raise
+zt.WorkerLost within the lease (3 s by default).
+"""
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+
+import zeroshard
+from zeroshard._proto.zeroshard.v1 import job_pb2
+
+LEASE_S = 3.0
+
+
+def runfiles_workspace():
+    srcdir = os.environ.get("TEST_SRCDIR")
+    if srcdir:
+        return os.path.join(srcdir, os.environ.get("TEST_WORKSPACE", "zeroshard"))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_cluster_module():
+    path = os.path.join(runfiles_workspace(), "deploy", "local", "cluster.py")
+    spec = importlib.util.spec_from_file_location("zeroshard_local_cluster", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def wait_until(condition, timeout_s, what):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class Trainer:
+    """One rank's trainer process; its output goes to a file, read by polling."""
+
+    def __init__(self, rank, workers, run_id, coordinator, log_dir):
+        env = dict(os.environ)
+        env.update({
+            "ZEROSHARD_COORDINATOR": coordinator,
+            "ZEROSHARD_RANK": str(rank),
+            "ZEROSHARD_WORLD_SIZE": str(len(workers)),
+            "ZEROSHARD_WORKERS": ",".join(w.name for w in workers),
+            "ZEROSHARD_RUN_ID": run_id,
+            "ZEROSHARD_ATTACH_SOCKET": workers[rank].attach_socket,
+            "PYTHONPATH": os.path.join(runfiles_workspace(), "python"),
+            "OMP_NUM_THREADS": "1",
+        })
+        script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attach_fault_script.py")
+        self.log_path = os.path.join(log_dir, f"trainer-{rank}.log")
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen([sys.executable, "-u", script], env=env,
+                                            stdout=log, stderr=subprocess.STDOUT)
+
+    def read(self):
+        with open(self.log_path) as log:
+            return log.read()
+
+    def steps(self):
+        return sum(1 for line in self.read().splitlines() if line.startswith("step "))
+
+    def worker_lost(self):
+        for line in self.read().splitlines():
+            if line.startswith("{"):
+                return json.loads(line).get("worker_lost")
+        return None
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+
+
+class AttachFaultTest(unittest.TestCase):
+    def setUp(self):
+        cluster_module = load_cluster_module()
+        self.log_dir = tempfile.mkdtemp(prefix="zs-fault-", dir="/tmp")  # short socket paths
+        root = runfiles_workspace()
+        args, _ = cluster_module.parse_args(["--workers", "2", "--bin_dir", root,
+                                             "--log_dir", self.log_dir])
+        self.cluster = cluster_module.Cluster(args, cluster_module.find_binaries(args.bin_dir),
+                                              self.log_dir)
+        self.cluster.start_coordinator()
+        self.cluster.start_workers()
+        self.cluster.wait_for_idle_workers()
+        self.client = zeroshard.Client(self.cluster.address)
+        workers = sorted(self.client.workers(state="IDLE"), key=lambda w: w.name)
+        self.assertEqual(len(workers), 2)
+        self.trainers = [Trainer(rank, workers, f"fault-{os.getpid()}-{len(self.id())}",
+                                 self.cluster.address, self.log_dir) for rank in range(2)]
+        wait_until(lambda: all(t.steps() >= 3 for t in self.trainers), 60, "3 steps on both ranks")
+        self.job = self.client.list()[0]
+
+    def tearDown(self):
+        for trainer in self.trainers:
+            trainer.kill()
+        self.cluster.stop_all()
+        if not os.environ.get("ZEROSHARD_KEEP_LOGS"):
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+
+    def test_killed_trainer_fails_the_job_and_leaves_the_workers_idle(self):
+        self.trainers[1].process.send_signal(signal.SIGKILL)
+        lost = wait_until(self.trainers[0].worker_lost, 30, "rank 0 to raise WorkerLost")
+        self.assertIn("worker", lost)
+        job = wait_until(lambda: (j := self.client.get(self.job.id)).state == job_pb2.FAILED and j,
+                         30, "the job to fail")
+        # The first failure the coordinator hears ends the generation: the dead trainer's worker
+        # (its trainer's connection closed or broke) or its peer ("lost peer rank 1").
+        self.assertRegex(job.message, "trainer's connection|trainer closed|lost peer rank 1")
+        wait_until(lambda: len(self.client.workers(state="IDLE")) == 2, 30, "idle workers")
+
+    def test_killed_worker_makes_every_trainer_raise_worker_lost_within_the_lease(self):
+        killed_at = time.monotonic()
+        self.cluster.workers[1].signal_group(signal.SIGKILL)
+        for rank, trainer in enumerate(self.trainers):
+            lost = wait_until(trainer.worker_lost, 30, f"rank {rank} to raise WorkerLost")
+            self.assertIn("worker", lost)
+        self.assertLess(time.monotonic() - killed_at, LEASE_S,
+                        [t.read()[-500:] for t in self.trainers])
+
+
+if __name__ == "__main__":
+    unittest.main()
