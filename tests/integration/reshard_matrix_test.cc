@@ -1,0 +1,400 @@
+// Issue 12's reshard matrix with real processes: for every (W, W') in {1,2,3,4}^2 a job trains on
+// W workers, loses workers after its checkpoint at step C, resumes on W' from C and ends close to
+// (for W == W': bitwise equal to) uninterrupted runs.
+#include <signal.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/safetensors.h"
+#include "client/export_file.h"
+#include "gtest/gtest.h"
+#include "tests/integration/local_cluster.h"
+
+namespace zeroshard::testing {
+namespace {
+
+constexpr absl::Duration kDeadline = absl::Seconds(120);
+// The checkpoint C the next generation resumes from, and the steps it then runs. The only
+// checkpoint after C is the final one, so the membership change may land anywhere in those 20
+// steps.
+constexpr int64_t kResumeStep = 20;
+constexpr int64_t kSteps = kResumeStep + 20;
+constexpr int kMaxWorkers = 4;
+
+LocalClusterOptions FastHeartbeats() {
+  LocalClusterOptions options;
+  options.heartbeat_period = absl::Milliseconds(200);
+  options.missed_heartbeats = 3;
+  return options;
+}
+
+// recovery_test's model; any W in 1..4 divides the global batch, so the scheduler takes every
+// idle worker up to 4.
+v1::JobSpec MatrixSpec(const std::string& name) {
+  v1::JobSpec spec;
+  spec.set_name(name);
+  for (int64_t size : {128, 512, 512, 128}) spec.mutable_workload()->add_layer_sizes(size);
+  spec.mutable_workload()->set_dataset_size(4096);
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  spec.mutable_optimizer()->set_lr(1e-3);
+  spec.set_mode(v1::ZERO2);
+  spec.set_min_workers(1);
+  spec.set_max_workers(kMaxWorkers);
+  spec.set_global_batch(96);
+  spec.set_steps(kSteps);
+  spec.set_seed(3);
+  spec.mutable_checkpoint()->set_every_steps(kResumeStep);
+  spec.mutable_checkpoint()->set_keep(3);
+  spec.set_max_attempts(5);
+  return spec;
+}
+
+// One exported tensor, by its torch name.
+struct NamedTensor {
+  std::string name;
+  std::vector<float> values;
+};
+
+// The job's fp32 parameters at checkpoint `step` (its final state without one), through the
+// export RPC that `zeroshard export` uses.
+absl::StatusOr<std::vector<NamedTensor>> ExportParameters(LocalCluster& cluster,
+                                                          const std::string& job_id,
+                                                          std::optional<int64_t> step) {
+  const std::string path =
+      absl::StrCat(cluster.base_dir(), "/", job_id, "-",
+                   step.has_value() ? absl::StrCat(*step) : "final", ".safetensors");
+  absl::StatusOr<client::ExportSummary> exported =
+      client::ExportToFile(cluster.client(), job_id, step, path);
+  if (!exported.ok()) return exported.status();
+  absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsReader>> file =
+      checkpoint::SafetensorsReader::Open(path);
+  if (!file.ok()) return file.status();
+  std::vector<NamedTensor> tensors;
+  for (const checkpoint::TensorInfo& info : (*file)->tensors()) {
+    if (info.dtype != checkpoint::SafetensorsDType::kF32) {
+      return absl::InternalError(absl::StrCat(path, ": ", info.name, " is not F32"));
+    }
+    NamedTensor& tensor = tensors.emplace_back();
+    tensor.name = info.name;
+    tensor.values.resize(info.num_bytes() / sizeof(float));
+    absl::Status read = (*file)->ReadTensorBytes(info, 0, tensor.values.data(), info.num_bytes());
+    if (!read.ok()) return read;
+  }
+  file->reset();
+  std::filesystem::remove(path);
+  return tensors;
+}
+
+void DeleteCheckpoints(const LocalCluster& cluster, const v1::Job& job) {
+  std::error_code ignored;
+  std::filesystem::remove_all(
+      checkpoint::JobCheckpointDir(cluster.checkpoint_root(), job.spec().checkpoint().dir()),
+      ignored);
+}
+
+struct Difference {
+  double relative = 0.0;  // the largest over tensors of max|reference - other| / max|reference|
+  std::string tensor;     // where it is
+};
+
+bool SameNamesAndSizes(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t t = 0; t < a.size(); ++t) {
+    if (a[t].name != b[t].name || a[t].values.size() != b[t].values.size()) return false;
+  }
+  return true;
+}
+
+// Per tensor, max |reference - other| / max |reference|: the largest over tensors (infinite for
+// tensor lists that do not match).
+Difference MaxRelativeDifference(const std::vector<NamedTensor>& reference,
+                                 const std::vector<NamedTensor>& other) {
+  if (!SameNamesAndSizes(reference, other)) {
+    return {std::numeric_limits<double>::infinity(), "(other tensors)"};
+  }
+  Difference worst;
+  for (size_t t = 0; t < reference.size(); ++t) {
+    double diff = 0.0;
+    double scale = 0.0;
+    for (size_t e = 0; e < reference[t].values.size(); ++e) {
+      diff = std::max(diff, std::fabs(double{reference[t].values[e]} - double{other[t].values[e]}));
+      scale = std::max(scale, std::fabs(double{reference[t].values[e]}));
+    }
+    const double relative = scale > 0.0 ? diff / scale : diff;
+    if (relative >= worst.relative) worst = {relative, reference[t].name};
+  }
+  return worst;
+}
+
+bool BitwiseEqual(const std::vector<NamedTensor>& a, const std::vector<NamedTensor>& b) {
+  if (!SameNamesAndSizes(a, b)) return false;
+  for (size_t t = 0; t < a.size(); ++t) {
+    if (std::memcmp(a[t].values.data(), b[t].values.data(), a[t].values.size() * sizeof(float)) !=
+        0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::vector<v1::JobEvent> Events(LocalCluster& cluster, const std::string& job_id) {
+  std::vector<v1::JobEvent> events;
+  absl::Status watched = cluster.client().WatchJob(
+      job_id, 0, [&](const v1::JobEvent& event) { events.push_back(event); });
+  EXPECT_TRUE(watched.ok()) << watched;
+  return events;
+}
+
+absl::StatusOr<v1::Job> WaitUntilEnded(LocalCluster& cluster, const std::string& job_id) {
+  return cluster.WaitForJob(
+      job_id, [](const v1::Job& job) { return IsFinalJobState(job.state()); }, kDeadline, "ended");
+}
+
+// An uninterrupted run at one W: its final parameters and those of its checkpoint at C.
+struct ReferenceRun {
+  std::vector<NamedTensor> final_params;
+  std::vector<NamedTensor> params_at_resume_step;
+};
+
+absl::StatusOr<ReferenceRun> RunReference(int world_size) {
+  LocalCluster cluster(FastHeartbeats());
+  LogTailsOnFailure log_tails(cluster);
+  if (absl::Status started = cluster.Start(world_size); !started.ok()) return started;
+  absl::StatusOr<v1::Job> submitted =
+      cluster.client().SubmitJob(MatrixSpec(absl::StrCat("reference-w", world_size)));
+  if (!submitted.ok()) return submitted.status();
+  absl::StatusOr<v1::Job> ended = WaitUntilEnded(cluster, submitted->id());
+  if (!ended.ok()) return ended.status();
+  if (ended->state() != v1::SUCCEEDED || ended->generation() != 1 ||
+      ended->worker_ids_size() != world_size) {
+    return absl::InternalError(
+        absl::StrCat("the reference at W = ", world_size,
+                     " did not run uninterrupted: ", ended->ShortDebugString()));
+  }
+  ReferenceRun reference;
+  absl::StatusOr<std::vector<NamedTensor>> final_params =
+      ExportParameters(cluster, ended->id(), std::nullopt);
+  if (!final_params.ok()) return final_params.status();
+  reference.final_params = *std::move(final_params);
+  absl::StatusOr<std::vector<NamedTensor>> at_resume_step =
+      ExportParameters(cluster, ended->id(), kResumeStep);
+  if (!at_resume_step.ok()) return at_resume_step.status();
+  reference.params_at_resume_step = *std::move(at_resume_step);
+  DeleteCheckpoints(cluster, *ended);
+  if (absl::Status stopped = cluster.StopAll(); !stopped.ok()) return stopped;
+  return reference;
+}
+
+// One reference run per W, shared by the pairs that start or resume at that W.
+absl::StatusOr<const ReferenceRun*> ReferenceAt(int world_size) {
+  static auto& references = *new std::map<int, ReferenceRun>();
+  auto found = references.find(world_size);
+  if (found != references.end()) return &found->second;
+  absl::StatusOr<ReferenceRun> run = RunReference(world_size);
+  if (!run.ok()) return run.status();
+  return &references.emplace(world_size, *std::move(run)).first->second;
+}
+
+// The local index of the worker holding `worker_id` (workers are named worker-<index>).
+absl::StatusOr<int> WorkerIndexOf(LocalCluster& cluster, const std::string& worker_id) {
+  for (int index = 0; index < cluster.worker_count(); ++index) {
+    absl::StatusOr<v1::WorkerInfo> info = cluster.FindWorker(absl::StrCat("worker-", index));
+    if (info.ok() && info->id() == worker_id) return index;
+  }
+  return absl::NotFoundError(absl::StrCat("no local worker is ", worker_id));
+}
+
+// How generation 1 (W ranks) becomes generation 2 (W' ranks).
+//
+// Why not keep survivors (kill one rank when W' >= W - 1, else W - W' ranks, with spares for the
+// rest): survivors come back IDLE one at a time after their abort, each return runs the
+// scheduler, and with min_workers = 1 the first pass that finds any idle worker starts the next
+// generation. That way generation 2 was always the spares plus the first survivor back
+// (measured: 3 -> 2, 4 -> 2 and 4 -> 3 resumed on 1 worker, 3 -> 3 and 4 -> 4 on 2, 3 -> 4 on 3),
+// and with one survivor and spares it can depend on whether a scheduler tick falls before that
+// survivor is back. So the only generations of a known size are the spares alone (every rank
+// killed: when the first lease expires, the spares, IDLE beforehand, are all that is idle) and
+// one lone survivor (W' = 1, no spares).
+struct MembershipChange {
+  int spares = 0;                 // workers started, and IDLE, before the kill
+  std::vector<int> victim_ranks;  // ranks of generation 1 killed with SIGKILL, all at once
+};
+
+MembershipChange ChangeFor(int from, int to) {
+  MembershipChange change;
+  if (to == 1 && from > 1) {
+    // Rank 0 survives and is generation 2 on its own.
+    for (int rank = 1; rank < from; ++rank) change.victim_ranks.push_back(rank);
+    return change;
+  }
+  change.spares = to;
+  for (int rank = 0; rank < from; ++rank) change.victim_ranks.push_back(rank);
+  return change;
+}
+
+// The issue's "20 further steps match an uninterrupted run at W' within 1e-6" (per tensor,
+// max|delta| / max|p|), as measured (docs/design.md, "Checkpoints: writing, committing,
+// resuming"). From the same checkpoint C (bitwise the uninterrupted run's at W), 20 steps at W'
+// end 1.4e-7..2.3e-7 from 20 steps at W: that holds. Against the uninterrupted run at W' from
+// step 0, W != W' ends 9.0e-7..6.9e-6 away, above 1e-6 for every pair but 1 <-> 2, because the
+// two runs differ before C: by 1.4e-6..9.7e-6 after their first step already (AdamW's first update,
+// about lr * g / (|g| + eps), turns the reduction-order rounding of near-zero gradients into a
+// good part of an update; 7e-6 and more for any pair with W = 3), 1.0e-6..7.8e-6 at C. The 20
+// steps after the reshard end below that, so that comparison bounds what they add.
+constexpr double kTolerance = 1e-6;
+
+class ReshardMatrixTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
+
+TEST_P(ReshardMatrixTest, ResumesFromTheCheckpointOnTheNewWorldSize) {
+  const auto [from, to] = GetParam();
+  absl::StatusOr<const ReferenceRun*> reference_from = ReferenceAt(from);
+  ASSERT_TRUE(reference_from.ok()) << reference_from.status();
+  absl::StatusOr<const ReferenceRun*> reference_to = ReferenceAt(to);
+  ASSERT_TRUE(reference_to.ok()) << reference_to.status();
+
+  LocalCluster cluster(FastHeartbeats());
+  LogTailsOnFailure log_tails(cluster);
+  absl::Status started = cluster.Start(from);
+  ASSERT_TRUE(started.ok()) << started;
+  absl::StatusOr<v1::Job> submitted =
+      cluster.client().SubmitJob(MatrixSpec(absl::StrCat("reshard-", from, "-to-", to)));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  absl::StatusOr<v1::Job> first = cluster.WaitForJob(
+      submitted->id(), [](const v1::Job& job) { return job.state() == v1::RUNNING; }, kDeadline,
+      "generation 1");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->worker_ids_size(), from);
+
+  // Spares started now stay IDLE: the scheduler places only PENDING and RECOVERING jobs.
+  const MembershipChange change = ChangeFor(from, to);
+  std::vector<std::string> spares;
+  for (int i = 0; i < change.spares; ++i) {
+    spares.push_back(absl::StrCat("worker-", from + i));
+    absl::StatusOr<int> spare = cluster.StartWorker(spares.back());
+    ASSERT_TRUE(spare.ok()) << spare.status();
+  }
+  absl::Status spares_idle = cluster.WaitForWorkerStates(spares, v1::IDLE, absl::Seconds(30));
+  ASSERT_TRUE(spares_idle.ok()) << spares_idle;
+  std::vector<int> victims;
+  for (int rank : change.victim_ranks) {
+    absl::StatusOr<int> index = WorkerIndexOf(cluster, first->worker_ids(rank));
+    ASSERT_TRUE(index.ok()) << index.status();
+    victims.push_back(*index);
+  }
+
+  absl::StatusOr<v1::Job> checkpointed = cluster.WaitForJob(
+      submitted->id(),
+      [](const v1::Job& job) {
+        return job.state() != v1::RUNNING || job.latest_checkpoint().step() >= kResumeStep;
+      },
+      kDeadline, absl::StrCat("the checkpoint at step ", kResumeStep));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
+  ASSERT_EQ(checkpointed->state(), v1::RUNNING) << "the job ended before the kill";
+  ASSERT_EQ(checkpointed->latest_checkpoint().step(), kResumeStep) << "the kill came too late";
+  for (int victim : victims) ASSERT_TRUE(cluster.KillWorker(victim, SIGKILL).ok());
+  for (int victim : victims) {
+    ASSERT_TRUE(cluster.WaitForWorkerExit(victim, absl::Seconds(10)).ok());
+  }
+
+  absl::StatusOr<v1::Job> ended = WaitUntilEnded(cluster, submitted->id());
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
+  ASSERT_EQ(ended->generation(), 2);
+  ASSERT_EQ(ended->worker_ids_size(), to);
+  if (change.spares == 0) {
+    EXPECT_EQ(ended->worker_ids(0), first->worker_ids(0)) << "the survivor";
+  } else {
+    for (int rank = 0; rank < to; ++rank) {
+      absl::StatusOr<int> index = WorkerIndexOf(cluster, ended->worker_ids(rank));
+      ASSERT_TRUE(index.ok()) << index.status();
+      EXPECT_GE(*index, from) << "rank " << rank << " is not a spare";
+    }
+  }
+  // Generation 2 starts on W' workers from checkpoint C and runs exactly the steps after it.
+  std::vector<int64_t> resumed_steps;
+  int generation_two_size = 0;
+  std::string recovering_message;
+  for (const v1::JobEvent& event : Events(cluster, submitted->id())) {
+    if (event.type() == v1::STATE_CHANGED && event.state() == v1::RECOVERING) {
+      recovering_message = event.message();
+    }
+    if (event.type() == v1::GENERATION_STARTED && event.generation() == 2) {
+      generation_two_size = event.worker_ids_size();
+    }
+    if (event.type() == v1::PROGRESS && event.generation() == 2) {
+      resumed_steps.push_back(event.progress().step());
+    }
+  }
+  EXPECT_EQ(generation_two_size, to);
+  ASSERT_FALSE(resumed_steps.empty());
+  const int64_t resumed_from = resumed_steps.front() - 1;
+  EXPECT_EQ(resumed_from, kResumeStep);
+  EXPECT_EQ(resumed_steps.size(), static_cast<size_t>(kSteps - kResumeStep));
+  EXPECT_EQ(resumed_steps.back(), kSteps);
+  EXPECT_TRUE(absl::StrContains(recovering_message,
+                                absl::StrCat("resuming from the checkpoint at step ", kResumeStep)))
+      << recovering_message;
+
+  absl::StatusOr<std::vector<NamedTensor>> final_params =
+      ExportParameters(cluster, ended->id(), std::nullopt);
+  ASSERT_TRUE(final_params.ok()) << final_params.status();
+  absl::StatusOr<std::vector<NamedTensor>> at_resume_step =
+      ExportParameters(cluster, ended->id(), kResumeStep);
+  ASSERT_TRUE(at_resume_step.ok()) << at_resume_step.status();
+  DeleteCheckpoints(cluster, *ended);
+  ASSERT_TRUE(SameNamesAndSizes((*reference_to)->final_params, *final_params));
+  ASSERT_TRUE(SameNamesAndSizes((*reference_to)->params_at_resume_step, *at_resume_step));
+
+  // Checkpoint C is what the uninterrupted run at W had at C.
+  EXPECT_TRUE(BitwiseEqual((*reference_from)->params_at_resume_step, *at_resume_step));
+  const Difference versus_to = MaxRelativeDifference((*reference_to)->final_params, *final_params);
+  const Difference versus_to_at_resume_step =
+      MaxRelativeDifference((*reference_to)->params_at_resume_step, *at_resume_step);
+  const Difference versus_from =
+      MaxRelativeDifference((*reference_from)->final_params, *final_params);
+  std::fprintf(stderr,
+               "W %d -> %d: resumed from step %lld; against the uninterrupted run at W' %.3g "
+               "(%s; %.3g at step %lld), at W %.3g (%s)\n",
+               from, to, static_cast<long long>(resumed_from), versus_to.relative,
+               versus_to.tensor.c_str(), versus_to_at_resume_step.relative,
+               static_cast<long long>(kResumeStep), versus_from.relative,
+               versus_from.tensor.c_str());
+  if (from == to) {
+    EXPECT_TRUE(BitwiseEqual((*reference_to)->final_params, *final_params))
+        << "max relative difference " << versus_to.relative << " in " << versus_to.tensor;
+  } else {
+    EXPECT_LE(versus_from.relative, kTolerance) << versus_from.tensor;
+    EXPECT_LE(versus_to.relative, versus_to_at_resume_step.relative + kTolerance)
+        << versus_to.tensor;
+  }
+  absl::Status stopped = cluster.StopAll();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+INSTANTIATE_TEST_SUITE_P(AllPairs, ReshardMatrixTest,
+                         ::testing::Combine(::testing::Range(1, kMaxWorkers + 1),
+                                            ::testing::Range(1, kMaxWorkers + 1)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, int>>& info) {
+                           return absl::StrCat("W", std::get<0>(info.param), "to",
+                                               std::get<1>(info.param));
+                         });
+
+}  // namespace
+}  // namespace zeroshard::testing
