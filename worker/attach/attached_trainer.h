@@ -107,7 +107,6 @@ class AttachedTrainer final : public workloads::Workload {
   int32_t next_tensor_ = 0;
   std::optional<v1::GradientSegment> open_segment_;
   std::optional<double> lr_;
-  bool initial_acknowledged_ = true;
 };
 
 }  // namespace zeroshard::attach
