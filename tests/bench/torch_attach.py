@@ -356,6 +356,7 @@ def run_variant(torch, dist, zt, args, variant, batches, daemon):
     iterations = []
     for step in range(args.warmup + args.steps):
         x, y = batches[step % len(batches)]
+        cpu_start = time.process_time()
         start = time.perf_counter()
         loss = torch.nn.functional.mse_loss(forward(x), y)
         forwarded = time.perf_counter()
@@ -365,12 +366,13 @@ def run_variant(torch, dist, zt, args, variant, batches, daemon):
         stepped = time.perf_counter()
         zero_grad()
         done = time.perf_counter()
+        cpu = time.process_time() - cpu_start
         phases = timer.take() if timer is not None else ({}, {})
         if step >= args.warmup:
             iterations.append({"iter": done - start, "forward": forwarded - start,
                                "backward": backwarded - forwarded, "step": stepped - backwarded,
-                               "zero_grad": done - stepped, "phases_ms": phases[0],
-                               "phase_counts": phases[1]})
+                               "zero_grad": done - stepped, "cpu": cpu,
+                               "phases_ms": phases[0], "phase_counts": phases[1]})
     dist.barrier()
     sampler.stop()
     record["iterations"] = iterations
@@ -384,7 +386,34 @@ def run_variant(torch, dist, zt, args, variant, batches, daemon):
     else:
         record.update(zeroshard_report(zt, optimizer))
         zt.finish(optimizer)
+        if zt.rank() == 0:
+            record["worker_steps"] = worker_step_metrics(
+                record["job_id"], range(args.warmup + 1, args.warmup + args.steps + 1))
     return record
+
+
+def worker_step_metrics(job_id, steps):
+    """Rank 0's worker's StepMetrics of `steps` (the job's PROGRESS events, once it ended): where
+    the worker's side of each iteration went, ms."""
+    import zeroshard
+    from zeroshard._proto.zeroshard.v1 import job_pb2
+
+    with zeroshard.Client() as client:
+        events = list(client.watch(job_id, timeout=REPORT_TIMEOUT_S))
+    metrics = {}
+    for event in events:
+        if event.type == job_pb2.PROGRESS and event.progress.step in steps:
+            m = event.progress
+            metrics[m.step] = {
+                "compute": m.compute_ms, "step": m.step_ms, "update": m.update_ms,
+                "exposed_comm": m.exposed_comm_ms, "param_wait": m.param_wait_ms,
+                "iteration": m.iteration_ms,
+                # After Engine::Step: AttachedTrainer::StepApplied waiting for the all-gathers.
+                "gather_wait": m.iteration_ms - m.compute_ms - m.step_ms,
+                "exposed_in_backward": sum(m.bucket_exposed_in_backward_ms),
+                "compute_thread_cpu": m.compute_thread_cpu_ms,
+                "comm_thread_cpu": m.comm_thread_cpu_ms, "process_cpu": m.process_cpu_ms}
+    return list(metrics.values())
 
 
 def zeroshard_report(zt, optimizer):
@@ -456,6 +485,7 @@ def summarize(variant, rounds, world_size, torch_version):
         "forward_ms_rounds": per_round("forward"),
         "backward_ms_rounds": per_round("backward"),
         "zero_grad_ms_rounds": per_round("zero_grad"),
+        "trainer_cpu_ms_rounds": per_round("cpu"),
         "peak_rss_bytes_rounds": peak_rounds,
         "peak_pss_by_rank_rounds": [[r["peak_pss"] for r in ranks] for ranks in rounds],
         "peak_pss_parts_by_rank_rounds": [[r["peak_pss_parts"] for r in ranks]
@@ -479,6 +509,11 @@ def summarize(variant, rounds, world_size, torch_version):
         phases = sorted({p for ranks in rounds for it in ranks[0]["iterations"]
                          for p in it["phases_ms"]})
         line["rank0_phase_ms_rounds"] = {p: phase_round(p) for p in phases}
+        line["worker_rank0_ms_rounds"] = {
+            key: [round(median([m[key] for m in r["worker_steps"]]), 3) if r["worker_steps"]
+                  else None for r in rank0]
+            for key in (rank0[0]["worker_steps"][0] if rank0[0]["worker_steps"] else {})}
+        line["worker_rank0_reports_rounds"] = [len(r["worker_steps"]) for r in rank0]
         line["rank0_phase_counts"] = {
             p: median([it["phase_counts"].get(p, 0) for it in rank0[0]["iterations"]])
             for p in phases}
