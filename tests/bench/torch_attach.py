@@ -11,7 +11,8 @@ without ZEROSHARD_RANK in the environment, it is the driver: it starts itself un
 //client:zeroshard` and the stubs of `python/generate_stubs.sh python/zeroshard/_proto`). Under
 the launcher, each process is one rank's trainer: the same MLP (default 1024-4096-4096-1024,
 ReLU, MSE loss, 32 samples per rank, one thread) trained with AdamW in four ways, in --rounds
-rounds (the variants' order reversed every other round), each run --warmup + --steps iterations:
+rounds (the variants' order reversed every other round), each run --warmup + --steps +
+--memory_steps iterations:
   torch_ddp        torch DDP (gloo, gradient_as_bucket_view) + the best AdamW this torch takes
                    (fused, else foreach, else the loop);
   torch_zero       torch DDP + ZeroRedundancyOptimizer(that AdamW);
@@ -25,10 +26,12 @@ iter_ms: forward + backward + step() + zero_grad(), the slowest rank's per itera
 step() alone. Both are medians over the measured iterations of a round, then the median over
 rounds (per-round values in *_rounds). peak_rss_bytes: each rank's memory is the sum of the PSS
 (/proc/PID/smaps_rollup) of its trainer and, for ZeroShard, its worker daemon, sampled every
---sample_ms by a thread of the trainer; the field is the largest rank's peak sample (median over
-rounds). opt_state_bytes_per_rank: torch: the bytes of the optimizer's state tensors on the rank
-that holds the most (ZeroRedundancyOptimizer: its shard); ZeroShard: the worker's own count
-(StepMetrics.memory.optimizer_state_bytes of rank 0, whose pieces are as large as every rank's).
+--sample_ms by a thread of the trainer during the warm-up and the --memory_steps iterations after
+the measured ones (not during those: a sample costs milliseconds of CPU); the field is the
+largest rank's peak sample (median over rounds). opt_state_bytes_per_rank: torch: the bytes of
+the optimizer's state tensors on the rank that holds the most (ZeroRedundancyOptimizer: its
+shard); ZeroShard: the worker's own count (StepMetrics.memory.optimizer_state_bytes of rank 0,
+whose pieces are as large as every rank's).
 """
 
 import argparse
@@ -70,6 +73,9 @@ def parse_args(argv):
     parser.add_argument("--torch_adamw", default="auto", choices=["auto", "fused", "foreach",
                                                                    "loop"],
                         help="torch's AdamW: auto takes fused, else foreach, else the loop")
+    parser.add_argument("--memory_steps", type=int, default=5,
+                        help="iterations after the measured ones, in every round: PSS is sampled "
+                        "during the warm-up and these, not during the measured iterations")
     parser.add_argument("--sample_ms", type=float, default=50.0, help="PSS sampling period")
     parser.add_argument("--workers", type=int, default=2, help="driver: ranks (W)")
     parser.add_argument("--bin_dir", default=None,
@@ -86,8 +92,10 @@ def parse_args(argv):
         parser.error(f"--variants: {unknown or 'none'}; choose from {', '.join(VARIANTS)}")
     if len(args.layers) < 2 or min(args.layers) < 1:
         parser.error("--layers: at least two positive widths")
-    if args.rounds < 1 or args.steps < 1 or args.warmup < 0 or args.batch < 1:
-        parser.error("--rounds, --steps and --batch must be >= 1, --warmup >= 0")
+    if args.rounds < 1 or args.steps < 1 or args.batch < 1 or args.memory_steps < 1:
+        parser.error("--rounds, --steps, --memory_steps and --batch must be >= 1")
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
     return args
 
 
@@ -160,21 +168,28 @@ def worker_pid(attach_socket):
 
 
 class PssSampler:
-    """Samples the summed PSS of `pids` every `period_s` on a thread of its own and keeps the
-    largest sample. Thread contract: start() and stop() from one thread; peak() after stop()."""
+    """Samples the summed PSS of `pids` every `period_s` on a thread of its own while active, and
+    keeps the largest sample. Reading smaps_rollup walks a process's page tables (about 10 ms of
+    CPU for 300 MB resident here), so the timed iterations run paused. Thread contract: start(),
+    pause(), resume() and stop() from one thread; the results after stop()."""
 
     def __init__(self, pids, period_s):
         self._pids = list(pids)
         self._period_s = period_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._mu = threading.Lock()
+        self._active = True  # guarded by _mu, which a sample holds throughout
         self.samples = 0
+        self.sample_seconds = 0.0  # wall time spent reading smaps_rollup
         self.peak_total = 0
         self.peak_parts = []  # each pid's PSS at the peak sample
         self.peak_rss_parts = []  # each pid's RSS at the peak sample
 
     def _sample(self):
+        start = time.perf_counter()
         rollups = [smaps_rollup(pid) for pid in self._pids]
+        self.sample_seconds += time.perf_counter() - start
         total = sum(r["Pss"] for r in rollups)
         self.samples += 1
         if total > self.peak_total:
@@ -184,11 +199,22 @@ class PssSampler:
 
     def _run(self):
         while not self._stop.wait(self._period_s):
-            self._sample()
+            with self._mu:
+                if self._active:
+                    self._sample()
 
     def start(self):
         self._sample()
         self._thread.start()
+
+    def pause(self):
+        """Returns once no sample is in progress; none starts until resume()."""
+        with self._mu:
+            self._active = False
+
+    def resume(self):
+        with self._mu:
+            self._active = True
 
     def stop(self):
         self._stop.set()
@@ -264,6 +290,7 @@ class PhaseTimer:
     def __init__(self, optimizer):
         self.seconds = {}
         self.counts = {}
+        self._last_hand_over_end = None
         connection = optimizer._connection
         call, send = connection.call, connection.send
         send_segments = optimizer._send_segments
@@ -287,7 +314,14 @@ class PhaseTimer:
             try:
                 return send_segments(t)
             finally:
-                self.add("hand_over", time.perf_counter() - start)
+                end = time.perf_counter()
+                self.add("hand_over", end - start)
+                # The timeline of backward: each tensor's hand-over, and the compute before it
+                # since the previous one's (tensors in plan order: the last layer's first).
+                self.add(f"hand_over_t{t}", end - start)
+                if self._last_hand_over_end is not None:
+                    self.add(f"compute_before_t{t}", start - self._last_hand_over_end)
+                self._last_hand_over_end = end
 
         connection.call, connection.send = timed_call, timed_send
         optimizer._send_segments = timed_send_segments
@@ -301,6 +335,7 @@ class PhaseTimer:
         taken = ({k: v * 1e3 for k, v in self.seconds.items()}, dict(self.counts))
         self.seconds.clear()
         self.counts.clear()
+        self._last_hand_over_end = None
         return taken
 
 
@@ -354,7 +389,12 @@ def run_variant(torch, dist, zt, args, variant, batches, daemon):
         timer = PhaseTimer(optimizer)
         zero_grad = optimizer.zero_grad
     iterations = []
-    for step in range(args.warmup + args.steps):
+    timed = range(args.warmup, args.warmup + args.steps)
+    for step in range(args.warmup + args.steps + args.memory_steps):
+        if step == timed.start:
+            sampler.pause()
+        elif step == timed.stop:
+            sampler.resume()
         x, y = batches[step % len(batches)]
         cpu_start = time.process_time()
         start = time.perf_counter()
@@ -368,7 +408,7 @@ def run_variant(torch, dist, zt, args, variant, batches, daemon):
         done = time.perf_counter()
         cpu = time.process_time() - cpu_start
         phases = timer.take() if timer is not None else ({}, {})
-        if step >= args.warmup:
+        if step in timed:
             iterations.append({"iter": done - start, "forward": forwarded - start,
                                "backward": backwarded - forwarded, "step": stepped - backwarded,
                                "zero_grad": done - stepped, "cpu": cpu,
@@ -380,6 +420,7 @@ def run_variant(torch, dist, zt, args, variant, batches, daemon):
     record["peak_pss_parts"] = sampler.peak_parts
     record["peak_rss_parts"] = sampler.peak_rss_parts
     record["pss_samples"] = sampler.samples
+    record["pss_sample_ms"] = sampler.sample_seconds / sampler.samples * 1e3
     record["loss"] = loss.item()
     if timer is None:
         record["opt_state_bytes"] = state_bytes(inner)
@@ -446,7 +487,7 @@ def zeroshard_report(zt, optimizer):
             "owned_elems_by_rank": owned, "job_id": optimizer._job_id}
 
 
-def summarize(variant, rounds, world_size, torch_version):
+def summarize(variant, rounds, world_size, torch_version, memory_steps):
     """The variant's JSON line from its rounds (each a list of W rank records)."""
     def per_round(key):
         """Per round: the median over iterations of the slowest rank's value, ms."""
@@ -480,6 +521,7 @@ def summarize(variant, rounds, world_size, torch_version):
         "optimizer": rank0[0]["optimizer"],
         "rounds": len(rounds),
         "steps": len(rank0[0]["iterations"]),
+        "memory_steps": memory_steps,
         "iter_ms_rounds": iter_rounds,
         "step_ms_rounds": step_rounds,
         "forward_ms_rounds": per_round("forward"),
@@ -495,6 +537,7 @@ def summarize(variant, rounds, world_size, torch_version):
         "pss_at_start_parts_by_rank_rounds": [[r["pss_at_start_parts"] for r in ranks]
                                               for ranks in rounds],
         "pss_samples_rounds": [min(r["pss_samples"] for r in ranks) for ranks in rounds],
+        "pss_sample_ms_rounds": [round(ranks[0]["pss_sample_ms"], 3) for ranks in rounds],
         "final_loss_rounds": [round(r["loss"], 6) for r in rank0],
         "load_average_rounds": [r["load_average"] for r in rank0],
     }
@@ -551,7 +594,7 @@ def train(args):
     if rank == 0:
         for variant in args.variants:
             print(json.dumps(summarize(variant, results[variant], world_size,
-                                       torch.__version__)), flush=True)
+                                       torch.__version__, args.memory_steps)), flush=True)
     dist.barrier()
     dist.destroy_process_group()
     return 0

@@ -35,7 +35,7 @@ def run_benchmark():
     command = [sys.executable, os.path.join(root, "tests", "bench", "torch_attach.py"),
                "--bin_dir", root, "--log_dir", log_dir, "--layers", "16,32,8", "--batch", "4",
                "--rounds", str(ROUNDS), "--steps", str(STEPS), "--warmup", "1",
-               "--sample_ms", "10"]
+               "--memory_steps", "2", "--sample_ms", "10"]
     try:
         result = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, timeout=240)
@@ -62,6 +62,7 @@ class TorchAttachBenchTest(unittest.TestCase):
                 self.assertEqual(line["world_size"], WORLD_SIZE)
                 self.assertEqual(line["rounds"], ROUNDS)
                 self.assertEqual(line["steps"], STEPS)
+                self.assertEqual(line["memory_steps"], 2)
                 self.assertGreater(line["iter_ms"], 0)
                 self.assertGreater(line["step_ms"], 0)
                 self.assertLessEqual(line["step_ms"], line["iter_ms"])
