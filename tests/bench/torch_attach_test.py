@@ -1,0 +1,111 @@
+"""Keeps tests/bench/torch_attach.py from rotting: runs it on a real local cluster (2 workers from
+this test's runfiles) with a tiny MLP for 2 measured steps and checks that every variant's JSON
+line has its fields with sane values. No timing bounds: the figures come from runs by hand.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+VARIANTS = ["torch_ddp", "torch_zero", "zeroshard_ddp", "zeroshard_zero2"]
+STEPS = 2
+ROUNDS = 2
+WORLD_SIZE = 2
+
+
+def runfiles_workspace():
+    srcdir = os.environ.get("TEST_SRCDIR")
+    if srcdir:
+        return os.path.join(srcdir, os.environ.get("TEST_WORKSPACE", "zeroshard"))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_benchmark():
+    """The benchmark's driver on tiny sizes: (exit status, its JSON lines, stderr)."""
+    root = runfiles_workspace()
+    env = dict(os.environ)
+    env.pop("ZEROSHARD_COORDINATOR", None)
+    env.pop("ZEROSHARD_RANK", None)
+    # Short: the workers' attach sockets live there (a unix socket path has at most 107 bytes).
+    log_dir = tempfile.mkdtemp(prefix="zs-tat-", dir="/tmp")
+    command = [sys.executable, os.path.join(root, "tests", "bench", "torch_attach.py"),
+               "--bin_dir", root, "--log_dir", log_dir, "--layers", "16,32,8", "--batch", "4",
+               "--rounds", str(ROUNDS), "--steps", str(STEPS), "--warmup", "1",
+               "--memory_steps", "2", "--sample_ms", "10"]
+    try:
+        result = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, timeout=240)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    return result.returncode, lines, result.stderr
+
+
+class TorchAttachBenchTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.status, lines, cls.stderr = run_benchmark()
+        cls.lines = {line["variant"]: line for line in lines}
+
+    def test_exits_cleanly_with_one_line_per_variant(self):
+        self.assertEqual(self.status, 0, self.stderr[-4000:])
+        self.assertEqual(sorted(self.lines), sorted(VARIANTS), self.stderr[-4000:])
+
+    def test_every_line_has_sane_headline_fields(self):
+        for variant, line in self.lines.items():
+            with self.subTest(variant=variant):
+                self.assertEqual(line["bench"], "torch_attach")
+                self.assertEqual(line["world_size"], WORLD_SIZE)
+                self.assertEqual(line["rounds"], ROUNDS)
+                self.assertEqual(line["steps"], STEPS)
+                self.assertEqual(line["memory_steps"], 2)
+                self.assertGreater(line["iter_ms"], 0)
+                self.assertGreater(line["step_ms"], 0)
+                self.assertLessEqual(line["step_ms"], line["iter_ms"])
+                self.assertGreater(line["peak_rss_bytes"], 0)
+                self.assertGreater(line["opt_state_bytes_per_rank"], 0)
+                self.assertEqual(len(line["iter_ms_rounds"]), ROUNDS)
+                for round_ms in line["iter_ms_rounds"]:
+                    self.assertGreater(round_ms, 0)
+
+    def test_memory_counts_the_daemon_for_zeroshard_only(self):
+        for variant, line in self.lines.items():
+            with self.subTest(variant=variant):
+                processes = 2 if variant.startswith("zeroshard") else 1
+                for ranks in line["peak_pss_parts_by_rank_rounds"]:
+                    self.assertEqual(len(ranks), WORLD_SIZE)
+                    for parts in ranks:
+                        self.assertEqual(len(parts), processes)
+                        self.assertTrue(all(part > 0 for part in parts), parts)
+                by_rank = line["peak_pss_by_rank_rounds"]
+                self.assertEqual(line["peak_rss_bytes_rounds"],
+                                 [max(ranks) for ranks in by_rank])
+                for ranks, parts in zip(by_rank, line["peak_pss_parts_by_rank_rounds"]):
+                    self.assertEqual(ranks, [sum(p) for p in parts])
+
+    def test_optimizer_state_is_sharded(self):
+        torch_ddp, torch_zero = self.lines["torch_ddp"], self.lines["torch_zero"]
+        # ZeroRedundancyOptimizer splits whole tensors: its ranks hold the state between them.
+        self.assertLess(torch_zero["opt_state_bytes_per_rank"],
+                        torch_ddp["opt_state_bytes_per_rank"])
+        self.assertEqual(sum(torch_zero["opt_state_bytes_by_rank"]),
+                         torch_ddp["opt_state_bytes_per_rank"])
+        ddp, zero2 = self.lines["zeroshard_ddp"], self.lines["zeroshard_zero2"]
+        self.assertEqual(zero2["opt_state_bytes_per_rank"] * WORLD_SIZE,
+                         ddp["opt_state_bytes_per_rank"])
+        owned = zero2["owned_elems_by_rank"]
+        self.assertEqual(len(owned), WORLD_SIZE)
+        self.assertEqual(len(set(owned)), 1, owned)
+
+    def test_zero2_phases_are_timed(self):
+        phases = self.lines["zeroshard_zero2"]["rank0_phase_counts"]
+        for phase in ("call_segment", "send_written", "call_step", "hand_over"):
+            self.assertGreater(phases.get(phase, 0), 0, phases)
+
+
+if __name__ == "__main__":
+    unittest.main()
