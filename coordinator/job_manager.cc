@@ -788,11 +788,12 @@ absl::Status JobManager::EndGenerationLocked(JobRecord& record, v1::JobState nex
   ZS_RETURN_IF_ERROR(SetStateLocked(record, next_state, message));
   // An attached job waits for its pinned workers anyway.
   if (next_state == v1::RECOVERING && !job.spec().workload().has_attached()) {
-    JobRecord::Regroup& regroup = record.regroup.emplace();
+    JobRecord::Regroup regroup;
     regroup.generation = job.generation();
     regroup.members.assign(job.worker_ids().begin(), job.worker_ids().end());
     regroup.ended = clock_->Now();
     regroup.deadline = regroup.ended + options_.RegroupWait();
+    record.regroup = std::move(regroup);
   }
   return absl::OkStatus();
 }
