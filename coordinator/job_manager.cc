@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/manifest.h"
@@ -191,6 +192,9 @@ absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatR
     ZS_RETURN_IF_ERROR(HandleLostWorkerLocked(
         request.worker_id(), absl::StrCat("failed: ", request.status().run_error())));
   }
+  // After the failure that ended the generation (this one's or an earlier one's), so that its
+  // regroup exists.
+  NoteLostPeersLocked(request.worker_id(), request.status());
   // An aborting worker that no longer runs the aborted generation is free again.
   if (assignment.kind() == v1::ASSIGNMENT_ABORT &&
       (request.status().job_id() != assignment.job_id() ||
@@ -661,6 +665,8 @@ absl::Status JobManager::SetStateLocked(JobRecord& record, v1::JobState state,
   record.job.set_message(message);
   if (IsFinal(state)) *record.job.mutable_end_time() = ToTimestamp(clock_->Now());
   if (IsPending(state)) record.pending_since = clock_->Now();
+  // Only a RECOVERING job regroups; EndGenerationLocked sets it up after this edge.
+  record.regroup.reset();
   v1::JobEvent event;
   event.set_type(v1::STATE_CHANGED);
   event.set_state(state);
@@ -779,7 +785,77 @@ absl::Status JobManager::EndGenerationLocked(JobRecord& record, v1::JobState nex
   rendezvous_->DropNamespace(job.id(), job.generation());
   record.plan.reset();
   record.adoption.reset();
-  return SetStateLocked(record, next_state, message);
+  ZS_RETURN_IF_ERROR(SetStateLocked(record, next_state, message));
+  // An attached job waits for its pinned workers anyway.
+  if (next_state == v1::RECOVERING && !job.spec().workload().has_attached()) {
+    JobRecord::Regroup regroup;
+    regroup.generation = job.generation();
+    regroup.members.assign(job.worker_ids().begin(), job.worker_ids().end());
+    regroup.ended = clock_->Now();
+    regroup.deadline = regroup.ended + options_.RegroupWait();
+    record.regroup = std::move(regroup);
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::NoteLostPeersLocked(const std::string& worker_id, const v1::WorkerStatus& status) {
+  if (status.lost_peer_ranks().empty()) return;
+  auto it = jobs_.find(status.job_id());
+  if (it == jobs_.end() || !it->second.regroup.has_value()) return;
+  JobRecord::Regroup& regroup = *it->second.regroup;
+  const int members = static_cast<int>(regroup.members.size());
+  if (regroup.generation != status.generation() || status.rank() >= members ||
+      regroup.members[status.rank()] != worker_id) {
+    return;
+  }
+  for (int32_t rank : status.lost_peer_ranks()) {
+    if (rank >= members || rank == status.rank()) continue;
+    if (regroup.lost.insert(regroup.members[rank]).second) {
+      ZS_LOG(INFO) << "job " << status.job_id() << ": rank " << status.rank() << " of generation "
+                   << regroup.generation << " (" << worker_id << ") saw rank " << rank << " ("
+                   << regroup.members[rank] << ") die; the next generation does not wait for it";
+    }
+  }
+}
+
+bool JobManager::StillRegroupingLocked(JobRecord& record, bool* noticed) {
+  *noticed = false;
+  JobRecord::Regroup& regroup = *record.regroup;
+  if (!regroup.waiting) return false;
+  std::vector<std::string> awaited;
+  for (int rank = 0; rank < static_cast<int>(regroup.members.size()); ++rank) {
+    const std::string& id = regroup.members[rank];
+    if (regroup.lost.contains(id)) continue;
+    const v1::WorkerInfo* worker = workers_.Find(id);
+    if (worker == nullptr || (worker->state() != v1::IDLE && worker->state() != v1::BUSY)) {
+      continue;
+    }
+    // Still aborting that generation: the ABORT is replaced once it no longer runs it.
+    const v1::Assignment& assignment = worker->assignment();
+    if (assignment.kind() == v1::ASSIGNMENT_ABORT && assignment.job_id() == record.job.id() &&
+        assignment.generation() == regroup.generation) {
+      awaited.push_back(absl::StrCat(id, " (rank ", rank, ")"));
+    }
+  }
+  const absl::Time now = clock_->Now();
+  if (!awaited.empty() && now < regroup.deadline) return true;
+  regroup.waiting = false;
+  if (awaited.empty()) {
+    ZS_LOG(INFO) << "job " << record.job.id() << ": the survivors of generation "
+                 << regroup.generation << " are back " << absl::FormatDuration(now - regroup.ended)
+                 << " after its end";
+    return false;
+  }
+  v1::JobEvent event;
+  event.set_type(v1::NOTICE);
+  event.set_generation(regroup.generation);
+  event.set_message(absl::StrCat("stopped waiting for ", absl::StrJoin(awaited, ", "),
+                                 " of generation ", regroup.generation, ": not back within ",
+                                 absl::FormatDuration(options_.RegroupWait()), " of its end"));
+  ZS_LOG(WARNING) << "job " << record.job.id() << ": " << event.message();
+  AddEventLocked(record, std::move(event));
+  *noticed = true;
+  return false;
 }
 
 absl::Status JobManager::HandleLostWorkerLocked(const std::string& worker_id,
@@ -975,6 +1051,12 @@ void JobManager::ScheduleLocked() {
         continue;
       }
       job.pinned_worker_ids = *std::move(pinned);
+    } else if (record.regroup.has_value()) {
+      bool noticed = false;
+      job.regrouping = StillRegroupingLocked(record, &noticed);
+      if (noticed) changed.push_back(&record);
+      // The scheduler ignores those that are not free.
+      job.preferred_worker_ids = record.regroup->members;
     }
     pending.push_back(std::move(job));
   }
@@ -1002,7 +1084,7 @@ void JobManager::ScheduleLocked() {
                     << " left as it was: " << changed_state;
       continue;
     }
-    changed.push_back(&record);
+    if (!absl::c_linear_search(changed, &record)) changed.push_back(&record);
   }
   if (!changed.empty()) PersistLocked(changed);
 }

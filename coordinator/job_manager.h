@@ -43,6 +43,12 @@ struct JobManagerOptions {
   // heartbeat, within one period, and re-registers at once).
   std::optional<absl::Duration> adoption_window;
   absl::Duration AdoptionWindow() const { return adoption_window.value_or(2 * lease.lease()); }
+  // After a lost worker ended a generation, how long the job's next generation waits at most
+  // for the generation's survivors to come back (see "Regrouping" in JobManager). Unset: one
+  // heartbeat period (survivors abort their runs in-process and heartbeat at once: they are back
+  // within a few hundred milliseconds).
+  std::optional<absl::Duration> regroup_wait;
+  absl::Duration RegroupWait() const { return regroup_wait.value_or(lease.heartbeat_period); }
 };
 
 // Receives one job's events. Called with the manager's lock held: it must not block and must
@@ -115,7 +121,7 @@ struct ManagerStats {
 // (7)  RUNNING -> CANCELLED: CancelJob, through EndGenerationLocked (the workers get ABORT).
 // (8)  RECOVERING -> RUNNING: StartGenerationLocked (from ScheduleLocked), as (1): the next
 //      generation, from the job's latest committed checkpoint (Assignment.resume_from), else
-//      from step 0.
+//      from step 0, once the job has regrouped (see "Regrouping" below).
 // (9)  RECOVERING -> FAILED: ScheduleLocked, as (2).
 // (10) RECOVERING -> CANCELLED: CancelJob.
 // (11) RUNNING -> RUNNING: AdoptRankLocked (from RegisterWorker), when the last rank of a
@@ -131,6 +137,23 @@ struct ManagerStats {
 // accepted as for any running one. When the window ends first, edge (5) or (6), and the ranks
 // that came back get ABORT. Adopting is a flag rather than a JobState of its own because nothing
 // about the job changes for its owner: it runs, at the same generation, throughout.
+//
+// Regrouping. The next generation forms from the survivors of the one that ended plus idle
+// spares. The survivors come back IDLE one at a time (each aborts its run in-process; its daemon
+// heartbeats at once when its run ended and again when it stopped it), and each return runs the
+// scheduler, so a job that may run on fewer workers would start on the first one back. Instead,
+// when edge (5) is taken from a running generation (EndGenerationLocked), the job remembers that
+// generation's members (JobRecord::regroup) and the scheduler holds it back while any member is
+// still awaited: live, still told to ABORT that generation, and named lost by no survivor's report
+// (WorkerStatus.lost_peer_ranks in a heartbeat about that generation from one of its members;
+// ranks map to workers through the generation's worker_ids). A member that is DEAD or LEFT, or
+// was placed elsewhere, is not awaited either, so a worker lost without any report (its lease
+// expired, it left) costs no wait. The wait ends at the latest options.RegroupWait() after the
+// generation ended; then a NOTICE names the members still missing and the job starts without
+// them. Meanwhile the members already back are held for the job (no job after it in the FIFO
+// order gets them), and when it starts its former members are placed before any other idle
+// worker. An attached job does not regroup: it waits for its pinned workers anyway. The regroup
+// is not stored: after a coordinator restart a RECOVERING job starts on the workers idle then.
 //
 // Attached jobs (spec.workload.attached). Rank r runs on the live worker named
 // attached.workers[r] (the newest id where live workers share a name), and its RUN assignment
@@ -227,6 +250,20 @@ class JobManager {
       absl::flat_hash_set<int32_t> returned_ranks;
     };
     std::optional<Adoption> adoption;
+    // Set while a RECOVERING job regroups after a lost worker (see "Regrouping").
+    struct Regroup {
+      // The generation that ended, and its members in rank order.
+      int64_t generation = 0;
+      std::vector<std::string> members;
+      // Members a survivor's report named lost: not awaited.
+      absl::flat_hash_set<std::string> lost;
+      absl::Time ended;
+      absl::Time deadline;
+      // Cleared once no member is awaited or the deadline passed; the members are still
+      // preferred when the job starts.
+      bool waiting = true;
+    };
+    std::optional<Regroup> regroup;
   };
 
   JobManager(common::Clock* clock, std::unique_ptr<JobStore> store, RendezvousStore* rendezvous,
@@ -266,6 +303,14 @@ class JobManager {
   // Changes nothing when the job may not become `next_state`.
   absl::Status EndGenerationLocked(JobRecord& record, v1::JobState next_state,
                                    const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Heartbeat: notes the ranks a member of a regrouping job's ended generation reports lost
+  // (status.lost_peer_ranks); ignores reports about any other generation and from non-members.
+  void NoteLostPeersLocked(const std::string& worker_id, const v1::WorkerStatus& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // ScheduleLocked: whether a regrouping job still waits for members of its ended generation.
+  // Ends the wait (for good) once no member is awaited or at its deadline, with a NOTICE naming
+  // the members still missing then; returns whether it added one in `noticed`.
+  bool StillRegroupingLocked(JobRecord& record, bool* noticed) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the generation whose rank `worker_id` holds, if that generation is still running.
   absl::Status HandleLostWorkerLocked(const std::string& worker_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

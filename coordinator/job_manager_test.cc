@@ -1,7 +1,7 @@
 // Tests for the job manager on a fake clock with a real SQLite store: scheduling into
-// generations, level-triggered assignments, completion, cancellation, lost workers, restarts
-// and the adoption of running generations after them, every edge of the job state machine, and
-// attached jobs on their pinned workers.
+// generations, level-triggered assignments, completion, cancellation, lost workers and the
+// regrouping of their survivors, restarts and the adoption of running generations after them,
+// every edge of the job state machine, and attached jobs on their pinned workers.
 #include "coordinator/job_manager.h"
 
 #include <sqlite3.h>
@@ -161,6 +161,7 @@ class JobManagerTest : public ::testing::Test {
     JobManagerOptions options;
     checkpoint_root_ = dir + "/checkpoints";
     if (with_checkpoint_root_) options.checkpoint_root = checkpoint_root_;
+    options.regroup_wait = regroup_wait_;
     auto manager = JobManager::Create(&clock_, *std::move(store), rendezvous_.get(), options);
     ASSERT_TRUE(manager.ok()) << manager.status();
     manager_ = *std::move(manager);
@@ -290,6 +291,22 @@ class JobManagerTest : public ::testing::Test {
     }
   }
 
+  // A heartbeat of `worker_id`, which holds `rank` of `job`'s current generation, whose run
+  // failed having seen `lost_ranks` die. Returns the assignment it gets back.
+  v1::Assignment FailRun(const std::string& worker_id, const v1::Job& job, int rank,
+                         const std::vector<int32_t>& lost_ranks) {
+    v1::HeartbeatRequest request;
+    request.set_worker_id(worker_id);
+    request.mutable_status()->set_job_id(job.id());
+    request.mutable_status()->set_generation(job.generation());
+    request.mutable_status()->set_rank(rank);
+    request.mutable_status()->set_run_error("UNAVAILABLE: the collective failed");
+    for (int32_t lost : lost_ranks) request.mutable_status()->add_lost_peer_ranks(lost);
+    auto response = manager_->Heartbeat(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? response->assignment() : v1::Assignment();
+  }
+
   // The job's whole event history.
   std::vector<v1::JobEvent> Events(const std::string& job_id) {
     auto sink = std::make_shared<RecordingSink>();
@@ -310,6 +327,7 @@ class JobManagerTest : public ::testing::Test {
   std::string dir_;
   std::string checkpoint_root_;       // <dir_>/checkpoints, the manager's checkpoint root
   bool with_checkpoint_root_ = true;  // whether Start() gives the manager checkpoint_root_
+  std::optional<absl::Duration> regroup_wait_;  // the manager's, for the next Start()
   std::unique_ptr<RendezvousStore> rendezvous_;
   std::unique_ptr<JobManager> manager_;
 };
@@ -821,6 +839,184 @@ TEST_F(JobManagerTest, FailedRunEndsItsGenerationAndTheJobRestarts) {
   failed.mutable_status()->set_generation(1);
   ASSERT_TRUE(manager_->Heartbeat(failed).ok());
   EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+}
+
+// ---- Regrouping after a lost worker (job_manager.h, "Regrouping") ----
+
+// Any W from 1 to 4 divides the global batch: the scheduler would start on the first worker back.
+v1::JobSpec ElasticSpec() {
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_max_workers(4);
+  spec.set_global_batch(12);
+  spec.set_max_attempts(5);
+  return spec;
+}
+
+std::vector<std::string> WorkerIds(const v1::Job& job) {
+  return {job.worker_ids().begin(), job.worker_ids().end()};
+}
+
+std::vector<std::string> NoticesOf(const std::vector<v1::JobEvent>& events) {
+  std::vector<std::string> notices;
+  for (const v1::JobEvent& event : events) {
+    if (event.type() == v1::NOTICE) notices.push_back(event.message());
+  }
+  return notices;
+}
+
+TEST_F(JobManagerTest, TheNextGenerationWaitsForEverySurvivorThenAddsSparesUpToMax) {
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  const std::string c = Register("c");
+  const std::string d = Register("d");
+  auto job = manager_->SubmitJob(ElasticSpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job first = *manager_->GetJob(job->id());
+  ASSERT_EQ(WorkerIds(first), (std::vector<std::string>{a, b, c, d}));
+  // Spares registered while generation 1 runs stay idle.
+  const std::string e = Register("e");
+  const std::string f = Register("f");
+
+  // c is killed: every survivor's run fails naming rank 2, and each comes back on its own.
+  EXPECT_EQ(FailRun(a, first, 0, {2}).kind(), v1::ASSIGNMENT_ABORT);
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING);
+  EXPECT_EQ(FailRun(d, first, 3, {2}).kind(), v1::ASSIGNMENT_ABORT);
+  EXPECT_EQ(Beat(a).kind(), v1::ASSIGNMENT_IDLE);  // back, and idle spares exist: still waiting
+  manager_->Tick();
+  EXPECT_EQ(Beat(d).kind(), v1::ASSIGNMENT_IDLE);
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING) << "b is not back yet";
+  EXPECT_EQ(FailRun(b, first, 1, {2}).kind(), v1::ASSIGNMENT_ABORT);
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING);
+  EXPECT_EQ(Beat(b).kind(), v1::ASSIGNMENT_RUN);
+
+  // All three survivors, and one spare up to max_workers 4 (the first one, e).
+  const v1::Job second = *manager_->GetJob(job->id());
+  ASSERT_EQ(second.state(), v1::RUNNING);
+  EXPECT_EQ(second.generation(), 2);
+  EXPECT_EQ(WorkerIds(second), (std::vector<std::string>{a, b, d, e}));
+  EXPECT_EQ(Beat(f).kind(), v1::ASSIGNMENT_IDLE);
+  EXPECT_TRUE(NoticesOf(Events(job->id())).empty());
+}
+
+TEST_F(JobManagerTest, AMemberNamedLostIsNotWaitedFor) {
+  // A long wait, so that only the reports can end it early.
+  regroup_wait_ = absl::Minutes(1);
+  StartFresh("long-wait");
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  const std::string c = Register("c");
+  auto job = manager_->SubmitJob(ElasticSpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job first = *manager_->GetJob(job->id());
+  ASSERT_EQ(WorkerIds(first), (std::vector<std::string>{a, b, c}));
+  const std::string spare = Register("spare");
+
+  // a's run fails without naming anyone: c, silent but with its lease running, is awaited.
+  EXPECT_EQ(FailRun(a, first, 0, {}).kind(), v1::ASSIGNMENT_ABORT);
+  Beat(a);
+  EXPECT_EQ(FailRun(b, first, 1, {}).kind(), v1::ASSIGNMENT_ABORT);
+  Beat(b);
+  manager_->Tick();
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING);
+  // Reports naming c from a worker that is not the rank it claims, and about another
+  // generation, change nothing.
+  v1::Job stale = first;
+  stale.set_generation(7);
+  FailRun(spare, first, 0, {2});
+  FailRun(a, stale, 0, {2});
+  manager_->Tick();
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING);
+  // b's report, late, names rank 2: c is not waited for any more.
+  FailRun(b, first, 1, {2});
+  manager_->Tick();
+  const v1::Job second = *manager_->GetJob(job->id());
+  ASSERT_EQ(second.state(), v1::RUNNING);
+  EXPECT_EQ(WorkerIds(second), (std::vector<std::string>{a, b, spare}));
+  EXPECT_TRUE(NoticesOf(Events(job->id())).empty());
+}
+
+TEST_F(JobManagerTest, TheRegroupWaitEndsWhenASurvivorDoesNotComeBack) {
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  const std::string c = Register("c");
+  auto job = manager_->SubmitJob(ElasticSpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job first = *manager_->GetJob(job->id());
+  ASSERT_EQ(WorkerIds(first), (std::vector<std::string>{a, b, c}));
+
+  // c died (named); b's run hangs in its abort: it heartbeats, still running generation 1.
+  FailRun(a, first, 0, {2});
+  Beat(a);
+  const absl::Duration wait = JobManagerOptions().RegroupWait();
+  clock_.Advance(wait - absl::Milliseconds(1));
+  EXPECT_EQ(Beat(b, job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+  manager_->Tick();
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING);
+  clock_.Advance(absl::Milliseconds(1));
+  manager_->Tick();
+  const v1::Job second = *manager_->GetJob(job->id());
+  ASSERT_EQ(second.state(), v1::RUNNING);
+  EXPECT_EQ(WorkerIds(second), (std::vector<std::string>{a}));
+  const std::vector<std::string> notices = NoticesOf(Events(job->id()));
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_EQ(notices[0], absl::StrCat("stopped waiting for ", b,
+                                     " (rank 1) of generation 1: not back "
+                                     "within ",
+                                     absl::FormatDuration(wait), " of its end"));
+  // Back late, b is a spare like any other.
+  EXPECT_EQ(Beat(b).kind(), v1::ASSIGNMENT_IDLE);
+}
+
+TEST_F(JobManagerTest, ASurvivorThatGoesDeadOrLeavesIsNotWaitedFor) {
+  regroup_wait_ = absl::Minutes(1);
+  StartFresh("long-wait");
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  const std::string c = Register("c");
+  const std::string d = Register("d");
+  auto job = manager_->SubmitJob(ElasticSpec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job first = *manager_->GetJob(job->id());
+  ASSERT_EQ(WorkerIds(first), (std::vector<std::string>{a, b, c, d}));
+
+  // c died (named); d leaves before it is back; b goes silent and its lease ends.
+  FailRun(a, first, 0, {2});
+  Beat(a);
+  ASSERT_TRUE(manager_->LeaveWorker(d).ok());
+  manager_->Tick();
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING) << "b is still awaited";
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Beat(a);
+    manager_->Tick();
+  }
+  ASSERT_EQ(manager_->ListWorkers(v1::DEAD).size(), 2u);  // b and c
+  const v1::Job second = *manager_->GetJob(job->id());
+  ASSERT_EQ(second.state(), v1::RUNNING);
+  EXPECT_EQ(WorkerIds(second), (std::vector<std::string>{a}));
+  EXPECT_TRUE(NoticesOf(Events(job->id())).empty());
+}
+
+TEST_F(JobManagerTest, SurvivorsBackAreHeldForTheirJobWhileItRegroups) {
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  v1::JobSpec spec = ElasticSpec();
+  spec.set_max_workers(2);
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job first = *manager_->GetJob(job->id());
+  FailRun(a, first, 0, {});
+  Beat(a);
+  // A later job that a would fit does not get it.
+  auto later = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(manager_->GetJob(later->id())->state(), v1::PENDING);
+  EXPECT_EQ(Beat(b, job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+  Beat(b);
+  const v1::Job second = *manager_->GetJob(job->id());
+  ASSERT_EQ(second.state(), v1::RUNNING);
+  EXPECT_EQ(WorkerIds(second), (std::vector<std::string>{a, b}));
+  EXPECT_EQ(manager_->GetJob(later->id())->state(), v1::PENDING);
 }
 
 // ---- The state machine: one test per edge of the diagram in job_manager.h ----

@@ -32,6 +32,10 @@ ABSL_FLAG(absl::Duration, max_backfill_wait, absl::Seconds(30),
 ABSL_FLAG(absl::Duration, adoption_window, absl::ZeroDuration(),
           "After a restart, how long a running generation waits for its workers to re-register "
           "and be adopted before it ends (0: two leases).");
+ABSL_FLAG(absl::Duration, regroup_wait, absl::ZeroDuration(),
+          "After a lost worker ended a generation, how long the job's next generation waits at "
+          "most for that generation's surviving workers to come back before it starts without "
+          "those still missing (0: one heartbeat period).");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the chosen gRPC and metrics ports are written here (\"grpc metrics\") once "
           "serving.");
@@ -66,6 +70,12 @@ int main(int argc, char** argv) {
     options.manager.adoption_window = window;
   } else if (window < absl::ZeroDuration()) {
     ZS_LOG(ERROR) << "--adoption_window must not be negative";
+    return 2;
+  }
+  if (const absl::Duration wait = absl::GetFlag(FLAGS_regroup_wait); wait > absl::ZeroDuration()) {
+    options.manager.regroup_wait = wait;
+  } else if (wait < absl::ZeroDuration()) {
+    ZS_LOG(ERROR) << "--regroup_wait must not be negative";
     return 2;
   }
   if (!IsLoopback(options.listen_address) && !absl::GetFlag(FLAGS_insecure_bind_any)) {

@@ -208,7 +208,19 @@ absl::Status CheckWorkerStatus(const v1::WorkerStatus& status) {
   ZS_RETURN_IF_ERROR(CheckNonNegative("status.step", status.step()));
   ZS_RETURN_IF_ERROR(
       jobspec::CheckMaxBytes("status.run_error", status.run_error(), kMaxRunErrorBytes));
-  return jobspec::CheckIntInRange("status.rank", status.rank(), 0, sharding::kMaxWorldSize - 1);
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckIntInRange("status.rank", status.rank(), 0, sharding::kMaxWorldSize - 1));
+  if (status.lost_peer_ranks_size() > sharding::kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("status.lost_peer_ranks: ", status.lost_peer_ranks_size(),
+                     " entries, more than the limit of ", sharding::kMaxWorldSize));
+  }
+  for (int i = 0; i < status.lost_peer_ranks_size(); ++i) {
+    ZS_RETURN_IF_ERROR(jobspec::CheckIntInRange(absl::StrCat("status.lost_peer_ranks[", i, "]"),
+                                                status.lost_peer_ranks(i), 0,
+                                                sharding::kMaxWorldSize - 1));
+  }
+  return absl::OkStatus();
 }
 
 // Empty (no attached trainers), or a path a trainer on the worker's host can connect to.

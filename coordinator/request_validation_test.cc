@@ -49,6 +49,9 @@ v1::HeartbeatRequest ValidHeartbeat() {
   r.mutable_status()->set_job_id("job-000042");
   r.mutable_status()->set_generation(2);
   r.mutable_status()->set_step(17);
+  r.mutable_status()->set_run_error("UNAVAILABLE: rank 0 lost peer rank 3");
+  r.mutable_status()->add_lost_peer_ranks(3);
+  r.mutable_status()->add_lost_peer_ranks(65535);
   return r;
 }
 
@@ -471,6 +474,21 @@ INSTANTIATE_TEST_SUITE_P(
             "OversizedRunError",
             [](Heartbeat& r) { r.mutable_status()->set_run_error(std::string(1025, 'e')); },
             "status.run_error", "1025 bytes is longer than the limit of 1024"),
+        BadHeartbeat(
+            "LostPeerRankTooLarge",
+            [](Heartbeat& r) { r.mutable_status()->set_lost_peer_ranks(1, 65536); },
+            "status.lost_peer_ranks[1]", "65536 is out of range [0, 65535]"),
+        BadHeartbeat(
+            "NegativeLostPeerRank",
+            [](Heartbeat& r) { r.mutable_status()->set_lost_peer_ranks(0, -1); },
+            "status.lost_peer_ranks[0]", "-1 is out of range [0, 65535]"),
+        BadHeartbeat(
+            "TooManyLostPeerRanks",
+            [](Heartbeat& r) {
+              r.mutable_status()->clear_lost_peer_ranks();
+              for (int i = 0; i <= 65536; ++i) r.mutable_status()->add_lost_peer_ranks(i % 4);
+            },
+            "status.lost_peer_ranks", "65537 entries, more than the limit of 65536"),
         Bad<v1::LeaveWorkerRequest>(
             "LeaveWithBadId", ValidLeave, ValidateLeaveWorkerRequest,
             [](v1::LeaveWorkerRequest& r) { r.set_worker_id("w"); }, "worker_id", "not a valid id"),

@@ -1,4 +1,5 @@
-// FIFO gang scheduler with bounded backfill, and pinned placements for attached jobs.
+// FIFO gang scheduler with bounded backfill, pinned placements for attached jobs, and former
+// members first for recovering jobs.
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
@@ -42,16 +43,35 @@ class WorkerPool {
     taken_[index] = true;
     --available_;
   }
-  // The first `count` workers not taken yet, in order. A subsequence of host-grouped workers is
-  // still host-grouped, so each job's ranks keep a host's workers contiguous.
-  std::vector<std::string> TakeFirst(int64_t count) {
-    std::vector<std::string> ids;
-    ids.reserve(count);
-    for (; static_cast<int64_t>(ids.size()) < count; ++first_untaken_) {
-      if (taken_[first_untaken_]) continue;
-      ids.push_back(workers_[first_untaken_]->worker_id);
-      Take(first_untaken_);
+  // `count` workers not taken yet: those at the `preferred` indices first, then the first others
+  // in order. Returned in pool order: a subsequence of host-grouped workers is still
+  // host-grouped, so each job's ranks keep a host's workers contiguous.
+  std::vector<std::string> TakeFirst(int64_t count, std::vector<size_t> preferred = {}) {
+    std::vector<size_t> chosen;
+    chosen.reserve(count);
+    std::sort(preferred.begin(), preferred.end());
+    preferred.erase(std::unique(preferred.begin(), preferred.end()), preferred.end());
+    for (size_t index : preferred) {
+      if (static_cast<int64_t>(chosen.size()) == count) break;
+      if (!taken_[index]) chosen.push_back(index);
     }
+    const size_t preferred_chosen = chosen.size();
+    for (size_t index = first_untaken_;
+         static_cast<int64_t>(chosen.size()) < count && index < workers_.size(); ++index) {
+      if (taken_[index] ||
+          std::binary_search(chosen.begin(), chosen.begin() + preferred_chosen, index)) {
+        continue;
+      }
+      chosen.push_back(index);
+    }
+    std::sort(chosen.begin(), chosen.end());
+    std::vector<std::string> ids;
+    ids.reserve(chosen.size());
+    for (size_t index : chosen) {
+      ids.push_back(workers_[index]->worker_id);
+      Take(index);
+    }
+    while (first_untaken_ < taken_.size() && taken_[first_untaken_]) ++first_untaken_;
     return ids;
   }
 
@@ -81,10 +101,12 @@ std::vector<Placement> Schedule(const std::vector<PendingJob>& pending,
   std::map<v1::DeviceKind, WorkerPool> pools;
   for (const FreeWorker& worker : free_workers) pools[worker.device_kind].Add(&worker);
   for (auto& [kind, pool] : pools) pool.GroupByHost();
-  // Where each free worker is, for pinned jobs; built only when one is pending.
+  // Where each free worker is, for pinned jobs and preferred workers; built only when a job has
+  // either.
   absl::flat_hash_map<std::string, PoolSlot> slot_by_id;
-  if (absl::c_any_of(pending,
-                     [](const PendingJob& job) { return !job.pinned_worker_ids.empty(); })) {
+  if (absl::c_any_of(pending, [](const PendingJob& job) {
+        return !job.pinned_worker_ids.empty() || !job.preferred_worker_ids.empty();
+      })) {
     for (auto& [kind, pool] : pools) {
       for (size_t i = 0; i < pool.size(); ++i) slot_by_id[pool.worker(i).worker_id] = {&pool, i};
     }
@@ -111,12 +133,26 @@ std::vector<Placement> Schedule(const std::vector<PendingJob>& pending,
       }
       continue;
     }
+    std::vector<size_t> preferred;
+    for (const std::string& id : job.preferred_worker_ids) {
+      const auto it = slot_by_id.find(id);
+      if (it == slot_by_id.end() || it->second.pool != &pool || pool.taken(it->second.index)) {
+        continue;
+      }
+      preferred.push_back(it->second.index);
+    }
+    if (job.regrouping) {
+      for (size_t index : preferred) {
+        if (!pool.taken(index)) pool.Take(index);
+      }
+      continue;
+    }
     const int64_t world_size = ChooseWorldSize(job, pool.available());
     if (world_size == 0) {
       if (waited_too_long) pool.Reserve();
       continue;
     }
-    placements.push_back({job.job_id, pool.TakeFirst(world_size)});
+    placements.push_back({job.job_id, pool.TakeFirst(world_size, std::move(preferred))});
   }
   return placements;
 }

@@ -1,6 +1,8 @@
 // Gang scheduling, FIFO with bounded backfill: a pure function from the pending jobs and the free
 // workers to the jobs that start now and the workers (in rank order) each one gets. Jobs pinned
-// to particular workers (attached jobs) start on exactly those.
+// to particular workers (attached jobs) start on exactly those; a job recovering from a lost
+// worker gets its former members before any other worker, and can hold them while it waits for
+// the rest to come back.
 #ifndef ZEROSHARD_COORDINATOR_SCHEDULER_H_
 #define ZEROSHARD_COORDINATOR_SCHEDULER_H_
 
@@ -26,6 +28,14 @@ struct PendingJob {
   // job starts on exactly these workers once every one is free, and its min/max_workers and
   // global_batch are not used. Empty: the scheduler picks the workers.
   std::vector<std::string> pinned_worker_ids;
+  // Free workers this job gets before any other (after a lost worker ended its generation: the
+  // members of that generation that are free again), each a different worker; ids that are not
+  // free workers of its kind are ignored. Its world size is chosen as for any job.
+  std::vector<std::string> preferred_worker_ids;
+  // The job waits for more of its former members to come back: it does not start now, and its
+  // free preferred workers are held for it (no job after it gets them). Not used for a pinned
+  // job.
+  bool regrouping = false;
 };
 
 struct FreeWorker {

@@ -1,5 +1,6 @@
 // Tests for the FIFO gang scheduler: world-size choice, host contiguity, backfill and its bound,
-// and jobs pinned to their workers.
+// jobs pinned to their workers, and recovering jobs' former members (preferred, and held while
+// the job regroups).
 #include "coordinator/scheduler.h"
 
 #include "gtest/gtest.h"
@@ -161,6 +162,42 @@ TEST(SchedulerTest, PinnedJobWaitsBehindAnEarlierJobThatReservedItsKind) {
   big_on_cuda.device_kind = v1::CUDA;
   EXPECT_EQ(Schedule({big_on_cuda, Pinned("pinned", {"w0"})}, Workers(4), kNow, options).size(),
             1u);
+}
+
+PendingJob Recovering(std::string id, int64_t min, int64_t max, int64_t batch,
+                      std::vector<std::string> former_members, bool regrouping) {
+  PendingJob job = Job(std::move(id), min, max, batch);
+  job.preferred_worker_ids = std::move(former_members);
+  job.regrouping = regrouping;
+  return job;
+}
+
+TEST(SchedulerTest, FormerMembersArePlacedBeforeOtherWorkersInHostOrder) {
+  // Without a preference the job would get w0, w2 (host-0) and w1: w3 and w5 come first, and
+  // the rank order still keeps each host's workers together.
+  const std::vector<Placement> placements =
+      Schedule({Recovering("back", 1, 3, 96, {"w5", "w3", "w9"}, false)}, Workers(6), kNow);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].worker_ids, (std::vector<std::string>{"w0", "w3", "w5"}));
+  // More former members than the job may take: the first ones in host order.
+  const std::vector<Placement> capped =
+      Schedule({Recovering("back", 1, 2, 96, {"w5", "w3", "w1"}, false)}, Workers(6), kNow);
+  ASSERT_EQ(capped.size(), 1u);
+  EXPECT_EQ(capped[0].worker_ids, (std::vector<std::string>{"w1", "w3"}));
+}
+
+TEST(SchedulerTest, ARegroupingJobStartsNothingAndHoldsItsFormerMembers) {
+  // "later" could take every worker; the members already back (w1, w4) are held for "back".
+  std::vector<Placement> placements = Schedule(
+      {Recovering("back", 1, 4, 96, {"w1", "w4"}, true), Job("later", 1, 4, 4)}, Workers(6), kNow);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].job_id, "later");
+  EXPECT_EQ(placements[0].worker_ids, (std::vector<std::string>{"w0", "w2", "w3", "w5"}));
+  // An earlier job still comes first: FIFO order is not changed by regrouping.
+  placements = Schedule({Job("earlier", 6, 6, 6), Recovering("back", 1, 4, 96, {"w1"}, true)},
+                        Workers(6), kNow);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].job_id, "earlier");
 }
 
 TEST(SchedulerTest, SchedulesAThousandWorkerJob) {

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -145,7 +146,8 @@ class Work {
 //
 // Thread contract: operations are issued from one thread at a time (the owner's); they run on the
 // backend's own thread(s) (or stream) one after another in issue order. Abort(), rank(),
-// world_size() and stats() may be called from any thread. Work handles are thread-safe.
+// world_size(), stats() and LostPeers() may be called from any thread. Work handles are
+// thread-safe.
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -197,6 +199,12 @@ class Communicator {
   virtual void Abort() = 0;
 
   virtual CommunicatorStats stats() const = 0;
+
+  // The peers this rank saw die (their processes ended: their connections closed or broke
+  // without a word), in the order seen, so that the owner of a failed run can say which ranks
+  // are gone. A peer whose communicator failed or was aborted while its process lives on is not
+  // one. Empty when none died, and from backends that cannot tell (NCCL).
+  virtual std::vector<int> LostPeers() const { return {}; }
 };
 
 // A Work that finished before it was returned (validation errors, world size 1, zero counts).

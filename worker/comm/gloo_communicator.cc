@@ -232,7 +232,9 @@ GlooCommunicator::~GlooCommunicator() {
     failed = failed_;
   }
   // Before the Gloo connections close: a peer reads the farewell, then sees the end.
-  if (peer_watch_ != nullptr) peer_watch_->Stop(/*farewell=*/!failed);
+  if (peer_watch_ != nullptr) {
+    peer_watch_->Stop(failed ? PeerWatch::Parting::kLeaving : PeerWatch::Parting::kFarewell);
+  }
   // Graceful close: data already written still reaches the peers.
   contexts_.clear();
 }
@@ -355,7 +357,7 @@ void GlooCommunicator::MarkFailed(const absl::Status& cause) {
 void GlooCommunicator::CloseConnections() {
   // First, so that the peers learn of the failure at once (their collectives may be waiting on
   // a message this rank will never send).
-  if (peer_watch_ != nullptr) peer_watch_->Stop(/*farewell=*/false);
+  if (peer_watch_ != nullptr) peer_watch_->Stop(PeerWatch::Parting::kLeaving);
   for (const std::shared_ptr<gloo::Context>& context : contexts_) {
     try {
       context->closeConnections();
@@ -396,6 +398,10 @@ absl::Status GlooCommunicator::WaitOnBuffer(gloo::transport::UnboundBuffer* buff
 }
 
 void GlooCommunicator::Abort() { Fail(absl::AbortedError("communicator aborted")); }
+
+std::vector<int> GlooCommunicator::LostPeers() const {
+  return peer_watch_ != nullptr ? peer_watch_->lost_ranks() : std::vector<int>();
+}
 
 void GlooCommunicator::Fail(absl::Status cause) {
   absl::MutexLock lock(&mu_);

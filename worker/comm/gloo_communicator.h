@@ -128,6 +128,8 @@ class GlooCommunicator : public Communicator {
                                   const CollectiveOptions& options = {}) override;
   std::unique_ptr<Work> Barrier(const CollectiveOptions& options = {}) override;
   void Abort() override;
+  // The ranks this rank's PeerWatch saw die (peer_watch.h).
+  std::vector<int> LostPeers() const override;
   CommunicatorStats stats() const override;
 
  private:

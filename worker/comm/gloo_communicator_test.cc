@@ -463,6 +463,25 @@ TEST(GlooCommunicatorTest, AbortFromAnotherThreadUnblocksAPendingWait) {
   group[0]->Abort();  // idempotent
 }
 
+TEST(GlooCommunicatorTest, AnAbortedPeerFailsTheOthersButIsNotLost) {
+  // Its process lives on (a run that failed or was told to abort): the others' communicators end,
+  // and none of them lists it among the peers that died.
+  InMemoryStore store;
+  auto group = CreateGroup(3, &store);
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  group[1]->Abort();
+  CollectiveOptions options;
+  options.timeout = absl::Minutes(10);
+  for (int rank : {0, 2}) {
+    const absl::Time start = absl::Now();
+    const absl::Status status = group[rank]->Barrier(options)->Wait(absl::Seconds(60));
+    EXPECT_FALSE(status.ok()) << "rank " << rank;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "rank " << rank << ": " << status;
+    EXPECT_TRUE(group[rank]->LostPeers().empty()) << "rank " << rank << ": " << status;
+  }
+  EXPECT_TRUE(group[1]->LostPeers().empty());
+}
+
 TEST(GlooCommunicatorTest, RunTimeCountsFromStartOfExecutionNotFromIssue) {
   InMemoryStore store;
   auto group = CreateGroup(2, &store);

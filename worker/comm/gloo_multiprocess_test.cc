@@ -122,6 +122,7 @@ TEST(GlooMultiprocessFailureTest, KilledIdlePeerFailsTheNextCollectiveAtOnce) {
   EXPECT_TRUE(absl::IsAborted(status)) << status;
   EXPECT_NE(status.message().find("lost peer rank 1"), std::string::npos) << status;
   EXPECT_LT(elapsed, absl::Seconds(2)) << status;
+  EXPECT_EQ((*communicator)->LostPeers(), std::vector<int>{1});
 }
 
 // Debian's Gloo never wakes a receive whose message was partly read when the connection broke,
@@ -166,6 +167,9 @@ TEST(GlooMultiprocessFailureTest, PeerKilledMidTransferFailsTheSurvivorAtOnce) {
         const absl::Duration elapsed = absl::Now() - killed_at;
         ASSERT_FALSE(status.ok()) << "round " << round << ": the gather survived its peer's kill";
         EXPECT_LT(elapsed, absl::Seconds(3)) << "round " << round << ": " << status;
+        // Whether the PeerWatch or Gloo noticed first, the dead peer is named.
+        EXPECT_EQ((*communicator)->LostPeers(), std::vector<int>{1})
+            << "round " << round << ": " << status;
         break;
       }
       status = work->Wait(absl::Seconds(90));

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -27,7 +28,9 @@ namespace {
 
 // Every blocking wait of Connect is cut into slices this long, so an abort is seen in time.
 constexpr absl::Duration kPollSlice = absl::Milliseconds(50);
+// What a rank that stops watching tells its peers (PeerWatch::Parting).
 constexpr char kFarewell = 'F';
+constexpr char kLeaving = 'L';
 
 // Closes the descriptor unless released.
 class OwnedFd {
@@ -262,7 +265,7 @@ PeerWatch::PeerWatch(int rank, std::vector<Peer> peers, int wake_read, int wake_
     : rank_(rank), peers_(std::move(peers)), wake_read_(wake_read), wake_write_(wake_write) {}
 
 PeerWatch::~PeerWatch() {
-  Stop(/*farewell=*/false);
+  Stop(Parting::kLeaving);
   ::close(wake_read_);
   ::close(wake_write_);
 }
@@ -291,35 +294,45 @@ void PeerWatch::WatchLoop(PeerLost on_lost) {
     for (size_t i = 0; i < watched.size(); ++i) {
       if (descriptors[i + 1].revents == 0) continue;
       Peer& peer = *watched[i];
-      char bytes[64];
-      const ssize_t n = ::recv(peer.fd, bytes, sizeof(bytes), MSG_DONTWAIT);
-      if (n > 0) {
-        if (std::memchr(bytes, kFarewell, static_cast<size_t>(n)) != nullptr) {
-          peer.said_farewell = true;
-        }
-        continue;
-      }
-      if (n < 0 && (errno == EAGAIN || errno == EINTR)) continue;
-      const std::string how =
-          n == 0 ? "closed its connection without a farewell (its process ended, or its "
-                   "communicator failed or was aborted)"
-                 : absl::StrCat("broke its connection (", std::strerror(errno), ")");
-      ::close(peer.fd);
-      peer.fd = -1;
-      {
-        absl::MutexLock lock(&mu_);
-        ++(peer.said_farewell ? ended_.with_farewell : ended_.without_farewell);
-      }
-      if (!peer.said_farewell && !reported) {
-        reported = true;
-        on_lost(absl::UnavailableError(
-            absl::StrCat("rank ", rank_, " lost peer rank ", peer.rank, ": it ", how)));
-      }
+      const std::optional<std::string> how = ReadUntilEnd(peer);
+      if (!how.has_value() || peer.said_farewell || reported) continue;
+      reported = true;
+      on_lost(absl::UnavailableError(
+          peer.said_leaving
+              ? absl::StrCat("rank ", rank_, ": peer rank ", peer.rank,
+                             " left the group (its communicator failed or was aborted) and ", *how)
+              : absl::StrCat("rank ", rank_, " lost peer rank ", peer.rank, ": it ", *how,
+                             " without a word (its process ended)")));
     }
   }
 }
 
-void PeerWatch::Stop(bool farewell) {
+std::optional<std::string> PeerWatch::ReadUntilEnd(Peer& peer) {
+  char bytes[64];
+  ssize_t n;
+  while ((n = ::recv(peer.fd, bytes, sizeof(bytes), MSG_DONTWAIT)) > 0) {
+    const absl::string_view said(bytes, static_cast<size_t>(n));
+    if (absl::StrContains(said, kFarewell)) peer.said_farewell = true;
+    if (absl::StrContains(said, kLeaving)) peer.said_leaving = true;
+  }
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return std::nullopt;
+  std::string how = n == 0 ? std::string("closed its connection")
+                           : absl::StrCat("broke its connection (", std::strerror(errno), ")");
+  ::close(peer.fd);
+  peer.fd = -1;
+  absl::MutexLock lock(&mu_);
+  if (peer.said_farewell) {
+    ++ended_.with_farewell;
+  } else if (peer.said_leaving) {
+    ++ended_.leaving;
+  } else {
+    ++ended_.lost;
+    lost_ranks_.push_back(peer.rank);
+  }
+  return how;
+}
+
+void PeerWatch::Stop(Parting parting) {
   absl::MutexLock stop_lock(&stop_mu_);
   if (stopped_) return;
   stopped_ = true;
@@ -331,12 +344,12 @@ void PeerWatch::Stop(bool farewell) {
   }
   for (Peer& peer : peers_) {
     if (peer.fd < 0) continue;
-    if (farewell) {
-      // Unread bytes (a peer's own farewell) would turn close into a reset; read them first.
-      char bytes[64];
-      while (::recv(peer.fd, bytes, sizeof(bytes), MSG_DONTWAIT) > 0) {
-      }
-      ::send(peer.fd, &kFarewell, 1, MSG_NOSIGNAL);
+    // Also drains what the peer said: unread bytes would turn close into a reset, and the peer
+    // might then lose this rank's parting word.
+    if (ReadUntilEnd(peer).has_value()) continue;
+    if (parting != Parting::kSilent) {
+      const char word = parting == Parting::kFarewell ? kFarewell : kLeaving;
+      ::send(peer.fd, &word, 1, MSG_NOSIGNAL);
     }
     ::close(peer.fd);
     peer.fd = -1;
@@ -346,6 +359,11 @@ void PeerWatch::Stop(bool farewell) {
 PeerWatch::Ended PeerWatch::ended() const {
   absl::MutexLock lock(&mu_);
   return ended_;
+}
+
+std::vector<int> PeerWatch::lost_ranks() const {
+  absl::MutexLock lock(&mu_);
+  return lost_ranks_;
 }
 
 }  // namespace zeroshard::comm

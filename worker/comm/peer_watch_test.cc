@@ -1,6 +1,7 @@
 // PeerWatch with threads as ranks over an InMemoryStore and real loopback sockets: a peer that
-// goes without a farewell is reported (once, naming it); one that says farewell is not; Connect
-// ends on abort and at its deadline; bad options and a bad rank are refused.
+// goes without a word is reported (once, naming it) and listed as lost, also when only Stop sees
+// it; one that says farewell is not reported; one that says it is leaving is reported but not
+// lost; Connect ends on abort and at its deadline; bad options and a bad rank are refused.
 #include "worker/comm/peer_watch.h"
 
 #include <netinet/in.h>
@@ -82,23 +83,25 @@ bool Eventually(Condition condition) {
   return condition();
 }
 
-TEST(PeerWatchTest, PeerGoneWithoutFarewellIsReportedOnceByEveryOtherRank) {
+TEST(PeerWatchTest, PeerGoneWithoutAWordIsReportedOnceByEveryOtherRankAndListedAsLost) {
   InMemoryStore store;
   std::vector<std::unique_ptr<PeerWatch>> watches = ConnectAll(store, 4);
   ASSERT_EQ(watches.size(), 4u);
   std::vector<LostLog> logs(3);
   for (int rank = 0; rank < 3; ++rank) watches[rank]->Start(logs[rank].Callback());
   watches[3]->Start([](absl::Status) {});
-  watches[3]->Stop(/*farewell=*/false);  // as when its process is killed: the sockets close
+  watches[3]->Stop(PeerWatch::Parting::kSilent);  // as when its process is killed
   for (int rank = 0; rank < 3; ++rank) {
     std::vector<absl::Status> reports = logs[rank].Await(1);
     ASSERT_EQ(reports.size(), 1u) << "rank " << rank;
     EXPECT_TRUE(absl::IsUnavailable(reports[0])) << reports[0];
     EXPECT_NE(reports[0].message().find("lost peer rank 3"), std::string::npos) << reports[0];
+    EXPECT_EQ(watches[rank]->lost_ranks(), std::vector<int>{3}) << "rank " << rank;
   }
-  // A second peer going reports nothing more: on_lost runs once.
-  watches[2]->Stop(/*farewell=*/false);
-  ASSERT_TRUE(Eventually([&] { return watches[0]->ended().without_farewell == 2; }));
+  // A second peer going reports nothing more (on_lost runs once), but is listed too.
+  watches[2]->Stop(PeerWatch::Parting::kSilent);
+  ASSERT_TRUE(Eventually([&] { return watches[0]->ended().lost == 2; }));
+  EXPECT_EQ(watches[0]->lost_ranks(), (std::vector<int>{3, 2}));
   absl::MutexLock lock(&logs[0].mu);
   EXPECT_EQ(logs[0].reports.size(), 1u);
 }
@@ -111,13 +114,56 @@ TEST(PeerWatchTest, PeerThatSaysFarewellIsNotReported) {
   watches[0]->Start(log.Callback());
   watches[1]->Start(log.Callback());
   watches[2]->Start(log.Callback());
-  watches[2]->Stop(/*farewell=*/true);
-  watches[1]->Stop(/*farewell=*/true);
+  watches[2]->Stop(PeerWatch::Parting::kFarewell);
+  watches[1]->Stop(PeerWatch::Parting::kFarewell);
   // Rank 0 saw both leave, and reported neither.
   ASSERT_TRUE(Eventually([&] { return watches[0]->ended().with_farewell == 2; }));
-  EXPECT_EQ(watches[0]->ended().without_farewell, 0);
+  EXPECT_EQ(watches[0]->ended().lost, 0);
+  EXPECT_EQ(watches[0]->ended().leaving, 0);
+  EXPECT_TRUE(watches[0]->lost_ranks().empty());
   absl::MutexLock lock(&log.mu);
   EXPECT_TRUE(log.reports.empty()) << log.reports.front();
+}
+
+TEST(PeerWatchTest, PeerThatLeavesIsReportedAsLeftButNotListedAsLost) {
+  // A rank whose group failed (or was aborted) lives on: its peers' groups must fail too, but
+  // the coordinator must not take it for dead.
+  InMemoryStore store;
+  std::vector<std::unique_ptr<PeerWatch>> watches = ConnectAll(store, 3);
+  ASSERT_EQ(watches.size(), 3u);
+  std::vector<LostLog> logs(2);
+  for (int rank = 0; rank < 2; ++rank) watches[rank]->Start(logs[rank].Callback());
+  watches[2]->Start([](absl::Status) {});
+  watches[2]->Stop(PeerWatch::Parting::kLeaving);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<absl::Status> reports = logs[rank].Await(1);
+    ASSERT_EQ(reports.size(), 1u) << "rank " << rank;
+    EXPECT_TRUE(absl::IsUnavailable(reports[0])) << reports[0];
+    EXPECT_NE(reports[0].message().find("peer rank 2 left the group"), std::string::npos)
+        << reports[0];
+    EXPECT_EQ(watches[rank]->ended().leaving, 1) << "rank " << rank;
+    EXPECT_TRUE(watches[rank]->lost_ranks().empty()) << "rank " << rank;
+  }
+  // Rank 1 leaves too, after its group failed: rank 0 still lists no one as lost.
+  watches[1]->Stop(PeerWatch::Parting::kLeaving);
+  ASSERT_TRUE(Eventually([&] { return watches[0]->ended().leaving == 2; }));
+  EXPECT_EQ(watches[0]->ended().lost, 0);
+  EXPECT_TRUE(watches[0]->lost_ranks().empty());
+}
+
+TEST(PeerWatchTest, StopListsAPeerThatDiedBeforeTheWatchSawIt) {
+  // Rank 0 watches nothing (its owner's group failed for another reason first, say): only Stop
+  // looks at the connections, and still tells the dead peer from the one that is leaving.
+  InMemoryStore store;
+  std::vector<std::unique_ptr<PeerWatch>> watches = ConnectAll(store, 3);
+  ASSERT_EQ(watches.size(), 3u);
+  // On loopback a close has reached the peer's socket when it returns.
+  watches[1]->Stop(PeerWatch::Parting::kSilent);
+  watches[2]->Stop(PeerWatch::Parting::kLeaving);
+  watches[0]->Stop(PeerWatch::Parting::kLeaving);
+  EXPECT_EQ(watches[0]->lost_ranks(), std::vector<int>{1});
+  EXPECT_EQ(watches[0]->ended().lost, 1);
+  EXPECT_EQ(watches[0]->ended().leaving, 1);
 }
 
 TEST(PeerWatchTest, KilledProcessIsReported) {
@@ -162,6 +208,7 @@ TEST(PeerWatchTest, KilledProcessIsReported) {
   std::vector<absl::Status> reports = log.Await(1);
   ASSERT_EQ(reports.size(), 1u);
   EXPECT_NE(reports[0].message().find("lost peer rank 1"), std::string::npos) << reports[0];
+  EXPECT_EQ((*watch)->lost_ranks(), std::vector<int>{1});
 }
 
 TEST(PeerWatchTest, ConnectEndsWithCancelledOnAbortAndDeadlineExceededAtTheDeadline) {

@@ -160,6 +160,11 @@ absl::Status EngineTrainingRun::status() const {
   return status_;
 }
 
+std::vector<int32_t> EngineTrainingRun::lost_peer_ranks() const {
+  absl::MutexLock lock(&mu_);
+  return lost_peer_ranks_;
+}
+
 void EngineTrainingRun::Main() {
   absl::Status status = Train();
   const bool aborted = abort_signal_.aborted();
@@ -296,10 +301,15 @@ absl::Status EngineTrainingRun::Train() {
       abort_signal_.OnAbort([raw = communicator.get()] { raw->Abort(); });
   // A run that ends in an error fails its communicator first: a failed communicator bids its
   // peers no farewell, so they stop waiting for this rank at once (comm/peer_watch.h) instead of
-  // at their collectives' timeouts.
+  // at their collectives' timeouts. It also keeps the peers the communicator saw die, for the
+  // daemon's report.
   bool succeeded = false;
-  absl::Cleanup fail_communicator = [&succeeded, raw = communicator.get()] {
-    if (!succeeded) raw->Abort();
+  absl::Cleanup fail_communicator = [this, &succeeded, raw = communicator.get()] {
+    if (succeeded) return;
+    raw->Abort();
+    const std::vector<int> lost = raw->LostPeers();
+    absl::MutexLock lock(&mu_);
+    lost_peer_ranks_.assign(lost.begin(), lost.end());
   };
 
   workloads::TeacherStudentMlpOptions workload_options;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -64,6 +65,7 @@ class EngineTrainingRun final : public TrainingRun {
   bool Done() const override { return done_.load(); }
   absl::Status status() const override;
   int64_t step() const override { return step_.load(); }
+  std::vector<int32_t> lost_peer_ranks() const override;
 
  private:
   EngineTrainingRun(const v1::Assignment& assignment, EngineTrainingRunOptions options);
@@ -91,6 +93,8 @@ class EngineTrainingRun final : public TrainingRun {
 
   mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  // Set by the run's thread when it fails, from its communicator, before it is Done().
+  std::vector<int32_t> lost_peer_ranks_ ABSL_GUARDED_BY(mu_);
 
   std::thread thread_;
 };

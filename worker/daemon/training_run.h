@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "zeroshard/v1/worker.pb.h"
@@ -25,6 +26,10 @@ class TrainingRun {
   virtual absl::Status status() const = 0;
   // Steps completed.
   virtual int64_t step() const = 0;
+  // Once Done() and failed: the ranks of its generation it saw die (their processes ended), in
+  // the order seen, for the coordinator, which then does not wait for their workers. Empty
+  // otherwise, and when it cannot tell.
+  virtual std::vector<int32_t> lost_peer_ranks() const = 0;
 };
 
 // Starts the run for a RUN assignment.

@@ -147,6 +147,8 @@ v1::WorkerStatus WorkerDaemon::RunStatus() const {
       status.set_finished(true);
     } else {
       status.set_run_error(std::string(run_status.ToString()).substr(0, kMaxRunErrorBytes));
+      // The peers it saw die: the coordinator does not wait for them to come back.
+      for (int32_t rank : run_->lost_peer_ranks()) status.add_lost_peer_ranks(rank);
     }
   }
   return status;

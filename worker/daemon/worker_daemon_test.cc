@@ -1,7 +1,8 @@
 // The daemon's control loop against a real in-process coordinator over gRPC, with a fake
 // training run: registration retries, convergence to RUN / ABORT / IDLE, re-registration, and a
-// run that outlives a coordinator restart (adopted) or is aborted (not adopted), and news (a run
-// that ended) reported at once rather than at the next heartbeat period.
+// run that outlives a coordinator restart (adopted) or is aborted (not adopted), news (a run
+// that ended) reported at once rather than at the next heartbeat period, and the peers a failed
+// run saw die reported with it.
 #include "worker/daemon/worker_daemon.h"
 
 #include <netinet/in.h>
@@ -20,13 +21,18 @@
 namespace zeroshard::worker {
 namespace {
 
-// Counts its life; "trains" until aborted, or until `failed` is notified (then it has failed).
-// Counts the daemon's reads of its step too: every heartbeat and registration attempt reads it
-// once. Thread-safe (atomics), as TrainingRun says.
+// Counts its life; "trains" until aborted, or until `failed` is notified (then it has failed,
+// having seen `lost_when_failed` die). Counts the daemon's reads of its step too: every heartbeat
+// and registration attempt reads it once. Thread-safe (atomics and constants), as TrainingRun
+// says.
 class FakeRun : public TrainingRun {
  public:
-  FakeRun(std::atomic<int>* aborted, std::atomic<int>* step_reads, const absl::Notification* failed)
-      : aborted_(aborted), step_reads_(step_reads), failed_(failed) {}
+  FakeRun(std::atomic<int>* aborted, std::atomic<int>* step_reads, const absl::Notification* failed,
+          std::vector<int32_t> lost_when_failed = {})
+      : aborted_(aborted),
+        step_reads_(step_reads),
+        failed_(failed),
+        lost_when_failed_(std::move(lost_when_failed)) {}
   void Abort() override {
     done_ = true;
     aborted_->fetch_add(1);
@@ -37,11 +43,15 @@ class FakeRun : public TrainingRun {
                                                 : absl::OkStatus();
   }
   int64_t step() const override { return step_reads_->fetch_add(1) + 1; }
+  std::vector<int32_t> lost_peer_ranks() const override {
+    return status().ok() ? std::vector<int32_t>() : lost_when_failed_;
+  }
 
  private:
   std::atomic<int>* aborted_;
   std::atomic<int>* step_reads_;
   const absl::Notification* failed_;
+  const std::vector<int32_t> lost_when_failed_;
   std::atomic<bool> done_{false};
 };
 
@@ -55,9 +65,29 @@ class SlowToAbortRun : public TrainingRun {
   bool Done() const override { return released_->HasBeenNotified(); }
   absl::Status status() const override { return absl::OkStatus(); }
   int64_t step() const override { return 0; }
+  std::vector<int32_t> lost_peer_ranks() const override { return {}; }
 
  private:
   absl::Notification* released_;
+};
+
+// Keeps a job's events (JobManager::Watch), for reading from the test's thread.
+class RecordingSink : public coordinator::JobEventSink {
+ public:
+  bool OnEvent(const v1::JobEvent& event) override {
+    absl::MutexLock lock(&mu_);
+    events_.push_back(event);
+    return true;
+  }
+  void OnJobEnded() override {}
+  std::vector<v1::JobEvent> Events() {
+    absl::MutexLock lock(&mu_);
+    return events_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
 };
 
 int FreePort() {
@@ -122,7 +152,8 @@ class WorkerDaemonTest : public ::testing::Test {
         [this](const v1::Assignment& assignment) {
           absl::MutexLock lock(&mu_);
           started_.push_back(assignment);
-          return std::make_unique<FakeRun>(&aborted_, &step_reads_, &runs_failed_);
+          return std::make_unique<FakeRun>(&aborted_, &step_reads_, &runs_failed_,
+                                           lost_when_failed_);
         });
   }
 
@@ -145,6 +176,8 @@ class WorkerDaemonTest : public ::testing::Test {
   std::atomic<int> aborted_{0};
   std::atomic<int> step_reads_{0};
   absl::Notification runs_failed_;  // every FakeRun fails once notified
+  // What the FakeRuns made from now on saw die when they failed.
+  std::vector<int32_t> lost_when_failed_ ABSL_GUARDED_BY(mu_);
 };
 
 TEST_F(WorkerDaemonTest, RegistersOnceCoordinatorComesUpThenRunsAndAbortsOnCancel) {
@@ -195,6 +228,59 @@ TEST_F(WorkerDaemonTest, ARunThatFailsIsReportedAtOnceNotAtTheNextHeartbeat) {
     return now.generation() >= 2 || now.state() == v1::FAILED;
   }));
   EXPECT_LT(absl::Now() - failed_at, period / 2);
+  daemon->Stop();
+  thread.join();
+}
+
+TEST_F(WorkerDaemonTest, AFailedRunReportsThePeersItSawDie) {
+  const int port = FreePort();
+  // Heartbeats every 10 s, and so a regroup wait and a lease far longer than the test: only the
+  // report lets the next generation start without the dead rank's worker.
+  const absl::Duration period = absl::Seconds(10);
+  StartCoordinator(port, absl::Seconds(30), "", period);
+  coordinator::JobManager* manager = server_->manager();
+  {
+    absl::MutexLock lock(&mu_);
+    lost_when_failed_ = {1};
+  }
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
+  std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+  ASSERT_TRUE(Eventually([&] { return manager->ListWorkers(v1::IDLE).size() == 1; }));
+  // Rank 1 of generation 1: a worker registered by hand on host-b, which never heartbeats (as
+  // one killed -9 does, until its lease ends).
+  v1::RegisterWorkerRequest dead;
+  dead.set_name("dead");
+  dead.set_host("host-b");
+  dead.set_device_kind(v1::CPU);
+  const std::string dead_id = manager->RegisterWorker(dead).worker_id();
+  v1::JobSpec spec = Spec();
+  spec.set_min_workers(1);
+  spec.set_max_workers(2);
+  spec.set_global_batch(2);
+  spec.set_max_attempts(5);
+  auto job = manager->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Eventually([&] { return Started() == 1; }));
+  {
+    absl::MutexLock lock(&mu_);
+    ASSERT_EQ(started_[0].world_size(), 2);
+    ASSERT_EQ(started_[0].rank(), 0);
+  }
+  const absl::Time failed_at = absl::Now();
+  runs_failed_.Notify();
+  // Generation 2 starts on this worker alone, without waiting for rank 1's.
+  ASSERT_TRUE(Eventually([&] { return manager->GetJob(job->id())->generation() >= 2; }));
+  EXPECT_LT(absl::Now() - failed_at, period / 2);
+  auto sink = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(manager->Watch(job->id(), 0, sink).ok());
+  std::vector<std::string> second;
+  for (const v1::JobEvent& event : sink->Events()) {
+    if (event.type() == v1::GENERATION_STARTED && event.generation() == 2) {
+      second.assign(event.worker_ids().begin(), event.worker_ids().end());
+    }
+  }
+  EXPECT_EQ(second, std::vector<std::string>{daemon->worker_id()});
+  EXPECT_NE(daemon->worker_id(), dead_id);
   daemon->Stop();
   thread.join();
 }
