@@ -5,7 +5,6 @@ trainer raises zt.WorkerLost; a worker killed with SIGKILL makes both trainers r
 zt.WorkerLost within the lease (3 s by default).
 """
 
-import importlib.util
 import json
 import os
 import shutil
@@ -17,34 +16,10 @@ import time
 import unittest
 
 import zeroshard
+from cluster_support import load_cluster_module, runfiles_workspace, wait_until
 from zeroshard._proto.zeroshard.v1 import job_pb2
 
 LEASE_S = 3.0
-
-
-def runfiles_workspace():
-    srcdir = os.environ.get("TEST_SRCDIR")
-    if srcdir:
-        return os.path.join(srcdir, os.environ.get("TEST_WORKSPACE", "zeroshard"))
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def load_cluster_module():
-    path = os.path.join(runfiles_workspace(), "deploy", "local", "cluster.py")
-    spec = importlib.util.spec_from_file_location("zeroshard_local_cluster", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def wait_until(condition, timeout_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
 
 
 class Trainer:

@@ -7,47 +7,17 @@ says what it trains), and bad input raises an exception naming the parameter
 
 import json
 import os
-import subprocess
-import shutil
-import sys
-import tempfile
 import unittest
 
-
-def runfiles_workspace():
-    srcdir = os.environ.get("TEST_SRCDIR")
-    if srcdir:
-        return os.path.join(srcdir, os.environ.get("TEST_WORKSPACE", "zeroshard"))
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from cluster_support import launch, runfiles_workspace
 
 
-def launch(workers, script, *script_args, timeout_s=600):
-    """Runs `script` under zeroshard.launch on a fresh local cluster; (exit status, stdout)."""
-    root = runfiles_workspace()
-    env = dict(os.environ)
-    env.pop("ZEROSHARD_COORDINATOR", None)
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(root, "python"),
-                                         os.path.dirname(os.path.abspath(__file__))])
-    env["OMP_NUM_THREADS"] = "1"
-    # Short: the workers' attach sockets live there, and a unix socket path has at most 107
-    # bytes (Bazel's TEST_TMPDIR is longer).
-    log_dir = tempfile.mkdtemp(prefix="zs-attach-", dir="/tmp")
-    command = [sys.executable, "-m", "zeroshard.launch", "--workers", str(workers),
-               "--bin_dir", root, "--log_dir", log_dir,
-               os.path.join(os.path.dirname(os.path.abspath(__file__)), script)] + list(script_args)
-    try:
-        result = subprocess.run(command, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, timeout=timeout_s)
-    finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
-    if result.returncode != 0:
-        sys.stderr.write(result.stderr[-6000:])
-    return result.returncode, result.stdout
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class AttachEquivalenceTest(unittest.TestCase):
     def check_world_size(self, workers):
-        status, out = launch(workers, "attach_equivalence_script.py")
+        status, out = launch(workers, os.path.join(HERE, "attach_equivalence_script.py"))
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         for line in lines:
             print(json.dumps(line))
@@ -83,7 +53,7 @@ class SeedExampleTest(unittest.TestCase):
 
 class AttachBadInputTest(unittest.TestCase):
     def test_every_bad_input_names_the_parameter(self):
-        status, out = launch(1, "attach_bad_input_script.py")
+        status, out = launch(1, os.path.join(HERE, "attach_bad_input_script.py"))
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         for line in lines:
             print(json.dumps(line))

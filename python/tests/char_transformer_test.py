@@ -16,6 +16,8 @@ import unittest
 
 import torch
 
+from cluster_support import launch, runfiles_workspace
+
 WORKERS = 2
 LOSS_RATIO = 0.7  # issue 13: mean of the last 10 steps <= 0.7 x the mean of the first 10
 WINDOW = 10
@@ -23,36 +25,7 @@ SAMPLE_LENGTH = 150
 PROMPT = "And God said"
 
 
-def runfiles_workspace():
-    srcdir = os.environ.get("TEST_SRCDIR")
-    if srcdir:
-        return os.path.join(srcdir, os.environ.get("TEST_WORKSPACE", "zeroshard"))
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 EXAMPLES = os.path.join(runfiles_workspace(), "examples")
-
-
-def launch(workers, script, *script_args, timeout_s=600):
-    """Runs `script` under zeroshard.launch on a fresh local cluster; (exit status, stdout)."""
-    root = runfiles_workspace()
-    env = dict(os.environ)
-    env.pop("ZEROSHARD_COORDINATOR", None)
-    env["PYTHONPATH"] = os.path.join(root, "python")
-    env["OMP_NUM_THREADS"] = "1"
-    # Short: the workers' attach sockets live there, and a unix socket path has at most 107
-    # bytes (Bazel's TEST_TMPDIR is longer).
-    log_dir = tempfile.mkdtemp(prefix="zs-char-", dir="/tmp")
-    command = [sys.executable, "-m", "zeroshard.launch", "--workers", str(workers), "--bin_dir",
-               root, "--log_dir", log_dir, script] + list(script_args)
-    try:
-        result = subprocess.run(command, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, timeout=timeout_s)
-    finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
-    if result.returncode != 0:
-        sys.stderr.write(result.stderr[-6000:])
-    return result.returncode, result.stdout
 
 
 class CharTransformerExampleTest(unittest.TestCase):

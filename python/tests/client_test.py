@@ -2,17 +2,16 @@
 and 2 CPU workers from this test's runfiles): submit, watch, get, list, workers, plan, cancel, and
 the errors of bad specs and unknown ids."""
 
-import importlib.util
 import os
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 import grpc
 
 import zeroshard
+from cluster_support import load_cluster_module, runfiles_workspace, wait_until
 from zeroshard import client as client_module
 from zeroshard._proto.zeroshard.v1 import job_pb2
 from zeroshard._proto.zeroshard.v1 import shard_plan_pb2
@@ -29,23 +28,6 @@ START_TIMEOUT_S = 60
 UNKNOWN_JOB = "job-999999"
 
 
-def runfiles_workspace():
-    """This workspace's directory in the runfiles: the cluster's binaries and cluster.py."""
-    srcdir = os.environ.get("TEST_SRCDIR")
-    workspace = os.environ.get("TEST_WORKSPACE")
-    if srcdir and workspace:
-        return os.path.join(srcdir, workspace)
-    return os.getcwd()
-
-
-def load_cluster_module():
-    path = os.path.join(runfiles_workspace(), "deploy", "local", "cluster.py")
-    spec = importlib.util.spec_from_file_location("zeroshard_local_cluster", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def spec_dict(name, steps, **overrides):
     spec = {
         "name": name,
@@ -57,18 +39,6 @@ def spec_dict(name, steps, **overrides):
     }
     spec.update(overrides)
     return spec
-
-
-def wait_until(condition, timeout_s, what):
-    """Polls `condition` until it returns a true value (returned), failing after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.05)
 
 
 class OfflineTest(unittest.TestCase):

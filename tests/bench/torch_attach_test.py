@@ -5,11 +5,10 @@ line has its fields with sane values. No timing bounds: the figures come from ru
 
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import unittest
+
+from cluster_support import run_with_cluster_flags, runfiles_workspace
 
 VARIANTS = ["torch_ddp", "torch_zero", "zeroshard_ddp", "zeroshard_zero2"]
 STEPS = 2
@@ -17,30 +16,12 @@ ROUNDS = 2
 WORLD_SIZE = 2
 
 
-def runfiles_workspace():
-    srcdir = os.environ.get("TEST_SRCDIR")
-    if srcdir:
-        return os.path.join(srcdir, os.environ.get("TEST_WORKSPACE", "zeroshard"))
-    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
 def run_benchmark():
     """The benchmark's driver on tiny sizes: (exit status, its JSON lines, stderr)."""
-    root = runfiles_workspace()
-    env = dict(os.environ)
-    env.pop("ZEROSHARD_COORDINATOR", None)
-    env.pop("ZEROSHARD_RANK", None)
-    # Short: the workers' attach sockets live there (a unix socket path has at most 107 bytes).
-    log_dir = tempfile.mkdtemp(prefix="zs-tat-", dir="/tmp")
-    command = [sys.executable, os.path.join(root, "tests", "bench", "torch_attach.py"),
-               "--bin_dir", root, "--log_dir", log_dir, "--layers", "16,32,8", "--batch", "4",
-               "--rounds", str(ROUNDS), "--steps", str(STEPS), "--warmup", "1",
-               "--memory_steps", "2", "--sample_ms", "10"]
-    try:
-        result = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, timeout=240)
-    finally:
-        shutil.rmtree(log_dir, ignore_errors=True)
+    result = run_with_cluster_flags(
+        [sys.executable, os.path.join(runfiles_workspace(), "tests", "bench", "torch_attach.py")],
+        ["--layers", "16,32,8", "--batch", "4", "--rounds", str(ROUNDS), "--steps", str(STEPS),
+         "--warmup", "1", "--memory_steps", "2", "--sample_ms", "10"], timeout_s=240)
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     return result.returncode, lines, result.stderr
 

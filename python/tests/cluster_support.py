@@ -1,0 +1,73 @@
+"""What the tests that run real local clusters share: the runfiles' workspace (binaries,
+deploy/local/cluster.py, python/), deploy/local/cluster.py as a module, polling with a deadline,
+and running a script under `python3 -m zeroshard.launch` on a fresh cluster.
+"""
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def runfiles_workspace():
+    """This workspace's directory in the test's runfiles (the checkout outside Bazel)."""
+    srcdir = os.environ.get("TEST_SRCDIR")
+    if srcdir:
+        return os.path.join(srcdir, os.environ.get("TEST_WORKSPACE", "zeroshard"))
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def load_cluster_module():
+    path = os.path.join(runfiles_workspace(), "deploy", "local", "cluster.py")
+    spec = importlib.util.spec_from_file_location("zeroshard_local_cluster", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def wait_until(condition, timeout_s, what):
+    """Polls `condition` until it returns a true value (returned); fails after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.02)
+
+
+def run_with_cluster_flags(program, arguments, timeout_s=600):
+    """Runs `program` + [--bin_dir, --log_dir] + `arguments`, a command that starts its own local
+    cluster (zeroshard.launch, a benchmark driver): the binaries from the runfiles, a fresh log
+    directory under /tmp (the workers' attach sockets live there, and a unix socket path has at
+    most 107 bytes; Bazel's TEST_TMPDIR is longer), removed afterwards. ZEROSHARD_COORDINATOR
+    and ZEROSHARD_RANK are left out of its environment, the package is on its PYTHONPATH. Returns the CompletedProcess, echoing the stderr tail of a failed run."""
+    root = runfiles_workspace()
+    env = dict(os.environ)
+    env.pop("ZEROSHARD_COORDINATOR", None)
+    env.pop("ZEROSHARD_RANK", None)
+    env["PYTHONPATH"] = os.path.join(root, "python")
+    env["OMP_NUM_THREADS"] = "1"
+    log_dir = tempfile.mkdtemp(prefix="zs-test-", dir="/tmp")
+    command = list(program) + ["--bin_dir", root, "--log_dir", log_dir] + list(arguments)
+    try:
+        result = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, timeout=timeout_s)
+    finally:
+        shutil.rmtree(log_dir, ignore_errors=True)
+    if result.returncode != 0:
+        sys.stderr.write(result.stderr[-6000:])
+    return result
+
+
+def launch(workers, script, *script_args, timeout_s=600):
+    """Runs `script` under zeroshard.launch on a fresh local cluster of `workers`; (exit status,
+    stdout)."""
+    result = run_with_cluster_flags(
+        [sys.executable, "-m", "zeroshard.launch", "--workers", str(workers)],
+        [script, *script_args], timeout_s)
+    return result.returncode, result.stdout
