@@ -153,15 +153,9 @@ absl::StatusOr<std::vector<RankWrites>> ReadRankWrites(const LocalCluster& clust
 }
 
 std::vector<v1::JobEvent> Events(LocalCluster& cluster, const std::string& job_id) {
-  std::vector<v1::JobEvent> events;
-  CheckOk(cluster.client().WatchJob(job_id, 0,
-                                    [&](const v1::JobEvent& event) { events.push_back(event); }),
-          absl::StrCat("watch ", job_id));
-  return events;
-}
-
-bool HasEnded(const v1::Job& job) {
-  return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED || job.state() == v1::CANCELLED;
+  absl::StatusOr<std::vector<v1::JobEvent>> events = cluster.JobEvents(job_id);
+  CheckOk(events.status(), absl::StrCat("watch ", job_id));
+  return *std::move(events);
 }
 
 v1::Job WaitForJob(LocalCluster& cluster, const std::string& job_id,
@@ -172,7 +166,7 @@ v1::Job WaitForJob(LocalCluster& cluster, const std::string& job_id,
                 absl::StatusOr<v1::Job> job = cluster.client().GetJob(job_id);
                 if (!job.ok()) return false;
                 last = *std::move(job);
-                return done(last) || HasEnded(last);
+                return done(last) || testing::IsFinalJobState(last.state());
               },
               kJobDeadline, absl::StrCat(job_id, ": ", what)),
           "waiting");

@@ -480,6 +480,23 @@ absl::StatusOr<v1::WorkerInfo> LocalCluster::FindWorker(const std::string& name)
   return *found;
 }
 
+absl::StatusOr<int> LocalCluster::WorkerIndexOf(const std::string& worker_id) {
+  for (int index = 0; index < worker_count(); ++index) {
+    absl::StatusOr<v1::WorkerInfo> info = FindWorker(absl::StrCat("worker-", index));
+    if (info.ok() && info->id() == worker_id) return index;
+  }
+  return absl::NotFoundError(absl::StrCat("no local worker is ", worker_id));
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> LocalCluster::JobEvents(const std::string& job_id) {
+  if (client_ == nullptr) return absl::FailedPreconditionError("no coordinator address yet");
+  std::vector<v1::JobEvent> events;
+  absl::Status watched =
+      client_->WatchJob(job_id, 0, [&](const v1::JobEvent& event) { events.push_back(event); });
+  if (!watched.ok()) return watched;
+  return events;
+}
+
 const ClusterProcess& LocalCluster::coordinator_process() const {
   return processes_.at(coordinator_index_.value());
 }

@@ -115,6 +115,12 @@ class LocalCluster {
 
   // The coordinator's current view of the worker named `name` (NOT_FOUND if it has none).
   absl::StatusOr<v1::WorkerInfo> FindWorker(const std::string& name);
+  // The index (as in worker_process()) of the local worker the coordinator knows as `worker_id`
+  // (workers are named worker-<index>); NOT_FOUND if none is.
+  absl::StatusOr<int> WorkerIndexOf(const std::string& worker_id);
+  // The whole event history of job `job_id`, which has ended (WatchJob from the start returns
+  // when the job's last event is sent).
+  absl::StatusOr<std::vector<v1::JobEvent>> JobEvents(const std::string& job_id);
 
   // host:port of the coordinator (empty before a port is known).
   const std::string& coordinator_target() const { return target_; }

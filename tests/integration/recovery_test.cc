@@ -68,11 +68,7 @@ absl::StatusOr<v1::Job> RunToEnd(LocalCluster& cluster, const v1::JobSpec& spec)
   absl::StatusOr<v1::Job> submitted = cluster.client().SubmitJob(spec);
   if (!submitted.ok()) return submitted.status();
   return cluster.WaitForJob(
-      submitted->id(),
-      [](const v1::Job& job) {
-        return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
-               job.state() == v1::CANCELLED;
-      },
+      submitted->id(), [](const v1::Job& job) { return IsFinalJobState(job.state()); },
       kJobDeadline, "ended");
 }
 
@@ -116,15 +112,6 @@ double MaxRelativeDifference(const std::vector<std::vector<float>>& a,
   return worst;
 }
 
-// The local index of the worker holding `worker_id` (workers are named worker-<index>).
-absl::StatusOr<int> WorkerIndexOf(LocalCluster& cluster, const std::string& worker_id) {
-  for (int index = 0; index < cluster.worker_count(); ++index) {
-    absl::StatusOr<v1::WorkerInfo> info = cluster.FindWorker(absl::StrCat("worker-", index));
-    if (info.ok() && info->id() == worker_id) return index;
-  }
-  return absl::NotFoundError(absl::StrCat("no local worker is ", worker_id));
-}
-
 // Once `job` has committed a checkpoint at `min_checkpoint` or later: stops rank 1's worker
 // (SIGSTOP: its peers block in their collectives, so no checkpoint completes any more), calls
 // `while_stopped` with the job's latest checkpoint, then kills the worker. Returns that
@@ -139,7 +126,7 @@ absl::StatusOr<int64_t> StopAndKillRankOne(
       },
       kJobDeadline, absl::StrCat("a checkpoint at step ", min_checkpoint, " or later"));
   if (!running.ok()) return running.status();
-  absl::StatusOr<int> victim = WorkerIndexOf(cluster, running->worker_ids(1));
+  absl::StatusOr<int> victim = cluster.WorkerIndexOf(running->worker_ids(1));
   if (!victim.ok()) return victim.status();
   if (absl::Status stopped = cluster.KillWorker(*victim, SIGSTOP); !stopped.ok()) return stopped;
   if (absl::Status stopped = cluster.WaitForWorkerStopped(*victim, absl::Seconds(10));
@@ -155,14 +142,6 @@ absl::StatusOr<int64_t> StopAndKillRankOne(
   while_stopped(frozen->latest_checkpoint());
   if (absl::Status killed = cluster.KillWorker(*victim, SIGKILL); !killed.ok()) return killed;
   return frozen->latest_checkpoint().step();
-}
-
-std::vector<v1::JobEvent> Events(LocalCluster& cluster, const std::string& job_id) {
-  std::vector<v1::JobEvent> events;
-  absl::Status watched = cluster.client().WatchJob(
-      job_id, 0, [&](const v1::JobEvent& event) { events.push_back(event); });
-  EXPECT_TRUE(watched.ok()) << watched;
-  return events;
 }
 
 TEST(RecoveryTest, ASpareTakesOverFromTheLatestCheckpointBitwise) {
@@ -188,7 +167,9 @@ TEST(RecoveryTest, ASpareTakesOverFromTheLatestCheckpointBitwise) {
   ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
   EXPECT_EQ(ended->generation(), 2);
   EXPECT_EQ(ended->latest_checkpoint().step(), 600);
-  for (const v1::JobEvent& event : Events(cluster, submitted->id())) {
+  absl::StatusOr<std::vector<v1::JobEvent>> events = cluster.JobEvents(submitted->id());
+  ASSERT_TRUE(events.ok()) << events.status();
+  for (const v1::JobEvent& event : *events) {
     if (event.type() == v1::GENERATION_STARTED && event.generation() == 2) {
       EXPECT_EQ(event.worker_ids_size(), 2);
     }
@@ -232,7 +213,7 @@ TEST(RecoveryTest, WithoutASpareTheJobShrinksAndEndsWithinOneInAMillion) {
   EXPECT_EQ(ended->worker_ids_size(), 1);
 
   // The uninterrupted run at W = 2, on the survivor and a new worker.
-  absl::StatusOr<int> survivor = WorkerIndexOf(cluster, ended->worker_ids(0));
+  absl::StatusOr<int> survivor = cluster.WorkerIndexOf(ended->worker_ids(0));
   ASSERT_TRUE(survivor.ok()) << survivor.status();
   ASSERT_TRUE(cluster.StartWorker("worker-2").ok());
   ASSERT_TRUE(cluster
@@ -280,7 +261,7 @@ TEST(RecoveryTest, WithoutASpareTheNextGenerationHasEverySurvivor) {
   ASSERT_EQ(first->state(), v1::RUNNING) << first->message();
   ASSERT_EQ(first->worker_ids_size(), 4);
   constexpr int kVictimRank = 2;
-  absl::StatusOr<int> victim = WorkerIndexOf(cluster, first->worker_ids(kVictimRank));
+  absl::StatusOr<int> victim = cluster.WorkerIndexOf(first->worker_ids(kVictimRank));
   ASSERT_TRUE(victim.ok()) << victim.status();
   ASSERT_TRUE(cluster.KillWorker(*victim, SIGKILL).ok());
 
@@ -302,7 +283,9 @@ TEST(RecoveryTest, WithoutASpareTheNextGenerationHasEverySurvivor) {
   }
   std::vector<std::string> generation_two;
   std::vector<std::string> notices;
-  for (const v1::JobEvent& event : Events(cluster, submitted->id())) {
+  absl::StatusOr<std::vector<v1::JobEvent>> events = cluster.JobEvents(submitted->id());
+  ASSERT_TRUE(events.ok()) << events.status();
+  for (const v1::JobEvent& event : *events) {
     if (event.type() == v1::GENERATION_STARTED && event.generation() == 2) {
       generation_two.assign(event.worker_ids().begin(), event.worker_ids().end());
     }
@@ -345,7 +328,9 @@ TEST(RecoveryTest, ACorruptLatestCheckpointIsPassedOverForThePreviousOne) {
   ASSERT_TRUE(ended.ok()) << ended.status();
   ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
   std::vector<std::string> notices;
-  for (const v1::JobEvent& event : Events(cluster, submitted->id())) {
+  absl::StatusOr<std::vector<v1::JobEvent>> events = cluster.JobEvents(submitted->id());
+  ASSERT_TRUE(events.ok()) << events.status();
+  for (const v1::JobEvent& event : *events) {
     if (event.type() == v1::NOTICE) notices.push_back(event.message());
   }
   ASSERT_EQ(notices.size(), 1u);

@@ -159,14 +159,6 @@ bool BitwiseEqual(const std::vector<NamedTensor>& a, const std::vector<NamedTens
   return true;
 }
 
-std::vector<v1::JobEvent> Events(LocalCluster& cluster, const std::string& job_id) {
-  std::vector<v1::JobEvent> events;
-  absl::Status watched = cluster.client().WatchJob(
-      job_id, 0, [&](const v1::JobEvent& event) { events.push_back(event); });
-  EXPECT_TRUE(watched.ok()) << watched;
-  return events;
-}
-
 absl::StatusOr<v1::Job> WaitUntilEnded(LocalCluster& cluster, const std::string& job_id) {
   return cluster.WaitForJob(
       job_id, [](const v1::Job& job) { return IsFinalJobState(job.state()); }, kDeadline, "ended");
@@ -215,15 +207,6 @@ absl::StatusOr<const ReferenceRun*> ReferenceAt(int world_size) {
   absl::StatusOr<ReferenceRun> run = RunReference(world_size);
   if (!run.ok()) return run.status();
   return &references.emplace(world_size, *std::move(run)).first->second;
-}
-
-// The local index of the worker holding `worker_id` (workers are named worker-<index>).
-absl::StatusOr<int> WorkerIndexOf(LocalCluster& cluster, const std::string& worker_id) {
-  for (int index = 0; index < cluster.worker_count(); ++index) {
-    absl::StatusOr<v1::WorkerInfo> info = cluster.FindWorker(absl::StrCat("worker-", index));
-    if (info.ok() && info->id() == worker_id) return index;
-  }
-  return absl::NotFoundError(absl::StrCat("no local worker is ", worker_id));
 }
 
 // How generation 1 (W ranks) becomes generation 2 (W' ranks): the highest ranks are killed with
@@ -289,7 +272,7 @@ TEST_P(ReshardMatrixTest, ResumesFromTheCheckpointOnTheNewWorldSize) {
   ASSERT_TRUE(spares_idle.ok()) << spares_idle;
   std::vector<int> victims;
   for (int rank : change.victim_ranks) {
-    absl::StatusOr<int> index = WorkerIndexOf(cluster, first->worker_ids(rank));
+    absl::StatusOr<int> index = cluster.WorkerIndexOf(first->worker_ids(rank));
     ASSERT_TRUE(index.ok()) << index.status();
     victims.push_back(*index);
   }
@@ -333,7 +316,9 @@ TEST_P(ReshardMatrixTest, ResumesFromTheCheckpointOnTheNewWorldSize) {
   std::vector<int64_t> resumed_steps;
   int generation_two_size = 0;
   std::string recovering_message;
-  for (const v1::JobEvent& event : Events(cluster, submitted->id())) {
+  absl::StatusOr<std::vector<v1::JobEvent>> events = cluster.JobEvents(submitted->id());
+  ASSERT_TRUE(events.ok()) << events.status();
+  for (const v1::JobEvent& event : *events) {
     if (event.type() == v1::STATE_CHANGED && event.state() == v1::RECOVERING) {
       recovering_message = event.message();
     }

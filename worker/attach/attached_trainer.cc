@@ -246,16 +246,16 @@ absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
 }
 
 absl::Status AttachedTrainer::HandOver(workloads::GradientSink& sink, int32_t tensor) {
-  for (int64_t begin = 0; begin < tensor_elements_[tensor];) {
-    const int64_t end = sink.GradSegmentEnd(tensor, begin);
-    ZS_ASSIGN_OR_RETURN(const absl::Span<float> buffer, sink.GradBuffer(tensor, begin, end));
-    if (buffer.data() != full_gradients_[tensor] + begin) {
-      return absl::InternalError("the engine moved a gradient segment out of the shared buffer");
-    }
-    ZS_RETURN_IF_ERROR(sink.GradWritten(tensor, begin, end));
-    begin = end;
-  }
-  return absl::OkStatus();
+  // The trainer's .grad view already holds the gradient: each segment is handed back as it is.
+  return workloads::ForEachGradSegment(
+      sink, tensor, tensor_elements_[tensor],
+      [&](int64_t begin, int64_t, absl::Span<float> buffer) {
+        if (buffer.data() != full_gradients_[tensor] + begin) {
+          return absl::InternalError(
+              "the engine moved a gradient segment out of the shared buffer");
+        }
+        return absl::OkStatus();
+      });
 }
 
 absl::Status AttachedTrainer::HandOverReady(workloads::GradientSink& sink) {
