@@ -78,8 +78,11 @@ std::vector<int> ThreadNiceValues() {
     std::ifstream stat(task.path() / "stat");
     std::string line;
     std::getline(stat, line);
+    // A thread that ended since the directory was listed has no stat left to read.
+    const size_t name_end = line.rfind(')');
+    if (name_end == std::string::npos || name_end + 2 > line.size()) continue;
     // The command name may hold spaces: fields are counted after its closing parenthesis.
-    std::istringstream fields(line.substr(line.rfind(')') + 2));
+    std::istringstream fields(line.substr(name_end + 2));
     std::string field;
     // After the name: state (3) ... nice (19).
     for (int index = 3; index <= 19 && fields >> field; ++index) {
