@@ -343,8 +343,21 @@ absl::Status GlooCommunicator::Execute(const Operation& operation, GlooRing& rin
       return absl::DeadlineExceededError(absl::StrCat(
           message, " (timeout ", absl::FormatDuration(operation.options.timeout), ")"));
     }
+    if (std::optional<absl::Status> watched = AwaitWatchedFailure(); watched.has_value()) {
+      return absl::Status(watched->code(), absl::StrCat(watched->message(), "; ", message));
+    }
     return absl::UnavailableError(message);
   }
+}
+
+std::optional<absl::Status> GlooCommunicator::AwaitWatchedFailure() {
+  if (peer_watch_ == nullptr) return std::nullopt;
+  // Gloo may see a killed peer's connection close a moment before the PeerWatch sees its own:
+  // a short grace lets the failure name the peer that was lost (or left) instead of a socket.
+  constexpr absl::Duration kGrace = absl::Milliseconds(250);
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&failed_), kGrace)) return std::nullopt;
+  return failure_;
 }
 
 void GlooCommunicator::MarkFailed(const absl::Status& cause) {

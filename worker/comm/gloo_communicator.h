@@ -167,6 +167,9 @@ class GlooCommunicator : public Communicator {
   absl::Status WaitOnBuffer(gloo::transport::UnboundBuffer* buffer, bool receive,
                             absl::Time deadline);
 
+  // After Gloo threw (not by a deadline): the failure the PeerWatch reports within a short grace
+  // (it names the peer lost), or nullopt.
+  std::optional<absl::Status> AwaitWatchedFailure();
   // Records the communicator's first failure; later operations fail with ABORTED.
   void MarkFailed(const absl::Status& cause);
   // Records `cause` as the failure (unless there is one) and interrupts the communication

@@ -107,6 +107,13 @@ TEST(GlooMultiprocessFailureTest, KilledIdlePeerFailsTheNextCollectiveAtOnce) {
   ASSERT_TRUE(store.Get("gloo/joined/1", absl::Seconds(30)).ok());
   kill(peer, SIGKILL);
   ASSERT_NE(WaitForExit(peer, absl::Now() + absl::Seconds(10)), -1);
+  // The watch notices the idle peer's end on its own; Gloo's connection may notice it first, so
+  // the collective is issued once the watch has seen it.
+  const absl::Time noticed_by = absl::Now() + absl::Seconds(5);
+  while ((*communicator)->LostPeers().empty() && absl::Now() < noticed_by) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ((*communicator)->LostPeers(), std::vector<int>{1});
 
   std::vector<float> bucket(1 << 16, 1.0f);
   CollectiveOptions collective;
