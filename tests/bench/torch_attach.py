@@ -28,7 +28,9 @@ rounds (per-round values in *_rounds). peak_rss_bytes: each rank's memory is the
 (/proc/PID/smaps_rollup) of its trainer and, for ZeroShard, its worker daemon, sampled every
 --sample_ms by a thread of the trainer during the warm-up and the --memory_steps iterations after
 the measured ones (not during those: a sample costs milliseconds of CPU); the field is the
-largest rank's peak sample (median over rounds). opt_state_bytes_per_rank: torch: the bytes of
+largest rank's peak sample (median over rounds), measured by default (--memory_launches 1) in a
+launch of its own per variant after the timing launch, so that no variant's trainer carries what
+the others left in its process (the timing launch's figure is peak_rss_bytes_in_run). opt_state_bytes_per_rank: torch: the bytes of
 the optimizer's state tensors on the rank that holds the most (ZeroRedundancyOptimizer: its
 shard); ZeroShard: the worker's own count (StepMetrics.memory.optimizer_state_bytes of rank 0,
 whose pieces are as large as every rank's).
@@ -77,6 +79,13 @@ def parse_args(argv):
                         help="iterations after the measured ones, in every round: PSS is sampled "
                         "during the warm-up and these, not during the measured iterations")
     parser.add_argument("--sample_ms", type=float, default=50.0, help="PSS sampling period")
+    parser.add_argument("--memory_launches", type=int, default=1, choices=[0, 1],
+                        help="driver: 1 (default) measures each variant's memory again in a "
+                        "launch of its own (fresh trainer processes, one round of --warmup + "
+                        "--memory_launch_steps + --memory_steps iterations) and reports that as "
+                        "peak_rss_bytes; the in-run figure stays in peak_rss_bytes_in_run")
+    parser.add_argument("--memory_launch_steps", type=int, default=5,
+                        help="driver: measured iterations of each memory launch")
     parser.add_argument("--workers", type=int, default=2, help="driver: ranks (W)")
     parser.add_argument("--bin_dir", default=None,
                         help="driver: the -c opt binaries (default: `bazel info -c opt "
@@ -103,7 +112,8 @@ def parse_args(argv):
 
 
 def drive(args, argv):
-    """Starts this script's ranks under zeroshard.launch on a fresh local cluster."""
+    """Starts this script's ranks under zeroshard.launch on a fresh local cluster; then, with
+    --memory_launches, each variant alone in a launch of its own for its memory."""
     bin_dir = args.bin_dir
     if bin_dir is None:
         bin_dir = subprocess.run(["bazel", "info", "-c", "opt", "bazel-bin"], cwd=REPO_ROOT,
@@ -117,6 +127,8 @@ def drive(args, argv):
     env["OMP_NUM_THREADS"] = "1"
     env["GLOO_SOCKET_IFNAME"] = "lo"
     # Every argument but the driver's own goes to the trainers.
+    driver_flags = ("--workers", "--bin_dir", "--log_dir", "--memory_launches",
+                    "--memory_launch_steps")
     trainer_argv = []
     skip = False
     for arg in argv:
@@ -124,15 +136,53 @@ def drive(args, argv):
             skip = False
             continue
         name = arg.split("=", 1)[0]
-        if name in ("--workers", "--bin_dir", "--log_dir"):
+        if name in driver_flags:
             skip = "=" not in arg
             continue
         trainer_argv.append(arg)
-    command = [sys.executable, "-m", "zeroshard.launch", "--workers", str(args.workers),
-               "--bin_dir", bin_dir, "--log_dir", log_dir, os.path.abspath(__file__)]
-    print(f"torch_attach: {' '.join(command + trainer_argv)} (logs in {log_dir})",
-          file=sys.stderr, flush=True)
-    return subprocess.call(command + trainer_argv, env=env)
+
+    def launch(launch_log_dir, extra_argv):
+        """One launch on a cluster of its own: (exit status, its JSON lines). Other stdout lines
+        (the cluster's) are passed through."""
+        command = [sys.executable, "-m", "zeroshard.launch", "--workers", str(args.workers),
+                   "--bin_dir", bin_dir, "--log_dir", launch_log_dir, os.path.abspath(__file__)]
+        print(f"torch_attach: {' '.join(command + trainer_argv + extra_argv)} "
+              f"(logs in {launch_log_dir})", file=sys.stderr, flush=True)
+        result = subprocess.run(command + trainer_argv + extra_argv, env=env,
+                                stdout=subprocess.PIPE, text=True)
+        lines = []
+        for line in result.stdout.splitlines():
+            if line.startswith("{"):
+                lines.append(json.loads(line))
+            else:
+                print(line, flush=True)
+        return result.returncode, lines
+
+    status, lines = launch(log_dir, [])
+    if status != 0 or not args.memory_launches:
+        for line in lines:
+            print(json.dumps(line), flush=True)
+        return status
+    # A trainer that ran the other variants first keeps some of their memory (allocator caches,
+    # torch's and gloo's buffers): what one variant needs is measured in fresh processes.
+    for index, line in enumerate(lines):
+        memory_status, memory_lines = launch(
+            os.path.join(log_dir, f"m{index}"),
+            ["--variants", line["variant"], "--rounds", "1", "--steps",
+             str(args.memory_launch_steps)])
+        if memory_status != 0 or len(memory_lines) != 1:
+            print(f"torch_attach: the memory launch of {line['variant']} failed "
+                  f"(exit {memory_status})", file=sys.stderr, flush=True)
+            return memory_status or 1
+        alone = memory_lines[0]
+        line["peak_rss_bytes_in_run"] = line["peak_rss_bytes"]
+        line["peak_rss_bytes"] = alone["peak_rss_bytes"]
+        line["memory_launch"] = {key: alone[key] for key in (
+            "peak_pss_by_rank_rounds", "peak_pss_parts_by_rank_rounds", "load_average_rounds")
+            if key in alone}
+    for line in lines:
+        print(json.dumps(line), flush=True)
+    return 0
 
 
 # --- memory -------------------------------------------------------------------------------------

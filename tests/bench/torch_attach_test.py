@@ -5,6 +5,7 @@ line has its fields with sane values. No timing bounds: the figures come from ru
 
 import json
 import os
+import statistics
 import sys
 import unittest
 
@@ -67,6 +68,15 @@ class TorchAttachBenchTest(unittest.TestCase):
                                  [max(ranks) for ranks in by_rank])
                 for ranks, parts in zip(by_rank, line["peak_pss_parts_by_rank_rounds"]):
                     self.assertEqual(ranks, [sum(p) for p in parts])
+
+    def test_memory_comes_from_a_launch_of_each_variant_alone(self):
+        for variant, line in self.lines.items():
+            with self.subTest(variant=variant):
+                alone = line["memory_launch"]
+                self.assertEqual(len(alone["peak_pss_by_rank_rounds"]), 1)  # one round
+                self.assertEqual(line["peak_rss_bytes"], max(alone["peak_pss_by_rank_rounds"][0]))
+                self.assertEqual(line["peak_rss_bytes_in_run"],
+                                 int(statistics.median(line["peak_rss_bytes_rounds"])))
 
     def test_optimizer_state_is_sharded(self):
         torch_ddp, torch_zero = self.lines["torch_ddp"], self.lines["torch_zero"]
