@@ -1,7 +1,7 @@
 """Attached PyTorch trainers on a real local cluster (python3 -m zeroshard.launch, which starts a
 coordinator and workers from this test's runfiles): zt.ShardedOptimizer agrees with torch's DDP +
 ZeroRedundancyOptimizer within 1e-6 after 30 steps for W = 1, 2, 3 (attach_equivalence_script.py
-says what it trains), and bad input raises an exception naming the parameter
+says what it trains), parameters used twice (tied weights) train like torch's, and bad input raises an exception naming the parameter
 (attach_bad_input_script.py).
 """
 
@@ -49,6 +49,23 @@ class SeedExampleTest(unittest.TestCase):
             print(out[-600:])
             self.assertEqual(status, 0, out)
             self.assertIn("torch vs zeroshard", out)
+
+
+class SharedParameterTest(unittest.TestCase):
+    """Weight tying and a module applied twice (attach_shared_parameter_script.py)."""
+
+    def test_tied_and_reused_parameters_train_like_torch(self):
+        status, out = launch(2, os.path.join(HERE, "attach_shared_parameter_script.py"))
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for line in lines:
+            print(json.dumps(line))
+        self.assertEqual([line["mode"] for line in lines], ["zero2", "ddp"], out)
+        for line in lines:
+            self.assertEqual(line["parameters"], 3)  # the tied weight is one parameter
+            self.assertTrue(line["still_tied"], line)
+            self.assertGreater(line["moved"], 0, line)
+            self.assertLessEqual(line["worst_relative"], 1e-6, line)
+        self.assertEqual(status, 0)
 
 
 class AttachBadInputTest(unittest.TestCase):

@@ -1,0 +1,84 @@
+"""A parameter used twice in one forward: run by `python3 -m zeroshard.launch --workers 2`. The
+model ties its output projection to its embedding (as GPT-style models do) and applies one Linear
+twice. Autograd sums a leaf's gradients before it accumulates them, so each parameter's hook fires
+once per backward and zt.ShardedOptimizer must train it like torch: compared, after 15 steps of
+AdamW in zero2 and in ddp, with torch.optim.AdamW in this process on every rank's data (the mean
+of the ranks' losses). Rank 0 prints one JSON line per mode; the script exits 1 when one fails.
+"""
+
+import json
+import sys
+
+import torch
+
+import zeroshard.torch as zt
+
+STEPS = 15
+VOCAB = 24
+WIDTH = 16
+BATCH = 8
+TOLERANCE = 1e-6
+
+
+class TiedModel(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4321)
+        self.embedding = torch.nn.Embedding(VOCAB, WIDTH)
+        self.hidden = torch.nn.Linear(WIDTH, WIDTH)
+        self.project = torch.nn.Linear(WIDTH, VOCAB, bias=False)
+        self.project.weight = self.embedding.weight
+
+    def forward(self, tokens):
+        h = torch.tanh(self.hidden(self.embedding(tokens)))
+        h = torch.tanh(self.hidden(h))  # the same Linear again
+        return self.project(h)
+
+
+def batch(step, rank):
+    generator = torch.Generator().manual_seed(7919 * step + rank)
+    return (torch.randint(0, VOCAB, (BATCH,), generator=generator),
+            torch.randint(0, VOCAB, (BATCH,), generator=generator))
+
+
+def loss_of(model, step, rank):
+    tokens, targets = batch(step, rank)
+    return torch.nn.functional.cross_entropy(model(tokens), targets)
+
+
+def main():
+    zt.init()
+    rank, world_size = zt.rank(), zt.world_size()
+    failed = False
+    for mode in ("zero2", "ddp"):
+        reference = TiedModel()
+        reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=1e-2)
+        model = TiedModel()
+        optimizer = zt.ShardedOptimizer(model, "adamw", lr=1e-2, mode=mode)
+        for step in range(STEPS):
+            for r in range(world_size):
+                (loss_of(reference, step, r) / world_size).backward()
+            reference_optimizer.step()
+            reference_optimizer.zero_grad()
+            loss_of(model, step, rank).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        worst = 0.0
+        for (name, ours), theirs in zip(model.named_parameters(), reference.parameters()):
+            scale = max(theirs.detach().abs().max().item(), 1e-12)
+            worst = max(worst, (ours.detach() - theirs.detach()).abs().max().item() / scale)
+        line = {"mode": mode, "world_size": world_size, "worst_relative": worst,
+                "parameters": len(list(model.parameters())),
+                "still_tied": model.project.weight is model.embedding.weight,
+                "moved": (model.embedding.weight.detach() -
+                          TiedModel().embedding.weight.detach()).abs().max().item()}
+        line["ok"] = worst <= TOLERANCE and line["still_tied"] and line["moved"] > 0
+        failed |= not line["ok"]
+        if rank == 0:
+            print(json.dumps(line), flush=True)
+        zt.finish(optimizer)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
