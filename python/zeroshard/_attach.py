@@ -1,9 +1,13 @@
 """The trainer's end of the attach protocol (proto/zeroshard/v1/attach.proto): frames on the
-worker's unix socket, and the worker's shared memory blocks mapped into this process.
+worker's unix socket, and the worker's shared memory blocks mapped into this process (memfd
+blocks from CPU workers, CUDA IPC handles from CUDA workers, opened with ctypes).
 
 Internal to zeroshard.torch. Python standard library and the generated attach_pb2 only.
 """
 
+import ctypes
+import ctypes.util
+import glob
 import mmap
 import os
 import socket
@@ -22,6 +26,146 @@ class AttachError(WorkerLost):
     collective, a refused request); its run is over, so this is a WorkerLost too."""
 
 
+class CudaUnavailable(RuntimeError):
+    """The CUDA runtime library cannot be loaded, or refused a call: CUDA blocks cannot be
+    opened in this process."""
+
+
+# cudaIpcMemLazyEnablePeerAccess (cuda_runtime_api.h).
+_CUDA_IPC_MEM_LAZY_ENABLE_PEER_ACCESS = 1
+_CUDA_IPC_HANDLE_BYTES = 64
+
+
+def cudart_candidates():
+    """Where libcudart may be, most specific first: torch's own lib dir and the nvidia wheels'
+    (the runtime torch itself uses), then the system's."""
+    candidates = []
+    try:
+        import torch
+        torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")
+        candidates += sorted(glob.glob(os.path.join(torch_lib, "libcudart.so*")))
+        site = os.path.dirname(os.path.dirname(torch.__file__))
+        candidates += sorted(glob.glob(os.path.join(site, "nvidia", "cuda_runtime", "lib",
+                                                    "libcudart.so*")))
+    except ImportError:
+        pass
+    found = ctypes.util.find_library("cudart")
+    if found:
+        candidates.append(found)
+    candidates += ["libcudart.so", "libcudart.so.13", "libcudart.so.12"]
+    return candidates
+
+
+class CudaRuntime:
+    """The few CUDA runtime calls a trainer needs, through ctypes. Thread-safe as the runtime
+    is."""
+
+    def __init__(self, candidates=None):
+        candidates = cudart_candidates() if candidates is None else list(candidates)
+        errors = []
+        self._lib = None
+        for path in candidates:
+            try:
+                self._lib = ctypes.CDLL(path)
+                self.path = path
+                break
+            except OSError as e:
+                errors.append(f"{path}: {e}")
+        if self._lib is None:
+            raise CudaUnavailable(
+                "cannot load the CUDA runtime (libcudart) to open the worker's CUDA blocks; "
+                "tried " + ("; ".join(errors) if errors else "nothing"))
+        try:
+            self._declare(self._lib)
+        except AttributeError as e:
+            raise CudaUnavailable(f"{self.path} is not the CUDA runtime: {e}") from None
+
+    @staticmethod
+    def _declare(lib):
+        lib.cudaGetErrorString.restype = ctypes.c_char_p
+        lib.cudaGetErrorString.argtypes = [ctypes.c_int]
+        lib.cudaGetDevice.argtypes = [ctypes.POINTER(ctypes.c_int)]
+        lib.cudaSetDevice.argtypes = [ctypes.c_int]
+        lib.cudaDeviceGetByPCIBusId.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_char_p]
+        lib.cudaIpcOpenMemHandle.argtypes = [ctypes.POINTER(ctypes.c_void_p),
+                                             ctypes.c_char * _CUDA_IPC_HANDLE_BYTES,
+                                             ctypes.c_uint]
+        lib.cudaIpcCloseMemHandle.argtypes = [ctypes.c_void_p]
+
+    def _check(self, code, what):
+        if code != 0:
+            message = self._lib.cudaGetErrorString(code)
+            raise CudaUnavailable(f"{what}: CUDA error {code}: "
+                                  f"{message.decode() if message else 'unknown'}")
+
+    def device_by_pci_bus_id(self, pci_bus_id):
+        """This process's ordinal of the GPU with that PCI bus id."""
+        device = ctypes.c_int(-1)
+        self._check(self._lib.cudaDeviceGetByPCIBusId(ctypes.byref(device),
+                                                      pci_bus_id.encode()),
+                    f"cudaDeviceGetByPCIBusId({pci_bus_id})")
+        return device.value
+
+    def open_ipc_handle(self, handle, device):
+        """Opens a cudaIpcMemHandle_t (64 bytes) on `device` (this process's ordinal); returns
+        the pointer. The calling thread's current device is left as it was."""
+        if len(handle) != _CUDA_IPC_HANDLE_BYTES:
+            raise CudaUnavailable(f"a CUDA IPC handle has {_CUDA_IPC_HANDLE_BYTES} bytes, not "
+                                  f"{len(handle)}")
+        previous = ctypes.c_int(-1)
+        self._check(self._lib.cudaGetDevice(ctypes.byref(previous)), "cudaGetDevice")
+        self._check(self._lib.cudaSetDevice(device), f"cudaSetDevice({device})")
+        try:
+            pointer = ctypes.c_void_p()
+            raw = (ctypes.c_char * _CUDA_IPC_HANDLE_BYTES).from_buffer_copy(handle)
+            self._check(self._lib.cudaIpcOpenMemHandle(ctypes.byref(pointer), raw,
+                                                       _CUDA_IPC_MEM_LAZY_ENABLE_PEER_ACCESS),
+                        "cudaIpcOpenMemHandle")
+            return pointer.value
+        finally:
+            self._lib.cudaSetDevice(previous.value)
+
+    def close_ipc_handle(self, pointer):
+        self._check(self._lib.cudaIpcCloseMemHandle(ctypes.c_void_p(pointer)),
+                    "cudaIpcCloseMemHandle")
+
+
+def cuda_array_interface(pointer, count, typestr="<f4"):
+    """The __cuda_array_interface__ (version 3) of `count` contiguous elements at `pointer`."""
+    return {"shape": (int(count),), "typestr": typestr, "data": (int(pointer), False),
+            "strides": None, "version": 3}
+
+
+class CudaBlock:
+    """A worker's CUDA block opened in this process; closed when the last view of it goes."""
+
+    def __init__(self, runtime, pointer, size, device):
+        self._runtime = runtime
+        self.pointer = pointer
+        self.size = size
+        self.device = device
+
+    def __del__(self):
+        try:
+            self._runtime.close_ipc_handle(self.pointer)
+        except Exception:  # at interpreter exit the runtime may be gone first
+            pass
+
+    def view(self, byte_offset, count):
+        """An object torch.as_tensor(..., device="cuda") views without a copy: `count` fp32
+        values at `byte_offset`. It keeps this block open while it (or a tensor) lives."""
+        if byte_offset < 0 or count < 0 or byte_offset + 4 * count > self.size:
+            raise ValueError(f"elements [{byte_offset}, {byte_offset + 4 * count}) bytes are "
+                             f"outside the {self.size}-byte block")
+        return _CudaView(self, self.pointer + byte_offset, count)
+
+
+class _CudaView:
+    def __init__(self, block, pointer, count):
+        self._block = block  # torch keeps this object, which keeps the block open
+        self.__cuda_array_interface__ = cuda_array_interface(pointer, count)
+
+
 class AttachConnection:
     """A connected trainer. Not thread-safe: one thread (the training loop and the autograd
     hooks it runs) uses it."""
@@ -36,12 +180,15 @@ class AttachConnection:
             raise WorkerLost(f"cannot connect to the worker's attach socket {path}: {e}") from e
         self._socket.settimeout(None)
         self._blocks = {}  # block id -> (mmap, bytes)
+        self._cuda_blocks = {}  # block id -> CudaBlock
+        self._cuda_runtime = None
 
     def close(self):
         # The mappings are not closed: the model's parameters still view them (torch.frombuffer
         # keeps a reference, not a buffer export, so mmap.close() would unmap under them). They
         # go when the last tensor viewing them does.
         self._blocks.clear()
+        self._cuda_blocks.clear()
         self._socket.close()
 
     def _receive_exactly(self, size, with_fd=False):
@@ -105,3 +252,29 @@ class AttachConnection:
                 os.close(fd)
             self._blocks[block_id] = (mapped, response.mapped.bytes)
         return self._blocks[block_id][0]
+
+    def cuda_device_ordinal(self, pci_bus_id):
+        """This process's ordinal of the worker's GPU (named by its PCI bus id)."""
+        if self._cuda_runtime is None:
+            self._cuda_runtime = CudaRuntime()
+        return self._cuda_runtime.device_by_pci_bus_id(pci_bus_id)
+
+    def cuda_block(self, block_id):
+        """The worker's CUDA block `block_id`, opened (once) through its IPC handle on the
+        device with the PCI bus id the worker names: a CudaBlock."""
+        if block_id not in self._cuda_blocks:
+            request = attach_pb2.AttachRequest()
+            request.map_block.block = block_id
+            response, fd = self.call(request, with_fd=True)
+            if fd is not None:
+                os.close(fd)
+                raise AttachError(f"block {block_id} is a CPU block (the worker sent a "
+                                  "descriptor), but the welcome said CUDA")
+            mapped = response.mapped
+            if not mapped.cuda_ipc_handle:
+                raise AttachError(f"the worker sent no CUDA IPC handle for block {block_id}")
+            device = self.cuda_device_ordinal(mapped.cuda_pci_bus_id)
+            pointer = self._cuda_runtime.open_ipc_handle(mapped.cuda_ipc_handle, device)
+            self._cuda_blocks[block_id] = CudaBlock(self._cuda_runtime, pointer, mapped.bytes,
+                                                    device)
+        return self._cuda_blocks[block_id]

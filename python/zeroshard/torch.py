@@ -32,6 +32,7 @@ from zeroshard._proto.zeroshard.v1 import attach_pb2
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2_grpc
 from zeroshard._proto.zeroshard.v1 import job_pb2
+from zeroshard._proto.zeroshard.v1 import types_pb2
 
 __all__ = ["init", "rank", "world_size", "ShardedOptimizer", "save", "finish", "WorkerLost",
            "AttachError"]
@@ -141,9 +142,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if p.dtype != torch.float32:
                 raise ValueError(f"parameter {name}: dtype {p.dtype}, only torch.float32 is "
                                  "supported")
-            if p.device.type != "cpu":
-                raise ValueError(f"parameter {name}: on {p.device}, only CPU parameters can "
-                                 "attach to CPU workers")
+        # Every parameter on the CPU (CPU workers) or on one GPU (CUDA workers of the same GPU).
+        self._device = named[0][1].device
+        if self._device.type == "cuda" and self._device.index is None:
+            self._device = torch.device("cuda", torch.cuda.current_device())
+        if self._device.type not in ("cpu", "cuda"):
+            raise ValueError(f"parameter {named[0][0]}: on {self._device}, only CPU and CUDA "
+                             "parameters can attach to workers")
+        for name, p in named:
+            if p.device != self._device:
+                raise ValueError(f"parameter {name}: on {p.device}, but {named[0][0]} is on "
+                                 f"{self._device}: every parameter must be on one device")
         name_of = {id(p): name for name, p in named}
 
         # Groups: the user's, then the default group with everything else.
@@ -192,6 +201,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             tensor.name = name
             tensor.shape.extend(list(p.shape))
         spec.workload.attached.workers.extend(env.workers)
+        spec.device_kind = types_pb2.CUDA if self._device.type == "cuda" else types_pb2.CPU
         spec.mode = _MODES[mode]
         spec.optimizer.kind = _OPTIMIZERS[optimizer]
         spec.optimizer.lr = base_lr
@@ -252,8 +262,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         hello.hello.job_id = self._job_id
         hello.hello.rank = self._env.rank
         hello.hello.world_size = self._env.world_size
+        hello.hello.device_kind = self._device.type
         response, _ = self._connection.call(hello)
         welcome = response.welcome
+        self._check_worker_device(welcome)
         self.start_step = welcome.start_step
         if len(welcome.tensors) != len(self._params):
             raise ValueError(f"the job has {len(welcome.tensors)} parameters, this model "
@@ -276,6 +288,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             else:
                 self._grad_views.append(None)
         if welcome.needs_initial_parameters:
+            self._synchronize()
             request = attach_pb2.AttachRequest()
             request.initial_parameters.SetInParent()
             self._connection.call(request)
@@ -299,9 +312,33 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     lambda *unused, p=p: self._on_gradient(p))
                 self._hooks.append((accumulator, handle))
 
+    def _check_worker_device(self, welcome):
+        worker_kind = welcome.device_kind or "cpu"
+        if worker_kind != self._device.type:
+            raise ValueError(f"parameter {self._names[0]}: on {self._device}, but the worker "
+                             f"holds its buffers on {worker_kind}: move the model there")
+        if worker_kind == "cuda":
+            bus_id = welcome.cuda_device.pci_bus_id
+            ordinal = self._connection.cuda_device_ordinal(bus_id)
+            if ordinal != self._device.index:
+                raise ValueError(
+                    f"parameter {self._names[0]}: on {self._device}, but this rank's worker runs "
+                    f"on the GPU with PCI bus id {bus_id} (cuda:{ordinal} in this process): "
+                    f"move the model to cuda:{ordinal}")
+
+    def _synchronize(self):
+        """CUDA: this process's writes to the worker's blocks are complete before the worker is
+        told (the protocol's contract); a no-op on the CPU."""
+        if self._device.type == "cuda":
+            torch.cuda.synchronize(self._device)
+
     def _view(self, block, offset, elements, shape):
-        flat = torch.frombuffer(self._connection.block(block), dtype=torch.float32,
-                                count=elements, offset=offset)
+        if self._device.type == "cuda":
+            flat = torch.as_tensor(self._connection.cuda_block(block).view(offset, elements),
+                                   device=self._device)
+        else:
+            flat = torch.frombuffer(self._connection.block(block), dtype=torch.float32,
+                                    count=elements, offset=offset)
         return flat.view(tuple(shape))
 
     def _begin_step(self):
@@ -319,6 +356,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._hand_over_zero2()
         else:
             self._adopt_gradient(t)
+            self._synchronize()
             request = attach_pb2.AttachRequest()
             request.ready.tensors.append(t)
             self._connection.send(request)
@@ -351,13 +389,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
             request.segment.tensor, request.segment.begin, request.segment.end = t, begin, end
             response, _ = self._connection.call(request)
             place = response.place
-            destination = torch.frombuffer(self._connection.block(place.block),
-                                           dtype=torch.float32, count=end - begin,
-                                           offset=place.offset)
+            destination = self._view(place.block, place.offset, end - begin, (end - begin,))
             if source is None:
                 destination.zero_()
             else:
                 destination.copy_(source[begin:end])
+            self._synchronize()
             written = attach_pb2.AttachRequest()
             written.written.tensor, written.written.begin, written.written.end = t, begin, end
             self._connection.send(written)
@@ -409,6 +446,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         else:
             for t in range(len(self._params)):
                 self._adopt_gradient(t)
+        self._synchronize()
         request = attach_pb2.AttachRequest()
         request.step.loss = float(loss) if loss is not None else 0.0
         request.step.lr = lr
@@ -466,7 +504,7 @@ def save(model, path):
         return
     import json
     import struct
-    tensors = {name: p.detach().to(torch.float32).contiguous()
+    tensors = {name: p.detach().to("cpu", torch.float32).contiguous()
                for name, p in model.named_parameters()}
     header = {}
     offset = 0

@@ -31,7 +31,7 @@ void SetReceiveTimeout(int fd, int seconds) {
 
 }  // namespace
 
-AttachedTrainer::AttachedTrainer(AttachedTrainerOptions options, SharedMemoryBacking* backing)
+AttachedTrainer::AttachedTrainer(AttachedTrainerOptions options, SharedBlocks* backing)
     : options_(std::move(options)), backing_(backing) {}
 
 AttachedTrainer::~AttachedTrainer() = default;
@@ -74,6 +74,9 @@ absl::Status AttachedTrainer::Accept() {
       continue;
     }
     std::string mismatch;
+    const std::string device_kind = backing_->device().kind;
+    const std::string trainer_device_kind =
+        hello.device_kind().empty() ? "cpu" : hello.device_kind();
     if (hello.rank() != options_.rank || hello.world_size() != options_.world_size) {
       mismatch =
           absl::StrCat("the trainer is rank ", hello.rank(), " of ", hello.world_size(),
@@ -83,6 +86,10 @@ absl::Status AttachedTrainer::Accept() {
                               ", the job's plan ", options_.layout_hash,
                               " (a parameter differs in name, shape or group between ranks, "
                               "or the model changed after the job was submitted)");
+    } else if (trainer_device_kind != device_kind) {
+      mismatch = absl::StrCat("the trainer's parameters are on ", trainer_device_kind,
+                              ", this worker's buffers on ", device_kind,
+                              " (the job's device_kind must match where the model is)");
     }
     if (!mismatch.empty()) {
       refusal.set_error(mismatch);
@@ -124,14 +131,23 @@ absl::Status AttachedTrainer::ReadRequest() {
 }
 
 absl::Status AttachedTrainer::MapBlock(const v1::MapBlock& request) {
-  const std::optional<SharedMemoryBacking::Block> block = backing_->FindById(request.block());
+  const std::optional<SharedBlock> block = backing_->FindById(request.block());
   if (!block.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat("map_block: no block ", request.block()));
   }
   v1::AttachResponse response;
   response.mutable_mapped()->set_block(block->id);
   response.mutable_mapped()->set_bytes(block->bytes);
+  if (!block->cuda_ipc_handle.empty()) {
+    response.mutable_mapped()->set_cuda_ipc_handle(block->cuda_ipc_handle);
+    response.mutable_mapped()->set_cuda_pci_bus_id(backing_->device().pci_bus_id);
+  }
   return Reply(response, block->fd);
+}
+
+absl::Status AttachedTrainer::WaitForDevice() {
+  if (options_.device == nullptr) return absl::OkStatus();
+  return options_.device->Synchronize();
 }
 
 absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step,
@@ -152,6 +168,13 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
   welcome.set_start_step(start_step);
   welcome.set_needs_initial_parameters(needs_initial_parameters);
   welcome.set_loss_scale(engine.loss_scale());
+  const SharedDevice device = backing_->device();
+  welcome.set_device_kind(device.kind);
+  if (device.kind == "cuda") {
+    welcome.mutable_cuda_device()->set_ordinal(device.ordinal);
+    welcome.mutable_cuda_device()->set_pci_bus_id(device.pci_bus_id);
+    welcome.mutable_cuda_device()->set_uuid(device.uuid);
+  }
   for (int32_t t = 0; t < num_tensors_; ++t) {
     const sharding::TensorSpec& spec = plan.tensors()[t];
     tensor_elements_[t] = spec.num_elements;
@@ -160,7 +183,7 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
     for (int64_t dim : spec.shape) layout.add_shape(dim);
     layout.set_elements(spec.num_elements);
     ZS_ASSIGN_OR_RETURN(const workloads::StoredParameters params, engine.Parameters(t));
-    const std::optional<SharedMemoryBacking::Block> param_block = backing_->Find(params.data);
+    const std::optional<SharedBlock> param_block = backing_->Find(params.data);
     if (!param_block.has_value()) {
       return Fail(absl::InternalError("the engine's parameters are not in shared memory"));
     }
@@ -174,7 +197,7 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
       }
     } else {
       ZS_ASSIGN_OR_RETURN(float* gradient, engine.FullGradient(t));
-      const std::optional<SharedMemoryBacking::Block> grad_block = backing_->Find(gradient);
+      const std::optional<SharedBlock> grad_block = backing_->Find(gradient);
       if (!grad_block.has_value()) {
         return Fail(absl::InternalError("the engine's gradients are not in shared memory"));
       }
@@ -183,6 +206,9 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
       layout.set_grad_offset(reinterpret_cast<char*>(gradient) - grad_block->data);
     }
   }
+  // A resumed generation's parameters were loaded on the device: in place before the trainer
+  // reads them.
+  if (absl::Status waited = WaitForDevice(); !waited.ok()) return Fail(waited);
   ZS_RETURN_IF_ERROR(Reply(response));
   if (!needs_initial_parameters) return absl::OkStatus();
   // The trainer maps the parameters and writes its model's values; then says so.
@@ -203,8 +229,17 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
   initial_.assign(num_tensors_, {});
   for (int32_t t = 0; t < num_tensors_; ++t) {
     ZS_ASSIGN_OR_RETURN(const workloads::StoredParameters params, engine.Parameters(t));
-    const float* values = static_cast<const float*>(params.data);
-    initial_[t].assign(values, values + params.size);
+    if (options_.device != nullptr && !options_.device->host_memory()) {
+      initial_[t].resize(params.size);
+      if (absl::Status copied = options_.device->CopyToHost(
+              initial_[t].data(), params.data, params.size * static_cast<int64_t>(sizeof(float)));
+          !copied.ok()) {
+        return Fail(copied);
+      }
+    } else {
+      const float* values = static_cast<const float*>(params.data);
+      initial_[t].assign(values, values + params.size);
+    }
     for (float value : initial_[t]) {
       if (!std::isfinite(value)) {
         return Fail(absl::InvalidArgumentError(absl::StrCat(
@@ -314,11 +349,15 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
           served = buffer.status();
           break;
         }
-        const std::optional<SharedMemoryBacking::Block> block = backing_->Find(buffer->data());
+        const std::optional<SharedBlock> block = backing_->Find(buffer->data());
         if (!block.has_value()) {
           served = absl::InternalError("the engine's bucket buffer is not in shared memory");
           break;
         }
+        // On a device the buffer is free once the reduction that used it has run, which the
+        // engine orders on the device only: the trainer writes into it from another process.
+        served = WaitForDevice();
+        if (!served.ok()) break;
         open_segment_ = segment;
         v1::AttachResponse response;
         response.mutable_place()->set_block(block->id);
@@ -380,6 +419,8 @@ absl::Status AttachedTrainer::StepApplied(const workloads::StepOutcome& outcome,
       return Fail(gathered);
     }
   }
+  // The all-gathers are ordered on the device: done before the trainer reads the parameters.
+  if (absl::Status waited = WaitForDevice(); !waited.ok()) return Fail(waited);
   v1::AttachResponse response;
   v1::StepOutcome& result = *response.mutable_step_result();
   result.set_skipped(outcome.skipped);

@@ -15,7 +15,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/attach/frame_socket.h"
-#include "worker/attach/shared_memory_backing.h"
+#include "worker/attach/shared_blocks.h"
+#include "worker/engine/device_ops.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/workload.h"
 #include "zeroshard/v1/attach.pb.h"
@@ -33,11 +34,15 @@ struct AttachedTrainerOptions {
   uint64_t layout_hash = 0;
   // The trainer must have connected and said hello by then.
   absl::Time attach_deadline = absl::InfiniteFuture();
+  // The engine's device (not owned), when its memory is not the host's (CUDA workers): the
+  // worker reads the initial parameters through it, and waits for it before answering welcome,
+  // place and step (the trainer then reads and writes the blocks directly). Null: host memory.
+  engine::DeviceOps* device = nullptr;
 };
 
 // The protocol (proto/zeroshard/v1/attach.proto), from the worker's side:
 //   Accept():   hello from the trainer of this job and rank (other trainers are refused and
-//               closed; the worker keeps waiting for its own).
+//               closed; the worker keeps waiting for its own) on the backing's device kind.
 //   Welcome():  the layout of the engine's shared buffers; in a first generation, the trainer's
 //               initial parameter values (InitialParameters reads them).
 //   per step:   AwaitNextStep() takes the trainer's first request of the step (finish ends the
@@ -51,12 +56,12 @@ struct AttachedTrainerOptions {
 class AttachedTrainer final : public workloads::Workload {
  public:
   // `backing` holds the engine's memory (the blocks the trainer maps); it must outlive this.
-  AttachedTrainer(AttachedTrainerOptions options, SharedMemoryBacking* backing);
+  AttachedTrainer(AttachedTrainerOptions options, SharedBlocks* backing);
   ~AttachedTrainer() override;
 
   // Waits for this rank's trainer. DEADLINE_EXCEEDED at options.attach_deadline, CANCELLED on
-  // Abort(), FAILED_PRECONDITION when this job's trainer says another rank, world size or layout
-  // hash (it is told why).
+  // Abort(), FAILED_PRECONDITION when this job's trainer says another rank, world size, layout
+  // hash or device kind (it is told why).
   absl::Status Accept();
   // Sends the welcome for `engine` (whose memory is the backing's). With
   // `needs_initial_parameters`, waits for the trainer's initial values and copies them.
@@ -82,12 +87,15 @@ class AttachedTrainer final : public workloads::Workload {
   absl::Status Reply(const v1::AttachResponse& response, int pass_fd = -1);
   absl::Status Ack();
   absl::Status MapBlock(const v1::MapBlock& request);
+  // Waits until the device has done everything queued on the engine's memory (CUDA workers),
+  // before the trainer is told it may read or write the blocks.
+  absl::Status WaitForDevice();
   // ddp/zero1: hands tensors to the engine in plan order while the next one is ready.
   absl::Status HandOverReady(workloads::GradientSink& sink);
   absl::Status HandOver(workloads::GradientSink& sink, int32_t tensor);
 
   const AttachedTrainerOptions options_;
-  SharedMemoryBacking* const backing_;
+  SharedBlocks* const backing_;
   std::unique_ptr<FrameSocket> socket_;
   absl::Mutex abort_mu_;
   bool aborted_ ABSL_GUARDED_BY(abort_mu_) = false;

@@ -5,12 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <utility>
 
 namespace zeroshard::attach {
 
 SharedMemoryBacking::~SharedMemoryBacking() {
-  absl::MutexLock lock(&mu_);
-  for (const auto& [start, block] : by_start_) {
+  for (const Block& block : blocks_.RemoveAll()) {
     ::munmap(block.data, static_cast<size_t>(block.bytes));
     ::close(block.fd);
   }
@@ -31,38 +31,20 @@ void* SharedMemoryBacking::AllocateZeroed(int64_t bytes) {
     ::close(fd);
     return nullptr;
   }
-  absl::MutexLock lock(&mu_);
-  by_start_[reinterpret_cast<uintptr_t>(data)] =
-      Block{next_id_++, fd, static_cast<char*>(data), size};
+  Block block;
+  block.fd = fd;
+  block.data = static_cast<char*>(data);
+  block.bytes = size;
+  blocks_.Add(std::move(block));
   return data;
 }
 
 void SharedMemoryBacking::Free(void* data) {
   if (data == nullptr) return;
-  absl::MutexLock lock(&mu_);
-  auto it = by_start_.find(reinterpret_cast<uintptr_t>(data));
-  if (it == by_start_.end()) return;
-  ::munmap(it->second.data, static_cast<size_t>(it->second.bytes));
-  ::close(it->second.fd);
-  by_start_.erase(it);
-}
-
-std::optional<SharedMemoryBacking::Block> SharedMemoryBacking::Find(const void* address) const {
-  const uintptr_t at = reinterpret_cast<uintptr_t>(address);
-  absl::MutexLock lock(&mu_);
-  auto it = by_start_.upper_bound(at);
-  if (it == by_start_.begin()) return std::nullopt;
-  --it;
-  if (at >= it->first + static_cast<uintptr_t>(it->second.bytes)) return std::nullopt;
-  return it->second;
-}
-
-std::optional<SharedMemoryBacking::Block> SharedMemoryBacking::FindById(int id) const {
-  absl::MutexLock lock(&mu_);
-  for (const auto& [start, block] : by_start_) {
-    if (block.id == id) return block;
-  }
-  return std::nullopt;
+  const std::optional<Block> block = blocks_.Remove(data);
+  if (!block.has_value()) return;
+  ::munmap(block->data, static_cast<size_t>(block->bytes));
+  ::close(block->fd);
 }
 
 }  // namespace zeroshard::attach

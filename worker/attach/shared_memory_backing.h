@@ -4,12 +4,9 @@
 #define ZEROSHARD_WORKER_ATTACH_SHARED_MEMORY_BACKING_H_
 
 #include <cstdint>
-#include <map>
 #include <optional>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
-#include "worker/engine/counting_allocator.h"
+#include "worker/attach/shared_blocks.h"
 
 namespace zeroshard::attach {
 
@@ -18,14 +15,9 @@ namespace zeroshard::attach {
 // are numbered in allocation order (ids are never reused).
 //
 // Thread contract: thread-safe.
-class SharedMemoryBacking final : public engine::MemoryBacking {
+class SharedMemoryBacking final : public SharedBlocks {
  public:
-  struct Block {
-    int id = -1;
-    int fd = -1;  // owned by the backing: dup() it to keep it beyond Free
-    char* data = nullptr;
-    int64_t bytes = 0;
-  };
+  using Block = SharedBlock;
 
   SharedMemoryBacking() = default;
   ~SharedMemoryBacking() override;
@@ -36,15 +28,12 @@ class SharedMemoryBacking final : public engine::MemoryBacking {
   void* AllocateZeroed(int64_t bytes) override;
   void Free(void* data) override;
 
-  // The block holding byte `address`, if any.
-  std::optional<Block> Find(const void* address) const;
-  // The block numbered `id`, if it is still allocated.
-  std::optional<Block> FindById(int id) const;
+  SharedDevice device() const override { return SharedDevice{}; }
+  std::optional<Block> Find(const void* address) const override { return blocks_.Find(address); }
+  std::optional<Block> FindById(int id) const override { return blocks_.FindById(id); }
 
  private:
-  mutable absl::Mutex mu_;
-  std::map<uintptr_t, Block> by_start_ ABSL_GUARDED_BY(mu_);
-  int next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  SharedBlockTable blocks_;
 };
 
 }  // namespace zeroshard::attach

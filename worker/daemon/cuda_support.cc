@@ -1,5 +1,6 @@
-// cuda_support.h over CUDA: device selection and description, CudaDeviceOps, NcclCommunicator
-// and CudaTeacherStudentMlp. CUDA errors become Status through common/cuda_status.h.
+// cuda_support.h over CUDA: device selection and description, CudaDeviceOps, CudaIpcBacking,
+// NcclCommunicator and CudaTeacherStudentMlp. CUDA errors become Status through
+// common/cuda_status.h.
 #include "worker/daemon/cuda_support.h"
 
 #include <cuda_runtime_api.h>
@@ -9,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
+#include "worker/attach/cuda_ipc_backing.h"
 #include "worker/comm/nccl_communicator.h"
 #include "worker/engine/cuda_device_ops.h"
 #include "worker/workloads/cuda_teacher_student_mlp.h"
@@ -43,10 +45,17 @@ absl::StatusOr<CudaDeviceInfo> SelectCudaDevice(int device) {
   return info;
 }
 
-absl::StatusOr<std::unique_ptr<engine::DeviceOps>> CreateCudaDevice(int device) {
+absl::StatusOr<std::unique_ptr<engine::DeviceOps>> CreateCudaDevice(int device,
+                                                                    engine::MemoryBacking* memory) {
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<engine::CudaDeviceOps> ops,
-                      engine::CudaDeviceOps::Create(device));
+                      engine::CudaDeviceOps::Create(device, memory));
   return std::unique_ptr<engine::DeviceOps>(std::move(ops));
+}
+
+absl::StatusOr<std::unique_ptr<attach::SharedBlocks>> CreateCudaIpcMemory(int device) {
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<attach::CudaIpcBacking> memory,
+                      attach::CudaIpcBacking::Create(device));
+  return std::unique_ptr<attach::SharedBlocks>(std::move(memory));
 }
 
 absl::StatusOr<std::unique_ptr<comm::Communicator>> CreateNcclCommunicator(

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "worker/attach/shared_blocks.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/store.h"
 #include "worker/engine/device_ops.h"
@@ -31,8 +32,13 @@ absl::StatusOr<CudaDeviceInfo> SelectCudaDevice(int device);
 
 // One generation's pieces on CUDA device `device`, made on the thread that will train (the
 // device becomes current on it). Destroy them in reverse order of creation, after the engine:
-// workload, communicator, then the device (whose compute stream the others use).
-absl::StatusOr<std::unique_ptr<engine::DeviceOps>> CreateCudaDevice(int device);
+// workload, communicator, then the device (whose compute stream the others use), then the
+// device's `memory` when given (its blocks, e.g. CreateCudaIpcMemory's; else cudaMalloc).
+absl::StatusOr<std::unique_ptr<engine::DeviceOps>> CreateCudaDevice(
+    int device, engine::MemoryBacking* memory = nullptr);
+// Device memory of `device` that an attached trainer opens through CUDA IPC handles
+// (attach/cuda_ipc_backing.h), for CreateCudaDevice's `memory`.
+absl::StatusOr<std::unique_ptr<attach::SharedBlocks>> CreateCudaIpcMemory(int device);
 // An NcclCommunicator on `device` (from CreateCudaDevice), ordered after its compute stream; the
 // NCCL unique id travels through `store` (scoped to the generation).
 absl::StatusOr<std::unique_ptr<comm::Communicator>> CreateNcclCommunicator(

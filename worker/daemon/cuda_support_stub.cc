@@ -14,7 +14,13 @@ bool CudaSupportBuiltIn() { return false; }
 
 absl::StatusOr<CudaDeviceInfo> SelectCudaDevice(int) { return NotBuiltIn(); }
 
-absl::StatusOr<std::unique_ptr<engine::DeviceOps>> CreateCudaDevice(int) { return NotBuiltIn(); }
+absl::StatusOr<std::unique_ptr<engine::DeviceOps>> CreateCudaDevice(int, engine::MemoryBacking*) {
+  return NotBuiltIn();
+}
+
+absl::StatusOr<std::unique_ptr<attach::SharedBlocks>> CreateCudaIpcMemory(int) {
+  return NotBuiltIn();
+}
 
 absl::StatusOr<std::unique_ptr<comm::Communicator>> CreateNcclCommunicator(engine::DeviceOps&,
                                                                            comm::Store*, int, int) {

@@ -252,22 +252,22 @@ absl::Status EngineTrainingRun::Train() {
   // On a CUDA device: the device (its compute stream) outlives the communicator, the workload
   // and the engine, declared after it. On the CPU it stays null and the engine makes its own.
   const bool on_cuda = options_.cuda_device >= 0;
-  // An attached trainer maps the engine's buffers: they live in shared memory (CPU only).
+  // An attached trainer maps the engine's buffers: they live in shared memory (memfd blocks on
+  // the CPU, CUDA IPC handles on a GPU), which outlives the device that allocates from it.
   const bool attached = spec.workload().has_attached();
-  std::unique_ptr<attach::SharedMemoryBacking> shared_memory;
+  if (attached && options_.attach_listen_fd < 0) {
+    return absl::FailedPreconditionError(
+        "workload.attached: this worker serves no attached trainers (start it with "
+        "--attach_socket)");
+  }
+  std::unique_ptr<attach::SharedBlocks> shared_memory;
   std::unique_ptr<engine::DeviceOps> device;
   if (on_cuda) {
     if (attached) {
-      return absl::UnimplementedError(
-          "device_kind: attached trainers on CUDA workers are not supported yet (CPU only)");
+      ZS_ASSIGN_OR_RETURN(shared_memory, CreateCudaIpcMemory(options_.cuda_device));
     }
-    ZS_ASSIGN_OR_RETURN(device, CreateCudaDevice(options_.cuda_device));
+    ZS_ASSIGN_OR_RETURN(device, CreateCudaDevice(options_.cuda_device, shared_memory.get()));
   } else if (attached) {
-    if (options_.attach_listen_fd < 0) {
-      return absl::FailedPreconditionError(
-          "workload.attached: this worker serves no attached trainers (start it with "
-          "--attach_socket)");
-    }
     shared_memory = std::make_unique<attach::SharedMemoryBacking>();
     device = std::make_unique<engine::HostDeviceOps>(options_.threads, shared_memory.get());
   }
@@ -336,6 +336,7 @@ absl::Status EngineTrainingRun::Train() {
     trainer_options.world_size = static_cast<int32_t>(world_size);
     trainer_options.layout_hash = plan.layout_hash();
     trainer_options.attach_deadline = absl::Now() + options_.attach_timeout;
+    trainer_options.device = device.get();
     auto owned =
         std::make_unique<attach::AttachedTrainer>(std::move(trainer_options), shared_memory.get());
     trainer = owned.get();

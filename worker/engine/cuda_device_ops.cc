@@ -28,7 +28,8 @@ static_assert(sizeof(cuda_internal::DeviceGradStatsChunk) == sizeof(kernels::Gra
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(int device) {
+absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(int device,
+                                                                     MemoryBacking* memory) {
   ZS_RETURN_IF_ERROR(common::UseCudaDevice(device));
   cudaStream_t stream = nullptr;
   ZS_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -38,15 +39,18 @@ absl::StatusOr<std::unique_ptr<CudaDeviceOps>> CudaDeviceOps::Create(int device)
     cudaStreamDestroy(stream);
     return kernels.status();
   }
-  return std::unique_ptr<CudaDeviceOps>(new CudaDeviceOps(device, stream, *std::move(kernels)));
+  return std::unique_ptr<CudaDeviceOps>(
+      new CudaDeviceOps(device, stream, *std::move(kernels), memory));
 }
 
 CudaDeviceOps::CudaDeviceOps(int device, void* stream,
-                             std::unique_ptr<kernels::CudaOptimizerKernels> kernels)
+                             std::unique_ptr<kernels::CudaOptimizerKernels> kernels,
+                             MemoryBacking* memory)
     : device_(device),
       name_(absl::StrCat("cuda:", device)),
       stream_(stream),
-      kernels_(std::move(kernels)) {}
+      kernels_(std::move(kernels)),
+      memory_(memory) {}
 
 CudaDeviceOps::~CudaDeviceOps() {
   const absl::Status synced = Synchronize();
@@ -59,6 +63,7 @@ CudaDeviceOps::~CudaDeviceOps() {
 }
 
 void* CudaDeviceOps::AllocateZeroed(int64_t bytes) {
+  if (memory_ != nullptr) return memory_->AllocateZeroed(bytes);
   void* data = nullptr;
   absl::Status status = common::CudaStatus(cudaSetDevice(device_), "cudaSetDevice");
   if (status.ok()) status = common::CudaStatus(cudaMalloc(&data, bytes), "cudaMalloc");
@@ -85,7 +90,13 @@ void CudaDeviceOps::Free(void* data) {
   // or write it (that stream waits for the compute stream, not the other way round), so wait for
   // every stream of the device.
   if (status.ok()) status = common::CudaStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
-  if (status.ok()) status = common::CudaStatus(cudaFree(data), "cudaFree");
+  if (status.ok()) {
+    if (memory_ != nullptr) {
+      memory_->Free(data);
+    } else {
+      status = common::CudaStatus(cudaFree(data), "cudaFree");
+    }
+  }
   if (!status.ok()) ZS_LOG(WARNING) << name_ << ": freeing a buffer: " << status;
 }
 

@@ -28,8 +28,11 @@ namespace zeroshard::engine {
 class CudaDeviceOps final : public DeviceOps {
  public:
   // Makes `device` current on the calling thread and creates the stream. FailedPrecondition when
-  // there is no such device (or no usable driver).
-  static absl::StatusOr<std::unique_ptr<CudaDeviceOps>> Create(int device);
+  // there is no such device (or no usable driver). Blocks come from `memory` when given (device
+  // memory of `device`, zero-filled, e.g. blocks an attached trainer opens through CUDA IPC; it
+  // must outlive this object), else from cudaMalloc.
+  static absl::StatusOr<std::unique_ptr<CudaDeviceOps>> Create(int device,
+                                                               MemoryBacking* memory = nullptr);
   // Waits for the stream, then destroys it. Every buffer must have been freed.
   ~CudaDeviceOps() override;
   CudaDeviceOps(const CudaDeviceOps&) = delete;
@@ -39,10 +42,11 @@ class CudaDeviceOps final : public DeviceOps {
   void* stream() const { return stream_; }
   int device() const { return device_; }
 
-  // cudaMalloc and a zero fill (synchronous); null on any CUDA error.
+  // cudaMalloc (or the MemoryBacking's block) and a zero fill (synchronous); null on any CUDA
+  // error.
   void* AllocateZeroed(int64_t bytes) override;
   // Waits for every stream of the device (queued work, the compute stream's or a collective's on
-  // NCCL's stream, may still use the block), then cudaFree.
+  // NCCL's stream, may still use the block), then cudaFree (or the MemoryBacking's Free).
   void Free(void* data) override;
   const char* name() const override { return name_.c_str(); }
   bool host_memory() const override { return false; }
@@ -69,13 +73,15 @@ class CudaDeviceOps final : public DeviceOps {
   int64_t KernelTableBytes() const override { return kernels_->TableBytes(); }
 
  private:
-  CudaDeviceOps(int device, void* stream, std::unique_ptr<kernels::CudaOptimizerKernels> kernels);
+  CudaDeviceOps(int device, void* stream, std::unique_ptr<kernels::CudaOptimizerKernels> kernels,
+                MemoryBacking* memory);
 
   const int device_;
   const std::string name_;  // "cuda:<device>"
   void* const stream_;      // cudaStream_t, owned
   // On stream_; reset before the stream is destroyed.
   std::unique_ptr<kernels::CudaOptimizerKernels> kernels_;
+  MemoryBacking* const memory_;  // null: cudaMalloc
 };
 
 }  // namespace zeroshard::engine

@@ -1,0 +1,199 @@
+// AttachedTrainer's protocol with a CUDA worker's blocks, without a GPU: a fake SharedBlocks of
+// device kind "cuda" whose blocks carry IPC handles. A CPU trainer is refused by name; map_block
+// answers with the block's handle and its device's PCI bus id and passes no descriptor.
+#include "worker/attach/attached_trainer.h"
+
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+
+namespace zeroshard::attach {
+namespace {
+
+constexpr char kBusId[] = "0000:3B:00.0";
+
+// Blocks of host memory described as a CUDA device's; nothing is allocated through it.
+class FakeCudaBlocks final : public SharedBlocks {
+ public:
+  void* AllocateZeroed(int64_t) override { return nullptr; }
+  void Free(void*) override {}
+  SharedDevice device() const override {
+    SharedDevice device;
+    device.kind = "cuda";
+    device.ordinal = 0;
+    device.pci_bus_id = kBusId;
+    device.uuid = std::string(16, '\x7f');
+    return device;
+  }
+  std::optional<SharedBlock> Find(const void* address) const override {
+    return table.Find(address);
+  }
+  std::optional<SharedBlock> FindById(int id) const override { return table.FindById(id); }
+
+  SharedBlockTable table;
+};
+
+class NoParameters final : public workloads::ParameterSource {
+ public:
+  absl::StatusOr<workloads::StoredParameters> Parameters(int64_t) override {
+    return absl::InternalError("not used");
+  }
+};
+
+class NoGradients final : public workloads::GradientSink {
+ public:
+  double loss_scale() const override { return 1; }
+  int64_t GradSegmentEnd(int64_t, int64_t) const override { return 0; }
+  absl::StatusOr<absl::Span<float>> GradBuffer(int64_t, int64_t, int64_t) override {
+    return absl::InternalError("not used");
+  }
+  absl::Status GradWritten(int64_t, int64_t, int64_t) override {
+    return absl::InternalError("not used");
+  }
+};
+
+// A listening unix socket in the abstract namespace (no file, no path length to mind).
+class Listener {
+ public:
+  explicit Listener(const std::string& name) {
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    address_.sun_family = AF_UNIX;
+    std::memcpy(address_.sun_path + 1, name.data(), name.size());
+    length_ = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+    bound_ =
+        ::bind(fd_, reinterpret_cast<sockaddr*>(&address_), length_) == 0 && ::listen(fd_, 4) == 0;
+  }
+  ~Listener() { ::close(fd_); }
+  bool bound() const { return bound_; }
+  int fd() const { return fd_; }
+
+  // A trainer's connection, or null.
+  std::unique_ptr<FrameSocket> Connect() const {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&address_), length_) != 0) {
+      ::close(fd);
+      return nullptr;
+    }
+    return std::make_unique<FrameSocket>(fd);
+  }
+
+ private:
+  int fd_ = -1;
+  sockaddr_un address_{};
+  socklen_t length_ = 0;
+  bool bound_ = false;
+};
+
+AttachedTrainerOptions OptionsFor(const Listener& listener) {
+  AttachedTrainerOptions options;
+  options.listen_fd = listener.fd();
+  options.job_id = "job-000001";
+  options.rank = 0;
+  options.world_size = 1;
+  options.layout_hash = 42;
+  options.attach_deadline = absl::Now() + absl::Seconds(30);
+  return options;
+}
+
+v1::AttachRequest Hello(const std::string& device_kind) {
+  v1::AttachRequest request;
+  request.mutable_hello()->set_job_id("job-000001");
+  request.mutable_hello()->set_rank(0);
+  request.mutable_hello()->set_world_size(1);
+  request.mutable_hello()->set_device_kind(device_kind);
+  return request;
+}
+
+std::string UniqueName(const char* test) {
+  return absl::StrCat("zeroshard-attached-trainer-test-", ::getpid(), "-", test);
+}
+
+TEST(AttachedTrainerTest, CudaWorkerRefusesATrainerWithCpuParameters) {
+  Listener listener(UniqueName("refuses"));
+  ASSERT_TRUE(listener.bound());
+  FakeCudaBlocks blocks;
+  AttachedTrainer trainer(OptionsFor(listener), &blocks);
+  v1::AttachResponse refusal;
+  absl::Status trainer_side;
+  std::thread cpu_trainer([&] {
+    std::unique_ptr<FrameSocket> socket = listener.Connect();
+    if (socket == nullptr) {
+      trainer_side = absl::InternalError("connect failed");
+      return;
+    }
+    // An older trainer says no device kind: it is a CPU one.
+    trainer_side = socket->Write(Hello(""));
+    if (trainer_side.ok()) trainer_side = socket->Read(refusal);
+  });
+  const absl::Status accepted = trainer.Accept();
+  cpu_trainer.join();
+  ASSERT_TRUE(trainer_side.ok()) << trainer_side;
+  EXPECT_TRUE(absl::IsFailedPrecondition(accepted)) << accepted;
+  EXPECT_TRUE(absl::StrContains(refusal.error(), "parameters are on cpu")) << refusal.error();
+  EXPECT_TRUE(absl::StrContains(refusal.error(), "buffers on cuda")) << refusal.error();
+}
+
+TEST(AttachedTrainerTest, MapBlockAnswersTheCudaIpcHandleAndBusId) {
+  Listener listener(UniqueName("maps"));
+  ASSERT_TRUE(listener.bound());
+  FakeCudaBlocks blocks;
+  std::vector<char> memory(256);
+  std::string handle(64, '\0');
+  for (size_t i = 0; i < handle.size(); ++i) handle[i] = static_cast<char>(i * 7 + 1);
+  SharedBlock block;
+  block.data = memory.data();
+  block.bytes = static_cast<int64_t>(memory.size());
+  block.cuda_ipc_handle = handle;
+  const int id = blocks.table.Add(block);
+  AttachedTrainer trainer(OptionsFor(listener), &blocks);
+
+  v1::AttachResponse mapped;
+  v1::AttachResponse missing;
+  absl::Status trainer_side;
+  std::thread cuda_trainer([&] {
+    std::unique_ptr<FrameSocket> socket = listener.Connect();
+    if (socket == nullptr) {
+      trainer_side = absl::InternalError("connect failed");
+      return;
+    }
+    trainer_side = socket->Write(Hello("cuda"));
+    v1::AttachRequest map;
+    map.mutable_map_block()->set_block(id);
+    if (trainer_side.ok()) trainer_side = socket->Write(map);
+    if (trainer_side.ok()) trainer_side = socket->Read(mapped);
+    // A block that does not exist ends the run with an answer naming it.
+    map.mutable_map_block()->set_block(id + 1);
+    if (trainer_side.ok()) trainer_side = socket->Write(map);
+    if (trainer_side.ok()) trainer_side = socket->Read(missing);
+  });
+  const absl::Status accepted = trainer.Accept();
+  absl::Status served = accepted;
+  if (accepted.ok()) {
+    NoParameters params;
+    NoGradients sink;
+    served = trainer.ForwardBackward(0, params, sink).status();
+  }
+  cuda_trainer.join();
+  ASSERT_TRUE(accepted.ok()) << accepted;
+  ASSERT_TRUE(trainer_side.ok()) << trainer_side;
+  EXPECT_TRUE(mapped.error().empty()) << mapped.error();
+  EXPECT_EQ(mapped.mapped().block(), id);
+  EXPECT_EQ(mapped.mapped().bytes(), 256);
+  EXPECT_EQ(mapped.mapped().cuda_ipc_handle(), handle);
+  EXPECT_EQ(mapped.mapped().cuda_pci_bus_id(), kBusId);
+  EXPECT_TRUE(absl::IsInvalidArgument(served)) << served;
+  EXPECT_TRUE(absl::StrContains(missing.error(), absl::StrCat("no block ", id + 1)))
+      << missing.error();
+}
+
+}  // namespace
+}  // namespace zeroshard::attach
