@@ -5,8 +5,12 @@ zeroshard.launch; after a restart it resumes at opt.start_step.
 
 Prints one JSON line per attempt and rank: {"rank", "restart_count", "start_step", "job_name"}.
 With --kill_step S, the trainer of --kill_rank kills itself with SIGKILL in step S, after
-backward and before step(), once (in the launcher's first attempt), after the checkpoint it
-should resume from has landed. Rank 0 saves the final parameters to --out (zt.save).
+backward and before step(), once (in the launcher's first attempt). Rank 0 saves the final
+parameters to --out (zt.save).
+
+After each step that makes a checkpoint due, every rank waits for the job to record it: a
+worker skips a due checkpoint while it still writes the previous one (a slow disk), which would
+move the resume point the test expects.
 """
 
 import argparse
@@ -37,8 +41,7 @@ def parse_args():
 
 
 def wait_for_checkpoint(job_name, step):
-    """Until the job's latest checkpoint is at `step` or later (the resume point the test
-    expects), so that the kill does not race the checkpoint's commit."""
+    """Until the job's latest checkpoint is at `step` or later."""
     client = zeroshard.Client(os.environ["ZEROSHARD_COORDINATOR"])
     deadline = time.monotonic() + CHECKPOINT_WAIT_S
     try:
@@ -79,11 +82,12 @@ def main():
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         if step == args.kill_step and rank == args.kill_rank and restart_count == 0:
-            wait_for_checkpoint(job_name, step // args.checkpoint_every * args.checkpoint_every)
             os.kill(os.getpid(), signal.SIGKILL)
         opt.step(loss=loss.item())
         opt.zero_grad()
         sched.step()
+        if args.checkpoint_every and (step + 1) % args.checkpoint_every == 0:
+            wait_for_checkpoint(job_name, step + 1)
     zt.save(model, args.out)
     return 0
 
