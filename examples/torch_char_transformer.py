@@ -10,6 +10,9 @@ and vocabulary beside it, for examples/torch_char_sample.py) and ends with one J
     /usr/bin/python3 examples/torch_char_sample.py /tmp/char.safetensors --length 300
 
 --small trains a reduced model for fewer steps (CI: //python:char_transformer_test).
+--checkpoint_every N --max_attempts K survive a dead trainer: the launcher restarts the script,
+which resumes at optimizer.start_step (the latest checkpoint's), with its batches and LR schedule
+advanced to it; the loss statistics then cover the steps since the resume.
 """
 
 import argparse
@@ -19,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 
 import torch
 
@@ -49,6 +53,10 @@ def parse_args(argv):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads per rank (default: the cores divided by the ranks)")
+    parser.add_argument("--checkpoint_every", type=int, default=0,
+                        help="the workers checkpoint every N steps (0: never)")
+    parser.add_argument("--max_attempts", type=int, default=1,
+                        help="generations the job may start (>1: restarted trainers resume)")
     args = parser.parse_args(argv)
     if args.steps is None:
         args.steps = 200 if args.small else 300
@@ -122,9 +130,18 @@ def main(argv):
     _, no_decay = decay_groups(model)
     optimizer = zt.ShardedOptimizer(model, "adamw", lr=args.lr, weight_decay=0.1, mode="zero2",
                                     param_groups=[{"params": no_decay, "weight_decay": 0.0}],
-                                    clip_grad_norm=1.0)
+                                    clip_grad_norm=1.0, checkpoint_every=args.checkpoint_every,
+                                    max_attempts=args.max_attempts)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, args))
     generator = torch.Generator().manual_seed(1_000_003 * args.seed + rank)
+    # A restarted script resumes where the job's latest checkpoint is: the batches and the LR
+    # schedule of the steps before it are skipped, so that the rest is the same as without the
+    # restart.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # scheduler.step() without optimizer.step() is intended
+        for _ in range(optimizer.start_step):
+            sample_batch(train_data, args.batch, context, generator)
+            scheduler.step()
     if rank == 0:
         parameters = sum(p.numel() for p in model.parameters())
         print(f"char transformer: {config}, {parameters:,} parameters, vocabulary "
@@ -133,7 +150,7 @@ def main(argv):
 
     losses, step_seconds = [], []
     started = time.monotonic()
-    for step in range(args.steps):
+    for step in range(optimizer.start_step, args.steps):
         step_started = time.monotonic()
         lr = optimizer.param_groups[0]["lr"]
         x, y = sample_batch(train_data, args.batch, context, generator)
@@ -153,6 +170,7 @@ def main(argv):
     if rank == 0:
         zt.save(model, args.out)
         char_model.write_config(args.out, config, vocabulary)
+    if rank == 0 and losses:  # none when a restart resumed at the last step
         window = min(10, len(losses))
         first, last = statistics.mean(losses[:window]), statistics.mean(losses[-window:])
         validation = validation_loss(model, validation_data, args.batch, context)

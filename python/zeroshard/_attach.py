@@ -10,6 +10,7 @@ import ctypes.util
 import glob
 import mmap
 import os
+import select
 import socket
 import struct
 
@@ -225,6 +226,16 @@ class AttachConnection:
         """Sends `request` and returns (its AttachResponse, the descriptor it carried or None).
         Raises AttachError when the worker answers with an error."""
         self._send_frame(request)
+        return self.receive(with_fd=with_fd)
+
+    def wait_readable(self, timeout):
+        """Whether the worker's next frame (or its end of the connection) arrived within
+        `timeout` seconds."""
+        readable, _, _ = select.select([self._socket], [], [], timeout)
+        return bool(readable)
+
+    def receive(self, with_fd=False):
+        """The answer to the request sent last: as call() returns it."""
         header, fds = self._receive_exactly(4, with_fd=with_fd)
         (length,) = struct.unpack("<I", header)
         body, _ = self._receive_exactly(length) if length else (b"", [])

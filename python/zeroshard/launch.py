@@ -10,10 +10,15 @@ memory with its worker.
 
 It starts one trainer process per rank with ZEROSHARD_RANK, ZEROSHARD_WORLD_SIZE,
 ZEROSHARD_WORKERS (the workers' names in rank order), ZEROSHARD_RUN_ID (the job's name) and
-ZEROSHARD_ATTACH_SOCKET (its worker's socket) set; rank 0's ShardedOptimizer submits the job.
-torchrun's variables are set too (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the
-same script can also run torch.distributed baselines (gloo) among its ranks.
-If a trainer fails, the others are stopped; the exit status is the first failure's.
+ZEROSHARD_ATTACH_SOCKET (its worker's socket) and ZEROSHARD_RESTART_COUNT (0, then 1, 2, ...
+after restarts) set; rank 0's ShardedOptimizer submits the job. torchrun's variables are set too
+(RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the same script can also run
+torch.distributed baselines (gloo) among its ranks.
+
+If a trainer fails (exits non-zero or is killed), the others are stopped. While the job still
+has attempts left (its fault policy, ShardedOptimizer's max_attempts) and --max_restarts allows,
+every trainer is started again: the script joins the job and resumes from its latest
+checkpoint. Otherwise the exit status is the first failure's.
 """
 
 import argparse
@@ -41,11 +46,20 @@ def parse_args(argv):
                         help="local cluster only: each worker's --threads")
     parser.add_argument("--wait_s", type=float, default=60.0,
                         help="how long to wait for enough idle workers on this host")
+    parser.add_argument("--max_restarts", type=int, default=3,
+                        help="restart the trainers at most this many times (the job's "
+                        "max_attempts bounds them too)")
+    parser.add_argument("--restart_wait_s", type=float, default=180.0,
+                        help="after a failure, how long to wait for the coordinator to end the "
+                        "failed generation (a worker waits 120 s for a trainer that never "
+                        "attaches)")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if args.workers < 1:
         parser.error("--workers must be >= 1")
+    if args.max_restarts < 0:
+        parser.error("--max_restarts must be >= 0")
     return args
 
 
@@ -63,7 +77,8 @@ def run_local_cluster(args):
     if args.worker_threads:
         command += ["--worker_threads", str(args.worker_threads)]
     command += ["--", sys.executable, "-m", "zeroshard.launch", "--workers", str(args.workers),
-                "--wait_s", str(args.wait_s), args.script] + args.script_args
+                "--wait_s", str(args.wait_s), "--max_restarts", str(args.max_restarts),
+                "--restart_wait_s", str(args.restart_wait_s), args.script] + args.script_args
     env = dict(os.environ)
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env["PYTHONPATH"] = os.pathsep.join(
@@ -92,14 +107,26 @@ def idle_attach_workers(coordinator, count, wait_s):
             time.sleep(0.2)
 
 
-def run_trainers(args):
-    coordinator = os.environ["ZEROSHARD_COORDINATOR"]
-    workers = idle_attach_workers(coordinator, args.workers, args.wait_s)
-    run_id = f"attached-{uuid.uuid4().hex[:12]}"
-    names = ",".join(w.name for w in workers)
+def log(message):
+    print(f"zeroshard.launch: {message}", file=sys.stderr, flush=True)
+
+
+def free_port():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.bind(("127.0.0.1", 0))
-        master_port = probe.getsockname()[1]
+        return probe.getsockname()[1]
+
+
+def exit_status(returncode):
+    """A child's exit status as a shell reports it (128 + N when signal N killed it)."""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+def run_attempt(args, workers, run_id, restart_count):
+    """Runs one trainer per rank until all exit; when one fails, stops the others (their
+    worker's run is over anyway). Returns 0 or the first failure's (rank, exit status)."""
+    names = ",".join(w.name for w in workers)
+    master_port = free_port()
     trainers = []
     for rank, worker in enumerate(workers):
         env = dict(os.environ)
@@ -109,6 +136,7 @@ def run_trainers(args):
             "ZEROSHARD_WORKERS": names,
             "ZEROSHARD_RUN_ID": run_id,
             "ZEROSHARD_ATTACH_SOCKET": worker.attach_socket,
+            "ZEROSHARD_RESTART_COUNT": str(restart_count),
             "RANK": str(rank),
             "LOCAL_RANK": str(rank),
             "WORLD_SIZE": str(args.workers),
@@ -117,20 +145,109 @@ def run_trainers(args):
         })
         trainers.append(subprocess.Popen([sys.executable, args.script] + args.script_args,
                                          env=env))
-    status = 0
-    remaining = list(trainers)
+    failure = None
+    remaining = dict(enumerate(trainers))
     while remaining:
-        for trainer in list(remaining):
+        for rank, trainer in list(remaining.items()):
             code = trainer.poll()
             if code is None:
                 continue
-            remaining.remove(trainer)
-            if code != 0 and status == 0:
-                status = code
-                for other in remaining:
-                    other.send_signal(signal.SIGTERM)
+            del remaining[rank]
+            if code != 0 and failure is None:
+                failure = (rank, exit_status(code))
+                stop_trainers(remaining.values())
         time.sleep(0.05)
-    return status
+    return failure
+
+
+def stop_trainers(trainers, grace_s=10.0):
+    """SIGTERM, then SIGKILL whatever is left after `grace_s`; returns once all have exited."""
+    for trainer in trainers:
+        if trainer.poll() is None:
+            trainer.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for trainer in trainers:
+        try:
+            trainer.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            trainer.kill()
+            trainer.wait()
+
+
+def find_job(stub, name):
+    from zeroshard._proto.zeroshard.v1 import coordinator_pb2
+    response = stub.ListJobs(coordinator_pb2.ListJobsRequest(limit=1000), timeout=30)
+    for job in response.jobs:
+        if job.spec.name == name:
+            return job
+    return None
+
+
+def generation_after_failure(coordinator, job_name, failed_generation, wait_s):
+    """After every trainer of `failed_generation` of job `job_name` is gone: the generation the
+    restarted trainers will join, or None when the job will not run again (it ended, or the
+    coordinator did not end the failed generation within `wait_s`)."""
+    import grpc
+    from zeroshard._proto.zeroshard.v1 import coordinator_pb2_grpc, job_pb2
+    deadline = time.monotonic() + wait_s
+    with grpc.insecure_channel(coordinator) as channel:
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        while True:
+            try:
+                job = find_job(stub, job_name)
+            except grpc.RpcError as e:
+                job = None
+                if time.monotonic() >= deadline:
+                    log(f"cannot ask the coordinator about job {job_name}: {e.code().name}")
+                    return None
+            else:
+                if job is None:
+                    # The script failed before rank 0 submitted it: the next try submits it.
+                    log(f"no job {job_name} was submitted")
+                    return failed_generation
+                state = job_pb2.JobState.Name(job.state)
+                if job.state in (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED):
+                    log(f"job {job.id} ({job_name}) is {state}: {job.message}")
+                    return None
+                if job.state in (job_pb2.PENDING, job_pb2.RECOVERING):
+                    log(f"job {job.id} ({job_name}) is {state} after attempt {job.attempts} of "
+                        f"{job.spec.max_attempts}: {job.message}")
+                    return job.generation + 1
+                if job.generation > failed_generation:
+                    log(f"job {job.id} ({job_name}) runs generation {job.generation}")
+                    return job.generation
+                if time.monotonic() >= deadline:
+                    log(f"job {job.id} ({job_name}) still runs generation {job.generation}, "
+                        f"whose trainers are gone, after {wait_s:g} s")
+                    return None
+            time.sleep(0.1)
+
+
+def run_trainers(args):
+    coordinator = os.environ["ZEROSHARD_COORDINATOR"]
+    workers = idle_attach_workers(coordinator, args.workers, args.wait_s)
+    run_id = f"attached-{uuid.uuid4().hex[:12]}"
+    # zeroshard.torch names the script's first ShardedOptimizer's job so; the restarted
+    # script joins it.
+    job_name = f"{run_id}-1"
+    generation = 1  # the one the trainers join: a new job's first
+    restarts = 0
+    while True:
+        failure = run_attempt(args, workers, run_id, restarts)
+        if failure is None:
+            return 0
+        rank, status = failure
+        log(f"trainer rank {rank} failed (exit status {status})")
+        if restarts >= args.max_restarts:
+            log(f"not restarting: --max_restarts {args.max_restarts} reached")
+            return status
+        generation = generation_after_failure(coordinator, job_name, generation,
+                                              args.restart_wait_s)
+        if generation is None:
+            return status
+        restarts += 1
+        log(f"restarting the trainers (restart {restarts} of at most {args.max_restarts}, "
+            f"ZEROSHARD_RESTART_COUNT={restarts})")
 
 
 def main(argv):

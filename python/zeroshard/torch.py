@@ -49,6 +49,10 @@ _MODES = {"ddp": job_pb2.DDP, "zero1": job_pb2.ZERO1, "zero2": job_pb2.ZERO2}
 _DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "adam": 0.0, "adamw": 1e-2, "adagrad": 0.0, "lion": 0.0}
 # How long a rank waits for rank 0's job to appear, and for its worker to take it.
 _JOB_TIMEOUT_S = 120.0
+# While a trainer waits for its welcome, it asks the coordinator this often whether the job
+# ended meanwhile (then no generation will ever welcome it).
+_WELCOME_POLL_S = 1.0
+_FINAL_STATES = (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED)
 
 _environment = None
 _optimizers = []
@@ -115,12 +119,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     LR schedulers work: step() sends the groups' current lr. Gradient accumulation: run the
     micro-batches but the last inside `with opt.no_sync():`.
+
+    Faults: checkpoint_every=N has the workers checkpoint every N steps (sharded, kept:
+    checkpoint_keep, default the job's 2); max_attempts=K lets the job start K generations. A
+    trainer that dies ends the generation; zeroshard.launch restarts every trainer while the
+    job has attempts left. The restarted script joins the job (rank 0 does not submit it again)
+    and resumes where `opt.start_step` says: the latest checkpoint's step (the parameters are
+    the checkpoint's), or 0 with the script's own initial parameters when there is none. The
+    script starts its loop at opt.start_step and advances its data and LR schedule to it.
     """
 
     def __init__(self, model, optimizer="adamw", lr=1e-3, weight_decay=None, mode="zero2",
                  param_groups=None, clip_grad_norm=None, betas=(0.9, 0.999), eps=1e-8,
                  momentum=0.0, dampening=0.0, nesterov=False, amsgrad=False, maximize=False,
-                 lr_decay=0.0, initial_accumulator_value=0.0):
+                 lr_decay=0.0, initial_accumulator_value=0.0, checkpoint_every=0,
+                 checkpoint_keep=None, max_attempts=1):
         env = init()
         if optimizer not in _OPTIMIZERS:
             raise ValueError(f"optimizer: '{optimizer}' is not one of {sorted(_OPTIMIZERS)}")
@@ -128,6 +141,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"mode: '{mode}' is not one of {sorted(_MODES)}")
         if weight_decay is None:
             weight_decay = _DEFAULT_WEIGHT_DECAY[optimizer]
+        if checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every: {checkpoint_every}, must be >= 0 (0: none)")
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts: {max_attempts}, must be >= 1")
         self._env = env
         self._mode = mode
         self._model = model
@@ -219,7 +236,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         spec.optimizer.initial_accumulator_value = float(initial_accumulator_value)
         if clip_grad_norm:
             spec.clip_grad_norm = float(clip_grad_norm)
-        spec.max_attempts = 1
+        spec.max_attempts = int(max_attempts)
+        if checkpoint_every:
+            spec.checkpoint.every_steps = int(checkpoint_every)
+            # Under the job's name, which the launcher's run id makes unique.
+            spec.checkpoint.dir = spec.name
+            if checkpoint_keep is not None:
+                spec.checkpoint.keep = int(checkpoint_keep)
         for index, group in enumerate(self.param_groups):
             if index == self._default_group:
                 continue
@@ -236,20 +259,29 @@ class ShardedOptimizer(torch.optim.Optimizer):
     # ---- Joining the job and attaching ----
 
     def _join_job(self, spec):
+        """The id of the job named spec.name: rank 0 submits it unless a restarted script finds
+        it still running (then every rank joins it); the other ranks wait for it."""
         channel = grpc.insecure_channel(self._env.coordinator)
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         try:
             if self._env.rank == 0:
-                job = stub.SubmitJob(coordinator_pb2.SubmitJobRequest(spec=spec), timeout=30)
-                return job.id
+                existing = _find_job(stub, spec.name)
+                if existing is None:
+                    job = stub.SubmitJob(coordinator_pb2.SubmitJobRequest(spec=spec), timeout=30)
+                    return job.id
+                if existing.state in _FINAL_STATES:
+                    raise RuntimeError(
+                        f"job {existing.id} ({spec.name}) already ended "
+                        f"({job_pb2.JobState.Name(existing.state)}: {existing.message}); a "
+                        "restarted script cannot resume it")
+                return existing.id
             deadline = time.monotonic() + _JOB_TIMEOUT_S
             while time.monotonic() < deadline:
-                jobs = stub.ListJobs(coordinator_pb2.ListJobsRequest(limit=1000), timeout=30)
-                for job in jobs.jobs:
-                    if job.spec.name == spec.name:
-                        return job.id
+                job = _find_job(stub, spec.name)
+                if job is not None and job.state not in _FINAL_STATES:
+                    return job.id
                 time.sleep(0.05)
-            raise RuntimeError(f"rank 0 did not submit job {spec.name} within "
+            raise RuntimeError(f"rank 0 did not submit job {spec.name} (or it ended) within "
                                f"{_JOB_TIMEOUT_S:.0f} s")
         except grpc.RpcError as e:
             raise RuntimeError(f"the coordinator at {self._env.coordinator} refused the job: "
@@ -257,14 +289,35 @@ class ShardedOptimizer(torch.optim.Optimizer):
         finally:
             channel.close()
 
+    def _await_welcome(self):
+        """Waits for the worker's answer to the hello: it comes once the worker runs this
+        rank of the job's next generation, which never happens if the job ends first."""
+        channel = grpc.insecure_channel(self._env.coordinator)
+        stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+        try:
+            while not self._connection.wait_readable(_WELCOME_POLL_S):
+                try:
+                    job = stub.GetJob(coordinator_pb2.GetJobRequest(job_id=self._job_id),
+                                      timeout=30)
+                except grpc.RpcError:
+                    continue  # the coordinator may be restarting: keep waiting for the worker
+                if job.state in _FINAL_STATES:
+                    raise RuntimeError(
+                        f"job {self._job_id} ended ({job_pb2.JobState.Name(job.state)}: "
+                        f"{job.message}) before the worker welcomed rank {self._env.rank}")
+        finally:
+            channel.close()
+        response, _ = self._connection.receive()
+        return response.welcome
+
     def _attach(self):
         hello = attach_pb2.AttachRequest()
         hello.hello.job_id = self._job_id
         hello.hello.rank = self._env.rank
         hello.hello.world_size = self._env.world_size
         hello.hello.device_kind = self._device.type
-        response, _ = self._connection.call(hello)
-        welcome = response.welcome
+        self._connection.send(hello)
+        welcome = self._await_welcome()
         self._check_worker_device(welcome)
         self.start_step = welcome.start_step
         if len(welcome.tensors) != len(self._params):
@@ -483,6 +536,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
         finally:
             self._connection.close()
             self._connection = None
+
+
+def _find_job(stub, name):
+    """The job named `name` (launch run ids make names unique), or None."""
+    jobs = stub.ListJobs(coordinator_pb2.ListJobsRequest(limit=1000), timeout=30)
+    for job in jobs.jobs:
+        if job.spec.name == name:
+            return job
+    return None
 
 
 def finish(optimizer=None):

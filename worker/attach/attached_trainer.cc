@@ -29,6 +29,13 @@ void SetReceiveTimeout(int fd, int seconds) {
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
 }
 
+// Whether the peer of connected socket `fd` has closed its end (what it sent may still be
+// buffered here).
+bool PeerHungUp(int fd) {
+  pollfd peer{fd, POLLRDHUP, 0};
+  return ::poll(&peer, 1, 0) > 0 && (peer.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
 }  // namespace
 
 AttachedTrainer::AttachedTrainer(AttachedTrainerOptions options, SharedBlocks* backing)
@@ -65,6 +72,10 @@ absl::Status AttachedTrainer::Accept() {
     auto connection = std::make_unique<FrameSocket>(fd);
     v1::AttachRequest request;
     if (!connection->Read(request).ok() || !request.has_hello()) continue;
+    // A trainer that connected and died before any generation accepted it (its launcher
+    // restarted the script) left its hello in the backlog; welcoming it would fail this
+    // generation.
+    if (PeerHungUp(fd)) continue;
     const v1::AttachHello& hello = request.hello();
     v1::AttachResponse refusal;
     if (hello.job_id() != options_.job_id) {

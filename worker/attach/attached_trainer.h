@@ -61,7 +61,8 @@ class AttachedTrainer final : public workloads::Workload {
 
   // Waits for this rank's trainer. DEADLINE_EXCEEDED at options.attach_deadline, CANCELLED on
   // Abort(), FAILED_PRECONDITION when this job's trainer says another rank, world size, layout
-  // hash or device kind (it is told why).
+  // hash or device kind (it is told why). A connection whose trainer hung up after its hello (a
+  // trainer of an earlier attempt, still in the listen backlog) is skipped.
   absl::Status Accept();
   // Sends the welcome for `engine` (whose memory is the backing's). With
   // `needs_initial_parameters`, waits for the trainer's initial values and copies them.
