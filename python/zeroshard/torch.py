@@ -21,12 +21,15 @@ import atexit
 import contextlib
 import math
 import os
+import shutil
+import tempfile
 import time
 import warnings
 
 import grpc
 import torch
 
+from zeroshard import _checkpoint
 from zeroshard._attach import AttachConnection, AttachError, WorkerLost
 from zeroshard._proto.zeroshard.v1 import attach_pb2
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2
@@ -146,6 +149,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if max_attempts < 1:
             raise ValueError(f"max_attempts: {max_attempts}, must be >= 1")
         self._env = env
+        self._optimizer_kind = optimizer
+        # What the job fixes for every group (state_dict's param_groups, load_state_dict's checks).
+        self._hyper = {"betas": (float(betas[0]), float(betas[1])), "eps": float(eps),
+                       "momentum": float(momentum), "dampening": float(dampening),
+                       "nesterov": bool(nesterov), "amsgrad": bool(amsgrad),
+                       "maximize": bool(maximize), "lr_decay": float(lr_decay),
+                       "initial_accumulator_value": float(initial_accumulator_value)}
         self._mode = mode
         self._model = model
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
@@ -518,13 +528,286 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 grad.zero_()
                 p.grad = grad
 
-    def state_dict(self):
-        raise NotImplementedError(
-            "ShardedOptimizer.state_dict: the optimizer state lives in the workers; use the "
-            "job's checkpoints (checkpoint policy) and `zeroshard export` for now")
+    # ---- state_dict / load_state_dict ----
+
+    def _check_between_steps(self, what):
+        if self._connection is None:
+            raise RuntimeError(f"{what}: this optimizer has finished (zt.finish)")
+        if any(self._ready) or self._next:
+            raise RuntimeError(f"{what}: call it between steps (after step(), before a backward "
+                               "hands this step's gradients over)")
+
+    def _torch_optimizer(self, groups):
+        """torch.optim's optimizer of this kind and hyperparameters over `groups`; None for lion
+        (torch.optim has none)."""
+        h = self._hyper
+        kind = self._optimizer_kind
+        if kind == "sgd":
+            kwargs = {"momentum": h["momentum"], "dampening": h["dampening"],
+                      "nesterov": h["nesterov"], "maximize": h["maximize"]}
+            if h["nesterov"] and not h["momentum"]:
+                kwargs["nesterov"] = False  # torch refuses it; without momentum it is moot
+            optimizer_class = torch.optim.SGD
+        elif kind in ("adam", "adamw"):
+            kwargs = {"betas": h["betas"], "eps": h["eps"], "amsgrad": h["amsgrad"],
+                      "maximize": h["maximize"]}
+            optimizer_class = torch.optim.Adam if kind == "adam" else torch.optim.AdamW
+        elif kind == "adagrad":
+            kwargs = {"lr_decay": h["lr_decay"], "eps": h["eps"], "maximize": h["maximize"],
+                      "initial_accumulator_value": h["initial_accumulator_value"]}
+            optimizer_class = torch.optim.Adagrad
+        else:
+            return None
+        return optimizer_class(groups, lr=self.defaults["lr"], **kwargs)
+
+    def _torch_layout(self):
+        """What torch.optim's optimizer of this kind would put in its state_dict(), found by
+        running one (features, not versions): the param_groups (every hyperparameter this torch
+        has, this optimizer's lr and weight_decay and scheduler keys, params as indices in this
+        optimizer's group order) and one parameter's state after a step (its keys in torch's
+        order, "step" as torch stores it, None where torch keeps None)."""
+        dummies = [{"params": [torch.zeros(1, requires_grad=True) for _ in group["params"]],
+                    "lr": group["lr"], "weight_decay": group["weight_decay"]}
+                   for group in self.param_groups]
+        reference = self._torch_optimizer(dummies)
+        if reference is None:  # lion: torch's conventions, our names (kernels/optimizer.h)
+            groups = []
+            first = 0
+            for group in self.param_groups:
+                groups.append({"lr": group["lr"], "betas": self._hyper["betas"],
+                               "weight_decay": group["weight_decay"],
+                               "maximize": self._hyper["maximize"],
+                               "params": list(range(first, first + len(group["params"])))})
+                first += len(group["params"])
+            template = {"step": torch.tensor(0.0), "exp_avg": torch.zeros(1)}
+        else:
+            groups = reference.state_dict()["param_groups"]
+            probe = torch.zeros(1, requires_grad=True)
+            probe_optimizer = self._torch_optimizer([{"params": [probe]}])
+            probe.grad = torch.ones(1)
+            probe_optimizer.step()
+            template = probe_optimizer.state_dict()["state"].get(0, {})
+        for ours, theirs in zip(self.param_groups, groups):
+            theirs.update({key: value for key, value in ours.items() if key != "params"})
+        return groups, template
+
+    def state_dict(self, consolidated=False):
+        """Collective: every rank calls it at the same step, between steps.
+
+        Sharded (default): each worker writes its shard of the current step's checkpoint (the
+        job's checkpoint directory, docs/pytorch.md); returns a small picklable dict naming it:
+        {"zeroshard_checkpoint": 1, "job_id", "step", "optimizer_step", "optimizer", "mode",
+        "manifest" (absolute path of its manifest.json), "world_size", "param_groups"}.
+
+        consolidated=True: the same checkpoint read back whole, as torch.optim's optimizer of this
+        kind would return it: {"state": {index: {"step", "exp_avg", ...}}, "param_groups"}, the
+        indices counting this optimizer's parameters group by group (model.parameters() order
+        with one group). Every rank reads it (the files are on this host)."""
+        self._check_between_steps("state_dict")
+        request = attach_pb2.AttachRequest()
+        request.save_state.SetInParent()
+        response, _ = self._connection.call(request)
+        saved = response.state_saved
+        if saved.refused:
+            raise RuntimeError(f"state_dict: the worker could not save the state: {saved.refused}")
+        groups, template = self._torch_layout()
+        if not consolidated:
+            return {"zeroshard_checkpoint": 1, "job_id": self._job_id, "step": saved.step,
+                    "optimizer_step": saved.optimizer_step, "optimizer": self._optimizer_kind,
+                    "mode": self._mode, "manifest": saved.manifest,
+                    "world_size": saved.world_size, "param_groups": groups}
+        header, full = _checkpoint.read_full_state(saved.manifest)
+        step = header.optimizer_step
+        state = {}
+        index = 0
+        for group in self.param_groups:
+            for p in group["params"]:
+                name = self._names[self._index[id(p)]]
+                if step > 0 and template:
+                    entry = {}
+                    for key, value in template.items():
+                        if key == "step":
+                            entry[key] = (torch.tensor(float(step), dtype=value.dtype)
+                                          if torch.is_tensor(value) else type(value)(step))
+                        elif value is None:
+                            entry[key] = None
+                        else:
+                            if key not in full:
+                                raise RuntimeError(f"state_dict: the checkpoint {saved.manifest} "
+                                                   f"holds no {key} state")
+                            entry[key] = full[key][name].view(p.shape).clone()
+                    state[index] = entry
+                index += 1
+        return {"state": state, "param_groups": groups}
+
+    def _check_groups(self, saved_groups):
+        """ValueError naming the group when `saved_groups` cannot be this optimizer's."""
+        self._check_group_layout(saved_groups)
+        self._check_group_hyperparameters(saved_groups)
+
+    def _check_group_layout(self, saved_groups):
+        if not isinstance(saved_groups, list) or len(saved_groups) != len(self.param_groups):
+            count = len(saved_groups) if isinstance(saved_groups, list) else "no list of"
+            raise ValueError(f"param_groups: the state dict has {count} groups, this optimizer "
+                             f"{len(self.param_groups)}")
+        for index, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            if not isinstance(saved, dict) or not isinstance(saved.get("params"), list):
+                raise ValueError(f"param_groups[{index}]: not a dict with a params list")
+            if len(saved["params"]) != len(group["params"]):
+                raise ValueError(f"param_groups[{index}]: {len(saved['params'])} parameters in "
+                                 f"the state dict, {len(group['params'])} in this optimizer")
+
+    def _check_group_hyperparameters(self, saved_groups):
+        lrs = []
+        for index, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
+            fixed = dict(self._hyper, weight_decay=group["weight_decay"])
+            for key, ours in fixed.items():
+                if key not in saved:
+                    continue
+                theirs = saved[key]
+                try:
+                    same = (len(theirs) == len(ours) and
+                            all(math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-15)
+                                for a, b in zip(theirs, ours)) if isinstance(ours, tuple)
+                            else math.isclose(float(theirs), float(ours), rel_tol=1e-9,
+                                              abs_tol=1e-15))
+                except (TypeError, ValueError):
+                    same = False
+                if not same:
+                    raise ValueError(f"param_groups[{index}]: {key} {theirs} differs from this "
+                                     f"optimizer's {ours} (the job fixes it when it is submitted)")
+            lrs.append(float(saved.get("lr", group["lr"])))
+        base = lrs[0] / self._lr_scales[0]
+        for index, lr in enumerate(lrs):
+            if not math.isclose(lr, base * self._lr_scales[index], rel_tol=1e-9, abs_tol=1e-15):
+                raise ValueError(f"param_groups[{index}]: lr {lr} breaks the ratio to group 0's "
+                                 f"lr this optimizer was built with ({self._lr_scales[index]})")
+
+    def _apply_groups(self, saved_groups):
+        for saved, group in zip(saved_groups, self.param_groups):
+            group.update({key: value for key, value in saved.items() if key != "params"})
 
     def load_state_dict(self, state_dict):
-        raise NotImplementedError("ShardedOptimizer.load_state_dict: see state_dict")
+        """Collective: every rank calls it at the same step, between steps, with the same dict.
+
+        Takes this optimizer's sharded state_dict() (of this job or another with the same model
+        and optimizer, at any world size: the workers reshard it), which also restores the
+        parameters to the checkpoint's; or a torch.optim-format one (state_dict(consolidated=
+        True), or torch.optim's optimizer of the same kind), which restores the optimizer state
+        and keeps the parameters as they are. The optimizer's step count continues from the
+        dict's. ValueError naming what is wrong for a dict that does not fit (another layout,
+        model, optimizer or hyperparameters, a missing file); nothing changes then."""
+        self._check_between_steps("load_state_dict")
+        if not isinstance(state_dict, dict):
+            raise ValueError(f"state_dict: a dict expected, got {type(state_dict).__name__}")
+        if "zeroshard_checkpoint" in state_dict:
+            self._load_sharded(state_dict)
+        elif "state" in state_dict and "param_groups" in state_dict:
+            self._load_torch_format(state_dict)
+        else:
+            raise ValueError(
+                "state_dict: neither ZeroShard's sharded state dict (zeroshard_checkpoint, "
+                "manifest, ...) nor torch.optim's (state, param_groups); its keys: "
+                f"{sorted(map(str, state_dict))}")
+
+    def _load_sharded(self, state_dict):
+        if state_dict["zeroshard_checkpoint"] != 1:
+            raise ValueError(f"zeroshard_checkpoint: version {state_dict['zeroshard_checkpoint']}"
+                             ", this version reads 1")
+        for key in ("manifest", "param_groups"):
+            if key not in state_dict:
+                raise ValueError(f"state_dict: no '{key}' (a sharded state dict has it)")
+        manifest = state_dict["manifest"]
+        if not isinstance(manifest, str) or not os.path.isabs(manifest):
+            raise ValueError(f"manifest: {manifest!r} is not an absolute path")
+        _, header = _checkpoint.read_header(manifest)
+        if len(header.tensors) != len(self._params):
+            raise ValueError(f"manifest: the checkpoint {manifest} holds {len(header.tensors)} "
+                             f"tensors, this model {len(self._params)} (another model)")
+        for name, p, saved in zip(self._names, self._params, header.tensors):
+            if saved.name != name or list(saved.shape) != list(p.shape):
+                raise ValueError(f"parameter {name}: shape {list(p.shape)}, but the checkpoint "
+                                 f"{manifest} has {saved.name} of shape {list(saved.shape)} "
+                                 "(another model)")
+        if header.optimizer != _OPTIMIZERS[self._optimizer_kind]:
+            raise ValueError(f"optimizer: the checkpoint {manifest} holds "
+                             f"{job_pb2.OptimizerKind.Name(header.optimizer)} state, this "
+                             f"optimizer is {self._optimizer_kind}")
+        self._check_groups(state_dict["param_groups"])
+        request = attach_pb2.AttachRequest()
+        request.load_state.manifest = manifest
+        response, _ = self._connection.call(request)
+        if response.state_loaded.refused:
+            raise ValueError(f"manifest: the workers refused {manifest}: "
+                             f"{response.state_loaded.refused}")
+        self._apply_groups(state_dict["param_groups"])
+
+    def _load_torch_format(self, state_dict):
+        saved_groups, saved_state = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(saved_state, dict):
+            raise ValueError(f"state: a dict expected, got {type(saved_state).__name__}")
+        self._check_group_layout(saved_groups)
+        _, template = self._torch_layout()
+        arrays_needed = [key for key, value in template.items()
+                         if key != "step" and value is not None]
+        # The saved indices name this optimizer's parameters group by group, as torch maps them.
+        ours = [p for group in self.param_groups for p in group["params"]]
+        param_of = dict(zip([i for group in saved_groups for i in group["params"]], ours))
+        for index in saved_state:
+            if index not in param_of:
+                raise ValueError(f"state: parameter index {index} is in no param group")
+        arrays = {}
+        steps = set()
+        has_state = any(saved_state.values())
+        for index, p in param_of.items():
+            name = self._names[self._index[id(p)]]
+            entry = saved_state.get(index) or {}
+            if not isinstance(entry, dict):
+                raise ValueError(f"state[{index}] (parameter {name}): not a dict")
+            unknown = set(entry) - set(template) - {"step"}
+            if unknown:
+                raise ValueError(f"state[{index}] (parameter {name}): {sorted(unknown)} are not "
+                                 f"{self._optimizer_kind}'s state (another optimizer's dict?)")
+            if not entry:
+                if has_state and arrays_needed:
+                    raise ValueError(f"state[{index}] (parameter {name}): no state, while other "
+                                     "parameters have some")
+                for key in arrays_needed:
+                    arrays[f"{key}/{name}"] = torch.zeros(p.numel())
+                continue
+            for key in arrays_needed:
+                value = entry.get(key)
+                if not torch.is_tensor(value):
+                    raise ValueError(f"state[{index}] (parameter {name}): no {key} tensor "
+                                     f"({self._optimizer_kind} needs {arrays_needed})")
+                if value.numel() != p.numel():
+                    raise ValueError(f"state[{index}] (parameter {name}): {key} has shape "
+                                     f"{list(value.shape)}, the parameter {list(p.shape)}")
+                arrays[f"{key}/{name}"] = value.detach().to("cpu", torch.float32)
+            if "step" in template:
+                if "step" not in entry:
+                    raise ValueError(f"state[{index}] (parameter {name}): no step")
+                steps.add(int(float(entry["step"])))
+        if len(steps) > 1:
+            raise ValueError(f"state: the parameters' step counts differ ({sorted(steps)}); "
+                             "ZeroShard keeps one count for all")
+        self._check_group_hyperparameters(saved_groups)
+        optimizer_step = steps.pop() if steps else (1 if has_state else 0)
+        for name, p in zip(self._names, self._params):
+            arrays[f"param/{name}"] = p.detach()
+        directory = tempfile.mkdtemp(prefix="zeroshard-state-")
+        path = os.path.join(directory, "full_state.safetensors")
+        try:
+            _checkpoint.write_full_state(path, arrays)
+            request = attach_pb2.AttachRequest()
+            request.load_state.full_state_file = path
+            request.load_state.optimizer_step = optimizer_step
+            response, _ = self._connection.call(request)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+        if response.state_loaded.refused:
+            raise ValueError(f"state: the workers refused it: {response.state_loaded.refused}")
+        self._apply_groups(saved_groups)
 
     def _finish(self):
         if self._connection is None:

@@ -278,11 +278,44 @@ int64_t AttachedTrainer::BufferBytes() const {
   return bytes;
 }
 
+void AttachedTrainer::SetStateHandlers(AttachedStateHandlers handlers) {
+  state_handlers_ = std::move(handlers);
+}
+
+absl::Status AttachedTrainer::ServeStateRequest(const v1::AttachRequest& request) {
+  v1::AttachResponse response;
+  if (request.has_save_state()) {
+    if (!state_handlers_.save) {
+      response.mutable_state_saved()->set_refused("this worker cannot save attached state");
+    } else {
+      absl::StatusOr<v1::StateSaved> saved = state_handlers_.save();
+      if (!saved.ok()) return Fail(saved.status());
+      *response.mutable_state_saved() = *std::move(saved);
+    }
+  } else {
+    if (!state_handlers_.load) {
+      response.mutable_state_loaded()->set_refused("this worker cannot load attached state");
+    } else {
+      absl::StatusOr<v1::StateLoaded> loaded = state_handlers_.load(request.load_state());
+      if (!loaded.ok()) return Fail(loaded.status());
+      *response.mutable_state_loaded() = *std::move(loaded);
+    }
+  }
+  return Reply(response);
+}
+
 absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
   // Engine::InitializeParameters has read the initial values by now.
   initial_.clear();
   initial_.shrink_to_fit();
   if (!pending_.has_value()) ZS_RETURN_IF_ERROR(ReadRequest());
+  // State requests come between steps: served here, before the step's first request.
+  while (pending_->has_save_state() || pending_->has_load_state()) {
+    const v1::AttachRequest request = *std::move(pending_);
+    pending_.reset();
+    ZS_RETURN_IF_ERROR(ServeStateRequest(request));
+    ZS_RETURN_IF_ERROR(ReadRequest());
+  }
   if (pending_->has_finish()) {
     pending_.reset();
     ZS_RETURN_IF_ERROR(Ack());

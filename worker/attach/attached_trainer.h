@@ -5,6 +5,7 @@
 #define ZEROSHARD_WORKER_ATTACH_ATTACHED_TRAINER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -40,16 +41,25 @@ struct AttachedTrainerOptions {
   engine::DeviceOps* device = nullptr;
 };
 
+// What the run does for the trainer's state requests between steps (state_dict() and
+// load_state_dict()). Each answers with its response message; a refusal (nothing changed) is
+// its `refused` text, an error ends the run.
+struct AttachedStateHandlers {
+  std::function<absl::StatusOr<v1::StateSaved>()> save;
+  std::function<absl::StatusOr<v1::StateLoaded>(const v1::LoadState&)> load;
+};
+
 // The protocol (proto/zeroshard/v1/attach.proto), from the worker's side:
 //   Accept():   hello from the trainer of this job and rank (other trainers are refused and
 //               closed; the worker keeps waiting for its own) on the backing's device kind.
 //   Welcome():  the layout of the engine's shared buffers; in a first generation, the trainer's
 //               initial parameter values (InitialParameters reads them).
 //   per step:   AwaitNextStep() takes the trainer's first request of the step (finish ends the
-//               run); ForwardBackward() serves map_block / ready / segment / written until the
-//               step request, handing the gradients to the engine in plan order; the run calls
-//               Engine::Step with LearningRate(); StepApplied() waits for the all-gathers and
-//               answers the step request.
+//               run; save_state and load_state are served there, through the run's
+//               AttachedStateHandlers); ForwardBackward() serves map_block / ready / segment /
+//               written until the step request, handing the gradients to the engine in plan order;
+//               the run calls Engine::Step with LearningRate(); StepApplied() waits for the
+//               all-gathers and answers the step request.
 // Any error is answered to the trainer (AttachResponse.error) and ends the run.
 //
 // Thread contract: everything on the run's thread, except Abort() (any thread).
@@ -69,6 +79,8 @@ class AttachedTrainer final : public workloads::Workload {
   absl::Status Welcome(engine::Engine& engine, int64_t start_step, bool needs_initial_parameters);
   // Ends a wait for the trainer (Accept, or a request) with CANCELLED.
   void Abort();
+  // Serves save_state / load_state from now on (without them, they are refused).
+  void SetStateHandlers(AttachedStateHandlers handlers);
 
   // workloads::Workload.
   absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const override;
@@ -91,6 +103,8 @@ class AttachedTrainer final : public workloads::Workload {
   // Waits until the device has done everything queued on the engine's memory (CUDA workers),
   // before the trainer is told it may read or write the blocks.
   absl::Status WaitForDevice();
+  // Serves a save_state or load_state request (between steps).
+  absl::Status ServeStateRequest(const v1::AttachRequest& request);
   // ddp/zero1: hands tensors to the engine in plan order while the next one is ready.
   absl::Status HandOverReady(workloads::GradientSink& sink);
   absl::Status HandOver(workloads::GradientSink& sink, int32_t tensor);
@@ -116,6 +130,7 @@ class AttachedTrainer final : public workloads::Workload {
   int32_t next_tensor_ = 0;
   std::optional<v1::GradientSegment> open_segment_;
   std::optional<double> lr_;
+  AttachedStateHandlers state_handlers_;
 };
 
 }  // namespace zeroshard::attach

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/manifest.h"
+#include "checkpoint/safetensors.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 
@@ -18,8 +19,23 @@ namespace {
 // The verdict a rank publishes: empty for usable, else why not.
 constexpr char kUsable[] = "ok";
 
-std::string VerdictKey(int64_t step, int32_t rank) {
-  return absl::StrCat("checkpoint/", step, "/", rank);
+std::string VerdictKey(absl::string_view prefix, int64_t step, int32_t rank) {
+  return absl::StrCat(prefix, "checkpoint/", step, "/", rank);
+}
+
+// Publishes this rank's verdict under `prefix` and collects the others' refusals ("rank r: why").
+absl::StatusOr<std::vector<std::string>> Agree(comm::Store& store, absl::string_view prefix,
+                                               int64_t step, int32_t rank, int32_t world_size,
+                                               const absl::Status& verdict,
+                                               absl::Duration timeout) {
+  ZS_RETURN_IF_ERROR(
+      store.Set(VerdictKey(prefix, step, rank), verdict.ok() ? kUsable : verdict.ToString()));
+  std::vector<std::string> refusals;
+  for (int32_t r = 0; r < world_size; ++r) {
+    ZS_ASSIGN_OR_RETURN(const std::string theirs, store.Get(VerdictKey(prefix, step, r), timeout));
+    if (theirs != kUsable) refusals.push_back(absl::StrCat("rank ", r, ": ", theirs));
+  }
+  return refusals;
 }
 
 // FAILED_PRECONDITION when `header` describes another model, optimizer or parameter dtype.
@@ -75,7 +91,7 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& opt
                       checkpoint::ListCheckpoints(options.job_dir));
   LoadedCheckpoint loaded;
   for (checkpoint::CommittedCheckpoint& candidate : listing.committed) {
-    if (candidate.step > options.max_step) continue;
+    if (candidate.step > options.max_step || candidate.step < options.min_step) continue;
     const int64_t step = candidate.step;
     const std::string directory = candidate.directory;
     // This rank's verdict: the files open, hold this model, and every range it needs reads back
@@ -87,15 +103,10 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& opt
       ZS_RETURN_IF_ERROR(CheckSameModel((*reader)->header(), plan, options, directory));
       verdict = VerifyRanges(**reader, plan, engine);
     }
-    ZS_RETURN_IF_ERROR(
-        store.Set(VerdictKey(step, options.rank), verdict.ok() ? kUsable : verdict.ToString()));
     // Every rank's verdict, so that all load the same checkpoint.
-    std::vector<std::string> refusals;
-    for (int32_t r = 0; r < options.world_size; ++r) {
-      ZS_ASSIGN_OR_RETURN(const std::string theirs,
-                          store.Get(VerdictKey(step, r), options.agreement_timeout));
-      if (theirs != kUsable) refusals.push_back(absl::StrCat("rank ", r, ": ", theirs));
-    }
+    ZS_ASSIGN_OR_RETURN(const std::vector<std::string> refusals,
+                        Agree(store, options.store_prefix, step, options.rank, options.world_size,
+                              verdict, options.agreement_timeout));
     if (!refusals.empty()) {
       loaded.passed_over.push_back(absl::StrCat("checkpoint at step ", step, " (", directory,
                                                 ") unusable: ", absl::StrJoin(refusals, "; ")));
@@ -117,9 +128,59 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& opt
     return loaded;
   }
   return absl::DataLossError(absl::StrCat(
-      "no usable checkpoint at or before step ", options.max_step, " in ", options.job_dir,
+      "no usable checkpoint at or before step ", options.max_step,
+      options.min_step > 0 ? absl::StrCat(" (and at or after step ", options.min_step, ")") : "",
+      " in ", options.job_dir,
       loaded.passed_over.empty() ? " (none committed)"
                                  : absl::StrCat(": ", absl::StrJoin(loaded.passed_over, "; "))));
+}
+
+absl::Status LoadFullState(const FullStateLoadOptions& options, const sharding::ShardPlan& plan,
+                           engine::Engine& engine, comm::Store& store) {
+  const std::vector<engine::Engine::SavedFragment> ranges = engine.RestoredRanges();
+  absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsReader>> reader =
+      checkpoint::SafetensorsReader::Open(options.path);
+  absl::Status verdict = reader.status();
+  // Each range's tensor, checked before any rank changes its engine.
+  std::vector<const checkpoint::TensorInfo*> sources;
+  for (const engine::Engine::SavedFragment& range : ranges) {
+    if (!verdict.ok()) break;
+    const sharding::TensorSpec& tensor = plan.tensors()[range.tensor];
+    const std::string name = absl::StrCat(range.state, "/", tensor.name);
+    const checkpoint::TensorInfo* info = (*reader)->Find(name);
+    if (info == nullptr) {
+      verdict = absl::FailedPreconditionError(absl::StrCat(options.path, ": no tensor ", name));
+    } else if (info->dtype != checkpoint::SafetensorsDType::kF32 ||
+               range.dtype != kernels::DType::kFloat32) {
+      verdict = absl::FailedPreconditionError(
+          absl::StrCat(options.path, ": ", name, " is not F32 (attached jobs are fp32)"));
+    } else if (static_cast<int64_t>(info->num_bytes()) != tensor.num_elements * 4) {
+      verdict = absl::FailedPreconditionError(
+          absl::StrCat(options.path, ": ", name, " holds ", info->num_bytes() / 4,
+                       " elements, the tensor ", tensor.num_elements));
+    }
+    sources.push_back(info);
+  }
+  ZS_ASSIGN_OR_RETURN(const std::vector<std::string> refusals,
+                      Agree(store, options.store_prefix, options.optimizer_step, options.rank,
+                            options.world_size, verdict, options.agreement_timeout));
+  if (!refusals.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("full state file refused: ", absl::StrJoin(refusals, "; ")));
+  }
+  engine::Engine::SavedScalars scalars = engine.scalars();
+  scalars.optimizer_step = options.optimizer_step;
+  // RestoreState reads the ranges in RestoredRanges() order: the same as `sources`.
+  size_t next = 0;
+  return engine.RestoreState(
+      scalars, [&](const engine::Engine::SavedFragment& range, absl::Span<char> out) {
+        if (next >= sources.size()) {
+          return absl::InternalError("RestoreState read more ranges than RestoredRanges lists");
+        }
+        const checkpoint::TensorInfo& source = *sources[next++];
+        return (*reader)->ReadTensorBytes(source, static_cast<uint64_t>(range.begin) * 4,
+                                          out.data(), out.size());
+      });
 }
 
 }  // namespace zeroshard::worker

@@ -1,4 +1,5 @@
-// Loading the checkpoint a generation resumes from, at this generation's world size: every rank
+// Loading the checkpoint a generation resumes from (or an attached trainer loads), at this
+// generation's world size, or a full state file an attached trainer wrote: every rank
 // checks the ranges it will read (checksums, the model), the ranks agree through the rendezvous
 // store, and a checkpoint that fails anywhere is passed over for the previous committed one
 // (docs/design.md, "Checkpoints").
@@ -24,6 +25,12 @@ struct CheckpointLoadOptions {
   std::string job_dir;
   // The newest step to consider: the generation's resume_from.
   int64_t max_step = 0;
+  // The oldest step to consider (an attached trainer's load_state_dict names one checkpoint:
+  // min_step = max_step).
+  int64_t min_step = 0;
+  // Prepended to the rendezvous store's keys, so that loads later in a generation do not read
+  // the verdicts of an earlier one.
+  std::string store_prefix;
   int32_t rank = 0;
   int32_t world_size = 1;
   // What the engine stores, to refuse a checkpoint of another optimizer or parameter dtype.
@@ -43,13 +50,33 @@ struct LoadedCheckpoint {
 // Restores `engine` (freshly created, before any step) from the newest committed checkpoint of
 // options.job_dir at or before options.max_step that every rank can read. Every rank of the
 // generation must call it with the same options but its own rank; `store` is the generation's
-// rendezvous store (keys "checkpoint/<step>/<rank>"). FAILED_PRECONDITION naming the tensor or
-// field when a checkpoint holds another model, optimizer or parameter dtype (that is not
+// rendezvous store (keys "<store_prefix>checkpoint/<step>/<rank>"). FAILED_PRECONDITION naming the
+// tensor or field when a checkpoint holds another model, optimizer or parameter dtype (that is not
 // corruption: nothing older is tried); DATA_LOSS listing each checkpoint and why when none is
 // usable; the store's or the engine's error otherwise.
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& options,
                                                 const sharding::ShardPlan& plan,
                                                 engine::Engine& engine, comm::Store& store);
+
+struct FullStateLoadOptions {
+  // A safetensors file of whole F32 tensors named "<state>/<tensor>" (SavedFragment's state,
+  // the plan's tensor name): "param" and every state array the engine saves.
+  std::string path;
+  int64_t optimizer_step = 0;
+  int32_t rank = 0;
+  int32_t world_size = 1;
+  // Prepended to the rendezvous store's keys (one load's verdicts).
+  std::string store_prefix;
+  absl::Duration agreement_timeout = absl::Minutes(2);
+};
+
+// Restores `engine` (between steps) from a full state file, each rank reading the ranges it
+// restores. Every rank checks its ranges first (the file opens, each tensor is there, F32, of
+// the tensor's size) and the ranks agree through `store`: FAILED_PRECONDITION naming the rank,
+// tensor and state when any refuses, with the engine unchanged. Every rank of the generation
+// must call it with the same file contents and options but its own rank.
+absl::Status LoadFullState(const FullStateLoadOptions& options, const sharding::ShardPlan& plan,
+                           engine::Engine& engine, comm::Store& store);
 
 }  // namespace zeroshard::worker
 

@@ -7,7 +7,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <optional>
+#include <system_error>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -41,6 +43,36 @@ namespace {
 // How long the `finished` report (and the progress reports before it) and a checkpoint commit may
 // wait for a coordinator that is down: a restart takes seconds.
 constexpr absl::Duration kCoordinatorOutageDeadline = absl::Minutes(5);
+// An attached trainer's state_dict(): how long its rank waits for the others' commits (they call
+// it at the same step, seconds apart at most), and how often it looks for the manifest.
+constexpr absl::Duration kStateSaveTimeout = absl::Minutes(2);
+constexpr absl::Duration kManifestPollInterval = absl::Milliseconds(10);
+
+// The commits the coordinator refused, by step: a state_dict() waiting for a manifest that will
+// not come says why instead of timing out.
+class CommitFailures {
+ public:
+  void Record(int64_t step, absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    by_step_[step] = std::move(status);
+  }
+  absl::Status Find(int64_t step) const {
+    absl::MutexLock lock(&mu_);
+    const auto found = by_step_.find(step);
+    return found == by_step_.end() ? absl::OkStatus() : found->second;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<int64_t, absl::Status> by_step_ ABSL_GUARDED_BY(mu_);
+};
+
+// Whether a failed load left the engine as it was (the source was refused before any rank
+// changed its state) rather than half restored.
+bool LoadWasRefused(const absl::Status& status) {
+  return absl::IsFailedPrecondition(status) || absl::IsDataLoss(status) ||
+         absl::IsNotFound(status) || absl::IsInvalidArgument(status);
+}
 
 // Memory a run holds outside the engine's allocator, by owner.
 struct OutsideEngineMemory {
@@ -399,6 +431,7 @@ absl::Status EngineTrainingRun::Train() {
   // Checkpoints: every policy.every_steps() steps from the writer's thread, and the last one
   // (which export reads) when training is over.
   std::unique_ptr<CheckpointWriter> writer;
+  CommitFailures commit_failures;  // outlives the writer, whose thread records into it
   if (!options_.checkpoint_root.empty()) {
     CheckpointWriterOptions checkpoints;
     checkpoints.root = options_.checkpoint_root;
@@ -429,7 +462,11 @@ absl::Status EngineTrainingRun::Train() {
     commit.set_rank(static_cast<int32_t>(rank));
     writer = std::make_unique<CheckpointWriter>(
         std::move(checkpoints),
-        [this](const v1::CommitCheckpointRequest& request) { return Commit(request); });
+        [this, &commit_failures](const v1::CommitCheckpointRequest& request) {
+          absl::Status committed = Commit(request);
+          if (!committed.ok()) commit_failures.Record(request.step(), committed);
+          return committed;
+        });
   }
 
   // Rank 0 reports every step from the reporter's thread (progress_reporter.h says why).
@@ -454,6 +491,136 @@ absl::Status EngineTrainingRun::Train() {
   const int64_t last_step =
       attached ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(spec.steps());
   int64_t step = first_step;
+  // An attached trainer's state_dict() / load_state_dict(), served between steps.
+  std::optional<int64_t> state_saved_at_step;   // the last save_state's step
+  std::optional<int64_t> state_loaded_at_step;  // the last load_state's step
+  int64_t state_loads = 0;
+  auto copy_fragment = [&](size_t index, int64_t first, absl::Span<char> out) {
+    return engine->CopyFragmentTo(index, first, out);
+  };
+  auto save_state = [&]() -> absl::StatusOr<v1::StateSaved> {
+    v1::StateSaved saved;
+    if (writer == nullptr) {
+      saved.set_refused(
+          "checkpoint_root: this worker was started without --checkpoint_root, so it cannot save "
+          "the optimizer state");
+      return saved;
+    }
+    writer->Flush();  // a periodic checkpoint of this step may be on its way
+    std::error_code error;
+    const std::string step_dir = std::filesystem::absolute(
+        checkpoint::StepDir(checkpoint::JobCheckpointDir(options_.checkpoint_root, policy.dir()),
+                            step),
+        error);
+    const std::string shard_path = absl::StrCat(
+        step_dir, "/",
+        checkpoint::ShardFileName(static_cast<int32_t>(rank), static_cast<int32_t>(world_size)));
+    if (std::filesystem::exists(shard_path, error)) {
+      // Written at this step already (a periodic checkpoint, an earlier state_dict()): it holds
+      // this state unless a load came since.
+      if (state_loaded_at_step == step) {
+        saved.set_refused(absl::StrCat(
+            "the checkpoint of step ", step,
+            " was written before the state was loaded at this step: run a step before saving"));
+        return saved;
+      }
+    } else {
+      const int64_t failed_before = writer->stats().failed;
+      ZS_RETURN_IF_ERROR(writer->WriteNow(step, engine->scalars(), copy_fragment));
+      if (writer->stats().failed != failed_before) {
+        saved.set_refused(absl::StrCat("writing this rank's checkpoint of step ", step,
+                                       " failed (the worker's log says why)"));
+        return saved;
+      }
+    }
+    state_saved_at_step = step;
+    // The coordinator writes the manifest once every rank committed its file.
+    const absl::Time deadline = absl::Now() + kStateSaveTimeout;
+    while (true) {
+      const absl::StatusOr<v1::CheckpointManifest> manifest = checkpoint::ReadManifest(step_dir);
+      if (manifest.ok()) break;
+      if (!absl::IsNotFound(manifest.status())) {
+        saved.set_refused(manifest.status().ToString());
+        return saved;
+      }
+      if (const absl::Status commit = commit_failures.Find(step); !commit.ok()) {
+        saved.set_refused(absl::StrCat("the coordinator refused this rank's checkpoint of step ",
+                                       step, ": ", commit.ToString()));
+        return saved;
+      }
+      if (absl::Now() >= deadline) {
+        saved.set_refused(absl::StrCat("the checkpoint of step ", step, " got no manifest within ",
+                                       absl::FormatDuration(kStateSaveTimeout),
+                                       ": every rank must call state_dict() at the same step"));
+        return saved;
+      }
+      if (!WaitUnlessAborted(kManifestPollInterval)) return absl::AbortedError("aborted");
+    }
+    saved.set_step(step);
+    saved.set_optimizer_step(engine->optimizer_step());
+    saved.set_manifest(checkpoint::ManifestPath(step_dir));
+    saved.set_world_size(static_cast<int32_t>(world_size));
+    return saved;
+  };
+  auto load_state = [&](const v1::LoadState& request) -> absl::StatusOr<v1::StateLoaded> {
+    v1::StateLoaded loaded;
+    // Every rank counts its loads alike, so a load's verdicts have keys of their own.
+    const std::string store_prefix = absl::StrCat("state-load-", ++state_loads, "/");
+    absl::Status status;
+    if (request.source_case() == v1::LoadState::kManifest) {
+      const std::filesystem::path manifest(request.manifest());
+      const std::filesystem::path step_dir = manifest.parent_path();
+      const std::optional<int64_t> saved_step =
+          checkpoint::ParseStepDirName(step_dir.filename().string());
+      if (!manifest.is_absolute() || manifest.filename() != checkpoint::kManifestFileName ||
+          !saved_step.has_value()) {
+        loaded.set_refused(absl::StrCat("manifest: \"", request.manifest(),
+                                        "\" is not the absolute path of a checkpoint's ",
+                                        checkpoint::kManifestFileName));
+        return loaded;
+      }
+      CheckpointLoadOptions load;
+      load.job_dir = step_dir.parent_path().string();
+      load.min_step = load.max_step = *saved_step;
+      load.rank = static_cast<int32_t>(rank);
+      load.world_size = static_cast<int32_t>(world_size);
+      load.optimizer = spec.optimizer().kind();
+      load.param_dtype = spec.precision().param_dtype();
+      load.store_prefix = store_prefix;
+      status = LoadCheckpoint(load, plan, *engine, store).status();
+    } else if (request.source_case() == v1::LoadState::kFullStateFile) {
+      if (request.optimizer_step() < 0) {
+        loaded.set_refused(absl::StrCat("optimizer_step: ", request.optimizer_step(), " < 0"));
+        return loaded;
+      }
+      FullStateLoadOptions load;
+      load.path = request.full_state_file();
+      load.optimizer_step = request.optimizer_step();
+      load.rank = static_cast<int32_t>(rank);
+      load.world_size = static_cast<int32_t>(world_size);
+      load.store_prefix = store_prefix;
+      status = LoadFullState(load, plan, *engine, store);
+    } else {
+      loaded.set_refused("load_state: names no source");
+      return loaded;
+    }
+    if (!status.ok()) {
+      if (!LoadWasRefused(status)) return status;
+      loaded.set_refused(status.ToString());
+      return loaded;
+    }
+    // The trainer reads the parameters once the restore's all-gathers are in.
+    for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+      ZS_RETURN_IF_ERROR(engine->Parameters(t).status());
+    }
+    state_loaded_at_step = step;
+    loaded.set_optimizer_step(engine->optimizer_step());
+    ZS_LOG(INFO) << assignment_.job_id() << " rank " << rank << " loaded "
+                 << (request.has_manifest() ? request.manifest() : request.full_state_file())
+                 << " at step " << step << " (optimizer step " << engine->optimizer_step() << ")";
+    return loaded;
+  };
+  if (trainer != nullptr) trainer->SetStateHandlers({save_state, load_state});
   for (; step < last_step; ++step) {
     if (abort_signal_.aborted()) return absl::AbortedError("aborted");
     ZS_ASSIGN_OR_RETURN(const bool more, workload->AwaitNextStep());
@@ -502,11 +669,9 @@ absl::Status EngineTrainingRun::Train() {
     ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Flush(report_deadline));
     if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
   }
-  if (writer != nullptr) {
-    ZS_RETURN_IF_ERROR(writer->WriteNow(step, engine->scalars(),
-                                        [&](size_t index, int64_t first, absl::Span<char> out) {
-                                          return engine->CopyFragmentTo(index, first, out);
-                                        }));
+  // A state_dict() at the last step wrote (and committed) its checkpoint already.
+  if (writer != nullptr && state_saved_at_step != step) {
+    ZS_RETURN_IF_ERROR(writer->WriteNow(step, engine->scalars(), copy_fragment));
     const CheckpointWriterStats written = writer->stats();
     ZS_LOG(INFO) << assignment_.job_id() << " rank " << rank << " checkpoints: " << written.written
                  << " written (" << written.bytes_written << " bytes in "
