@@ -27,6 +27,7 @@ using ::zeroshard::comm::testing::RunOnRankThreads;
 
 // A W = 1 bucket reduction (the buffer already holds the sum) that is not done until the test
 // releases it; waiting for it before then is a test failure (the engine must not wait).
+// Thread contract: the engine's owner thread calls it; the flag is an atomic the test sets.
 class HeldReduction : public comm::Work {
  public:
   explicit HeldReduction(const std::atomic<bool>* released) : released_(released) {}
@@ -43,7 +44,8 @@ class HeldReduction : public comm::Work {
   const std::atomic<bool>* const released_;
 };
 
-// One rank whose reduction i is held until Release(i).
+// One rank whose reduction i is held until Release(i). Thread contract: one thread (the test's,
+// which is the engine's owner).
 class HoldingCommunicator : public comm::testing::IdentityCommunicator {
  public:
   explicit HoldingCommunicator(int reductions) : released_(reductions) {
