@@ -1,7 +1,10 @@
 """Attached PyTorch trainers on a real local cluster (python3 -m zeroshard.launch, which starts a
 coordinator and workers from this test's runfiles): zt.ShardedOptimizer agrees with torch's DDP +
 ZeroRedundancyOptimizer within 1e-6 after 30 steps for W = 1, 2, 3 (attach_equivalence_script.py
-says what it trains), parameters used twice (tied weights) train like torch's, and bad input raises an exception naming the parameter
+says what it trains), also in zero2 with one bucket buffer per worker and small buckets (segments
+deferred while a reduction holds the buffer), zero2 leaves no .grad after any backward, parameters
+used twice (tied weights) train like torch's, and bad input raises an exception naming the
+parameter
 (attach_bad_input_script.py).
 """
 
@@ -16,15 +19,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class AttachEquivalenceTest(unittest.TestCase):
-    def check_world_size(self, workers):
-        status, out = launch(workers, os.path.join(HERE, "attach_equivalence_script.py"))
+    def check_world_size(self, workers, cases=5, script_args=(), launcher_args=()):
+        status, out = launch(workers, os.path.join(HERE, "attach_equivalence_script.py"),
+                             *script_args, launcher_args=launcher_args)
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         for line in lines:
             print(json.dumps(line))
-        self.assertEqual(len(lines), 5, out)
+        self.assertEqual(len(lines), cases, out)
         for line in lines:
             self.assertEqual(line["world_size"], workers)
             self.assertLessEqual(line["worst_relative"], 1e-6, line)
+            if line["mode"] == "zero2":
+                self.assertEqual(line["backward_grads_left"], 0, line)
             self.assertTrue(line["ok"], line)
         self.assertEqual(status, 0)
 
@@ -36,6 +42,11 @@ class AttachEquivalenceTest(unittest.TestCase):
 
     def test_three_workers(self):
         self.check_world_size(3)
+
+    def test_two_workers_zero2_one_bucket_buffer(self):
+        # 1024-element buckets split the model in two, and one buffer holds one bucket at a time.
+        self.check_world_size(2, cases=3, script_args=("--bucket_elems", "1024", "--mode", "zero2"),
+                              launcher_args=("--worker_flag=--bucket_pool_size=1",))
 
 
 class SeedExampleTest(unittest.TestCase):

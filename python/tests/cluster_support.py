@@ -64,10 +64,10 @@ def run_with_cluster_flags(program, arguments, timeout_s=600):
     return result
 
 
-def launch(workers, script, *script_args, timeout_s=600):
-    """Runs `script` under zeroshard.launch on a fresh local cluster of `workers`; (exit status,
-    stdout)."""
+def launch(workers, script, *script_args, timeout_s=600, launcher_args=()):
+    """Runs `script` under zeroshard.launch (with `launcher_args`, e.g. --worker_flag=...) on a
+    fresh local cluster of `workers`; (exit status, stdout)."""
     result = run_with_cluster_flags(
-        [sys.executable, "-m", "zeroshard.launch", "--workers", str(workers)],
+        [sys.executable, "-m", "zeroshard.launch", "--workers", str(workers), *launcher_args],
         [script, *script_args], timeout_s)
     return result.returncode, result.stdout

@@ -44,6 +44,9 @@ def parse_args(argv):
                         help="local cluster only: logs, state and checkpoints")
     parser.add_argument("--worker_threads", type=int, default=None,
                         help="local cluster only: each worker's --threads")
+    parser.add_argument("--worker_flag", action="append", default=[],
+                        help="local cluster only: an extra flag for every worker (repeatable), "
+                        "e.g. --worker_flag=--bucket_pool_size=1")
     parser.add_argument("--wait_s", type=float, default=60.0,
                         help="how long to wait for enough idle workers on this host")
     parser.add_argument("--max_restarts", type=int, default=3,
@@ -76,6 +79,7 @@ def run_local_cluster(args):
         command += ["--log_dir", args.log_dir]
     if args.worker_threads:
         command += ["--worker_threads", str(args.worker_threads)]
+    command += [f"--worker_flag={flag}" for flag in args.worker_flag]
     command += ["--", sys.executable, "-m", "zeroshard.launch", "--workers", str(args.workers),
                 "--wait_s", str(args.wait_s), "--max_restarts", str(args.max_restarts),
                 "--restart_wait_s", str(args.restart_wait_s), args.script] + args.script_args

@@ -120,8 +120,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
     Other keywords: betas, eps, momentum, dampening, nesterov, amsgrad, maximize, lr_decay,
       initial_accumulator_value, as torch.optim names them.
 
+    bucket_elems: the job's gradient bucket size in elements (default: the planner's).
+
     LR schedulers work: step() sends the groups' current lr. Gradient accumulation: run the
-    micro-batches but the last inside `with opt.no_sync():`.
+    micro-batches but the last inside `with opt.no_sync():` (ddp/zero1 accumulate in the shared
+    gradient buffer and reduce once per step; zero2 reduces every micro-batch into the owned
+    shard, as DeepSpeed stage 2 does, so .grad never holds the full gradient).
 
     Faults: checkpoint_every=N has the workers checkpoint every N steps (sharded, kept:
     checkpoint_keep, default the job's 2); max_attempts=K lets the job start K generations. A
@@ -135,8 +139,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def __init__(self, model, optimizer="adamw", lr=1e-3, weight_decay=None, mode="zero2",
                  param_groups=None, clip_grad_norm=None, betas=(0.9, 0.999), eps=1e-8,
                  momentum=0.0, dampening=0.0, nesterov=False, amsgrad=False, maximize=False,
-                 lr_decay=0.0, initial_accumulator_value=0.0, checkpoint_every=0,
-                 checkpoint_keep=None, max_attempts=1):
+                 lr_decay=0.0, initial_accumulator_value=0.0, bucket_elems=None,
+                 checkpoint_every=0, checkpoint_keep=None, max_attempts=1):
         env = init()
         if optimizer not in _OPTIMIZERS:
             raise ValueError(f"optimizer: '{optimizer}' is not one of {sorted(_OPTIMIZERS)}")
@@ -246,6 +250,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         spec.optimizer.initial_accumulator_value = float(initial_accumulator_value)
         if clip_grad_norm:
             spec.clip_grad_norm = float(clip_grad_norm)
+        if bucket_elems is not None:
+            spec.bucket_elems = int(bucket_elems)
         spec.max_attempts = int(max_attempts)
         if checkpoint_every:
             spec.checkpoint.every_steps = int(checkpoint_every)
@@ -361,6 +367,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 p.grad = grad
         self._index = {id(p): t for t, p in enumerate(self._params)}
         self._no_sync = False
+        # zero2: segments the worker deferred (no free bucket buffer when backward asked).
+        self.deferred_segments = 0
         self._warned_replaced_grad = False
         self.last_step = None
         self._begin_step()
@@ -405,24 +413,42 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return flat.view(tuple(shape))
 
     def _begin_step(self):
+        self._begin_micro_batch()
+        self._micro_batches = 0
+        self._end_of_backward_queued = False
+
+    def _begin_micro_batch(self):
         self._ready = [False] * len(self._params)
         self._next = 0
+        self._next_segment = 0  # of tensor self._next (zero2)
 
     # ---- Backward: gradients to the worker ----
 
     def _on_gradient(self, p):
+        if self._mode == "zero2":
+            self._on_gradient_zero2(p)
+            return
         if self._no_sync:
             return
         t = self._index[id(p)]
+        self._check_first_accumulation(t)
         self._ready[t] = True
-        if self._mode == "zero2":
-            self._hand_over_zero2()
-        else:
-            self._adopt_gradient(t)
-            self._synchronize()
-            request = attach_pb2.AttachRequest()
-            request.ready.tensors.append(t)
-            self._connection.send(request)
+        self._adopt_gradient(t)
+        self._synchronize()
+        request = attach_pb2.AttachRequest()
+        request.ready.tensors.append(t)
+        self._connection.send(request)
+
+    def _check_first_accumulation(self, t):
+        """A parameter's hook fires once per backward, unless the backward runs in pieces that
+        accumulate it again (reentrant activation checkpointing): its gradient was handed over
+        already, so the rest would be lost. Refused with the parameter's name."""
+        if self._ready[t]:
+            raise RuntimeError(
+                f"parameter {self._names[t]}: its gradient accumulated twice in one backward "
+                "(as reentrant activation checkpointing does for a parameter used inside and "
+                "outside a checkpointed segment); the first accumulation was handed over to the "
+                "worker already. Use torch.utils.checkpoint(..., use_reentrant=False)")
 
     def _adopt_gradient(self, t):
         """ddp/zero1: makes sure tensor t's gradient is in the shared buffer."""
@@ -438,19 +464,56 @@ class ShardedOptimizer(torch.optim.Optimizer):
             grad.copy_(p.grad)
         p.grad = grad
 
-    def _hand_over_zero2(self):
-        while self._next < len(self._params) and self._ready[self._next]:
-            self._send_segments(self._next)
-            self._next += 1
+    def _on_gradient_zero2(self, p):
+        """zero2, inside no_sync or not: hands over what is ready without blocking; the end of
+        this backward hands over the rest and ends the micro-batch."""
+        t = self._index[id(p)]
+        self._check_first_accumulation(t)
+        self._ready[t] = True
+        if not self._end_of_backward_queued:
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
+            self._end_of_backward_queued = True
+        self._hand_over_zero2(wait=False)
 
-    def _send_segments(self, t):
+    @torch.no_grad()
+    def _end_of_backward(self):
+        """zero2, when a backward ends: tensors that got no gradient count as zero; every
+        tensor is handed over (waiting for bucket buffers now: backward has nothing left to
+        overlap) and the worker reduces the micro-batch into its shard."""
+        self._end_of_backward_queued = False
+        self._ready = [True] * len(self._params)
+        self._hand_over_zero2(wait=True)
+        request = attach_pb2.AttachRequest()
+        request.micro_batch_done.SetInParent()
+        self._connection.send(request)
+        self._micro_batches += 1
+        self._begin_micro_batch()
+
+    def _hand_over_zero2(self, wait):
+        """Hands over tensors in plan order while the next one is ready. Without `wait` it
+        stops at a segment the worker deferred (no free bucket buffer yet): that tensor and the
+        later ones keep their .grad until the next try."""
+        while self._next < len(self._params) and self._ready[self._next]:
+            if not self._send_segments(self._next, wait):
+                return
+            self._next += 1
+            self._next_segment = 0
+
+    def _send_segments(self, t, wait):
+        """Tensor t's segments from self._next_segment on; False when one was deferred."""
         p, layout = self._params[t], self._layouts[t]
         source = p.grad.reshape(-1) if p.grad is not None else None
-        begin = 0
-        for end in layout.segment_ends:
+        ends = layout.segment_ends
+        while self._next_segment < len(ends):
+            begin = ends[self._next_segment - 1] if self._next_segment > 0 else 0
+            end = ends[self._next_segment]
             request = attach_pb2.AttachRequest()
             request.segment.tensor, request.segment.begin, request.segment.end = t, begin, end
+            request.segment.wait = wait
             response, _ = self._connection.call(request)
+            if response.WhichOneof("response") == "deferred":
+                self.deferred_segments += 1
+                return False
             place = response.place
             destination = self._view(place.block, place.offset, end - begin, (end - begin,))
             if source is None:
@@ -461,13 +524,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
             written = attach_pb2.AttachRequest()
             written.written.tensor, written.written.begin, written.written.end = t, begin, end
             self._connection.send(written)
-            begin = end
+            self._next_segment += 1
         p.grad = None  # the worker has it; the trainer never holds every gradient at once
+        return True
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Gradients of the backward passes inside accumulate (in the shared buffer for
-        ddp/zero1, in .grad for zero2) and reach the worker with the next backward outside."""
+        """ddp/zero1: gradients of the backward passes inside accumulate in the shared buffer
+        and are reduced once, at step(). zero2 changes nothing: every backward hands its
+        gradients over and the worker adds each micro-batch's reduced shard to the step's."""
         previous, self._no_sync = self._no_sync, True
         try:
             yield
@@ -503,9 +568,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._check_parameters()
         lr = self._base_lr()
         if self._mode == "zero2":
-            for t in range(self._next, len(self._params)):
-                self._ready[t] = True
-            self._hand_over_zero2()
+            begun = self._next > 0 or self._next_segment > 0 or any(self._ready)
+            if begun or self._micro_batches == 0:
+                # A backward whose end went unseen, or none this step: the rest counts as zero.
+                self._ready = [True] * len(self._params)
+                self._hand_over_zero2(wait=True)
         else:
             for t in range(len(self._params)):
                 self._adopt_gradient(t)
@@ -533,7 +600,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _check_between_steps(self, what):
         if self._connection is None:
             raise RuntimeError(f"{what}: this optimizer has finished (zt.finish)")
-        if any(self._ready) or self._next:
+        if any(self._ready) or self._next or self._micro_batches:
             raise RuntimeError(f"{what}: call it between steps (after step(), before a backward "
                                "hands this step's gradients over)")
 

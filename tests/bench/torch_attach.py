@@ -359,10 +359,10 @@ class PhaseTimer:
             finally:
                 self.add(f"send_{request.WhichOneof('request')}", time.perf_counter() - start)
 
-        def timed_send_segments(t):
+        def timed_send_segments(t, *args):
             start = time.perf_counter()
             try:
-                return send_segments(t)
+                return send_segments(t, *args)
             finally:
                 end = time.perf_counter()
                 self.add("hand_over", end - start)

@@ -352,6 +352,8 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
   ready_.assign(num_tensors_, false);
   next_tensor_ = 0;
   open_segment_.reset();
+  micro_batches_ended_ = 0;
+  micro_batch_begun_ = false;
   lr_.reset();
   while (true) {
     if (!pending_.has_value()) {
@@ -387,13 +389,25 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
                            segment.end(), ") is not the next segment"));
           break;
         }
-        absl::StatusOr<absl::Span<float>> buffer =
-            sink.GradBuffer(segment.tensor(), segment.begin(), segment.end());
+        // The backward hook that asks must not block: without `wait` a segment whose bucket has
+        // no free buffer is deferred, and the trainer keeps the gradient until it asks again.
+        absl::StatusOr<std::optional<absl::Span<float>>> buffer =
+            sink.TryGradBuffer(segment.tensor(), segment.begin(), segment.end());
+        if (buffer.ok() && !buffer->has_value() && segment.wait()) {
+          buffer = sink.GradBuffer(segment.tensor(), segment.begin(), segment.end());
+        }
         if (!buffer.ok()) {
           served = buffer.status();
           break;
         }
-        const std::optional<SharedBlock> block = backing_->Find(buffer->data());
+        if (!buffer->has_value()) {
+          v1::AttachResponse response;
+          response.mutable_deferred();
+          served = Reply(response);
+          break;
+        }
+        const absl::Span<float> place = **buffer;
+        const std::optional<SharedBlock> block = backing_->Find(place.data());
         if (!block.has_value()) {
           served = absl::InternalError("the engine's bucket buffer is not in shared memory");
           break;
@@ -405,7 +419,7 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
         open_segment_ = segment;
         v1::AttachResponse response;
         response.mutable_place()->set_block(block->id);
-        response.mutable_place()->set_offset(reinterpret_cast<char*>(buffer->data()) - block->data);
+        response.mutable_place()->set_offset(reinterpret_cast<char*>(place.data()) - block->data);
         served = Reply(response);
         break;
       }
@@ -417,12 +431,31 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
           break;
         }
         open_segment_.reset();
+        micro_batch_begun_ = true;
         served = sink.GradWritten(segment.tensor(), segment.begin(), segment.end());
         if (served.ok() && segment.end() == tensor_elements_[segment.tensor()]) {
           next_tensor_ = segment.tensor() + 1;
         }
         break;
       }
+      case v1::AttachRequest::kMicroBatchDone:
+        if (!zero2_) {
+          served = absl::FailedPreconditionError(
+              "micro_batch_done: ddp/zero1 accumulate in the shared gradient buffer");
+          break;
+        }
+        if (next_tensor_ != num_tensors_ || open_segment_.has_value()) {
+          served = absl::FailedPreconditionError(absl::StrCat(
+              "micro_batch_done: tensor ", next_tensor_, "'s gradient was not handed over"));
+          break;
+        }
+        // The engine waits for the micro-batch's last reductions here, while the trainer runs
+        // the next forward (no answer is expected).
+        served = sink.EndMicroBatch();
+        next_tensor_ = 0;
+        micro_batch_begun_ = false;
+        ++micro_batches_ended_;
+        break;
       case v1::AttachRequest::kStep: {
         const double lr = request.step().lr();
         if (!std::isfinite(lr) || lr < 0) {
@@ -435,7 +468,9 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
               return Fail(handed);
             }
           }
-        } else if (next_tensor_ != num_tensors_ || open_segment_.has_value()) {
+        } else if (open_segment_.has_value() ||
+                   (next_tensor_ != num_tensors_ &&
+                    !(micro_batches_ended_ > 0 && !micro_batch_begun_))) {
           return Fail(absl::FailedPreconditionError(
               absl::StrCat("step: tensor ", next_tensor_, "'s gradient was not handed over")));
         }

@@ -57,8 +57,10 @@ struct AttachedStateHandlers {
 //   per step:   AwaitNextStep() takes the trainer's first request of the step (finish ends the
 //               run; save_state and load_state are served there, through the run's
 //               AttachedStateHandlers); ForwardBackward() serves map_block / ready / segment /
-//               written until the step request, handing the gradients to the engine in plan order;
-//               the run calls Engine::Step with LearningRate(); StepApplied() waits for the
+//               written / micro_batch_done until the step request, handing the gradients to the
+//               engine in plan order (zero2: a segment is answered at once, placed or deferred,
+//               unless the trainer asks to wait; each micro-batch is reduced and accumulated); the
+//               run calls Engine::Step with LearningRate(); StepApplied() waits for the
 //               all-gathers and answers the step request.
 // Any error is answered to the trainer (AttachResponse.error) and ends the run.
 //
@@ -129,6 +131,10 @@ class AttachedTrainer final : public workloads::Workload {
   std::vector<bool> ready_;
   int32_t next_tensor_ = 0;
   std::optional<v1::GradientSegment> open_segment_;
+  // zero2 gradient accumulation: micro-batches ended this step, and whether a segment of the
+  // current micro-batch was written.
+  int32_t micro_batches_ended_ = 0;
+  bool micro_batch_begun_ = false;
   std::optional<double> lr_;
   AttachedStateHandlers state_handlers_;
 };

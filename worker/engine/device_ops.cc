@@ -9,6 +9,13 @@
 
 namespace zeroshard::engine {
 
+absl::Status DeviceOps::AddElements(const void* /*src*/, kernels::DType /*src_dtype*/,
+                                    void* /*dst*/, kernels::DType /*dst_dtype*/,
+                                    int64_t /*count*/) {
+  return absl::UnimplementedError(
+      absl::StrCat("AddElements (zero2 gradient accumulation) is not implemented on ", name()));
+}
+
 HostDeviceOps::HostDeviceOps(int threads, MemoryBacking* memory)
     : memory_(memory != nullptr ? memory : &heap_), thread_pool_(threads) {}
 
@@ -37,6 +44,12 @@ absl::Status HostDeviceOps::ConvertElements(const void* src, kernels::DType src_
 
 absl::Status HostDeviceOps::ZeroElements(void* dst, kernels::DType dtype, int64_t count) {
   engine::ZeroElements(dst, dtype, count);
+  return absl::OkStatus();
+}
+
+absl::Status HostDeviceOps::AddElements(const void* src, kernels::DType src_dtype, void* dst,
+                                        kernels::DType dst_dtype, int64_t count) {
+  engine::AddElements(src, src_dtype, dst, dst_dtype, count);
   return absl::OkStatus();
 }
 

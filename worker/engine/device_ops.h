@@ -47,6 +47,10 @@ class DeviceOps : public MemoryBacking {
   virtual absl::Status ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
                                        kernels::DType dst_dtype, int64_t count) = 0;
   virtual absl::Status ZeroElements(void* dst, kernels::DType dtype, int64_t count) = 0;
+  // As element_convert.h's AddElements: the engine's zero2 gradient accumulation across
+  // micro-batches (Engine::EndMicroBatch), which a device without it cannot run (Unimplemented).
+  virtual absl::Status AddElements(const void* src, kernels::DType src_dtype, void* dst,
+                                   kernels::DType dst_dtype, int64_t count);
 
   // The fused optimizer update and the gradient statistics (kernels/optimizer.h) over pieces in
   // device memory. ComputeGradStats waits for everything queued before it.
@@ -106,6 +110,8 @@ class HostDeviceOps final : public DeviceOps {
   absl::Status ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
                                kernels::DType dst_dtype, int64_t count) override;
   absl::Status ZeroElements(void* dst, kernels::DType dtype, int64_t count) override;
+  absl::Status AddElements(const void* src, kernels::DType src_dtype, void* dst,
+                           kernels::DType dst_dtype, int64_t count) override;
   absl::Status ApplyUpdate(const kernels::OptimizerConfig& config, int64_t step, float grad_scale,
                            absl::Span<const kernels::UpdatePiece> pieces) override;
   absl::StatusOr<kernels::GradStats> ComputeGradStats(

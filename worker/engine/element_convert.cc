@@ -59,6 +59,15 @@ void ConvertLoop(const void* src, void* dst, int64_t count) {
   for (int64_t i = 0; i < count; ++i) out[i] = Element<kDst>::Store(Element<kSrc>::Load(in[i]));
 }
 
+template <DType kSrc, DType kDst>
+void AddLoop(const void* src, void* dst, int64_t count) {
+  const auto* in = static_cast<const typename Element<kSrc>::Storage*>(src);
+  auto* out = static_cast<typename Element<kDst>::Storage*>(dst);
+  for (int64_t i = 0; i < count; ++i) {
+    out[i] = Element<kDst>::Store(Element<kDst>::Load(out[i]) + Element<kSrc>::Load(in[i]));
+  }
+}
+
 // Calls Loop<kA, kB>::Run(args...) for the runtime pair (a, b).
 template <template <DType, DType> class Loop, DType kA, class... Args>
 void DispatchSecond(DType b, Args... args) {
@@ -102,6 +111,13 @@ struct Convert {
   }
 };
 
+template <DType kSrc, DType kDst>
+struct Add {
+  static void Run(const void* src, void* dst, int64_t count) {
+    AddLoop<kSrc, kDst>(src, dst, count);
+  }
+};
+
 }  // namespace
 
 comm::ElementType ToElementType(kernels::DType dtype) {
@@ -127,6 +143,13 @@ void ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dtyp
                      count * kernels::DTypeSize(dst_dtype)))
       << count << " elements";
   Dispatch<Convert>(src_dtype, dst_dtype, src, dst, count);
+}
+
+void AddElements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t count) {
+  ZS_DCHECK(!Overlap(src, count * kernels::DTypeSize(src_dtype), dst,
+                     count * kernels::DTypeSize(dst_dtype)))
+      << count << " elements";
+  Dispatch<Add>(src_dtype, dst_dtype, src, dst, count);
 }
 
 void ZeroElements(void* dst, DType dtype, int64_t count) {

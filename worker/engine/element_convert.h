@@ -24,6 +24,11 @@ void StoreScaledGradient(const float* grad, float scale, int64_t count,
 void ConvertElements(const void* src, kernels::DType src_dtype, void* dst, kernels::DType dst_dtype,
                      int64_t count);
 
+// dst[i] = round_to(dst_dtype, dst[i] + src[i]) for i < count, the sum taken in fp32 (gradient
+// accumulation across micro-batches). REQUIRES: `src` and `dst` do not overlap.
+void AddElements(const void* src, kernels::DType src_dtype, void* dst, kernels::DType dst_dtype,
+                 int64_t count);
+
 // Sets `count` elements of `dtype` at `dst` to zero.
 void ZeroElements(void* dst, kernels::DType dtype, int64_t count);
 

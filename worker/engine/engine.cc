@@ -458,6 +458,20 @@ int64_t Engine::GradSegmentEnd(int64_t tensor, int64_t begin) const {
 }
 
 absl::StatusOr<absl::Span<float>> Engine::GradBuffer(int64_t tensor, int64_t begin, int64_t end) {
+  ZS_ASSIGN_OR_RETURN(std::optional<absl::Span<float>> buffer,
+                      OpenGradSegment(tensor, begin, end, /*wait=*/true));
+  ZS_DCHECK(buffer.has_value()) << "tensor " << tensor << " segment at " << begin;
+  return *buffer;
+}
+
+absl::StatusOr<std::optional<absl::Span<float>>> Engine::TryGradBuffer(int64_t tensor,
+                                                                       int64_t begin, int64_t end) {
+  return OpenGradSegment(tensor, begin, end, /*wait=*/false);
+}
+
+absl::StatusOr<std::optional<absl::Span<float>>> Engine::OpenGradSegment(int64_t tensor,
+                                                                         int64_t begin, int64_t end,
+                                                                         bool wait) {
   ZS_RETURN_IF_ERROR(failure_);
   if (tensor < 0 || tensor >= plan_.num_tensors()) {
     return absl::InvalidArgumentError(
@@ -486,6 +500,11 @@ absl::StatusOr<absl::Span<float>> Engine::GradBuffer(int64_t tensor, int64_t beg
   if (config_.mode == EngineMode::kZero2) {
     // zero2 keeps no full gradient buffer: backward writes into the bucket's pool buffer.
     BucketState& bucket = buckets_[bucket_index];
+    if (bucket.slot < 0 && !wait) {
+      ZS_RETURN_IF_ERROR(RetireFinished());
+      // AcquireSlot would wait for the oldest reduction (with none in flight it fails instead).
+      if (free_slots_.empty() && !in_flight_.empty()) return std::nullopt;
+    }
     if (bucket.slot < 0) ZS_RETURN_IF_ERROR(AcquireSlot(bucket_index));
     destination =
         SlotData(bucket.slot) + (flat - plan_.buckets()[bucket_index].flat_begin) * reduce_size_;
@@ -495,7 +514,7 @@ absl::StatusOr<absl::Span<float>> Engine::GradBuffer(int64_t tensor, int64_t beg
   open_segment_ = OpenSegment{tensor, begin, end, bucket_index, destination};
   float* out =
       StagesGradients() ? grad_staging_.as<float>() : reinterpret_cast<float*>(destination);
-  return absl::MakeSpan(out, end - begin);
+  return std::optional<absl::Span<float>>(absl::MakeSpan(out, end - begin));
 }
 
 absl::Status Engine::GradWritten(int64_t tensor, int64_t begin, int64_t end) {
@@ -527,6 +546,28 @@ absl::Status Engine::GradWritten(int64_t tensor, int64_t begin, int64_t end) {
     ZS_RETURN_IF_ERROR(LaunchBucket(segment.bucket));
   }
   return RetireFinished();
+}
+
+absl::Status Engine::EndMicroBatch() {
+  ZS_RETURN_IF_ERROR(failure_);
+  if (config_.mode != EngineMode::kZero2) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "EndMicroBatch: ", EngineModeName(config_.mode),
+        " accumulates micro-batches in the full gradient buffer and hands the sum over once"));
+  }
+  if (next_tensor_ != plan_.num_tensors()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("EndMicroBatch: only ", next_tensor_, " of ", plan_.num_tensors(),
+                     " tensors' gradients of the micro-batch were handed over"));
+  }
+  // Every bucket's reduced piece must be in grads_ before the next micro-batch's can be added.
+  while (!in_flight_.empty()) ZS_RETURN_IF_ERROR(RetireOldest());
+  ZS_RETURN_IF_ERROR(CheckReductions());
+  for (BucketState& bucket : buckets_) bucket.elems_arrived = 0;
+  next_tensor_ = 0;
+  next_element_ = 0;
+  accumulating_ = true;
+  return absl::OkStatus();
 }
 
 absl::Status Engine::AcquireSlot(int64_t bucket) {
@@ -615,11 +656,24 @@ absl::Status Engine::RetireOldest() {
                           ? grads_.as<char>() + OwnedOffset(bucket_index) * grad_size_
                           : GradsAt(layout.flat_begin + owned_begin);
   const int64_t first_chunk = stats_chunk_begin_[bucket_index];
-  absl::Status moved = device_->ConvertWithGradStats(
-      reduced + owned_begin * reduce_size_, config_.reduce_dtype, owned_grads, config_.grad_dtype,
-      stats_chunks_.as<kernels::GradStatsChunk>() + first_chunk,
-      stats_chunk_begin_[bucket_index + 1] - first_chunk,
-      stats_partials_.as<double>() + first_chunk);
+  const kernels::GradStatsChunk* chunks = stats_chunks_.as<kernels::GradStatsChunk>() + first_chunk;
+  const int64_t num_chunks = stats_chunk_begin_[bucket_index + 1] - first_chunk;
+  double* partials = stats_partials_.as<double>() + first_chunk;
+  absl::Status moved;
+  if (accumulating_) {
+    // A later micro-batch (zero2): added to the earlier ones' sum, whose statistics replace the
+    // bucket's partials (the last micro-batch's retirement leaves the step's).
+    moved = device_->AddElements(reduced + owned_begin * reduce_size_, config_.reduce_dtype,
+                                 owned_grads, config_.grad_dtype, layout.piece_elems);
+    if (moved.ok()) {
+      moved = device_->ConvertWithGradStats(owned_grads, config_.grad_dtype, owned_grads,
+                                            config_.grad_dtype, chunks, num_chunks, partials);
+    }
+  } else {
+    moved = device_->ConvertWithGradStats(reduced + owned_begin * reduce_size_,
+                                          config_.reduce_dtype, owned_grads, config_.grad_dtype,
+                                          chunks, num_chunks, partials);
+  }
   if (moved.ok() && config_.mode == EngineMode::kDdp && bucket.slot >= 0) {
     // ddp updates every piece: the other ranks' pieces of the bucket move too, without statistics.
     const int64_t owned_end = owned_begin + layout.piece_elems;
@@ -713,7 +767,10 @@ void Engine::RecordReductionWait(int64_t bucket, absl::Duration waited) {
 
 absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   ZS_RETURN_IF_ERROR(failure_);
-  if (next_tensor_ != plan_.num_tensors()) {
+  // After EndMicroBatch() the step may end with no further hand-over.
+  const bool micro_batches_ended =
+      accumulating_ && next_tensor_ == 0 && next_element_ == 0 && !open_segment_.has_value();
+  if (next_tensor_ != plan_.num_tensors() && !micro_batches_ended) {
     return absl::FailedPreconditionError(absl::StrCat("Step: only ", next_tensor_, " of ",
                                                       plan_.num_tensors(),
                                                       " tensors' gradients were handed over"));
@@ -858,6 +915,7 @@ void Engine::ResetStepState() {
   for (BucketState& bucket : buckets_) bucket.elems_arrived = 0;
   next_tensor_ = 0;
   next_element_ = 0;
+  accumulating_ = false;
   first_launch_ = absl::InfiniteFuture();
   last_reduced_ = absl::InfinitePast();
   exposed_wait_ = absl::ZeroDuration();

@@ -217,11 +217,24 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // InvalidArgument for a bad tensor or range; FailedPrecondition out of order or while another
   // segment is open.
   absl::StatusOr<absl::Span<float>> GradBuffer(int64_t tensor, int64_t begin, int64_t end) override;
+  // As GradBuffer, but nullopt instead of waiting when zero2 has no pool buffer free for the
+  // segment's bucket: the reductions already done are retired first, and none is waited for.
+  absl::StatusOr<std::optional<absl::Span<float>>> TryGradBuffer(int64_t tensor, int64_t begin,
+                                                                 int64_t end) override;
   // Stores the open segment (rounding it when staged); when it completes its bucket, starts the
   // bucket's reduction without waiting for it. Then retires the reductions already done, so
   // their moves and gradient statistics run during backward. FailedPrecondition when
   // [begin, end) of `tensor` is not the open segment.
   absl::Status GradWritten(int64_t tensor, int64_t begin, int64_t end) override;
+  // zero2 gradient accumulation (as DeepSpeed stage 2): every tensor of one micro-batch has
+  // been handed over. Waits for its reductions, which leave the reduced owned pieces in the
+  // gradient storage; the next micro-batch hands every tensor over again and its reduced pieces
+  // are added there (in grad_dtype); Step() applies the sum, and may follow EndMicroBatch()
+  // directly. Without it nothing changes: one hand-over per step, stored as before.
+  // FailedPrecondition in ddp/zero1 (they accumulate before the hand-over, in the full gradient
+  // buffer) or before every tensor was handed over; Unimplemented on a device without
+  // DeviceOps::AddElements.
+  absl::Status EndMicroBatch() override;
 
   // workloads::ParameterSource: the current full parameters of `tensor` as stored, in
   // param_dtype, in the engine's device memory (the parameter copy itself: no fp32 view is made
@@ -364,8 +377,11 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   int64_t LargestBucket() const;
   // The bucket holding flat element `flat`.
   int64_t BucketOf(int64_t flat) const;
-  // Whether some gradient of the current step has been handed over.
-  bool StepInProgress() const { return next_tensor_ != 0 || next_element_ != 0; }
+  // Whether some gradient of the current step has been handed over (or accumulated).
+  bool StepInProgress() const { return accumulating_ || next_tensor_ != 0 || next_element_ != 0; }
+  // GradBuffer (`wait`) and TryGradBuffer.
+  absl::StatusOr<std::optional<absl::Span<float>>> OpenGradSegment(int64_t tensor, int64_t begin,
+                                                                   int64_t end, bool wait);
   // Element offset, in the owned layout, of the owned piece of `bucket`.
   int64_t OwnedOffset(int64_t bucket) const { return owned_offsets_[bucket]; }
   char* ParamsAt(int64_t flat) const;
@@ -500,6 +516,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
     char* destination = nullptr;  // where the segment's gradient is stored
   };
   std::optional<OpenSegment> open_segment_;
+  // zero2: an EndMicroBatch() of this step left reduced gradients in grads_, which the next
+  // retirements add to instead of overwriting.
+  bool accumulating_ = false;
   absl::Time first_launch_ = absl::InfiniteFuture();
   absl::Time last_reduced_ = absl::InfinitePast();
   absl::Duration exposed_wait_ = absl::ZeroDuration();

@@ -11,6 +11,17 @@
 
 namespace zeroshard::workloads {
 
+absl::StatusOr<std::optional<absl::Span<float>>> GradientSink::TryGradBuffer(int64_t tensor,
+                                                                             int64_t begin,
+                                                                             int64_t end) {
+  ZS_ASSIGN_OR_RETURN(absl::Span<float> buffer, GradBuffer(tensor, begin, end));
+  return std::optional<absl::Span<float>>(buffer);
+}
+
+absl::Status GradientSink::EndMicroBatch() {
+  return absl::UnimplementedError("this gradient sink does not reduce micro-batches one by one");
+}
+
 absl::Status ForEachGradSegment(
     GradientSink& sink, int64_t tensor, int64_t elements,
     absl::FunctionRef<absl::Status(int64_t begin, int64_t end, absl::Span<float> out)> write) {

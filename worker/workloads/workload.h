@@ -83,6 +83,18 @@ class GradientSink {
                                                        int64_t end) = 0;
   // The segment GradBuffer returned is written; the engine may start reducing its bucket.
   virtual absl::Status GradWritten(int64_t tensor, int64_t begin, int64_t end) = 0;
+  // As GradBuffer, but never waits for a reduction: nullopt when the segment needs a bucket
+  // buffer and none is free yet, so that a caller that must not block (an attached trainer's
+  // backward hook) keeps the gradient and asks again later. The default suits a sink whose
+  // GradBuffer never waits.
+  virtual absl::StatusOr<std::optional<absl::Span<float>>> TryGradBuffer(int64_t tensor,
+                                                                         int64_t begin,
+                                                                         int64_t end);
+  // Gradient accumulation in a sink that reduces each micro-batch (zero2): every tensor's
+  // gradient of one micro-batch has been handed over; the sink keeps their reduced sum, the next
+  // micro-batch hands every tensor over again, its gradients are added, and the step applies the
+  // sum. Unimplemented by default; FailedPrecondition before every tensor was handed over.
+  virtual absl::Status EndMicroBatch();
 };
 
 // The segment loop of one tensor's gradient: for each segment [begin, end) of its `elements`
