@@ -359,8 +359,10 @@ void CheckCheckpoint(const std::string& label, const sharding::ShardPlan& plan,
 
 // 2. Three W=1 steps on synthetic gradients: the CPU engine (single-rank communicator) against
 //    the CUDA engine (CudaDeviceOps, NcclCommunicator).
+//    With `micro_batches` > 1 (zero2), each step hands its gradients over that many times, with
+//    Engine::EndMicroBatch between (the device's AddElements accumulates the reduced pieces).
 void CheckEngineSteps(const std::string& label, EngineConfig config, double tolerance,
-                      double weight_decay = 0.0) {
+                      double weight_decay = 0.0, int micro_batches = 1) {
   const std::vector<int64_t> sizes = {10, 64, 10};
   absl::StatusOr<std::vector<sharding::TensorSpec>> tensors = sharding::TensorsForLayerSizes(sizes);
   sharding::ShardPlanOptions plan_options;
@@ -407,18 +409,26 @@ void CheckEngineSteps(const std::string& label, EngineConfig config, double tole
   // One iteration on both engines: the same synthetic gradients, then Step. Returns the
   // grad_norm's relative difference (negative after a failure, already reported).
   auto run_step = [&](int64_t step, Engine& cpu_engine, Engine& gpu_engine) -> double {
-    for (int64_t t = 0; t < plan->num_tensors(); ++t) {
-      std::vector<float> gradient(plan->placement(t).num_elements);
-      for (size_t k = 0; k < gradient.size(); ++k) gradient[k] = SyntheticGradient(step, t, k);
-      float* on_device = static_cast<float*>(device_gradient) + plan->placement(t).flat_offset;
-      if (!Check(
-              (*device)->CopyFromHost(on_device, gradient.data(), gradient.size() * sizeof(float)),
-              label) ||
-          !Check(workloads::CopyGradientToSink(cpu_engine, t, gradient), label) ||
-          !Check(CopyDeviceGradientToSink(**device, gpu_engine, t,
-                                          absl::MakeConstSpan(on_device, gradient.size())),
-                 label)) {
+    for (int micro = 0; micro < micro_batches; ++micro) {
+      if (micro > 0 && (!Check(cpu_engine.EndMicroBatch(), label) ||
+                        !Check(gpu_engine.EndMicroBatch(), label))) {
         return -1.0;
+      }
+      for (int64_t t = 0; t < plan->num_tensors(); ++t) {
+        std::vector<float> gradient(plan->placement(t).num_elements);
+        for (size_t k = 0; k < gradient.size(); ++k) {
+          gradient[k] = SyntheticGradient(step * micro_batches + micro, t, k);
+        }
+        float* on_device = static_cast<float*>(device_gradient) + plan->placement(t).flat_offset;
+        if (!Check((*device)->CopyFromHost(on_device, gradient.data(),
+                                           gradient.size() * sizeof(float)),
+                   label) ||
+            !Check(workloads::CopyGradientToSink(cpu_engine, t, gradient), label) ||
+            !Check(CopyDeviceGradientToSink(**device, gpu_engine, t,
+                                            absl::MakeConstSpan(on_device, gradient.size())),
+                   label)) {
+          return -1.0;
+        }
       }
     }
     absl::StatusOr<engine::StepResult> cpu_step = cpu_engine.Step(0.5);
@@ -496,6 +506,14 @@ int Main() {
   clipped.optimizer.momentum = 0.9;
   clipped.clip_grad_norm = 0.05;
   CheckEngineSteps("zero2 fp32 sgd clipped", clipped, 1e-5);
+  // Gradient accumulation (attached trainers' no_sync): 3 micro-batches reduced one by one.
+  CheckEngineSteps("zero2 fp32 adamw, 3 micro-batches", reused, 1e-6, /*weight_decay=*/0.01,
+                   /*micro_batches=*/3);
+  EngineConfig bf16_accumulated = reused;
+  bf16_accumulated.param_dtype = DType::kBFloat16;
+  bf16_accumulated.grad_dtype = DType::kBFloat16;
+  CheckEngineSteps("zero2 bf16 adamw, 3 micro-batches", bf16_accumulated, 1e-6,
+                   /*weight_decay=*/0.01, /*micro_batches=*/3);
   std::printf("%s: %d failed\n", g_failures == 0 ? "ALL PASSED" : "FAILED", g_failures);
   return g_failures == 0 ? 0 : 1;
 }

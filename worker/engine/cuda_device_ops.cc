@@ -138,6 +138,14 @@ absl::Status CudaDeviceOps::ConvertElements(const void* src, kernels::DType src_
                             "ConvertElements kernel");
 }
 
+absl::Status CudaDeviceOps::AddElements(const void* src, kernels::DType src_dtype, void* dst,
+                                        kernels::DType dst_dtype, int64_t count) {
+  return common::CudaStatus(
+      cuda_internal::LaunchAddElements(src, static_cast<int32_t>(src_dtype), dst,
+                                       static_cast<int32_t>(dst_dtype), count, AsStream(stream_)),
+      "AddElements kernel");
+}
+
 absl::Status CudaDeviceOps::ZeroElements(void* dst, kernels::DType dtype, int64_t count) {
   if (count <= 0) return absl::OkStatus();
   return common::CudaStatus(

@@ -59,6 +59,8 @@ class CudaDeviceOps final : public DeviceOps {
   absl::Status ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
                                kernels::DType dst_dtype, int64_t count) override;
   absl::Status ZeroElements(void* dst, kernels::DType dtype, int64_t count) override;
+  absl::Status AddElements(const void* src, kernels::DType src_dtype, void* dst,
+                           kernels::DType dst_dtype, int64_t count) override;
   absl::Status ApplyUpdate(const kernels::OptimizerConfig& config, int64_t step, float grad_scale,
                            absl::Span<const kernels::UpdatePiece> pieces) override;
   absl::StatusOr<kernels::GradStats> ComputeGradStats(

@@ -61,6 +61,16 @@ __global__ void ConvertElementsKernel(const void* src, int32_t src_dtype, void* 
   }
 }
 
+__global__ void AddElementsKernel(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,
+                                  int64_t count) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    StoreElement(dst, dst_dtype, i,
+                 LoadElement(dst, dst_dtype, i) + LoadElement(src, src_dtype, i));
+  }
+}
+
 // Copies element i's bits (equal dtypes) or converts it; returns the value dst now holds.
 __device__ float MoveElement(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,
                              int64_t i) {
@@ -147,6 +157,14 @@ cudaError_t LaunchConvertElements(const void* src, int32_t src_dtype, void* dst,
   if (count <= 0) return cudaSuccess;
   ConvertElementsKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(src, src_dtype, dst,
                                                                            dst_dtype, count);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchAddElements(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,
+                              int64_t count, cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  AddElementsKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(src, src_dtype, dst,
+                                                                       dst_dtype, count);
   return cudaGetLastError();
 }
 

@@ -20,6 +20,11 @@ cudaError_t LaunchStoreScaledGradient(const float* grad, float scale, int64_t co
 cudaError_t LaunchConvertElements(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,
                                   int64_t count, cudaStream_t stream);
 
+// dst[i] = round_to(dst_dtype, dst[i] + src[i]), the sum in fp32, as element_convert.h's
+// AddElements (src and dst do not overlap).
+cudaError_t LaunchAddElements(const void* src, int32_t src_dtype, void* dst, int32_t dst_dtype,
+                              int64_t count, cudaStream_t stream);
+
 // The most elements of one statistics chunk: kernels/cuda_launch.h's kStatsTileElements, so a
 // piece cut into chunks of this size gets CudaOptimizerKernels::ComputeGradStats's bits.
 inline constexpr int64_t kGradStatsChunkElements = int64_t{1} << 14;

@@ -48,7 +48,8 @@ class DeviceOps : public MemoryBacking {
                                        kernels::DType dst_dtype, int64_t count) = 0;
   virtual absl::Status ZeroElements(void* dst, kernels::DType dtype, int64_t count) = 0;
   // As element_convert.h's AddElements: the engine's zero2 gradient accumulation across
-  // micro-batches (Engine::EndMicroBatch), which a device without it cannot run (Unimplemented).
+  // micro-batches (Engine::EndMicroBatch). The host and CUDA implement it; the default answers
+  // Unimplemented.
   virtual absl::Status AddElements(const void* src, kernels::DType src_dtype, void* dst,
                                    kernels::DType dst_dtype, int64_t count);
 
