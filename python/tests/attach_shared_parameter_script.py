@@ -6,6 +6,7 @@ AdamW in zero2 and in ddp, with torch.optim.AdamW in this process on every rank'
 of the ranks' losses). Rank 0 prints one JSON line per mode; the script exits 1 when one fails.
 """
 
+import contextlib
 import json
 import sys
 
@@ -77,7 +78,50 @@ def main():
         if rank == 0:
             print(json.dumps(line), flush=True)
         zt.finish(optimizer)
+    for line in reentrant_checkpointing():
+        failed |= not line["ok"]
+        if rank == 0:
+            print(json.dumps(line), flush=True)
     return 1 if failed else 0
+
+
+def reentrant_checkpointing():
+    """A Linear used outside and inside a reentrant checkpointed segment accumulates its
+    gradient twice in one backward. zero2 hands each piece over as a micro-batch (the sum is the
+    gradient); ddp would have handed over half of it, so it raises naming the parameter."""
+    import torch.utils.checkpoint as checkpoint
+
+    def run(linear, optimizer_step):
+        x = torch.randn(4, WIDTH, generator=torch.Generator().manual_seed(5))  # every rank's
+        checkpoint.checkpoint(linear, linear(x), use_reentrant=True).sum().backward()
+        optimizer_step()
+
+    lines = []
+    for mode in ("zero2", "ddp"):
+        torch.manual_seed(99)
+        reference = torch.nn.Linear(WIDTH, WIDTH)
+        reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+        torch.manual_seed(99)
+        linear = torch.nn.Linear(WIDTH, WIDTH)
+        optimizer = zt.ShardedOptimizer(torch.nn.Sequential(linear), "sgd", lr=0.1, mode=mode)
+        line = {"mode": f"{mode} reentrant checkpoint"}
+        try:
+            run(linear, optimizer.step)
+            run(reference, reference_optimizer.step)
+            line["worst_absolute"] = max((a - b).abs().max().item() for a, b in
+                                         zip(linear.parameters(), reference.parameters()))
+            line["ok"] = mode == "zero2" and line["worst_absolute"] <= 1e-6
+        except RuntimeError as e:
+            line["error"] = str(e)
+            line["ok"] = mode == "ddp" and ("parameter 0.weight" in str(e) or
+                                            "parameter 0.bias" in str(e))
+            with contextlib.suppress(Exception):
+                zt.finish(optimizer)
+            lines.append(line)
+            continue
+        zt.finish(optimizer)
+        lines.append(line)
+    return lines
 
 
 if __name__ == "__main__":

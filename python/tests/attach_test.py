@@ -63,15 +63,22 @@ class SeedExampleTest(unittest.TestCase):
 
 
 class SharedParameterTest(unittest.TestCase):
-    """Weight tying and a module applied twice (attach_shared_parameter_script.py)."""
+    """Weight tying and a module applied twice; a parameter that reentrant checkpointing
+    accumulates twice (attach_shared_parameter_script.py)."""
 
     def test_tied_and_reused_parameters_train_like_torch(self):
         status, out = launch(2, os.path.join(HERE, "attach_shared_parameter_script.py"))
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         for line in lines:
             print(json.dumps(line))
-        self.assertEqual([line["mode"] for line in lines], ["zero2", "ddp"], out)
-        for line in lines:
+        self.assertEqual([line["mode"] for line in lines],
+                         ["zero2", "ddp", "zero2 reentrant checkpoint", "ddp reentrant checkpoint"],
+                         out)
+        zero2_reentrant, ddp_reentrant = lines[2:]
+        self.assertLessEqual(zero2_reentrant["worst_absolute"], 1e-6, zero2_reentrant)
+        self.assertIn("accumulated twice in one backward", ddp_reentrant["error"])
+        self.assertTrue(zero2_reentrant["ok"] and ddp_reentrant["ok"], lines)
+        for line in lines[:2]:
             self.assertEqual(line["parameters"], 3)  # the tied weight is one parameter
             self.assertTrue(line["still_tied"], line)
             self.assertGreater(line["moved"], 0, line)
