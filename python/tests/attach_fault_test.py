@@ -11,12 +11,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 import zeroshard
-from cluster_support import load_cluster_module, runfiles_workspace, wait_until
+from cluster_support import runfiles_workspace, start_local_cluster, wait_until
 from zeroshard._proto.zeroshard.v1 import job_pb2
 
 LEASE_S = 3.0
@@ -64,16 +63,7 @@ class Trainer:
 
 class AttachFaultTest(unittest.TestCase):
     def setUp(self):
-        cluster_module = load_cluster_module()
-        self.log_dir = tempfile.mkdtemp(prefix="zs-fault-", dir="/tmp")  # short socket paths
-        root = runfiles_workspace()
-        args, _ = cluster_module.parse_args(["--workers", "2", "--bin_dir", root,
-                                             "--log_dir", self.log_dir])
-        self.cluster = cluster_module.Cluster(args, cluster_module.find_binaries(args.bin_dir),
-                                              self.log_dir)
-        self.cluster.start_coordinator()
-        self.cluster.start_workers()
-        self.cluster.wait_for_idle_workers()
+        self.cluster, self.log_dir = start_local_cluster(2, "zs-fault-")
         self.client = zeroshard.Client(self.cluster.address)
         workers = sorted(self.client.workers(state="IDLE"), key=lambda w: w.name)
         self.assertEqual(len(workers), 2)

@@ -11,11 +11,10 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import zeroshard
-from cluster_support import load_cluster_module, runfiles_workspace, wait_until
+from cluster_support import runfiles_workspace, start_local_cluster, wait_until
 from zeroshard._proto.zeroshard.v1 import job_pb2
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attach_restart_script.py")
@@ -42,15 +41,7 @@ def max_abs_difference(a, b):
 
 class AttachRestartTest(unittest.TestCase):
     def setUp(self):
-        cluster_module = load_cluster_module()
-        self.log_dir = tempfile.mkdtemp(prefix="zs-restart-", dir="/tmp")  # short socket paths
-        args, _ = cluster_module.parse_args(["--workers", "2", "--bin_dir", runfiles_workspace(),
-                                             "--log_dir", self.log_dir])
-        self.cluster = cluster_module.Cluster(args, cluster_module.find_binaries(args.bin_dir),
-                                              self.log_dir)
-        self.cluster.start_coordinator()
-        self.cluster.start_workers()
-        self.cluster.wait_for_idle_workers()
+        self.cluster, self.log_dir = start_local_cluster(2, "zs-restart-")
         self.client = zeroshard.Client(self.cluster.address)
 
     def tearDown(self):

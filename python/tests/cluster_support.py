@@ -71,3 +71,18 @@ def launch(workers, script, *script_args, timeout_s=600, launcher_args=()):
         [sys.executable, "-m", "zeroshard.launch", "--workers", str(workers), *launcher_args],
         [script, *script_args], timeout_s)
     return result.returncode, result.stdout
+
+
+def start_local_cluster(workers, prefix):
+    """A local cluster (deploy/local/cluster.py's Cluster) of `workers` idle workers from the
+    runfiles, logging under a new short /tmp directory (attach socket paths must stay short):
+    (cluster, log_dir). Stop it with cluster.stop_all()."""
+    cluster_module = load_cluster_module()
+    log_dir = tempfile.mkdtemp(prefix=prefix, dir="/tmp")
+    args, _ = cluster_module.parse_args(["--workers", str(workers), "--bin_dir",
+                                         runfiles_workspace(), "--log_dir", log_dir])
+    cluster = cluster_module.Cluster(args, cluster_module.find_binaries(args.bin_dir), log_dir)
+    cluster.start_coordinator()
+    cluster.start_workers()
+    cluster.wait_for_idle_workers()
+    return cluster, log_dir

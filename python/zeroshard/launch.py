@@ -178,20 +178,12 @@ def stop_trainers(trainers, grace_s=10.0):
             trainer.wait()
 
 
-def find_job(stub, name):
-    from zeroshard._proto.zeroshard.v1 import coordinator_pb2
-    response = stub.ListJobs(coordinator_pb2.ListJobsRequest(limit=1000), timeout=30)
-    for job in response.jobs:
-        if job.spec.name == name:
-            return job
-    return None
-
-
 def generation_after_failure(coordinator, job_name, failed_generation, wait_s):
     """After every trainer of `failed_generation` of job `job_name` is gone: the generation the
     restarted trainers will join, or None when the job will not run again (it ended, or the
     coordinator did not end the failed generation within `wait_s`)."""
     import grpc
+    from zeroshard._jobs import find_job
     from zeroshard._proto.zeroshard.v1 import coordinator_pb2_grpc, job_pb2
     deadline = time.monotonic() + wait_s
     with grpc.insecure_channel(coordinator) as channel:

@@ -31,6 +31,7 @@ import torch
 
 from zeroshard import _checkpoint
 from zeroshard._attach import AttachConnection, AttachError, WorkerLost
+from zeroshard._jobs import find_job
 from zeroshard._proto.zeroshard.v1 import attach_pb2
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2_grpc
@@ -281,7 +282,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         try:
             if self._env.rank == 0:
-                existing = _find_job(stub, spec.name)
+                existing = find_job(stub, spec.name)
                 if existing is None:
                     job = stub.SubmitJob(coordinator_pb2.SubmitJobRequest(spec=spec), timeout=30)
                     return job.id
@@ -293,7 +294,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 return existing.id
             deadline = time.monotonic() + _JOB_TIMEOUT_S
             while time.monotonic() < deadline:
-                job = _find_job(stub, spec.name)
+                job = find_job(stub, spec.name)
                 if job is not None and job.state not in _FINAL_STATES:
                     return job.id
                 time.sleep(0.05)
@@ -886,15 +887,6 @@ class ShardedOptimizer(torch.optim.Optimizer):
         finally:
             self._connection.close()
             self._connection = None
-
-
-def _find_job(stub, name):
-    """The job named `name` (launch run ids make names unique), or None."""
-    jobs = stub.ListJobs(coordinator_pb2.ListJobsRequest(limit=1000), timeout=30)
-    for job in jobs.jobs:
-        if job.spec.name == name:
-            return job
-    return None
 
 
 def finish(optimizer=None):
