@@ -15,6 +15,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # Collectives, storage, math, HTTP, config files.
   libgloo-dev libsqlite3-dev sqlite3 libopenblas-dev libcpp-httplib-dev libyaml-cpp-dev
+  libmicrohttpd-dev
   # Tools the scripts use; python3-torch for tests/integration:torch_adamw_test (the reference).
   python3 python3-numpy python3-torch curl procps
   # The zeroshard Python package (python/): its gRPC client and the stubs protoc generates

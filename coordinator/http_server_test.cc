@@ -1,0 +1,172 @@
+// HttpServer over real loopback sockets: routing, the idle timeout, the connection cap, and
+// answers that idle and slow clients cannot hold up.
+#include "coordinator/http_server.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "coordinator/http_test_client.h"
+#include "gtest/gtest.h"
+
+namespace zeroshard::coordinator {
+namespace {
+
+using testing::HttpReply;
+using testing::RawConnection;
+
+// Generous: a loaded 2-core CI machine, not the target (docs/performance.md has the figures).
+constexpr absl::Duration kAnswerBound = absl::Seconds(1);
+
+HttpServerOptions CountingOptions(std::atomic<int>* answered) {
+  HttpServerOptions options;
+  options.handlers["/healthz"] = [] { return HttpResponse{200, "text/plain", "ok\n"}; };
+  options.handlers["/count"] = [answered] {
+    return HttpResponse{200, "text/plain; version=0.0.4", absl::StrCat(++*answered, "\n")};
+  };
+  return options;
+}
+
+std::unique_ptr<HttpServer> StartOrDie(HttpServerOptions options) {
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(std::move(options));
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+TEST(HttpServerTest, AnswersRegisteredPathsWithTheirContentTypeAndRefusesTheRest) {
+  std::atomic<int> answered{0};
+  std::unique_ptr<HttpServer> server = StartOrDie(CountingOptions(&answered));
+  ASSERT_NE(server, nullptr);
+  ASSERT_GT(server->port(), 0);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+
+  absl::StatusOr<HttpReply> health = testing::Get(server->port(), "/healthz", deadline);
+  ASSERT_TRUE(health.ok()) << health.status();
+  EXPECT_EQ(health->status, 200);
+  EXPECT_EQ(health->content_type, "text/plain");
+  EXPECT_EQ(health->body, "ok\n");
+
+  absl::StatusOr<HttpReply> counted = testing::Get(server->port(), "/count?x=1", deadline);
+  ASSERT_TRUE(counted.ok()) << counted.status();
+  EXPECT_EQ(counted->status, 200);
+  EXPECT_EQ(counted->content_type, "text/plain; version=0.0.4");
+  EXPECT_EQ(counted->body, "1\n");
+
+  absl::StatusOr<HttpReply> head = testing::Request(server->port(), "HEAD", "/count", deadline);
+  ASSERT_TRUE(head.ok()) << head.status();
+  EXPECT_EQ(head->status, 200);
+  EXPECT_EQ(head->body, "");
+
+  absl::StatusOr<HttpReply> missing = testing::Get(server->port(), "/nowhere", deadline);
+  ASSERT_TRUE(missing.ok()) << missing.status();
+  EXPECT_EQ(missing->status, 404);
+
+  absl::StatusOr<HttpReply> posted = testing::Request(server->port(), "POST", "/count", deadline);
+  ASSERT_TRUE(posted.ok()) << posted.status();
+  EXPECT_EQ(posted->status, 405);
+  // The POST did not run the handler; GET and HEAD did.
+  EXPECT_EQ(answered.load(), 2);
+}
+
+TEST(HttpServerTest, RefusesBadOptionsAndAPortInUse) {
+  HttpServerOptions no_connections;
+  no_connections.max_connections = 0;
+  EXPECT_EQ(HttpServer::Start(no_connections).status().code(), absl::StatusCode::kInvalidArgument);
+  HttpServerOptions fractional;
+  fractional.idle_timeout = absl::Milliseconds(1500);
+  EXPECT_EQ(HttpServer::Start(fractional).status().code(), absl::StatusCode::kInvalidArgument);
+
+  std::atomic<int> answered{0};
+  std::unique_ptr<HttpServer> first = StartOrDie(CountingOptions(&answered));
+  ASSERT_NE(first, nullptr);
+  HttpServerOptions same_port = CountingOptions(&answered);
+  same_port.port = first->port();
+  EXPECT_EQ(HttpServer::Start(same_port).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(HttpServerTest, ClosesAConnectionIdleForTheTimeout) {
+  std::atomic<int> answered{0};
+  HttpServerOptions options = CountingOptions(&answered);
+  options.idle_timeout = absl::Seconds(1);
+  std::unique_ptr<HttpServer> server = StartOrDie(std::move(options));
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<RawConnection> idle = RawConnection::Open(server->port());
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  const absl::Time opened = absl::Now();
+  absl::StatusOr<std::string> received = idle->ReadUntilClosed(opened + absl::Seconds(20));
+  ASSERT_TRUE(received.ok()) << received.status();
+  EXPECT_EQ(*received, "");
+  EXPECT_GE(absl::Now() - opened, absl::Milliseconds(500));
+}
+
+TEST(HttpServerTest, ConnectionsBeyondTheCapWaitUntilOneCloses) {
+  std::atomic<int> answered{0};
+  HttpServerOptions options = CountingOptions(&answered);
+  options.max_connections = 2;
+  std::unique_ptr<HttpServer> server = StartOrDie(std::move(options));
+  ASSERT_NE(server, nullptr);
+  std::vector<RawConnection> held;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<RawConnection> connection = RawConnection::Open(server->port());
+    ASSERT_TRUE(connection.ok()) << connection.status();
+    held.push_back(*std::move(connection));
+  }
+  // Both slots are taken: a third request is not answered while they stay open.
+  absl::StatusOr<HttpReply> refused =
+      testing::Get(server->port(), "/count", absl::Now() + absl::Milliseconds(500));
+  EXPECT_FALSE(refused.ok());
+  held.clear();
+  absl::StatusOr<HttpReply> served =
+      testing::Get(server->port(), "/count", absl::Now() + absl::Seconds(10));
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ(served->status, 200);
+}
+
+TEST(HttpServerTest, SlowAndIdleClientsDoNotDelayAnswers) {
+  std::atomic<int> answered{0};
+  std::unique_ptr<HttpServer> server = StartOrDie(CountingOptions(&answered));
+  ASSERT_NE(server, nullptr);
+  std::vector<RawConnection> idle;
+  for (int i = 0; i < 64; ++i) {
+    absl::StatusOr<RawConnection> connection = RawConnection::Open(server->port());
+    ASSERT_TRUE(connection.ok()) << connection.status();
+    idle.push_back(*std::move(connection));
+  }
+  absl::StatusOr<std::unique_ptr<testing::SlowClients>> slow =
+      testing::SlowClients::Open(server->port(), 64);
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  // Every slow client is part-way into its request (two bytes each) before the probes start.
+  ASSERT_TRUE((*slow)->WaitForBytes(128, absl::Now() + absl::Seconds(30)));
+
+  std::vector<absl::Duration> latencies;
+  for (int round = 0; round < 20; ++round) {
+    for (const char* path : {"/healthz", "/count"}) {
+      const absl::Time start = absl::Now();
+      absl::StatusOr<HttpReply> reply =
+          testing::Get(server->port(), path, start + absl::Seconds(10));
+      const absl::Duration latency = absl::Now() - start;
+      ASSERT_TRUE(reply.ok()) << path << ": " << reply.status();
+      EXPECT_EQ(reply->status, 200) << path;
+      EXPECT_LT(latency, kAnswerBound) << path;
+      latencies.push_back(latency);
+    }
+    // Pacing: spreads the probes over the slow clients' sends.
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ((*slow)->send_errors(), 0) << "the server closed a slow client early";
+  std::sort(latencies.begin(), latencies.end());
+  std::printf(
+      "HttpServer with 64 idle + 64 slow clients: %zu answers, median %.2f ms, max %.2f ms\n",
+      latencies.size(), absl::ToDoubleMilliseconds(latencies[latencies.size() / 2]),
+      absl::ToDoubleMilliseconds(latencies.back()));
+}
+
+}  // namespace
+}  // namespace zeroshard::coordinator
