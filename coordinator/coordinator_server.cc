@@ -1,8 +1,6 @@
 // Wiring of the coordinator's parts into one running server.
 #include "coordinator/coordinator_server.h"
 
-#include <httplib.h>
-
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -48,25 +46,25 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
 
   if (options.metrics_port >= 0) {
-    server->http_ = std::make_unique<httplib::Server>();
+    HttpServerOptions http;
+    http.host = server->host_;
+    http.port = options.metrics_port;
+    http.max_connections = options.metrics_max_connections;
+    http.idle_timeout = options.metrics_idle_timeout;
     CoordinatorServer* raw = server.get();
-    server->http_->Get("/metrics", [raw](const httplib::Request&, httplib::Response& response) {
-      response.set_content(raw->metrics_.RenderPrometheus(raw->manager_->Stats()),
-                           "text/plain; version=0.0.4");
-    });
-    server->http_->Get("/healthz", [](const httplib::Request&, httplib::Response& response) {
-      response.set_content("ok\n", "text/plain");
-    });
-    if (options.metrics_port == 0) {
-      server->metrics_port_ = server->http_->bind_to_any_port(server->host_);
-    } else if (server->http_->bind_to_port(server->host_, options.metrics_port)) {
-      server->metrics_port_ = options.metrics_port;
+    http.handlers["/metrics"] = [raw] {
+      return HttpResponse{200, "text/plain; version=0.0.4",
+                          raw->metrics_.RenderPrometheus(raw->manager_->Stats())};
+    };
+    http.handlers["/healthz"] = [] { return HttpResponse{200, "text/plain", "ok\n"}; };
+    absl::StatusOr<std::unique_ptr<HttpServer>> started = HttpServer::Start(std::move(http));
+    if (!started.ok()) {
+      // "port: ..." becomes "metrics_port: ...": the option (and flag) names.
+      return absl::Status(started.status().code(),
+                          absl::StrCat("metrics_", started.status().message()));
     }
-    if (server->metrics_port_ <= 0) {
-      return absl::UnavailableError(absl::StrCat("metrics_port: cannot listen on ", server->host_,
-                                                 ":", options.metrics_port));
-    }
-    server->http_thread_ = std::thread([raw] { raw->http_->listen_after_bind(); });
+    server->http_ = *std::move(started);
+    server->metrics_port_ = server->http_->port();
   }
 
   server->ticker_ = std::thread([raw = server.get()] {
@@ -87,10 +85,7 @@ void CoordinatorServer::Shutdown() {
   if (stopping_.HasBeenNotified()) return;
   stopping_.Notify();
   if (ticker_.joinable()) ticker_.join();
-  if (http_ != nullptr) {
-    http_->stop();
-    if (http_thread_.joinable()) http_thread_.join();
-  }
+  http_.reset();
   // Calls still in flight at the deadline (parked StoreGets, WatchJob streams) are cancelled
   // then and end with CANCELLED. The rendezvous store goes only after the server: the handlers
   // use it until the server is gone.

@@ -12,14 +12,11 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/http_server.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rendezvous_store.h"
 #include "grpcpp/server.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace zeroshard::coordinator {
 
@@ -28,6 +25,10 @@ struct CoordinatorServerOptions {
   std::string listen_address = "127.0.0.1:50051";
   // /metrics HTTP port on the same host; 0 picks a free one; -1 disables it.
   int metrics_port = 0;
+  // Open connections to the metrics port at most; more wait in the listen backlog.
+  int metrics_max_connections = 256;
+  // A metrics connection idle (nothing sent or received) this long is closed; whole seconds.
+  absl::Duration metrics_idle_timeout = absl::Seconds(10);
   std::string state_dir;
   JobManagerOptions manager;
   ServiceOptions service;
@@ -65,8 +66,7 @@ class CoordinatorServer {
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<httplib::Server> http_;
-  std::thread http_thread_;
+  std::unique_ptr<HttpServer> http_;
   std::thread ticker_;
   absl::Notification stopping_;
   absl::Notification stopped_;

@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
   addrinfo* resolved = nullptr;
   if (const int error = getaddrinfo(host.c_str(), nullptr, &hints, &resolved); error != 0) {
     return absl::UnavailableError(
-        absl::StrCat("http: cannot resolve '", host, "': ", gai_strerror(error)));
+        absl::StrCat("port: cannot resolve host '", host, "': ", gai_strerror(error)));
   }
   sockaddr_storage address{};
   std::memcpy(&address, resolved->ai_addr, resolved->ai_addrlen);
@@ -101,12 +101,12 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
       MHD_OPTION_END);
   if (server->daemon_ == nullptr) {
     return absl::UnavailableError(
-        absl::StrCat("http: cannot listen on ", server->options_.host, ":", server->options_.port));
+        absl::StrCat("port: cannot listen on ", server->options_.host, ":", server->options_.port));
   }
   const MHD_DaemonInfo* info = MHD_get_daemon_info(server->daemon_, MHD_DAEMON_INFO_BIND_PORT);
   server->port_ = info == nullptr ? 0 : info->port;
   if (server->port_ == 0) {
-    return absl::InternalError("http: libmicrohttpd does not report the port it listens on");
+    return absl::InternalError("port: libmicrohttpd does not report the port it listens on");
   }
   return server;
 }

@@ -41,6 +41,7 @@ struct HttpServerOptions {
 // for a handler in progress. Handlers run one at a time on the server's thread.
 class HttpServer {
  public:
+  // Errors name the option at fault ("max_connections: ...", "port: cannot listen on ...").
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(HttpServerOptions options);
   ~HttpServer();
 

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -78,17 +79,25 @@ TEST(HttpServerTest, AnswersRegisteredPathsWithTheirContentTypeAndRefusesTheRest
 TEST(HttpServerTest, RefusesBadOptionsAndAPortInUse) {
   HttpServerOptions no_connections;
   no_connections.max_connections = 0;
-  EXPECT_EQ(HttpServer::Start(no_connections).status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status no_connections_status = HttpServer::Start(no_connections).status();
+  EXPECT_EQ(no_connections_status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(no_connections_status.message(), "max_connections: 0"))
+      << no_connections_status;
   HttpServerOptions fractional;
   fractional.idle_timeout = absl::Milliseconds(1500);
-  EXPECT_EQ(HttpServer::Start(fractional).status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status fractional_status = HttpServer::Start(fractional).status();
+  EXPECT_EQ(fractional_status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(fractional_status.message(), "idle_timeout: 1.5s"))
+      << fractional_status;
 
   std::atomic<int> answered{0};
   std::unique_ptr<HttpServer> first = StartOrDie(CountingOptions(&answered));
   ASSERT_NE(first, nullptr);
   HttpServerOptions same_port = CountingOptions(&answered);
   same_port.port = first->port();
-  EXPECT_EQ(HttpServer::Start(same_port).status().code(), absl::StatusCode::kUnavailable);
+  const absl::Status in_use = HttpServer::Start(same_port).status();
+  EXPECT_EQ(in_use.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StartsWith(in_use.message(), "port: cannot listen on")) << in_use;
 }
 
 TEST(HttpServerTest, ClosesAConnectionIdleForTheTimeout) {

@@ -20,6 +20,12 @@ ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
 ABSL_FLAG(bool, insecure_bind_any, false,
           "Allow a non-loopback --listen address without TLS (trusted networks only).");
 ABSL_FLAG(int, metrics_port, 0, "Port of the /metrics HTTP endpoint (0 picks one, -1 disables).");
+ABSL_FLAG(int, metrics_max_connections, 256,
+          "Open connections to the metrics port at most; further ones wait in the listen backlog "
+          "until one closes.");
+ABSL_FLAG(absl::Duration, metrics_idle_timeout, absl::Seconds(10),
+          "A metrics-port connection that sends or receives nothing this long is closed (whole "
+          "seconds, at least 1s).");
 ABSL_FLAG(std::string, state_dir, "", "Directory of the durable job state (SQLite). Required.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory the workers write checkpoints into (the same path on every worker and "
@@ -60,6 +66,8 @@ int main(int argc, char** argv) {
   zeroshard::coordinator::CoordinatorServerOptions options;
   options.listen_address = absl::GetFlag(FLAGS_listen);
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
+  options.metrics_idle_timeout = absl::GetFlag(FLAGS_metrics_idle_timeout);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.manager.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.manager.lease.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);
