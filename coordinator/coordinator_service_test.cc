@@ -1068,6 +1068,55 @@ TEST_F(CoordinatorServiceTest, LeaseExpiryEndsTheGenerationAndTheSurvivorAborts)
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// ---- Scheduling ----
+
+// The probe's case on a real coordinator: a 3-worker job on a 2-worker cluster, waiting past
+// --max_backfill_wait (30 s), does not keep a 1-worker job from the idle workers, and its message
+// says why it waits. Once a third worker registers it reserves the idle ones and starts when the
+// small job finishes, while a later small job waits.
+TEST_F(CoordinatorServiceTest, AJobLargerThanTheClusterBlocksNobodyUntilAWorkerJoins) {
+  StartServer();
+  std::vector<std::string> workers = {Register("a", "host-a"), Register("b", "host-b")};
+  v1::JobSpec three_spec = Spec("three", 3);
+  three_spec.set_global_batch(96);
+  const v1::Job three = Submit(three_spec);
+  EXPECT_EQ(three.state(), v1::PENDING);
+  EXPECT_TRUE(absl::StrContains(three.message(),
+                                "unschedulable: needs 3 CPU workers and the cluster has 2 live"))
+      << three.message();
+  // 31 s in heartbeat-sized steps, so that the leases (3 s) hold.
+  v1::HeartbeatResponse heartbeat;
+  for (int second = 0; second < 31; ++second) {
+    clock_.Advance(absl::Seconds(1));
+    for (const std::string& worker : workers) ASSERT_TRUE(Heartbeat(worker, &heartbeat).ok());
+  }
+  server_->manager()->Tick();
+
+  const v1::Job one = GetJob(Submit(Spec("one", 1)).id());
+  ASSERT_EQ(one.state(), v1::RUNNING) << one.message();
+  const v1::Job still_waiting = GetJob(three.id());
+  EXPECT_EQ(still_waiting.state(), v1::PENDING);
+  EXPECT_TRUE(
+      absl::StrContains(still_waiting.message(), "needs 3 CPU workers and the cluster has 2 live"))
+      << still_waiting.message();
+
+  workers.push_back(Register("c", "host-c"));
+  const v1::Job reserved = GetJob(three.id());
+  EXPECT_EQ(reserved.state(), v1::PENDING);
+  EXPECT_EQ(reserved.message(), "") << "it fits the cluster now";
+  // The two idle workers are held for "three", which waited past the bound.
+  const v1::Job two = Submit(Spec("two", 1));
+  EXPECT_EQ(GetJob(two.id()).state(), v1::PENDING);
+
+  v1::ReportProgressResponse progress;
+  ASSERT_TRUE(ReportProgress(one, 0, 1, true, &progress).ok());
+  ASSERT_EQ(GetJob(one.id()).state(), v1::SUCCEEDED);
+  const v1::Job started = GetJob(three.id());
+  ASSERT_EQ(started.state(), v1::RUNNING) << started.message();
+  EXPECT_EQ(started.worker_ids_size(), 3);
+  EXPECT_EQ(GetJob(two.id()).state(), v1::PENDING);
+}
+
 // ---- ExportCheckpoint ----
 
 // An export stream read to its end.

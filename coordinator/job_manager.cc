@@ -10,6 +10,7 @@
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "checkpoint/manifest.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -1061,15 +1062,34 @@ void JobManager::ScheduleLocked() {
     pending.push_back(std::move(job));
   }
   std::vector<FreeWorker> free_workers;
+  LiveWorkerCounts live_workers;
   if (!pending.empty()) {
     for (v1::DeviceKind kind : {v1::CPU, v1::CUDA}) {
       for (const v1::WorkerInfo* worker : workers_.IdleWorkers(kind)) {
         free_workers.push_back({worker->id(), worker->host(), kind});
       }
     }
+    for (const v1::WorkerInfo* worker : workers_.List(v1::WORKER_STATE_UNSPECIFIED)) {
+      if (worker->state() == v1::IDLE || worker->state() == v1::BUSY) {
+        ++live_workers[worker->device_kind()];
+      }
+    }
   }
-  for (const Placement& placement :
-       Schedule(pending, free_workers, clock_->Now(), options_.scheduler)) {
+  const ScheduleResult scheduled =
+      Schedule(pending, free_workers, live_workers, clock_->Now(), options_.scheduler);
+  absl::flat_hash_map<std::string, const std::string*> unschedulable_reasons;
+  for (const UnschedulableJob& job : scheduled.unschedulable) {
+    unschedulable_reasons[job.job_id] = &job.reason;
+  }
+  for (const PendingJob& job : pending) {
+    JobRecord& record = jobs_[job.job_id];
+    const auto it = unschedulable_reasons.find(job.job_id);
+    const std::string reason = it == unschedulable_reasons.end() ? "" : *it->second;
+    if (SetUnschedulableReasonLocked(record, reason) && !absl::c_linear_search(changed, &record)) {
+      changed.push_back(&record);
+    }
+  }
+  for (const Placement& placement : scheduled.placements) {
     JobRecord& record = jobs_[placement.job_id];
     absl::StatusOr<sharding::ShardPlan> plan =
         jobspec::PlanForJob(record.job.spec(), static_cast<int64_t>(placement.worker_ids.size()));
@@ -1087,6 +1107,28 @@ void JobManager::ScheduleLocked() {
     if (!absl::c_linear_search(changed, &record)) changed.push_back(&record);
   }
   if (!changed.empty()) PersistLocked(changed);
+}
+
+bool JobManager::SetUnschedulableReasonLocked(JobRecord& record, const std::string& reason) {
+  if (reason == record.unschedulable_reason) return false;
+  if (record.unschedulable_reason.empty()) {
+    // After a restart the stored message may still end in an old reason: it is not kept.
+    const std::string& message = record.job.message();
+    const size_t old_reason = message.find(kUnschedulablePrefix);
+    record.message_before_unschedulable =
+        old_reason == std::string::npos
+            ? message
+            : std::string(absl::StripSuffix(message.substr(0, old_reason), "; "));
+  }
+  record.unschedulable_reason = reason;
+  // No event: the reason changes with the live workers (a restarted coordinator sees none at
+  // first), and what the job's owner should know is why it waits now.
+  const std::string& before = record.message_before_unschedulable;
+  record.job.set_message(reason.empty() || before.empty() ? before + reason
+                                                          : absl::StrCat(before, "; ", reason));
+  ZS_LOG(INFO) << "job " << record.job.id() << ": "
+               << (reason.empty() ? "schedulable again: enough workers are live" : reason);
+  return true;
 }
 
 }  // namespace zeroshard::coordinator

@@ -264,6 +264,11 @@ class JobManager {
       bool waiting = true;
     };
     std::optional<Regroup> regroup;
+    // Set while the scheduler reports this pending job unschedulable (more workers needed than
+    // are live): the reason, added to the job's message, and the message before it, which is
+    // all the message says again once enough workers are live.
+    std::string unschedulable_reason;
+    std::string message_before_unschedulable;
   };
 
   JobManager(common::Clock* clock, std::unique_ptr<JobStore> store, RendezvousStore* rendezvous,
@@ -333,6 +338,10 @@ class JobManager {
   // Tick: ends the generations whose adoption window passed with ranks missing.
   void EndExpiredAdoptionsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ScheduleLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Shows `reason` (empty: schedulable) at the end of a pending job's message. Returns whether
+  // the job changed.
+  bool SetUnschedulableReasonLocked(JobRecord& record, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndSinksLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes sure the registry's next worker number lies in a block reserved in the durable store,
   // so worker ids never repeat across coordinator restarts.

@@ -549,6 +549,47 @@ TEST_F(JobManagerTest, RestartKeepsJobsAndRestartsRunningOnesInANewGeneration) {
   EXPECT_EQ(manager_->GetJob(running->id())->generation(), 2);
 }
 
+// A job that needs more workers than are live says so at the end of its message, once (also
+// after a restart), and the message is what it was before once enough workers are live.
+TEST_F(JobManagerTest, AnUnschedulableJobsMessageSaysWhyUntilItFits) {
+  Register("a");
+  auto running = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(running.ok()) << running.status();
+  ASSERT_EQ(manager_->GetJob(running->id())->state(), v1::RUNNING);
+  auto waiting = manager_->SubmitJob(SeedSpec(2));
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  EXPECT_TRUE(absl::StartsWith(manager_->GetJob(waiting->id())->message(),
+                               "unschedulable: needs 2 CPU workers and the cluster has 1 live"))
+      << manager_->GetJob(waiting->id())->message();
+
+  // The stored message carries the old reason; the new one replaces it.
+  Start(dir_);
+  manager_->Tick();
+  const std::string after_restart = manager_->GetJob(waiting->id())->message();
+  EXPECT_TRUE(absl::StartsWith(after_restart,
+                               "unschedulable: needs 2 CPU workers and the cluster has 0 live"))
+      << after_restart;
+  EXPECT_EQ(after_restart.find("unschedulable", 1), std::string::npos) << after_restart;
+
+  // A RECOVERING job keeps why its generation ended before the reason.
+  EndAdoptionWindow();
+  const v1::Job recovering = *manager_->GetJob(running->id());
+  ASSERT_EQ(recovering.state(), v1::RECOVERING);
+  const size_t reason = recovering.message().find("; unschedulable: needs 1 CPU workers");
+  ASSERT_NE(reason, std::string::npos) << recovering.message();
+  EXPECT_TRUE(absl::StartsWith(recovering.message(), "generation 1 ended: coordinator restarted"))
+      << recovering.message();
+
+  // Two workers: the recovering job starts on one, the other job fits the cluster and waits for
+  // the second worker to be idle, its message empty again as at submission.
+  Register("b");
+  Register("c");
+  EXPECT_EQ(manager_->GetJob(running->id())->state(), v1::RUNNING);
+  const v1::Job fits = *manager_->GetJob(waiting->id());
+  EXPECT_EQ(fits.state(), v1::PENDING);
+  EXPECT_EQ(fits.message(), "");
+}
+
 TEST_F(JobManagerTest, UnknownWorkerHeartbeatIsNotFound) {
   v1::HeartbeatRequest request;
   request.set_worker_id("worker-000123");

@@ -1,5 +1,5 @@
-// FIFO gang scheduler with bounded backfill, pinned placements for attached jobs, and former
-// members first for recovering jobs.
+// FIFO gang scheduler with backfill and a reservation, pinned placements for attached jobs, and
+// former members first for recovering jobs.
 #include "coordinator/scheduler.h"
 
 #include <algorithm>
@@ -7,6 +7,7 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
 
 namespace zeroshard::coordinator {
 
@@ -18,7 +19,29 @@ int64_t ChooseWorldSize(const PendingJob& job, int64_t available) {
   return 0;
 }
 
+int64_t SmallestWorldSize(const PendingJob& job) {
+  for (int64_t w = std::max<int64_t>(job.min_workers, 1); w <= job.max_workers; ++w) {
+    if (job.global_batch % w == 0) return w;
+  }
+  return 0;
+}
+
 namespace {
+
+// Why `job` cannot start on `live` workers however long it waits, or "" if it could.
+std::string UnschedulableReason(const PendingJob& job, int64_t live) {
+  const std::string kind = v1::DeviceKind_Name(job.device_kind);
+  const int64_t smallest = SmallestWorldSize(job);
+  if (smallest == 0) {
+    return absl::StrCat(kUnschedulablePrefix, "no world size in [min_workers ", job.min_workers,
+                        ", max_workers ", job.max_workers, "] divides global_batch ",
+                        job.global_batch);
+  }
+  if (smallest <= live) return "";
+  return absl::StrCat(kUnschedulablePrefix, "needs ", smallest, " ", kind,
+                      " workers and the cluster has ", live,
+                      " live; it waits for more to register and holds none meanwhile");
+}
 
 // The free workers of one device kind in placement order (grouped by host), and which of them
 // this pass has given out or held already. Not thread-safe: local to one Schedule call.
@@ -95,9 +118,10 @@ struct PoolSlot {
 
 }  // namespace
 
-std::vector<Placement> Schedule(const std::vector<PendingJob>& pending,
-                                const std::vector<FreeWorker>& free_workers, absl::Time now,
-                                const SchedulerOptions& options) {
+ScheduleResult Schedule(const std::vector<PendingJob>& pending,
+                        const std::vector<FreeWorker>& free_workers,
+                        const LiveWorkerCounts& live_workers, absl::Time now,
+                        const SchedulerOptions& options) {
   std::map<v1::DeviceKind, WorkerPool> pools;
   for (const FreeWorker& worker : free_workers) pools[worker.device_kind].Add(&worker);
   for (auto& [kind, pool] : pools) pool.GroupByHost();
@@ -111,8 +135,20 @@ std::vector<Placement> Schedule(const std::vector<PendingJob>& pending,
       for (size_t i = 0; i < pool.size(); ++i) slot_by_id[pool.worker(i).worker_id] = {&pool, i};
     }
   }
-  std::vector<Placement> placements;
+  ScheduleResult result;
+  std::vector<Placement>& placements = result.placements;
   for (const PendingJob& job : pending) {
+    if (job.pinned_worker_ids.empty() && !job.regrouping) {
+      // Neither a reservation (it could never use it: its kind's workers would sit idle
+      // forever) nor a place in the queue that blocks anyone.
+      const auto live = live_workers.find(job.device_kind);
+      std::string unschedulable =
+          UnschedulableReason(job, live == live_workers.end() ? 0 : live->second);
+      if (!unschedulable.empty()) {
+        result.unschedulable.push_back({job.job_id, std::move(unschedulable)});
+        continue;
+      }
+    }
     WorkerPool& pool = pools[job.device_kind];
     if (pool.reserved()) continue;
     const bool waited_too_long = now - job.pending_since >= options.max_backfill_wait;
@@ -154,7 +190,7 @@ std::vector<Placement> Schedule(const std::vector<PendingJob>& pending,
     }
     placements.push_back({job.job_id, pool.TakeFirst(world_size, std::move(preferred))});
   }
-  return placements;
+  return result;
 }
 
 }  // namespace zeroshard::coordinator

@@ -1,5 +1,6 @@
-// Gang scheduling, FIFO with bounded backfill: a pure function from the pending jobs and the free
-// workers to the jobs that start now and the workers (in rank order) each one gets. Jobs pinned
+// Gang scheduling, FIFO with backfill and a reservation: a pure function from the pending jobs, the
+// free workers and the live worker counts to the jobs that start now and the workers (in rank
+// order) each one gets, and the jobs that cannot start however long they wait. Jobs pinned
 // to particular workers (attached jobs) start on exactly those; a job recovering from a lost
 // worker gets its former members before any other worker, and can hold them while it waits for
 // the rest to come back.
@@ -7,6 +8,7 @@
 #define ZEROSHARD_COORDINATOR_SCHEDULER_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -53,8 +55,12 @@ struct Placement {
 struct SchedulerOptions {
   // Policy: jobs are considered in FIFO order. A later job may start ahead of an earlier one that
   // does not fit ("backfill") only while that earlier job has been pending for less than this;
-  // after that the earlier job reserves the workers of its device kind, and nothing behind it
-  // starts until it does. So no job waits behind later ones for longer than this.
+  // after that the earlier job reserves the workers of its device kind: the idle ones are held
+  // for it, and nothing behind it of that kind starts until it does. With no run-time estimates,
+  // backfill could only use workers the reservation does not need, and while it waits it needs
+  // every idle one (fewer are idle than it needs). So no job waits behind later ones for longer
+  // than this. A job that needs more workers than are live (IDLE or BUSY) of its kind gets no
+  // reservation and blocks nobody: it is reported unschedulable until enough workers register.
   // A pinned job that waited this long reserves only its own free workers (they are held for it
   // until the rest are free), not every worker of its device kind: it may wait for a worker that
   // never comes back, and should not stop the whole kind meanwhile. Pinned jobs wait, like any
@@ -62,13 +68,39 @@ struct SchedulerOptions {
   absl::Duration max_backfill_wait = absl::Seconds(30);
 };
 
+// Live (IDLE or BUSY) workers of each device kind: the most workers a job of that kind could get
+// once the running jobs end. Kinds not listed have none.
+using LiveWorkerCounts = std::map<v1::DeviceKind, int64_t>;
+
+// Every UnschedulableJob::reason starts with this.
+inline constexpr char kUnschedulablePrefix[] = "unschedulable: ";
+
+// A pending job that cannot start however long it waits on the live workers, and why.
+struct UnschedulableJob {
+  std::string job_id;
+  std::string reason;
+};
+
+struct ScheduleResult {
+  std::vector<Placement> placements;
+  // In FIFO order. Pinned and regrouping jobs are never listed (they wait for particular workers
+  // to come back).
+  std::vector<UnschedulableJob> unschedulable;
+};
+
 // The largest W in [min_workers, min(max_workers, available)] that divides global_batch, or 0.
 int64_t ChooseWorldSize(const PendingJob& job, int64_t available);
 
-// `pending` is in FIFO order; `free_workers` in registration order, unique ids. Deterministic.
-std::vector<Placement> Schedule(const std::vector<PendingJob>& pending,
-                                const std::vector<FreeWorker>& free_workers, absl::Time now,
-                                const SchedulerOptions& options = {});
+// The smallest W in [min_workers, max_workers] that divides global_batch (the fewest workers the
+// job can start on), or 0 if there is none.
+int64_t SmallestWorldSize(const PendingJob& job);
+
+// `pending` is in FIFO order; `free_workers` in registration order, unique ids, each also counted
+// in `live_workers`. Deterministic.
+ScheduleResult Schedule(const std::vector<PendingJob>& pending,
+                        const std::vector<FreeWorker>& free_workers,
+                        const LiveWorkerCounts& live_workers, absl::Time now,
+                        const SchedulerOptions& options = {});
 
 }  // namespace zeroshard::coordinator
 
