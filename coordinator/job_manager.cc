@@ -683,10 +683,11 @@ void JobManager::ThinEventsLocked(JobRecord& record) {
     return;
   }
   record.stored_events -= *deleted;
-  // A history of mostly other events cannot be thinned below the limit: the next pass waits for
-  // a quarter of the limit of new events rather than rescanning the history on every event.
-  record.thin_above =
-      std::max(options_.max_events_per_job, record.stored_events + options_.max_events_per_job / 4);
+  // A history of mostly other events may stay above the limit: then the next pass waits for a
+  // quarter of the limit of new events rather than rescanning the history on every event.
+  record.thin_above = record.stored_events > options_.max_events_per_job
+                          ? record.stored_events + options_.max_events_per_job / 4
+                          : options_.max_events_per_job;
 }
 
 absl::Status JobManager::CheckStateEdgeLocked(const JobRecord& record, v1::JobState state) {

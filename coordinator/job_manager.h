@@ -51,7 +51,9 @@ struct JobManagerOptions {
   absl::Duration RegroupWait() const { return regroup_wait.value_or(lease.heartbeat_period); }
   // Events stored per job before old PROGRESS events are thinned: whenever a write takes a job
   // past it, JobStore::ThinProgressEvents deletes every second PROGRESS event of the oldest half
-  // of its stored events. Every other event is kept. A job below it keeps every event.
+  // of its stored events. Every other event is kept. A job below it keeps every event. When a
+  // pass leaves more than this (few PROGRESS events to thin), the next one waits until the job
+  // has this/4 more events.
   int64_t max_events_per_job = 100000;
 };
 
