@@ -106,10 +106,10 @@ TEST(JobStoreTest, ThinningDeletesEverySecondProgressEventOfTheOldestHalf) {
   auto deleted = (*store)->ThinProgressEvents("job-000001");
   ASSERT_TRUE(deleted.ok()) << deleted.status();
   EXPECT_EQ(*deleted, 4);
+  auto stored = (*store)->LoadEvents("job-000001");
+  ASSERT_TRUE(stored.ok()) << stored.status();
   std::vector<int64_t> kept;
-  for (const v1::JobEvent& event : *(*store)->LoadEvents("job-000001")) {
-    kept.push_back(event.sequence());
-  }
+  for (const v1::JobEvent& event : *stored) kept.push_back(event.sequence());
   EXPECT_EQ(kept, (std::vector<int64_t>{1, 2, 4, 6, 7, 9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}));
   // Other jobs are untouched.
   EXPECT_EQ((*store)->LoadEvents("job-000002")->size(), 1u);
