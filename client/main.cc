@@ -210,16 +210,27 @@ int Watch(CoordinatorClient& client, const std::string& job_id) {
   std::ostringstream discarded;
   ProgressView view(job_id, job->spec().steps(), !json && isatty(STDOUT_FILENO) == 1,
                     json ? &discarded : &std::cout);
-  absl::Status status = client.WatchJob(job_id, 0, [&](const v1::JobEvent& event) {
-    view.OnEvent(event);
-    if (json) {
-      std::string line;
-      google::protobuf::util::JsonPrintOptions options;
-      options.preserve_proto_field_names = true;
-      (void)google::protobuf::util::MessageToJsonString(event, &line, options);
-      std::cout << line << "\n" << std::flush;
+  int64_t last_sequence = 0;
+  absl::Status status;
+  while (true) {
+    const int64_t resumed_after = last_sequence;
+    status = client.WatchJob(job_id, resumed_after, [&](const v1::JobEvent& event) {
+      last_sequence = event.sequence();
+      view.OnEvent(event);
+      if (json) {
+        std::string line;
+        google::protobuf::util::JsonPrintOptions options;
+        options.preserve_proto_field_names = true;
+        (void)google::protobuf::util::MessageToJsonString(event, &line, options);
+        std::cout << line << "\n" << std::flush;
+      }
+    });
+    // A watcher that fell behind the live events (a slow terminal) resumes where it stopped;
+    // only while it makes progress, so a stream refused outright is not retried forever.
+    if (status.code() != absl::StatusCode::kResourceExhausted || last_sequence == resumed_after) {
+      break;
     }
-  });
+  }
   view.Close();
   if (!status.ok()) return Fail(status);
   return view.final_state() == v1::SUCCEEDED ? 0 : 1;

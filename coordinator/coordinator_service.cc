@@ -60,15 +60,26 @@ class StoreGetReactor final : public grpc::ServerUnaryReactor {
 
 class WatchReactor;
 
-// The manager's handle on one WatchJob stream. Never blocks: events queue here and the reactor
-// writes them one at a time; a full queue ends the stream (the watcher fell behind).
-// StartWrite and Finish are called with mu_ held: gRPC never runs a reaction inline with the
-// call that starts the operation, so this cannot re-enter.
-class WatchSink final : public JobEventSink {
+// The manager's handle on one WatchJob stream. First it reads the history from the manager a
+// page at a time, the next page once the last one is written, so a history of any length costs
+// one page of memory; the last page makes it follow the job (JobManager::WatchPage). Never
+// blocks: events queue here and the reactor writes them one at a time; a full queue ends the
+// stream (the watcher fell behind live events).
+// Thread-safe. StartWrite and Finish are called with mu_ held: gRPC never runs a reaction inline
+// with the call that starts the operation, so this cannot re-enter. mu_ is never held while
+// calling the manager, which calls OnEvent and OnJobEnded with its own lock held.
+class WatchSink final : public JobEventSink, public std::enable_shared_from_this<WatchSink> {
  public:
-  WatchSink(WatchReactor* reactor, size_t max_backlog)
-      : reactor_(reactor), max_backlog_(max_backlog) {}
+  WatchSink(WatchReactor* reactor, JobManager* manager, std::string job_id, size_t max_backlog,
+            size_t page_events)
+      : reactor_(reactor),
+        manager_(manager),
+        job_id_(std::move(job_id)),
+        max_backlog_(max_backlog),
+        page_events_(std::max<size_t>(1, std::min(page_events, max_backlog))) {}
 
+  // Sends the history after `after_sequence`, then follows the job.
+  void Start(int64_t after_sequence);
   bool OnEvent(const v1::JobEvent& event) override;
   void OnJobEnded() override;
   // The reactor finished writing the front event.
@@ -79,12 +90,24 @@ class WatchSink final : public JobEventSink {
   void Detach();
 
  private:
+  // Reads history pages while the queue is empty, until the sink follows the job, its stream
+  // has finished, or another call is reading one.
+  void ReadHistory() ABSL_LOCKS_EXCLUDED(mu_);
   void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
   // Null once the reactor is done.
   WatchReactor* reactor_ ABSL_GUARDED_BY(mu_);
+  JobManager* const manager_;
+  const std::string job_id_;
   const size_t max_backlog_;
+  const size_t page_events_;
+  // The sequence of the last event queued: the next page starts after it.
+  int64_t last_queued_sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  // A page is being read (on one thread at a time: two would send events twice).
+  bool reading_page_ ABSL_GUARDED_BY(mu_) = false;
+  // The manager sends every new event; no more pages are read.
+  bool following_ ABSL_GUARDED_BY(mu_) = false;
   // Events not yet written; the front one is being written while `writing_`.
   std::deque<v1::JobEvent> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -96,8 +119,9 @@ class WatchSink final : public JobEventSink {
 
 class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
-  explicit WatchReactor(size_t max_backlog)
-      : sink_(std::make_shared<WatchSink>(this, max_backlog)) {}
+  WatchReactor(JobManager* manager, std::string job_id, size_t max_backlog, size_t page_events)
+      : sink_(std::make_shared<WatchSink>(this, manager, std::move(job_id), max_backlog,
+                                          page_events)) {}
 
   std::shared_ptr<WatchSink> sink() { return sink_; }
   void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
@@ -111,6 +135,38 @@ class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
   std::shared_ptr<WatchSink> sink_;
 };
 
+void WatchSink::Start(int64_t after_sequence) {
+  {
+    absl::MutexLock lock(&mu_);
+    last_queued_sequence_ = after_sequence;
+  }
+  ReadHistory();
+}
+
+void WatchSink::ReadHistory() {
+  // The manager holds the sink only once it follows; until then this call keeps it alive.
+  const std::shared_ptr<WatchSink> self = shared_from_this();
+  while (true) {
+    int64_t after_sequence;
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_ || following_ || reading_page_ || writing_) return;
+      reading_page_ = true;
+      after_sequence = last_queued_sequence_;
+    }
+    // The page's events arrive through OnEvent (and start writing) before this returns.
+    absl::StatusOr<JobManager::WatchPosition> position =
+        manager_->WatchPage(job_id_, after_sequence, static_cast<int64_t>(page_events_), self);
+    absl::MutexLock lock(&mu_);
+    reading_page_ = false;
+    if (!position.ok()) {
+      if (!finished_) FinishLocked(common::ToGrpcStatus(position.status()));
+      return;
+    }
+    following_ = position->following;
+  }
+}
+
 bool WatchSink::OnEvent(const v1::JobEvent& event) {
   absl::MutexLock lock(&mu_);
   if (finished_) return false;
@@ -122,6 +178,7 @@ bool WatchSink::OnEvent(const v1::JobEvent& event) {
     return false;
   }
   queue_.push_back(event);
+  last_queued_sequence_ = event.sequence();
   if (!writing_) {
     writing_ = true;
     reactor_->StartWrite(&queue_.front());
@@ -136,20 +193,27 @@ void WatchSink::OnJobEnded() {
 }
 
 void WatchSink::OnWriteDone(bool ok) {
-  absl::MutexLock lock(&mu_);
-  if (finished_) return;
-  if (!ok) {
-    FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "watch: write failed"));
-    return;
+  {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "watch: write failed"));
+      return;
+    }
+    last_written_sequence_ = queue_.front().sequence();
+    queue_.pop_front();
+    if (!queue_.empty()) {
+      reactor_->StartWrite(&queue_.front());
+      return;
+    }
+    writing_ = false;
+    if (job_ended_) {
+      FinishLocked(grpc::Status::OK);
+      return;
+    }
+    if (following_) return;
   }
-  last_written_sequence_ = queue_.front().sequence();
-  queue_.pop_front();
-  if (!queue_.empty()) {
-    reactor_->StartWrite(&queue_.front());
-    return;
-  }
-  writing_ = false;
-  if (job_ended_) FinishLocked(grpc::Status::OK);
+  ReadHistory();
 }
 
 void WatchSink::OnCancel() {
@@ -430,13 +494,21 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
     grpc::CallbackServerContext*, const v1::WatchJobRequest* request) {
   const absl::Time start = absl::Now();
-  auto* reactor = new WatchReactor(options_.max_watch_backlog);
+  auto* reactor = new WatchReactor(manager_, request->job_id(), options_.max_watch_backlog,
+                                   options_.watch_page_events);
   absl::Status status = ValidateWatchJobRequest(*request);
   if (status.ok()) {
-    status = manager_->Watch(request->job_id(), request->after_sequence(), reactor->sink());
+    // Unknown jobs fail here; later errors (the store unreadable) end the stream instead.
+    status = manager_->GetJob(request->job_id()).status();
   }
   metrics_->RecordRpc("WatchJob", status.code(), absl::Now() - start);
-  if (!status.ok()) reactor->Finish(common::ToGrpcStatus(status));
+  if (!status.ok()) {
+    reactor->Finish(common::ToGrpcStatus(status));
+    return reactor;
+  }
+  // The reactor may be deleted once the stream finishes, which can happen within Start.
+  const std::shared_ptr<WatchSink> sink = reactor->sink();
+  sink->Start(request->after_sequence());
   return reactor;
 }
 

@@ -20,6 +20,9 @@ struct ServiceOptions {
   // Events a WatchJob stream may have queued before the watcher counts as fallen behind and
   // its stream ends with RESOURCE_EXHAUSTED.
   size_t max_watch_backlog = 4096;
+  // Events a WatchJob stream reads from the store at a time while it sends the history (at
+  // most max_watch_backlog): its memory, whatever the history's length.
+  size_t watch_page_events = 512;
   // ExportCheckpoint streams reading the checkpoint root at once; another one gets
   // RESOURCE_EXHAUSTED. Each holds a thread and up to one fragment of the checkpoint in memory.
   int max_concurrent_exports = 4;

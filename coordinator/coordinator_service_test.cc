@@ -880,6 +880,74 @@ TEST_F(CoordinatorServiceTest, SlowWatcherDoesNotBlockProgressAndLosesItsStream)
   EXPECT_LT(last_sequence, 3 + kReports);
 }
 
+TEST_F(CoordinatorServiceTest, WatchFromTheStartPagesALongHistoryThenFollowsLive) {
+  StartServer();
+  Register("only-rank");
+  const v1::Job job = GetJob(Submit(Spec("long", 1)).id());
+  ASSERT_EQ(job.state(), v1::RUNNING);
+  // Far more history than a watcher may queue (max_watch_backlog, 4096): sent all at once it
+  // would end the stream with RESOURCE_EXHAUSTED.
+  constexpr int kHistoryReports = 20000;
+  int64_t step = 0;
+  auto report = [&](bool finished) {
+    v1::ReportProgressResponse response;
+    const grpc::Status status = ReportProgress(job, 0, ++step, finished, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  };
+  for (int i = 0; i < kHistoryReports; ++i) report(false);
+  const int64_t history_end = 3 + kHistoryReports;  // PENDING, GENERATION_STARTED, RUNNING first
+
+  v1::WatchJobRequest request;
+  request.set_job_id(job.id());
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(120));
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchJob(&context, request);
+  int64_t last_sequence = 0;
+  int64_t last_step = 0;
+  v1::JobEvent event;
+  // Reads the next event and checks that it is the next sequence, and for progress the next step.
+  auto read_next = [&]() {
+    ASSERT_TRUE(reader->Read(&event)) << "after sequence " << last_sequence;
+    ASSERT_EQ(event.sequence(), last_sequence + 1);
+    last_sequence = event.sequence();
+    if (event.type() == v1::PROGRESS) {
+      ASSERT_EQ(event.progress().step(), last_step + 1);
+      last_step = event.progress().step();
+    }
+  };
+  // Partway through the history, more events are written: the watcher gets them too, once.
+  while (last_sequence < 1000) ASSERT_NO_FATAL_FAILURE(read_next());
+  constexpr int kReportsWhileWatching = 1000;
+  for (int i = 0; i < kReportsWhileWatching; ++i) report(false);
+  while (last_sequence < history_end + kReportsWhileWatching) {
+    ASSERT_NO_FATAL_FAILURE(read_next());
+  }
+  EXPECT_EQ(last_step, step);
+
+  // Caught up: a live event arrives as the next sequence, then the end.
+  report(false);
+  ASSERT_NO_FATAL_FAILURE(read_next());
+  EXPECT_EQ(event.type(), v1::PROGRESS);
+  EXPECT_EQ(event.progress().step(), step);
+  report(true);
+  ASSERT_NO_FATAL_FAILURE(read_next());
+  EXPECT_EQ(event.progress().step(), step);
+  ASSERT_NO_FATAL_FAILURE(read_next());
+  EXPECT_EQ(event.type(), v1::STATE_CHANGED);
+  EXPECT_EQ(event.state(), v1::SUCCEEDED);
+  EXPECT_FALSE(reader->Read(&event));
+  const grpc::Status status = reader->Finish();
+  EXPECT_TRUE(status.ok()) << status.error_code() << ": " << status.error_message();
+
+  // The ended job's whole history again, from the start, over a fresh stream.
+  std::vector<v1::JobEvent> replay;
+  ASSERT_TRUE(WatchAll(job.id(), 0, &replay).ok());
+  ASSERT_EQ(static_cast<int64_t>(replay.size()), last_sequence);
+  for (size_t i = 0; i < replay.size(); ++i) {
+    ASSERT_EQ(replay[i].sequence(), static_cast<int64_t>(i) + 1);
+  }
+}
+
 // ---- Ops surface ----
 
 TEST_F(CoordinatorServiceTest, HealthCheckingSaysServing) {

@@ -104,11 +104,12 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
   std::vector<JobRecord*> changed;
   for (v1::Job& job : jobs) {
     const std::string id = job.id();
-    ZS_ASSIGN_OR_RETURN(std::vector<v1::JobEvent> events, manager->store_->LoadEvents(id));
+    ZS_ASSIGN_OR_RETURN(const JobStore::EventCount stored, manager->store_->CountEvents(id));
     JobRecord& record = manager->jobs_[id];
     record.job = std::move(job);
-    record.events = std::move(events);
-    record.published_events = record.events.size();
+    record.last_sequence = stored.last_sequence;
+    record.stored_events = stored.events;
+    record.thin_above = manager->options_.max_events_per_job;
     record.pending_since = clock->Now();
     if (const std::optional<int64_t> number = ParseJobId(id)) {
       manager->next_job_number_ = std::max(manager->next_job_number_, *number + 1);
@@ -256,8 +257,9 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted) {
   if (absl::Status saved = store_->Save(to_save, {submitted_event}); !saved.ok()) {
     return absl::UnavailableError(absl::StrCat("state store: job not accepted: ", saved.message()));
   }
-  record.events.push_back(std::move(submitted_event));
-  record.published_events = 1;
+  record.last_sequence = 1;
+  record.stored_events = 1;
+  record.thin_above = options_.max_events_per_job;
   ++next_job_number_;
   jobs_.emplace(id, std::move(record));
   ZS_LOG(INFO) << "job " << id << " submitted";
@@ -327,18 +329,45 @@ absl::StatusOr<v1::ShardPlan> JobManager::GetShardPlan(const v1::GetShardPlanReq
   return plan;
 }
 
-absl::Status JobManager::Watch(const std::string& job_id, int64_t after_sequence,
-                               std::shared_ptr<JobEventSink> sink) {
+absl::StatusOr<JobManager::WatchPosition> JobManager::WatchPage(
+    const std::string& job_id, int64_t after_sequence, int64_t max_events,
+    std::shared_ptr<JobEventSink> sink) {
   absl::MutexLock lock(&mu_);
   ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(job_id));
-  for (size_t i = 0; i < record->published_events; ++i) {
-    const v1::JobEvent& event = record->events[i];
-    if (event.sequence() > after_sequence && !sink->OnEvent(event)) return absl::OkStatus();
+  // Under mu_ the store holds exactly the published events: PersistLocked publishes what it
+  // saved before releasing the lock, and an unsaved event is in neither.
+  absl::StatusOr<std::vector<v1::JobEvent>> page =
+      store_->LoadEvents(job_id, after_sequence, max_events);
+  if (!page.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("state store: cannot read the job's events: ", page.status().message()));
   }
-  if (IsFinal(record->job.state()) && record->published_events == record->events.size()) {
+  WatchPosition position;
+  position.last_sequence = after_sequence;
+  for (const v1::JobEvent& event : *page) {
+    if (!sink->OnEvent(event)) return position;
+    position.last_sequence = event.sequence();
+  }
+  if (static_cast<int64_t>(page->size()) == max_events) return position;
+  position.following = true;
+  if (IsFinal(record->job.state()) && record->unpublished_events.empty()) {
     sink->OnJobEnded();
   } else {
     record->sinks.push_back(std::move(sink));
+  }
+  return position;
+}
+
+absl::Status JobManager::Watch(const std::string& job_id, int64_t after_sequence,
+                               std::shared_ptr<JobEventSink> sink) {
+  constexpr int64_t kPageEvents = 512;
+  WatchPosition position;
+  position.last_sequence = after_sequence;
+  while (!position.following) {
+    const int64_t before = position.last_sequence;
+    ZS_ASSIGN_OR_RETURN(position, WatchPage(job_id, before, kPageEvents, sink));
+    // A closed sink stopped the page short.
+    if (!position.following && position.last_sequence == before) break;
   }
   return absl::OkStatus();
 }
@@ -625,23 +654,41 @@ absl::StatusOr<JobManager::JobRecord*> JobManager::FindRankLocked(const std::str
 
 v1::JobEvent& JobManager::AddEventLocked(JobRecord& record, v1::JobEvent event) {
   event.set_job_id(record.job.id());
-  event.set_sequence(static_cast<int64_t>(record.events.size()) + 1);
+  event.set_sequence(++record.last_sequence);
   *event.mutable_time() = ToTimestamp(clock_->Now());
   unpersisted_events_.push_back(event);
-  record.events.push_back(std::move(event));
-  return record.events.back();
+  record.unpublished_events.push_back(std::move(event));
+  return record.unpublished_events.back();
 }
 
 void JobManager::PublishLocked(JobRecord& record) {
-  for (; record.published_events < record.events.size(); ++record.published_events) {
-    const v1::JobEvent& event = record.events[record.published_events];
+  for (const v1::JobEvent& event : record.unpublished_events) {
     record.sinks.erase(std::remove_if(record.sinks.begin(), record.sinks.end(),
                                       [&](const std::shared_ptr<JobEventSink>& sink) {
                                         return !sink->OnEvent(event);
                                       }),
                        record.sinks.end());
   }
+  record.stored_events += static_cast<int64_t>(record.unpublished_events.size());
+  record.unpublished_events.clear();
   if (IsFinal(record.job.state())) EndSinksLocked(record);
+}
+
+void JobManager::ThinEventsLocked(JobRecord& record) {
+  if (record.stored_events <= record.thin_above) return;
+  absl::StatusOr<int64_t> deleted = store_->ThinProgressEvents(record.job.id());
+  if (!deleted.ok()) {
+    // Nothing is lost but disk space; the next event tries again.
+    ZS_LOG(ERROR) << "state store: cannot thin the events of " << record.job.id() << ": "
+                  << deleted.status();
+    return;
+  }
+  record.stored_events -= *deleted;
+  // A history of mostly other events may stay above the limit: then the next pass waits for a
+  // quarter of the limit of new events rather than rescanning the history on every event.
+  record.thin_above = record.stored_events > options_.max_events_per_job
+                          ? record.stored_events + options_.max_events_per_job / 4
+                          : options_.max_events_per_job;
 }
 
 absl::Status JobManager::CheckStateEdgeLocked(const JobRecord& record, v1::JobState state) {
@@ -720,7 +767,10 @@ void JobManager::PersistLocked(absl::Span<JobRecord* const> records) {
   }
   unpersisted_events_.clear();
   for (const std::string& job_id : published_jobs) {
-    if (auto it = jobs_.find(job_id); it != jobs_.end()) PublishLocked(it->second);
+    if (auto it = jobs_.find(job_id); it != jobs_.end()) {
+      PublishLocked(it->second);
+      ThinEventsLocked(it->second);
+    }
   }
   for (JobRecord* record : records) record->run_assignment_unsaved = false;
 }

@@ -49,6 +49,12 @@ struct JobManagerOptions {
   // within a few hundred milliseconds).
   std::optional<absl::Duration> regroup_wait;
   absl::Duration RegroupWait() const { return regroup_wait.value_or(lease.heartbeat_period); }
+  // Events stored per job before old PROGRESS events are thinned: whenever a write takes a job
+  // past it, JobStore::ThinProgressEvents deletes every second PROGRESS event of the oldest half
+  // of its stored events. Every other event is kept. A job below it keeps every event. When a
+  // pass leaves more than this (few PROGRESS events to thin), the next one waits until the job
+  // has this/4 more events.
+  int64_t max_events_per_job = 100000;
 };
 
 // Receives one job's events. Called with the manager's lock held: it must not block and must
@@ -192,10 +198,24 @@ class JobManager {
   std::vector<v1::Job> ListJobs(v1::JobState state, int64_t limit);
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   absl::StatusOr<v1::ShardPlan> GetShardPlan(const v1::GetShardPlanRequest& request);
-  // Replays the job's events after `after_sequence` into `sink`, then keeps it subscribed to
-  // new ones. A job already ended gets its history and OnJobEnded at once. Sinks get an event
-  // only once it is durable, so no watcher sees one that a coordinator restart could lose (and
-  // whose sequence number the next coordinator would give to another).
+  // Sends `sink` one page of the job's history: its durable events after `after_sequence`, at
+  // most `max_events` of them, read from the store. When the page reaches the newest durable
+  // event, the sink follows the job from then on, in the same step (under the lock, so no event
+  // is missed or sent twice): it gets each new event, and OnJobEnded once the job has ended (at
+  // once when it already has). Otherwise the caller asks for the next page after the last
+  // sequence sent, so a watcher holds one page at a time, whatever the history's length. Sinks
+  // get an event only once it is durable, so no watcher sees one that a coordinator restart
+  // could lose (and whose sequence number the next coordinator would give to another).
+  struct WatchPosition {
+    // The sequence of the last event sent (after_sequence when none was).
+    int64_t last_sequence = 0;
+    // The sink follows the job now; no more pages are needed.
+    bool following = false;
+  };
+  absl::StatusOr<WatchPosition> WatchPage(const std::string& job_id, int64_t after_sequence,
+                                          int64_t max_events, std::shared_ptr<JobEventSink> sink);
+  // WatchPage until the sink follows: the sink gets the whole history at once (for sinks that
+  // keep it, such as tests'; the gRPC service pages).
   absl::Status Watch(const std::string& job_id, int64_t after_sequence,
                      std::shared_ptr<JobEventSink> sink);
 
@@ -231,9 +251,16 @@ class JobManager {
 
   struct JobRecord {
     v1::Job job;
-    std::vector<v1::JobEvent> events;
-    // events[0, published_events) are durable and were sent to the sinks.
-    size_t published_events = 0;
+    // The job's history lives in the store; the record keeps only its bounds, so its memory
+    // does not grow with the history.
+    // The sequence of the newest event added.
+    int64_t last_sequence = 0;
+    // Events added but not yet durable, so not yet sent to the sinks (in sequence order).
+    std::vector<v1::JobEvent> unpublished_events;
+    // Events in the store, thinned past options.max_events_per_job.
+    int64_t stored_events = 0;
+    // ThinEventsLocked runs a pass once stored_events exceeds this.
+    int64_t thin_above = 0;
     absl::Time pending_since;
     // The current generation's plan (RUNNING only).
     std::optional<sharding::ShardPlan> plan;
@@ -285,9 +312,12 @@ class JobManager {
   // once it is durable.
   v1::JobEvent& AddEventLocked(JobRecord& record, v1::JobEvent event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends the record's durable events that its sinks have not had, and ends the sinks when the
-  // job has ended.
+  // Sends the record's events that just became durable to its sinks, and ends the sinks when
+  // the job has ended.
   void PublishLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Thins the job's stored PROGRESS events once there are more than options.max_events_per_job
+  // (see JobManagerOptions).
+  void ThinEventsLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION (logged at ERROR) when the job's current state -> `state` is not an
   // edge of kJobStateEdges.
   absl::Status CheckStateEdgeLocked(const JobRecord& record, v1::JobState state)

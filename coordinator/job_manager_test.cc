@@ -162,6 +162,7 @@ class JobManagerTest : public ::testing::Test {
     checkpoint_root_ = dir + "/checkpoints";
     if (with_checkpoint_root_) options.checkpoint_root = checkpoint_root_;
     options.regroup_wait = regroup_wait_;
+    options.max_events_per_job = max_events_per_job_;
     auto manager = JobManager::Create(&clock_, *std::move(store), rendezvous_.get(), options);
     ASSERT_TRUE(manager.ok()) << manager.status();
     manager_ = *std::move(manager);
@@ -328,6 +329,7 @@ class JobManagerTest : public ::testing::Test {
   std::string checkpoint_root_;       // <dir_>/checkpoints, the manager's checkpoint root
   bool with_checkpoint_root_ = true;  // whether Start() gives the manager checkpoint_root_
   std::optional<absl::Duration> regroup_wait_;  // the manager's, for the next Start()
+  int64_t max_events_per_job_ = JobManagerOptions().max_events_per_job;  // likewise
   std::unique_ptr<RendezvousStore> rendezvous_;
   std::unique_ptr<JobManager> manager_;
 };
@@ -453,6 +455,127 @@ TEST_F(JobManagerTest, CancelStopsWorkersAndFreesThemForTheNextJob) {
   EXPECT_EQ(manager_->CancelJob(first->id(), "").status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(manager_->CancelJob("job-000999", "").status().code(), absl::StatusCode::kNotFound);
+}
+
+// The thinning rule as docs/operations.md states it, applied to the events a live watcher saw,
+// written `write_ends[i-1]` to `write_ends[i]` by one call each: whenever a write takes the job's
+// stored events past the threshold (the limit; after a pass that left more than the limit, the
+// count then plus a quarter of the limit), every second PROGRESS event among the oldest half of
+// them is deleted. Returns the sequences that stay.
+std::vector<int64_t> ThinnedAsDocumented(const std::vector<v1::JobEvent>& live,
+                                         const std::vector<size_t>& write_ends, int64_t limit) {
+  std::vector<std::pair<int64_t, v1::JobEventType>> kept;
+  int64_t threshold = limit;
+  size_t written = 0;
+  for (const size_t write_end : write_ends) {
+    for (; written < write_end; ++written) {
+      kept.emplace_back(live[written].sequence(), live[written].type());
+    }
+    if (static_cast<int64_t>(kept.size()) <= threshold) continue;
+    const size_t oldest_half = kept.size() / 2;
+    std::vector<std::pair<int64_t, v1::JobEventType>> after_pass;
+    int progress_seen = 0;
+    for (size_t i = 0; i < kept.size(); ++i) {
+      const bool doomed =
+          i < oldest_half && kept[i].second == v1::PROGRESS && ++progress_seen % 2 == 0;
+      if (!doomed) after_pass.push_back(kept[i]);
+    }
+    kept = std::move(after_pass);
+    const int64_t count = static_cast<int64_t>(kept.size());
+    threshold = count > limit ? count + limit / 4 : limit;
+  }
+  std::vector<int64_t> sequences;
+  for (const auto& [sequence, type] : kept) sequences.push_back(sequence);
+  return sequences;
+}
+
+std::vector<int64_t> SequencesOf(const std::vector<v1::JobEvent>& events) {
+  std::vector<int64_t> sequences;
+  for (const v1::JobEvent& event : events) sequences.push_back(event.sequence());
+  return sequences;
+}
+
+TEST_F(JobManagerTest, PastTheLimitOldProgressEventsAreThinnedAndOtherEventsKept) {
+  max_events_per_job_ = 40;
+  StartFresh("thin");
+  const std::string a = Register("a");
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_steps(100000);
+  spec.set_max_attempts(3);
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  // Follows from the start: it gets every event, thinned or not.
+  auto live = std::make_shared<RecordingSink>();
+  ASSERT_TRUE(manager_->Watch(job->id(), 0, live).ok());
+  // Where each call's events end in `live`: a call's events are written together.
+  std::vector<size_t> write_ends = {live->events.size()};
+  int64_t step = 0;
+  auto report_steps = [&](int count) {
+    const v1::Job running = *manager_->GetJob(job->id());
+    for (int i = 0; i < count; ++i) {
+      ASSERT_TRUE(Report(running, 0, ++step).ok());
+      write_ends.push_back(live->events.size());
+    }
+  };
+  ASSERT_NO_FATAL_FAILURE(report_steps(100));
+  // A failed run and the next generation put state events in the middle of the history.
+  FailRun(a, *manager_->GetJob(job->id()), 0, {});
+  write_ends.push_back(live->events.size());
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RECOVERING);
+  EXPECT_EQ(Beat(a).kind(), v1::ASSIGNMENT_RUN);
+  write_ends.push_back(live->events.size());
+  ASSERT_EQ(manager_->GetJob(job->id())->generation(), 2);
+  ASSERT_NO_FATAL_FAILURE(report_steps(150));
+  ASSERT_TRUE(manager_->CancelJob(job->id(), "enough").ok());
+  write_ends.push_back(live->events.size());
+  ASSERT_TRUE(live->ended);
+  for (size_t i = 0; i < live->events.size(); ++i) {
+    ASSERT_EQ(live->events[i].sequence(), static_cast<int64_t>(i) + 1);
+  }
+
+  const std::vector<v1::JobEvent> history = Events(job->id());
+  EXPECT_EQ(SequencesOf(history),
+            ThinnedAsDocumented(live->events, write_ends, max_events_per_job_));
+  EXPECT_LT(history.size(), live->events.size());  // it was thinned
+  EXPECT_LE(history.size(), static_cast<size_t>(max_events_per_job_));
+  // Every event that is not PROGRESS survived.
+  std::vector<int64_t> live_others;
+  std::vector<int64_t> kept_others;
+  for (const v1::JobEvent& event : live->events) {
+    if (event.type() != v1::PROGRESS) live_others.push_back(event.sequence());
+  }
+  for (const v1::JobEvent& event : history) {
+    if (event.type() != v1::PROGRESS) kept_others.push_back(event.sequence());
+  }
+  EXPECT_EQ(kept_others, live_others);
+  EXPECT_GE(live_others.size(), 7u);  // PENDING, 2 generations started, RUNNING x2, RECOVERING,
+                                      // CANCELLED
+  // The newest events are never thinned: the job's last steps are all there.
+  ASSERT_GE(history.size(), 2u);
+  EXPECT_EQ(history[history.size() - 2].progress().step(), step);
+
+  // A restarted coordinator reads the same thinned history.
+  Start(dir_);
+  EXPECT_EQ(SequencesOf(Events(job->id())), SequencesOf(history));
+}
+
+TEST_F(JobManagerTest, BelowTheLimitEveryEventIsKept) {
+  max_events_per_job_ = 400;
+  StartFresh("below");
+  Register("a");
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_steps(100000);
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  constexpr int64_t kSteps = 390;
+  for (int64_t step = 1; step <= kSteps; ++step) ASSERT_TRUE(Report(running, 0, step).ok());
+  const std::vector<v1::JobEvent> history = Events(job->id());
+  // PENDING, generation started, RUNNING, then one PROGRESS per step.
+  ASSERT_EQ(history.size(), static_cast<size_t>(3 + kSteps));
+  for (size_t i = 0; i < history.size(); ++i) {
+    ASSERT_EQ(history[i].sequence(), static_cast<int64_t>(i) + 1);
+  }
 }
 
 TEST_F(JobManagerTest, WatchReplaysHistoryThenStreamsUntilTheEnd) {

@@ -215,11 +215,73 @@ absl::StatusOr<std::vector<v1::Job>> JobStore::LoadJobs() {
   return LoadRows<v1::Job>(statement, "job");
 }
 
-absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LoadEvents(const std::string& job_id) {
-  Statement statement(db_, "SELECT event FROM events WHERE job_id = ? ORDER BY sequence;");
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LoadEvents(const std::string& job_id,
+                                                               int64_t after_sequence,
+                                                               int64_t limit) {
+  // The primary key (job_id, sequence) serves this range scan: a page costs its own rows only.
+  Statement statement(db_,
+                      "SELECT event FROM events WHERE job_id = ? AND sequence > ? "
+                      "ORDER BY sequence LIMIT ?;");
   ZS_RETURN_IF_ERROR(statement.Prepared());
   statement.BindText(1, job_id);
+  statement.BindInt(2, after_sequence);
+  statement.BindInt(3, limit);
   return LoadRows<v1::JobEvent>(statement, "event");
+}
+
+absl::StatusOr<JobStore::EventCount> JobStore::CountEvents(const std::string& job_id) {
+  Statement statement(db_,
+                      "SELECT COUNT(*), COALESCE(MAX(sequence), 0) FROM events "
+                      "WHERE job_id = ?;");
+  ZS_RETURN_IF_ERROR(statement.Prepared());
+  statement.BindText(1, job_id);
+  if (statement.Step() != SQLITE_ROW) {
+    return absl::InternalError("state store: counting events failed");
+  }
+  EventCount count;
+  count.events = statement.ColumnInt(0);
+  count.last_sequence = statement.ColumnInt(1);
+  return count;
+}
+
+absl::StatusOr<int64_t> JobStore::ThinProgressEvents(const std::string& job_id) {
+  ZS_ASSIGN_OR_RETURN(const EventCount count, CountEvents(job_id));
+  std::vector<int64_t> doomed;
+  {
+    Statement oldest(db_, "SELECT event FROM events WHERE job_id = ? ORDER BY sequence LIMIT ?;");
+    ZS_RETURN_IF_ERROR(oldest.Prepared());
+    oldest.BindText(1, job_id);
+    oldest.BindInt(2, count.events / 2);
+    int64_t progress_seen = 0;
+    int rc;
+    while ((rc = oldest.Step()) == SQLITE_ROW) {
+      v1::JobEvent event;
+      if (!event.ParseFromString(oldest.ColumnBlob(0))) {
+        return absl::DataLossError("state store: a stored event is corrupt");
+      }
+      if (event.type() != v1::PROGRESS) continue;
+      if (++progress_seen % 2 == 0) doomed.push_back(event.sequence());
+    }
+    if (rc != SQLITE_DONE) return absl::InternalError("state store: reading events failed");
+  }
+  if (doomed.empty()) return 0;
+  ZS_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
+  absl::Status status = [&]() -> absl::Status {
+    Statement remove(db_, "DELETE FROM events WHERE job_id = ? AND sequence = ?;");
+    ZS_RETURN_IF_ERROR(remove.Prepared());
+    for (const int64_t sequence : doomed) {
+      remove.BindText(1, job_id);
+      remove.BindInt(2, sequence);
+      ZS_RETURN_IF_ERROR(remove.StepDone());
+    }
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return status;
+  }
+  ZS_RETURN_IF_ERROR(Commit());
+  return static_cast<int64_t>(doomed.size());
 }
 
 absl::StatusOr<std::vector<v1::Assignment>> JobStore::LoadRunAssignments() {

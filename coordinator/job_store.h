@@ -40,8 +40,22 @@ class JobStore {
 
   // Every job, in id order.
   absl::StatusOr<std::vector<v1::Job>> LoadJobs();
-  // A job's events in sequence order.
-  absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(const std::string& job_id);
+  // A job's events after `after_sequence` in sequence order, at most `limit` of them (-1: all).
+  // Watchers page through a long history with it, keyed by sequence.
+  absl::StatusOr<std::vector<v1::JobEvent>> LoadEvents(const std::string& job_id,
+                                                       int64_t after_sequence = 0,
+                                                       int64_t limit = -1);
+  struct EventCount {
+    // Events stored for the job.
+    int64_t events = 0;
+    // The highest sequence stored (0 when none is).
+    int64_t last_sequence = 0;
+  };
+  absl::StatusOr<EventCount> CountEvents(const std::string& job_id);
+  // One thinning pass over the job's stored events: of the PROGRESS events among the oldest
+  // half (the first count/2 by sequence), deletes every second one (the 2nd, 4th, ...). Every
+  // other event type is kept. Returns how many events it deleted.
+  absl::StatusOr<int64_t> ThinProgressEvents(const std::string& job_id);
   // The last RUN assignment saved for each job (a restarted coordinator adopts a running
   // generation with it), in job id order.
   absl::StatusOr<std::vector<v1::Assignment>> LoadRunAssignments();

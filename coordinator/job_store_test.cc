@@ -66,6 +66,55 @@ TEST(JobStoreTest, JobsAndEventsSurviveReopening) {
   EXPECT_EQ((*store)->LoadEvents("job-000009")->size(), 0u);
 }
 
+TEST(JobStoreTest, EventsArePagedBySequence) {
+  auto store = JobStore::Open(TempDir("paged"));
+  ASSERT_TRUE(store.ok());
+  std::vector<v1::JobEvent> events;
+  for (int64_t sequence = 1; sequence <= 10; ++sequence) {
+    events.push_back(MakeEvent("job-000001", sequence));
+  }
+  events.push_back(MakeEvent("job-000002", 1));
+  ASSERT_TRUE((*store)->Save({}, events).ok());
+  auto page = (*store)->LoadEvents("job-000001", 4, 3);
+  ASSERT_TRUE(page.ok()) << page.status();
+  ASSERT_EQ(page->size(), 3u);
+  EXPECT_EQ((*page)[0].sequence(), 5);
+  EXPECT_EQ((*page)[2].sequence(), 7);
+  EXPECT_EQ((*store)->LoadEvents("job-000001", 8, 3)->size(), 2u);
+  EXPECT_EQ((*store)->LoadEvents("job-000001", 10, 3)->size(), 0u);
+  auto count = (*store)->CountEvents("job-000001");
+  ASSERT_TRUE(count.ok());
+  EXPECT_EQ(count->events, 10);
+  EXPECT_EQ(count->last_sequence, 10);
+  EXPECT_EQ((*store)->CountEvents("job-000009")->last_sequence, 0);
+}
+
+TEST(JobStoreTest, ThinningDeletesEverySecondProgressEventOfTheOldestHalf) {
+  auto store = JobStore::Open(TempDir("thin"));
+  ASSERT_TRUE(store.ok());
+  // 20 events: sequences 1, 6, 11 and 16 are state changes, the rest PROGRESS.
+  std::vector<v1::JobEvent> events;
+  for (int64_t sequence = 1; sequence <= 20; ++sequence) {
+    v1::JobEvent event = MakeEvent("job-000001", sequence);
+    if (sequence % 5 != 1) event.set_type(v1::PROGRESS);
+    events.push_back(event);
+  }
+  events.push_back(MakeEvent("job-000002", 1));
+  ASSERT_TRUE((*store)->Save({}, events).ok());
+  // The oldest half is sequences 1-10; its PROGRESS events are 2 3 4 5 7 8 9 10, and every
+  // second one of them goes: 3 5 8 10.
+  auto deleted = (*store)->ThinProgressEvents("job-000001");
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(*deleted, 4);
+  auto stored = (*store)->LoadEvents("job-000001");
+  ASSERT_TRUE(stored.ok()) << stored.status();
+  std::vector<int64_t> kept;
+  for (const v1::JobEvent& event : *stored) kept.push_back(event.sequence());
+  EXPECT_EQ(kept, (std::vector<int64_t>{1, 2, 4, 6, 7, 9, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20}));
+  // Other jobs are untouched.
+  EXPECT_EQ((*store)->LoadEvents("job-000002")->size(), 1u);
+}
+
 TEST(JobStoreTest, SaveReplacesAJob) {
   auto store = JobStore::Open(TempDir("replace"));
   ASSERT_TRUE(store.ok());

@@ -42,6 +42,10 @@ ABSL_FLAG(absl::Duration, regroup_wait, absl::ZeroDuration(),
           "After a lost worker ended a generation, how long the job's next generation waits at "
           "most for that generation's surviving workers to come back before it starts without "
           "those still missing (0: one heartbeat period).");
+ABSL_FLAG(int64_t, max_events_per_job, 100000,
+          "Events stored per job before old PROGRESS events are thinned: past it, every second "
+          "PROGRESS event of the oldest half of the job's events is deleted (other events are "
+          "always kept).");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the chosen gRPC and metrics ports are written here (\"grpc metrics\") once "
           "serving.");
@@ -73,6 +77,7 @@ int main(int argc, char** argv) {
   options.manager.lease.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);
   options.manager.lease.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
   options.manager.scheduler.max_backfill_wait = absl::GetFlag(FLAGS_max_backfill_wait);
+  options.manager.max_events_per_job = absl::GetFlag(FLAGS_max_events_per_job);
   if (const absl::Duration window = absl::GetFlag(FLAGS_adoption_window);
       window > absl::ZeroDuration()) {
     options.manager.adoption_window = window;
@@ -84,6 +89,10 @@ int main(int argc, char** argv) {
     options.manager.regroup_wait = wait;
   } else if (wait < absl::ZeroDuration()) {
     ZS_LOG(ERROR) << "--regroup_wait must not be negative";
+    return 2;
+  }
+  if (options.manager.max_events_per_job < 1) {
+    ZS_LOG(ERROR) << "--max_events_per_job must be >= 1";
     return 2;
   }
   if (!IsLoopback(options.listen_address) && !absl::GetFlag(FLAGS_insecure_bind_any)) {
