@@ -30,30 +30,42 @@ struct ServiceOptions {
   std::function<void(int64_t bytes_queued)> export_waits_for_testing;
 };
 
+namespace service_internal {
+
+// WithMethods<Base, A, B, C>::type is A<B<C<Base>>>: the generated per-method wrappers, stacked.
+template <typename Base, template <typename> class... Methods>
+struct WithMethods {
+  using type = Base;
+};
+template <typename Base, template <typename> class First, template <typename> class... Rest>
+struct WithMethods<Base, First, Rest...> {
+  using type = First<typename WithMethods<Base, Rest...>::type>;
+};
+
+}  // namespace service_internal
+
 // The unary methods are registered raw: the service parses each request itself
 // (request_parsing.h), so a request that does not parse gets INVALID_ARGUMENT saying why. gRPC's
 // typed callback handlers answer it UNIMPLEMENTED with an empty message before any service code
 // runs, which is what the two streaming methods (WatchJob, ExportCheckpoint) still do
 // (docs/api.md, "Requests that do not parse").
-using CoordinatorServiceBase = v1::Coordinator::WithRawCallbackMethod_RegisterWorker<
-    v1::Coordinator::WithRawCallbackMethod_Heartbeat<v1::Coordinator::WithRawCallbackMethod_LeaveWorker<
-        v1::Coordinator::WithRawCallbackMethod_ListWorkers<
-            v1::Coordinator::WithRawCallbackMethod_SubmitJob<v1::Coordinator::WithRawCallbackMethod_GetJob<
-                v1::Coordinator::WithRawCallbackMethod_ListJobs<
-                    v1::Coordinator::WithRawCallbackMethod_CancelJob<
-                        v1::Coordinator::WithRawCallbackMethod_GetShardPlan<
-                            v1::Coordinator::WithRawCallbackMethod_StoreSet<
-                                v1::Coordinator::WithRawCallbackMethod_StoreGet<
-                                    v1::Coordinator::WithRawCallbackMethod_StoreAdd<
-                                        v1::Coordinator::WithRawCallbackMethod_StoreDelete<
-                                            v1::Coordinator::WithRawCallbackMethod_ReportProgress<
-                                                v1::Coordinator::
-                                                    WithRawCallbackMethod_CommitCheckpoint<
-                                                        v1::Coordinator::WithCallbackMethod_WatchJob<
-                                                            v1::Coordinator::
-                                                                WithCallbackMethod_ExportCheckpoint<
-                                                                    v1::Coordinator::
-                                                                        Service>>>>>>>>>>>>>>>>>;
+using CoordinatorServiceBase = service_internal::WithMethods<
+    v1::Coordinator::Service, v1::Coordinator::WithRawCallbackMethod_RegisterWorker,
+    v1::Coordinator::WithRawCallbackMethod_Heartbeat,
+    v1::Coordinator::WithRawCallbackMethod_LeaveWorker,
+    v1::Coordinator::WithRawCallbackMethod_ListWorkers,
+    v1::Coordinator::WithRawCallbackMethod_SubmitJob, v1::Coordinator::WithRawCallbackMethod_GetJob,
+    v1::Coordinator::WithRawCallbackMethod_ListJobs,
+    v1::Coordinator::WithRawCallbackMethod_CancelJob,
+    v1::Coordinator::WithRawCallbackMethod_GetShardPlan,
+    v1::Coordinator::WithRawCallbackMethod_StoreSet,
+    v1::Coordinator::WithRawCallbackMethod_StoreGet,
+    v1::Coordinator::WithRawCallbackMethod_StoreAdd,
+    v1::Coordinator::WithRawCallbackMethod_StoreDelete,
+    v1::Coordinator::WithRawCallbackMethod_ReportProgress,
+    v1::Coordinator::WithRawCallbackMethod_CommitCheckpoint,
+    v1::Coordinator::WithCallbackMethod_WatchJob,
+    v1::Coordinator::WithCallbackMethod_ExportCheckpoint>::type;
 
 // Thread-safe; handlers run on gRPC's callback threads and never block: StoreGet waits and
 // WatchJob streams hold no thread while idle. ExportCheckpoint reads files on a thread of its own
