@@ -9,6 +9,7 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/log_escape.h"
 
 namespace zeroshard::common {
 namespace {
@@ -45,11 +46,17 @@ LogMessage::LogMessage(LogLevel level, const char* file, int line) : level_(leve
   stream_ << kLetters[static_cast<int>(level)]
           << absl::FormatTime("%m%d %H:%M:%E6S", absl::Now(), absl::UTCTimeZone()) << ' '
           << Basename(file) << ':' << line << "] ";
+  prefix_length_ = static_cast<size_t>(stream_.tellp());
 }
 
 LogMessage::~LogMessage() {
-  stream_ << '\n';
-  const std::string line = stream_.str();
+  // Messages carry request strings (names, reasons, keys): escaping the whole message here keeps
+  // every message on one line, whoever wrote it.
+  const std::string text = stream_.str();
+  const absl::string_view message = absl::string_view(text).substr(prefix_length_);
+  std::string line = text.substr(0, prefix_length_);
+  line += EscapeForLog(message);
+  line.push_back('\n');
   // One fwrite per message keeps concurrent lines whole.
   std::fwrite(line.data(), 1, line.size(), stderr);
   if (level_ == LogLevel::kFatal) {

@@ -1,8 +1,10 @@
 // A small leveled logger (Debian's abseil has no absl/log): ZS_LOG(INFO) << "...";
-// Lines go to stderr as "I1129 20:43:29.123456 file.cc:42] message". Thread-safe.
+// Lines go to stderr as "I1129 20:43:29.123456 file.cc:42] message", one line per message: the
+// message is escaped with EscapeForLog (common/log_escape.h). Thread-safe.
 #ifndef ZEROSHARD_COMMON_LOGGING_H_
 #define ZEROSHARD_COMMON_LOGGING_H_
 
+#include <cstddef>
 #include <sstream>
 
 namespace zeroshard::common {
@@ -16,7 +18,7 @@ LogLevel MinLogLevel();
 
 namespace logging_internal {
 
-// Collects one message and writes it, whole, when destroyed. kFatal aborts afterwards.
+// Collects one message and writes it, whole and escaped, when destroyed. kFatal aborts afterwards.
 class LogMessage {
  public:
   LogMessage(LogLevel level, const char* file, int line);
@@ -28,6 +30,8 @@ class LogMessage {
  private:
   LogLevel level_;
   std::ostringstream stream_;
+  // Bytes of the "I1129 ... file.cc:42] " prefix at the start of stream_, which is not escaped.
+  size_t prefix_length_ = 0;
 };
 
 // Swallows the stream expression when the level is disabled.

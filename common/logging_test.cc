@@ -26,6 +26,18 @@ TEST(LoggingTest, DisabledLevelsDoNotEvaluateTheirArguments) {
   SetMinLogLevel(LogLevel::kInfo);
 }
 
+TEST(LoggingTest, AMessageWithNewlinesIsOneEscapedLine) {
+  const std::string reason = "done\nE1130 12:00:00.000000 job_manager.cc:1] FAKE\\";
+  testing::internal::CaptureStderr();
+  ZS_LOG(INFO) << "cancelled: " << reason;
+  const std::string out = testing::internal::GetCapturedStderr();
+  ASSERT_FALSE(out.empty());
+  EXPECT_EQ(out.find('\n'), out.size() - 1) << out;
+  EXPECT_NE(out.find("] cancelled: done\\nE1130 12:00:00.000000 job_manager.cc:1] FAKE\\\\\n"),
+            std::string::npos)
+      << out;
+}
+
 TEST(LoggingTest, FatalAborts) { EXPECT_DEATH(ZS_LOG(FATAL) << "boom", "boom"); }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "checkpoint/export.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "coordinator/request_parsing.h"
 #include "coordinator/request_validation.h"
 
 namespace zeroshard::coordinator {
@@ -27,17 +28,23 @@ namespace {
 // exactly once); a client that goes away cancels its wait.
 class StoreGetReactor final : public grpc::ServerUnaryReactor {
  public:
-  StoreGetReactor(RendezvousStore* store, CoordinatorMetrics* metrics)
-      : store_(store), metrics_(metrics), start_(absl::Now()) {}
+  StoreGetReactor(RendezvousStore* store, CoordinatorMetrics* metrics, absl::Time start)
+      : store_(store), metrics_(metrics), start_(start) {}
 
-  void Park(const v1::StoreGetRequest& request, v1::StoreGetResponse* response) {
+  // `response` receives the serialized StoreGetResponse before the call finishes.
+  void Park(const v1::StoreGetRequest& request, grpc::ByteBuffer* response) {
     const RendezvousStore::WaiterId id =
         store_->Get(request.job_id(), request.generation(), request.key(),
                     absl::Milliseconds(request.timeout_ms()),
                     [this, response](absl::StatusOr<std::string> value) {
-                      if (value.ok()) response->set_value(*std::move(value));
-                      metrics_->RecordRpc("StoreGet", value.status().code(), absl::Now() - start_);
-                      Finish(common::ToGrpcStatus(value.status()));
+                      absl::Status status = value.status();
+                      if (value.ok()) {
+                        v1::StoreGetResponse found;
+                        found.set_value(*std::move(value));
+                        status = SerializeResponse(found, response);
+                      }
+                      metrics_->RecordRpc("StoreGet", status.code(), absl::Now() - start_);
+                      Finish(common::ToGrpcStatus(status));
                     });
     waiter_.store(id);
     if (cancelled_.load()) store_->CancelWait(id);
@@ -396,99 +403,129 @@ CoordinatorService::CoordinatorService(JobManager* manager, RendezvousStore* ren
                                        CoordinatorMetrics* metrics, ServiceOptions options)
     : manager_(manager), rendezvous_(rendezvous), metrics_(metrics), options_(options) {}
 
-template <typename Handler>
+template <typename Request, typename Response, typename Handler>
 grpc::ServerUnaryReactor* CoordinatorService::Unary(grpc::CallbackServerContext* context,
-                                                    const char* method, Handler handler) {
+                                                    const char* method,
+                                                    const grpc::ByteBuffer* request,
+                                                    grpc::ByteBuffer* response, Handler handler) {
   const absl::Time start = absl::Now();
-  const absl::Status status = handler();
+  Request parsed_request;
+  Response typed_response;
+  absl::Status status = ParseRequest(*request, &parsed_request);
+  if (status.ok()) status = handler(&parsed_request, &typed_response);
+  if (status.ok()) status = SerializeResponse(typed_response, response);
+  return FinishUnary(context, method, start, status);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::FinishUnary(grpc::CallbackServerContext* context,
+                                                          const char* method, absl::Time start,
+                                                          const absl::Status& status) {
   metrics_->RecordRpc(method, status.code(), absl::Now() - start);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(common::ToGrpcStatus(status));
   return reactor;
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(
-    grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
-    v1::RegisterWorkerResponse* response) {
-  return Unary(context, "RegisterWorker", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateRegisterWorkerRequest(*request));
-    *response = manager_->RegisterWorker(*request);
-    return absl::OkStatus();
-  });
+grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(grpc::CallbackServerContext* context,
+                                                             const grpc::ByteBuffer* raw_request,
+                                                             grpc::ByteBuffer* raw_response) {
+  return Unary<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>(
+      context, "RegisterWorker", raw_request, raw_response,
+      [&](const v1::RegisterWorkerRequest* request,
+          v1::RegisterWorkerResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateRegisterWorkerRequest(*request));
+        *response = manager_->RegisterWorker(*request);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* context,
-                                                        const v1::HeartbeatRequest* request,
-                                                        v1::HeartbeatResponse* response) {
-  return Unary(context, "Heartbeat", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateHeartbeatRequest(*request));
-    ZS_ASSIGN_OR_RETURN(*response, manager_->Heartbeat(*request));
-    return absl::OkStatus();
-  });
+                                                        const grpc::ByteBuffer* raw_request,
+                                                        grpc::ByteBuffer* raw_response) {
+  return Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
+      context, "Heartbeat", raw_request, raw_response,
+      [&](const v1::HeartbeatRequest* request, v1::HeartbeatResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateHeartbeatRequest(*request));
+        ZS_ASSIGN_OR_RETURN(*response, manager_->Heartbeat(*request));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::LeaveWorker(grpc::CallbackServerContext* context,
-                                                          const v1::LeaveWorkerRequest* request,
-                                                          v1::LeaveWorkerResponse*) {
-  return Unary(context, "LeaveWorker", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateLeaveWorkerRequest(*request));
-    return manager_->LeaveWorker(request->worker_id());
-  });
+                                                          const grpc::ByteBuffer* raw_request,
+                                                          grpc::ByteBuffer* raw_response) {
+  return Unary<v1::LeaveWorkerRequest, v1::LeaveWorkerResponse>(
+      context, "LeaveWorker", raw_request, raw_response,
+      [&](const v1::LeaveWorkerRequest* request, v1::LeaveWorkerResponse*) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateLeaveWorkerRequest(*request));
+        return manager_->LeaveWorker(request->worker_id());
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerContext* context,
-                                                          const v1::ListWorkersRequest* request,
-                                                          v1::ListWorkersResponse* response) {
-  return Unary(context, "ListWorkers", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateListWorkersRequest(*request));
-    for (v1::WorkerInfo& worker : manager_->ListWorkers(request->state())) {
-      *response->add_workers() = std::move(worker);
-    }
-    return absl::OkStatus();
-  });
+                                                          const grpc::ByteBuffer* raw_request,
+                                                          grpc::ByteBuffer* raw_response) {
+  return Unary<v1::ListWorkersRequest, v1::ListWorkersResponse>(
+      context, "ListWorkers", raw_request, raw_response,
+      [&](const v1::ListWorkersRequest* request,
+          v1::ListWorkersResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateListWorkersRequest(*request));
+        for (v1::WorkerInfo& worker : manager_->ListWorkers(request->state())) {
+          *response->add_workers() = std::move(worker);
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerContext* context,
-                                                        const v1::SubmitJobRequest* request,
-                                                        v1::Job* response) {
-  return Unary(context, "SubmitJob", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateSubmitJobRequest(*request));
-    ZS_ASSIGN_OR_RETURN(*response, manager_->SubmitJob(request->spec()));
-    return absl::OkStatus();
-  });
+                                                        const grpc::ByteBuffer* raw_request,
+                                                        grpc::ByteBuffer* raw_response) {
+  return Unary<v1::SubmitJobRequest, v1::Job>(
+      context, "SubmitJob", raw_request, raw_response,
+      [&](const v1::SubmitJobRequest* request, v1::Job* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateSubmitJobRequest(*request));
+        ZS_ASSIGN_OR_RETURN(*response, manager_->SubmitJob(request->spec()));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext* context,
-                                                     const v1::GetJobRequest* request,
-                                                     v1::Job* response) {
-  return Unary(context, "GetJob", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateGetJobRequest(*request));
-    ZS_ASSIGN_OR_RETURN(*response, manager_->GetJob(request->job_id()));
-    return absl::OkStatus();
-  });
+                                                     const grpc::ByteBuffer* raw_request,
+                                                     grpc::ByteBuffer* raw_response) {
+  return Unary<v1::GetJobRequest, v1::Job>(
+      context, "GetJob", raw_request, raw_response,
+      [&](const v1::GetJobRequest* request, v1::Job* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateGetJobRequest(*request));
+        ZS_ASSIGN_OR_RETURN(*response, manager_->GetJob(request->job_id()));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerContext* context,
-                                                       const v1::ListJobsRequest* request,
-                                                       v1::ListJobsResponse* response) {
-  return Unary(context, "ListJobs", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateListJobsRequest(*request));
-    const int64_t limit = request->has_limit() ? request->limit() : 100;
-    for (v1::Job& job : manager_->ListJobs(request->state(), limit)) {
-      *response->add_jobs() = std::move(job);
-    }
-    return absl::OkStatus();
-  });
+                                                       const grpc::ByteBuffer* raw_request,
+                                                       grpc::ByteBuffer* raw_response) {
+  return Unary<v1::ListJobsRequest, v1::ListJobsResponse>(
+      context, "ListJobs", raw_request, raw_response,
+      [&](const v1::ListJobsRequest* request, v1::ListJobsResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateListJobsRequest(*request));
+        const int64_t limit = request->has_limit() ? request->limit() : 100;
+        for (v1::Job& job : manager_->ListJobs(request->state(), limit)) {
+          *response->add_jobs() = std::move(job);
+        }
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerContext* context,
-                                                        const v1::CancelJobRequest* request,
-                                                        v1::Job* response) {
-  return Unary(context, "CancelJob", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateCancelJobRequest(*request));
-    ZS_ASSIGN_OR_RETURN(*response, manager_->CancelJob(request->job_id(), request->reason()));
-    return absl::OkStatus();
-  });
+                                                        const grpc::ByteBuffer* raw_request,
+                                                        grpc::ByteBuffer* raw_response) {
+  return Unary<v1::CancelJobRequest, v1::Job>(
+      context, "CancelJob", raw_request, raw_response,
+      [&](const v1::CancelJobRequest* request, v1::Job* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateCancelJobRequest(*request));
+        ZS_ASSIGN_OR_RETURN(*response, manager_->CancelJob(request->job_id(), request->reason()));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
@@ -513,80 +550,97 @@ grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetShardPlan(grpc::CallbackServerContext* context,
-                                                           const v1::GetShardPlanRequest* request,
-                                                           v1::ShardPlan* response) {
-  return Unary(context, "GetShardPlan", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateGetShardPlanRequest(*request));
-    ZS_ASSIGN_OR_RETURN(*response, manager_->GetShardPlan(*request));
-    return absl::OkStatus();
-  });
+                                                           const grpc::ByteBuffer* raw_request,
+                                                           grpc::ByteBuffer* raw_response) {
+  return Unary<v1::GetShardPlanRequest, v1::ShardPlan>(
+      context, "GetShardPlan", raw_request, raw_response,
+      [&](const v1::GetShardPlanRequest* request, v1::ShardPlan* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateGetShardPlanRequest(*request));
+        ZS_ASSIGN_OR_RETURN(*response, manager_->GetShardPlan(*request));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerContext* context,
-                                                       const v1::StoreSetRequest* request,
-                                                       v1::StoreSetResponse*) {
-  return Unary(context, "StoreSet", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateStoreSetRequest(*request));
-    return rendezvous_->Set(request->job_id(), request->generation(), request->key(),
-                            request->value());
-  });
+                                                       const grpc::ByteBuffer* raw_request,
+                                                       grpc::ByteBuffer* raw_response) {
+  return Unary<v1::StoreSetRequest, v1::StoreSetResponse>(
+      context, "StoreSet", raw_request, raw_response,
+      [&](const v1::StoreSetRequest* request, v1::StoreSetResponse*) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateStoreSetRequest(*request));
+        return rendezvous_->Set(request->job_id(), request->generation(), request->key(),
+                                request->value());
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerContext* context,
-                                                       const v1::StoreGetRequest* request,
-                                                       v1::StoreGetResponse* response) {
-  if (absl::Status valid = ValidateStoreGetRequest(*request); !valid.ok()) {
-    return Unary(context, "StoreGet", [&] { return valid; });
-  }
-  auto* reactor = new StoreGetReactor(rendezvous_, metrics_);
-  reactor->Park(*request, response);
+                                                       const grpc::ByteBuffer* raw_request,
+                                                       grpc::ByteBuffer* raw_response) {
+  const absl::Time start = absl::Now();
+  v1::StoreGetRequest request;
+  absl::Status valid = ParseRequest(*raw_request, &request);
+  if (valid.ok()) valid = ValidateStoreGetRequest(request);
+  if (!valid.ok()) return FinishUnary(context, "StoreGet", start, valid);
+  auto* reactor = new StoreGetReactor(rendezvous_, metrics_, start);
+  reactor->Park(request, raw_response);
   return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreAdd(grpc::CallbackServerContext* context,
-                                                       const v1::StoreAddRequest* request,
-                                                       v1::StoreAddResponse* response) {
-  return Unary(context, "StoreAdd", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateStoreAddRequest(*request));
-    ZS_ASSIGN_OR_RETURN(const int64_t value,
-                        rendezvous_->Add(request->job_id(), request->generation(), request->key(),
-                                         request->delta()));
-    response->set_value(value);
-    return absl::OkStatus();
-  });
+                                                       const grpc::ByteBuffer* raw_request,
+                                                       grpc::ByteBuffer* raw_response) {
+  return Unary<v1::StoreAddRequest, v1::StoreAddResponse>(
+      context, "StoreAdd", raw_request, raw_response,
+      [&](const v1::StoreAddRequest* request, v1::StoreAddResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateStoreAddRequest(*request));
+        ZS_ASSIGN_OR_RETURN(const int64_t value,
+                            rendezvous_->Add(request->job_id(), request->generation(),
+                                             request->key(), request->delta()));
+        response->set_value(value);
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerContext* context,
-                                                          const v1::StoreDeleteRequest* request,
-                                                          v1::StoreDeleteResponse* response) {
-  return Unary(context, "StoreDelete", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateStoreDeleteRequest(*request));
-    ZS_ASSIGN_OR_RETURN(
-        const bool deleted,
-        rendezvous_->Delete(request->job_id(), request->generation(), request->key()));
-    response->set_deleted(deleted);
-    return absl::OkStatus();
-  });
+                                                          const grpc::ByteBuffer* raw_request,
+                                                          grpc::ByteBuffer* raw_response) {
+  return Unary<v1::StoreDeleteRequest, v1::StoreDeleteResponse>(
+      context, "StoreDelete", raw_request, raw_response,
+      [&](const v1::StoreDeleteRequest* request,
+          v1::StoreDeleteResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateStoreDeleteRequest(*request));
+        ZS_ASSIGN_OR_RETURN(
+            const bool deleted,
+            rendezvous_->Delete(request->job_id(), request->generation(), request->key()));
+        response->set_deleted(deleted);
+        return absl::OkStatus();
+      });
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::ReportProgress(
-    grpc::CallbackServerContext* context, const v1::ReportProgressRequest* request,
-    v1::ReportProgressResponse* response) {
-  return Unary(context, "ReportProgress", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateReportProgressRequest(*request));
-    ZS_ASSIGN_OR_RETURN(*response, manager_->ReportProgress(*request));
-    return absl::OkStatus();
-  });
+grpc::ServerUnaryReactor* CoordinatorService::ReportProgress(grpc::CallbackServerContext* context,
+                                                             const grpc::ByteBuffer* raw_request,
+                                                             grpc::ByteBuffer* raw_response) {
+  return Unary<v1::ReportProgressRequest, v1::ReportProgressResponse>(
+      context, "ReportProgress", raw_request, raw_response,
+      [&](const v1::ReportProgressRequest* request,
+          v1::ReportProgressResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateReportProgressRequest(*request));
+        ZS_ASSIGN_OR_RETURN(*response, manager_->ReportProgress(*request));
+        return absl::OkStatus();
+      });
 }
 
-grpc::ServerUnaryReactor* CoordinatorService::CommitCheckpoint(
-    grpc::CallbackServerContext* context, const v1::CommitCheckpointRequest* request,
-    v1::CommitCheckpointResponse* response) {
-  return Unary(context, "CommitCheckpoint", [&]() -> absl::Status {
-    ZS_RETURN_IF_ERROR(ValidateCommitCheckpointRequest(*request));
-    ZS_ASSIGN_OR_RETURN(*response, manager_->CommitCheckpoint(*request));
-    return absl::OkStatus();
-  });
+grpc::ServerUnaryReactor* CoordinatorService::CommitCheckpoint(grpc::CallbackServerContext* context,
+                                                               const grpc::ByteBuffer* raw_request,
+                                                               grpc::ByteBuffer* raw_response) {
+  return Unary<v1::CommitCheckpointRequest, v1::CommitCheckpointResponse>(
+      context, "CommitCheckpoint", raw_request, raw_response,
+      [&](const v1::CommitCheckpointRequest* request,
+          v1::CommitCheckpointResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(ValidateCommitCheckpointRequest(*request));
+        ZS_ASSIGN_OR_RETURN(*response, manager_->CommitCheckpoint(*request));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerWriteReactor<v1::ExportCheckpointChunk>* CoordinatorService::ExportCheckpoint(

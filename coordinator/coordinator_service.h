@@ -9,9 +9,11 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rendezvous_store.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::coordinator {
@@ -31,68 +33,112 @@ struct ServiceOptions {
   std::function<void(int64_t bytes_queued)> export_waits_for_testing;
 };
 
+namespace service_internal {
+
+// WithMethods<Base, A, B, C>::type is A<B<C<Base>>>: the generated per-method wrappers, stacked.
+template <typename Base, template <typename> class... Methods>
+struct WithMethods {
+  using type = Base;
+};
+template <typename Base, template <typename> class First, template <typename> class... Rest>
+struct WithMethods<Base, First, Rest...> {
+  using type = First<typename WithMethods<Base, Rest...>::type>;
+};
+
+}  // namespace service_internal
+
+// The unary methods are registered raw: the service parses each request itself
+// (request_parsing.h), so a request that does not parse gets INVALID_ARGUMENT saying why. gRPC's
+// typed callback handlers answer it UNIMPLEMENTED with an empty message before any service code
+// runs, which is what the two streaming methods (WatchJob, ExportCheckpoint) still do
+// (docs/api.md, "Requests that do not parse").
+using CoordinatorServiceBase = service_internal::WithMethods<
+    v1::Coordinator::Service, v1::Coordinator::WithRawCallbackMethod_RegisterWorker,
+    v1::Coordinator::WithRawCallbackMethod_Heartbeat,
+    v1::Coordinator::WithRawCallbackMethod_LeaveWorker,
+    v1::Coordinator::WithRawCallbackMethod_ListWorkers,
+    v1::Coordinator::WithRawCallbackMethod_SubmitJob, v1::Coordinator::WithRawCallbackMethod_GetJob,
+    v1::Coordinator::WithRawCallbackMethod_ListJobs,
+    v1::Coordinator::WithRawCallbackMethod_CancelJob,
+    v1::Coordinator::WithRawCallbackMethod_GetShardPlan,
+    v1::Coordinator::WithRawCallbackMethod_StoreSet,
+    v1::Coordinator::WithRawCallbackMethod_StoreGet,
+    v1::Coordinator::WithRawCallbackMethod_StoreAdd,
+    v1::Coordinator::WithRawCallbackMethod_StoreDelete,
+    v1::Coordinator::WithRawCallbackMethod_ReportProgress,
+    v1::Coordinator::WithRawCallbackMethod_CommitCheckpoint,
+    v1::Coordinator::WithCallbackMethod_WatchJob,
+    v1::Coordinator::WithCallbackMethod_ExportCheckpoint>::type;
+
 // Thread-safe; handlers run on gRPC's callback threads and never block: StoreGet waits and
 // WatchJob streams hold no thread while idle. ExportCheckpoint reads files on a thread of its own
 // per stream (at most max_concurrent_exports), never on gRPC's threads.
-class CoordinatorService final : public v1::Coordinator::CallbackService {
+class CoordinatorService final : public CoordinatorServiceBase {
  public:
   CoordinatorService(JobManager* manager, RendezvousStore* rendezvous, CoordinatorMetrics* metrics,
                      ServiceOptions options = {});
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
-                                           const v1::RegisterWorkerRequest* request,
-                                           v1::RegisterWorkerResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
-                                      const v1::HeartbeatRequest* request,
-                                      v1::HeartbeatResponse* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* LeaveWorker(grpc::CallbackServerContext* context,
-                                        const v1::LeaveWorkerRequest* request,
-                                        v1::LeaveWorkerResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
-                                        const v1::ListWorkersRequest* request,
-                                        v1::ListWorkersResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
-                                      const v1::SubmitJobRequest* request,
-                                      v1::Job* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
-                                   const v1::GetJobRequest* request, v1::Job* response) override;
+                                   const grpc::ByteBuffer* request,
+                                   grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
-                                     const v1::ListJobsRequest* request,
-                                     v1::ListJobsResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
-                                      const v1::CancelJobRequest* request,
-                                      v1::Job* response) override;
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* context,
                                                    const v1::WatchJobRequest* request) override;
   grpc::ServerUnaryReactor* GetShardPlan(grpc::CallbackServerContext* context,
-                                         const v1::GetShardPlanRequest* request,
-                                         v1::ShardPlan* response) override;
+                                         const grpc::ByteBuffer* request,
+                                         grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* StoreSet(grpc::CallbackServerContext* context,
-                                     const v1::StoreSetRequest* request,
-                                     v1::StoreSetResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* StoreGet(grpc::CallbackServerContext* context,
-                                     const v1::StoreGetRequest* request,
-                                     v1::StoreGetResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* StoreAdd(grpc::CallbackServerContext* context,
-                                     const v1::StoreAddRequest* request,
-                                     v1::StoreAddResponse* response) override;
+                                     const grpc::ByteBuffer* request,
+                                     grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* StoreDelete(grpc::CallbackServerContext* context,
-                                        const v1::StoreDeleteRequest* request,
-                                        v1::StoreDeleteResponse* response) override;
+                                        const grpc::ByteBuffer* request,
+                                        grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* context,
-                                           const v1::ReportProgressRequest* request,
-                                           v1::ReportProgressResponse* response) override;
+                                           const grpc::ByteBuffer* request,
+                                           grpc::ByteBuffer* response) override;
   grpc::ServerUnaryReactor* CommitCheckpoint(grpc::CallbackServerContext* context,
-                                             const v1::CommitCheckpointRequest* request,
-                                             v1::CommitCheckpointResponse* response) override;
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<v1::ExportCheckpointChunk>* ExportCheckpoint(
       grpc::CallbackServerContext* context, const v1::ExportCheckpointRequest* request) override;
 
  private:
-  // Runs `handler` (returning absl::Status) and finishes the call with its status.
-  template <typename Handler>
+  // Parses `request` as a Request, runs `handler(const Request*, Response*)` (returning
+  // absl::Status) on it, serializes the Response into `response` and finishes the call with the
+  // first error or OK.
+  template <typename Request, typename Response, typename Handler>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const char* method,
+                                  const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
                                   Handler handler);
+  // Records the call's outcome and finishes it with `status`.
+  grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, const char* method,
+                                        absl::Time start, const absl::Status& status);
 
   JobManager* const manager_;
   RendezvousStore* const rendezvous_;

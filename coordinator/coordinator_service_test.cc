@@ -19,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -676,6 +677,156 @@ TEST_F(CoordinatorServiceTest, OversizedMessageIsResourceExhausted) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
   // The server still serves.
   Register("after-oversized");
+}
+
+// Calls a unary Coordinator method with `request` as the raw request bytes.
+grpc::Status CallRaw(const std::shared_ptr<grpc::Channel>& channel, const std::string& method,
+                     const std::string& request) {
+  grpc::GenericStub generic(channel);
+  grpc::CompletionQueue queue;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  std::unique_ptr<grpc::GenericClientAsyncResponseReader> call = generic.PrepareUnaryCall(
+      &context, absl::StrCat("/zeroshard.v1.Coordinator/", method), ToByteBuffer(request), &queue);
+  call->StartCall();
+  grpc::ByteBuffer response;
+  grpc::Status status(grpc::StatusCode::UNKNOWN, "no reply before the deadline");
+  call->Finish(&response, &status, &call);
+  EXPECT_TRUE(NextOk(queue, &call));
+  queue.Shutdown();
+  void* tag;
+  bool ok;
+  while (queue.Next(&tag, &ok)) {
+  }
+  return status;
+}
+
+// A length-delimited field: tag, one-byte length, bytes (shorter than 128 bytes).
+std::string LengthDelimitedField(int number, const std::string& value) {
+  std::string out;
+  out.push_back(static_cast<char>(number << 3 | 2));
+  out.push_back(static_cast<char>(value.size()));
+  return out + value;
+}
+
+TEST_F(CoordinatorServiceTest, UnparseableUnaryRequestsAreInvalidArgumentWithAReason) {
+  StartServer();
+  // Field 15 with wire type 7, which does not exist.
+  const std::string garbage = "\x7f\xff\xff not protobuf";
+  for (const char* method :
+       {"RegisterWorker", "Heartbeat", "LeaveWorker", "ListWorkers", "SubmitJob", "GetJob",
+        "ListJobs", "CancelJob", "GetShardPlan", "StoreSet", "StoreGet", "StoreAdd", "StoreDelete",
+        "ReportProgress", "CommitCheckpoint"}) {
+    const grpc::Status status = CallRaw(channel_, method, garbage);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_EQ(status.error_message(),
+              absl::StrCat("request: not a valid zeroshard.v1.", method,
+                           "Request: the bytes are not protobuf wire format"))
+        << method;
+  }
+
+  const v1::Job job = Submit(Spec("utf8-victim", 1));
+  const std::string bad_reason =
+      LengthDelimitedField(1, job.id()) + LengthDelimitedField(2, "stop \xc3\x28 now");
+  grpc::Status status = CallRaw(channel_, "CancelJob", bad_reason);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(),
+            "request: not a valid zeroshard.v1.CancelJobRequest: reason: holds invalid UTF-8 "
+            "(string fields must be UTF-8)");
+  EXPECT_EQ(GetJob(job.id()).state(), v1::PENDING);
+
+  // A parked StoreGet is parsed on a path of its own.
+  const std::string bad_key =
+      LengthDelimitedField(1, job.id()) + "\x10\x01" + LengthDelimitedField(3, "\xff\xfe");
+  status = CallRaw(channel_, "StoreGet", bad_key);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(
+      absl::StrContains(status.error_message(), "StoreGetRequest: key: holds invalid UTF-8"))
+      << status.error_message();
+
+  // A well-formed request through the same raw path still works.
+  v1::GetJobRequest get;
+  get.set_job_id(job.id());
+  EXPECT_TRUE(CallRaw(channel_, "GetJob", get.SerializeAsString()).ok());
+}
+
+// docs/api.md documents this: gRPC C++ answers the streaming methods' unparseable requests
+// before the service sees them.
+TEST_F(CoordinatorServiceTest, UnparseableStreamingRequestsAreUnimplementedWithoutAMessage) {
+  StartServer();
+  for (const char* method : {"WatchJob", "ExportCheckpoint"}) {
+    grpc::GenericStub generic(channel_);
+    grpc::CompletionQueue queue;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    std::unique_ptr<grpc::GenericClientAsyncReaderWriter> call =
+        generic.PrepareCall(&context, absl::StrCat("/zeroshard.v1.Coordinator/", method), &queue);
+    int start_tag, write_tag, read_tag, finish_tag;
+    call->StartCall(&start_tag);
+    ASSERT_TRUE(NextOk(queue, &start_tag));
+    call->WriteLast(ToByteBuffer("\x7f\xff\xff not protobuf"), grpc::WriteOptions(), &write_tag);
+    NextOk(queue, &write_tag);
+    grpc::ByteBuffer response;
+    call->Read(&response, &read_tag);
+    EXPECT_FALSE(NextOk(queue, &read_tag)) << method;
+    grpc::Status status;
+    call->Finish(&status, &finish_tag);
+    ASSERT_TRUE(NextOk(queue, &finish_tag));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << method;
+    EXPECT_EQ(status.error_message(), "") << method;
+    queue.Shutdown();
+    void* tag;
+    bool ok;
+    while (queue.Next(&tag, &ok)) {
+    }
+  }
+}
+
+TEST_F(CoordinatorServiceTest, ALongPresetIsRefusedNamingItInAShortMessage) {
+  StartServer();
+  for (const size_t length : {size_t{65}, size_t{16} << 10, size_t{1} << 20}) {
+    v1::JobSpec spec = Spec("long-preset", 1);
+    spec.mutable_workload()->set_preset(std::string(length, 'p'));
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    v1::Job job;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->SubmitJob(&context, request, &job);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << length;
+    EXPECT_TRUE(absl::StartsWith(status.error_message(), "spec.workload.preset: "))
+        << status.error_message();
+    EXPECT_LT(status.error_message().size(), 200u) << status.error_message();
+  }
+}
+
+TEST_F(CoordinatorServiceTest, ACancelReasonWithNewlinesIsLoggedOnOneEscapedLine) {
+  StartServer();
+  const v1::Job job = Submit(Spec("log-victim", 1));
+  const std::string forged = "E1130 12:00:00.000000 job_manager.cc:1] FAKE";
+  v1::CancelJobRequest request;
+  request.set_job_id(job.id());
+  request.set_reason("bye\n" + forged + "\r\n");
+  v1::Job cancelled;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  ::testing::internal::CaptureStderr();
+  const grpc::Status status = stub_->CancelJob(&context, request, &cancelled);
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(cancelled.state(), v1::CANCELLED);
+  // The reason is stored as given; only the log line escapes it.
+  EXPECT_EQ(cancelled.message(), "cancelled: " + request.reason());
+  const std::vector<std::string> lines = absl::StrSplit(log, '\n', absl::SkipEmpty());
+  int reason_lines = 0;
+  for (const std::string& line : lines) {
+    EXPECT_FALSE(absl::StartsWith(line, "E1130 12:00:00")) << log;
+    if (absl::StrContains(line, "FAKE")) {
+      ++reason_lines;
+      EXPECT_TRUE(absl::StrContains(line, "cancelled: bye\\n" + forged + "\\r\\n")) << line;
+    }
+  }
+  EXPECT_EQ(reason_lines, 1) << log;
 }
 
 // ---- Rendezvous waits ----

@@ -356,6 +356,9 @@ absl::Status ValidateCommitCheckpointRequest(const v1::CommitCheckpointRequest& 
   }
   ZS_RETURN_IF_ERROR(
       jobspec::CheckMaxBytes("message", request.message(), kMaxCheckpointMessageBytes));
+  // Capped whatever the outcome: an ignored path is still a string the request carries.
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckMaxBytes("path", request.path(), jobspec::kMaxCheckpointPathBytes));
   if (request.outcome() != v1::CHECKPOINT_WRITTEN) return absl::OkStatus();
   ZS_RETURN_IF_ERROR(jobspec::ValidateCheckpointPath(request.path(), "path"));
   return CheckNonNegative("bytes", request.bytes());

@@ -786,6 +786,13 @@ INSTANTIATE_TEST_SUITE_P(
             },
             "message", "1024"),
         BadCommit(
+            "CommitLongPathOnAFailure",
+            [](Commit& r) {
+              r.set_outcome(v1::CHECKPOINT_FAILED);
+              r.set_path(std::string(4097, 'p'));
+            },
+            "path", "4097 bytes is longer than the limit of 4096"),
+        BadCommit(
             "CommitBadJobId", [](Commit& r) { r.set_job_id("job-000042/.."); }, "job_id",
             "not a valid id"),
         BadCommit(

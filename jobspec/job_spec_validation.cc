@@ -144,6 +144,8 @@ absl::Status ValidateWorkload(const v1::WorkloadSpec& workload) {
     ZS_RETURN_IF_ERROR(ValidateAttachedTensors(workload.attached()));
     return ValidateAttachedWorkers(workload.attached());
   }
+  // The catalog quotes an unknown preset whole.
+  ZS_RETURN_IF_ERROR(CheckMaxBytes("workload.preset", workload.preset(), kMaxPresetBytes));
   sharding::WorkloadSpec catalog_spec;
   catalog_spec.preset = workload.preset();
   catalog_spec.layer_sizes.assign(workload.layer_sizes().begin(), workload.layer_sizes().end());

@@ -15,6 +15,10 @@ namespace zeroshard::jobspec {
 // planner's kMinBucketElems, kMaxBucketElems and kMaxWorldSize).
 inline constexpr size_t kMaxCheckpointPathBytes = 4096;
 
+// The longest workload.preset accepted: preset names are short words; a longer one is refused
+// without being echoed.
+inline constexpr size_t kMaxPresetBytes = 64;
+
 // Bounds on an attached model (workload.attached, job.proto).
 inline constexpr int kMaxAttachedTensors = 100000;
 inline constexpr size_t kMaxAttachedTensorNameLength = 256;

@@ -56,7 +56,8 @@ std::string FormatDouble(double value) {
 
 std::string Quote(absl::string_view value) {
   if (value.size() <= kMaxQuotedBytes) return absl::StrCat("\"", absl::CEscape(value), "\"");
-  return absl::StrCat("\"", absl::CEscape(value.substr(0, kMaxQuotedBytes)), "\"...");
+  return absl::StrCat("\"", absl::CEscape(value.substr(0, kMaxQuotedBytes)), "\"... (",
+                      value.size(), " bytes)");
 }
 
 absl::Status CheckDoubleInRange(absl::string_view field, double value, double low, Bound low_bound,

@@ -20,8 +20,9 @@ inline constexpr size_t kMaxNameLength = 63;
 // in the shortest form that reads back to the same value ("-0.1", "1e-08").
 std::string FormatDouble(double value);
 
-// A string as messages show it: C-escaped in double quotes, cut to its first 64 bytes (with
-// "..." appended) so that an oversized input is not echoed back whole.
+// A string as messages show it: C-escaped in double quotes, cut to its first 64 bytes (then
+// "..." and the whole length, as `"xxx"... (1000 bytes)`) so that an oversized input is not
+// echoed back whole.
 std::string Quote(absl::string_view value);
 
 // Whether an end of a range belongs to it.

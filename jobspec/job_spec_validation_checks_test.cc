@@ -24,7 +24,7 @@ TEST(FormatDoubleTest, ShowsValuesReadably) {
 TEST(QuoteTest, EscapesAndTruncates) {
   EXPECT_EQ(Quote("abc"), "\"abc\"");
   EXPECT_EQ(Quote(std::string("a\"\n", 3)), "\"a\\\"\\n\"");
-  EXPECT_EQ(Quote(std::string(1000, 'x')), "\"" + std::string(64, 'x') + "\"...");
+  EXPECT_EQ(Quote(std::string(1000, 'x')), "\"" + std::string(64, 'x') + "\"... (1000 bytes)");
 }
 
 TEST(CheckDoubleInRangeTest, HonoursOpenAndClosedEnds) {

@@ -228,6 +228,9 @@ INSTANTIATE_TEST_SUITE_P(
                     "workload", "not both"},
         InvalidCase{"UnknownPreset", [](JobSpec& s) { s.mutable_workload()->set_preset("huge"); },
                     "workload.preset", "unknown preset 'huge'; known: seed, small, medium, large"},
+        InvalidCase{"PresetTooLong",
+                    [](JobSpec& s) { s.mutable_workload()->set_preset(std::string(65, 's')); },
+                    "workload.preset", "65 bytes is longer than the limit of 64"},
         InvalidCase{"OneLayerSize",
                     [](JobSpec& s) {
                       s.mutable_workload()->clear_preset();
