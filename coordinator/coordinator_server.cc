@@ -1,6 +1,10 @@
 // Wiring of the coordinator's parts into one running server.
 #include "coordinator/coordinator_server.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -9,6 +13,15 @@
 #include "grpcpp/server_builder.h"
 
 namespace zeroshard::coordinator {
+namespace {
+
+// gRPC channel arguments are int milliseconds; longer durations saturate.
+int ToIntMilliseconds(absl::Duration duration) {
+  return static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(duration), 1, std::numeric_limits<int>::max()));
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     CoordinatorServerOptions options, common::Clock* clock) {
@@ -24,7 +37,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   server->options_ = options;
   server->clock_ = clock;
   server->host_ = options.listen_address.substr(0, colon);
-  server->rendezvous_ = std::make_unique<RendezvousStore>(clock);
+  server->rendezvous_ = std::make_unique<RendezvousStore>(clock, options.rendezvous);
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store, JobStore::Open(options.state_dir));
   ZS_ASSIGN_OR_RETURN(
       server->manager_,
@@ -39,6 +52,15 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                            &server->grpc_port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
+  builder.SetMaxSendMessageSize(options.service.max_send_message_bytes);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             ToIntMilliseconds(options.grpc_keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             ToIntMilliseconds(options.grpc_keepalive_timeout));
+  // Pings also while no call is open, so a vanished host's connection goes before the idle limit.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+                             ToIntMilliseconds(options.grpc_max_connection_idle));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->grpc_port_ == 0) {
     return absl::UnavailableError(

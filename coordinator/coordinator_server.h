@@ -36,6 +36,17 @@ struct CoordinatorServerOptions {
   absl::Duration tick_period = absl::Milliseconds(100);
   // Largest gRPC message accepted, bytes.
   int max_message_bytes = 4 << 20;
+  // The rendezvous store's limits (key and value sizes, keys and bytes per namespace, parked
+  // Gets).
+  RendezvousLimits rendezvous;
+  // HTTP/2 keepalive: the server pings a connection quiet this long (flag --grpc_keepalive_time)
+  // and closes it when the ping is not answered within grpc_keepalive_timeout, which ends its
+  // calls (a watcher whose host vanished is cancelled and freed).
+  absl::Duration grpc_keepalive_time = absl::Minutes(1);
+  absl::Duration grpc_keepalive_timeout = absl::Seconds(20);
+  // A connection with no call in progress this long is closed with GOAWAY (flag
+  // --grpc_max_connection_idle); clients reconnect on their next call.
+  absl::Duration grpc_max_connection_idle = absl::Minutes(10);
 };
 
 // Thread contract: Start once, then the accessors from any thread; Shutdown (or the
@@ -51,6 +62,7 @@ class CoordinatorServer {
   std::string grpc_target() const;
   JobManager* manager() { return manager_.get(); }
   RendezvousStore* rendezvous() { return rendezvous_.get(); }
+  CoordinatorService* service() { return service_.get(); }
 
   // Blocks until Shutdown is called from another thread (or a signal handler's helper).
   void Wait();

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 
@@ -127,19 +128,29 @@ class WatchSink final : public JobEventSink, public std::enable_shared_from_this
 class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
  public:
   WatchReactor(JobManager* manager, std::string job_id, size_t max_backlog, size_t page_events)
-      : sink_(std::make_shared<WatchSink>(this, manager, std::move(job_id), max_backlog,
+      : manager_(manager),
+        job_id_(job_id),
+        sink_(std::make_shared<WatchSink>(this, manager, std::move(job_id), max_backlog,
                                           page_events)) {}
 
   std::shared_ptr<WatchSink> sink() { return sink_; }
+  // `released` runs once the stream is done; set before the stream starts.
+  void set_released(std::function<void()> released) { released_ = std::move(released); }
   void OnWriteDone(bool ok) override { sink_->OnWriteDone(ok); }
   void OnCancel() override { sink_->OnCancel(); }
   void OnDone() override {
     sink_->Detach();
+    // A cancelled watch of a quiet job would otherwise stay in the manager until its next event.
+    manager_->Unwatch(job_id_, sink_.get());
+    if (released_) released_();
     delete this;
   }
 
  private:
+  JobManager* const manager_;
+  const std::string job_id_;
   std::shared_ptr<WatchSink> sink_;
+  std::function<void()> released_;
 };
 
 void WatchSink::Start(int64_t after_sequence) {
@@ -399,6 +410,17 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::ExportCheckpoint
 
 }  // namespace
 
+std::string PeerHost(const std::string& peer) {
+  const size_t scheme = peer.find(':');
+  if (scheme == std::string::npos) return peer;
+  const std::string_view prefix = std::string_view(peer).substr(0, scheme);
+  if (prefix != "ipv4" && prefix != "ipv6") return peer;
+  const std::string address = peer.substr(scheme + 1);
+  const size_t port = address.rfind(':');
+  if (port == std::string::npos || (prefix == "ipv6" && address.front() != '[')) return address;
+  return address.substr(0, port);
+}
+
 CoordinatorService::CoordinatorService(JobManager* manager, RendezvousStore* rendezvous,
                                        CoordinatorMetrics* metrics, ServiceOptions options)
     : manager_(manager), rendezvous_(rendezvous), metrics_(metrics), options_(options) {}
@@ -414,6 +436,14 @@ grpc::ServerUnaryReactor* CoordinatorService::Unary(grpc::CallbackServerContext*
   absl::Status status = ParseRequest(*request, &parsed_request);
   if (status.ok()) status = handler(&parsed_request, &typed_response);
   if (status.ok()) status = SerializeResponse(typed_response, response);
+  // gRPC's own refusal would not say which limit, or what to do.
+  if (status.ok() && response->Length() > static_cast<size_t>(options_.max_send_message_bytes)) {
+    response->Clear();
+    status = absl::ResourceExhaustedError(
+        absl::StrCat("max_send_message_bytes: the reply is ", typed_response.ByteSizeLong(),
+                     " bytes, more than the ", options_.max_send_message_bytes,
+                     " this coordinator sends; ask for less (filter or page)"));
+  }
   return FinishUnary(context, method, start, status);
 }
 
@@ -484,7 +514,8 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
       context, "SubmitJob", raw_request, raw_response,
       [&](const v1::SubmitJobRequest* request, v1::Job* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateSubmitJobRequest(*request));
-        ZS_ASSIGN_OR_RETURN(*response, manager_->SubmitJob(request->spec()));
+        ZS_ASSIGN_OR_RETURN(*response,
+                            manager_->SubmitJob(request->spec(), PeerHost(context->peer())));
         return absl::OkStatus();
       });
 }
@@ -529,7 +560,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
 }
 
 grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
-    grpc::CallbackServerContext*, const v1::WatchJobRequest* request) {
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
   const absl::Time start = absl::Now();
   auto* reactor = new WatchReactor(manager_, request->job_id(), options_.max_watch_backlog,
                                    options_.watch_page_events);
@@ -538,15 +569,57 @@ grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
     // Unknown jobs fail here; later errors (the store unreadable) end the stream instead.
     status = manager_->GetJob(request->job_id()).status();
   }
+  const std::string peer_host = PeerHost(context->peer());
+  if (status.ok()) status = AdmitWatch(peer_host);
   metrics_->RecordRpc("WatchJob", status.code(), absl::Now() - start);
   if (!status.ok()) {
     reactor->Finish(common::ToGrpcStatus(status));
     return reactor;
   }
+  reactor->set_released([this, peer_host] { ReleaseWatch(peer_host); });
   // The reactor may be deleted once the stream finishes, which can happen within Start.
   const std::shared_ptr<WatchSink> sink = reactor->sink();
   sink->Start(request->after_sequence());
   return reactor;
+}
+
+absl::Status CoordinatorService::AdmitWatch(const std::string& peer_host) {
+  absl::MutexLock lock(&watches_mu_);
+  if (watch_streams_ >= options_.max_watch_streams) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_watch_streams: ", watch_streams_,
+                     " WatchJob streams are open, the most this coordinator serves at once; "
+                     "retry when one has ended"));
+  }
+  auto from_peer = watch_streams_by_peer_.find(peer_host);
+  const int64_t open_from_peer = from_peer == watch_streams_by_peer_.end() ? 0 : from_peer->second;
+  if (open_from_peer >= options_.max_watch_streams_per_peer) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_watch_streams_per_peer: ", open_from_peer, " WatchJob streams are open from ",
+        peer_host, ", the most one peer may hold; close one first"));
+  }
+  ++watch_streams_by_peer_[peer_host];
+  ++watch_streams_;
+  return absl::OkStatus();
+}
+
+int64_t CoordinatorService::OpenWatchStreams() {
+  absl::MutexLock lock(&watches_mu_);
+  return watch_streams_;
+}
+
+bool CoordinatorService::AwaitOpenWatchStreams(int64_t count, absl::Duration timeout) {
+  absl::MutexLock lock(&watches_mu_);
+  auto reached = [this, count]()
+                     ABSL_EXCLUSIVE_LOCKS_REQUIRED(watches_mu_) { return watch_streams_ == count; };
+  return watches_mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+}
+
+void CoordinatorService::ReleaseWatch(const std::string& peer_host) {
+  absl::MutexLock lock(&watches_mu_);
+  --watch_streams_;
+  auto it = watch_streams_by_peer_.find(peer_host);
+  if (it != watch_streams_by_peer_.end() && --it->second <= 0) watch_streams_by_peer_.erase(it);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetShardPlan(grpc::CallbackServerContext* context,

@@ -6,8 +6,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/job_manager.h"
@@ -28,6 +30,13 @@ struct ServiceOptions {
   // ExportCheckpoint streams reading the checkpoint root at once; another one gets
   // RESOURCE_EXHAUSTED. Each holds a thread and up to one fragment of the checkpoint in memory.
   int max_concurrent_exports = 4;
+  // WatchJob streams open at once, in all (flag --max_watch_streams) and per peer host (flag
+  // --max_watch_streams_per_peer); one more gets RESOURCE_EXHAUSTED naming the flag.
+  int64_t max_watch_streams = 10000;
+  int64_t max_watch_streams_per_peer = 1000;
+  // Largest reply a unary call sends (flag --max_send_message_bytes); a bigger one gets
+  // RESOURCE_EXHAUSTED naming the flag. The server's gRPC limit for streamed messages too.
+  int max_send_message_bytes = 4 << 20;
   // Tests: runs on an export's reading thread whenever it must wait for its client to take a
   // chunk (the queue is full), with the bytes of the file queued so far.
   std::function<void(int64_t bytes_queued)> export_waits_for_testing;
@@ -69,6 +78,10 @@ using CoordinatorServiceBase = service_internal::WithMethods<
     v1::Coordinator::WithRawCallbackMethod_CommitCheckpoint,
     v1::Coordinator::WithCallbackMethod_WatchJob,
     v1::Coordinator::WithCallbackMethod_ExportCheckpoint>::type;
+
+// The host part of a gRPC peer string ("ipv4:10.0.0.1:5000" -> "10.0.0.1", "ipv6:[::1]:5000" ->
+// "[::1]"); other forms (unix sockets) whole. Stands for the caller until tokens identify it.
+std::string PeerHost(const std::string& peer);
 
 // Thread-safe; handlers run on gRPC's callback threads and never block: StoreGet waits and
 // WatchJob streams hold no thread while idle. ExportCheckpoint reads files on a thread of its own
@@ -128,6 +141,13 @@ class CoordinatorService final : public CoordinatorServiceBase {
   grpc::ServerWriteReactor<v1::ExportCheckpointChunk>* ExportCheckpoint(
       grpc::CallbackServerContext* context, const v1::ExportCheckpointRequest* request) override;
 
+  // WatchJob streams admitted and not yet done.
+  int64_t OpenWatchStreams() ABSL_LOCKS_EXCLUDED(watches_mu_);
+  // Blocks until exactly `count` streams are open or `timeout` (real time) passes; returns
+  // whether they are. Lets a test wait for the server to notice a cancelled stream.
+  bool AwaitOpenWatchStreams(int64_t count, absl::Duration timeout)
+      ABSL_LOCKS_EXCLUDED(watches_mu_);
+
  private:
   // Parses `request` as a Request, runs `handler(const Request*, Response*)` (returning
   // absl::Status) on it, serializes the Response into `response` and finishes the call with the
@@ -144,6 +164,16 @@ class CoordinatorService final : public CoordinatorServiceBase {
   RendezvousStore* const rendezvous_;
   CoordinatorMetrics* const metrics_;
   const ServiceOptions options_;
+
+  // Admits a WatchJob stream from `peer_host` (or says which limit it is over) and counts it
+  // until ReleaseWatch.
+  absl::Status AdmitWatch(const std::string& peer_host) ABSL_LOCKS_EXCLUDED(watches_mu_);
+  void ReleaseWatch(const std::string& peer_host) ABSL_LOCKS_EXCLUDED(watches_mu_);
+
+  absl::Mutex watches_mu_;
+  int64_t watch_streams_ ABSL_GUARDED_BY(watches_mu_) = 0;
+  // Open streams per peer host; a host with none has no entry.
+  absl::flat_hash_map<std::string, int64_t> watch_streams_by_peer_ ABSL_GUARDED_BY(watches_mu_);
 
   absl::Mutex exports_mu_;
   // ExportCheckpoint streams whose reading thread has not ended.

@@ -230,8 +230,19 @@ std::vector<v1::WorkerInfo> JobManager::ListWorkers(v1::WorkerState state) {
 
 // ---- Jobs ----
 
-absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted) {
+absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
+                                              const std::string& submitter) {
   absl::MutexLock lock(&mu_);
+  if (!submitter.empty()) {
+    auto pending = pending_jobs_by_submitter_.find(submitter);
+    if (pending != pending_jobs_by_submitter_.end() &&
+        pending->second >= options_.max_pending_jobs_per_submitter) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "max_pending_jobs_per_submitter: ", pending->second,
+          " jobs of this submitter are PENDING, the most it may queue; submit again once one "
+          "has started or ended"));
+    }
+  }
   const std::string id = FormatJobId(next_job_number_);
   v1::JobSpec spec = jobspec::WithDefaults(submitted, id);
   ZS_RETURN_IF_ERROR(jobspec::ValidateJobSpec(spec));
@@ -245,6 +256,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted) {
   record.job.set_state(v1::PENDING);
   *record.job.mutable_create_time() = ToTimestamp(clock_->Now());
   record.pending_since = clock_->Now();
+  record.submitter = submitter;
   v1::JobEvent submitted_event;
   submitted_event.set_job_id(id);
   submitted_event.set_sequence(1);
@@ -261,6 +273,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted) {
   record.stored_events = 1;
   record.thin_above = options_.max_events_per_job;
   ++next_job_number_;
+  if (!submitter.empty()) ++pending_jobs_by_submitter_[submitter];
   jobs_.emplace(id, std::move(record));
   ZS_LOG(INFO) << "job " << id << " submitted";
   ScheduleLocked();
@@ -356,6 +369,17 @@ absl::StatusOr<JobManager::WatchPosition> JobManager::WatchPage(
     record->sinks.push_back(std::move(sink));
   }
   return position;
+}
+
+void JobManager::Unwatch(const std::string& job_id, const JobEventSink* sink) {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return;
+  std::vector<std::shared_ptr<JobEventSink>>& sinks = it->second.sinks;
+  sinks.erase(std::remove_if(
+                  sinks.begin(), sinks.end(),
+                  [sink](const std::shared_ptr<JobEventSink>& held) { return held.get() == sink; }),
+              sinks.end());
 }
 
 absl::Status JobManager::Watch(const std::string& job_id, int64_t after_sequence,
@@ -617,7 +641,10 @@ ManagerStats JobManager::Stats() {
           std::max(stats.max_heartbeat_lag, now - FromTimestamp(worker->last_heartbeat_time()));
     }
   }
-  for (const auto& [id, record] : jobs_) ++stats.jobs_by_state[record.job.state()];
+  for (const auto& [id, record] : jobs_) {
+    ++stats.jobs_by_state[record.job.state()];
+    stats.watchers += static_cast<int64_t>(record.sinks.size());
+  }
   return stats;
 }
 
@@ -709,6 +736,12 @@ absl::Status JobManager::CheckStateEdgeLocked(const JobRecord& record, v1::JobSt
 absl::Status JobManager::SetStateLocked(JobRecord& record, v1::JobState state,
                                         const std::string& message) {
   ZS_RETURN_IF_ERROR(CheckStateEdgeLocked(record, state));
+  if (record.job.state() == v1::PENDING && state != v1::PENDING && !record.submitter.empty()) {
+    auto pending = pending_jobs_by_submitter_.find(record.submitter);
+    if (pending != pending_jobs_by_submitter_.end() && --pending->second <= 0) {
+      pending_jobs_by_submitter_.erase(pending);
+    }
+  }
   record.job.set_state(state);
   record.job.set_message(message);
   if (IsFinal(state)) *record.job.mutable_end_time() = ToTimestamp(clock_->Now());

@@ -55,6 +55,9 @@ struct JobManagerOptions {
   // pass leaves more than this (few PROGRESS events to thin), the next one waits until the job
   // has this/4 more events.
   int64_t max_events_per_job = 100000;
+  // PENDING jobs one submitter may have at once (flag --max_pending_jobs_per_submitter); its
+  // next SubmitJob gets RESOURCE_EXHAUSTED until one of them starts or ends.
+  int64_t max_pending_jobs_per_submitter = 1000;
 };
 
 // Receives one job's events. Called with the manager's lock held: it must not block and must
@@ -81,6 +84,8 @@ struct ManagerStats {
   absl::flat_hash_map<int, int64_t> jobs_by_state;     // v1::JobState -> count
   // Longest time since a live worker's last heartbeat.
   absl::Duration max_heartbeat_lag;
+  // Watchers following a job (JobEventSinks held), over all jobs.
+  int64_t watchers = 0;
 };
 
 // The job state machine. Every edge is in kJobStateEdges (coordinator/job_state_table.h), in this
@@ -193,7 +198,9 @@ class JobManager {
   std::vector<v1::WorkerInfo> ListWorkers(v1::WorkerState state);
 
   // Jobs.
-  absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec);
+  // `submitter` names who submitted it, for max_pending_jobs_per_submitter; empty: nobody
+  // (in-process callers), not limited.
+  absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec, const std::string& submitter = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   std::vector<v1::Job> ListJobs(v1::JobState state, int64_t limit);
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
@@ -218,6 +225,9 @@ class JobManager {
   // keep it, such as tests'; the gRPC service pages).
   absl::Status Watch(const std::string& job_id, int64_t after_sequence,
                      std::shared_ptr<JobEventSink> sink);
+  // Stops sending `sink` the job's events: its watcher went away. Without it a closed sink of a
+  // quiet job stays held until the job's next event.
+  void Unwatch(const std::string& job_id, const JobEventSink* sink);
 
   // From workers.
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
@@ -262,6 +272,8 @@ class JobManager {
     // ThinEventsLocked runs a pass once stored_events exceeds this.
     int64_t thin_above = 0;
     absl::Time pending_since;
+    // Who submitted it (SubmitJob's `submitter`); not stored, so empty after a restart.
+    std::string submitter;
     // The current generation's plan (RUNNING only).
     std::optional<sharding::ShardPlan> plan;
     absl::flat_hash_set<int32_t> finished_ranks;
@@ -394,6 +406,8 @@ class JobManager {
   // Keyed by job id, in submission order (ListJobs and the scheduler's FIFO rely on it).
   std::map<std::string, JobRecord, JobIdOrder> jobs_ ABSL_GUARDED_BY(mu_);
   int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
+  // PENDING jobs per non-empty submitter; a submitter with none has no entry.
+  absl::flat_hash_map<std::string, int64_t> pending_jobs_by_submitter_ ABSL_GUARDED_BY(mu_);
   // Worker numbers below this were reserved by this process (ReserveWorkerNumbersLocked).
   int64_t reserved_worker_numbers_end_ ABSL_GUARDED_BY(mu_) = 0;
   // Events added since the last PersistLocked.

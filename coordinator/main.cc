@@ -46,6 +46,31 @@ ABSL_FLAG(int64_t, max_events_per_job, 100000,
           "Events stored per job before old PROGRESS events are thinned: past it, every second "
           "PROGRESS event of the oldest half of the job's events is deleted (other events are "
           "always kept).");
+ABSL_FLAG(int64_t, max_watch_streams, 10000,
+          "WatchJob streams open at once, from all clients; one more gets RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_watch_streams_per_peer, 1000,
+          "WatchJob streams open at once from one peer host (the client's IP address); one more "
+          "gets RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_parked_store_gets, 10000,
+          "StoreGets waiting for their key at once, over all jobs; one more that would wait gets "
+          "RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_store_bytes_per_namespace, 64 << 20,
+          "Bytes of keys and values one job generation's rendezvous store may hold; a StoreSet "
+          "or StoreAdd past it gets RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_pending_jobs_per_submitter, 1000,
+          "PENDING jobs one submitter (until tokens exist: the client's IP address) may have at "
+          "once; its next SubmitJob gets RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int, max_send_message_bytes, 4 << 20,
+          "Largest reply the gRPC server sends; a bigger one gets RESOURCE_EXHAUSTED.");
+ABSL_FLAG(absl::Duration, grpc_keepalive_time, absl::Minutes(1),
+          "The gRPC server pings a connection that has been quiet this long (keepalive), and "
+          "closes it when the ping is unanswered after --grpc_keepalive_timeout.");
+ABSL_FLAG(absl::Duration, grpc_keepalive_timeout, absl::Seconds(20),
+          "How long a keepalive ping may go unanswered before the connection is closed, "
+          "cancelling its calls (a vanished watcher is freed).");
+ABSL_FLAG(absl::Duration, grpc_max_connection_idle, absl::Minutes(10),
+          "A gRPC connection with no call in progress this long is closed (GOAWAY); clients "
+          "reconnect on their next call.");
 ABSL_FLAG(std::string, port_file, "",
           "If set, the chosen gRPC and metrics ports are written here (\"grpc metrics\") once "
           "serving.");
@@ -78,6 +103,16 @@ int main(int argc, char** argv) {
   options.manager.lease.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
   options.manager.scheduler.max_backfill_wait = absl::GetFlag(FLAGS_max_backfill_wait);
   options.manager.max_events_per_job = absl::GetFlag(FLAGS_max_events_per_job);
+  options.manager.max_pending_jobs_per_submitter =
+      absl::GetFlag(FLAGS_max_pending_jobs_per_submitter);
+  options.service.max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams);
+  options.service.max_watch_streams_per_peer = absl::GetFlag(FLAGS_max_watch_streams_per_peer);
+  options.service.max_send_message_bytes = absl::GetFlag(FLAGS_max_send_message_bytes);
+  options.rendezvous.max_parked_gets = absl::GetFlag(FLAGS_max_parked_store_gets);
+  options.rendezvous.max_bytes_per_namespace = absl::GetFlag(FLAGS_max_store_bytes_per_namespace);
+  options.grpc_keepalive_time = absl::GetFlag(FLAGS_grpc_keepalive_time);
+  options.grpc_keepalive_timeout = absl::GetFlag(FLAGS_grpc_keepalive_timeout);
+  options.grpc_max_connection_idle = absl::GetFlag(FLAGS_grpc_max_connection_idle);
   if (const absl::Duration window = absl::GetFlag(FLAGS_adoption_window);
       window > absl::ZeroDuration()) {
     options.manager.adoption_window = window;
@@ -93,6 +128,22 @@ int main(int argc, char** argv) {
   }
   if (options.manager.max_events_per_job < 1) {
     ZS_LOG(ERROR) << "--max_events_per_job must be >= 1";
+    return 2;
+  }
+  if (options.service.max_watch_streams < 1 || options.service.max_watch_streams_per_peer < 1 ||
+      options.rendezvous.max_parked_gets < 1 || options.rendezvous.max_bytes_per_namespace < 1 ||
+      options.manager.max_pending_jobs_per_submitter < 1 ||
+      options.service.max_send_message_bytes < 1) {
+    ZS_LOG(ERROR) << "--max_watch_streams, --max_watch_streams_per_peer, --max_parked_store_gets, "
+                     "--max_store_bytes_per_namespace, --max_pending_jobs_per_submitter and "
+                     "--max_send_message_bytes must be >= 1";
+    return 2;
+  }
+  if (options.grpc_keepalive_time < absl::Seconds(1) ||
+      options.grpc_keepalive_timeout < absl::Seconds(1) ||
+      options.grpc_max_connection_idle < absl::Seconds(1)) {
+    ZS_LOG(ERROR) << "--grpc_keepalive_time, --grpc_keepalive_timeout and "
+                     "--grpc_max_connection_idle must be >= 1s";
     return 2;
   }
   if (!IsLoopback(options.listen_address) && !absl::GetFlag(FLAGS_insecure_bind_any)) {

@@ -137,6 +137,10 @@ RendezvousStore::WaiterId RendezvousStore::Get(const std::string& job_id, int64_
       immediate_value = found->second;
     } else if (timeout == absl::ZeroDuration()) {
       immediate_error = absl::NotFoundError(absl::StrCat("key: '", key, "' is not set"));
+    } else if (static_cast<int64_t>(waiters_.size()) >= limits_.max_parked_gets) {
+      immediate_error = absl::ResourceExhaustedError(absl::StrCat(
+          "max_parked_store_gets: ", waiters_.size(),
+          " StoreGets are waiting, the most this coordinator parks at once; retry later"));
     } else {
       const WaiterId id = next_waiter_id_++;
       const absl::Time deadline = clock_->Now() + timeout;
@@ -197,7 +201,11 @@ absl::StatusOr<bool> RendezvousStore::Delete(const std::string& job_id, int64_t 
   ZS_RETURN_IF_ERROR(ValidateKey(key));
   absl::MutexLock lock(&mu_);
   ZS_ASSIGN_OR_RETURN(Namespace * ns, FindNamespace(job_id, generation));
-  return ns->values.erase(key) > 0;
+  auto found = ns->values.find(key);
+  if (found == ns->values.end()) return false;
+  ns->bytes -= static_cast<int64_t>(key.size() + found->second->size());
+  ns->values.erase(found);
+  return true;
 }
 
 void RendezvousStore::ExpireDueWaiters() {
@@ -263,6 +271,15 @@ absl::Status RendezvousStore::StoreLocked(Namespace& ns, const std::string& key,
                                           std::shared_ptr<const std::string> value,
                                           std::vector<Completion>& completions) {
   auto existing = ns.values.find(key);
+  const int64_t replaced_bytes =
+      existing == ns.values.end() ? 0 : static_cast<int64_t>(key.size() + existing->second->size());
+  const int64_t new_bytes = static_cast<int64_t>(key.size() + value->size());
+  if (ns.bytes - replaced_bytes + new_bytes > limits_.max_bytes_per_namespace) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_store_bytes_per_namespace: the namespace holds ", ns.bytes, " bytes; storing ",
+        new_bytes, " more (key and value) would exceed its maximum of ",
+        limits_.max_bytes_per_namespace, " bytes"));
+  }
   if (existing != ns.values.end()) {
     existing->second = value;
   } else {
@@ -272,6 +289,7 @@ absl::Status RendezvousStore::StoreLocked(Namespace& ns, const std::string& key,
     }
     ns.values.emplace(key, value);
   }
+  ns.bytes += new_bytes - replaced_bytes;
   auto waiting = ns.waiters_by_key.find(key);
   if (waiting == ns.waiters_by_key.end()) return absl::OkStatus();
   for (WaiterId id : waiting->second) {

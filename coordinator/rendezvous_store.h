@@ -31,6 +31,13 @@ struct RendezvousLimits {
   int64_t max_value_bytes = 1 << 20;
   // Keys (set values, not waiters) one namespace may hold at once.
   int64_t max_keys_per_namespace = 4096;
+  // Bytes of keys and values one namespace may hold at once (flag
+  // --max_store_bytes_per_namespace): without it, max_keys_per_namespace full-size values are
+  // about 4 GiB.
+  int64_t max_bytes_per_namespace = 64 << 20;
+  // Gets waiting at once, over all namespaces (flag --max_parked_store_gets); each holds a
+  // gRPC call.
+  int64_t max_parked_gets = 10000;
   // The longest a Get may wait.
   absl::Duration max_wait = absl::Minutes(10);
 };
@@ -113,6 +120,8 @@ class RendezvousStore {
   struct Namespace {
     // Every value is non-null.
     absl::flat_hash_map<std::string, std::shared_ptr<const std::string>> values;
+    // Bytes of the keys and values in `values`.
+    int64_t bytes = 0;
     // Pending waiters per key; a key's set is never empty (removed with its last waiter).
     absl::flat_hash_map<std::string, absl::flat_hash_set<WaiterId>> waiters_by_key;
   };
