@@ -57,8 +57,6 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                              ToIntMilliseconds(options.grpc_keepalive_time));
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
                              ToIntMilliseconds(options.grpc_keepalive_timeout));
-  // Pings also while no call is open, so a vanished host's connection goes before the idle limit.
-  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS,
                              ToIntMilliseconds(options.grpc_max_connection_idle));
   server->server_ = builder.BuildAndStart();

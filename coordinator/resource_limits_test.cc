@@ -1,7 +1,18 @@
 // The coordinator's resource limits over real gRPC: each one, set small, refuses the next call
 // with RESOURCE_EXHAUSTED naming its flag while other calls keep working, and freeing lets in more.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -51,6 +62,121 @@ struct OpenWatch {
   std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
   v1::JobEvent first;
   bool admitted = false;
+};
+
+// A loopback TCP proxy to a port that can be frozen: it then stops passing bytes either way but
+// keeps the connections open, as a client whose host vanished from the network would.
+// Thread contract: Freeze and the destructor from the test's thread; one forwarding thread.
+class FreezableProxy {
+ public:
+  explicit FreezableProxy(int target_port) : target_port_(target_port) {
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address = Loopback(0);
+    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    EXPECT_EQ(::listen(listen_fd_, 8), 0);
+    socklen_t length = sizeof(address);
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&address), &length);
+    port_ = ntohs(address.sin_port);
+    wake_fd_ = ::eventfd(0, 0);
+    thread_ = std::thread([this] { Run(); });
+  }
+
+  ~FreezableProxy() {
+    stopping_.store(true);
+    Wake();
+    thread_.join();
+    for (const auto& [client, server] : pairs_) {
+      ::close(client);
+      ::close(server);
+    }
+    ::close(listen_fd_);
+    ::close(wake_fd_);
+  }
+
+  int port() const { return port_; }
+
+  void Freeze() {
+    frozen_.store(true);
+    Wake();
+  }
+
+ private:
+  static sockaddr_in Loopback(int port) {
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(port));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return address;
+  }
+
+  void Wake() {
+    const uint64_t one = 1;
+    EXPECT_EQ(::write(wake_fd_, &one, sizeof(one)), static_cast<ssize_t>(sizeof(one)));
+  }
+
+  // Copies what `from` has to `to`; false once `from` closed or either failed.
+  static bool Forward(int from, int to) {
+    char buffer[65536];
+    const ssize_t n = ::read(from, buffer, sizeof(buffer));
+    if (n <= 0) return false;
+    for (ssize_t sent = 0; sent < n;) {
+      const ssize_t wrote = ::write(to, buffer + sent, static_cast<size_t>(n - sent));
+      if (wrote <= 0) return false;
+      sent += wrote;
+    }
+    return true;
+  }
+
+  void Run() {
+    while (!stopping_.load()) {
+      std::vector<pollfd> fds = {{wake_fd_, POLLIN, 0}, {listen_fd_, POLLIN, 0}};
+      const bool frozen = frozen_.load();
+      if (!frozen) {
+        for (const auto& [client, server] : pairs_) {
+          fds.push_back({client, POLLIN, 0});
+          fds.push_back({server, POLLIN, 0});
+        }
+      }
+      if (::poll(fds.data(), fds.size(), -1) < 0) return;
+      if (fds[0].revents != 0) {
+        uint64_t count;
+        EXPECT_EQ(::read(wake_fd_, &count, sizeof(count)), static_cast<ssize_t>(sizeof(count)));
+      }
+      if (fds[1].revents != 0) {
+        const int client = ::accept(listen_fd_, nullptr, nullptr);
+        const int server = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in target = Loopback(target_port_);
+        if (client >= 0 &&
+            ::connect(server, reinterpret_cast<sockaddr*>(&target), sizeof(target)) == 0) {
+          pairs_.emplace_back(client, server);
+        } else {
+          if (client >= 0) ::close(client);
+          ::close(server);
+        }
+      }
+      if (frozen) continue;
+      for (size_t i = 2; i < fds.size(); i += 2) {
+        const auto [client, server] = pairs_[(i - 2) / 2];
+        const bool ok = (fds[i].revents == 0 || Forward(client, server)) &&
+                        (fds[i + 1].revents == 0 || Forward(server, client));
+        if (!ok) {
+          // Either side closing ends both; the next poll no longer lists them.
+          ::shutdown(client, SHUT_RDWR);
+          ::shutdown(server, SHUT_RDWR);
+        }
+      }
+    }
+  }
+
+  const int target_port_;
+  int listen_fd_ = -1;
+  int wake_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> frozen_{false};
+  std::atomic<bool> stopping_{false};
+  // Touched by the forwarding thread only, and by the destructor after joining it.
+  std::vector<std::pair<int, int>> pairs_;
+  std::thread thread_;
 };
 
 class ResourceLimitsTest : public ::testing::Test {
@@ -406,6 +532,39 @@ TEST_F(ResourceLimitsTest, AnIdleConnectionIsClosedAfterMaxConnectionIdle) {
   // The client reconnects on its next call.
   v1::Job got;
   EXPECT_TRUE(GetJob(job.id(), &got).ok());
+}
+
+TEST_F(ResourceLimitsTest, KeepaliveFreesTheWatchOfAClientThatVanished) {
+  CoordinatorServerOptions options;
+  options.grpc_keepalive_time = absl::Seconds(1);
+  options.grpc_keepalive_timeout = absl::Seconds(1);
+  StartServer(options);
+  v1::Job job;
+  ASSERT_TRUE(Submit(Spec("quiet", 1), &job).ok());
+
+  FreezableProxy proxy(server_->grpc_port());
+  std::unique_ptr<Stub> through_proxy = v1::Coordinator::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", proxy.port()), grpc::InsecureChannelCredentials()));
+  v1::WatchJobRequest request;
+  request.set_job_id(job.id());
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Seconds(60));
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader =
+      through_proxy->WatchJob(&context, request);
+  v1::JobEvent event;
+  ASSERT_TRUE(reader->Read(&event));
+  // Answered pings keep a quiet stream open over several keepalive periods.
+  EXPECT_FALSE(server_->service()->AwaitOpenWatchStreams(0, absl::Seconds(3)));
+  EXPECT_EQ(server_->service()->OpenWatchStreams(), 1);
+
+  proxy.Freeze();
+  EXPECT_TRUE(server_->service()->AwaitOpenWatchStreams(0, absl::Seconds(20)))
+      << server_->service()->OpenWatchStreams() << " open";
+  EXPECT_EQ(server_->manager()->Stats().watchers, 0);
+  v1::Job got;
+  EXPECT_TRUE(GetJob(job.id(), &got).ok());
+  context.TryCancel();
+  reader->Finish();
 }
 
 }  // namespace
