@@ -9,6 +9,8 @@
 
 namespace zeroshard::coordinator {
 
+RendezvousStore::Namespace::Namespace() = default;
+
 RendezvousStore::RendezvousStore(common::Clock* clock, RendezvousLimits limits)
     : clock_(clock), limits_(limits) {
   timer_thread_ = std::thread([this] { TimerLoop(); });

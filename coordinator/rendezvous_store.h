@@ -118,6 +118,9 @@ class RendezvousStore {
 
  private:
   struct Namespace {
+    // Declared, not implicit: clang decides std::optional<Namespace> is not default-constructible
+    // when the implicit constructor needs a member initializer of a class still being defined.
+    Namespace();
     // Every value is non-null.
     absl::flat_hash_map<std::string, std::shared_ptr<const std::string>> values;
     // Bytes of the keys and values in `values`.
