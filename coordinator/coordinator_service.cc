@@ -417,7 +417,9 @@ std::string PeerHost(const std::string& peer) {
   if (prefix != "ipv4" && prefix != "ipv6") return peer;
   const std::string address = peer.substr(scheme + 1);
   const size_t port = address.rfind(':');
-  if (port == std::string::npos || (prefix == "ipv6" && address.front() != '[')) return address;
+  if (port == std::string::npos || (prefix == "ipv6" && address.rfind('[', 0) != 0)) {
+    return address;
+  }
   return address.substr(0, port);
 }
 

@@ -280,6 +280,7 @@ TEST(PeerHostTest, DropsTheSchemeAndThePort) {
   EXPECT_EQ(PeerHost("ipv6:[::1]:41000"), "[::1]");
   EXPECT_EQ(PeerHost("ipv6:[fe80::1%eth0]:7"), "[fe80::1%eth0]");
   EXPECT_EQ(PeerHost("unix:/run/zs.sock"), "unix:/run/zs.sock");
+  EXPECT_EQ(PeerHost("ipv6:"), "");
 }
 
 TEST_F(ResourceLimitsTest, WatchStreamsAreCappedInAllAndACancelledOneIsFreed) {
