@@ -16,9 +16,13 @@
 namespace zeroshard::client {
 namespace {
 
-// JSON text of a YAML node. Scalars that look like numbers or booleans stay unquoted; protobuf's
-// JSON parser accepts quoted and unquoted numbers, so ambiguity costs nothing.
-void AppendJson(const YAML::Node& node, std::string* out) {
+// Appends the JSON text of a YAML node to `out`, visiting at most `*nodes_left` nodes (aliases
+// count as often as they occur); false, with `out` incomplete, when that is not enough. Scalars
+// that look like numbers or booleans stay unquoted; protobuf's JSON parser accepts quoted and
+// unquoted numbers, so ambiguity costs nothing.
+bool AppendJson(const YAML::Node& node, size_t* nodes_left, std::string* out) {
+  if (*nodes_left == 0) return false;
+  --*nodes_left;
   switch (node.Type()) {
     case YAML::NodeType::Map: {
       out->push_back('{');
@@ -26,27 +30,27 @@ void AppendJson(const YAML::Node& node, std::string* out) {
       for (const auto& entry : node) {
         if (!first) out->push_back(',');
         first = false;
-        AppendJson(entry.first, out);
+        if (!AppendJson(entry.first, nodes_left, out)) return false;
         out->push_back(':');
-        AppendJson(entry.second, out);
+        if (!AppendJson(entry.second, nodes_left, out)) return false;
       }
       out->push_back('}');
-      return;
+      return true;
     }
     case YAML::NodeType::Sequence: {
       out->push_back('[');
       for (size_t i = 0; i < node.size(); ++i) {
         if (i > 0) out->push_back(',');
-        AppendJson(node[i], out);
+        if (!AppendJson(node[i], nodes_left, out)) return false;
       }
       out->push_back(']');
-      return;
+      return true;
     }
     case YAML::NodeType::Scalar: {
       const std::string& scalar = node.Scalar();
       if (node.Tag() != "!" && (scalar == "true" || scalar == "false")) {
         out->append(scalar);
-        return;
+        return true;
       }
       out->push_back('"');
       for (char c : scalar) {
@@ -58,10 +62,11 @@ void AppendJson(const YAML::Node& node, std::string* out) {
         out->push_back(c);
       }
       out->push_back('"');
-      return;
+      return true;
     }
     default:
       out->append("null");
+      return true;
   }
 }
 
@@ -88,7 +93,12 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text) {
       const YAML::Node root = YAML::Load(std::string(text));
       if (!root.IsMap())
         return absl::InvalidArgumentError("job spec: expected a mapping of fields");
-      AppendJson(root, &json);
+      size_t nodes_left = text.size() + kYamlSpecExtraNodes;
+      if (!AppendJson(root, &nodes_left, &json)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "job spec: YAML aliases expand it to more than ", text.size() + kYamlSpecExtraNodes,
+            " nodes (its size in bytes plus ", kYamlSpecExtraNodes, ")"));
+      }
     } catch (const YAML::Exception& e) {
       // In YAML a plain scalar starting with '*' is an alias, which is what an unquoted
       // param_groups pattern like *.bias becomes.

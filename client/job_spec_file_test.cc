@@ -1,10 +1,16 @@
 // Tests for reading job specs from JSON and YAML.
 #include "client/job_spec_file.h"
 
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::client {
 namespace {
+
+using ::testing::HasSubstr;
 
 TEST(JobSpecFileTest, JsonAndYamlGiveTheSameSpec) {
   auto from_json = ParseJobSpec(R"({"name": "demo", "workload": {"preset": "seed"},
@@ -100,6 +106,35 @@ TEST(JobSpecFileTest, MalformedInputNamesTheProblem) {
 
   EXPECT_EQ(ParseJobSpec("- a\n- b\n").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ReadJobSpecFile("/nonexistent/spec.yaml").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(JobSpecFileTest, AliasesWork) {
+  auto spec = ParseJobSpec(R"(
+name: shared
+param_groups:
+  - patterns: &no_decay ["*.bias", "*.norm"]
+    weight_decay: 0
+  - patterns: *no_decay
+    lr_scale: 0.5
+)");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->param_groups_size(), 2);
+  EXPECT_EQ(spec->param_groups(1).patterns_size(), 2);
+  EXPECT_EQ(spec->param_groups(1).patterns(1), "*.norm");
+}
+
+// Each level doubles the one before: 2^30 scalars if expanded (tests/fuzz:job_spec_text_fuzzer
+// timed out expanding a shorter chain). Refused after a few thousand nodes.
+TEST(JobSpecFileTest, AliasesThatExpandPastTheCapAreRefused) {
+  std::string yaml = "a0: &a0 [x, x]\n";
+  for (int i = 1; i <= 30; ++i) {
+    yaml += absl::StrCat("a", i, ": &a", i, " [*a", i - 1, ", *a", i - 1, "]\n");
+  }
+  const auto spec = ParseJobSpec(yaml);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr(absl::StrCat("YAML aliases expand it to more than ",
+                                     yaml.size() + kYamlSpecExtraNodes, " nodes")));
 }
 
 }  // namespace

@@ -9,6 +9,8 @@ PACKAGES=(
   # Compilers and formatting. `clang` provides /usr/bin/clang, which --config=tsa names
   # (--repo_env=CC=clang); clang-14 alone installs only clang-14.
   g++ clang clang-14 clang-format lld
+  # libFuzzer and the sanitizer runtimes for --config=fuzz (tools/fuzz.sh).
+  libclang-rt-14-dev
   # gRPC, protobuf, abseil.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   # Tests and benchmarks.
