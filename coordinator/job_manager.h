@@ -5,6 +5,7 @@
 #define ZEROSHARD_COORDINATOR_JOB_MANAGER_H_
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -67,6 +68,24 @@ class JobEventSink {
   virtual bool OnEvent(const v1::JobEvent& event) = 0;
   // The job reached a final state: no more events will come.
   virtual void OnJobEnded() = 0;
+};
+
+// Which part of a listing (JobManager::ListWorkers, ListJobs) to return.
+struct PageRequest {
+  // Continue after the item with this number (the number in its id); unset: the first page.
+  std::optional<int64_t> after;
+  int64_t max_items = std::numeric_limits<int64_t>::max();
+  // The page ends before an item that would take the items' encoded size (plus a few bytes each
+  // for framing) past this; it holds at least one item.
+  size_t max_bytes = std::numeric_limits<size_t>::max();
+};
+
+// One page of a listing.
+template <typename Item>
+struct Page {
+  std::vector<Item> items;
+  // Set when more items follow: the number of the last item, to pass as PageRequest::after.
+  std::optional<int64_t> next_after;
 };
 
 // The committed checkpoint an export reads (JobManager::FindExportCheckpoint).
@@ -190,12 +209,15 @@ class JobManager {
   v1::RegisterWorkerResponse RegisterWorker(const v1::RegisterWorkerRequest& request);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status LeaveWorker(const std::string& worker_id);
-  std::vector<v1::WorkerInfo> ListWorkers(v1::WorkerState state);
+  // Workers (only those in `state` unless it is unspecified), in registration order.
+  Page<v1::WorkerInfo> ListWorkers(v1::WorkerState state, const PageRequest& page);
 
   // Jobs.
   absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
-  std::vector<v1::Job> ListJobs(v1::JobState state, int64_t limit);
+  // Jobs (only those in `state` unless it is unspecified), newest first: a page after job N
+  // holds jobs older than N.
+  Page<v1::Job> ListJobs(v1::JobState state, const PageRequest& page);
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   absl::StatusOr<v1::ShardPlan> GetShardPlan(const v1::GetShardPlanRequest& request);
   // Sends `sink` one page of the job's history: its durable events after `after_sequence`, at
