@@ -33,7 +33,8 @@ namespace zeroshard::coordinator {
 struct JobManagerOptions {
   LeaseOptions lease;
   SchedulerOptions scheduler;
-  // Dead and departed workers are listed for this long, then forgotten.
+  // Dead and departed workers are listed for this long after their lease ended, then forgotten
+  // (--dead_worker_retention).
   absl::Duration forget_gone_workers_after = absl::Minutes(10);
   // The checkpoint root the workers write into (a directory the coordinator sees too): a
   // checkpoint is committed by writing its manifest here once every rank committed its file.
