@@ -484,7 +484,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
         if (!request->page_token().empty()) {
           ZS_ASSIGN_OR_RETURN(page.after, ParseWorkerPageToken(request->page_token()));
         }
-        Page<v1::WorkerInfo> workers = manager_->ListWorkers(request->state(), page);
+        Page<v1::WorkerInfo> workers = manager_->ListWorkersPage(request->state(), page);
         for (v1::WorkerInfo& worker : workers.items) *response->add_workers() = std::move(worker);
         if (workers.next_after.has_value()) {
           response->set_next_page_token(MakePageToken(FormatWorkerId(*workers.next_after)));

@@ -246,7 +246,14 @@ absl::Status JobManager::LeaveWorker(const std::string& worker_id) {
   return absl::OkStatus();
 }
 
-Page<v1::WorkerInfo> JobManager::ListWorkers(v1::WorkerState state, const PageRequest& page) {
+std::vector<v1::WorkerInfo> JobManager::ListWorkers(v1::WorkerState state) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::WorkerInfo> out;
+  for (const v1::WorkerInfo* worker : workers_.List(state)) out.push_back(*worker);
+  return out;
+}
+
+Page<v1::WorkerInfo> JobManager::ListWorkersPage(v1::WorkerState state, const PageRequest& page) {
   absl::MutexLock lock(&mu_);
   Page<v1::WorkerInfo> out;
   PageFiller filler(page);

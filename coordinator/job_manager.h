@@ -211,7 +211,9 @@ class JobManager {
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status LeaveWorker(const std::string& worker_id);
   // Workers (only those in `state` unless it is unspecified), in registration order.
-  Page<v1::WorkerInfo> ListWorkers(v1::WorkerState state, const PageRequest& page);
+  std::vector<v1::WorkerInfo> ListWorkers(v1::WorkerState state);
+  // One page of that listing.
+  Page<v1::WorkerInfo> ListWorkersPage(v1::WorkerState state, const PageRequest& page);
 
   // Jobs.
   absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec);

@@ -650,7 +650,7 @@ TEST_F(JobManagerTest, RestartKeepsJobsAndRestartsRunningOnesInANewGeneration) {
   ASSERT_EQ(events_before, 1);
 
   Start(dir_);  // a new manager on the same state dir; workers are soft state
-  EXPECT_TRUE(manager_->ListWorkers(v1::WORKER_STATE_UNSPECIFIED, {}).items.empty());
+  EXPECT_TRUE(manager_->ListWorkers(v1::WORKER_STATE_UNSPECIFIED).empty());
   // The running job waits for its worker to come back and be adopted; none does.
   EXPECT_EQ(manager_->GetJob(running->id())->state(), v1::RUNNING);
   EndAdoptionWindow();
@@ -1022,7 +1022,7 @@ TEST_F(JobManagerTest, ListWorkersPagesEndBeforeTheirByteBound) {
   std::vector<std::string> listed;
   for (int pages = 1;; ++pages) {
     ASSERT_LE(pages, 5);
-    Page<v1::WorkerInfo> workers = manager_->ListWorkers(v1::WORKER_STATE_UNSPECIFIED, page);
+    Page<v1::WorkerInfo> workers = manager_->ListWorkersPage(v1::WORKER_STATE_UNSPECIFIED, page);
     ASSERT_EQ(workers.items.size(), 1u);
     listed.push_back(workers.items[0].id());
     if (!workers.next_after.has_value()) break;
@@ -1031,10 +1031,10 @@ TEST_F(JobManagerTest, ListWorkersPagesEndBeforeTheirByteBound) {
   EXPECT_EQ(listed, registered);
   // Two and a half times one worker's size holds two of them with their framing, not three
   // (same-length names and hosts: equal sizes).
-  const size_t size = manager_->ListWorkers(v1::IDLE, {}).items[0].ByteSizeLong();
+  const size_t size = manager_->ListWorkers(v1::IDLE)[0].ByteSizeLong();
   PageRequest two;
   two.max_bytes = 2 * size + size / 2;
-  Page<v1::WorkerInfo> first = manager_->ListWorkers(v1::IDLE, two);
+  Page<v1::WorkerInfo> first = manager_->ListWorkersPage(v1::IDLE, two);
   EXPECT_EQ(first.items.size(), 2u);
   EXPECT_TRUE(first.next_after.has_value());
 }
@@ -1215,7 +1215,7 @@ TEST_F(JobManagerTest, ASurvivorThatGoesDeadOrLeavesIsNotWaitedFor) {
     Beat(a);
     manager_->Tick();
   }
-  ASSERT_EQ(manager_->ListWorkers(v1::DEAD, {}).items.size(), 2u);  // b and c
+  ASSERT_EQ(manager_->ListWorkers(v1::DEAD).size(), 2u);  // b and c
   const v1::Job second = *manager_->GetJob(job->id());
   ASSERT_EQ(second.state(), v1::RUNNING);
   EXPECT_EQ(WorkerIds(second), (std::vector<std::string>{a}));
@@ -1584,13 +1584,12 @@ TEST_F(JobManagerTest, AdoptedIdsNeverCollideWithOthers) {
   ASSERT_TRUE(Reregister(rank1, job->id(), 1, 1).adopted());
   const std::string later = Register("later");
   std::set<std::string> ids;
-  for (const v1::WorkerInfo& worker :
-       manager_->ListWorkers(v1::WORKER_STATE_UNSPECIFIED, {}).items) {
+  for (const v1::WorkerInfo& worker : manager_->ListWorkers(v1::WORKER_STATE_UNSPECIFIED)) {
     EXPECT_TRUE(ids.insert(worker.id()).second) << "listed twice: " << worker.id();
   }
   EXPECT_EQ(ids,
             (std::set<std::string>{a, b, fresh, twice.worker_id(), wrong_rank.worker_id(), later}));
-  EXPECT_EQ(manager_->ListWorkers(v1::BUSY, {}).items.size(), 2u);
+  EXPECT_EQ(manager_->ListWorkers(v1::BUSY).size(), 2u);
   EXPECT_EQ(manager_->GetJob(job->id())->message(),
             "generation 1 adopted after a coordinator restart");
 }
