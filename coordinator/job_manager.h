@@ -71,7 +71,7 @@ class JobEventSink {
   virtual void OnJobEnded() = 0;
 };
 
-// Which part of a listing (JobManager::ListWorkers, ListJobs) to return.
+// Which part of a listing (JobManager::ListWorkersPage, ListJobs) to return.
 struct PageRequest {
   // Continue after the item with this number (the number in its id); unset: the first page.
   std::optional<int64_t> after;
