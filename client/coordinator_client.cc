@@ -1,11 +1,21 @@
 // Coordinator client: thin, deadline-bounded wrappers over the generated stub.
 #include "client/coordinator_client.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "grpcpp/create_channel.h"
 
 namespace zeroshard::client {
+namespace {
+
+// The coordinator's largest page_size: fewest round trips. Replies stay under gRPC's 4 MiB
+// limit because the coordinator also ends a page at 2 MiB.
+constexpr int kListPageSize = 1000;
+
+}  // namespace
 
 CoordinatorClient::CoordinatorClient(const std::string& target, absl::Duration rpc_timeout)
     : stub_(v1::Coordinator::NewStub(
@@ -39,12 +49,19 @@ absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& job_id) {
 absl::StatusOr<std::vector<v1::Job>> CoordinatorClient::ListJobs(v1::JobState state, int limit) {
   v1::ListJobsRequest request;
   request.set_state(state);
-  request.set_limit(limit);
-  v1::ListJobsResponse response;
-  absl::Status status =
-      common::FromGrpcStatus(stub_->ListJobs(Context().get(), request, &response));
-  if (!status.ok()) return status;
-  return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
+  std::vector<v1::Job> jobs;
+  while (limit <= 0 || static_cast<int>(jobs.size()) < limit) {
+    const int wanted = limit <= 0 ? kListPageSize : limit - static_cast<int>(jobs.size());
+    request.set_page_size(std::min(wanted, kListPageSize));
+    v1::ListJobsResponse response;
+    absl::Status status =
+        common::FromGrpcStatus(stub_->ListJobs(Context().get(), request, &response));
+    if (!status.ok()) return status;
+    for (v1::Job& job : *response.mutable_jobs()) jobs.push_back(std::move(job));
+    if (response.next_page_token().empty()) break;
+    request.set_page_token(response.next_page_token());
+  }
+  return jobs;
 }
 
 absl::StatusOr<v1::Job> CoordinatorClient::CancelJob(const std::string& job_id,
@@ -61,11 +78,17 @@ absl::StatusOr<v1::Job> CoordinatorClient::CancelJob(const std::string& job_id,
 absl::StatusOr<std::vector<v1::WorkerInfo>> CoordinatorClient::ListWorkers(v1::WorkerState state) {
   v1::ListWorkersRequest request;
   request.set_state(state);
-  v1::ListWorkersResponse response;
-  absl::Status status =
-      common::FromGrpcStatus(stub_->ListWorkers(Context().get(), request, &response));
-  if (!status.ok()) return status;
-  return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
+  request.set_page_size(kListPageSize);
+  std::vector<v1::WorkerInfo> workers;
+  while (true) {
+    v1::ListWorkersResponse response;
+    absl::Status status =
+        common::FromGrpcStatus(stub_->ListWorkers(Context().get(), request, &response));
+    if (!status.ok()) return status;
+    for (v1::WorkerInfo& worker : *response.mutable_workers()) workers.push_back(std::move(worker));
+    if (response.next_page_token().empty()) return workers;
+    request.set_page_token(response.next_page_token());
+  }
 }
 
 absl::StatusOr<v1::ShardPlan> CoordinatorClient::GetShardPlan(const std::string& job_id,

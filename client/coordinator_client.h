@@ -26,8 +26,10 @@ class CoordinatorClient {
 
   absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // The newest `limit` jobs (all when `limit` <= 0), fetched page by page.
   absl::StatusOr<std::vector<v1::Job>> ListJobs(v1::JobState state, int limit);
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
+  // Every worker (in `state` unless unspecified), fetched page by page.
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers(v1::WorkerState state);
   // `generation` 0 asks for the current one; the reply names the generation it describes.
   absl::StatusOr<v1::ShardPlan> GetShardPlan(const std::string& job_id, int64_t generation,

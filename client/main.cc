@@ -61,7 +61,7 @@ ABSL_FLAG(std::optional<std::string>, param_dtype, std::nullopt,
           "submit: float32, bfloat16 or float16.");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends.");
 ABSL_FLAG(std::string, state, "", "jobs/workers: only this state (e.g. running, idle).");
-ABSL_FLAG(int, limit, 100, "jobs: at most this many.");
+ABSL_FLAG(int, limit, 100, "jobs: at most this many, newest first (0: all; fetched in pages).");
 ABSL_FLAG(std::string, reason, "", "cancel: why (recorded in the job).");
 ABSL_FLAG(std::string, output, "",
           "get/submit: 'json' prints the job as JSON; watch: 'json' prints one event per line; "

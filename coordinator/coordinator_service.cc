@@ -19,11 +19,21 @@
 #include "checkpoint/export.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "coordinator/ids.h"
+#include "coordinator/page_token.h"
 #include "coordinator/request_parsing.h"
 #include "coordinator/request_validation.h"
 
 namespace zeroshard::coordinator {
 namespace {
+
+// A listing page of `page_size` items (the documented default when unset) that fits in a reply.
+PageRequest PageRequestOf(bool has_page_size, int32_t page_size) {
+  PageRequest page;
+  page.max_items = has_page_size ? page_size : kDefaultListPageSize;
+  page.max_bytes = kMaxListReplyBytes;
+  return page;
+}
 
 // A StoreGet call parked in the rendezvous store. Finishes exactly once (the store calls back
 // exactly once); a client that goes away cancels its wait.
@@ -502,8 +512,14 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
       [&](const v1::ListWorkersRequest* request,
           v1::ListWorkersResponse* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateListWorkersRequest(*request));
-        for (v1::WorkerInfo& worker : manager_->ListWorkers(request->state())) {
-          *response->add_workers() = std::move(worker);
+        PageRequest page = PageRequestOf(request->has_page_size(), request->page_size());
+        if (!request->page_token().empty()) {
+          ZS_ASSIGN_OR_RETURN(page.after, ParseWorkerPageToken(request->page_token()));
+        }
+        Page<v1::WorkerInfo> workers = manager_->ListWorkersPage(request->state(), page);
+        for (v1::WorkerInfo& worker : workers.items) *response->add_workers() = std::move(worker);
+        if (workers.next_after.has_value()) {
+          response->set_next_page_token(MakePageToken(FormatWorkerId(*workers.next_after)));
         }
         return absl::OkStatus();
       });
@@ -541,9 +557,17 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
       context, "ListJobs", raw_request, raw_response,
       [&](const v1::ListJobsRequest* request, v1::ListJobsResponse* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateListJobsRequest(*request));
-        const int64_t limit = request->has_limit() ? request->limit() : 100;
-        for (v1::Job& job : manager_->ListJobs(request->state(), limit)) {
-          *response->add_jobs() = std::move(job);
+        // `limit` is page_size's older name; validation refused setting both.
+        PageRequest page = request->has_limit()
+                               ? PageRequestOf(true, request->limit())
+                               : PageRequestOf(request->has_page_size(), request->page_size());
+        if (!request->page_token().empty()) {
+          ZS_ASSIGN_OR_RETURN(page.after, ParseJobPageToken(request->page_token()));
+        }
+        Page<v1::Job> jobs = manager_->ListJobs(request->state(), page);
+        for (v1::Job& job : jobs.items) *response->add_jobs() = std::move(job);
+        if (jobs.next_after.has_value()) {
+          response->set_next_page_token(MakePageToken(FormatJobId(*jobs.next_after)));
         }
         return absl::OkStatus();
       });

@@ -26,6 +26,7 @@
 #include "common/clock.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/http_test_client.h"
+#include "coordinator/request_validation.h"
 #include "coordinator/test_checkpointed_job.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/create_channel.h"
@@ -111,6 +112,9 @@ class CoordinatorServiceTest : public ::testing::Test {
                      ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-state");
     std::filesystem::remove_all(options.state_dir);
     options.service = service;
+    if (dead_worker_retention_.has_value()) {
+      options.manager.forget_gone_workers_after = *dead_worker_retention_;
+    }
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
         CoordinatorServer::Start(options, &clock_);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -195,7 +199,55 @@ class CoordinatorServiceTest : public ::testing::Test {
     return reader->Finish();
   }
 
+  // Registers a worker with kMaxWorkerLabels labels of the longest keys and values: the probe's
+  // workers (32 labels each, about 10 KiB a WorkerInfo).
+  std::string RegisterLabelled(int index) {
+    v1::RegisterWorkerRequest request;
+    request.set_name(absl::StrCat("w", index));
+    request.set_host(absl::StrCat("host-", index));
+    request.set_device_kind(v1::CPU);
+    for (int label = 0; label < kMaxWorkerLabels; ++label) {
+      std::string key = absl::StrCat("label-", label, "-");
+      key.resize(kMaxLabelKeyLength, 'k');
+      (*request.mutable_labels())[key] = std::string(kMaxLabelValueBytes, 'v');
+    }
+    v1::RegisterWorkerResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->RegisterWorker(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.worker_id();
+  }
+
+  // Lists workers page by page until the last one; every reply is checked against gRPC's default
+  // 4 MiB receive limit (a bigger one would not have arrived at all) and counted in `pages`.
+  grpc::Status ListAllWorkers(v1::ListWorkersRequest request, std::vector<v1::WorkerInfo>* workers,
+                              int* pages) {
+    *pages = 0;
+    while (true) {
+      v1::ListWorkersResponse response;
+      grpc::ClientContext context;
+      SetDeadline(context);
+      const grpc::Status status = stub_->ListWorkers(&context, request, &response);
+      if (!status.ok()) return status;
+      ++*pages;
+      EXPECT_LT(response.ByteSizeLong(), size_t{4} << 20);
+      EXPECT_GT(response.workers_size(), 0);
+      for (v1::WorkerInfo& worker : *response.mutable_workers()) workers->push_back(worker);
+      if (response.next_page_token().empty()) return status;
+      request.set_page_token(response.next_page_token());
+    }
+  }
+
+  std::vector<std::string> Ids(const std::vector<v1::WorkerInfo>& workers) {
+    std::vector<std::string> ids;
+    for (const v1::WorkerInfo& worker : workers) ids.push_back(worker.id());
+    return ids;
+  }
+
   common::FakeClock clock_;
+  // When set, the coordinator's --dead_worker_retention.
+  std::optional<absl::Duration> dead_worker_retention_;
   std::unique_ptr<CoordinatorServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stub> stub_;
@@ -1285,6 +1337,156 @@ TEST_F(CoordinatorServiceTest, LeaseExpiryEndsTheGenerationAndTheSurvivorAborts)
   SetDeadline(context);
   EXPECT_EQ(stub_->StoreSet(&context, set, &set_response).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// ---- Listings ----
+
+// The probe's case: 600 workers with 32 labels each (about 6 MiB of WorkerInfo) are listed
+// completely, in registration order, through pages that each stay under gRPC's 4 MiB limit:
+// 100 a page by default, and at most 2 MiB a page where page_size asks for 1000. They still are
+// once every one of them is DEAD, and until --dead_worker_retention has passed.
+TEST_F(CoordinatorServiceTest, SixHundredLabelledWorkersAreListedThroughPages) {
+  dead_worker_retention_ = absl::Minutes(2);
+  StartServer();
+  std::vector<std::string> registered;
+  for (int i = 0; i < 600; ++i) registered.push_back(RegisterLabelled(i));
+
+  std::vector<v1::WorkerInfo> listed;
+  int pages = 0;
+  ASSERT_TRUE(ListAllWorkers(v1::ListWorkersRequest(), &listed, &pages).ok());
+  EXPECT_EQ(Ids(listed), registered);
+  EXPECT_EQ(pages, 6);
+  ASSERT_FALSE(listed.empty());
+  EXPECT_EQ(listed[0].labels_size(), kMaxWorkerLabels);
+
+  v1::ListWorkersRequest big_pages;
+  big_pages.set_page_size(kMaxListPageSize);
+  listed.clear();
+  ASSERT_TRUE(ListAllWorkers(big_pages, &listed, &pages).ok());
+  EXPECT_EQ(Ids(listed), registered);
+  EXPECT_GE(pages, 3) << "about 6 MiB in pages of at most 2 MiB";
+
+  // Past the 3 s lease every worker is DEAD and still listed, in pages.
+  clock_.Advance(absl::Seconds(4));
+  server_->manager()->Tick();
+  v1::ListWorkersRequest dead;
+  dead.set_state(v1::DEAD);
+  dead.set_page_size(kMaxListPageSize);
+  listed.clear();
+  ASSERT_TRUE(ListAllWorkers(dead, &listed, &pages).ok());
+  EXPECT_EQ(Ids(listed), registered);
+}
+
+// Workers that left or died are listed for --dead_worker_retention after their lease ended,
+// then forgotten; live workers stay.
+TEST_F(CoordinatorServiceTest, DeadWorkersAreForgottenAfterTheRetention) {
+  dead_worker_retention_ = absl::Minutes(2);
+  StartServer();
+  const std::string live = Register("live", "host-a");
+  const std::string dies = Register("dies", "host-b");
+  const std::string leaves = Register("leaves", "host-c");
+  {
+    v1::LeaveWorkerRequest leave;
+    leave.set_worker_id(leaves);
+    v1::LeaveWorkerResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(stub_->LeaveWorker(&context, leave, &response).ok());
+  }
+  auto listed_ids = [&] {
+    std::vector<v1::WorkerInfo> workers;
+    int pages = 0;
+    EXPECT_TRUE(ListAllWorkers(v1::ListWorkersRequest(), &workers, &pages).ok());
+    return Ids(workers);
+  };
+  // The live worker beats every second; "dies" stays silent and its 3 s lease ends.
+  v1::HeartbeatResponse heartbeat;
+  auto advance = [&](absl::Duration by) {
+    for (absl::Duration done; done < by; done += absl::Seconds(1)) {
+      clock_.Advance(absl::Seconds(1));
+      ASSERT_TRUE(Heartbeat(live, &heartbeat).ok());
+    }
+    server_->manager()->Tick();
+  };
+  advance(absl::Seconds(4));
+  std::vector<v1::WorkerInfo> dead_workers;
+  int pages = 0;
+  v1::ListWorkersRequest dead;
+  dead.set_state(v1::DEAD);
+  ASSERT_TRUE(ListAllWorkers(dead, &dead_workers, &pages).ok());
+  EXPECT_EQ(Ids(dead_workers), std::vector<std::string>{dies});
+  EXPECT_EQ(listed_ids(), (std::vector<std::string>{live, dies, leaves}));
+
+  // Within the retention (counted from each lease's end) both are still listed.
+  advance(absl::Minutes(2) - absl::Seconds(4));
+  EXPECT_EQ(listed_ids(), (std::vector<std::string>{live, dies, leaves}));
+  // Past it they are gone.
+  advance(absl::Seconds(4));
+  EXPECT_EQ(listed_ids(), std::vector<std::string>{live});
+}
+
+TEST_F(CoordinatorServiceTest, ListJobsPagesNewestFirstAndKeepsLimit) {
+  StartServer();
+  std::vector<std::string> newest_first;
+  for (int i = 0; i < 5; ++i) newest_first.insert(newest_first.begin(), Submit(Spec("j", 1)).id());
+
+  v1::ListJobsRequest request;
+  request.set_page_size(2);
+  std::vector<std::string> listed;
+  int pages = 0;
+  while (true) {
+    v1::ListJobsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(stub_->ListJobs(&context, request, &response).ok());
+    ++pages;
+    ASSERT_LE(response.jobs_size(), 2);
+    for (const v1::Job& job : response.jobs()) listed.push_back(job.id());
+    if (response.next_page_token().empty()) break;
+    request.set_page_token(response.next_page_token());
+  }
+  EXPECT_EQ(listed, newest_first);
+  EXPECT_EQ(pages, 3);
+
+  // `limit`, page_size's older name, still bounds the reply (and now says where to go on).
+  v1::ListJobsRequest limited;
+  limited.set_limit(3);
+  v1::ListJobsResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  ASSERT_TRUE(stub_->ListJobs(&context, limited, &response).ok());
+  ASSERT_EQ(response.jobs_size(), 3);
+  EXPECT_EQ(response.jobs(0).id(), newest_first[0]);
+  EXPECT_FALSE(response.next_page_token().empty());
+}
+
+TEST_F(CoordinatorServiceTest, ABadPageTokenIsInvalidArgumentNamingIt) {
+  StartServer();
+  Register("a");
+  Submit(Spec("j", 1));
+  for (const std::string& token :
+       {std::string("garbage"), std::string("d29ya2VyLTAwMDAwMQ"),  // "worker-000001" in ListJobs
+        std::string(4096, 'A')}) {
+    v1::ListJobsRequest jobs;
+    jobs.set_page_token(token);
+    v1::ListJobsResponse jobs_response;
+    grpc::ClientContext jobs_context;
+    SetDeadline(jobs_context);
+    const grpc::Status jobs_status = stub_->ListJobs(&jobs_context, jobs, &jobs_response);
+    EXPECT_EQ(jobs_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StartsWith(jobs_status.error_message(), "page_token: "))
+        << jobs_status.error_message();
+  }
+  v1::ListWorkersRequest workers;
+  workers.set_page_token("job-000001");
+  v1::ListWorkersResponse workers_response;
+  grpc::ClientContext workers_context;
+  SetDeadline(workers_context);
+  const grpc::Status workers_status =
+      stub_->ListWorkers(&workers_context, workers, &workers_response);
+  EXPECT_EQ(workers_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(workers_status.error_message(),
+            "page_token: not a token from a previous ListWorkers reply");
 }
 
 // ---- Scheduling ----

@@ -2,6 +2,8 @@
 #include "coordinator/job_manager.h"
 
 #include <algorithm>
+#include <iterator>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,6 +26,29 @@ namespace zeroshard::coordinator {
 namespace {
 
 using ::google::protobuf::util::TimeUtil;
+
+// Bytes a repeated message field adds per item beyond the item's own size: its tag and length.
+constexpr size_t kListItemFramingBytes = 8;
+
+// Admits a listing's items while they fit a PageRequest's item and byte bounds.
+class PageFiller {
+ public:
+  explicit PageFiller(const PageRequest& page) : page_(page) {}
+
+  // Whether `item` goes into the page (counting it if so). The first item always does.
+  bool Fits(const google::protobuf::Message& item) {
+    const size_t size = item.ByteSizeLong() + kListItemFramingBytes;
+    if (items_ > 0 && (items_ >= page_.max_items || bytes_ + size > page_.max_bytes)) return false;
+    ++items_;
+    bytes_ += size;
+    return true;
+  }
+
+ private:
+  const PageRequest& page_;
+  int64_t items_ = 0;
+  size_t bytes_ = 0;
+};
 
 google::protobuf::Timestamp ToTimestamp(absl::Time t) {
   return TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
@@ -228,6 +253,21 @@ std::vector<v1::WorkerInfo> JobManager::ListWorkers(v1::WorkerState state) {
   return out;
 }
 
+Page<v1::WorkerInfo> JobManager::ListWorkersPage(v1::WorkerState state, const PageRequest& page) {
+  absl::MutexLock lock(&mu_);
+  Page<v1::WorkerInfo> out;
+  PageFiller filler(page);
+  for (const v1::WorkerInfo* worker :
+       workers_.ListAfter(state, page.after.value_or(std::numeric_limits<int64_t>::min()))) {
+    if (!filler.Fits(*worker)) {
+      out.next_after = ParseWorkerId(out.items.back().id());
+      break;
+    }
+    out.items.push_back(*worker);
+  }
+  return out;
+}
+
 // ---- Jobs ----
 
 absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
@@ -286,14 +326,22 @@ absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id) {
   return record->job;
 }
 
-std::vector<v1::Job> JobManager::ListJobs(v1::JobState state, int64_t limit) {
+Page<v1::Job> JobManager::ListJobs(v1::JobState state, const PageRequest& page) {
   absl::MutexLock lock(&mu_);
-  std::vector<v1::Job> out;
-  for (auto it = jobs_.rbegin(); it != jobs_.rend() && static_cast<int64_t>(out.size()) < limit;
-       ++it) {
-    if (state == v1::JOB_STATE_UNSPECIFIED || it->second.job.state() == state) {
-      out.push_back(it->second.job);
+  Page<v1::Job> out;
+  PageFiller filler(page);
+  // Newest first: from the end, or from the last job older than page.after.
+  auto it = page.after.has_value() ? std::make_reverse_iterator(jobs_.lower_bound(
+                                         FormatJobId(std::max<int64_t>(*page.after, 0))))
+                                   : jobs_.rbegin();
+  for (; it != jobs_.rend(); ++it) {
+    const v1::Job& job = it->second.job;
+    if (state != v1::JOB_STATE_UNSPECIFIED && job.state() != state) continue;
+    if (!filler.Fits(job)) {
+      out.next_after = ParseJobId(out.items.back().id());
+      break;
     }
+    out.items.push_back(job);
   }
   return out;
 }

@@ -5,6 +5,7 @@
 #define ZEROSHARD_COORDINATOR_JOB_MANAGER_H_
 
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -32,7 +33,8 @@ namespace zeroshard::coordinator {
 struct JobManagerOptions {
   LeaseOptions lease;
   SchedulerOptions scheduler;
-  // Dead and departed workers are listed for this long, then forgotten.
+  // Dead and departed workers are listed for this long after their lease ended, then forgotten
+  // (--dead_worker_retention).
   absl::Duration forget_gone_workers_after = absl::Minutes(10);
   // The checkpoint root the workers write into (a directory the coordinator sees too): a
   // checkpoint is committed by writing its manifest here once every rank committed its file.
@@ -70,6 +72,24 @@ class JobEventSink {
   virtual bool OnEvent(const v1::JobEvent& event) = 0;
   // The job reached a final state: no more events will come.
   virtual void OnJobEnded() = 0;
+};
+
+// Which part of a listing (JobManager::ListWorkersPage, ListJobs) to return.
+struct PageRequest {
+  // Continue after the item with this number (the number in its id); unset: the first page.
+  std::optional<int64_t> after;
+  int64_t max_items = std::numeric_limits<int64_t>::max();
+  // The page ends before an item that would take the items' encoded size (plus a few bytes each
+  // for framing) past this; it holds at least one item.
+  size_t max_bytes = std::numeric_limits<size_t>::max();
+};
+
+// One page of a listing.
+template <typename Item>
+struct Page {
+  std::vector<Item> items;
+  // Set when more items follow: the number of the last item, to pass as PageRequest::after.
+  std::optional<int64_t> next_after;
 };
 
 // The committed checkpoint an export reads (JobManager::FindExportCheckpoint).
@@ -195,14 +215,19 @@ class JobManager {
   v1::RegisterWorkerResponse RegisterWorker(const v1::RegisterWorkerRequest& request);
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status LeaveWorker(const std::string& worker_id);
+  // Workers (only those in `state` unless it is unspecified), in registration order.
   std::vector<v1::WorkerInfo> ListWorkers(v1::WorkerState state);
+  // One page of that listing.
+  Page<v1::WorkerInfo> ListWorkersPage(v1::WorkerState state, const PageRequest& page);
 
   // Jobs.
   // `submitter` names who submitted it, for max_pending_jobs_per_submitter; empty: nobody
   // (in-process callers), not limited.
   absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec, const std::string& submitter = "");
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
-  std::vector<v1::Job> ListJobs(v1::JobState state, int64_t limit);
+  // Jobs (only those in `state` unless it is unspecified), newest first: a page after job N
+  // holds jobs older than N.
+  Page<v1::Job> ListJobs(v1::JobState state, const PageRequest& page);
   absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
   absl::StatusOr<v1::ShardPlan> GetShardPlan(const v1::GetShardPlanRequest& request);
   // Sends `sink` one page of the job's history: its durable events after `after_sequence`, at

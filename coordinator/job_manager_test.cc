@@ -383,7 +383,7 @@ TEST_F(JobManagerTest, InvalidSpecIsRejectedAndNothingChanges) {
   ASSERT_FALSE(job.ok());
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(job.status().message().find("optimizer.lr"), absl::string_view::npos);
-  EXPECT_TRUE(manager_->ListJobs(v1::JOB_STATE_UNSPECIFIED, 100).empty());
+  EXPECT_TRUE(manager_->ListJobs(v1::JOB_STATE_UNSPECIFIED, {}).items.empty());
   EXPECT_EQ(manager_->SubmitJob(SeedSpec(1))->id(), "job-000001");
 }
 
@@ -972,10 +972,71 @@ TEST_F(JobManagerTest, JobsPastTheSixDigitIdsStayInSubmissionOrder) {
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   EXPECT_EQ(submitted->id(), "job-1000001");
   std::vector<std::string> newest_first;
-  for (const v1::Job& job : manager_->ListJobs(v1::JOB_STATE_UNSPECIFIED, 10)) {
+  for (const v1::Job& job : manager_->ListJobs(v1::JOB_STATE_UNSPECIFIED, {}).items) {
     newest_first.push_back(job.id());
   }
   EXPECT_EQ(newest_first, (std::vector<std::string>{"job-1000001", "job-1000000", "job-999999"}));
+}
+
+TEST_F(JobManagerTest, ListJobsPagesNewestFirstAcrossTheSixDigitIds) {
+  std::filesystem::remove_all(dir_ + "-paged");
+  {
+    auto store = JobStore::Open(dir_ + "-paged");
+    ASSERT_TRUE(store.ok()) << store.status();
+    v1::Job older, newer;
+    older.set_id("job-999999");
+    older.set_state(v1::SUCCEEDED);
+    newer.set_id("job-1000000");
+    newer.set_state(v1::FAILED);
+    const v1::Job* jobs[] = {&older, &newer};
+    ASSERT_TRUE((*store)->Save(jobs, {}).ok());
+  }
+  Start(dir_ + "-paged");
+  ASSERT_TRUE(manager_->SubmitJob(SeedSpec(1)).ok());
+  std::vector<std::string> newest_first;
+  PageRequest page;
+  page.max_items = 1;
+  for (int pages = 1;; ++pages) {
+    ASSERT_LE(pages, 3);
+    Page<v1::Job> jobs = manager_->ListJobs(v1::JOB_STATE_UNSPECIFIED, page);
+    ASSERT_EQ(jobs.items.size(), 1u);
+    newest_first.push_back(jobs.items[0].id());
+    if (!jobs.next_after.has_value()) break;
+    page.after = jobs.next_after;
+  }
+  EXPECT_EQ(newest_first, (std::vector<std::string>{"job-1000001", "job-1000000", "job-999999"}));
+  // A state filter skips the others; the last matching job ends the listing.
+  PageRequest first;
+  first.max_items = 1;
+  Page<v1::Job> succeeded = manager_->ListJobs(v1::SUCCEEDED, first);
+  ASSERT_EQ(succeeded.items.size(), 1u);
+  EXPECT_EQ(succeeded.items[0].id(), "job-999999");
+  EXPECT_FALSE(succeeded.next_after.has_value());
+}
+
+TEST_F(JobManagerTest, ListWorkersPagesEndBeforeTheirByteBound) {
+  std::vector<std::string> registered;
+  for (const char* name : {"a", "b", "c", "d", "e"}) registered.push_back(Register(name));
+  PageRequest page;
+  page.max_bytes = 1;  // smaller than any worker: one worker a page
+  std::vector<std::string> listed;
+  for (int pages = 1;; ++pages) {
+    ASSERT_LE(pages, 5);
+    Page<v1::WorkerInfo> workers = manager_->ListWorkersPage(v1::WORKER_STATE_UNSPECIFIED, page);
+    ASSERT_EQ(workers.items.size(), 1u);
+    listed.push_back(workers.items[0].id());
+    if (!workers.next_after.has_value()) break;
+    page.after = workers.next_after;
+  }
+  EXPECT_EQ(listed, registered);
+  // Two and a half times one worker's size holds two of them with their framing, not three
+  // (same-length names and hosts: equal sizes).
+  const size_t size = manager_->ListWorkers(v1::IDLE)[0].ByteSizeLong();
+  PageRequest two;
+  two.max_bytes = 2 * size + size / 2;
+  Page<v1::WorkerInfo> first = manager_->ListWorkersPage(v1::IDLE, two);
+  EXPECT_EQ(first.items.size(), 2u);
+  EXPECT_TRUE(first.next_after.has_value());
 }
 
 TEST_F(JobManagerTest, FailedRunEndsItsGenerationAndTheJobRestarts) {

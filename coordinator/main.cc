@@ -33,6 +33,9 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "manifests there and reads it to export. Empty: no checkpoints can be committed.");
 ABSL_FLAG(absl::Duration, heartbeat_period, absl::Seconds(1), "Worker heartbeat period.");
 ABSL_FLAG(int, missed_heartbeats, 3, "Missed heartbeat periods after which a worker is dead.");
+ABSL_FLAG(absl::Duration, dead_worker_retention, absl::Minutes(10),
+          "How long DEAD and LEFT workers stay listed (ListWorkers, metrics) after their lease "
+          "ended, before they are forgotten (0: at the next tick).");
 ABSL_FLAG(absl::Duration, max_backfill_wait, absl::Seconds(30),
           "How long a pending job lets later jobs start ahead of it before it reserves workers.");
 ABSL_FLAG(absl::Duration, adoption_window, absl::ZeroDuration(),
@@ -113,6 +116,11 @@ int main(int argc, char** argv) {
   options.grpc_keepalive_time = absl::GetFlag(FLAGS_grpc_keepalive_time);
   options.grpc_keepalive_timeout = absl::GetFlag(FLAGS_grpc_keepalive_timeout);
   options.grpc_max_connection_idle = absl::GetFlag(FLAGS_grpc_max_connection_idle);
+  options.manager.forget_gone_workers_after = absl::GetFlag(FLAGS_dead_worker_retention);
+  if (options.manager.forget_gone_workers_after < absl::ZeroDuration()) {
+    ZS_LOG(ERROR) << "--dead_worker_retention must not be negative";
+    return 2;
+  }
   if (const absl::Duration window = absl::GetFlag(FLAGS_adoption_window);
       window > absl::ZeroDuration()) {
     options.manager.adoption_window = window;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/ids.h"
+#include "coordinator/page_token.h"
 #include "jobspec/job_plan.h"
 #include "jobspec/job_spec_defaults.h"
 #include "jobspec/job_spec_validation.h"
@@ -269,9 +270,17 @@ absl::Status ValidateLeaveWorkerRequest(const v1::LeaveWorkerRequest& request) {
 }
 
 absl::Status ValidateListWorkersRequest(const v1::ListWorkersRequest& request) {
-  return jobspec::CheckEnumIn(
-      "state", *v1::WorkerState_descriptor(), request.state(),
-      {v1::WORKER_STATE_UNSPECIFIED, v1::IDLE, v1::BUSY, v1::DEAD, v1::LEFT});
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckEnumIn("state", *v1::WorkerState_descriptor(), request.state(),
+                           {v1::WORKER_STATE_UNSPECIFIED, v1::IDLE, v1::BUSY, v1::DEAD, v1::LEFT}));
+  if (request.has_page_size()) {
+    ZS_RETURN_IF_ERROR(
+        jobspec::CheckIntInRange("page_size", request.page_size(), 1, kMaxListPageSize));
+  }
+  if (!request.page_token().empty()) {
+    ZS_RETURN_IF_ERROR(ParseWorkerPageToken(request.page_token()).status());
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateSubmitJobRequest(const v1::SubmitJobRequest& request) {
@@ -292,6 +301,17 @@ absl::Status ValidateListJobsRequest(const v1::ListJobsRequest& request) {
                             v1::SUCCEEDED, v1::FAILED, v1::CANCELLED}));
   if (request.has_limit()) {
     ZS_RETURN_IF_ERROR(jobspec::CheckIntInRange("limit", request.limit(), 1, kMaxListJobsLimit));
+  }
+  if (request.has_page_size()) {
+    if (request.has_limit()) {
+      return absl::InvalidArgumentError(
+          "page_size: set page_size or limit (its older name), not both");
+    }
+    ZS_RETURN_IF_ERROR(
+        jobspec::CheckIntInRange("page_size", request.page_size(), 1, kMaxListPageSize));
+  }
+  if (!request.page_token().empty()) {
+    ZS_RETURN_IF_ERROR(ParseJobPageToken(request.page_token()).status());
   }
   return absl::OkStatus();
 }

@@ -24,6 +24,11 @@ inline constexpr size_t kMaxAttachSocketBytes = 107;
 inline constexpr size_t kMaxCancelReasonBytes = 1024;
 inline constexpr size_t kMaxRunErrorBytes = 1024;
 inline constexpr int32_t kMaxListJobsLimit = 1000;
+// ListWorkers and ListJobs pages: page_size's default and maximum, and the most bytes of items
+// one reply holds (half of gRPC's default 4 MiB receive limit; a reply holds at least one item).
+inline constexpr int32_t kDefaultListPageSize = 100;
+inline constexpr int32_t kMaxListPageSize = 1000;
+inline constexpr size_t kMaxListReplyBytes = size_t{2} << 20;
 inline constexpr size_t kMaxStoreKeyBytes = 512;
 inline constexpr size_t kMaxStoreValueBytes = size_t{1} << 20;
 inline constexpr int64_t kMaxStoreTimeoutMs = 600000;
@@ -37,7 +42,8 @@ absl::Status ValidateRegisterWorkerRequest(const v1::RegisterWorkerRequest& requ
 // [0, kMaxWorldSize).
 absl::Status ValidateHeartbeatRequest(const v1::HeartbeatRequest& request);
 absl::Status ValidateLeaveWorkerRequest(const v1::LeaveWorkerRequest& request);
-// WORKER_STATE_UNSPECIFIED (list all) is allowed.
+// WORKER_STATE_UNSPECIFIED (list all) is allowed; `page_size`, when set, is in [1, 1000];
+// `page_token` is empty or one a ListWorkers reply made.
 absl::Status ValidateListWorkersRequest(const v1::ListWorkersRequest& request);
 
 // Jobs.
@@ -47,7 +53,8 @@ absl::Status ValidateListWorkersRequest(const v1::ListWorkersRequest& request);
 // defaults again with the minted id before it stores the spec.
 absl::Status ValidateSubmitJobRequest(const v1::SubmitJobRequest& request);
 absl::Status ValidateGetJobRequest(const v1::GetJobRequest& request);
-// JOB_STATE_UNSPECIFIED (list all) is allowed; `limit`, when set, is in [1, 1000].
+// JOB_STATE_UNSPECIFIED (list all) is allowed; `page_size` or its older name `limit` (not both),
+// when set, is in [1, 1000]; `page_token` is empty or one a ListJobs reply made.
 absl::Status ValidateListJobsRequest(const v1::ListJobsRequest& request);
 absl::Status ValidateCancelJobRequest(const v1::CancelJobRequest& request);
 absl::Status ValidateWatchJobRequest(const v1::WatchJobRequest& request);

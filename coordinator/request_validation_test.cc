@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/page_token.h"
 #include "gtest/gtest.h"
 #include "jobspec/job_plan.h"
 
@@ -64,6 +65,8 @@ v1::LeaveWorkerRequest ValidLeave() {
 v1::ListWorkersRequest ValidListWorkers() {
   v1::ListWorkersRequest r;
   r.set_state(v1::IDLE);
+  r.set_page_size(1000);
+  r.set_page_token(MakePageToken("worker-000007"));
   return r;
 }
 
@@ -85,6 +88,7 @@ v1::ListJobsRequest ValidListJobs() {
   v1::ListJobsRequest r;
   r.set_state(v1::RUNNING);
   r.set_limit(1000);
+  r.set_page_token(MakePageToken("job-000042"));
   return r;
 }
 
@@ -200,6 +204,10 @@ TEST(RequestValidationTest, ValidRequestsPass) {
   EXPECT_TRUE(ValidateSubmitJobRequest(ValidSubmit()).ok());
   EXPECT_TRUE(ValidateGetJobRequest(ValidGetJob()).ok());
   EXPECT_TRUE(ValidateListJobsRequest(ValidListJobs()).ok());
+  v1::ListJobsRequest paged = ValidListJobs();
+  paged.clear_limit();
+  paged.set_page_size(1);
+  EXPECT_TRUE(ValidateListJobsRequest(paged).ok());
   EXPECT_TRUE(ValidateCancelJobRequest(ValidCancel()).ok());
   EXPECT_TRUE(ValidateWatchJobRequest(ValidWatch()).ok());
   EXPECT_TRUE(ValidateGetShardPlanRequest(ValidGetShardPlan()).ok());
@@ -495,7 +503,23 @@ INSTANTIATE_TEST_SUITE_P(
         Bad<v1::ListWorkersRequest>(
             "UnknownWorkerState", ValidListWorkers, ValidateListWorkersRequest,
             [](v1::ListWorkersRequest& r) { r.set_state(static_cast<v1::WorkerState>(9)); },
-            "state", "unknown WorkerState value 9")),
+            "state", "unknown WorkerState value 9"),
+        Bad<v1::ListWorkersRequest>(
+            "ZeroWorkerPageSize", ValidListWorkers, ValidateListWorkersRequest,
+            [](v1::ListWorkersRequest& r) { r.set_page_size(0); }, "page_size",
+            "0 is out of range [1, 1000]"),
+        Bad<v1::ListWorkersRequest>(
+            "HugeWorkerPageSize", ValidListWorkers, ValidateListWorkersRequest,
+            [](v1::ListWorkersRequest& r) { r.set_page_size(1001); }, "page_size",
+            "1001 is out of range"),
+        Bad<v1::ListWorkersRequest>(
+            "GarbageWorkerPageToken", ValidListWorkers, ValidateListWorkersRequest,
+            [](v1::ListWorkersRequest& r) { r.set_page_token("worker-000007"); }, "page_token",
+            "not a token from a previous ListWorkers reply"),
+        Bad<v1::ListWorkersRequest>(
+            "JobsPageTokenForWorkers", ValidListWorkers, ValidateListWorkersRequest,
+            [](v1::ListWorkersRequest& r) { r.set_page_token(MakePageToken("job-000001")); },
+            "page_token", "not a token from a previous ListWorkers reply")),
     [](const ::testing::TestParamInfo<BadRequest>& info) { return info.param.name; });
 
 INSTANTIATE_TEST_SUITE_P(
@@ -547,6 +571,21 @@ INSTANTIATE_TEST_SUITE_P(
         Bad<v1::ListJobsRequest>(
             "NegativeLimit", ValidListJobs, ValidateListJobsRequest,
             [](v1::ListJobsRequest& r) { r.set_limit(-1); }, "limit", "-1 is out of range"),
+        Bad<v1::ListJobsRequest>(
+            "PageSizeAndLimit", ValidListJobs, ValidateListJobsRequest,
+            [](v1::ListJobsRequest& r) { r.set_page_size(10); }, "page_size",
+            "set page_size or limit (its older name), not both"),
+        Bad<v1::ListJobsRequest>(
+            "HugeJobPageSize", ValidListJobs, ValidateListJobsRequest,
+            [](v1::ListJobsRequest& r) {
+              r.clear_limit();
+              r.set_page_size(1001);
+            },
+            "page_size", "1001 is out of range"),
+        Bad<v1::ListJobsRequest>(
+            "GarbageJobPageToken", ValidListJobs, ValidateListJobsRequest,
+            [](v1::ListJobsRequest& r) { r.set_page_token("%%%"); }, "page_token",
+            "not a token from a previous ListJobs reply"),
         Bad<v1::CancelJobRequest>(
             "CancelBadId", ValidCancel, ValidateCancelJobRequest,
             [](v1::CancelJobRequest& r) { r.set_job_id("JOB-000042"); }, "job_id",

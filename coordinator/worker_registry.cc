@@ -1,6 +1,7 @@
 // Worker membership with leases.
 #include "coordinator/worker_registry.h"
 
+#include <limits>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -134,11 +135,15 @@ absl::flat_hash_map<std::string, const v1::WorkerInfo*> WorkerRegistry::LiveWork
 }
 
 std::vector<const v1::WorkerInfo*> WorkerRegistry::List(v1::WorkerState state) const {
+  return ListAfter(state, std::numeric_limits<int64_t>::min());
+}
+
+std::vector<const v1::WorkerInfo*> WorkerRegistry::ListAfter(v1::WorkerState state,
+                                                             int64_t after_number) const {
   std::vector<const v1::WorkerInfo*> out;
-  for (const auto& [number, entry] : workers_) {
-    if (state == v1::WORKER_STATE_UNSPECIFIED || entry.info.state() == state) {
-      out.push_back(&entry.info);
-    }
+  for (auto it = workers_.upper_bound(after_number); it != workers_.end(); ++it) {
+    const v1::WorkerInfo& info = it->second.info;
+    if (state == v1::WORKER_STATE_UNSPECIFIED || info.state() == state) out.push_back(&info);
   }
   return out;
 }

@@ -71,6 +71,8 @@ class WorkerRegistry {
 
   // Workers (optionally only those in `state`), in registration order.
   std::vector<const v1::WorkerInfo*> List(v1::WorkerState state) const;
+  // The same, only those whose number (in their id) is above `after_number`.
+  std::vector<const v1::WorkerInfo*> ListAfter(v1::WorkerState state, int64_t after_number) const;
 
   // Sets a worker's assignment and the state that follows from it (RUN -> BUSY, else IDLE).
   void Assign(v1::WorkerInfo& worker, const v1::Assignment& assignment);

@@ -1,6 +1,11 @@
 // Tests for worker membership: ids, leases on explicit times, expiry, leaving, assignment state.
 #include "coordinator/worker_registry.h"
 
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/ids.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::coordinator {
@@ -59,6 +64,25 @@ TEST(WorkerRegistryTest, LeaveAndForget) {
   EXPECT_EQ(registry.List(v1::LEFT).size(), 1u);
   registry.ForgetGone(kStart + absl::Hours(1));
   EXPECT_EQ(registry.Find(a), nullptr);
+}
+
+TEST(WorkerRegistryTest, ListAfterSkipsLowerNumbersAndFiltersByState) {
+  WorkerRegistry registry({});
+  const std::string a = registry.Register(Request("a"), kStart).id();
+  const std::string b = registry.Register(Request("b"), kStart).id();
+  const std::string c = registry.Register(Request("c"), kStart).id();
+  ASSERT_TRUE(registry.Leave(b).ok());
+  const std::optional<int64_t> a_number = ParseWorkerId(a);
+  ASSERT_TRUE(a_number.has_value());
+  std::vector<std::string> after_a;
+  for (const v1::WorkerInfo* worker : registry.ListAfter(v1::WORKER_STATE_UNSPECIFIED, *a_number)) {
+    after_a.push_back(worker->id());
+  }
+  EXPECT_EQ(after_a, (std::vector<std::string>{b, c}));
+  const std::vector<const v1::WorkerInfo*> idle_after_a = registry.ListAfter(v1::IDLE, *a_number);
+  ASSERT_EQ(idle_after_a.size(), 1u);
+  EXPECT_EQ(idle_after_a[0]->id(), c);
+  EXPECT_TRUE(registry.ListAfter(v1::WORKER_STATE_UNSPECIFIED, *ParseWorkerId(c)).empty());
 }
 
 TEST(WorkerRegistryTest, AssignmentDrivesBusyAndIdle) {

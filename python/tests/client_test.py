@@ -13,8 +13,11 @@ import grpc
 import zeroshard
 from cluster_support import load_cluster_module, runfiles_workspace, wait_until
 from zeroshard import client as client_module
+from zeroshard._proto.zeroshard.v1 import coordinator_pb2
+from zeroshard._proto.zeroshard.v1 import coordinator_pb2_grpc
 from zeroshard._proto.zeroshard.v1 import job_pb2
 from zeroshard._proto.zeroshard.v1 import shard_plan_pb2
+from zeroshard._proto.zeroshard.v1 import types_pb2
 from zeroshard._proto.zeroshard.v1 import worker_pb2
 
 WORKERS = 2
@@ -342,6 +345,63 @@ class ClusterTest(unittest.TestCase):
                 self.assertIs(raised.exception.code, grpc.StatusCode.NOT_FOUND)
                 self.assertIsNone(raised.exception.field)
                 self.assertIn(UNKNOWN_JOB, raised.exception.message)
+
+
+class PagingTest(unittest.TestCase):
+    """list() and workers() follow the coordinator's pages: more jobs and workers than its
+    largest page (1000) come back complete, in order. A coordinator of its own, without worker
+    processes: the workers are registered directly and never heartbeat. They are CUDA workers,
+    so the (CPU) jobs stay PENDING."""
+
+    JOBS = 1050
+    FAKE_WORKERS = 1050
+
+    @classmethod
+    def setUpClass(cls):
+        cls.cluster, cls.log_dir = _start_coordinator_only("zs-paging-")
+        cls.client = zeroshard.Client(cls.cluster.address)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        cls.cluster.stop_all()
+
+    def test_list_and_workers_page_transparently(self):
+        with grpc.insecure_channel(self.cluster.address) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            registered = [
+                stub.RegisterWorker(
+                    coordinator_pb2.RegisterWorkerRequest(
+                        name=f"paged-{i}", host="host-a", device_kind=types_pb2.CUDA
+                    ),
+                    timeout=30,
+                ).worker_id
+                for i in range(self.FAKE_WORKERS)
+            ]
+        submitted = [
+            self.client.submit({"name": f"paged-{i}", "workload": {"preset": "seed"},
+                                "optimizer": {"kind": "SGD"}}).id
+            for i in range(self.JOBS)
+        ]
+        newest_first = list(reversed(submitted))
+
+        self.assertEqual([w.id for w in self.client.workers()], registered)
+        self.assertEqual([j.id for j in self.client.list()], newest_first)
+        self.assertEqual([j.id for j in self.client.list(state="PENDING")], newest_first)
+        self.assertEqual([j.id for j in self.client.list(limit=1020)], newest_first[:1020])
+        self.assertEqual([j.id for j in self.client.list(limit=3)], newest_first[:3])
+        with self.assertRaises(ValueError):
+            self.client.list(limit=0)
+
+
+def _start_coordinator_only(prefix):
+    cluster_module = load_cluster_module()
+    log_dir = tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TEST_TMPDIR"))
+    args, _ = cluster_module.parse_args(["--workers", "0", "--bin_dir", runfiles_workspace(),
+                                         "--log_dir", log_dir])
+    cluster = cluster_module.Cluster(args, cluster_module.find_binaries(args.bin_dir), log_dir)
+    cluster.start_coordinator()
+    return cluster, log_dir
 
 
 if __name__ == "__main__":

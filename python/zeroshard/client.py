@@ -19,6 +19,10 @@ from zeroshard.errors import Error
 
 COORDINATOR_ENV = "ZEROSHARD_COORDINATOR"
 
+# The coordinator's largest ListJobs/ListWorkers page_size: fewest round trips. Replies stay
+# under gRPC's 4 MiB limit because the coordinator also ends a page at 2 MiB.
+_MAX_PAGE_SIZE = 1000
+
 # json_format's errors name the failing place as "at JobSpec.optimizer.lr" (wrong values) or as a
 # chain of "Failed to parse optimizer field: ..." (values it cannot convert).
 _PARSE_ERROR_AT = re.compile(r'\bat "?JobSpec((?:\.[A-Za-z0-9_]+|\[\d+\])*)"?')
@@ -158,15 +162,27 @@ class Client:
         return self._call(self._stub.GetJob, request, timeout)
 
     def list(self, state=None, limit=None, timeout=None):
-        """Jobs, newest first, as a list of zeroshard.v1.Job (ListJobs).
+        """Jobs, newest first, as a list of zeroshard.v1.Job (ListJobs, page by page).
 
         `state`: only jobs in this zeroshard.v1.JobState (a number or a name such as "RUNNING");
-        None lists all. `limit`: at most this many (the coordinator's default: 100).
+        None lists all. `limit`: at most this many; None lists every job. `timeout` bounds each
+        page's call.
         """
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be None or >= 1, got {limit}")
         request = coordinator_pb2.ListJobsRequest(
-            state=_enum_value(job_pb2.JobState, state, "state"), limit=limit
+            state=_enum_value(job_pb2.JobState, state, "state")
         )
-        return list(self._call(self._stub.ListJobs, request, timeout).jobs)
+        jobs = []
+        while limit is None or len(jobs) < limit:
+            wanted = _MAX_PAGE_SIZE if limit is None else limit - len(jobs)
+            request.page_size = min(wanted, _MAX_PAGE_SIZE)
+            response = self._call(self._stub.ListJobs, request, timeout)
+            jobs.extend(response.jobs)
+            if not response.next_page_token:
+                break
+            request.page_token = response.next_page_token
+        return jobs
 
     def watch(self, job_id, after_sequence=0, timeout=None):
         """An iterator of the job's zeroshard.v1.JobEvent (WatchJob): its history after
@@ -202,15 +218,22 @@ class Client:
         return self._call(self._stub.CancelJob, request, timeout)
 
     def workers(self, state=None, timeout=None):
-        """Registered workers as a list of zeroshard.v1.WorkerInfo (ListWorkers).
+        """Registered workers as a list of zeroshard.v1.WorkerInfo (ListWorkers, page by page),
+        in registration order.
 
         `state`: only workers in this zeroshard.v1.WorkerState (a number or a name such as
-        "IDLE"); None lists all.
+        "IDLE"); None lists all. `timeout` bounds each page's call.
         """
         request = coordinator_pb2.ListWorkersRequest(
-            state=_enum_value(worker_pb2.WorkerState, state, "state")
+            state=_enum_value(worker_pb2.WorkerState, state, "state"), page_size=_MAX_PAGE_SIZE
         )
-        return list(self._call(self._stub.ListWorkers, request, timeout).workers)
+        workers = []
+        while True:
+            response = self._call(self._stub.ListWorkers, request, timeout)
+            workers.extend(response.workers)
+            if not response.next_page_token:
+                return workers
+            request.page_token = response.next_page_token
 
     def plan(self, job_id, rank=0, generation=0, include_layout=False, timeout=None):
         """The shard plan of a running job as seen by `rank` (GetShardPlan): a

@@ -99,9 +99,15 @@ def idle_attach_workers(coordinator, count, wait_s):
     with grpc.insecure_channel(coordinator) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         while True:
-            response = stub.ListWorkers(
-                coordinator_pb2.ListWorkersRequest(state=worker_pb2.IDLE), timeout=30)
-            usable = sorted((w for w in response.workers if w.attach_socket and w.host == host),
+            idle = []
+            request = coordinator_pb2.ListWorkersRequest(state=worker_pb2.IDLE, page_size=1000)
+            while True:  # every page
+                response = stub.ListWorkers(request, timeout=30)
+                idle.extend(response.workers)
+                if not response.next_page_token:
+                    break
+                request.page_token = response.next_page_token
+            usable = sorted((w for w in idle if w.attach_socket and w.host == host),
                             key=lambda w: w.name)
             if len(usable) >= count:
                 return usable[:count]

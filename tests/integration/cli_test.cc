@@ -1,17 +1,23 @@
 // Issue 6, bad job specs through the real `zeroshard` CLI against a real cluster: each fails
 // with one line on stderr naming the field and a non-zero exit, and nothing else is disturbed.
+// Issue 14: `zeroshard workers` lists more workers than one gRPC message holds.
 #include <algorithm>
 #include <fstream>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/subprocess.h"
+#include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::testing {
 namespace {
@@ -148,6 +154,69 @@ TEST(CliTest, BadSpecsFailWithOneLineNamingTheFieldAndDisturbNothing) {
   EXPECT_EQ(from_file.patterns(0), "0.*");
   EXPECT_FALSE(from_file.has_weight_decay());
   EXPECT_EQ(from_file.lr_scale(), 0.5);
+
+  absl::Status stopped = cluster.StopAll();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// The ids in the first column of `zeroshard workers` output, after its header line.
+std::vector<std::string> FirstColumn(const std::string& table) {
+  std::vector<std::string> ids;
+  std::vector<std::string> lines = absl::StrSplit(table, '\n', absl::SkipEmpty());
+  for (size_t i = 1; i < lines.size(); ++i) {
+    ids.push_back(std::string(lines[i].substr(0, lines[i].find(' '))));
+  }
+  return ids;
+}
+
+// Issue 14, the probe's case: 600 workers with 32 labels each (about 6 MiB of WorkerInfo, over
+// gRPC's 4 MiB message limit) are all listed by `zeroshard workers`, which follows the
+// coordinator's pages; also once they are all DEAD (they never heartbeat) and still listed.
+TEST(CliTest, WorkersListsSixHundredLabelledWorkersThroughPages) {
+  LocalClusterOptions options;
+  options.heartbeat_period = absl::Milliseconds(200);
+  LocalCluster cluster(options);
+  LogTailsOnFailure log_tails(cluster);
+  absl::Status started = cluster.StartCoordinator();
+  ASSERT_TRUE(started.ok()) << started;
+  std::unique_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(cluster.coordinator_target(), grpc::InsecureChannelCredentials()));
+  std::vector<std::string> registered;
+  for (int i = 0; i < 600; ++i) {
+    v1::RegisterWorkerRequest request;
+    request.set_name(absl::StrCat("probe-", i));
+    request.set_host(absl::StrCat("host-", i));
+    request.set_device_kind(v1::CPU);
+    for (int label = 0; label < 32; ++label) {
+      std::string key = absl::StrCat("label-", label, "-");
+      key.resize(63, 'k');
+      (*request.mutable_labels())[key] = std::string(256, 'v');
+    }
+    v1::RegisterWorkerResponse response;
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kCommandDeadline));
+    const grpc::Status status = stub->RegisterWorker(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    registered.push_back(response.worker_id());
+  }
+
+  absl::StatusOr<CommandResult> listed = RunCli(cluster, {"workers"});
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->exit_code(), 0) << listed->stderr_text;
+  EXPECT_EQ(FirstColumn(listed->stdout_text), registered);
+
+  absl::Status dead = cluster.WaitFor(
+      [&] {
+        absl::StatusOr<std::vector<v1::WorkerInfo>> workers =
+            cluster.client().ListWorkers(v1::DEAD);
+        return workers.ok() && workers->size() == registered.size();
+      },
+      absl::Seconds(30), "all 600 workers DEAD");
+  ASSERT_TRUE(dead.ok()) << dead;
+  listed = RunCli(cluster, {"workers", "--state=DEAD"});
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->exit_code(), 0) << listed->stderr_text;
+  EXPECT_EQ(FirstColumn(listed->stdout_text), registered);
 
   absl::Status stopped = cluster.StopAll();
   EXPECT_TRUE(stopped.ok()) << stopped;
