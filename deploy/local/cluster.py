@@ -92,6 +92,13 @@ def parse_args(argv):
         help="extra flag passed to every worker (repeatable), e.g. --worker_flag=--labels=a=b",
     )
     parser.add_argument(
+        "--coordinator_flag",
+        action="append",
+        default=[],
+        help="extra flag passed to the coordinator (repeatable), e.g. "
+        "--coordinator_flag=--max_pending_jobs_per_submitter=5000",
+    )
+    parser.add_argument(
         "--start_timeout", type=float, default=60.0, help="seconds to wait for the cluster to be up"
     )
     parser.add_argument(
@@ -225,6 +232,7 @@ class Cluster:
             f"--checkpoint_root={self.checkpoint_root}",
             f"--heartbeat_period={self.args.heartbeat_period}",
         ]
+        argv.extend(self.args.coordinator_flag)
         self.coordinator = self._start("coordinator", argv)
         deadline = time.monotonic() + self.args.start_timeout
         while time.monotonic() < deadline:

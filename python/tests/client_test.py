@@ -358,7 +358,9 @@ class PagingTest(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.cluster, cls.log_dir = _start_coordinator_only("zs-paging-")
+        # More PENDING jobs than one submitter may queue by default (1000).
+        cls.cluster, cls.log_dir = _start_coordinator_only(
+            "zs-paging-", f"--max_pending_jobs_per_submitter={cls.JOBS}")
         cls.client = zeroshard.Client(cls.cluster.address)
 
     @classmethod
@@ -394,11 +396,12 @@ class PagingTest(unittest.TestCase):
             self.client.list(limit=0)
 
 
-def _start_coordinator_only(prefix):
+def _start_coordinator_only(prefix, *coordinator_flags):
     cluster_module = load_cluster_module()
     log_dir = tempfile.mkdtemp(prefix=prefix, dir=os.environ.get("TEST_TMPDIR"))
-    args, _ = cluster_module.parse_args(["--workers", "0", "--bin_dir", runfiles_workspace(),
-                                         "--log_dir", log_dir])
+    args, _ = cluster_module.parse_args(
+        ["--workers", "0", "--bin_dir", runfiles_workspace(), "--log_dir", log_dir] +
+        [f"--coordinator_flag={flag}" for flag in coordinator_flags])
     cluster = cluster_module.Cluster(args, cluster_module.find_binaries(args.bin_dir), log_dir)
     cluster.start_coordinator()
     return cluster, log_dir
