@@ -28,6 +28,7 @@
 #include "coordinator/http_test_client.h"
 #include "coordinator/request_validation.h"
 #include "coordinator/test_checkpointed_job.h"
+#include "coordinator/test_rpc_support.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -40,23 +41,6 @@ namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
 using Stub = v1::Coordinator::Stub;
-
-constexpr absl::Duration kRpcDeadline = absl::Seconds(10);
-
-void SetDeadline(grpc::ClientContext& context, absl::Duration timeout = kRpcDeadline) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
-
-v1::JobSpec Spec(const std::string& name, int workers) {
-  v1::JobSpec spec;
-  spec.set_name(name);
-  spec.mutable_workload()->set_preset("seed");
-  spec.mutable_optimizer()->set_kind(v1::SGD);
-  spec.set_min_workers(workers);
-  spec.set_max_workers(workers);
-  spec.set_global_batch(128);
-  return spec;
-}
 
 v1::StepMetrics Metrics(int64_t step) {
   v1::StepMetrics metrics;

@@ -23,6 +23,7 @@
 #include "common/clock.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/test_rpc_support.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
@@ -31,23 +32,6 @@ namespace zeroshard::coordinator {
 namespace {
 
 using Stub = v1::Coordinator::Stub;
-
-constexpr absl::Duration kRpcDeadline = absl::Seconds(10);
-
-void SetDeadline(grpc::ClientContext& context, absl::Duration timeout = kRpcDeadline) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
-
-v1::JobSpec Spec(const std::string& name, int workers) {
-  v1::JobSpec spec;
-  spec.set_name(name);
-  spec.mutable_workload()->set_preset("seed");
-  spec.mutable_optimizer()->set_kind(v1::SGD);
-  spec.set_min_workers(workers);
-  spec.set_max_workers(workers);
-  spec.set_global_batch(128);
-  return spec;
-}
 
 // Expects `status` to be RESOURCE_EXHAUSTED with a message starting "<flag>:".
 void ExpectExhausted(const grpc::Status& status, const std::string& flag) {
