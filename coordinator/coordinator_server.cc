@@ -42,14 +42,27 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   ZS_ASSIGN_OR_RETURN(
       server->manager_,
       JobManager::Create(clock, std::move(store), server->rendezvous_.get(), options.manager));
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                      security::MakeServerCredentials(options.tls));
+  if (!options.token_file.empty()) {
+    ZS_ASSIGN_OR_RETURN(server->authenticator_,
+                        security::Authenticator::FromTokenFile(options.token_file));
+  } else if (!options.tls.client_ca_file.empty()) {
+    // Certificates alone: `cert:<CN>` lines would come from a token file; without one no
+    // certificate maps to a role, so a client CA without a token file is refused.
+    return absl::InvalidArgumentError(
+        "token_file: required with tls_client_ca_file (its `cert:<CN> role name` lines give "
+        "client certificates their roles)");
+  } else {
+    server->authenticator_ = security::Authenticator::Disabled();
+  }
   server->service_ = std::make_unique<CoordinatorService>(
       server->manager_.get(), server->rendezvous_.get(), &server->metrics_, options.service);
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address, grpc::InsecureServerCredentials(),
-                           &server->grpc_port_);
+  builder.AddListeningPort(options.listen_address, credentials, &server->grpc_port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.service.max_send_message_bytes);
@@ -92,10 +105,17 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       raw->manager_->Tick();
     }
   });
-  ZS_LOG(INFO) << "coordinator serving gRPC on " << server->grpc_target() << ", metrics on port "
-               << server->metrics_port_ << ", state in " << options.state_dir;
+  ZS_LOG(INFO) << "coordinator serving gRPC on " << server->grpc_target()
+               << (options.tls.enabled() ? " (TLS" : " (plaintext")
+               << (server->authenticator_->enabled()
+                       ? absl::StrCat(", ", server->authenticator_->entries(), " identities)")
+                       : ", no authentication)")
+               << ", metrics on port " << server->metrics_port_ << ", state in "
+               << options.state_dir;
   return server;
 }
+
+absl::Status CoordinatorServer::ReloadTokens() { return authenticator_->Reload(); }
 
 std::string CoordinatorServer::grpc_target() const { return absl::StrCat(host_, ":", grpc_port_); }
 

@@ -17,12 +17,20 @@
 #include "coordinator/metrics.h"
 #include "coordinator/rendezvous_store.h"
 #include "grpcpp/server.h"
+#include "security/authenticator.h"
+#include "security/tls_files.h"
 
 namespace zeroshard::coordinator {
 
 struct CoordinatorServerOptions {
   // gRPC address, host:port; port 0 picks a free port (see grpc_port()).
   std::string listen_address = "127.0.0.1:50051";
+  // TLS on the gRPC port (optional mTLS); off: plaintext.
+  security::ServerTlsOptions tls;
+  // The `token role name` table (docs/api.md, "Identities and roles"); empty: no caller is
+  // authenticated and every caller may call everything (the loopback development default),
+  // unless tls.client_ca_file is set, which authenticates callers by certificate alone.
+  std::string token_file;
   // /metrics HTTP port on the same host; 0 picks a free one; -1 disables it.
   int metrics_port = 0;
   // Open connections to the metrics port at most; more wait in the listen backlog.
@@ -63,6 +71,11 @@ class CoordinatorServer {
   JobManager* manager() { return manager_.get(); }
   RendezvousStore* rendezvous() { return rendezvous_.get(); }
   CoordinatorService* service() { return service_.get(); }
+  const security::Authenticator* authenticator() const { return authenticator_.get(); }
+  bool tls_enabled() const { return options_.tls.enabled(); }
+
+  // Re-reads the token file (SIGHUP). On error the table in use stays; the error says why.
+  absl::Status ReloadTokens();
 
   // Blocks until Shutdown is called from another thread (or a signal handler's helper).
   void Wait();
@@ -76,6 +89,7 @@ class CoordinatorServer {
   CoordinatorMetrics metrics_;
   std::unique_ptr<RendezvousStore> rendezvous_;
   std::unique_ptr<JobManager> manager_;
+  std::unique_ptr<security::Authenticator> authenticator_;
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HttpServer> http_;

@@ -23,6 +23,7 @@
 #include "coordinator/page_token.h"
 #include "coordinator/request_parsing.h"
 #include "coordinator/request_validation.h"
+#include "security/authenticator.h"
 
 namespace zeroshard::coordinator {
 namespace {
@@ -420,19 +421,6 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::ExportCheckpoint
 
 }  // namespace
 
-std::string PeerHost(const std::string& peer) {
-  const size_t scheme = peer.find(':');
-  if (scheme == std::string::npos) return peer;
-  const std::string_view prefix = std::string_view(peer).substr(0, scheme);
-  if (prefix != "ipv4" && prefix != "ipv6") return peer;
-  const std::string address = peer.substr(scheme + 1);
-  const size_t port = address.rfind(':');
-  if (port == std::string::npos || (prefix == "ipv6" && address.rfind('[', 0) != 0)) {
-    return address;
-  }
-  return address.substr(0, port);
-}
-
 CoordinatorService::CoordinatorService(JobManager* manager, RendezvousStore* rendezvous,
                                        CoordinatorMetrics* metrics, ServiceOptions options)
     : manager_(manager), rendezvous_(rendezvous), metrics_(metrics), options_(options) {}
@@ -532,8 +520,8 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
       context, "SubmitJob", raw_request, raw_response,
       [&](const v1::SubmitJobRequest* request, v1::Job* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateSubmitJobRequest(*request));
-        ZS_ASSIGN_OR_RETURN(*response,
-                            manager_->SubmitJob(request->spec(), PeerHost(context->peer())));
+        ZS_ASSIGN_OR_RETURN(
+            *response, manager_->SubmitJob(request->spec(), security::PeerHost(context->peer())));
         return absl::OkStatus();
       });
 }
@@ -595,7 +583,7 @@ grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
     // Unknown jobs fail here; later errors (the store unreadable) end the stream instead.
     status = manager_->GetJob(request->job_id()).status();
   }
-  const std::string peer_host = PeerHost(context->peer());
+  const std::string peer_host = security::PeerHost(context->peer());
   if (status.ok()) status = AdmitWatch(peer_host);
   metrics_->RecordRpc("WatchJob", status.code(), absl::Now() - start);
   if (!status.ok()) {

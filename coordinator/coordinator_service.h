@@ -79,10 +79,6 @@ using CoordinatorServiceBase = service_internal::WithMethods<
     v1::Coordinator::WithCallbackMethod_WatchJob,
     v1::Coordinator::WithCallbackMethod_ExportCheckpoint>::type;
 
-// The host part of a gRPC peer string ("ipv4:10.0.0.1:5000" -> "10.0.0.1", "ipv6:[::1]:5000" ->
-// "[::1]"); other forms (unix sockets) whole. Stands for the caller until tokens identify it.
-std::string PeerHost(const std::string& peer);
-
 // Thread-safe; handlers run on gRPC's callback threads and never block: StoreGet waits and
 // WatchJob streams hold no thread while idle. ExportCheckpoint reads files on a thread of its own
 // per stream (at most max_concurrent_exports), never on gRPC's threads.

@@ -259,14 +259,6 @@ class ResourceLimitsTest : public ::testing::Test {
   std::unique_ptr<Stub> stub_;
 };
 
-TEST(PeerHostTest, DropsTheSchemeAndThePort) {
-  EXPECT_EQ(PeerHost("ipv4:10.1.2.3:50051"), "10.1.2.3");
-  EXPECT_EQ(PeerHost("ipv6:[::1]:41000"), "[::1]");
-  EXPECT_EQ(PeerHost("ipv6:[fe80::1%eth0]:7"), "[fe80::1%eth0]");
-  EXPECT_EQ(PeerHost("unix:/run/zs.sock"), "unix:/run/zs.sock");
-  EXPECT_EQ(PeerHost("ipv6:"), "");
-}
-
 TEST_F(ResourceLimitsTest, WatchStreamsAreCappedInAllAndACancelledOneIsFreed) {
   CoordinatorServerOptions options;
   options.service.max_watch_streams = 2;

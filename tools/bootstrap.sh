@@ -18,6 +18,8 @@ PACKAGES=(
   # Collectives, storage, math, HTTP, config files.
   libgloo-dev libsqlite3-dev sqlite3 libopenblas-dev libcpp-httplib-dev libyaml-cpp-dev
   libmicrohttpd-dev
+  # libcrypto (token hashes, certificate checks) and the openssl tool the TLS tests run.
+  libssl-dev openssl
   # Tools the scripts use; python3-torch for tests/integration:torch_adamw_test (the reference).
   python3 python3-numpy python3-torch curl procps
   # The zeroshard Python package (python/): its gRPC client and the stubs protoc generates
