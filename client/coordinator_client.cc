@@ -18,9 +18,21 @@ constexpr int kListPageSize = 1000;
 }  // namespace
 
 CoordinatorClient::CoordinatorClient(const std::string& target, absl::Duration rpc_timeout)
-    : stub_(v1::Coordinator::NewStub(
-          grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))),
-      rpc_timeout_(rpc_timeout) {}
+    : CoordinatorClient(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()),
+                        rpc_timeout) {}
+
+CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::Channel> channel,
+                                     absl::Duration rpc_timeout)
+    : stub_(v1::Coordinator::NewStub(std::move(channel))), rpc_timeout_(rpc_timeout) {}
+
+absl::StatusOr<std::unique_ptr<CoordinatorClient>> CoordinatorClient::Create(
+    const std::string& target, const security::ClientCredentials& credentials,
+    absl::Duration rpc_timeout) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      security::CreateCoordinatorChannel(target, credentials);
+  if (!channel.ok()) return channel.status();
+  return std::make_unique<CoordinatorClient>(*std::move(channel), rpc_timeout);
+}
 
 std::unique_ptr<grpc::ClientContext> CoordinatorClient::Context() const {
   auto context = std::make_unique<grpc::ClientContext>();

@@ -13,6 +13,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "grpcpp/channel.h"
+#include "security/coordinator_channel.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::client {
@@ -20,9 +22,18 @@ namespace zeroshard::client {
 // Thread-safe (gRPC stubs are).
 class CoordinatorClient {
  public:
-  // `target` is host:port of the coordinator.
+  // `target` is host:port of the coordinator, reached in plaintext without credentials (loopback
+  // development and tests).
   explicit CoordinatorClient(const std::string& target,
                              absl::Duration rpc_timeout = absl::Seconds(10));
+  // A channel that carries credentials (security::CreateCoordinatorChannel).
+  explicit CoordinatorClient(std::shared_ptr<grpc::Channel> channel,
+                             absl::Duration rpc_timeout = absl::Seconds(10));
+
+  // A client of `target` with `credentials` (TLS, token); errors name the bad option.
+  static absl::StatusOr<std::unique_ptr<CoordinatorClient>> Create(
+      const std::string& target, const security::ClientCredentials& credentials,
+      absl::Duration rpc_timeout = absl::Seconds(10));
 
   absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);

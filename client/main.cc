@@ -1,5 +1,7 @@
 // zeroshard: the command-line client of the coordinator (submit, jobs, get, watch, cancel,
 // workers, plan, export). Coordinator errors print as one line on stderr with a non-zero exit.
+// Exit codes: 0 done; 1 the coordinator refused or the job did not succeed; 2 bad usage or flags;
+// 3 not authenticated or not allowed; 4 coordinator unreachable (incl. a failed TLS handshake).
 #include <unistd.h>
 
 #include <cstdio>
@@ -23,8 +25,16 @@
 #include "client/progress_view.h"
 #include "google/protobuf/repeated_field.h"
 #include "google/protobuf/util/json_util.h"
+#include "security/coordinator_channel.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port.");
+ABSL_FLAG(std::string, ca, "",
+          "PEM file of the CA that signed the coordinator's certificate: connect with TLS. Empty: "
+          "plaintext.");
+ABSL_FLAG(std::string, cert, "", "PEM client certificate for mTLS (with --key and --ca).");
+ABSL_FLAG(std::string, key, "", "PEM private key of --cert.");
+ABSL_FLAG(std::string, token_file, "",
+          "File whose first line is your token (default: $ZEROSHARD_TOKEN, if set).");
 // submit: each flag that is set overrides the spec file's field.
 ABSL_FLAG(std::optional<std::string>, name, std::nullopt, "submit: job name ([a-z0-9-]).");
 ABSL_FLAG(std::optional<std::string>, preset, std::nullopt,
@@ -72,7 +82,9 @@ ABSL_FLAG(std::optional<int64_t>, step, std::nullopt,
 namespace zeroshard::client {
 namespace {
 
-constexpr char kUsage[] = R"(zeroshard [--coordinator=HOST:PORT] COMMAND [ARGS]
+constexpr char kUsage[] =
+    R"(zeroshard [--coordinator=HOST:PORT] [--ca=CA.pem [--cert=C.pem --key=K.pem]]
+          [--token_file=FILE] COMMAND [ARGS]
 
 Commands:
   submit [SPEC_FILE] [flags]   submit a job (JSON or YAML spec file, and/or flags); --watch to follow it
@@ -87,16 +99,46 @@ Commands:
                                safetensors that torch loads, to PATH or stdout
 )";
 
+constexpr int kExitFailed = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitNotAllowed = 3;
+constexpr int kExitUnreachable = 4;
+
 int Fail(const absl::Status& status) {
-  std::fprintf(stderr, "zeroshard: error: %s: %s\n",
+  std::string hint;
+  int exit_code = kExitFailed;
+  switch (status.code()) {
+    case absl::StatusCode::kUnauthenticated:
+      hint = " (pass --token_file, set ZEROSHARD_TOKEN, or --cert/--key)";
+      exit_code = kExitNotAllowed;
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      hint = " (your token's role does not allow this)";
+      exit_code = kExitNotAllowed;
+      break;
+    case absl::StatusCode::kUnavailable:
+      hint = absl::StrCat(" (is the coordinator at ", absl::GetFlag(FLAGS_coordinator),
+                          " up, and does --ca match its certificate?)");
+      exit_code = kExitUnreachable;
+      break;
+    default:
+      break;
+  }
+  std::fprintf(stderr, "zeroshard: error: %s: %s%s\n",
                absl::StatusCodeToString(status.code()).c_str(),
-               std::string(status.message()).c_str());
-  return 1;
+               std::string(status.message()).c_str(), hint.c_str());
+  return exit_code;
 }
 
 int Usage(const std::string& problem) {
   std::fprintf(stderr, "zeroshard: error: %s\n\n%s", problem.c_str(), kUsage);
-  return 2;
+  return kExitUsage;
+}
+
+// A flag whose file is missing or unusable (the message names the flag): one line, no usage.
+int BadFlag(const absl::Status& status) {
+  std::fprintf(stderr, "zeroshard: error: %s\n", std::string(status.message()).c_str());
+  return kExitUsage;
 }
 
 template <typename Enum, typename ParseFn>
@@ -194,11 +236,18 @@ void PrintJobJson(const v1::Job& job) {
   std::cout << json;
 }
 
+// Jobs from a coordinator that authenticates no one (or from before submitters were recorded)
+// have none.
+std::string Submitter(const v1::Job& job) {
+  return job.submitter().empty() ? "-" : job.submitter();
+}
+
 void PrintJobSummary(const v1::Job& job) {
   std::cout << absl::StrFormat(
-      "%s  %s  name=%s  generation=%d  workers=%d  step=%s  loss=%.6g\n", job.id(),
-      v1::JobState_Name(job.state()), job.spec().name(), job.generation(), job.worker_ids_size(),
-      StepOfTotal(job.progress().step(), job.spec().steps()), job.progress().loss());
+      "%s  %s  name=%s  submitter=%s  generation=%d  workers=%d  step=%s  loss=%.6g\n", job.id(),
+      v1::JobState_Name(job.state()), job.spec().name(), Submitter(job), job.generation(),
+      job.worker_ids_size(), StepOfTotal(job.progress().step(), job.spec().steps()),
+      job.progress().loss());
   if (!job.message().empty()) std::cout << "  " << job.message() << "\n";
 }
 
@@ -239,7 +288,14 @@ int Watch(CoordinatorClient& client, const std::string& job_id) {
 int Run(std::vector<char*> args) {
   if (args.size() < 2) return Usage("no command");
   const std::string command = args[1];
-  CoordinatorClient client(absl::GetFlag(FLAGS_coordinator));
+  absl::StatusOr<security::ClientCredentials> credentials = security::ClientCredentialsFromFlags(
+      absl::GetFlag(FLAGS_ca), absl::GetFlag(FLAGS_cert), absl::GetFlag(FLAGS_key),
+      absl::GetFlag(FLAGS_token_file));
+  if (!credentials.ok()) return BadFlag(credentials.status());
+  absl::StatusOr<std::unique_ptr<CoordinatorClient>> created =
+      CoordinatorClient::Create(absl::GetFlag(FLAGS_coordinator), *credentials);
+  if (!created.ok()) return BadFlag(created.status());
+  CoordinatorClient& client = **created;
   auto need_id = [&]() -> std::optional<std::string> {
     if (args.size() != 3) return std::nullopt;
     return std::string(args[2]);
@@ -265,14 +321,14 @@ int Run(std::vector<char*> args) {
     }
     absl::StatusOr<std::vector<v1::Job>> jobs = client.ListJobs(state, absl::GetFlag(FLAGS_limit));
     if (!jobs.ok()) return Fail(jobs.status());
-    std::cout << absl::StrFormat("%-12s %-11s %-4s %-7s %-13s %-12s %s\n", "ID", "STATE", "GEN",
-                                 "WORKERS", "STEP", "LOSS", "NAME");
+    std::cout << absl::StrFormat("%-12s %-11s %-4s %-7s %-13s %-12s %-16s %s\n", "ID", "STATE",
+                                 "GEN", "WORKERS", "STEP", "LOSS", "SUBMITTER", "NAME");
     for (const v1::Job& job : *jobs) {
-      std::cout << absl::StrFormat("%-12s %-11s %-4d %-7d %-13s %-12.6g %s\n", job.id(),
+      std::cout << absl::StrFormat("%-12s %-11s %-4d %-7d %-13s %-12.6g %-16s %s\n", job.id(),
                                    v1::JobState_Name(job.state()), job.generation(),
                                    job.worker_ids_size(),
                                    StepOfTotal(job.progress().step(), job.spec().steps()),
-                                   job.progress().loss(), job.spec().name());
+                                   job.progress().loss(), Submitter(job), job.spec().name());
     }
     return 0;
   }

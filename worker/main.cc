@@ -18,6 +18,7 @@
 #include "absl/strings/strip.h"
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
+#include "security/coordinator_channel.h"
 #include "worker/attach/attach_listener.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/daemon/cuda_support.h"
@@ -27,6 +28,15 @@
 #include "worker/engine/engine.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port.");
+ABSL_FLAG(std::string, ca, "",
+          "PEM file of the CA that signed the coordinator's certificate: connect with TLS. Empty: "
+          "plaintext.");
+ABSL_FLAG(std::string, cert, "",
+          "PEM client certificate for mTLS (with --key and --ca); the coordinator's token file "
+          "maps its CN to the worker role (cert:<CN> worker NAME).");
+ABSL_FLAG(std::string, key, "", "PEM private key of --cert.");
+ABSL_FLAG(std::string, token_file, "",
+          "File whose first line is this worker's token (default: $ZEROSHARD_TOKEN, if set).");
 ABSL_FLAG(std::string, device, "cpu",
           "The device this worker owns: cpu, or cuda:N (CUDA device N; needs a build with "
           "--config=cuda).");
@@ -156,9 +166,26 @@ int main(int argc, char** argv) {
   channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   channel_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  absl::StatusOr<zeroshard::security::ClientCredentials> credentials =
+      zeroshard::security::ClientCredentialsFromFlags(
+          absl::GetFlag(FLAGS_ca), absl::GetFlag(FLAGS_cert), absl::GetFlag(FLAGS_key),
+          absl::GetFlag(FLAGS_token_file));
+  if (!credentials.ok()) {
+    ZS_LOG(ERROR) << credentials.status().message();
+    return 2;
+  }
+  // One secret per daemon: heartbeats, progress reports, checkpoint commits and the rendezvous
+  // store all use this one channel, so all of them present the current registration's secret.
+  options.worker_secret = std::make_shared<zeroshard::security::WorkerSecret>();
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      zeroshard::security::CreateCoordinatorChannel(absl::GetFlag(FLAGS_coordinator), *credentials,
+                                                    channel_args, options.worker_secret);
+  if (!channel.ok()) {
+    ZS_LOG(ERROR) << channel.status().message();
+    return 2;
+  }
   std::shared_ptr<zeroshard::v1::Coordinator::StubInterface> stub =
-      zeroshard::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
-          absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials(), channel_args));
+      zeroshard::v1::Coordinator::NewStub(*std::move(channel));
   zeroshard::worker::WorkerDaemon* daemon_ptr = nullptr;
   zeroshard::worker::WorkerDaemon daemon(
       options, stub, [&](const zeroshard::v1::Assignment& assignment) {

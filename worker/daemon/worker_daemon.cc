@@ -74,6 +74,8 @@ absl::StatusOr<bool> WorkerDaemon::Register() {
         absl::MutexLock lock(&id_mu_);
         worker_id_ = response.worker_id();
       }
+      // Before any later call: the secret is bound to this registration.
+      if (options_.worker_secret != nullptr) options_.worker_secret->Set(response.worker_secret());
       heartbeat_period_ = absl::Milliseconds(response.heartbeat_period_ms());
       ZS_LOG(INFO) << "registered as " << response.worker_id() << " (heartbeat every "
                    << heartbeat_period_ << ", lease " << response.lease_ms() << " ms)"
@@ -84,8 +86,12 @@ absl::StatusOr<bool> WorkerDaemon::Register() {
                            : "");
       return response.adopted();
     }
-    // Bad flags (INVALID_ARGUMENT) will not get better by retrying.
-    if (status.code() == absl::StatusCode::kInvalidArgument) return status;
+    // Bad flags or credentials will not get better by retrying.
+    if (status.code() == absl::StatusCode::kInvalidArgument ||
+        status.code() == absl::StatusCode::kUnauthenticated ||
+        status.code() == absl::StatusCode::kPermissionDenied) {
+      return status;
+    }
     ZS_LOG(INFO) << "coordinator not reachable yet (" << status.message() << "); retrying";
     stop_.WaitForNotificationWithTimeout(options_.register_retry);
   }

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "security/coordinator_channel.h"
 #include "worker/daemon/training_run.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
@@ -39,6 +40,9 @@ struct WorkerDaemonOptions {
   absl::Duration rpc_timeout = absl::Seconds(5);
   // The unix socket attached trainers connect to (registered with the coordinator); empty: none.
   std::string attach_socket;
+  // Set from every registration's reply; the daemon's coordinator channels send it on each call
+  // (security::CreateCoordinatorChannel). Null: not kept (a coordinator without a token file).
+  std::shared_ptr<security::WorkerSecret> worker_secret;
 };
 
 // Thread contract: Run() on one thread; Stop() from any thread (e.g. a signal watcher).
@@ -48,7 +52,8 @@ class WorkerDaemon {
                TrainingRunFactory run_factory);
 
   // Runs until Stop(): then aborts the current run, leaves the coordinator and returns OK.
-  // Returns the error early when registering fails for good (INVALID_ARGUMENT), also when
+  // Returns the error early when registering fails for good (INVALID_ARGUMENT, UNAUTHENTICATED,
+  // PERMISSION_DENIED: bad flags or credentials), also when
   // re-registering after the coordinator forgot this worker. Failed heartbeats (the coordinator
   // is down) never stop the run; only the coordinator's answers do.
   absl::Status Run();
