@@ -11,6 +11,7 @@ import re
 import grpc
 from google.protobuf import json_format
 
+from zeroshard import _channel
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2_grpc
 from zeroshard._proto.zeroshard.v1 import job_pb2
@@ -114,21 +115,36 @@ class Client:
     Usable as a context manager; close() releases the channel.
     """
 
-    def __init__(self, address=None, credentials=None):
+    def __init__(self, address=None, credentials=None, token=None, ca=None, cert=None,
+                 key=None, token_file=None):
         """Connects to `address` ("host:port"), by default $ZEROSHARD_COORDINATOR.
 
-        `credentials` is reserved for TLS (grpc.ChannelCredentials); None is an insecure channel.
-        Connecting is lazy: an unreachable coordinator fails the first call (UNAVAILABLE).
+        Credentials, for a coordinator with TLS and a token file (docs/operations.md):
+        - `token`: sent as "authorization: Bearer <token>" on every call (also over plaintext);
+          default $ZEROSHARD_TOKEN. `token_file`: a file whose first line is the token.
+        - `ca`: PEM file of the CA that signed the coordinator's certificate: TLS (default
+          $ZEROSHARD_CA); `cert` and `key`: PEM client certificate and key for mTLS (default
+          $ZEROSHARD_CERT, $ZEROSHARD_KEY).
+        - `credentials`: grpc.ChannelCredentials used instead of `ca`/`cert`/`key`.
+        Without any, the channel is plaintext and sends no token.
+        Connecting is lazy: an unreachable coordinator (or a failed TLS handshake) fails the
+        first call (UNAVAILABLE). A bad option raises Error(INVALID_ARGUMENT) naming it.
         """
         if address is None:
             address = os.environ.get(COORDINATOR_ENV)
         if not address:
             raise _invalid("address", f"none given and ${COORDINATOR_ENV} is unset")
         self.address = address
-        if credentials is None:
-            self._channel = grpc.insecure_channel(address)
-        else:
-            self._channel = grpc.secure_channel(address, credentials)
+        try:
+            if token_file is not None:
+                if token is not None:
+                    raise ValueError("token_file: give token or token_file, not both")
+                token = _channel.read_token_file(token_file)
+            self._channel = _channel.coordinator_channel(address, token=token, ca=ca, cert=cert,
+                                                         key=key, credentials=credentials)
+        except ValueError as e:
+            field = str(e).split(":", 1)[0].split(" ", 1)[0]
+            raise _invalid(field, str(e).split(": ", 1)[-1]) from None
         self._stub = coordinator_pb2_grpc.CoordinatorStub(self._channel)
 
     def close(self):

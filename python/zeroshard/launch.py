@@ -56,6 +56,16 @@ def parse_args(argv):
                         help="after a failure, how long to wait for the coordinator to end the "
                         "failed generation (a worker waits 120 s for a trainer that never "
                         "attaches)")
+    parser.add_argument("--token_file", default=None,
+                        help="file whose first line is the token the trainers (rank 0 submits "
+                        "the job) and this launcher present; passed on as $ZEROSHARD_TOKEN "
+                        "(default: $ZEROSHARD_TOKEN as set)")
+    parser.add_argument("--ca", default=None,
+                        help="PEM file of the CA that signed the coordinator's certificate: "
+                        "connect with TLS; passed on as $ZEROSHARD_CA")
+    parser.add_argument("--cert", default=None,
+                        help="PEM client certificate for mTLS (with --key); $ZEROSHARD_CERT")
+    parser.add_argument("--key", default=None, help="PEM key of --cert; $ZEROSHARD_KEY")
     parser.add_argument("script", help="the training script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
@@ -63,7 +73,26 @@ def parse_args(argv):
         parser.error("--workers must be >= 1")
     if args.max_restarts < 0:
         parser.error("--max_restarts must be >= 0")
+    if (args.cert is None) != (args.key is None):
+        parser.error("--cert and --key go together")
     return args
+
+
+def export_credentials(args, env):
+    """Puts --token_file/--ca/--cert/--key into `env` (ZEROSHARD_TOKEN, ...), where the trainers
+    and this launcher's own channels (zeroshard._channel) read them."""
+    from zeroshard import _channel
+    if args.token_file is not None:
+        try:
+            env[_channel.TOKEN_ENV] = _channel.read_token_file(args.token_file)
+        except ValueError as e:
+            sys.exit(f"zeroshard.launch: --{e}")
+    for value, name in ((args.ca, _channel.CA_ENV), (args.cert, _channel.CERT_ENV),
+                        (args.key, _channel.KEY_ENV)):
+        if value is not None:
+            if not os.path.isfile(value):
+                sys.exit(f"zeroshard.launch: {value} ({name}) is not a file")
+            env[name] = os.path.abspath(value)
 
 
 def run_local_cluster(args):
@@ -92,11 +121,11 @@ def run_local_cluster(args):
 
 def idle_attach_workers(coordinator, count, wait_s):
     """`count` IDLE workers on this host that serve attached trainers, by name."""
-    import grpc
+    from zeroshard._channel import coordinator_channel
     from zeroshard._proto.zeroshard.v1 import coordinator_pb2, coordinator_pb2_grpc, worker_pb2
     host = socket.gethostname()
     deadline = time.monotonic() + wait_s
-    with grpc.insecure_channel(coordinator) as channel:
+    with coordinator_channel(coordinator) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         while True:
             idle = []
@@ -189,10 +218,11 @@ def generation_after_failure(coordinator, job_name, failed_generation, wait_s):
     restarted trainers will join, or None when the job will not run again (it ended, or the
     coordinator did not end the failed generation within `wait_s`)."""
     import grpc
+    from zeroshard._channel import coordinator_channel
     from zeroshard._jobs import find_job
     from zeroshard._proto.zeroshard.v1 import coordinator_pb2_grpc, job_pb2
     deadline = time.monotonic() + wait_s
-    with grpc.insecure_channel(coordinator) as channel:
+    with coordinator_channel(coordinator) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         while True:
             try:
@@ -254,6 +284,7 @@ def run_trainers(args):
 
 def main(argv):
     args = parse_args(argv)
+    export_credentials(args, os.environ)
     if not os.environ.get("ZEROSHARD_COORDINATOR"):
         return run_local_cluster(args)
     return run_trainers(args)

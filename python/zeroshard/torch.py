@@ -33,6 +33,7 @@ from zeroshard import _checkpoint
 from zeroshard._attach import AttachConnection, AttachError, WorkerLost
 from zeroshard._jobs import find_job
 from zeroshard._proto.zeroshard.v1 import attach_pb2
+from zeroshard import _channel
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2_grpc
 from zeroshard._proto.zeroshard.v1 import job_pb2
@@ -278,7 +279,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _join_job(self, spec):
         """The id of the job named spec.name: rank 0 submits it unless a restarted script finds
         it still running (then every rank joins it); the other ranks wait for it."""
-        channel = grpc.insecure_channel(self._env.coordinator)
+        channel = _channel.coordinator_channel(self._env.coordinator)
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         try:
             if self._env.rank == 0:
@@ -309,7 +310,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _await_welcome(self):
         """Waits for the worker's answer to the hello: it comes once the worker runs this
         rank of the job's next generation, which never happens if the job ends first."""
-        channel = grpc.insecure_channel(self._env.coordinator)
+        channel = _channel.coordinator_channel(self._env.coordinator)
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         try:
             while not self._connection.wait_readable(_WELCOME_POLL_S):

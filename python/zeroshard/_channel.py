@@ -1,0 +1,116 @@
+"""Channels to the coordinator that carry the caller's credentials: TLS (a CA, optionally a client
+certificate for mTLS) and a bearer token, for zeroshard.Client, zeroshard.torch and zeroshard.launch.
+"""
+
+import os
+
+import grpc
+
+# The environment the CLI and the daemons read too (ZEROSHARD_TOKEN); the others let
+# zeroshard.launch hand its TLS files to the trainers it starts.
+TOKEN_ENV = "ZEROSHARD_TOKEN"
+CA_ENV = "ZEROSHARD_CA"
+CERT_ENV = "ZEROSHARD_CERT"
+KEY_ENV = "ZEROSHARD_KEY"
+
+_AUTHORIZATION_KEY = "authorization"
+_MIN_TOKEN_CHARS = 16
+_MAX_TOKEN_CHARS = 256
+
+
+def check_token(token, source):
+    """Raises ValueError unless `token` is 16 to 256 printable characters without spaces (the
+    coordinator's rule), naming `source`."""
+    if not _MIN_TOKEN_CHARS <= len(token) <= _MAX_TOKEN_CHARS:
+        raise ValueError(f"{source}: the token is {len(token)} characters; tokens are "
+                         f"{_MIN_TOKEN_CHARS} to {_MAX_TOKEN_CHARS}")
+    if any(not "!" <= c <= "~" for c in token):
+        raise ValueError(f"{source}: the token holds a space or a non-printable character")
+    return token
+
+
+def read_token_file(path):
+    """The first line of `path`, stripped (as the CLI's --token_file)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            first = f.readline().strip()
+    except OSError as e:
+        raise ValueError(f"token_file: cannot read {path}: {e.strerror}") from None
+    return check_token(first, f"token_file {path}")
+
+
+def _read_pem(path, what):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{what}: cannot read {path}: {e.strerror}") from None
+
+
+class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
+                   grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
+    """Adds "authorization: Bearer <token>" to every call. An interceptor rather than
+    grpc.access_token_call_credentials, which gRPC refuses on plaintext (loopback) channels."""
+
+    def __init__(self, token):
+        self._metadata = (_AUTHORIZATION_KEY, f"Bearer {token}")
+
+    def _with_token(self, details):
+        metadata = list(details.metadata or []) + [self._metadata]
+        return details._replace(metadata=metadata)
+
+    def intercept_unary_unary(self, continuation, client_call_details, request):
+        return continuation(self._with_token(client_call_details), request)
+
+    def intercept_unary_stream(self, continuation, client_call_details, request):
+        return continuation(self._with_token(client_call_details), request)
+
+    def intercept_stream_unary(self, continuation, client_call_details, request_iterator):
+        return continuation(self._with_token(client_call_details), request_iterator)
+
+    def intercept_stream_stream(self, continuation, client_call_details, request_iterator):
+        return continuation(self._with_token(client_call_details), request_iterator)
+
+
+def resolve(token=None, ca=None, cert=None, key=None):
+    """(token, ca, cert, key) with the environment's values where an argument is None. An empty
+    string turns a value off."""
+    if token is None:
+        token = os.environ.get(TOKEN_ENV) or None
+    if ca is None:
+        ca = os.environ.get(CA_ENV) or None
+    if cert is None:
+        cert = os.environ.get(CERT_ENV) or None
+    if key is None:
+        key = os.environ.get(KEY_ENV) or None
+    return token or None, ca or None, cert or None, key or None
+
+
+def coordinator_channel(address, token=None, ca=None, cert=None, key=None, credentials=None):
+    """A grpc.Channel to `address`. TLS when `ca` (a PEM file of the CA that signed the
+    coordinator's certificate) or `credentials` (grpc.ChannelCredentials) is given, with the
+    client certificate `cert`/`key` (PEM files) for mTLS; plaintext otherwise. `token` is sent as
+    a bearer token on every call. Each of token, ca, cert and key defaults to its environment
+    variable ($ZEROSHARD_TOKEN, $ZEROSHARD_CA, $ZEROSHARD_CERT, $ZEROSHARD_KEY).
+
+    Raises ValueError naming the option for an unreadable file or a malformed token.
+    """
+    token, ca, cert, key = resolve(token, ca, cert, key)
+    if (cert is None) != (key is None):
+        raise ValueError("cert and key: give both (mTLS) or neither")
+    if cert is not None and ca is None and credentials is None:
+        raise ValueError("cert: a client certificate needs ca (TLS)")
+    if token is not None:
+        check_token(token, "token")
+    if credentials is None and ca is not None:
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read_pem(ca, "ca"),
+            private_key=_read_pem(key, "key") if key else None,
+            certificate_chain=_read_pem(cert, "cert") if cert else None)
+    if credentials is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        channel = grpc.secure_channel(address, credentials)
+    if token is not None:
+        channel = grpc.intercept_channel(channel, _BearerToken(token))
+    return channel
