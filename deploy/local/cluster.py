@@ -12,11 +12,20 @@ process's output goes to the log directory. On exit, Ctrl-C, SIGTERM or an error
 stopped (SIGTERM, then SIGKILL after a deadline); each runs in its own process group so that
 nothing is left behind.
 
-Python 3 standard library only.
+Secured (docs/operations.md, "TLS and tokens"): --tls makes a CA and the coordinator's certificate
+(for 127.0.0.1 and localhost) with the openssl CLI under LOG_DIR/tls and serves TLS; --tokens
+writes LOG_DIR/tls/tokens with a random token per role (admin, submitter, viewer, worker) and
+starts the coordinator with it. The workers then authenticate with the worker token, or with
+--worker_auth=cert by a client certificate each (CN worker-N, listed as `cert:worker-N worker
+worker-N`). A COMMAND gets ZEROSHARD_CA and ZEROSHARD_TOKEN (the submitter's token) and
+ZEROSHARD_TOKEN_DIR (admin.token, submitter.token, viewer.token, worker.token).
+
+Python 3 standard library (and, for --tls, the openssl CLI) only.
 """
 
 import argparse
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -99,6 +108,23 @@ def parse_args(argv):
         "--coordinator_flag=--max_pending_jobs_per_submitter=5000",
     )
     parser.add_argument(
+        "--tls",
+        action="store_true",
+        help="serve TLS with a CA and certificates made now with openssl (under LOG_DIR/tls)",
+    )
+    parser.add_argument(
+        "--tokens",
+        action="store_true",
+        help="start the coordinator with a token file holding a random token per role",
+    )
+    parser.add_argument(
+        "--worker_auth",
+        choices=["token", "cert"],
+        default="token",
+        help="with --tokens: workers present the worker token, or a client certificate each "
+        "(needs --tls)",
+    )
+    parser.add_argument(
         "--start_timeout", type=float, default=60.0, help="seconds to wait for the cluster to be up"
     )
     parser.add_argument(
@@ -112,7 +138,98 @@ def parse_args(argv):
         parser.error("--workers must be >= 0")
     if args.worker_threads is not None and args.worker_threads < 1:
         parser.error("--worker_threads must be >= 1")
+    if args.worker_auth == "cert" and not (args.tls and args.tokens):
+        parser.error("--worker_auth=cert needs --tls and --tokens")
     return args, command
+
+
+def openssl(args, cwd):
+    try:
+        result = subprocess.run(["openssl"] + args, cwd=cwd, capture_output=True, text=True)
+    except OSError as e:
+        raise ClusterError(f"cannot run openssl: {e.strerror}") from None
+    if result.returncode != 0:
+        raise ClusterError(f"openssl {args[0]} failed: {result.stderr.strip()}")
+
+
+class Credentials:
+    """The CA, certificates and tokens of a secured local cluster, made under `directory`."""
+
+    ROLES = ("admin", "submitter", "viewer", "worker")
+
+    def __init__(self, directory, tls, tokens, worker_certs):
+        self.dir = directory
+        os.makedirs(directory, exist_ok=True)
+        self.ca = None
+        self.server = None  # (cert, key)
+        self.worker_certs = {}  # worker name -> (cert, key)
+        self.token_files = {}  # role -> file holding the token
+        self.coordinator_token_file = None
+        if tls:
+            self.ca = self._make_ca()
+            self.server = self._issue("coordinator")
+            for name in worker_certs:
+                self.worker_certs[name] = self._issue(name)
+        if tokens:
+            lines = ["# token role name"]
+            for role in self.ROLES:
+                token = secrets.token_hex(32)
+                lines.append(f"{token} {role} local-{role}")
+                self.token_files[role] = self._write(f"{role}.token", token + "\n")
+            lines.extend(f"cert:{name} worker {name}" for name in self.worker_certs)
+            self.coordinator_token_file = self._write("tokens", "\n".join(lines) + "\n")
+
+    def _write(self, name, text):
+        path = os.path.join(self.dir, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        return path
+
+    def _make_ca(self):
+        openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "30", "-subj",
+                 "/CN=zeroshard-local-ca", "-keyout", "ca.key", "-out", "ca.pem"], self.dir)
+        return os.path.join(self.dir, "ca.pem")
+
+    def _issue(self, name):
+        openssl(["req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
+                 "-keyout", f"{name}.key", "-out", f"{name}.csr"], self.dir)
+        self._write(f"{name}.ext", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        openssl(["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+                 "-CAcreateserial", "-days", "30", "-extfile", f"{name}.ext", "-out",
+                 f"{name}.pem"], self.dir)
+        return os.path.join(self.dir, f"{name}.pem"), os.path.join(self.dir, f"{name}.key")
+
+    def coordinator_flags(self):
+        flags = []
+        if self.server:
+            flags += [f"--tls_cert_file={self.server[0]}", f"--tls_key_file={self.server[1]}"]
+            if self.worker_certs:
+                flags.append(f"--tls_client_ca_file={self.ca}")
+        if self.coordinator_token_file:
+            flags.append(f"--token_file={self.coordinator_token_file}")
+        return flags
+
+    def client_flags(self, role):
+        """The CLI's flags to act as `role` (worker: a worker's own come from worker_flags)."""
+        flags = [f"--ca={self.ca}"] if self.ca else []
+        if role in self.token_files:
+            flags.append(f"--token_file={self.token_files[role]}")
+        return flags
+
+    def worker_flags(self, name):
+        if name in self.worker_certs:
+            cert, key = self.worker_certs[name]
+            return [f"--ca={self.ca}", f"--cert={cert}", f"--key={key}"]
+        return self.client_flags("worker")
+
+    def command_env(self, env):
+        if self.ca:
+            env["ZEROSHARD_CA"] = self.ca
+        if self.token_files:
+            with open(self.token_files["submitter"]) as f:
+                env["ZEROSHARD_TOKEN"] = f.readline().strip()
+            env["ZEROSHARD_TOKEN_DIR"] = self.dir
 
 
 def default_bin_dir():
@@ -207,6 +324,10 @@ class Cluster:
         self.workers = []
         self.address = None
         self.metrics_port = None
+        worker_certs = ([f"worker-{i}" for i in range(args.workers)]
+                        if args.worker_auth == "cert" else [])
+        self.credentials = Credentials(os.path.join(log_dir, "tls"), args.tls, args.tokens,
+                                       worker_certs)
 
     # --- starting ---------------------------------------------------------------------------
 
@@ -232,6 +353,7 @@ class Cluster:
             f"--checkpoint_root={self.checkpoint_root}",
             f"--heartbeat_period={self.args.heartbeat_period}",
         ]
+        argv.extend(self.credentials.coordinator_flags())
         argv.extend(self.args.coordinator_flag)
         self.coordinator = self._start("coordinator", argv)
         deadline = time.monotonic() + self.args.start_timeout
@@ -274,6 +396,7 @@ class Cluster:
                 f"--name=worker-{i}",
                 f"--checkpoint_root={self.checkpoint_root}",
             ]
+            argv.extend(self.credentials.worker_flags(f"worker-{i}"))
             if self.args.worker_threads is not None:
                 argv.append(f"--threads={self.args.worker_threads}")
             # Where attached PyTorch trainers (python3 -m zeroshard.launch) connect; a unix
@@ -296,6 +419,7 @@ class Cluster:
                 [
                     self.binaries["client"],
                     f"--coordinator={self.address}",
+                    *self.credentials.client_flags("admin"),
                     "workers",
                     "--state=idle",
                 ],
@@ -354,6 +478,7 @@ class Cluster:
         # The workers' process ids, comma-separated, in worker order (for tools that read their
         # /proc/<pid>/status, such as the demo's per-worker peak RSS).
         env["ZEROSHARD_WORKER_PIDS"] = ",".join(str(w.popen.pid) for w in self.workers)
+        self.credentials.command_env(env)
         return env
 
     def run_command(self, command):
@@ -466,7 +591,9 @@ def main(argv):
             log(f"command exited with status {status}")
             return status
         cli = os.path.abspath(binaries["client"])
-        log(f"try: {cli} --coordinator={cluster.address} workers")
+        flags = " ".join([f"--coordinator={cluster.address}"]
+                         + cluster.credentials.client_flags("admin"))
+        log(f"try: {cli} {flags} workers")
         log("Ctrl-C stops the cluster")
         cluster.wait_forever()
         return 0

@@ -23,6 +23,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "security/coordinator_channel.h"
 
 extern char** environ;
 
@@ -183,19 +184,28 @@ bool LocalCluster::WaitForExit(ClusterProcess& process, absl::Time deadline) {
   return true;
 }
 
-void LocalCluster::SetTarget(int grpc_port) {
-  if (grpc_port == grpc_port_ && client_ != nullptr) return;
+absl::Status LocalCluster::SetTarget(int grpc_port) {
+  if (grpc_port == grpc_port_ && client_ != nullptr) return absl::OkStatus();
   grpc_port_ = grpc_port;
   target_ = absl::StrCat("127.0.0.1:", grpc_port);
-  client_ = std::make_unique<client::CoordinatorClient>(target_, absl::Seconds(10));
+  const LocalClusterSecurity& security = options_.security;
+  security::ClientCredentials credentials;
+  credentials.tls.ca_file = security.ca_file;
+  credentials.tls.cert_file = security.client_cert_file;
+  credentials.tls.key_file = security.client_key_file;
+  credentials.token = security.client_token;
+  absl::StatusOr<std::unique_ptr<client::CoordinatorClient>> client =
+      client::CoordinatorClient::Create(target_, credentials, absl::Seconds(10));
+  if (!client.ok()) return client.status();
+  client_ = *std::move(client);
+  return absl::OkStatus();
 }
 
 absl::Status LocalCluster::ReserveCoordinatorPort() {
   if (grpc_port_ != 0) return absl::FailedPreconditionError("the coordinator port is already set");
   absl::StatusOr<int> port = PickFreePort();
   if (!port.ok()) return port.status();
-  SetTarget(*port);
-  return absl::OkStatus();
+  return SetTarget(*port);
 }
 
 absl::Status LocalCluster::StartCoordinator() {
@@ -213,6 +223,16 @@ absl::Status LocalCluster::StartCoordinator() {
       absl::StrCat("--heartbeat_period=", absl::FormatDuration(options_.heartbeat_period)),
       absl::StrCat("--missed_heartbeats=", options_.missed_heartbeats),
   };
+  const LocalClusterSecurity& security = options_.security;
+  if (!security.tls_cert_file.empty()) {
+    argv.push_back("--tls_cert_file=" + security.tls_cert_file);
+    argv.push_back("--tls_key_file=" + security.tls_key_file);
+  }
+  if (!security.tls_client_ca_file.empty()) {
+    argv.push_back("--tls_client_ca_file=" + security.tls_client_ca_file);
+  }
+  if (security.require_client_cert) argv.push_back("--tls_require_client_cert");
+  if (!security.token_file.empty()) argv.push_back("--token_file=" + security.token_file);
   argv.insert(argv.end(), options_.extra_coordinator_flags.begin(),
               options_.extra_coordinator_flags.end());
   ClusterProcess process;
@@ -241,8 +261,7 @@ absl::Status LocalCluster::StartCoordinator() {
     absl::SleepFor(kPollInterval);
   }
   metrics_port_ = ports->second;
-  SetTarget(ports->first);
-  return absl::OkStatus();
+  return SetTarget(ports->first);
 }
 
 absl::Status LocalCluster::StopCoordinator(int signal) {
@@ -295,6 +314,10 @@ absl::StatusOr<int> LocalCluster::StartWorker(const std::string& name,
       absl::StrCat("--threads=", options_.worker_threads),
       "--checkpoint_root=" + checkpoint_root_,
   };
+  if (!options_.security.ca_file.empty()) argv.push_back("--ca=" + options_.security.ca_file);
+  if (!options_.security.worker_token_file.empty()) {
+    argv.push_back("--token_file=" + options_.security.worker_token_file);
+  }
   argv.insert(argv.end(), options_.extra_worker_flags.begin(), options_.extra_worker_flags.end());
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
   argv.insert(argv.begin(), wrapper.begin(), wrapper.end());

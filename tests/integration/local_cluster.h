@@ -21,6 +21,30 @@
 
 namespace zeroshard::testing {
 
+// TLS and identities (docs/operations.md, "TLS and tokens"). All empty: plaintext and no token
+// file, where the coordinator takes every caller for an admin.
+struct LocalClusterSecurity {
+  // The coordinator's certificate and key (PEM): TLS on its gRPC port.
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  // Client certificates signed by this CA are verified (mTLS); with require_client_cert the
+  // coordinator refuses clients without one at the handshake.
+  std::string tls_client_ca_file;
+  bool require_client_cert = false;
+  // The coordinator's --token_file (`token role name`, `cert:<CN> role name` lines).
+  std::string token_file;
+  // What clients trust: the CA that signed tls_cert_file. Every worker gets it as --ca.
+  std::string ca_file;
+  // The harness's own client (client(), the waits): a token able to list every worker (an
+  // admin's), and optionally a client certificate.
+  std::string client_token;
+  std::string client_cert_file;
+  std::string client_key_file;
+  // Every worker's --token_file; empty: none (give a worker --cert/--key, or nothing, through
+  // StartWorker's extra flags).
+  std::string worker_token_file;
+};
+
 struct LocalClusterOptions {
   // The coordinator's --heartbeat_period and --missed_heartbeats (a worker is dead after
   // heartbeat_period * missed_heartbeats without a heartbeat).
@@ -36,6 +60,7 @@ struct LocalClusterOptions {
   std::vector<std::string> extra_coordinator_flags;
   // Under $TEST_TMPDIR when empty: a fresh directory per LocalCluster.
   std::string base_dir;
+  LocalClusterSecurity security;
 };
 
 // One child process in its own process group, stdout and stderr appended to `log_path`.
@@ -148,7 +173,8 @@ class LocalCluster {
   static bool Poll(ClusterProcess& process);
   // Waits until `process` exited (polling until `deadline`); false on timeout.
   static bool WaitForExit(ClusterProcess& process, absl::Time deadline);
-  void SetTarget(int grpc_port);
+  // Sets target_ and makes client_ with options_.security's client credentials.
+  absl::Status SetTarget(int grpc_port);
 
   const LocalClusterOptions options_;
   std::string base_dir_;
