@@ -25,6 +25,7 @@
 #include "client/progress_view.h"
 #include "google/protobuf/repeated_field.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpc/support/log.h"
 #include "security/coordinator_channel.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port.");
@@ -427,6 +428,9 @@ int Run(std::vector<char*> args) {
 }  // namespace zeroshard::client
 
 int main(int argc, char** argv) {
+  // gRPC core's own lines (e.g. "Handshake failed ...") would come on top of the one-line error,
+  // which carries the same cause.
+  gpr_set_log_function([](gpr_log_func_args*) {});
   absl::SetProgramUsageMessage(zeroshard::client::kUsage);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   return zeroshard::client::Run(args);

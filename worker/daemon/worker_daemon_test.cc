@@ -2,7 +2,8 @@
 // training run: registration retries, convergence to RUN / ABORT / IDLE, re-registration, and a
 // run that outlives a coordinator restart (adopted) or is aborted (not adopted), news (a run
 // that ended) reported at once rather than at the next heartbeat period, and the peers a failed
-// run saw die reported with it.
+// run saw die reported with it. And its credentials: the secret of each registration on every
+// later call, and a registration refused for its credentials ends the daemon.
 #include "worker/daemon/worker_daemon.h"
 
 #include <netinet/in.h>
@@ -13,10 +14,14 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "coordinator/coordinator_server.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "security/coordinator_channel.h"
+#include "security/metadata.h"
 
 namespace zeroshard::worker {
 namespace {
@@ -421,6 +426,112 @@ TEST_F(WorkerDaemonTest, SlowAbortDoesNotStallHeartbeatsOrTheNextRun) {
   released.Notify();
   daemon.Stop();
   thread.join();
+}
+
+// Stands in for a coordinator that authenticates workers: RegisterWorker needs a bearer token and
+// hands out a fresh secret each time; Heartbeat records the secret it got and, once, answers
+// NOT_FOUND (a coordinator that forgot the worker) so that the daemon registers again.
+// Thread-safe (gRPC's threads call it; the test reads it).
+class SecretIssuingCoordinator final : public v1::Coordinator::Service {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext* context, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    const auto& metadata = context->client_metadata();
+    if (metadata.find(security::kAuthorizationKey) == metadata.end()) {
+      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "no credentials");
+    }
+    absl::MutexLock lock(&mu_);
+    ++registrations_;
+    response->set_worker_id("worker-000001");
+    response->set_worker_secret(absl::StrCat("secret-of-registration-", registrations_));
+    response->set_heartbeat_period_ms(10);
+    response->set_lease_ms(1000);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    const auto& metadata = context->client_metadata();
+    auto secret = metadata.find(security::kWorkerSecretKey);
+    absl::MutexLock lock(&mu_);
+    heartbeat_secrets_.push_back(
+        secret == metadata.end() ? "" : std::string(secret->second.data(), secret->second.size()));
+    if (heartbeat_secrets_.size() == 3) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker");
+    }
+    return grpc::Status::OK;
+  }
+
+  std::vector<std::string> heartbeat_secrets() {
+    absl::MutexLock lock(&mu_);
+    return heartbeat_secrets_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::string> heartbeat_secrets_ ABSL_GUARDED_BY(mu_);
+};
+
+class WorkerCredentialsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+  }
+  void TearDown() override { server_->Shutdown(); }
+
+  std::unique_ptr<WorkerDaemon> MakeDaemon(const std::string& token) {
+    WorkerDaemonOptions options;
+    options.name = "w";
+    options.host = "host-a";
+    options.register_retry = absl::Milliseconds(20);
+    options.rpc_timeout = absl::Seconds(5);
+    options.worker_secret = std::make_shared<security::WorkerSecret>();
+    security::ClientCredentials credentials;
+    credentials.token = token;
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        security::CreateCoordinatorChannel(absl::StrCat("127.0.0.1:", port_), credentials,
+                                           grpc::ChannelArguments(), options.worker_secret);
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    return std::make_unique<WorkerDaemon>(
+        options,
+        std::shared_ptr<v1::Coordinator::StubInterface>(v1::Coordinator::NewStub(*channel)),
+        [](const v1::Assignment&) -> std::unique_ptr<TrainingRun> { return nullptr; });
+  }
+
+  SecretIssuingCoordinator service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+TEST_F(WorkerCredentialsTest, EveryCallCarriesTheLatestRegistrationsSecret) {
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon("worker-token-0123456789");
+  absl::Status result;
+  std::thread runner([&] { result = daemon->Run(); });
+  // Heartbeats 1-2 follow registration 1; the third is refused (NOT_FOUND), the daemon registers
+  // again, and the heartbeats after it carry registration 2's secret.
+  const bool enough = Eventually([&] { return service_.heartbeat_secrets().size() >= 6; });
+  daemon->Stop();
+  runner.join();
+  ASSERT_TRUE(enough);
+  EXPECT_TRUE(result.ok()) << result;
+  const std::vector<std::string> secrets = service_.heartbeat_secrets();
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(secrets[i], "secret-of-registration-1") << i;
+  for (size_t i = 3; i < secrets.size(); ++i) {
+    EXPECT_EQ(secrets[i], "secret-of-registration-2") << i;
+  }
+}
+
+TEST_F(WorkerCredentialsTest, RefusedCredentialsEndTheDaemon) {
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon("");
+  // No retrying: Run returns the refusal by itself (a hang here would time the test out).
+  const absl::Status result = daemon->Run();
+  EXPECT_EQ(result.code(), absl::StatusCode::kUnauthenticated) << result;
+  EXPECT_TRUE(service_.heartbeat_secrets().empty());
 }
 
 }  // namespace

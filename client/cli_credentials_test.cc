@@ -1,0 +1,166 @@
+// The CLI's credential flags against an in-process coordinator serving TLS (with optional and with
+// required client certificates): the right CA connects, a wrong CA or plaintext is refused with
+// exit 4, unusable credential flags exit 2 naming the flag, each as one line on stderr.
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/coordinator_server.h"
+#include "gtest/gtest.h"
+#include "security/test_certificates.h"
+
+namespace zeroshard::client {
+namespace {
+
+constexpr int kExitUsage = 2;
+constexpr int kExitUnreachable = 4;
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string ReadWhole(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class CliCredentialsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(base_);
+    std::filesystem::create_directories(base_ + "/ca");
+    std::filesystem::create_directories(base_ + "/other");
+    absl::StatusOr<security::TestCertificateAuthority> ca =
+        security::TestCertificateAuthority::Create(base_ + "/ca", "cli-test-ca");
+    ASSERT_TRUE(ca.ok()) << ca.status();
+    absl::StatusOr<security::TestCertificateAuthority> other =
+        security::TestCertificateAuthority::Create(base_ + "/other", "other-ca");
+    ASSERT_TRUE(other.ok()) << other.status();
+    absl::StatusOr<security::CertificateFiles> server = ca->Issue("coordinator");
+    ASSERT_TRUE(server.ok()) << server.status();
+    absl::StatusOr<security::CertificateFiles> client = ca->Issue("cli-user");
+    ASSERT_TRUE(client.ok()) << client.status();
+    ca_ = ca->ca_cert();
+    other_ca_ = other->ca_cert();
+    server_files_ = *server;
+    client_files_ = *client;
+    token_file_ = base_ + "/token";
+    std::ofstream(token_file_) << "0123456789abcdef0123456789abcdef\n";
+    // The coordinator's table: the token above and the client certificate's CN.
+    server_tokens_ = base_ + "/tokens";
+    std::ofstream(server_tokens_) << "0123456789abcdef0123456789abcdef admin cli-admin\n"
+                                  << "cert:cli-user viewer cli-user\n";
+  }
+
+  std::unique_ptr<coordinator::CoordinatorServer> StartServer(bool require_client_cert) {
+    coordinator::CoordinatorServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    options.metrics_port = -1;
+    options.state_dir = absl::StrCat(base_, "/state-", require_client_cert);
+    options.tls.cert_file = server_files_.cert;
+    options.tls.key_file = server_files_.key;
+    options.tls.client_ca_file = ca_;
+    options.tls.require_client_cert = require_client_cert;
+    options.token_file = server_tokens_;
+    absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> server =
+        coordinator::CoordinatorServer::Start(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? *std::move(server) : nullptr;
+  }
+
+  // `zeroshard --coordinator=<target> <args>`, with `env` ("NAME=value ") before it.
+  CliResult Run(const std::string& target, const std::string& args, const std::string& env = "") {
+    const std::string out = base_ + "/stdout";
+    const std::string err = base_ + "/stderr";
+    const std::string command =
+        absl::StrCat("env -u ZEROSHARD_TOKEN ", env, " client/zeroshard --coordinator=", target,
+                     " ", args, " > '", out, "' 2> '", err, "'");
+    const int status = std::system(command.c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadWhole(out), ReadWhole(err)};
+  }
+
+  static void ExpectOneLine(const CliResult& result) {
+    EXPECT_EQ(std::count(result.err.begin(), result.err.end(), '\n'), 1) << result.err;
+  }
+
+  std::string base_, ca_, other_ca_, token_file_, server_tokens_;
+  security::CertificateFiles server_files_, client_files_;
+};
+
+TEST_F(CliCredentialsTest, TheRightCaConnectsAndListsSubmitters) {
+  std::unique_ptr<coordinator::CoordinatorServer> server = StartServer(false);
+  ASSERT_NE(server, nullptr);
+  CliResult listed = Run(server->grpc_target(),
+                         absl::StrCat("--ca=", ca_, " --token_file=", token_file_, " jobs"));
+  EXPECT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_TRUE(absl::StrContains(listed.out, "SUBMITTER")) << listed.out;
+  // The token may come from the environment instead.
+  CliResult from_env = Run(server->grpc_target(), absl::StrCat("--ca=", ca_, " jobs"),
+                           "ZEROSHARD_TOKEN=0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(from_env.exit_code, 0) << from_env.err;
+}
+
+TEST_F(CliCredentialsTest, AWrongCaOrPlaintextIsRefusedAsUnreachable) {
+  std::unique_ptr<coordinator::CoordinatorServer> server = StartServer(false);
+  ASSERT_NE(server, nullptr);
+  for (const std::string& flags : {absl::StrCat("--ca=", other_ca_), std::string()}) {
+    SCOPED_TRACE(flags);
+    CliResult refused = Run(server->grpc_target(), flags + " jobs");
+    EXPECT_EQ(refused.exit_code, kExitUnreachable) << refused.err;
+    EXPECT_TRUE(absl::StartsWith(refused.err, "zeroshard: error: UNAVAILABLE: ")) << refused.err;
+    ExpectOneLine(refused);
+  }
+}
+
+TEST_F(CliCredentialsTest, RequiredClientCertificates) {
+  std::unique_ptr<coordinator::CoordinatorServer> server = StartServer(true);
+  ASSERT_NE(server, nullptr);
+  CliResult with_cert =
+      Run(server->grpc_target(), absl::StrCat("--ca=", ca_, " --cert=", client_files_.cert,
+                                              " --key=", client_files_.key, " workers"));
+  EXPECT_EQ(with_cert.exit_code, 0) << with_cert.err;
+  CliResult without = Run(server->grpc_target(), absl::StrCat("--ca=", ca_, " workers"));
+  EXPECT_EQ(without.exit_code, kExitUnreachable) << without.err;
+  ExpectOneLine(without);
+}
+
+TEST_F(CliCredentialsTest, UnusableCredentialFlagsNameTheFlag) {
+  // Checked before any connection: no coordinator is needed.
+  const std::string target = "127.0.0.1:1";
+  struct Case {
+    std::string args;
+    std::string env;
+    std::string names;
+  };
+  const Case cases[] = {
+      {absl::StrCat("--ca=", base_, "/missing.pem jobs"), "", "ca"},
+      {absl::StrCat("--token_file=", base_, "/missing-token jobs"), "", "token_file"},
+      {absl::StrCat("--ca=", ca_, " --cert=", client_files_.cert, " jobs"), "", "key"},
+      {"jobs", "ZEROSHARD_TOKEN=short", "ZEROSHARD_TOKEN"},
+  };
+  for (const Case& bad : cases) {
+    SCOPED_TRACE(bad.args + " " + bad.env);
+    CliResult result = Run(target, bad.args, bad.env);
+    EXPECT_EQ(result.exit_code, kExitUsage) << result.err;
+    EXPECT_TRUE(absl::StrContains(result.err, bad.names)) << result.err;
+    ExpectOneLine(result);
+  }
+}
+
+}  // namespace
+}  // namespace zeroshard::client
