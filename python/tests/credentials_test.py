@@ -15,6 +15,7 @@ import grpc
 
 import zeroshard
 from zeroshard import _channel
+from zeroshard import launch
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2_grpc
 from zeroshard._proto.zeroshard.v1 import job_pb2
 
@@ -176,6 +177,33 @@ class CredentialsTest(unittest.TestCase):
             with self.assertRaises(zeroshard.Error) as raised:
                 list(client.watch("job-000001", timeout=10))
         self.assertEqual(raised.exception.code, grpc.StatusCode.UNIMPLEMENTED)
+
+
+    def test_launch_hands_its_credentials_to_the_trainers(self):
+        path = os.path.join(self.dir, "launch-token")
+        with open(path, "w") as f:
+            f.write(TOKEN + "\n")
+        args = launch.parse_args(["--workers", "1", "--token_file", path, "--ca", self.ca,
+                                  "--cert", self.client_cert, "--key", self.client_key,
+                                  "train.py", "--lr", "1"])
+        env = {}
+        launch.export_credentials(args, env)
+        self.assertEqual(env, {_channel.TOKEN_ENV: TOKEN, _channel.CA_ENV: self.ca,
+                               _channel.CERT_ENV: self.client_cert,
+                               _channel.KEY_ENV: self.client_key})
+        self.assertEqual(args.script_args, ["--lr", "1"])
+        # What the trainers then build from that environment reaches a TLS coordinator.
+        os.environ.update(env)
+        self.assertEqual(self.get(self.mtls).message, "worker-7")
+
+    def test_launch_refuses_unusable_credentials(self):
+        with self.assertRaises(SystemExit):
+            launch.parse_args(["--workers", "1", "--cert", self.client_cert, "train.py"])
+        args = launch.parse_args(["--workers", "1", "--token_file",
+                                  os.path.join(self.dir, "no-such-token"), "train.py"])
+        with self.assertRaises(SystemExit) as raised:
+            launch.export_credentials(args, {})
+        self.assertIn("token_file", str(raised.exception.code))
 
 
 if __name__ == "__main__":

@@ -118,9 +118,10 @@ TEST_F(TlsTokenTest, RolesTokensAndCertificatesEndToEnd) {
                                                  "--token_file=" + submitter_file_};
 
   // The submitter's job runs on both workers to the end.
-  absl::StatusOr<CommandResult> submitted = Cli(
-      cluster, as_submitter,
-      {"submit", "--name=secure", "--preset=seed", "--workers=2", "--steps=20", "--mode=zero1"});
+  absl::StatusOr<CommandResult> submitted =
+      Cli(cluster, as_submitter,
+          {"submit", "--name=secure", "--preset=seed", "--optimizer=adamw", "--lr=0.01",
+           "--workers=2", "--steps=20", "--mode=zero1"});
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   ASSERT_EQ(submitted->exit_code(), 0) << submitted->stderr_text;
   const std::string job_id(absl::StripSuffix(submitted->stdout_text, "\n"));
@@ -143,8 +144,9 @@ TEST_F(TlsTokenTest, RolesTokensAndCertificatesEndToEnd) {
   EXPECT_TRUE(absl::StrContains(got->stdout_text, "submitter=bob")) << got->stdout_text;
 
   // A viewer may not submit. [part A enforces roles]
-  absl::StatusOr<CommandResult> refused =
-      Cli(cluster, as_viewer, {"submit", "--name=viewer-job", "--preset=seed", "--workers=1"});
+  absl::StatusOr<CommandResult> refused = Cli(cluster, as_viewer,
+                                              {"submit", "--name=viewer-job", "--preset=seed",
+                                               "--optimizer=sgd", "--lr=0.1", "--workers=1"});
   ASSERT_TRUE(refused.ok()) << refused.status();
   EXPECT_EQ(refused->exit_code(), kExitNotAllowed) << refused->stderr_text;
   EXPECT_TRUE(absl::StrContains(refused->stderr_text, "PERMISSION_DENIED")) << refused->stderr_text;
