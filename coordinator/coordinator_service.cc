@@ -127,8 +127,12 @@ class WatchSink final : public JobEventSink, public std::enable_shared_from_this
   bool reading_page_ ABSL_GUARDED_BY(mu_) = false;
   // The manager sends every new event; no more pages are read.
   bool following_ ABSL_GUARDED_BY(mu_) = false;
-  // Events not yet written; the front one is being written while `writing_`.
-  std::deque<v1::JobEvent> queue_ ABSL_GUARDED_BY(mu_);
+  // Events not yet written, serialized; the front one is being written while `writing_`.
+  struct QueuedEvent {
+    int64_t sequence;
+    grpc::ByteBuffer bytes;
+  };
+  std::deque<QueuedEvent> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool job_ended_ ABSL_GUARDED_BY(mu_) = false;
   // Finish was called: nothing more is written.
@@ -136,7 +140,8 @@ class WatchSink final : public JobEventSink, public std::enable_shared_from_this
   int64_t last_written_sequence_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-class WatchReactor final : public grpc::ServerWriteReactor<v1::JobEvent> {
+// Writes serialized JobEvents: the method is registered raw (see CoordinatorServiceBase).
+class WatchReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   WatchReactor(JobManager* manager, std::string job_id, size_t max_backlog, size_t page_events)
       : manager_(manager),
@@ -206,11 +211,16 @@ bool WatchSink::OnEvent(const v1::JobEvent& event) {
                      " events; reconnect with after_sequence=", last_written_sequence_)));
     return false;
   }
-  queue_.push_back(event);
+  QueuedEvent queued{event.sequence(), grpc::ByteBuffer()};
+  if (absl::Status serialized = SerializeResponse(event, &queued.bytes); !serialized.ok()) {
+    FinishLocked(common::ToGrpcStatus(serialized));
+    return false;
+  }
+  queue_.push_back(std::move(queued));
   last_queued_sequence_ = event.sequence();
   if (!writing_) {
     writing_ = true;
-    reactor_->StartWrite(&queue_.front());
+    reactor_->StartWrite(&queue_.front().bytes);
   }
   return true;
 }
@@ -229,10 +239,10 @@ void WatchSink::OnWriteDone(bool ok) {
       FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "watch: write failed"));
       return;
     }
-    last_written_sequence_ = queue_.front().sequence();
+    last_written_sequence_ = queue_.front().sequence;
     queue_.pop_front();
     if (!queue_.empty()) {
-      reactor_->StartWrite(&queue_.front());
+      reactor_->StartWrite(&queue_.front().bytes);
       return;
     }
     writing_ = false;
@@ -276,7 +286,8 @@ constexpr size_t kMaxQueuedExportChunks = 2;
 // Thread contract: the reading thread and gRPC's reactions meet under mu_. StartWrite and Finish
 // are called with mu_ held: gRPC never runs a reaction inline with the call that starts the
 // operation, so this cannot re-enter.
-class ExportReactor final : public grpc::ServerWriteReactor<v1::ExportCheckpointChunk> {
+// Writes serialized ExportCheckpointChunks: the method is registered raw.
+class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // `reading_ended` runs on the thread once it stops reading (before the call finishes);
   // `waits_for_testing` as ServiceOptions::export_waits_for_testing.
@@ -357,7 +368,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::ExportCheckpoint
             bytes += take;
             n -= take;
             if (chunk.data().size() == kExportChunkBytes) {
-              ZS_RETURN_IF_ERROR(Push(std::move(chunk)));
+              ZS_RETURN_IF_ERROR(Push(chunk));
               chunk = v1::ExportCheckpointChunk();
               chunk.mutable_data()->reserve(kExportChunkBytes);
             }
@@ -365,18 +376,20 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::ExportCheckpoint
           return absl::OkStatus();
         },
         kExportChunkBytes));
-    if (!chunk.data().empty()) ZS_RETURN_IF_ERROR(Push(std::move(chunk)));
+    if (!chunk.data().empty()) ZS_RETURN_IF_ERROR(Push(chunk));
     return absl::OkStatus();
   }
 
   // Queues a chunk once there is room. CANCELLED when the client is gone.
-  absl::Status Push(v1::ExportCheckpointChunk chunk) {
+  absl::Status Push(const v1::ExportCheckpointChunk& chunk) {
+    grpc::ByteBuffer serialized;
+    ZS_RETURN_IF_ERROR(SerializeResponse(chunk, &serialized));
     absl::MutexLock lock(&mu_);
     if (!RoomOrGoneLocked() && waits_for_testing_) waits_for_testing_(bytes_queued_);
     mu_.Await(absl::Condition(this, &ExportReactor::RoomOrGoneLocked));
     if (gone_) return absl::CancelledError("export: the client went away");
     bytes_queued_ += static_cast<int64_t>(chunk.data().size());
-    queue_.push_back(std::move(chunk));
+    queue_.push_back(std::move(serialized));
     if (!writing_) {
       writing_ = true;
       StartWrite(&queue_.front());
@@ -408,7 +421,7 @@ class ExportReactor final : public grpc::ServerWriteReactor<v1::ExportCheckpoint
   mutable absl::Mutex mu_;
   // Chunks not yet written; the front one is being written while `writing_`. A deque keeps it in
   // place while more are queued behind it.
-  std::deque<v1::ExportCheckpointChunk> queue_ ABSL_GUARDED_BY(mu_);
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   int64_t bytes_queued_ ABSL_GUARDED_BY(mu_) = 0;
   // The client went away or a write failed: nothing more is written.
@@ -573,15 +586,17 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
       });
 }
 
-grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
-    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::WatchJob(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request) {
   const absl::Time start = absl::Now();
-  auto* reactor = new WatchReactor(manager_, request->job_id(), options_.max_watch_backlog,
+  v1::WatchJobRequest request;
+  absl::Status status = ParseRequest(*raw_request, &request);
+  if (status.ok()) status = ValidateWatchJobRequest(request);
+  auto* reactor = new WatchReactor(manager_, request.job_id(), options_.max_watch_backlog,
                                    options_.watch_page_events);
-  absl::Status status = ValidateWatchJobRequest(*request);
   if (status.ok()) {
     // Unknown jobs fail here; later errors (the store unreadable) end the stream instead.
-    status = manager_->GetJob(request->job_id()).status();
+    status = manager_->GetJob(request.job_id()).status();
   }
   const std::string peer_host = security::PeerHost(context->peer());
   if (status.ok()) status = AdmitWatch(peer_host);
@@ -593,7 +608,7 @@ grpc::ServerWriteReactor<v1::JobEvent>* CoordinatorService::WatchJob(
   reactor->set_released([this, peer_host] { ReleaseWatch(peer_host); });
   // The reactor may be deleted once the stream finishes, which can happen within Start.
   const std::shared_ptr<WatchSink> sink = reactor->sink();
-  sink->Start(request->after_sequence());
+  sink->Start(request.after_sequence());
   return reactor;
 }
 
@@ -730,8 +745,8 @@ grpc::ServerUnaryReactor* CoordinatorService::CommitCheckpoint(grpc::CallbackSer
       });
 }
 
-grpc::ServerWriteReactor<v1::ExportCheckpointChunk>* CoordinatorService::ExportCheckpoint(
-    grpc::CallbackServerContext*, const v1::ExportCheckpointRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::ExportCheckpoint(
+    grpc::CallbackServerContext*, const grpc::ByteBuffer* raw_request) {
   auto* reactor = new ExportReactor(
       manager_, metrics_,
       [this] {
@@ -739,7 +754,10 @@ grpc::ServerWriteReactor<v1::ExportCheckpointChunk>* CoordinatorService::ExportC
         --exports_reading_;
       },
       options_.export_waits_for_testing);
-  if (absl::Status valid = ValidateExportCheckpointRequest(*request); !valid.ok()) {
+  v1::ExportCheckpointRequest request;
+  absl::Status valid = ParseRequest(*raw_request, &request);
+  if (valid.ok()) valid = ValidateExportCheckpointRequest(request);
+  if (!valid.ok()) {
     reactor->Refuse(valid);
     return reactor;
   }
@@ -754,8 +772,8 @@ grpc::ServerWriteReactor<v1::ExportCheckpointChunk>* CoordinatorService::ExportC
     }
     ++exports_reading_;
   }
-  reactor->Start(request->job_id(),
-                 request->has_step() ? std::optional<int64_t>(request->step()) : std::nullopt);
+  reactor->Start(request.job_id(),
+                 request.has_step() ? std::optional<int64_t>(request.step()) : std::nullopt);
   return reactor;
 }
 

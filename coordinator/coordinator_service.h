@@ -56,11 +56,10 @@ struct WithMethods<Base, First, Rest...> {
 
 }  // namespace service_internal
 
-// The unary methods are registered raw: the service parses each request itself
-// (request_parsing.h), so a request that does not parse gets INVALID_ARGUMENT saying why. gRPC's
-// typed callback handlers answer it UNIMPLEMENTED with an empty message before any service code
-// runs, which is what the two streaming methods (WatchJob, ExportCheckpoint) still do
-// (docs/api.md, "Requests that do not parse").
+// Every method is registered raw: the service parses each request itself (request_parsing.h), so
+// a request that does not parse gets INVALID_ARGUMENT saying why. gRPC's typed callback handlers
+// answer it UNIMPLEMENTED with an empty message before any service code runs. The streaming
+// methods write serialized messages.
 using CoordinatorServiceBase = service_internal::WithMethods<
     v1::Coordinator::Service, v1::Coordinator::WithRawCallbackMethod_RegisterWorker,
     v1::Coordinator::WithRawCallbackMethod_Heartbeat,
@@ -76,8 +75,8 @@ using CoordinatorServiceBase = service_internal::WithMethods<
     v1::Coordinator::WithRawCallbackMethod_StoreDelete,
     v1::Coordinator::WithRawCallbackMethod_ReportProgress,
     v1::Coordinator::WithRawCallbackMethod_CommitCheckpoint,
-    v1::Coordinator::WithCallbackMethod_WatchJob,
-    v1::Coordinator::WithCallbackMethod_ExportCheckpoint>::type;
+    v1::Coordinator::WithRawCallbackMethod_WatchJob,
+    v1::Coordinator::WithRawCallbackMethod_ExportCheckpoint>::type;
 
 // Thread-safe; handlers run on gRPC's callback threads and never block: StoreGet waits and
 // WatchJob streams hold no thread while idle. ExportCheckpoint reads files on a thread of its own
@@ -111,8 +110,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
   grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
                                       const grpc::ByteBuffer* request,
                                       grpc::ByteBuffer* response) override;
-  grpc::ServerWriteReactor<v1::JobEvent>* WatchJob(grpc::CallbackServerContext* context,
-                                                   const v1::WatchJobRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* WatchJob(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* GetShardPlan(grpc::CallbackServerContext* context,
                                          const grpc::ByteBuffer* request,
                                          grpc::ByteBuffer* response) override;
@@ -134,8 +133,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
   grpc::ServerUnaryReactor* CommitCheckpoint(grpc::CallbackServerContext* context,
                                              const grpc::ByteBuffer* request,
                                              grpc::ByteBuffer* response) override;
-  grpc::ServerWriteReactor<v1::ExportCheckpointChunk>* ExportCheckpoint(
-      grpc::CallbackServerContext* context, const v1::ExportCheckpointRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportCheckpoint(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
 
   // WatchJob streams admitted and not yet done.
   int64_t OpenWatchStreams() ABSL_LOCKS_EXCLUDED(watches_mu_);

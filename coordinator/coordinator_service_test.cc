@@ -786,11 +786,31 @@ TEST_F(CoordinatorServiceTest, UnparseableUnaryRequestsAreInvalidArgumentWithARe
   EXPECT_TRUE(CallRaw(channel_, "GetJob", get.SerializeAsString()).ok());
 }
 
-// docs/api.md documents this: gRPC C++ answers the streaming methods' unparseable requests
-// before the service sees them.
-TEST_F(CoordinatorServiceTest, UnparseableStreamingRequestsAreUnimplementedWithoutAMessage) {
+// The streaming methods are registered raw too: their unparseable requests end the stream with
+// INVALID_ARGUMENT and the reason, before any message is written.
+TEST_F(CoordinatorServiceTest, UnparseableStreamingRequestsAreInvalidArgumentWithAReason) {
   StartServer();
-  for (const char* method : {"WatchJob", "ExportCheckpoint"}) {
+  const std::string bad_job_id = LengthDelimitedField(1, "job-\xc3\x28");
+  struct Case {
+    const char* method;
+    std::string request;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"WatchJob", "\x7f\xff\xff not protobuf",
+       "request: not a valid zeroshard.v1.WatchJobRequest: the bytes are not protobuf wire format"},
+      {"ExportCheckpoint", "\x7f\xff\xff not protobuf",
+       "request: not a valid zeroshard.v1.ExportCheckpointRequest: the bytes are not protobuf "
+       "wire format"},
+      {"WatchJob", bad_job_id,
+       "request: not a valid zeroshard.v1.WatchJobRequest: job_id: holds invalid UTF-8 (string "
+       "fields must be UTF-8)"},
+      {"ExportCheckpoint", bad_job_id,
+       "request: not a valid zeroshard.v1.ExportCheckpointRequest: job_id: holds invalid UTF-8 "
+       "(string fields must be UTF-8)"},
+  };
+  for (const Case& c : cases) {
+    const char* method = c.method;
     grpc::GenericStub generic(channel_);
     grpc::CompletionQueue queue;
     grpc::ClientContext context;
@@ -800,7 +820,7 @@ TEST_F(CoordinatorServiceTest, UnparseableStreamingRequestsAreUnimplementedWitho
     int start_tag, write_tag, read_tag, finish_tag;
     call->StartCall(&start_tag);
     ASSERT_TRUE(NextOk(queue, &start_tag));
-    call->WriteLast(ToByteBuffer("\x7f\xff\xff not protobuf"), grpc::WriteOptions(), &write_tag);
+    call->WriteLast(ToByteBuffer(c.request), grpc::WriteOptions(), &write_tag);
     NextOk(queue, &write_tag);
     grpc::ByteBuffer response;
     call->Read(&response, &read_tag);
@@ -808,8 +828,8 @@ TEST_F(CoordinatorServiceTest, UnparseableStreamingRequestsAreUnimplementedWitho
     grpc::Status status;
     call->Finish(&status, &finish_tag);
     ASSERT_TRUE(NextOk(queue, &finish_tag));
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::UNIMPLEMENTED) << method;
-    EXPECT_EQ(status.error_message(), "") << method;
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
+    EXPECT_EQ(status.error_message(), c.message) << method;
     queue.Shutdown();
     void* tag;
     bool ok;

@@ -11,27 +11,11 @@
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/client_interceptor.h"
+#include "security/identity.h"
 #include "security/metadata.h"
 
 namespace zeroshard::security {
 namespace {
-
-constexpr size_t kMinTokenBytes = 16;
-constexpr size_t kMaxTokenBytes = 256;
-
-absl::Status CheckToken(const std::string& source, const std::string& token) {
-  if (token.size() < kMinTokenBytes || token.size() > kMaxTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": the token is ", token.size(),
-                                                   " bytes; tokens are 16 to 256 characters"));
-  }
-  for (char c : token) {
-    if (c <= ' ' || c >= 0x7f) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(source, ": the token holds a space or a non-printable character"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 // Adds the caller's credentials to every call's initial metadata.
 class CredentialsInterceptor final : public grpc::experimental::Interceptor {
@@ -82,7 +66,7 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   ZS_ASSIGN_OR_RETURN(std::string text, ReadPemFile("token_file", path));
   const size_t newline = text.find('\n');
   std::string token(absl::StripAsciiWhitespace(text.substr(0, newline)));
-  ZS_RETURN_IF_ERROR(CheckToken(absl::StrCat("token_file ", path), token));
+  ZS_RETURN_IF_ERROR(CheckTokenSyntax(absl::StrCat("token_file ", path, ": "), token));
   return token;
 }
 
@@ -98,7 +82,7 @@ absl::StatusOr<ClientCredentials> ClientCredentialsFromFlags(const std::string& 
     ZS_ASSIGN_OR_RETURN(credentials.token, ReadTokenFile(token_file));
   } else if (const char* env = std::getenv("ZEROSHARD_TOKEN"); env != nullptr && *env != '\0') {
     credentials.token = std::string(absl::StripAsciiWhitespace(env));
-    ZS_RETURN_IF_ERROR(CheckToken("ZEROSHARD_TOKEN", credentials.token));
+    ZS_RETURN_IF_ERROR(CheckTokenSyntax("ZEROSHARD_TOKEN: ", credentials.token));
   }
   return credentials;
 }

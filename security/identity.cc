@@ -31,8 +31,6 @@ bool IsNameChar(char c) {
          c == '@';
 }
 
-bool IsTokenChar(char c) { return c > ' ' && c < 0x7f; }
-
 std::string HexOf(const Sha256Digest& digest) {
   return absl::BytesToHexString(
       absl::string_view(reinterpret_cast<const char*>(digest.data()), digest.size()));
@@ -68,6 +66,23 @@ Sha256Digest Sha256(absl::string_view data) {
 }
 
 std::string Sha256Hex(absl::string_view data) { return HexOf(Sha256(data)); }
+
+absl::Status CheckTokenSyntax(absl::string_view source, absl::string_view token) {
+  if (token.size() < kMinTokenBytes || token.size() > kMaxTokenBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source,
+                     "token: 16 to 256 printable characters without spaces (e.g. `openssl "
+                     "rand -hex 32`); this one is ",
+                     token.size(), " bytes"));
+  }
+  for (char c : token) {
+    if (c <= ' ' || c >= 0x7f) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, "token: holds a space or a non-printable character"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 std::string RandomSecret() {
   unsigned char bytes[32];
@@ -135,14 +150,7 @@ absl::StatusOr<TokenTable> TokenTable::Parse(absl::string_view text, absl::strin
       bytes = absl::HexStringToBytes(hex);
       std::memcpy(digest.data(), bytes.data(), digest.size());
     } else {
-      if (credential.size() < kMinTokenBytes || credential.size() > kMaxTokenBytes ||
-          !std::all_of(credential.begin(), credential.end(), IsTokenChar)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(where,
-                         "token: 16 to 256 printable characters without spaces (e.g. `openssl rand "
-                         "-hex 32`); this one is ",
-                         credential.size(), " bytes"));
-      }
+      if (absl::Status valid = CheckTokenSyntax(where, credential); !valid.ok()) return valid;
       digest = Sha256(credential);
     }
     if (!table.tokens_.emplace(digest, std::move(identity)).second) {

@@ -33,6 +33,10 @@ Sha256Digest Sha256(absl::string_view data);
 // Lower-case hex of the digest.
 std::string Sha256Hex(absl::string_view data);
 
+// A token is 16 to 256 printable ASCII characters without spaces; INVALID_ARGUMENT naming
+// `source` (a flag, a file and line) otherwise. Never quotes the token.
+absl::Status CheckTokenSyntax(absl::string_view source, absl::string_view token);
+
 // 32 random bytes from OpenSSL's generator, as 64 hex characters.
 std::string RandomSecret();
 

@@ -361,7 +361,8 @@ TEST(ClientCredentialsTest, TokenFileOrEnvironmentAndErrorsNameTheFlag) {
   EXPECT_EQ(ClientCredentialsFromFlags("", "", "", path)->token, kAliceToken);
   ::setenv("ZEROSHARD_TOKEN", "short", 1);
   EXPECT_THAT(ClientCredentialsFromFlags("", "", "", "").status().message(),
-              HasSubstr("ZEROSHARD_TOKEN: the token is 5 bytes"));
+              HasSubstr("ZEROSHARD_TOKEN: token: 16 to 256 printable characters without spaces "
+                        "(e.g. `openssl rand -hex 32`); this one is 5 bytes"));
   ::unsetenv("ZEROSHARD_TOKEN");
   EXPECT_THAT(ClientCredentialsFromFlags("", "", "", "/nonexistent").status().message(),
               HasSubstr("token_file: cannot read /nonexistent"));
