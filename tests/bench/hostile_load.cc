@@ -3,11 +3,17 @@
 // and slow and idle connections to the metrics port are held open. Measures heartbeat latency,
 // /healthz and /metrics answer times, and the process's RSS and threads in both phases. Prints
 // one JSON object per phase and a summary ("bench":"hostile_load") per round.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -46,6 +52,9 @@ ABSL_FLAG(absl::Duration, probe_interval, absl::Milliseconds(100),
           "Pause between /healthz + /metrics probe pairs.");
 ABSL_FLAG(int, setup_s, 10,
           "Seconds of heartbeats while the held calls are opened (longer than their set-up).");
+ABSL_FLAG(std::string, coordinator_binary, "",
+          "Run this zeroshard-coordinator as a child process (plaintext) instead of in-process, "
+          "so that RSS and threads are the coordinator's alone.");
 ABSL_FLAG(std::string, security, "plaintext",
           "plaintext, tls_tokens or both (as coordinator_load).");
 ABSL_FLAG(int, rounds, 1,
@@ -58,9 +67,11 @@ constexpr int kQuietJobWorkers = 2;
 // Parked Gets wait this long (the store's longest wait is 10 minutes); far past any run.
 constexpr absl::Duration kParkedGetWait = absl::Minutes(9);
 
-// A line "Name:   value kB" of /proc/self/status, as a number; -1 when absent.
-int64_t ProcStatus(const std::string& name) {
-  std::ifstream status("/proc/self/status");
+// A line "Name:   value kB" of /proc/<pid>/status (pid 0: this process), as a number; -1 when
+// absent.
+int64_t ProcStatus(pid_t pid, const std::string& name) {
+  std::ifstream status(pid == 0 ? std::string("/proc/self/status")
+                                : absl::StrCat("/proc/", pid, "/status"));
   std::string line;
   while (std::getline(status, line)) {
     if (line.rfind(name + ":", 0) != 0) continue;
@@ -72,14 +83,101 @@ int64_t ProcStatus(const std::string& name) {
   return -1;
 }
 
-double RssMb() { return static_cast<double>(ProcStatus("VmRSS")) / 1024.0; }
+// The coordinator under test: in this process (its RSS and threads then include the simulated
+// clients'), or a zeroshard-coordinator child process (--coordinator_binary; plaintext only,
+// as the binary has no TLS flags yet), whose RSS and threads are the coordinator's alone.
+// Thread contract: Start and destroy on one thread; the accessors from any.
+class CoordinatorUnderTest {
+ public:
+  static absl::StatusOr<std::unique_ptr<CoordinatorUnderTest>> Start(
+      coordinator::CoordinatorServerOptions options, const std::string& binary) {
+    std::unique_ptr<CoordinatorUnderTest> started(new CoordinatorUnderTest());
+    if (binary.empty()) {
+      ZS_ASSIGN_OR_RETURN(started->server_, coordinator::CoordinatorServer::Start(options));
+      started->target_ = started->server_->grpc_target();
+      started->metrics_port_ = started->server_->metrics_port();
+      return started;
+    }
+    if (options.tls.enabled()) {
+      return absl::InvalidArgumentError("--coordinator_binary runs plaintext only");
+    }
+    const std::string port_file = options.state_dir + "/ports";
+    const std::string log = options.state_dir + ".log";
+    std::vector<std::string> args = {binary, "--listen=127.0.0.1:0", "--metrics_port=0",
+                                     "--state_dir=" + options.state_dir,
+                                     "--port_file=" + port_file};
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&actions, 1, 2);
+    const int spawned =
+        posix_spawn(&started->pid_, binary.c_str(), &actions, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    if (spawned != 0) {
+      started->pid_ = 0;
+      return absl::InternalError(
+          absl::StrCat("cannot start ", binary, ": ", std::strerror(spawned)));
+    }
+    // The port file appears (renamed into place whole) once the coordinator serves.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    int grpc_port = 0;
+    while (true) {
+      std::ifstream ports(port_file);
+      if (ports >> grpc_port >> started->metrics_port_) break;
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(binary, " wrote no port file; see ", log));
+      }
+      absl::SleepFor(absl::Milliseconds(20));  // a file has no condition to wait on
+    }
+    started->target_ = absl::StrCat("127.0.0.1:", grpc_port);
+    return started;
+  }
+
+  ~CoordinatorUnderTest() {
+    if (server_ != nullptr) server_->Shutdown();
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int status = 0;
+      waitpid(pid_, &status, 0);
+    }
+  }
+
+  const std::string& target() const { return target_; }
+  int metrics_port() const { return metrics_port_; }
+  const char* where() const { return pid_ > 0 ? "process" : "in_process"; }
+  double RssMb() const { return static_cast<double>(ProcStatus(pid_, "VmRSS")) / 1024.0; }
+  int64_t Threads() const { return ProcStatus(pid_, "Threads"); }
+
+  // Gets parked in the store; -1 when the coordinator is another process (no gauge says).
+  int64_t ParkedGets() const {
+    return server_ != nullptr ? server_->rendezvous()->PendingWaiters() : -1;
+  }
+  // Whether `count` Gets are parked by `deadline`; a child process's are not visible: true.
+  bool AwaitParkedGets(int64_t count, absl::Time deadline) const {
+    if (server_ == nullptr) return true;
+    return server_->rendezvous()->AwaitPendingWaiters(
+        count, std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  }
+
+ private:
+  CoordinatorUnderTest() = default;
+
+  std::unique_ptr<coordinator::CoordinatorServer> server_;
+  pid_t pid_ = 0;
+  std::string target_;
+  int metrics_port_ = -1;
+};
 
 // Probes /healthz and /metrics (each on a fresh connection) every probe interval and samples
 // the process's RSS and threads, until stopped. Thread contract: construct, Stop once, then
 // read the results, all on one thread.
 class Prober {
  public:
-  explicit Prober(int port) : port_(port) {
+  explicit Prober(const CoordinatorUnderTest* coordinator)
+      : coordinator_(coordinator), port_(coordinator->metrics_port()) {
     thread_ = std::thread([this] { Run(); });
   }
   void Stop() {
@@ -106,12 +204,13 @@ class Prober {
           ++errors[p];
         }
       }
-      rss_mb_max = std::max(rss_mb_max, RssMb());
-      threads_max = std::max(threads_max, ProcStatus("Threads"));
+      rss_mb_max = std::max(rss_mb_max, coordinator_->RssMb());
+      threads_max = std::max(threads_max, coordinator_->Threads());
       // Pacing, not waiting for state: Stop ends the pause early.
     } while (!stop_.WaitForNotificationWithTimeout(absl::GetFlag(FLAGS_probe_interval)));
   }
 
+  const CoordinatorUnderTest* const coordinator_;
   const int port_;
   absl::Notification stop_;
   std::thread thread_;
@@ -200,10 +299,11 @@ struct PhaseResult {
 };
 
 // Periodic heartbeats for --duration_s while the prober runs; prints the phase's line.
-PhaseResult HeartbeatPhase(LoadBench& bench, int metrics_port, absl::Duration period,
-                           const char* security, int round, const char* phase, int64_t watches,
-                           int64_t parked_gets, int slow_http, int idle_http) {
-  Prober prober(metrics_port);
+PhaseResult HeartbeatPhase(LoadBench& bench, const CoordinatorUnderTest& coordinator,
+                           absl::Duration period, const char* security, int round,
+                           const char* phase, int64_t watches, int64_t parked_gets, int slow_http,
+                           int idle_http) {
+  Prober prober(&coordinator);
   CallLog log;
   bench.PeriodicHeartbeats(period, absl::Seconds(absl::GetFlag(FLAGS_duration_s)),
                            absl::GetFlag(FLAGS_client_threads), log);
@@ -252,13 +352,14 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
     worker_credentials = credentials.worker;
     viewer_credentials = credentials.admin;
   }
-  ZS_ASSIGN_OR_RETURN(std::unique_ptr<coordinator::CoordinatorServer> server,
-                      coordinator::CoordinatorServer::Start(options));
+  ZS_ASSIGN_OR_RETURN(
+      std::unique_ptr<CoordinatorUnderTest> server,
+      CoordinatorUnderTest::Start(options, absl::GetFlag(FLAGS_coordinator_binary)));
   const absl::Duration period = options.manager.lease.heartbeat_period;
   const int channels = std::max(1, absl::GetFlag(FLAGS_channels));
   ZS_ASSIGN_OR_RETURN(
       std::unique_ptr<LoadBench> bench,
-      LoadBench::Create(server->grpc_target(), worker_credentials, viewer_credentials, channels));
+      LoadBench::Create(server->target(), worker_credentials, viewer_credentials, channels));
   const int64_t register_errors = bench->RegisterWorkers(absl::GetFlag(FLAGS_workers));
   if (register_errors != 0) {
     return absl::UnavailableError(absl::StrCat(register_errors, " registrations failed"));
@@ -274,7 +375,7 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
   }
 
   const PhaseResult baseline =
-      HeartbeatPhase(*bench, server->metrics_port(), period, name, round, "baseline", 0, 0, 0, 0);
+      HeartbeatPhase(*bench, *server, period, name, round, "baseline", 0, 0, 0, 0);
 
   // The workers keep beating while the held calls are set up (their lease is 3 periods).
   CallLog setup_log;
@@ -289,7 +390,7 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
     args.SetInt("zeroshard.bench_watch_channel", i);
     ZS_ASSIGN_OR_RETURN(
         std::shared_ptr<grpc::Channel> channel,
-        security::CreateCoordinatorChannel(server->grpc_target(), viewer_credentials, args));
+        security::CreateCoordinatorChannel(server->target(), viewer_credentials, args));
     watch_stubs.push_back(v1::Coordinator::NewStub(channel));
   }
   const int watch_count = absl::GetFlag(FLAGS_watches);
@@ -339,8 +440,7 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
 
   const absl::Time setup_deadline = setup_start + absl::Seconds(absl::GetFlag(FLAGS_setup_s));
   const bool watches_up = watch_calls.AwaitEstablished(watch_count, setup_deadline);
-  const bool gets_parked = server->rendezvous()->AwaitPendingWaiters(
-      get_count, std::max(absl::ZeroDuration(), setup_deadline - absl::Now()));
+  const bool gets_parked = server->AwaitParkedGets(get_count, setup_deadline);
   const bool slow_started = slow->WaitForBytes(2 * int64_t{slow_count}, setup_deadline);
   const absl::Duration setup_time = absl::Now() - setup_start;
   setup_heartbeats.join();
@@ -349,16 +449,22 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
                  "hostile_load: set-up incomplete: %lld of %d watches, %lld of %d Gets parked, "
                  "slow clients %s\n",
                  static_cast<long long>(watch_calls.established()), watch_count,
-                 static_cast<long long>(server->rendezvous()->PendingWaiters()), get_count,
+                 static_cast<long long>(server->ParkedGets()), get_count,
                  slow_started ? "started" : "not started");
   }
 
-  const PhaseResult hostile = HeartbeatPhase(
-      *bench, server->metrics_port(), period, name, round, "hostile", watch_calls.established(),
-      server->rendezvous()->PendingWaiters(), slow_count, static_cast<int>(idle.size()));
+  // A child coordinator's Gets are counted as the calls still unanswered: the store answers any
+  // other Get at once.
+  auto gets_held_now = [&] {
+    const int64_t parked = server->ParkedGets();
+    return parked >= 0 ? parked : get_count - get_calls.finished();
+  };
+  const PhaseResult hostile =
+      HeartbeatPhase(*bench, *server, period, name, round, "hostile", watch_calls.established(),
+                     gets_held_now(), slow_count, static_cast<int>(idle.size()));
   // What was still held at the end of the phase; fewer means the server dropped some.
   const int64_t watches_held = watch_calls.established();
-  const int64_t gets_held = server->rendezvous()->PendingWaiters();
+  const int64_t gets_held = gets_held_now();
   const int64_t slow_send_errors = slow->send_errors();
 
   for (std::unique_ptr<Watch>& watch : watches) watch->Cancel();
@@ -373,14 +479,15 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
                          (watches_up ? 0 : 1) + (gets_parked ? 0 : 1) + (slow_started ? 0 : 1) +
                          (drained ? 0 : 1);
   std::printf(
-      "{\"bench\":\"hostile_load\",\"security\":\"%s\",\"round\":%d,\"workers\":%lld,"
+      "{\"bench\":\"hostile_load\",\"security\":\"%s\",\"coordinator\":\"%s\",\"round\":%d,"
+      "\"workers\":%lld,"
       "\"p50_ms\":%.3f,\"p99_ms\":%.3f,\"baseline_p99_ms\":%.3f,\"errors\":%lld,"
       "\"rss_baseline_mb\":%.1f,\"rss_growth_mb\":%.1f,\"threads\":%lld,"
       "\"threads_baseline\":%lld,\"healthz_ms_max\":%.3f,\"metrics_ms_max\":%.3f,"
       "\"watches\":%lld,\"parked_gets\":%lld,\"slow_http\":%d,\"slow_send_errors\":%lld,"
       "\"idle_http\":%d,\"setup_s\":%.3f,\"setup_heartbeat_errors\":%lld}\n",
-      name, round, static_cast<long long>(bench->workers()), hostile.p50_ms, hostile.p99_ms,
-      baseline.p99_ms, static_cast<long long>(errors), baseline.rss_mb,
+      name, server->where(), round, static_cast<long long>(bench->workers()), hostile.p50_ms,
+      hostile.p99_ms, baseline.p99_ms, static_cast<long long>(errors), baseline.rss_mb,
       hostile.rss_mb - baseline.rss_mb, static_cast<long long>(hostile.threads),
       static_cast<long long>(baseline.threads), hostile.healthz_ms_max, hostile.metrics_ms_max,
       static_cast<long long>(watches_held), static_cast<long long>(gets_held), slow_count,
@@ -390,8 +497,9 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
   watches.clear();
   gets.clear();
   bench.reset();
-  server->Shutdown();
+  server.reset();
   std::filesystem::remove_all(state_dir);
+  std::filesystem::remove(std::string(state_dir) + ".log");
   if (errors != 0) return absl::InternalError(absl::StrCat(errors, " errors"));
   return absl::OkStatus();
 }
