@@ -1,3 +1,4 @@
+// Simulated coordinator clients for the benchmarks: see coordinator_load_lib.h.
 #include "tests/bench/coordinator_load_lib.h"
 
 #include <algorithm>

@@ -494,6 +494,11 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
       static_cast<long long>(slow_send_errors), absl::GetFlag(FLAGS_idle_http),
       absl::ToDoubleSeconds(setup_time), static_cast<long long>(setup_log.errors()));
   std::fflush(stdout);
+  if (!drained) {
+    // gRPC may still call back into calls that never finished: leak them rather than free them.
+    for (std::unique_ptr<Watch>& watch : watches) watch.release();
+    for (std::unique_ptr<ParkedGet>& get : gets) get.release();
+  }
   watches.clear();
   gets.clear();
   bench.reset();
