@@ -537,7 +537,9 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
         "metrics.step: rank ", request.rank(), " reported step ", recorded,
         " already in generation ", request.generation(), "; step ", step, " would go back"));
   }
-  const int64_t reached = std::max(step, recorded);
+  // A generation resumed from a checkpoint starts at its step: a rank resumed from the job's
+  // last step runs no step and finishes with no metrics of its own.
+  const int64_t reached = std::max({step, recorded, record.run_assignment.start_step()});
   if (request.finished() && steps > 0 && reached != steps) {
     return absl::FailedPreconditionError(absl::StrCat(
         "finished: rank ", request.rank(), " finished at step ", reached, " of ", steps));

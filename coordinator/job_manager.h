@@ -270,7 +270,8 @@ class JobManager {
   // From workers.
   // Within a generation each rank's metrics.step never goes down (an equal one is a resend and
   // changes nothing); a step past spec.steps is INVALID_ARGUMENT; `finished` needs the rank at
-  // spec.steps (jobs with steps 0, attached ones, have no such checks but monotonicity).
+  // spec.steps (its report's step, its last one, or the step the generation resumed from; jobs
+  // with steps 0, attached ones, have no such checks but monotonicity).
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request);
   absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(

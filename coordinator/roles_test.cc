@@ -18,6 +18,8 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "security/test_certificates.h"
+#include "security/tls_files.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::coordinator {
@@ -616,6 +618,75 @@ TEST_F(RolesTest, ASubmitterCancelsOnlyItsOwnJobsAndTheSubmitterSurvivesARestart
   EXPECT_EQ(GetJob(sams.id()).state(), v1::CANCELLED);
   EXPECT_EQ(Cancel(sam, sues.id()).error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_TRUE(Cancel(Caller{"admin", kAdminToken, ""}, sues.id()).ok());
+}
+
+TEST_F(RolesTest, OverTlsAClientCertificateOrATokenNamesTheCaller) {
+  absl::StatusOr<security::TestCertificateAuthority> ca =
+      security::TestCertificateAuthority::Create(dir_, "roles-ca");
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  absl::StatusOr<security::CertificateFiles> server_cert = ca->Issue("coordinator");
+  ASSERT_TRUE(server_cert.ok()) << server_cert.status();
+  absl::StatusOr<security::CertificateFiles> viewer_cert = ca->Issue("dashboard");
+  ASSERT_TRUE(viewer_cert.ok()) << viewer_cert.status();
+  {
+    std::FILE* f = std::fopen(token_file_.c_str(), "a");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "cert:dashboard viewer dash\n");
+    ASSERT_EQ(std::fclose(f), 0);
+  }
+  CoordinatorServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_port = -1;
+  options.state_dir = dir_ + "/state";
+  options.token_file = token_file_;
+  options.tls.cert_file = server_cert->cert;
+  options.tls.key_file = server_cert->key;
+  options.tls.client_ca_file = ca->ca_cert();
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(options, &clock_);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string target = absl::StrCat("localhost:", (*server)->grpc_port());
+
+  security::ClientTlsOptions with_cert;
+  with_cert.ca_file = ca->ca_cert();
+  with_cert.cert_file = viewer_cert->cert;
+  with_cert.key_file = viewer_cert->key;
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> cert_credentials =
+      security::MakeChannelCredentials(with_cert);
+  ASSERT_TRUE(cert_credentials.ok()) << cert_credentials.status();
+  std::unique_ptr<v1::Coordinator::Stub> by_cert =
+      v1::Coordinator::NewStub(grpc::CreateChannel(target, *cert_credentials));
+  security::ClientTlsOptions server_only;
+  server_only.ca_file = ca->ca_cert();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> plain_credentials =
+      security::MakeChannelCredentials(server_only);
+  ASSERT_TRUE(plain_credentials.ok()) << plain_credentials.status();
+  std::unique_ptr<v1::Coordinator::Stub> by_token =
+      v1::Coordinator::NewStub(grpc::CreateChannel(target, *plain_credentials));
+
+  auto list_jobs = [](v1::Coordinator::Stub& stub, const Caller& caller) {
+    grpc::ClientContext context;
+    Credentials(context, caller);
+    v1::ListJobsRequest request;
+    v1::ListJobsResponse response;
+    return stub.ListJobs(&context, request, &response).error_code();
+  };
+  auto submit = [](v1::Coordinator::Stub& stub, const Caller& caller) {
+    grpc::ClientContext context;
+    Credentials(context, caller);
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = Spec("tls", 1);
+    v1::Job job;
+    return stub.SubmitJob(&context, request, &job).error_code();
+  };
+  const Caller certificate_only{"dashboard", "", ""};
+  EXPECT_EQ(list_jobs(*by_cert, certificate_only), grpc::StatusCode::OK);
+  EXPECT_EQ(submit(*by_cert, certificate_only), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(list_jobs(*by_token, certificate_only), grpc::StatusCode::UNAUTHENTICATED);
+  const Caller sam{"sam", kSubmitterToken, ""};
+  EXPECT_EQ(submit(*by_token, sam), grpc::StatusCode::OK);
+  // A token, when sent, decides over the certificate.
+  EXPECT_EQ(submit(*by_cert, sam), grpc::StatusCode::OK);
 }
 
 TEST_F(RolesTest, WithoutAuthenticationTheSubmitterIsThePeerHostAndSecretsAreIssued) {
