@@ -27,8 +27,9 @@ int ToIntMilliseconds(absl::Duration duration) {
 
 // Drops gRPC's reflection service from one server. InitProtoReflectionServerBuilderPlugin adds
 // it to every server the process builds, and gRPC 1.51 gives its handler no hook where our
-// authenticator could run: an interceptor cannot fail a call, and an AuthMetadataProcessor runs
-// only on TLS ports. So a coordinator that authenticates serves no reflection at all.
+// authenticator could refuse a call with PERMISSION_DENIED: a server interceptor can only cancel
+// it (CANCELLED), and an AuthMetadataProcessor exists for TLS ports only. So a coordinator that
+// authenticates serves no reflection at all.
 class WithoutReflection final : public grpc::ServerBuilderOption {
  public:
   void UpdateArguments(grpc::ChannelArguments*) override {}
