@@ -1,6 +1,7 @@
 // A running coordinator: the durable store, rendezvous store, job manager, the gRPC server
-// (with health checking and reflection), the /metrics HTTP endpoint and the ticker that expires
-// leases. `zeroshard-coordinator` is a thin main around it; service tests run it in-process.
+// (with health checking, and reflection unless it authenticates callers), the /metrics HTTP
+// endpoint and the ticker that expires leases. `zeroshard-coordinator` is a thin main around it;
+// service tests run it in-process.
 #ifndef ZEROSHARD_COORDINATOR_COORDINATOR_SERVER_H_
 #define ZEROSHARD_COORDINATOR_COORDINATOR_SERVER_H_
 

@@ -24,6 +24,7 @@
 #include "coordinator/request_parsing.h"
 #include "coordinator/request_validation.h"
 #include "security/authenticator.h"
+#include "security/metadata.h"
 
 namespace zeroshard::coordinator {
 namespace {
@@ -34,6 +35,14 @@ PageRequest PageRequestOf(bool has_page_size, int32_t page_size) {
   page.max_items = has_page_size ? page_size : kDefaultListPageSize;
   page.max_bytes = kMaxListReplyBytes;
   return page;
+}
+
+// The `zeroshard-worker-secret` metadata of the call; empty when there is none.
+std::string WorkerSecretOf(const grpc::ServerContextBase& context) {
+  const auto& metadata = context.client_metadata();
+  auto it = metadata.find(security::kWorkerSecretKey);
+  if (it == metadata.end()) return "";
+  return std::string(it->second.data(), it->second.size());
 }
 
 // A StoreGet call parked in the rendezvous store. Finishes exactly once (the store calls back
@@ -435,19 +444,48 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
 }  // namespace
 
 CoordinatorService::CoordinatorService(JobManager* manager, RendezvousStore* rendezvous,
-                                       CoordinatorMetrics* metrics, ServiceOptions options)
-    : manager_(manager), rendezvous_(rendezvous), metrics_(metrics), options_(options) {}
+                                       CoordinatorMetrics* metrics,
+                                       const security::Authenticator* authenticator,
+                                       ServiceOptions options)
+    : manager_(manager),
+      rendezvous_(rendezvous),
+      metrics_(metrics),
+      authenticator_(authenticator),
+      options_(options) {}
+
+absl::StatusOr<security::Identity> CoordinatorService::Admit(const grpc::ServerContextBase& context,
+                                                             Method method) const {
+  ZS_ASSIGN_OR_RETURN(security::Identity caller, authenticator_->Authenticate(context));
+  ZS_RETURN_IF_ERROR(Authorize(caller, method));
+  return caller;
+}
+
+absl::Status CoordinatorService::CheckWorkerCaller(const grpc::ServerContextBase& context,
+                                                   const security::Identity& caller,
+                                                   const std::string& worker_id) {
+  // Admins act for any worker; only the worker role is bound to its registration.
+  if (caller.role != security::Role::kWorker) return absl::OkStatus();
+  return manager_->CheckWorkerSecret(worker_id, WorkerSecretOf(context));
+}
+
+absl::Status CoordinatorService::CheckStoreCaller(const grpc::ServerContextBase& context,
+                                                  const security::Identity& caller,
+                                                  const std::string& job_id, int64_t generation) {
+  if (caller.role != security::Role::kWorker) return absl::OkStatus();
+  return manager_->CheckStoreSecret(WorkerSecretOf(context), job_id, generation);
+}
 
 template <typename Request, typename Response, typename Handler>
 grpc::ServerUnaryReactor* CoordinatorService::Unary(grpc::CallbackServerContext* context,
-                                                    const char* method,
-                                                    const grpc::ByteBuffer* request,
+                                                    Method method, const grpc::ByteBuffer* request,
                                                     grpc::ByteBuffer* response, Handler handler) {
   const absl::Time start = absl::Now();
   Request parsed_request;
   Response typed_response;
-  absl::Status status = ParseRequest(*request, &parsed_request);
-  if (status.ok()) status = handler(&parsed_request, &typed_response);
+  absl::StatusOr<security::Identity> caller = Admit(*context, method);
+  absl::Status status = caller.status();
+  if (status.ok()) status = ParseRequest(*request, &parsed_request);
+  if (status.ok()) status = handler(*caller, &parsed_request, &typed_response);
   if (status.ok()) status = SerializeResponse(typed_response, response);
   // gRPC's own refusal would not say which limit, or what to do.
   if (status.ok() && response->Length() > static_cast<size_t>(options_.max_send_message_bytes)) {
@@ -461,9 +499,9 @@ grpc::ServerUnaryReactor* CoordinatorService::Unary(grpc::CallbackServerContext*
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::FinishUnary(grpc::CallbackServerContext* context,
-                                                          const char* method, absl::Time start,
+                                                          Method method, absl::Time start,
                                                           const absl::Status& status) {
-  metrics_->RecordRpc(method, status.code(), absl::Now() - start);
+  metrics_->RecordRpc(std::string(MethodName(method)), status.code(), absl::Now() - start);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(common::ToGrpcStatus(status));
   return reactor;
@@ -473,8 +511,8 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(grpc::CallbackServe
                                                              const grpc::ByteBuffer* raw_request,
                                                              grpc::ByteBuffer* raw_response) {
   return Unary<v1::RegisterWorkerRequest, v1::RegisterWorkerResponse>(
-      context, "RegisterWorker", raw_request, raw_response,
-      [&](const v1::RegisterWorkerRequest* request,
+      context, Method::kRegisterWorker, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::RegisterWorkerRequest* request,
           v1::RegisterWorkerResponse* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateRegisterWorkerRequest(*request));
         *response = manager_->RegisterWorker(*request);
@@ -486,8 +524,10 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
                                                         const grpc::ByteBuffer* raw_request,
                                                         grpc::ByteBuffer* raw_response) {
   return Unary<v1::HeartbeatRequest, v1::HeartbeatResponse>(
-      context, "Heartbeat", raw_request, raw_response,
-      [&](const v1::HeartbeatRequest* request, v1::HeartbeatResponse* response) -> absl::Status {
+      context, Method::kHeartbeat, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::HeartbeatRequest* request,
+          v1::HeartbeatResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(CheckWorkerCaller(*context, caller, request->worker_id()));
         ZS_RETURN_IF_ERROR(ValidateHeartbeatRequest(*request));
         ZS_ASSIGN_OR_RETURN(*response, manager_->Heartbeat(*request));
         return absl::OkStatus();
@@ -498,8 +538,10 @@ grpc::ServerUnaryReactor* CoordinatorService::LeaveWorker(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* raw_request,
                                                           grpc::ByteBuffer* raw_response) {
   return Unary<v1::LeaveWorkerRequest, v1::LeaveWorkerResponse>(
-      context, "LeaveWorker", raw_request, raw_response,
-      [&](const v1::LeaveWorkerRequest* request, v1::LeaveWorkerResponse*) -> absl::Status {
+      context, Method::kLeaveWorker, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::LeaveWorkerRequest* request,
+          v1::LeaveWorkerResponse*) -> absl::Status {
+        ZS_RETURN_IF_ERROR(CheckWorkerCaller(*context, caller, request->worker_id()));
         ZS_RETURN_IF_ERROR(ValidateLeaveWorkerRequest(*request));
         return manager_->LeaveWorker(request->worker_id());
       });
@@ -509,8 +551,8 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* raw_request,
                                                           grpc::ByteBuffer* raw_response) {
   return Unary<v1::ListWorkersRequest, v1::ListWorkersResponse>(
-      context, "ListWorkers", raw_request, raw_response,
-      [&](const v1::ListWorkersRequest* request,
+      context, Method::kListWorkers, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::ListWorkersRequest* request,
           v1::ListWorkersResponse* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateListWorkersRequest(*request));
         PageRequest page = PageRequestOf(request->has_page_size(), request->page_size());
@@ -530,11 +572,12 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
                                                         const grpc::ByteBuffer* raw_request,
                                                         grpc::ByteBuffer* raw_response) {
   return Unary<v1::SubmitJobRequest, v1::Job>(
-      context, "SubmitJob", raw_request, raw_response,
-      [&](const v1::SubmitJobRequest* request, v1::Job* response) -> absl::Status {
+      context, Method::kSubmitJob, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::SubmitJobRequest* request,
+          v1::Job* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateSubmitJobRequest(*request));
-        ZS_ASSIGN_OR_RETURN(
-            *response, manager_->SubmitJob(request->spec(), security::PeerHost(context->peer())));
+        // Without authentication the caller is named by its peer host.
+        ZS_ASSIGN_OR_RETURN(*response, manager_->SubmitJob(request->spec(), caller.name));
         return absl::OkStatus();
       });
 }
@@ -543,8 +586,9 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* raw_request,
                                                      grpc::ByteBuffer* raw_response) {
   return Unary<v1::GetJobRequest, v1::Job>(
-      context, "GetJob", raw_request, raw_response,
-      [&](const v1::GetJobRequest* request, v1::Job* response) -> absl::Status {
+      context, Method::kGetJob, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::GetJobRequest* request,
+          v1::Job* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateGetJobRequest(*request));
         ZS_ASSIGN_OR_RETURN(*response, manager_->GetJob(request->job_id()));
         return absl::OkStatus();
@@ -555,8 +599,9 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* raw_request,
                                                        grpc::ByteBuffer* raw_response) {
   return Unary<v1::ListJobsRequest, v1::ListJobsResponse>(
-      context, "ListJobs", raw_request, raw_response,
-      [&](const v1::ListJobsRequest* request, v1::ListJobsResponse* response) -> absl::Status {
+      context, Method::kListJobs, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::ListJobsRequest* request,
+          v1::ListJobsResponse* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateListJobsRequest(*request));
         // `limit` is page_size's older name; validation refused setting both.
         PageRequest page = request->has_limit()
@@ -578,10 +623,16 @@ grpc::ServerUnaryReactor* CoordinatorService::CancelJob(grpc::CallbackServerCont
                                                         const grpc::ByteBuffer* raw_request,
                                                         grpc::ByteBuffer* raw_response) {
   return Unary<v1::CancelJobRequest, v1::Job>(
-      context, "CancelJob", raw_request, raw_response,
-      [&](const v1::CancelJobRequest* request, v1::Job* response) -> absl::Status {
+      context, Method::kCancelJob, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::CancelJobRequest* request,
+          v1::Job* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateCancelJobRequest(*request));
-        ZS_ASSIGN_OR_RETURN(*response, manager_->CancelJob(request->job_id(), request->reason()));
+        // A submitter cancels only its own jobs; admins any.
+        const std::optional<std::string> only_submitter =
+            caller.role == security::Role::kSubmitter ? std::optional<std::string>(caller.name)
+                                                      : std::nullopt;
+        ZS_ASSIGN_OR_RETURN(
+            *response, manager_->CancelJob(request->job_id(), request->reason(), only_submitter));
         return absl::OkStatus();
       });
 }
@@ -590,7 +641,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::WatchJob(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request) {
   const absl::Time start = absl::Now();
   v1::WatchJobRequest request;
-  absl::Status status = ParseRequest(*raw_request, &request);
+  absl::Status status = Admit(*context, Method::kWatchJob).status();
+  if (status.ok()) status = ParseRequest(*raw_request, &request);
   if (status.ok()) status = ValidateWatchJobRequest(request);
   auto* reactor = new WatchReactor(manager_, request.job_id(), options_.max_watch_backlog,
                                    options_.watch_page_events);
@@ -655,8 +707,9 @@ grpc::ServerUnaryReactor* CoordinatorService::GetShardPlan(grpc::CallbackServerC
                                                            const grpc::ByteBuffer* raw_request,
                                                            grpc::ByteBuffer* raw_response) {
   return Unary<v1::GetShardPlanRequest, v1::ShardPlan>(
-      context, "GetShardPlan", raw_request, raw_response,
-      [&](const v1::GetShardPlanRequest* request, v1::ShardPlan* response) -> absl::Status {
+      context, Method::kGetShardPlan, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::GetShardPlanRequest* request,
+          v1::ShardPlan* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateGetShardPlanRequest(*request));
         ZS_ASSIGN_OR_RETURN(*response, manager_->GetShardPlan(*request));
         return absl::OkStatus();
@@ -667,8 +720,11 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreSet(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* raw_request,
                                                        grpc::ByteBuffer* raw_response) {
   return Unary<v1::StoreSetRequest, v1::StoreSetResponse>(
-      context, "StoreSet", raw_request, raw_response,
-      [&](const v1::StoreSetRequest* request, v1::StoreSetResponse*) -> absl::Status {
+      context, Method::kStoreSet, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::StoreSetRequest* request,
+          v1::StoreSetResponse*) -> absl::Status {
+        ZS_RETURN_IF_ERROR(
+            CheckStoreCaller(*context, caller, request->job_id(), request->generation()));
         ZS_RETURN_IF_ERROR(ValidateStoreSetRequest(*request));
         return rendezvous_->Set(request->job_id(), request->generation(), request->key(),
                                 request->value());
@@ -680,9 +736,13 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreGet(grpc::CallbackServerConte
                                                        grpc::ByteBuffer* raw_response) {
   const absl::Time start = absl::Now();
   v1::StoreGetRequest request;
-  absl::Status valid = ParseRequest(*raw_request, &request);
+  absl::StatusOr<security::Identity> caller = Admit(*context, Method::kStoreGet);
+  absl::Status valid = caller.status();
+  if (valid.ok()) valid = ParseRequest(*raw_request, &request);
+  if (valid.ok())
+    valid = CheckStoreCaller(*context, *caller, request.job_id(), request.generation());
   if (valid.ok()) valid = ValidateStoreGetRequest(request);
-  if (!valid.ok()) return FinishUnary(context, "StoreGet", start, valid);
+  if (!valid.ok()) return FinishUnary(context, Method::kStoreGet, start, valid);
   auto* reactor = new StoreGetReactor(rendezvous_, metrics_, start);
   reactor->Park(request, raw_response);
   return reactor;
@@ -692,8 +752,11 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreAdd(grpc::CallbackServerConte
                                                        const grpc::ByteBuffer* raw_request,
                                                        grpc::ByteBuffer* raw_response) {
   return Unary<v1::StoreAddRequest, v1::StoreAddResponse>(
-      context, "StoreAdd", raw_request, raw_response,
-      [&](const v1::StoreAddRequest* request, v1::StoreAddResponse* response) -> absl::Status {
+      context, Method::kStoreAdd, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::StoreAddRequest* request,
+          v1::StoreAddResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(
+            CheckStoreCaller(*context, caller, request->job_id(), request->generation()));
         ZS_RETURN_IF_ERROR(ValidateStoreAddRequest(*request));
         ZS_ASSIGN_OR_RETURN(const int64_t value,
                             rendezvous_->Add(request->job_id(), request->generation(),
@@ -707,9 +770,11 @@ grpc::ServerUnaryReactor* CoordinatorService::StoreDelete(grpc::CallbackServerCo
                                                           const grpc::ByteBuffer* raw_request,
                                                           grpc::ByteBuffer* raw_response) {
   return Unary<v1::StoreDeleteRequest, v1::StoreDeleteResponse>(
-      context, "StoreDelete", raw_request, raw_response,
-      [&](const v1::StoreDeleteRequest* request,
+      context, Method::kStoreDelete, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::StoreDeleteRequest* request,
           v1::StoreDeleteResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(
+            CheckStoreCaller(*context, caller, request->job_id(), request->generation()));
         ZS_RETURN_IF_ERROR(ValidateStoreDeleteRequest(*request));
         ZS_ASSIGN_OR_RETURN(
             const bool deleted,
@@ -723,9 +788,10 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportProgress(grpc::CallbackServe
                                                              const grpc::ByteBuffer* raw_request,
                                                              grpc::ByteBuffer* raw_response) {
   return Unary<v1::ReportProgressRequest, v1::ReportProgressResponse>(
-      context, "ReportProgress", raw_request, raw_response,
-      [&](const v1::ReportProgressRequest* request,
+      context, Method::kReportProgress, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::ReportProgressRequest* request,
           v1::ReportProgressResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(CheckWorkerCaller(*context, caller, request->worker_id()));
         ZS_RETURN_IF_ERROR(ValidateReportProgressRequest(*request));
         ZS_ASSIGN_OR_RETURN(*response, manager_->ReportProgress(*request));
         return absl::OkStatus();
@@ -736,9 +802,10 @@ grpc::ServerUnaryReactor* CoordinatorService::CommitCheckpoint(grpc::CallbackSer
                                                                const grpc::ByteBuffer* raw_request,
                                                                grpc::ByteBuffer* raw_response) {
   return Unary<v1::CommitCheckpointRequest, v1::CommitCheckpointResponse>(
-      context, "CommitCheckpoint", raw_request, raw_response,
-      [&](const v1::CommitCheckpointRequest* request,
+      context, Method::kCommitCheckpoint, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::CommitCheckpointRequest* request,
           v1::CommitCheckpointResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(CheckWorkerCaller(*context, caller, request->worker_id()));
         ZS_RETURN_IF_ERROR(ValidateCommitCheckpointRequest(*request));
         ZS_ASSIGN_OR_RETURN(*response, manager_->CommitCheckpoint(*request));
         return absl::OkStatus();
@@ -746,7 +813,7 @@ grpc::ServerUnaryReactor* CoordinatorService::CommitCheckpoint(grpc::CallbackSer
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::ExportCheckpoint(
-    grpc::CallbackServerContext*, const grpc::ByteBuffer* raw_request) {
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request) {
   auto* reactor = new ExportReactor(
       manager_, metrics_,
       [this] {
@@ -755,7 +822,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::ExportCheckpoint
       },
       options_.export_waits_for_testing);
   v1::ExportCheckpointRequest request;
-  absl::Status valid = ParseRequest(*raw_request, &request);
+  absl::Status valid = Admit(*context, Method::kExportCheckpoint).status();
+  if (valid.ok()) valid = ParseRequest(*raw_request, &request);
   if (valid.ok()) valid = ValidateExportCheckpointRequest(request);
   if (!valid.ok()) {
     reactor->Refuse(valid);

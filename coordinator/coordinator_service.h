@@ -12,10 +12,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/authorization.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/metrics.h"
 #include "coordinator/rendezvous_store.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "security/authenticator.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::coordinator {
@@ -83,8 +85,11 @@ using CoordinatorServiceBase = service_internal::WithMethods<
 // per stream (at most max_concurrent_exports), never on gRPC's threads.
 class CoordinatorService final : public CoordinatorServiceBase {
  public:
+  // `authenticator` (not owned, outlives the service) names each caller; every RPC is
+  // authenticated (UNAUTHENTICATED), then authorized (PERMISSION_DENIED, authorization.h)
+  // before its request is looked at.
   CoordinatorService(JobManager* manager, RendezvousStore* rendezvous, CoordinatorMetrics* metrics,
-                     ServiceOptions options = {});
+                     const security::Authenticator* authenticator, ServiceOptions options = {});
 
   grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
                                            const grpc::ByteBuffer* request,
@@ -144,20 +149,32 @@ class CoordinatorService final : public CoordinatorServiceBase {
       ABSL_LOCKS_EXCLUDED(watches_mu_);
 
  private:
-  // Parses `request` as a Request, runs `handler(const Request*, Response*)` (returning
-  // absl::Status) on it, serializes the Response into `response` and finishes the call with the
+  // Admits the caller (Admit), parses `request` as a Request, runs `handler(const
+  // security::Identity& caller, const Request*, Response*)` (returning absl::Status) on it,
+  // serializes the Response into `response` and finishes the call with the
   // first error or OK.
   template <typename Request, typename Response, typename Handler>
-  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, const char* method,
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, Method method,
                                   const grpc::ByteBuffer* request, grpc::ByteBuffer* response,
                                   Handler handler);
   // Records the call's outcome and finishes it with `status`.
-  grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, const char* method,
+  grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, Method method,
                                         absl::Time start, const absl::Status& status);
+  // The caller, authenticated and allowed to call `method` by its role.
+  absl::StatusOr<security::Identity> Admit(const grpc::ServerContextBase& context,
+                                           Method method) const;
+  // A worker-role caller must present the secret of `worker_id`'s registration.
+  absl::Status CheckWorkerCaller(const grpc::ServerContextBase& context,
+                                 const security::Identity& caller, const std::string& worker_id);
+  // A worker-role caller must present the secret of a worker that runs (job_id, generation).
+  absl::Status CheckStoreCaller(const grpc::ServerContextBase& context,
+                                const security::Identity& caller, const std::string& job_id,
+                                int64_t generation);
 
   JobManager* const manager_;
   RendezvousStore* const rendezvous_;
   CoordinatorMetrics* const metrics_;
+  const security::Authenticator* const authenticator_;
   const ServiceOptions options_;
 
   // Admits a WatchJob stream from `peer_host` (or says which limit it is over) and counts it

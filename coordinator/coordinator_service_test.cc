@@ -51,6 +51,12 @@ v1::StepMetrics Metrics(int64_t step) {
   return metrics;
 }
 
+// `spec` running exactly `steps` steps: a rank may report finished only at its last step.
+v1::JobSpec WithSteps(v1::JobSpec spec, int64_t steps) {
+  spec.set_steps(steps);
+  return spec;
+}
+
 int ThreadCount() {
   int count = 0;
   if (DIR* dir = opendir("/proc/self/task")) {
@@ -987,7 +993,7 @@ TEST_F(CoordinatorServiceTest, WatchStreamsHistoryThenLiveEventsToCompletion) {
   StartServer();
   Register("rank-a", "host-a");
   Register("rank-b", "host-b");
-  const v1::Job job = GetJob(Submit(Spec("watched", 2)).id());
+  const v1::Job job = GetJob(Submit(WithSteps(Spec("watched", 2), 2)).id());
   ASSERT_EQ(job.state(), v1::RUNNING);
 
   v1::WatchJobRequest request;
@@ -1046,7 +1052,7 @@ TEST_F(CoordinatorServiceTest, SlowWatcherDoesNotBlockProgressAndLosesItsStream)
   service.max_watch_backlog = 4;
   StartServer(service);
   Register("only-rank");
-  const v1::Job job = GetJob(Submit(Spec("chatty", 1)).id());
+  const v1::Job job = GetJob(Submit(WithSteps(Spec("chatty", 1), 3000)).id());
   ASSERT_EQ(job.state(), v1::RUNNING);
 
   // Its own connection with a fixed 64 KiB flow-control window, never read until the end.
@@ -1090,7 +1096,8 @@ TEST_F(CoordinatorServiceTest, SlowWatcherDoesNotBlockProgressAndLosesItsStream)
 TEST_F(CoordinatorServiceTest, WatchFromTheStartPagesALongHistoryThenFollowsLive) {
   StartServer();
   Register("only-rank");
-  const v1::Job job = GetJob(Submit(Spec("long", 1)).id());
+  // Every report is one step; the last one finishes the job.
+  const v1::Job job = GetJob(Submit(WithSteps(Spec("long", 1), 20000 + 1000 + 2)).id());
   ASSERT_EQ(job.state(), v1::RUNNING);
   // Far more history than a watcher may queue (max_watch_backlog, 4096): sent all at once it
   // would end the stream with RESOURCE_EXHAUSTED.
@@ -1517,7 +1524,7 @@ TEST_F(CoordinatorServiceTest, AJobLargerThanTheClusterBlocksNobodyUntilAWorkerJ
   }
   server_->manager()->Tick();
 
-  const v1::Job one = GetJob(Submit(Spec("one", 1)).id());
+  const v1::Job one = GetJob(Submit(WithSteps(Spec("one", 1), 1)).id());
   ASSERT_EQ(one.state(), v1::RUNNING) << one.message();
   const v1::Job still_waiting = GetJob(three.id());
   EXPECT_EQ(still_waiting.state(), v1::PENDING);

@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "checkpoint/manifest.h"
+#include "common/log_escape.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/job_state_table.h"
@@ -21,6 +22,8 @@
 #include "jobspec/job_plan.h"
 #include "jobspec/job_spec_defaults.h"
 #include "jobspec/job_spec_validation.h"
+#include "security/identity.h"
+#include "security/metadata.h"
 
 namespace zeroshard::coordinator {
 namespace {
@@ -136,6 +139,10 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
     record.stored_events = stored.events;
     record.thin_above = manager->options_.max_events_per_job;
     record.pending_since = clock->Now();
+    record.submitter = record.job.submitter();
+    if (record.job.state() == v1::PENDING && !record.submitter.empty()) {
+      ++manager->pending_jobs_by_submitter_[record.submitter];
+    }
     if (const std::optional<int64_t> number = ParseJobId(id)) {
       manager->next_job_number_ = std::max(manager->next_job_number_, *number + 1);
     }
@@ -185,6 +192,7 @@ v1::RegisterWorkerResponse JobManager::RegisterWorker(const v1::RegisterWorkerRe
     if (worker.ok()) {
       AdoptRankLocked(**adoptable, **worker, request.status());
       response.set_worker_id((*worker)->id());
+      response.set_worker_secret(NewWorkerSecretLocked((*worker)->id()));
       response.set_adopted(true);
       return response;
     }
@@ -194,8 +202,11 @@ v1::RegisterWorkerResponse JobManager::RegisterWorker(const v1::RegisterWorkerRe
                     << ", which cannot be adopted: " << worker.status().message()
                     << "; it gets a new id and aborts that run";
   }
+  // The registration it replaces no longer acts for it.
+  if (!request.previous_worker_id().empty()) workers_.RevokeSecret(request.previous_worker_id());
   const v1::WorkerInfo& worker = workers_.Register(request, clock_->Now());
   response.set_worker_id(worker.id());
+  response.set_worker_secret(NewWorkerSecretLocked(worker.id()));
   ZS_LOG(INFO) << "worker " << worker.id() << " registered: name=" << request.name()
                << " host=" << request.host()
                << (request.attach_socket().empty()
@@ -206,6 +217,52 @@ v1::RegisterWorkerResponse JobManager::RegisterWorker(const v1::RegisterWorkerRe
                        : absl::StrCat(" (was ", request.previous_worker_id(), ")"));
   ScheduleLocked();
   return response;
+}
+
+std::string JobManager::NewWorkerSecretLocked(const std::string& worker_id) {
+  std::string secret = security::RandomSecret();
+  workers_.SetSecret(worker_id, security::Sha256(secret));
+  return secret;
+}
+
+absl::Status JobManager::CheckWorkerSecret(const std::string& worker_id, absl::string_view secret) {
+  if (secret.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker secret: none sent; the worker role must send the secret RegisterWorker returned "
+        "(metadata ",
+        security::kWorkerSecretKey, ")"));
+  }
+  absl::MutexLock lock(&mu_);
+  if (!workers_.SecretMatches(worker_id, secret)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker secret: not the one RegisterWorker gave worker_id ",
+        common::EscapeForLog(worker_id.substr(0, 64)), " (or that registration was replaced)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::CheckStoreSecret(absl::string_view secret, const std::string& job_id,
+                                          int64_t generation) {
+  if (secret.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker secret: none sent; the worker role must send the secret RegisterWorker returned "
+        "(metadata ",
+        security::kWorkerSecretKey, ")"));
+  }
+  absl::MutexLock lock(&mu_);
+  const v1::WorkerInfo* worker = workers_.FindBySecret(secret);
+  if (worker == nullptr) {
+    return absl::PermissionDeniedError(
+        "worker secret: not one RegisterWorker gave a current registration");
+  }
+  const v1::Assignment& assignment = worker->assignment();
+  if (worker->state() != v1::BUSY || assignment.kind() != v1::ASSIGNMENT_RUN ||
+      assignment.job_id() != job_id || assignment.generation() != generation) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker ", worker->id(), " is not assigned to ", common::EscapeForLog(job_id.substr(0, 64)),
+        " generation ", generation, ", so it may not use that generation's store"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& request) {
@@ -297,6 +354,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
   *record.job.mutable_create_time() = ToTimestamp(clock_->Now());
   record.pending_since = clock_->Now();
   record.submitter = submitter;
+  record.job.set_submitter(submitter);
   v1::JobEvent submitted_event;
   submitted_event.set_job_id(id);
   submitted_event.set_sequence(1);
@@ -346,10 +404,16 @@ Page<v1::Job> JobManager::ListJobs(v1::JobState state, const PageRequest& page) 
   return out;
 }
 
-absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& job_id,
-                                              const std::string& reason) {
+absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& job_id, const std::string& reason,
+                                              const std::optional<std::string>& only_submitter) {
   absl::MutexLock lock(&mu_);
   ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(job_id));
+  if (only_submitter.has_value() && record->job.submitter() != *only_submitter) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("job_id: ", job_id,
+                     " was submitted by another submitter; a submitter may "
+                     "cancel only its own jobs (an admin may cancel any)"));
+  }
   if (IsFinal(record->job.state())) {
     return absl::FailedPreconditionError(absl::StrCat("job_id: ", job_id, " already ended (",
                                                       v1::JobState_Name(record->job.state()), ")"));
@@ -458,6 +522,29 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     return found.status();
   }
   JobRecord& record = **found;
+  // Step 0 is no step: notice-only reports carry no metrics.
+  const int64_t step = request.metrics().step();
+  const int64_t steps = record.job.spec().steps();
+  // An attached job (steps 0) has no fixed step count to check against.
+  if (steps > 0 && step > steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics.step: ", step, " is past the job's ", steps, " steps"));
+  }
+  auto last_step = record.rank_steps.find(request.rank());
+  const int64_t recorded = last_step == record.rank_steps.end() ? 0 : last_step->second;
+  if (step > 0 && step < recorded) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "metrics.step: rank ", request.rank(), " reported step ", recorded,
+        " already in generation ", request.generation(), "; step ", step, " would go back"));
+  }
+  // A generation resumed from a checkpoint starts at its step: a rank resumed from the job's
+  // last step runs no step and finishes with no metrics of its own.
+  const int64_t reached = std::max({step, recorded, record.run_assignment.start_step()});
+  if (request.finished() && steps > 0 && reached != steps) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "finished: rank ", request.rank(), " finished at step ", reached, " of ", steps));
+  }
+  if (step > recorded) record.rank_steps[request.rank()] = step;
   response.set_continue_running(true);
   bool changed_job = false;
   if (!request.notice().empty()) {
@@ -869,6 +956,7 @@ absl::Status JobManager::StartGenerationLocked(JobRecord& record,
   job.clear_progress();
   if (!job.has_start_time()) *job.mutable_start_time() = ToTimestamp(clock_->Now());
   record.finished_ranks.clear();
+  record.rank_steps.clear();
   rendezvous_->OpenNamespace(job.id(), job.generation());
 
   v1::Assignment assignment;

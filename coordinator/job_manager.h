@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "checkpoint/manifest.h"
@@ -228,7 +229,11 @@ class JobManager {
   // Jobs (only those in `state` unless it is unspecified), newest first: a page after job N
   // holds jobs older than N.
   Page<v1::Job> ListJobs(v1::JobState state, const PageRequest& page);
-  absl::StatusOr<v1::Job> CancelJob(const std::string& job_id, const std::string& reason);
+  // With `only_submitter`, PERMISSION_DENIED unless the job's submitter is that name (a
+  // submitter cancels only its own jobs).
+  absl::StatusOr<v1::Job> CancelJob(
+      const std::string& job_id, const std::string& reason,
+      const std::optional<std::string>& only_submitter = std::nullopt);
   absl::StatusOr<v1::ShardPlan> GetShardPlan(const v1::GetShardPlanRequest& request);
   // Sends `sink` one page of the job's history: its durable events after `after_sequence`, at
   // most `max_events` of them, read from the store. When the page reaches the newest durable
@@ -254,7 +259,19 @@ class JobManager {
   // quiet job stays held until the job's next event.
   void Unwatch(const std::string& job_id, const JobEventSink* sink);
 
+  // Worker secrets (docs/api.md, "Identities and roles"); both PERMISSION_DENIED ("worker
+  // secret: ...", never quoting the secret) when the secret does not fit.
+  // OK when `secret` is the one RegisterWorker gave `worker_id`'s current registration.
+  absl::Status CheckWorkerSecret(const std::string& worker_id, absl::string_view secret);
+  // OK when `secret` belongs to a worker that runs (job_id, generation) now.
+  absl::Status CheckStoreSecret(absl::string_view secret, const std::string& job_id,
+                                int64_t generation);
+
   // From workers.
+  // Within a generation each rank's metrics.step never goes down (an equal one is a resend and
+  // changes nothing); a step past spec.steps is INVALID_ARGUMENT; `finished` needs the rank at
+  // spec.steps (its report's step, its last one, or the step the generation resumed from; jobs
+  // with steps 0, attached ones, have no such checks but monotonicity).
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request);
   absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
@@ -297,11 +314,13 @@ class JobManager {
     // ThinEventsLocked runs a pass once stored_events exceeds this.
     int64_t thin_above = 0;
     absl::Time pending_since;
-    // Who submitted it (SubmitJob's `submitter`); not stored, so empty after a restart.
+    // Who submitted it (SubmitJob's `submitter`, also job.submitter, so it survives a restart).
     std::string submitter;
     // The current generation's plan (RUNNING only).
     std::optional<sharding::ShardPlan> plan;
     absl::flat_hash_set<int32_t> finished_ranks;
+    // The current generation's highest step reported by each rank (ranks that reported one).
+    absl::flat_hash_map<int32_t, int64_t> rank_steps;
     std::vector<std::shared_ptr<JobEventSink>> sinks;
     // The current generation's RUN assignment as rank 0 got it, without an attach_socket (each
     // rank gets it with its own rank and, for an attached job, its worker's attach_socket).
@@ -410,6 +429,9 @@ class JobManager {
   bool SetUnschedulableReasonLocked(JobRecord& record, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndSinksLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives `worker_id` a new secret (replacing its old one) and returns it.
+  std::string NewWorkerSecretLocked(const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes sure the registry's next worker number lies in a block reserved in the durable store,
   // so worker ids never repeat across coordinator restarts.
   void ReserveWorkerNumbersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

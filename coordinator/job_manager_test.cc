@@ -924,6 +924,35 @@ TEST_F(JobManagerTest, TheNextGenerationResumesFromTheLatestCheckpoint) {
   EXPECT_EQ(second.resume_from().world_size(), 2);
 }
 
+TEST_F(JobManagerTest, AGenerationResumedAtTheLastStepFinishesWithoutAStepOfItsOwn) {
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_max_workers(2);
+  spec.set_steps(7);
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  auto job = manager_->SubmitJob(spec);
+  const v1::Job first = *manager_->GetJob(job->id());
+  ASSERT_EQ(first.worker_ids_size(), 2);
+  for (int rank : {0, 1}) {
+    ASSERT_TRUE(manager_->CommitCheckpoint(WrittenCommit(first, rank, 7)).ok());
+  }
+  Lose(Loss::kLeft, b, first);
+  EXPECT_EQ(Beat(a, job->id(), 1).kind(), v1::ASSIGNMENT_ABORT);
+  ASSERT_EQ(Beat(a).start_step(), 7);
+  const v1::Job second = *manager_->GetJob(job->id());
+  ASSERT_EQ(second.generation(), 2);
+  // The rank resumed at step 7 of 7 runs no step: its finish carries empty metrics.
+  v1::ReportProgressRequest finished;
+  finished.set_worker_id(a);
+  finished.set_job_id(job->id());
+  finished.set_generation(2);
+  finished.set_rank(0);
+  finished.mutable_metrics();
+  finished.set_finished(true);
+  ASSERT_TRUE(manager_->ReportProgress(finished).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::SUCCEEDED);
+}
+
 TEST_F(JobManagerTest, SkippedAndFailedCheckpointsAreNoticesAndNeverComplete) {
   Register("a");
   Register("b");

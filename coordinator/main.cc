@@ -4,6 +4,8 @@
 
 #include <csignal>
 #include <cstdio>
+#include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -11,14 +13,32 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "coordinator/coordinator_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
-          "gRPC listen address host:port (port 0 picks one). Loopback by default; binding "
-          "elsewhere needs --insecure_bind_any until TLS exists.");
-ABSL_FLAG(bool, insecure_bind_any, false,
-          "Allow a non-loopback --listen address without TLS (trusted networks only).");
+          "gRPC listen address host:port (port 0 picks one). Loopback by default; a non-loopback "
+          "address needs TLS (--tls_cert_file, --tls_key_file) or --insecure.");
+ABSL_FLAG(bool, insecure, false,
+          "Serve a non-loopback --listen address without TLS (trusted networks only); a warning "
+          "is logged every minute while it does.");
+ABSL_FLAG(bool, insecure_bind_any, false, "Deprecated alias of --insecure.");
+ABSL_FLAG(std::string, tls_cert_file, "",
+          "The coordinator's TLS certificate chain (PEM); with --tls_key_file turns TLS on for "
+          "the gRPC port. Certificates are read at start only: restart the coordinator to "
+          "rotate them (SIGHUP reloads only --token_file).");
+ABSL_FLAG(std::string, tls_key_file, "", "The private key (PEM) of --tls_cert_file.");
+ABSL_FLAG(std::string, tls_client_ca_file, "",
+          "CA (PEM) whose client certificates are accepted (mTLS); a certificate's CN gets its "
+          "role from a `cert:<CN> role name` line of --token_file. Read at start only.");
+ABSL_FLAG(bool, tls_require_client_cert, false,
+          "Refuse, at the TLS handshake, clients without a certificate signed by "
+          "--tls_client_ca_file.");
+ABSL_FLAG(std::string, token_file, "",
+          "File of `token role name` lines (roles viewer, submitter, admin, worker; docs/api.md, "
+          "\"Identities and roles\"). Empty: no authentication, every caller is an admin. "
+          "SIGHUP reloads it.");
 ABSL_FLAG(int, metrics_port, 0, "Port of the /metrics HTTP endpoint (0 picks one, -1 disables).");
 ABSL_FLAG(int, metrics_max_connections, 256,
           "Open connections to the metrics port at most; further ones wait in the listen backlog "
@@ -61,8 +81,8 @@ ABSL_FLAG(int64_t, max_store_bytes_per_namespace, 64 << 20,
           "Bytes of keys and values one job generation's rendezvous store may hold; a StoreSet "
           "or StoreAdd past it gets RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_pending_jobs_per_submitter, 1000,
-          "PENDING jobs one submitter (until tokens exist: the client's IP address) may have at "
-          "once; its next SubmitJob gets RESOURCE_EXHAUSTED.");
+          "PENDING jobs one submitter (its identity's name; without --token_file the client's IP "
+          "address) may have at once; its next SubmitJob gets RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int, max_send_message_bytes, 4 << 20,
           "Largest reply the gRPC server sends; a bigger one gets RESOURCE_EXHAUSTED.");
 ABSL_FLAG(absl::Duration, grpc_keepalive_time, absl::Minutes(1),
@@ -84,6 +104,9 @@ bool IsLoopback(const std::string& address) {
   return absl::StartsWith(address, "127.") || absl::StartsWith(address, "localhost:") ||
          absl::StartsWith(address, "[::1]:");
 }
+
+// How often a plaintext coordinator on a non-loopback address says so.
+constexpr absl::Duration kInsecureWarningPeriod = absl::Minutes(1);
 
 }  // namespace
 
@@ -154,24 +177,55 @@ int main(int argc, char** argv) {
                      "--grpc_max_connection_idle must be >= 1s";
     return 2;
   }
-  if (!IsLoopback(options.listen_address) && !absl::GetFlag(FLAGS_insecure_bind_any)) {
-    ZS_LOG(ERROR) << "--listen=" << options.listen_address
-                  << " is not loopback; pass --insecure_bind_any to serve it without TLS";
+  options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
+  options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
+  options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
+  options.tls.require_client_cert = absl::GetFlag(FLAGS_tls_require_client_cert);
+  options.token_file = absl::GetFlag(FLAGS_token_file);
+  if (options.tls.cert_file.empty() != options.tls.key_file.empty()) {
+    ZS_LOG(ERROR) << "--tls_cert_file and --tls_key_file go together";
     return 2;
+  }
+  if (!options.tls.enabled() &&
+      (!options.tls.client_ca_file.empty() || options.tls.require_client_cert)) {
+    ZS_LOG(ERROR) << "--tls_client_ca_file and --tls_require_client_cert need --tls_cert_file and "
+                     "--tls_key_file";
+    return 2;
+  }
+  if (options.tls.require_client_cert && options.tls.client_ca_file.empty()) {
+    ZS_LOG(ERROR) << "--tls_require_client_cert needs --tls_client_ca_file";
+    return 2;
+  }
+  bool insecure = absl::GetFlag(FLAGS_insecure);
+  if (absl::GetFlag(FLAGS_insecure_bind_any)) {
+    ZS_LOG(WARNING) << "--insecure_bind_any is deprecated; use --insecure";
+    insecure = true;
+  }
+  const bool exposed = !IsLoopback(options.listen_address);
+  if (exposed && !options.tls.enabled() && !insecure) {
+    ZS_LOG(ERROR) << "--listen=" << options.listen_address
+                  << " is not loopback; serve it with TLS (--tls_cert_file, --tls_key_file), or "
+                     "pass --insecure to serve it in plaintext";
+    return 2;
+  }
+  if (exposed && options.tls.enabled() && options.token_file.empty()) {
+    ZS_LOG(WARNING) << "--listen=" << options.listen_address
+                    << " serves TLS without --token_file: anyone who can connect is an admin";
   }
   if (options.manager.lease.heartbeat_period < absl::Milliseconds(10) ||
       options.manager.lease.missed_heartbeats < 1) {
     ZS_LOG(ERROR) << "--heartbeat_period must be >= 10ms and --missed_heartbeats >= 1";
     return 2;
   }
-  // SIGINT and SIGTERM are blocked in every thread (threads inherit the mask, so block them
-  // before any starts) and taken synchronously with sigwait below: no handler runs, so nothing
-  // has to be async-signal-safe.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // SIGINT, SIGTERM and SIGHUP are blocked in every thread (threads inherit the mask, so block
+  // them before any starts) and taken synchronously with sigwait below: no handler runs, so
+  // nothing has to be async-signal-safe.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   auto server = CoordinatorServer::Start(options);
   if (!server.ok()) {
     ZS_LOG(ERROR) << "cannot start: " << server.status();
@@ -190,9 +244,34 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
+  absl::Notification stopping;
+  std::thread insecure_warning;
+  if (exposed && !options.tls.enabled()) {
+    insecure_warning = std::thread([&stopping, address = (*server)->grpc_target()] {
+      do {
+        ZS_LOG(WARNING) << "serving plaintext gRPC on non-loopback " << address
+                        << " (--insecure): tokens and data cross the network unencrypted";
+      } while (!stopping.WaitForNotificationWithTimeout(kInsecureWarningPeriod));
+    });
+  }
   int signal = 0;
-  sigwait(&stop_signals, &signal);
+  while (true) {
+    sigwait(&signals, &signal);
+    if (signal != SIGHUP) break;
+    if (options.token_file.empty()) {
+      ZS_LOG(WARNING) << "SIGHUP: no --token_file to reload (certificates reload only on restart)";
+      continue;
+    }
+    if (const absl::Status reloaded = (*server)->ReloadTokens(); reloaded.ok()) {
+      ZS_LOG(INFO) << "token file reloaded: " << (*server)->authenticator()->entries()
+                   << " identities";
+    } else {
+      ZS_LOG(ERROR) << "token file not reloaded, the previous table stays in use: " << reloaded;
+    }
+  }
   ZS_LOG(INFO) << "shutting down (signal " << signal << ")";
+  stopping.Notify();
+  if (insecure_warning.joinable()) insecure_warning.join();
   (*server)->Shutdown();
   return 0;
 }

@@ -3,6 +3,7 @@
 
 #include <limits>
 #include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/ids.h"
@@ -13,6 +14,10 @@ namespace {
 
 google::protobuf::Timestamp ToTimestamp(absl::Time t) {
   return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(t));
+}
+
+std::string DigestKey(const security::Sha256Digest& digest) {
+  return std::string(digest.begin(), digest.end());
 }
 
 bool IsLive(const v1::WorkerInfo& info) {
@@ -155,10 +160,44 @@ void WorkerRegistry::Assign(v1::WorkerInfo& worker, const v1::Assignment& assign
   }
 }
 
+void WorkerRegistry::SetSecret(const std::string& worker_id, const security::Sha256Digest& digest) {
+  auto it = number_by_id_.find(worker_id);
+  if (it == number_by_id_.end()) return;
+  RevokeSecret(worker_id);
+  workers_[it->second].secret_digest = digest;
+  number_by_secret_digest_[DigestKey(digest)] = it->second;
+}
+
+void WorkerRegistry::RevokeSecret(const std::string& worker_id) {
+  auto it = number_by_id_.find(worker_id);
+  if (it == number_by_id_.end()) return;
+  std::optional<security::Sha256Digest>& digest = workers_[it->second].secret_digest;
+  if (!digest.has_value()) return;
+  number_by_secret_digest_.erase(DigestKey(*digest));
+  digest.reset();
+}
+
+bool WorkerRegistry::SecretMatches(const std::string& worker_id, absl::string_view secret) const {
+  auto it = number_by_id_.find(worker_id);
+  if (it == number_by_id_.end()) return false;
+  const std::optional<security::Sha256Digest>& digest = workers_.at(it->second).secret_digest;
+  // Digests are compared, never the secret itself, so the comparison's timing tells nothing.
+  return digest.has_value() && *digest == security::Sha256(secret);
+}
+
+const v1::WorkerInfo* WorkerRegistry::FindBySecret(absl::string_view secret) const {
+  auto it = number_by_secret_digest_.find(DigestKey(security::Sha256(secret)));
+  if (it == number_by_secret_digest_.end()) return nullptr;
+  return &workers_.at(it->second).info;
+}
+
 void WorkerRegistry::ForgetGone(absl::Time horizon) {
   for (auto it = workers_.begin(); it != workers_.end();) {
     const v1::WorkerInfo& info = it->second.info;
     if (!IsLive(info) && it->second.lease_end < horizon) {
+      if (it->second.secret_digest.has_value()) {
+        number_by_secret_digest_.erase(DigestKey(*it->second.secret_digest));
+      }
       number_by_id_.erase(info.id());
       it = workers_.erase(it);
     } else {

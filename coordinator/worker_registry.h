@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "security/identity.h"
 #include "zeroshard/v1/coordinator.pb.h"
 #include "zeroshard/v1/worker.pb.h"
 
@@ -77,6 +79,16 @@ class WorkerRegistry {
   // Sets a worker's assignment and the state that follows from it (RUN -> BUSY, else IDLE).
   void Assign(v1::WorkerInfo& worker, const v1::Assignment& assignment);
 
+  // Worker secrets (docs/api.md, "Identities and roles"): only their SHA-256 is kept. Setting a
+  // worker's secret replaces the one it had; a worker's secret goes with the worker.
+  void SetSecret(const std::string& worker_id, const security::Sha256Digest& digest);
+  // The worker's secret stops working (it registered again under another id).
+  void RevokeSecret(const std::string& worker_id);
+  // Whether `secret` is the secret of `worker_id` (known, live or not).
+  bool SecretMatches(const std::string& worker_id, absl::string_view secret) const;
+  // The worker whose secret `secret` is, or nullptr.
+  const v1::WorkerInfo* FindBySecret(absl::string_view secret) const;
+
   // Forgets dead and departed workers whose lease ended (last heartbeat + lease) before
   // `horizon`; a dead worker died when its lease ended.
   void ForgetGone(absl::Time horizon);
@@ -85,6 +97,8 @@ class WorkerRegistry {
   struct Entry {
     v1::WorkerInfo info;
     absl::Time lease_end;
+    // The SHA-256 of its secret, once set.
+    std::optional<security::Sha256Digest> secret_digest;
   };
 
   // Adds a live, idle worker numbered `number` (not in use).
@@ -95,6 +109,8 @@ class WorkerRegistry {
   // Ordered by registration number, so listings and scheduling are deterministic.
   std::map<int64_t, Entry> workers_;
   absl::flat_hash_map<std::string, int64_t> number_by_id_;
+  // Worker number by secret digest, for the secrets set.
+  absl::flat_hash_map<std::string, int64_t> number_by_secret_digest_;
 };
 
 }  // namespace zeroshard::coordinator

@@ -1,0 +1,169 @@
+// Tests of the zeroshard-coordinator binary's security flags, run as a real process: SIGHUP
+// reloads --token_file, and a non-loopback --listen without TLS is refused unless --insecure.
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "zeroshard/v1/coordinator.grpc.pb.h"
+
+namespace zeroshard::coordinator {
+namespace {
+
+constexpr absl::Duration kDeadline = absl::Seconds(20);
+constexpr char kOldToken[] = "old-admin-token-0123456789";
+constexpr char kNewToken[] = "new-admin-token-0123456789";
+
+std::string TestDir() {
+  const std::string dir =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
+                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::string Binary() {
+  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/zeroshard/coordinator/zeroshard-coordinator");
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  // Replaced whole (rename), as an operator's editor or config tool would.
+  const std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << text;
+  std::filesystem::rename(tmp, path);
+}
+
+// Runs the binary with `flags`, stderr into `log`. Returns the child's pid.
+pid_t Spawn(const std::vector<std::string>& flags, const std::string& log) {
+  std::vector<std::string> args = {Binary()};
+  args.insert(args.end(), flags.begin(), flags.end());
+  const pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> argv;
+    for (std::string& arg : args) argv.push_back(arg.data());
+    argv.push_back(nullptr);
+    if (std::freopen(log.c_str(), "w", stderr) == nullptr) _exit(126);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// The child's exit code once it exits within kDeadline; -1 if it does not (it is then killed).
+int AwaitExit(pid_t pid) {
+  const absl::Time deadline = absl::Now() + kDeadline;
+  int status = 0;
+  while (absl::Now() < deadline) {
+    if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  kill(pid, SIGKILL);
+  waitpid(pid, &status, 0);
+  return -1;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+grpc::StatusCode ListJobsWith(v1::Coordinator::Stub& stub, const std::string& token) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+  v1::ListJobsRequest request;
+  v1::ListJobsResponse response;
+  return stub.ListJobs(&context, request, &response).error_code();
+}
+
+TEST(CoordinatorMainTest, SighupReloadsTheTokenFile) {
+  const std::string dir = TestDir();
+  const std::string tokens = dir + "/tokens.txt";
+  WriteFile(tokens, absl::StrCat(kOldToken, " admin ops\n"));
+  const std::string port_file = dir + "/ports";
+  const std::string log = dir + "/coordinator.log";
+  const pid_t pid = Spawn({"--listen=127.0.0.1:0", "--metrics_port=-1", "--state_dir=" + dir,
+                           "--port_file=" + port_file, "--token_file=" + tokens},
+                          log);
+  ASSERT_GT(pid, 0);
+  int grpc_port = 0;
+  const absl::Time started_by = absl::Now() + kDeadline;
+  while (absl::Now() < started_by) {
+    std::ifstream ports(port_file);
+    int metrics_port = 0;
+    if (ports >> grpc_port >> metrics_port && grpc_port > 0) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  ASSERT_GT(grpc_port, 0) << ReadFile(log);
+  std::unique_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", grpc_port), grpc::InsecureChannelCredentials()));
+  EXPECT_EQ(ListJobsWith(*stub, kOldToken), grpc::StatusCode::OK);
+  EXPECT_EQ(ListJobsWith(*stub, kNewToken), grpc::StatusCode::UNAUTHENTICATED);
+
+  WriteFile(tokens, absl::StrCat(kNewToken, " admin ops\n"));
+  ASSERT_EQ(kill(pid, SIGHUP), 0);
+  const absl::Time reloaded_by = absl::Now() + kDeadline;
+  while (absl::Now() < reloaded_by && ListJobsWith(*stub, kNewToken) != grpc::StatusCode::OK) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(ListJobsWith(*stub, kNewToken), grpc::StatusCode::OK);
+  EXPECT_EQ(ListJobsWith(*stub, kOldToken), grpc::StatusCode::UNAUTHENTICATED);
+
+  // A broken file keeps the table in use.
+  WriteFile(tokens, "this line is not a token entry\n");
+  ASSERT_EQ(kill(pid, SIGHUP), 0);
+  const absl::Time logged_by = absl::Now() + kDeadline;
+  while (absl::Now() < logged_by && !absl::StrContains(ReadFile(log), "not reloaded")) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(absl::StrContains(ReadFile(log), "token file reloaded: 1 identities"));
+  EXPECT_TRUE(absl::StrContains(ReadFile(log), "not reloaded")) << ReadFile(log);
+  EXPECT_EQ(ListJobsWith(*stub, kNewToken), grpc::StatusCode::OK);
+
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  EXPECT_EQ(AwaitExit(pid), 0) << ReadFile(log);
+}
+
+TEST(CoordinatorMainTest, NonLoopbackWithoutTlsIsRefusedUnlessInsecure) {
+  const std::string dir = TestDir();
+  const std::string log = dir + "/refused.log";
+  const pid_t refused =
+      Spawn({"--listen=0.0.0.0:0", "--metrics_port=-1", "--state_dir=" + dir}, log);
+  ASSERT_GT(refused, 0);
+  EXPECT_EQ(AwaitExit(refused), 2);
+  EXPECT_TRUE(absl::StrContains(ReadFile(log), "--insecure")) << ReadFile(log);
+
+  // With --insecure it serves, and says at once that it is plaintext on the network.
+  const std::string port_file = dir + "/ports";
+  const std::string insecure_log = dir + "/insecure.log";
+  const pid_t served = Spawn({"--listen=0.0.0.0:0", "--metrics_port=-1", "--state_dir=" + dir,
+                              "--port_file=" + port_file, "--insecure"},
+                             insecure_log);
+  ASSERT_GT(served, 0);
+  const absl::Time warned_by = absl::Now() + kDeadline;
+  while (absl::Now() < warned_by &&
+         !absl::StrContains(ReadFile(insecure_log), "serving plaintext gRPC on non-loopback")) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(absl::StrContains(ReadFile(insecure_log), "serving plaintext gRPC on non-loopback"))
+      << ReadFile(insecure_log);
+  ASSERT_EQ(kill(served, SIGTERM), 0);
+  EXPECT_EQ(AwaitExit(served), 0) << ReadFile(insecure_log);
+}
+
+}  // namespace
+}  // namespace zeroshard::coordinator
