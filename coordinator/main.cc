@@ -2,6 +2,7 @@
 // checking and reflection) and Prometheus /metrics; keeps job state in SQLite under --state_dir.
 #include <pthread.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <string>
@@ -24,6 +25,9 @@ ABSL_FLAG(bool, insecure, false,
           "Serve a non-loopback --listen address without TLS (trusted networks only); a warning "
           "is logged every minute while it does.");
 ABSL_FLAG(bool, insecure_bind_any, false, "Deprecated alias of --insecure.");
+ABSL_FLAG(absl::Duration, insecure_warning_period, absl::Minutes(1),
+          "With --insecure on a non-loopback address, the warning is logged again this often "
+          "(at least 100ms; tests shorten it).");
 ABSL_FLAG(std::string, tls_cert_file, "",
           "The coordinator's TLS certificate chain (PEM); with --tls_key_file turns TLS on for "
           "the gRPC port. Certificates are read at start only: restart the coordinator to "
@@ -106,7 +110,6 @@ bool IsLoopback(const std::string& address) {
 }
 
 // How often a plaintext coordinator on a non-loopback address says so.
-constexpr absl::Duration kInsecureWarningPeriod = absl::Minutes(1);
 
 }  // namespace
 
@@ -247,11 +250,13 @@ int main(int argc, char** argv) {
   absl::Notification stopping;
   std::thread insecure_warning;
   if (exposed && !options.tls.enabled()) {
-    insecure_warning = std::thread([&stopping, address = (*server)->grpc_target()] {
+    const absl::Duration period =
+        std::max(absl::Milliseconds(100), absl::GetFlag(FLAGS_insecure_warning_period));
+    insecure_warning = std::thread([&stopping, period, address = (*server)->grpc_target()] {
       do {
         ZS_LOG(WARNING) << "serving plaintext gRPC on non-loopback " << address
                         << " (--insecure): tokens and data cross the network unencrypted";
-      } while (!stopping.WaitForNotificationWithTimeout(kInsecureWarningPeriod));
+      } while (!stopping.WaitForNotificationWithTimeout(period));
     });
   }
   int signal = 0;
