@@ -2,7 +2,8 @@
 // N simulated workers, each sending its own unary Heartbeat at the coordinator's period; then
 // heartbeats as fast as the clients can send (saturation); then a 1,024-worker job's scheduling
 // time. --security=tls_tokens runs it with TLS and a token file, the workers presenting a worker
-// token and their registration's secret; --security=both alternates the two on fresh
+// token and their registration's secret, after a self-check that the coordinator refuses calls
+// without them (the run fails otherwise); --security=both alternates the two on fresh
 // coordinators. Prints one JSON object per line: the phases of each round, then per
 // configuration the summary ("bench":"coordinator_load", medians over the rounds) and, for both,
 // the TLS configuration's ratios to plaintext ("bench":"coordinator_load_tls_cost").
@@ -86,6 +87,21 @@ absl::StatusOr<RoundResult> RunRound(Security security, int round, const std::st
   const absl::Time register_start = absl::Now();
   result.errors += bench->RegisterWorkers(workers);
   const absl::Duration register_time = absl::Now() - register_start;
+  if (security == Security::kTlsTokens) {
+    // A secured figure without enforcement would measure TLS alone: refuse to produce one.
+    const absl::Status enforced =
+        bench->CheckEnforcement(server->grpc_target(), worker_credentials);
+    if (!enforced.ok()) {
+      server->Shutdown();
+      std::filesystem::remove_all(state_dir);
+      return enforced;
+    }
+    std::printf(
+        "{\"bench\":\"coordinator_enforcement\",\"security\":\"%s\",\"round\":%d,"
+        "\"no_secret\":\"PERMISSION_DENIED\",\"wrong_secret\":\"PERMISSION_DENIED\","
+        "\"no_token\":\"UNAUTHENTICATED\"}\n",
+        name, round);
+  }
 
   CallLog periodic;
   bench->PeriodicHeartbeats(period, absl::Seconds(absl::GetFlag(FLAGS_duration_s)),

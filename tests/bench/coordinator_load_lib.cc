@@ -37,6 +37,27 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// One blocking Heartbeat as `worker_id`, with `secret` unless empty.
+grpc::Status HeartbeatOnce(v1::Coordinator::Stub& stub, const std::string& worker_id,
+                           const std::string& secret) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  if (!secret.empty()) context.AddMetadata(security::kWorkerSecretKey, secret);
+  v1::HeartbeatRequest request;
+  request.set_worker_id(worker_id);
+  v1::HeartbeatResponse response;
+  return stub.Heartbeat(&context, request, &response);
+}
+
+absl::Status ExpectCode(const grpc::Status& status, grpc::StatusCode expected,
+                        absl::string_view call) {
+  if (status.error_code() == expected) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("the coordinator does not enforce identities and roles: ", call, " gave code ",
+                   static_cast<int>(status.error_code()), " (", status.error_message(),
+                   "), expected ", static_cast<int>(expected)));
+}
+
 struct HeartbeatCall {
   grpc::ClientContext context;
   v1::HeartbeatRequest request;
@@ -207,6 +228,36 @@ int64_t LoadBench::RegisterWorkers(int n) {
   }
   in_flight.AwaitAtMost(0);
   return errors.load();
+}
+
+absl::Status LoadBench::CheckEnforcement(const std::string& target,
+                                         const security::ClientCredentials& worker_credentials) {
+  if (workers() < 2) return absl::InvalidArgumentError("the check needs two registered workers");
+  for (int64_t i = 0; i < workers(); ++i) {
+    if (worker_ids_[i].empty() || secrets_[i]->Get().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the coordinator does not enforce identities and roles: worker ", i,
+                       " has no worker_secret from RegisterWorker"));
+    }
+  }
+  ZS_RETURN_IF_ERROR(ExpectCode(HeartbeatOnce(StubFor(0), worker_ids_[0], ""),
+                                grpc::StatusCode::PERMISSION_DENIED,
+                                "a Heartbeat without a secret"));
+  ZS_RETURN_IF_ERROR(ExpectCode(HeartbeatOnce(StubFor(0), worker_ids_[0], secrets_[1]->Get()),
+                                grpc::StatusCode::PERMISSION_DENIED,
+                                "a Heartbeat with another worker's secret"));
+  security::ClientCredentials no_token = worker_credentials;
+  no_token.token.clear();
+  grpc::ChannelArguments args;
+  args.SetInt("zeroshard.bench_channel", -2);  // its own connection
+  ZS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                      security::CreateCoordinatorChannel(target, no_token, args));
+  std::unique_ptr<Stub> tokenless = v1::Coordinator::NewStub(channel);
+  ZS_RETURN_IF_ERROR(ExpectCode(HeartbeatOnce(*tokenless, worker_ids_[0], secrets_[0]->Get()),
+                                grpc::StatusCode::UNAUTHENTICATED, "a Heartbeat without a token"));
+  // And the credentials the load uses are accepted.
+  return ExpectCode(HeartbeatOnce(StubFor(0), worker_ids_[0], secrets_[0]->Get()),
+                    grpc::StatusCode::OK, "a Heartbeat with the worker token and its secret");
 }
 
 // Sends one Heartbeat with the async callback API; `done(ok, latency)` runs on a gRPC thread.

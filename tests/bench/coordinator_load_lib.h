@@ -102,6 +102,13 @@ class LoadBench {
   // failed registrations.
   int64_t RegisterWorkers(int n);
 
+  // Proves, after RegisterWorkers against a coordinator with TLS and a token file, that it
+  // enforces identities and roles, so that a secured run measures the checks: every worker got
+  // a secret, a Heartbeat without its secret or with another worker's is PERMISSION_DENIED, and
+  // one on `target` without a token (TLS only) is UNAUTHENTICATED. Three calls.
+  absl::Status CheckEnforcement(const std::string& target,
+                                const security::ClientCredentials& worker_credentials);
+
   // Every worker beats once per `period` (spread evenly over the period) for `duration`, paced
   // by `threads` threads.
   void PeriodicHeartbeats(absl::Duration period, absl::Duration duration, int threads,

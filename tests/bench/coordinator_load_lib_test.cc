@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -89,6 +90,34 @@ TEST_F(SecuredCoordinatorTest, PlaintextWorkersAreRefused) {
       server_->grpc_target(), security::ClientCredentials(), security::ClientCredentials(), 1);
   ASSERT_TRUE(bench.ok()) << bench.status();
   EXPECT_EQ((*bench)->RegisterWorkers(2), 2);
+}
+
+TEST_F(SecuredCoordinatorTest, EnforcementCheckPassesWhenIdentitiesAreEnforced) {
+  absl::StatusOr<std::unique_ptr<LoadBench>> bench =
+      LoadBench::Create(server_->grpc_target(), credentials_.worker, credentials_.admin, 2);
+  ASSERT_TRUE(bench.ok()) << bench.status();
+  ASSERT_EQ((*bench)->RegisterWorkers(2), 0);
+  EXPECT_TRUE((*bench)->CheckEnforcement(server_->grpc_target(), credentials_.worker).ok());
+}
+
+TEST_F(SecuredCoordinatorTest, EnforcementCheckFailsWithoutATokenFile) {
+  // The same TLS, no token file: every caller is an admin, so nothing is refused.
+  coordinator::CoordinatorServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_port = -1;
+  options.state_dir = absl::StrCat(dir_, "/../open-state");
+  options.tls = credentials_.server_tls;
+  absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> open =
+      coordinator::CoordinatorServer::Start(options);
+  ASSERT_TRUE(open.ok()) << open.status();
+  absl::StatusOr<std::unique_ptr<LoadBench>> bench =
+      LoadBench::Create((*open)->grpc_target(), credentials_.worker, credentials_.admin, 1);
+  ASSERT_TRUE(bench.ok()) << bench.status();
+  ASSERT_EQ((*bench)->RegisterWorkers(2), 0);
+  const absl::Status checked =
+      (*bench)->CheckEnforcement((*open)->grpc_target(), credentials_.worker);
+  EXPECT_EQ(checked.code(), absl::StatusCode::kFailedPrecondition) << checked;
+  (*open)->Shutdown();
 }
 
 }  // namespace

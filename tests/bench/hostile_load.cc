@@ -53,8 +53,8 @@ ABSL_FLAG(absl::Duration, probe_interval, absl::Milliseconds(100),
 ABSL_FLAG(int, setup_s, 10,
           "Seconds of heartbeats while the held calls are opened (longer than their set-up).");
 ABSL_FLAG(std::string, coordinator_binary, "",
-          "Run this zeroshard-coordinator as a child process (plaintext) instead of in-process, "
-          "so that RSS and threads are the coordinator's alone.");
+          "Run this zeroshard-coordinator as a child process (with --security's TLS and token "
+          "flags) instead of in-process, so that RSS and threads are the coordinator's alone.");
 ABSL_FLAG(std::string, security, "plaintext",
           "plaintext, tls_tokens or both (as coordinator_load).");
 ABSL_FLAG(int, rounds, 1,
@@ -84,8 +84,8 @@ int64_t ProcStatus(pid_t pid, const std::string& name) {
 }
 
 // The coordinator under test: in this process (its RSS and threads then include the simulated
-// clients'), or a zeroshard-coordinator child process (--coordinator_binary; plaintext only,
-// as the binary has no TLS flags yet), whose RSS and threads are the coordinator's alone.
+// clients'), or a zeroshard-coordinator child process (--coordinator_binary, given the same TLS
+// files and token file as flags), whose RSS and threads are the coordinator's alone.
 // Thread contract: Start and destroy on one thread; the accessors from any.
 class CoordinatorUnderTest {
  public:
@@ -98,14 +98,21 @@ class CoordinatorUnderTest {
       started->metrics_port_ = started->server_->metrics_port();
       return started;
     }
-    if (options.tls.enabled()) {
-      return absl::InvalidArgumentError("--coordinator_binary runs plaintext only");
-    }
     const std::string port_file = options.state_dir + "/ports";
     const std::string log = options.state_dir + ".log";
     std::vector<std::string> args = {binary, "--listen=127.0.0.1:0", "--metrics_port=0",
                                      "--state_dir=" + options.state_dir,
                                      "--port_file=" + port_file};
+    // The same security as an in-process coordinator gets from `options`.
+    if (options.tls.enabled()) {
+      args.push_back("--tls_cert_file=" + options.tls.cert_file);
+      args.push_back("--tls_key_file=" + options.tls.key_file);
+      if (!options.tls.client_ca_file.empty()) {
+        args.push_back("--tls_client_ca_file=" + options.tls.client_ca_file);
+      }
+      if (options.tls.require_client_cert) args.push_back("--tls_require_client_cert");
+    }
+    if (!options.token_file.empty()) args.push_back("--token_file=" + options.token_file);
     std::vector<char*> argv;
     for (std::string& arg : args) argv.push_back(arg.data());
     argv.push_back(nullptr);
@@ -363,6 +370,15 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
   const int64_t register_errors = bench->RegisterWorkers(absl::GetFlag(FLAGS_workers));
   if (register_errors != 0) {
     return absl::UnavailableError(absl::StrCat(register_errors, " registrations failed"));
+  }
+  if (security == Security::kTlsTokens) {
+    // A secured figure without enforcement would measure TLS alone: refuse to produce one.
+    ZS_RETURN_IF_ERROR(bench->CheckEnforcement(server->target(), worker_credentials));
+    std::printf(
+        "{\"bench\":\"hostile_load_enforcement\",\"security\":\"%s\",\"coordinator\":\"%s\","
+        "\"round\":%d,\"no_secret\":\"PERMISSION_DENIED\",\"wrong_secret\":\"PERMISSION_DENIED\","
+        "\"no_token\":\"UNAUTHENTICATED\"}\n",
+        name, server->where(), round);
   }
   // The watched jobs run on simulated workers that never report progress: no events after the
   // start. Their RUNNING generation is the namespace the parked Gets wait in (the store has
