@@ -42,15 +42,6 @@ namespace {
 using ::google::protobuf::util::MessageDifferencer;
 using Stub = v1::Coordinator::Stub;
 
-v1::StepMetrics Metrics(int64_t step) {
-  v1::StepMetrics metrics;
-  metrics.set_step(step);
-  metrics.set_loss(0.5);
-  metrics.set_step_ms(1.0);
-  metrics.set_loss_scale(1.0);
-  return metrics;
-}
-
 // `spec` running exactly `steps` steps: a rank may report finished only at its last step.
 v1::JobSpec WithSteps(v1::JobSpec spec, int64_t steps) {
   spec.set_steps(steps);

@@ -64,15 +64,6 @@ const std::map<std::string, std::set<std::string>>& DocumentedRoles() {
   return *table;
 }
 
-v1::StepMetrics Metrics(int64_t step) {
-  v1::StepMetrics metrics;
-  metrics.set_step(step);
-  metrics.set_loss(0.5);
-  metrics.set_step_ms(1.0);
-  metrics.set_loss_scale(1.0);
-  return metrics;
-}
-
 class RolesTest : public ::testing::Test {
  protected:
   void SetUp() override {

@@ -1,8 +1,9 @@
-// What tests that call a real coordinator over gRPC share: a deadline for each call and a small
-// job spec.
+// What tests that call a real coordinator over gRPC share: a deadline for each call, a small job
+// spec and a progress report's metrics.
 #ifndef ZEROSHARD_COORDINATOR_TEST_RPC_SUPPORT_H_
 #define ZEROSHARD_COORDINATOR_TEST_RPC_SUPPORT_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/time/clock.h"
@@ -28,6 +29,16 @@ inline v1::JobSpec Spec(const std::string& name, int workers) {
   spec.set_max_workers(workers);
   spec.set_global_batch(128);
   return spec;
+}
+
+// Metrics of a rank's report at `step` (fixed loss and timings).
+inline v1::StepMetrics Metrics(int64_t step) {
+  v1::StepMetrics metrics;
+  metrics.set_step(step);
+  metrics.set_loss(0.5);
+  metrics.set_step_ms(1.0);
+  metrics.set_loss_scale(1.0);
+  return metrics;
 }
 
 }  // namespace zeroshard::coordinator

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -15,19 +14,12 @@
 #include "common/status_macros.h"
 #include "security/identity.h"
 #include "security/metadata.h"
+#include "security/test_certificates.h"
 
 namespace zeroshard::bench {
 namespace {
 
 constexpr int kWorkersPerHost = 64;
-
-absl::Status RunOpenssl(const std::string& command, const std::string& log) {
-  const std::string full = absl::StrCat("(", command, ") >>'", log, "' 2>&1");
-  if (std::system(full.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("openssl failed (see ", log, "): ", command));
-  }
-  return absl::OkStatus();
-}
 
 absl::Status WriteFile(const std::string& path, const std::string& text) {
   std::ofstream out(path);
@@ -90,30 +82,13 @@ absl::StatusOr<std::vector<Security>> ParseSecurityFlag(absl::string_view flag) 
 }
 
 absl::StatusOr<BenchCredentials> MakeTlsAndTokens(const std::string& dir) {
-  const std::string log = absl::StrCat(dir, "/openssl.log");
-  const std::string key_options = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  ZS_ASSIGN_OR_RETURN(security::TestCertificateAuthority ca,
+                      security::TestCertificateAuthority::Create(dir, "zeroshard-bench-ca"));
+  ZS_ASSIGN_OR_RETURN(security::CertificateFiles server, ca.Issue("zeroshard-bench-coordinator"));
   BenchCredentials made;
-  const std::string ca_cert = absl::StrCat(dir, "/ca.pem");
-  const std::string ca_key = absl::StrCat(dir, "/ca.key");
-  made.server_tls.cert_file = absl::StrCat(dir, "/server.pem");
-  made.server_tls.key_file = absl::StrCat(dir, "/server.key");
-  ZS_RETURN_IF_ERROR(RunOpenssl(absl::StrCat("openssl req -x509 ", key_options,
-                                             " -days 2 -subj '/CN=zeroshard-bench-ca' -keyout '",
-                                             ca_key, "' -out '", ca_cert, "'"),
-                                log));
-  ZS_RETURN_IF_ERROR(
-      RunOpenssl(absl::StrCat("openssl req -new ", key_options,
-                              " -subj '/CN=zeroshard-bench-coordinator' -keyout '",
-                              made.server_tls.key_file, "' -out '", dir, "/server.csr'"),
-                 log));
-  ZS_RETURN_IF_ERROR(
-      WriteFile(absl::StrCat(dir, "/server.ext"), "subjectAltName=IP:127.0.0.1,DNS:localhost\n"));
-  ZS_RETURN_IF_ERROR(
-      RunOpenssl(absl::StrCat("openssl x509 -req -days 1 -in '", dir, "/server.csr' -CA '", ca_cert,
-                              "' -CAkey '", ca_key, "' -CAcreateserial -extfile '", dir,
-                              "/server.ext' -out '", made.server_tls.cert_file, "'"),
-                 log));
-
+  made.server_tls.cert_file = server.cert;
+  made.server_tls.key_file = server.key;
+  const std::string& ca_cert = ca.ca_cert();
   made.worker.tls.ca_file = ca_cert;
   made.worker.token = security::RandomSecret();
   made.admin.tls.ca_file = ca_cert;
