@@ -36,9 +36,10 @@ absl::StatusOr<TestCertificateAuthority> TestCertificateAuthority::Create(const 
   ca.dir_ = absl::StrCat(dir, "/", name);
   ca.ca_ = {absl::StrCat(ca.dir_, "/ca.pem"), absl::StrCat(ca.dir_, "/ca.key")};
   const std::string log = absl::StrCat(dir, "/", name, ".log");
-  if (absl::Status made = Run(absl::StrCat("mkdir -p '", ca.dir_, "/issued' && touch '", ca.dir_,
-                                           "/index.txt' && echo 1000 > '", ca.dir_, "/serial'"),
-                              log);
+  if (absl::Status made =
+          Run(absl::StrCat("rm -rf '", ca.dir_, "' && mkdir -p '", ca.dir_, "/issued' && touch '",
+                           ca.dir_, "/index.txt' && echo 1000 > '", ca.dir_, "/serial'"),
+              log);
       !made.ok()) {
     return made;
   }

@@ -19,7 +19,8 @@ enum class Validity { kValid, kExpired, kNotYetValid };
 // Thread contract: one thread at a time (it runs openssl in `dir`).
 class TestCertificateAuthority {
  public:
-  // Makes a CA named `name` (its certificate is ca_cert()) under `dir`, which must exist.
+  // Makes a CA named `name` (its certificate is ca_cert()) under `dir`, which must exist. A CA of
+  // the same name already there is replaced: its serials would clash with the new one's.
   static absl::StatusOr<TestCertificateAuthority> Create(const std::string& dir,
                                                          const std::string& name);
 

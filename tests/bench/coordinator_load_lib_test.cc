@@ -85,6 +85,27 @@ TEST_F(SecuredCoordinatorTest, WorkersRegisterAndBeatOverTlsWithTheirToken) {
   EXPECT_GE((*bench)->IndexOf(job->job.worker_ids(0)), 0);
 }
 
+TEST_F(SecuredCoordinatorTest, CredentialsMadeAgainInTheSameDirectoryWork) {
+  // Every benchmark round makes fresh credentials in one directory; the second CA must not trip
+  // over the first one's serials.
+  absl::StatusOr<BenchCredentials> again = MakeTlsAndTokens(dir_);
+  ASSERT_TRUE(again.ok()) << again.status();
+  coordinator::CoordinatorServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.metrics_port = -1;
+  options.state_dir = absl::StrCat(dir_, "/../second-state");
+  options.tls = again->server_tls;
+  options.token_file = again->token_file;
+  absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> second =
+      coordinator::CoordinatorServer::Start(options);
+  ASSERT_TRUE(second.ok()) << second.status();
+  absl::StatusOr<std::unique_ptr<LoadBench>> bench =
+      LoadBench::Create((*second)->grpc_target(), again->worker, again->admin, 1);
+  ASSERT_TRUE(bench.ok()) << bench.status();
+  EXPECT_EQ((*bench)->RegisterWorkers(2), 0);
+  (*second)->Shutdown();
+}
+
 TEST_F(SecuredCoordinatorTest, PlaintextWorkersAreRefused) {
   absl::StatusOr<std::unique_ptr<LoadBench>> bench = LoadBench::Create(
       server_->grpc_target(), security::ClientCredentials(), security::ClientCredentials(), 1);
