@@ -16,7 +16,7 @@ PACKAGES=(
   # Tests and benchmarks.
   libgtest-dev libgmock-dev googletest libbenchmark-dev
   # Collectives, storage, math, HTTP, config files.
-  libgloo-dev libsqlite3-dev sqlite3 libopenblas-dev libcpp-httplib-dev libyaml-cpp-dev
+  libgloo-dev libsqlite3-dev sqlite3 libopenblas-dev libyaml-cpp-dev
   libmicrohttpd-dev
   # libcrypto (token hashes, certificate checks) and the openssl tool the TLS tests run.
   libssl-dev openssl
