@@ -393,11 +393,11 @@ class JsonParser {
           out->push_back('\t');
           break;
         case 'u': {
-          uint32_t unit;
+          uint32_t unit = 0;  // Set by ParseHex4; initialized for -Wmaybe-uninitialized.
           ZS_RETURN_IF_ERROR(ParseHex4(&unit));
           if (unit >= 0xDC00 && unit <= 0xDFFF) return Error("unpaired low surrogate");
           if (unit >= 0xD800 && unit <= 0xDBFF) {
-            uint32_t low;
+            uint32_t low = 0;
             if (!Consume("\\u")) return Error("unpaired high surrogate");
             ZS_RETURN_IF_ERROR(ParseHex4(&low));
             if (low < 0xDC00 || low > 0xDFFF) return Error("unpaired high surrogate");
