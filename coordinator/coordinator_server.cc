@@ -66,8 +66,11 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   builder.AddListeningPort(options.listen_address, credentials, &server->grpc_port_);
   builder.RegisterService(server->service_.get());
   // Our own reflection, so it is authenticated like every other RPC (docs/api.md, "Reflection").
+  ReflectionOptions reflection = options.reflection;
+  // A larger answer could not be sent; it gets an error_response instead.
+  reflection.max_response_bytes = options.service.max_send_message_bytes;
   server->reflection_ =
-      std::make_unique<ReflectionService>(server->authenticator_.get(), options.reflection);
+      std::make_unique<ReflectionService>(server->authenticator_.get(), reflection);
   server->reflection_->AddTo(&builder);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.service.max_send_message_bytes);

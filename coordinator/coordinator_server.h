@@ -49,7 +49,8 @@ struct CoordinatorServerOptions {
   // The rendezvous store's limits (key and value sizes, keys and bytes per namespace, parked
   // Gets).
   RendezvousLimits rendezvous;
-  // Server reflection's limits (requests per stream, open streams, response size).
+  // Server reflection's limits (open streams, requests per stream); its largest answer is
+  // service.max_send_message_bytes.
   ReflectionOptions reflection;
   // HTTP/2 keepalive: the server pings a connection quiet this long (flag --grpc_keepalive_time)
   // and closes it when the ping is not answered within grpc_keepalive_timeout, which ends its

@@ -50,11 +50,10 @@ void SetFileWithDependencies(const google::protobuf::FileDescriptor* file,
     }
   }
   if (static_cast<int64_t>(out->ByteSizeLong()) > options.max_response_bytes) {
-    SetError(
-        absl::StatusCode::kResourceExhausted,
-        absl::StrCat("max_reflection_response_bytes: ", file->name(), " and its dependencies take ",
-                     out->ByteSizeLong(), " bytes, more than ", options.max_response_bytes),
-        response);
+    SetError(absl::StatusCode::kResourceExhausted,
+             absl::StrCat("max_send_message_bytes: ", file->name(), " and its dependencies take ",
+                          out->ByteSizeLong(), " bytes, more than ", options.max_response_bytes),
+             response);
   }
 }
 

@@ -25,7 +25,7 @@ struct ReflectionOptions {
   // Reflection streams open at once; more are refused with RESOURCE_EXHAUSTED.
   int64_t max_open_streams = 64;
   // A FileDescriptorResponse larger than this (the file and its dependencies) is answered with an
-  // error_response RESOURCE_EXHAUSTED instead.
+  // error_response RESOURCE_EXHAUSTED instead; the coordinator uses --max_send_message_bytes.
   int64_t max_response_bytes = 4 << 20;
 };
 
