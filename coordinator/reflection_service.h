@@ -61,7 +61,8 @@ class ReflectionService {
   // before BuildAndStart.
   void AddTo(grpc::ServerBuilder* builder);
 
-  // The fully qualified services of the server this was added to; empty before it starts.
+  // The fully qualified services of the server this was added to; empty before it is built.
+  // Reads the server's own list, so only while that server exists.
   std::vector<std::string> Services() const;
 
   // Streams open now (tests).
