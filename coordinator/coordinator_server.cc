@@ -10,10 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/impl/server_builder_option.h"
-#include "grpcpp/impl/server_builder_plugin.h"
 #include "grpcpp/server_builder.h"
 
 namespace zeroshard::coordinator {
@@ -24,27 +21,6 @@ int ToIntMilliseconds(absl::Duration duration) {
   return static_cast<int>(
       std::clamp<int64_t>(absl::ToInt64Milliseconds(duration), 1, std::numeric_limits<int>::max()));
 }
-
-// Drops gRPC's reflection service from one server. InitProtoReflectionServerBuilderPlugin adds
-// it to every server the process builds, and gRPC 1.51 gives its handler no hook where our
-// authenticator could refuse a call with PERMISSION_DENIED: a server interceptor can only cancel
-// it (CANCELLED), and an AuthMetadataProcessor exists for TLS ports only. So a coordinator that
-// authenticates serves no reflection at all.
-class WithoutReflection final : public grpc::ServerBuilderOption {
- public:
-  void UpdateArguments(grpc::ChannelArguments*) override {}
-  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
-    plugins->erase(std::remove_if(plugins->begin(), plugins->end(),
-                                  [](const std::unique_ptr<grpc::ServerBuilderPlugin>& plugin) {
-                                    return plugin->name() == kReflectionPluginName;
-                                  }),
-                   plugins->end());
-  }
-
- private:
-  // ProtoServerReflectionPlugin::name().
-  static constexpr char kReflectionPluginName[] = "proto_server_reflection";
-};
 
 }  // namespace
 
@@ -86,13 +62,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
       server->authenticator_.get(), options.service);
 
   grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address, credentials, &server->grpc_port_);
   builder.RegisterService(server->service_.get());
-  if (server->authenticator_->enabled()) {
-    builder.SetOption(std::make_unique<WithoutReflection>());
-  }
+  // Our own reflection, so it is authenticated like every other RPC (docs/api.md, "Reflection").
+  ReflectionOptions reflection = options.reflection;
+  // A larger answer could not be sent; it gets an error_response instead.
+  reflection.max_response_bytes = options.service.max_send_message_bytes;
+  server->reflection_ =
+      std::make_unique<ReflectionService>(server->authenticator_.get(), reflection);
+  server->reflection_->AddTo(&builder);
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.service.max_send_message_bytes);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,

@@ -1,5 +1,5 @@
 // A running coordinator: the durable store, rendezvous store, job manager, the gRPC server
-// (with health checking, and reflection unless it authenticates callers), the /metrics HTTP
+// (with health checking and server reflection), the /metrics HTTP
 // endpoint and the ticker that expires leases. `zeroshard-coordinator` is a thin main around it;
 // service tests run it in-process.
 #ifndef ZEROSHARD_COORDINATOR_COORDINATOR_SERVER_H_
@@ -16,6 +16,7 @@
 #include "coordinator/http_server.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/metrics.h"
+#include "coordinator/reflection_service.h"
 #include "coordinator/rendezvous_store.h"
 #include "grpcpp/server.h"
 #include "security/authenticator.h"
@@ -48,6 +49,9 @@ struct CoordinatorServerOptions {
   // The rendezvous store's limits (key and value sizes, keys and bytes per namespace, parked
   // Gets).
   RendezvousLimits rendezvous;
+  // Server reflection's limits (open streams, requests per stream); its largest answer is
+  // service.max_send_message_bytes.
+  ReflectionOptions reflection;
   // HTTP/2 keepalive: the server pings a connection quiet this long (flag --grpc_keepalive_time)
   // and closes it when the ping is not answered within grpc_keepalive_timeout, which ends its
   // calls (a watcher whose host vanished is cancelled and freed).
@@ -92,6 +96,7 @@ class CoordinatorServer {
   std::unique_ptr<JobManager> manager_;
   std::unique_ptr<security::Authenticator> authenticator_;
   std::unique_ptr<CoordinatorService> service_;
+  std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HttpServer> http_;
   std::thread ticker_;

@@ -1208,6 +1208,10 @@ TEST_F(CoordinatorServiceTest, ReflectionListsTheCoordinatorService) {
   ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_TRUE(absl::StrContains(responses, "zeroshard.v1.Coordinator"));
   EXPECT_TRUE(absl::StrContains(responses, "grpc.health.v1.Health"));
+  // The coordinator's own reflection service, under both package names newer and older clients
+  // ask for.
+  EXPECT_TRUE(absl::StrContains(responses, "grpc.reflection.v1alpha.ServerReflection"));
+  EXPECT_TRUE(absl::StrContains(responses, "grpc.reflection.v1.ServerReflection"));
   queue.Shutdown();
   void* tag;
   bool ok;

@@ -87,6 +87,11 @@ ABSL_FLAG(int64_t, max_store_bytes_per_namespace, 64 << 20,
 ABSL_FLAG(int64_t, max_pending_jobs_per_submitter, 1000,
           "PENDING jobs one submitter (its identity's name; without --token_file the client's IP "
           "address) may have at once; its next SubmitJob gets RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_reflection_streams, 64,
+          "Server reflection streams open at once; one more gets RESOURCE_EXHAUSTED.");
+ABSL_FLAG(int64_t, max_reflection_requests_per_stream, 4096,
+          "Requests one server reflection stream may send; the stream then ends with "
+          "RESOURCE_EXHAUSTED (a client opens another).");
 ABSL_FLAG(int, max_send_message_bytes, 4 << 20,
           "Largest reply the gRPC server sends; a bigger one gets RESOURCE_EXHAUSTED.");
 ABSL_FLAG(absl::Duration, grpc_keepalive_time, absl::Minutes(1),
@@ -137,6 +142,9 @@ int main(int argc, char** argv) {
   options.service.max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams);
   options.service.max_watch_streams_per_peer = absl::GetFlag(FLAGS_max_watch_streams_per_peer);
   options.service.max_send_message_bytes = absl::GetFlag(FLAGS_max_send_message_bytes);
+  options.reflection.max_open_streams = absl::GetFlag(FLAGS_max_reflection_streams);
+  options.reflection.max_requests_per_stream =
+      absl::GetFlag(FLAGS_max_reflection_requests_per_stream);
   options.rendezvous.max_parked_gets = absl::GetFlag(FLAGS_max_parked_store_gets);
   options.rendezvous.max_bytes_per_namespace = absl::GetFlag(FLAGS_max_store_bytes_per_namespace);
   options.grpc_keepalive_time = absl::GetFlag(FLAGS_grpc_keepalive_time);
@@ -167,10 +175,12 @@ int main(int argc, char** argv) {
   if (options.service.max_watch_streams < 1 || options.service.max_watch_streams_per_peer < 1 ||
       options.rendezvous.max_parked_gets < 1 || options.rendezvous.max_bytes_per_namespace < 1 ||
       options.manager.max_pending_jobs_per_submitter < 1 ||
-      options.service.max_send_message_bytes < 1) {
+      options.service.max_send_message_bytes < 1 || options.reflection.max_open_streams < 1 ||
+      options.reflection.max_requests_per_stream < 1) {
     ZS_LOG(ERROR) << "--max_watch_streams, --max_watch_streams_per_peer, --max_parked_store_gets, "
-                     "--max_store_bytes_per_namespace, --max_pending_jobs_per_submitter and "
-                     "--max_send_message_bytes must be >= 1";
+                     "--max_store_bytes_per_namespace, --max_pending_jobs_per_submitter, "
+                     "--max_send_message_bytes, --max_reflection_streams and "
+                     "--max_reflection_requests_per_stream must be >= 1";
     return 2;
   }
   if (options.grpc_keepalive_time < absl::Seconds(1) ||

@@ -1,0 +1,321 @@
+// Server reflection answered from a descriptor pool, behind the coordinator's authentication.
+#include "coordinator/reflection_service.h"
+
+#include <type_traits>
+#include <utility>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/log_escape.h"
+#include "coordinator/authorization.h"
+#include "google/protobuf/descriptor.pb.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/impl/server_builder_plugin.h"
+#include "grpcpp/impl/server_initializer.h"
+
+namespace zeroshard::coordinator {
+namespace {
+
+using grpc::reflection::v1alpha::ServerReflectionRequest;
+using grpc::reflection::v1alpha::ServerReflectionResponse;
+
+// Error messages quote at most this much of a client's value (docs/api.md, "Limits").
+constexpr size_t kMaxQuotedBytes = 64;
+
+std::string Quoted(const std::string& value) {
+  return absl::StrCat("'", common::EscapeForLog(value.substr(0, kMaxQuotedBytes)),
+                      value.size() > kMaxQuotedBytes ? "...'" : "'");
+}
+
+void SetError(absl::StatusCode code, std::string message, ServerReflectionResponse* response) {
+  response->mutable_error_response()->set_error_code(static_cast<int32_t>(code));
+  response->mutable_error_response()->set_error_message(std::move(message));
+}
+
+// `file` first, then the files it imports, transitively, each once: enough for a client to build
+// a pool of its own that resolves every type `file` names.
+void SetFileWithDependencies(const google::protobuf::FileDescriptor* file,
+                             const ReflectionOptions& options, ServerReflectionResponse* response) {
+  std::vector<const google::protobuf::FileDescriptor*> files = {file};
+  absl::flat_hash_set<const google::protobuf::FileDescriptor*> seen = {file};
+  auto* out = response->mutable_file_descriptor_response();
+  for (size_t i = 0; i < files.size(); ++i) {
+    google::protobuf::FileDescriptorProto proto;
+    files[i]->CopyTo(&proto);
+    out->add_file_descriptor_proto(proto.SerializeAsString());
+    for (int d = 0; d < files[i]->dependency_count(); ++d) {
+      const google::protobuf::FileDescriptor* dependency = files[i]->dependency(d);
+      if (seen.insert(dependency).second) files.push_back(dependency);
+    }
+  }
+  if (static_cast<int64_t>(out->ByteSizeLong()) > options.max_response_bytes) {
+    SetError(absl::StatusCode::kResourceExhausted,
+             absl::StrCat("max_send_message_bytes: ", file->name(), " and its dependencies take ",
+                          out->ByteSizeLong(), " bytes, more than ", options.max_response_bytes),
+             response);
+  }
+}
+
+// The two packages' messages are wire-identical; v1 streams are answered through v1alpha.
+template <typename To, typename From>
+To Reencode(const From& from) {
+  if constexpr (std::is_same_v<To, From>) {
+    return from;
+  } else {
+    To to;
+    // Cannot fail: both sides declare the same fields with the same numbers and types.
+    to.ParseFromString(from.SerializeAsString());
+    return to;
+  }
+}
+
+}  // namespace
+
+ServerReflectionResponse AnswerReflectionRequest(const ServerReflectionRequest& request,
+                                                 const google::protobuf::DescriptorPool& pool,
+                                                 const std::vector<std::string>& services,
+                                                 const ReflectionOptions& options) {
+  ServerReflectionResponse response;
+  response.set_valid_host(request.host());
+  *response.mutable_original_request() = request;
+  switch (request.message_request_case()) {
+    case ServerReflectionRequest::kFileByFilename: {
+      const google::protobuf::FileDescriptor* file =
+          pool.FindFileByName(request.file_by_filename());
+      if (file == nullptr) {
+        SetError(absl::StatusCode::kNotFound,
+                 absl::StrCat("file ", Quoted(request.file_by_filename()), " not found"),
+                 &response);
+      } else {
+        SetFileWithDependencies(file, options, &response);
+      }
+      break;
+    }
+    case ServerReflectionRequest::kFileContainingSymbol: {
+      const google::protobuf::FileDescriptor* file =
+          pool.FindFileContainingSymbol(request.file_containing_symbol());
+      if (file == nullptr) {
+        SetError(absl::StatusCode::kNotFound,
+                 absl::StrCat("symbol ", Quoted(request.file_containing_symbol()), " not found"),
+                 &response);
+      } else {
+        SetFileWithDependencies(file, options, &response);
+      }
+      break;
+    }
+    case ServerReflectionRequest::kFileContainingExtension: {
+      const auto& extension = request.file_containing_extension();
+      const google::protobuf::Descriptor* type =
+          pool.FindMessageTypeByName(extension.containing_type());
+      const google::protobuf::FieldDescriptor* field =
+          type == nullptr ? nullptr
+                          : pool.FindExtensionByNumber(type, extension.extension_number());
+      if (type == nullptr) {
+        SetError(absl::StatusCode::kNotFound,
+                 absl::StrCat("message type ", Quoted(extension.containing_type()), " not found"),
+                 &response);
+      } else if (field == nullptr) {
+        SetError(absl::StatusCode::kNotFound,
+                 absl::StrCat("extension ", extension.extension_number(), " of ",
+                              Quoted(extension.containing_type()), " not found"),
+                 &response);
+      } else {
+        SetFileWithDependencies(field->file(), options, &response);
+      }
+      break;
+    }
+    case ServerReflectionRequest::kAllExtensionNumbersOfType: {
+      const google::protobuf::Descriptor* type =
+          pool.FindMessageTypeByName(request.all_extension_numbers_of_type());
+      if (type == nullptr) {
+        SetError(absl::StatusCode::kNotFound,
+                 absl::StrCat("message type ", Quoted(request.all_extension_numbers_of_type()),
+                              " not found"),
+                 &response);
+        break;
+      }
+      std::vector<const google::protobuf::FieldDescriptor*> extensions;
+      pool.FindAllExtensions(type, &extensions);
+      auto* numbers = response.mutable_all_extension_numbers_response();
+      numbers->set_base_type_name(type->full_name());
+      for (const google::protobuf::FieldDescriptor* extension : extensions) {
+        numbers->add_extension_number(extension->number());
+      }
+      break;
+    }
+    case ServerReflectionRequest::kListServices: {
+      auto* list = response.mutable_list_services_response();
+      for (const std::string& service : services) list->add_service()->set_name(service);
+      break;
+    }
+    case ServerReflectionRequest::MESSAGE_REQUEST_NOT_SET:
+      SetError(absl::StatusCode::kInvalidArgument,
+               "the request sets none of file_by_filename, file_containing_symbol, "
+               "file_containing_extension, all_extension_numbers_of_type, list_services",
+               &response);
+      break;
+  }
+  return response;
+}
+
+// One ServerReflectionInfo stream. Reads and writes alternate (a read starts only when the
+// previous answer is written), so no two of its callbacks run at once and it needs no lock.
+template <typename Request, typename Response>
+class ReflectionService::Stream final : public grpc::ServerBidiReactor<Request, Response> {
+ public:
+  Stream(ReflectionService* service, grpc::CallbackServerContext* context) : service_(service) {
+    const absl::Status admitted = service_->OpenStream(*context);
+    if (!admitted.ok()) {
+      this->Finish(common::ToGrpcStatus(admitted));
+      return;
+    }
+    counted_ = true;
+    this->StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    // Not ok: the client half-closed (or the call ended); every request has had its answer.
+    if (!ok) {
+      this->Finish(grpc::Status::OK);
+      return;
+    }
+    if (++requests_ > service_->options_.max_requests_per_stream) {
+      this->Finish(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat("max_reflection_requests_per_stream: this stream sent more than ",
+                       service_->options_.max_requests_per_stream,
+                       " requests; open another stream")));
+      return;
+    }
+    response_ = Reencode<Response>(
+        AnswerReflectionRequest(Reencode<ServerReflectionRequest>(request_), *service_->pool_,
+                                service_->Services(), service_->options_));
+    this->StartWrite(&response_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      this->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the reflection stream ended"));
+      return;
+    }
+    this->StartRead(&request_);
+  }
+
+  void OnDone() override {
+    if (counted_) service_->StreamClosed();
+    delete this;
+  }
+
+ private:
+  ReflectionService* const service_;
+  bool counted_ = false;
+  int64_t requests_ = 0;
+  Request request_;
+  Response response_;
+};
+
+class ReflectionService::V1AlphaService final
+    : public grpc::reflection::v1alpha::ServerReflection::CallbackService {
+ public:
+  explicit V1AlphaService(ReflectionService* service) : service_(service) {}
+
+  grpc::ServerBidiReactor<grpc::reflection::v1alpha::ServerReflectionRequest,
+                          grpc::reflection::v1alpha::ServerReflectionResponse>*
+  ServerReflectionInfo(grpc::CallbackServerContext* context) override {
+    return new Stream<grpc::reflection::v1alpha::ServerReflectionRequest,
+                      grpc::reflection::v1alpha::ServerReflectionResponse>(service_, context);
+  }
+
+ private:
+  ReflectionService* const service_;
+};
+
+class ReflectionService::V1Service final
+    : public grpc::reflection::v1::ServerReflection::CallbackService {
+ public:
+  explicit V1Service(ReflectionService* service) : service_(service) {}
+
+  grpc::ServerBidiReactor<grpc::reflection::v1::ServerReflectionRequest,
+                          grpc::reflection::v1::ServerReflectionResponse>*
+  ServerReflectionInfo(grpc::CallbackServerContext* context) override {
+    return new Stream<grpc::reflection::v1::ServerReflectionRequest,
+                      grpc::reflection::v1::ServerReflectionResponse>(service_, context);
+  }
+
+ private:
+  ReflectionService* const service_;
+};
+
+// Learns the server's service list: gRPC hands it only to builder plugins.
+class ReflectionService::ServiceListPlugin final : public grpc::ServerBuilderPlugin {
+ public:
+  explicit ServiceListPlugin(ReflectionService* service) : service_(service) {}
+
+  std::string name() override { return "zeroshard_reflection_service_list"; }
+  // Runs before the server starts; the health service is appended to the same list at start.
+  void InitServer(grpc::ServerInitializer* initializer) override {
+    service_->services_.store(initializer->GetServiceList());
+  }
+  void Finish(grpc::ServerInitializer*) override {}
+  void ChangeArguments(const std::string&, void*) override {}
+
+ private:
+  ReflectionService* const service_;
+};
+
+// The way into one builder's plugin list without a process-wide plugin factory.
+class ReflectionService::ServiceListOption final : public grpc::ServerBuilderOption {
+ public:
+  explicit ServiceListOption(ReflectionService* service) : service_(service) {}
+
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->push_back(std::make_unique<ServiceListPlugin>(service_));
+  }
+
+ private:
+  ReflectionService* const service_;
+};
+
+ReflectionService::ReflectionService(const security::Authenticator* authenticator,
+                                     ReflectionOptions options,
+                                     const google::protobuf::DescriptorPool* pool)
+    : authenticator_(authenticator),
+      options_(options),
+      pool_(pool),
+      v1alpha_(std::make_unique<V1AlphaService>(this)),
+      v1_(std::make_unique<V1Service>(this)) {}
+
+ReflectionService::~ReflectionService() = default;
+
+void ReflectionService::AddTo(grpc::ServerBuilder* builder) {
+  builder->RegisterService(v1alpha_.get());
+  builder->RegisterService(v1_.get());
+  builder->SetOption(std::make_unique<ServiceListOption>(this));
+}
+
+std::vector<std::string> ReflectionService::Services() const {
+  const std::vector<std::string>* services = services_.load();
+  if (services == nullptr) return {};
+  return *services;
+}
+
+absl::Status ReflectionService::OpenStream(const grpc::ServerContextBase& context) {
+  absl::StatusOr<security::Identity> caller = authenticator_->Authenticate(context);
+  if (!caller.ok()) return caller.status();
+  if (absl::Status allowed = Authorize(*caller, Method::kReflection); !allowed.ok()) {
+    return allowed;
+  }
+  if (open_streams_.fetch_add(1) >= options_.max_open_streams) {
+    open_streams_.fetch_sub(1);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_reflection_streams: ", options_.max_open_streams,
+                     " reflection streams are open, the most this coordinator serves at once"));
+  }
+  return absl::OkStatus();
+}
+
+void ReflectionService::StreamClosed() { open_streams_.fetch_sub(1); }
+
+}  // namespace zeroshard::coordinator
