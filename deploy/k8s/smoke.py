@@ -184,7 +184,7 @@ class LocalCluster:
             file_path = os.path.join(path, item["path"])
             with open(file_path, "w") as f:
                 f.write(data[item["key"]])
-            os.chmod(file_path, 0o400)
+            os.chmod(file_path, secret.get("defaultMode", 0o644))  # kubelet's default
 
     def env_of(self, container, pod):
         env = {}
