@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 
 namespace zeroshard::worker {
 
@@ -18,7 +19,10 @@ absl::StatusOr<std::unique_ptr<http::HttpServer>> StartHealthServer(HealthServer
   http_options.handlers["/readyz"] = [readiness = std::move(options.readiness)] {
     const absl::Status status = readiness();
     if (status.ok()) return http::HttpResponse{200, "text/plain", "ready\n"};
-    return http::HttpResponse{503, "text/plain", absl::StrCat(status.message(), "\n")};
+    // One line, whatever the reason (gRPC's messages may span several).
+    return http::HttpResponse{
+        503, "text/plain",
+        absl::StrCat(absl::StrReplaceAll(status.message(), {{"\r\n", " "}, {"\n", " "}}), "\n")};
   };
   return http::HttpServer::Start(std::move(http_options));
 }

@@ -132,6 +132,16 @@ TEST(HealthServerTest, ReadyOnlyWhileRegisteredAndHeartbeatingLiveThroughout) {
   EXPECT_EQ(ready.body, "stopping\n");
 }
 
+TEST(HealthServerTest, AMultiLineReasonIsAnsweredOnOneLine) {
+  HealthServerOptions options;
+  options.readiness = [] { return absl::UnavailableError("first line\nsecond line"); };
+  absl::StatusOr<std::unique_ptr<http::HttpServer>> server = StartHealthServer(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const http::testing::HttpReply ready = GetOrDie((*server)->port(), "/readyz");
+  EXPECT_EQ(ready.status, 503);
+  EXPECT_EQ(ready.body, "first line second line\n");
+}
+
 TEST(HealthServerTest, RefusesAMissingReadinessAndAPortInUse) {
   HealthServerOptions no_readiness;
   EXPECT_EQ(StartHealthServer(no_readiness).status().code(), absl::StatusCode::kInvalidArgument);
