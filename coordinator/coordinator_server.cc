@@ -87,18 +87,21 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   }
 
   if (options.metrics_port >= 0) {
-    HttpServerOptions http;
-    http.host = server->host_;
-    http.port = options.metrics_port;
-    http.max_connections = options.metrics_max_connections;
-    http.idle_timeout = options.metrics_idle_timeout;
+    http::HttpServerOptions http_options;
+    http_options.host = server->host_;
+    http_options.port = options.metrics_port;
+    http_options.max_connections = options.metrics_max_connections;
+    http_options.idle_timeout = options.metrics_idle_timeout;
     CoordinatorServer* raw = server.get();
-    http.handlers["/metrics"] = [raw] {
-      return HttpResponse{200, "text/plain; version=0.0.4",
-                          raw->metrics_.RenderPrometheus(raw->manager_->Stats())};
+    http_options.handlers["/metrics"] = [raw] {
+      return http::HttpResponse{200, "text/plain; version=0.0.4",
+                                raw->metrics_.RenderPrometheus(raw->manager_->Stats())};
     };
-    http.handlers["/healthz"] = [] { return HttpResponse{200, "text/plain", "ok\n"}; };
-    absl::StatusOr<std::unique_ptr<HttpServer>> started = HttpServer::Start(std::move(http));
+    http_options.handlers["/healthz"] = [] {
+      return http::HttpResponse{200, "text/plain", "ok\n"};
+    };
+    absl::StatusOr<std::unique_ptr<http::HttpServer>> started =
+        http::HttpServer::Start(std::move(http_options));
     if (!started.ok()) {
       // "port: ..." becomes "metrics_port: ...": the option (and flag) names.
       return absl::Status(started.status().code(),

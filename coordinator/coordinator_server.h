@@ -13,12 +13,12 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "coordinator/coordinator_service.h"
-#include "coordinator/http_server.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/metrics.h"
 #include "coordinator/reflection_service.h"
 #include "coordinator/rendezvous_store.h"
 #include "grpcpp/server.h"
+#include "http/http_server.h"
 #include "security/authenticator.h"
 #include "security/tls_files.h"
 
@@ -98,7 +98,7 @@ class CoordinatorServer {
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<HttpServer> http_;
+  std::unique_ptr<http::HttpServer> http_;
   std::thread ticker_;
   absl::Notification stopping_;
   absl::Notification stopped_;

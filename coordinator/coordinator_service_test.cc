@@ -25,7 +25,6 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/coordinator_server.h"
-#include "coordinator/http_test_client.h"
 #include "coordinator/request_validation.h"
 #include "coordinator/test_checkpointed_job.h"
 #include "coordinator/test_rpc_support.h"
@@ -34,6 +33,7 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
+#include "http/http_test_client.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::coordinator {
@@ -1228,8 +1228,8 @@ TEST_F(CoordinatorServiceTest, MetricsEndpointShowsWorkersJobsRpcsAndHeartbeatLa
   Submit(Spec("metered-job", 2));
   clock_.Advance(absl::Milliseconds(1500));
 
-  absl::StatusOr<testing::HttpReply> result =
-      testing::Get(server_->metrics_port(), "/metrics", absl::Now() + absl::Seconds(10));
+  absl::StatusOr<http::testing::HttpReply> result =
+      http::testing::Get(server_->metrics_port(), "/metrics", absl::Now() + absl::Seconds(10));
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_EQ(result->status, 200);
   EXPECT_EQ(result->content_type, "text/plain; version=0.0.4");
@@ -1258,13 +1258,15 @@ TEST_F(CoordinatorServiceTest, HealthAndMetricsAnswerWhileSlowAndIdleClientsHold
   StartServer();
   Register("metered");
   const int port = server_->metrics_port();
-  std::vector<testing::RawConnection> idle;
+  std::vector<http::testing::RawConnection> idle;
   for (int i = 0; i < 64; ++i) {
-    absl::StatusOr<testing::RawConnection> connection = testing::RawConnection::Open(port);
+    absl::StatusOr<http::testing::RawConnection> connection =
+        http::testing::RawConnection::Open(port);
     ASSERT_TRUE(connection.ok()) << connection.status();
     idle.push_back(*std::move(connection));
   }
-  absl::StatusOr<std::unique_ptr<testing::SlowClients>> slow = testing::SlowClients::Open(port, 64);
+  absl::StatusOr<std::unique_ptr<http::testing::SlowClients>> slow =
+      http::testing::SlowClients::Open(port, 64);
   ASSERT_TRUE(slow.ok()) << slow.status();
   // Every slow client is part-way into its request (two bytes each) before the probes start.
   ASSERT_TRUE((*slow)->WaitForBytes(128, absl::Now() + absl::Seconds(30)));
@@ -1274,8 +1276,8 @@ TEST_F(CoordinatorServiceTest, HealthAndMetricsAnswerWhileSlowAndIdleClientsHold
   for (int round = 0; round < 20; ++round) {
     for (const char* path : {"/healthz", "/metrics"}) {
       const absl::Time start = absl::Now();
-      absl::StatusOr<testing::HttpReply> reply =
-          testing::Get(port, path, start + absl::Seconds(10));
+      absl::StatusOr<http::testing::HttpReply> reply =
+          http::testing::Get(port, path, start + absl::Seconds(10));
       const absl::Duration latency = absl::Now() - start;
       ASSERT_TRUE(reply.ok()) << path << ": " << reply.status();
       ASSERT_EQ(reply->status, 200) << path;

@@ -25,6 +25,8 @@ PACKAGES=(
   # The zeroshard Python package (python/): its gRPC client and the stubs protoc generates
   # (grpc_python_plugin comes with protobuf-compiler-grpc).
   python3-grpcio python3-protobuf
+  # The Kubernetes manifest tests: the tools venv (below) and YAML.
+  python3-venv python3-yaml
 )
 
 SUDO=""
@@ -48,4 +50,19 @@ fi
 
 if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   echo "bootstrap: note: /usr/local/cuda/bin/nvcc not found; --config=cuda builds will fail" >&2
+fi
+
+# Tools venv for the Kubernetes manifest checks (//deploy/k8s:manifests_test): kubernetes-validate
+# from PyPI, pinned. --system-site-packages so the tests' other imports (yaml) come from Debian.
+ZS_TOOLS_VENV=/opt/zs-tools
+KUBERNETES_VALIDATE_VERSION=1.37.0
+if ! "$ZS_TOOLS_VENV/bin/python" -c "
+import importlib.metadata, sys
+sys.exit(importlib.metadata.version('kubernetes-validate') != '$KUBERNETES_VALIDATE_VERSION')
+" 2>/dev/null; then
+  echo "bootstrap: installing kubernetes-validate==$KUBERNETES_VALIDATE_VERSION into $ZS_TOOLS_VENV"
+  $SUDO /usr/bin/python3 -m venv --system-site-packages "$ZS_TOOLS_VENV"
+  $SUDO "$ZS_TOOLS_VENV/bin/pip" install -q "kubernetes-validate==$KUBERNETES_VALIDATE_VERSION"
+else
+  echo "bootstrap: $ZS_TOOLS_VENV has kubernetes-validate $KUBERNETES_VALIDATE_VERSION"
 fi

@@ -23,6 +23,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/daemon/cuda_support.h"
 #include "worker/daemon/engine_training_run.h"
+#include "worker/daemon/health_server.h"
 #include "worker/daemon/thread_placement.h"
 #include "worker/daemon/worker_daemon.h"
 #include "worker/engine/engine.h"
@@ -44,6 +45,12 @@ ABSL_FLAG(std::string, name, "", "Worker name ([a-z0-9-], default worker-<pid>).
 ABSL_FLAG(std::string, host, "", "Host name reported to the coordinator (default: hostname).");
 ABSL_FLAG(std::string, listen_host, "127.0.0.1",
           "Address peers reach this worker's collectives at.");
+ABSL_FLAG(int, health_port, -1,
+          "Plaintext HTTP port for Kubernetes probes: /healthz (200 while the daemon runs) and "
+          "/readyz (200 while registered with the coordinator and its latest heartbeat "
+          "succeeded, else 503 with the reason). -1: off; 0: a free port.");
+ABSL_FLAG(std::string, health_host, "",
+          "Address the health port listens on (default: --listen_host).");
 ABSL_FLAG(std::string, labels, "", "Labels, comma-separated key=value pairs.");
 ABSL_FLAG(absl::Duration, heartbeat_period, absl::Seconds(1),
           "Heartbeat period until the coordinator's registration reply sets it.");
@@ -203,6 +210,23 @@ int main(int argc, char** argv) {
         return zeroshard::worker::EngineTrainingRun::Start(assignment, std::move(run_options));
       });
   daemon_ptr = &daemon;
+  std::unique_ptr<zeroshard::http::HttpServer> health_server;
+  if (absl::GetFlag(FLAGS_health_port) >= 0) {
+    zeroshard::worker::HealthServerOptions health;
+    health.host = absl::GetFlag(FLAGS_health_host);
+    if (health.host.empty()) health.host = absl::GetFlag(FLAGS_listen_host);
+    health.port = absl::GetFlag(FLAGS_health_port);
+    health.readiness = [&daemon] { return daemon.Readiness(); };
+    absl::StatusOr<std::unique_ptr<zeroshard::http::HttpServer>> started =
+        zeroshard::worker::StartHealthServer(std::move(health));
+    if (!started.ok()) {
+      // "port: ..." becomes "health_port: ...": the flag's name.
+      ZS_LOG(ERROR) << "--health_" << started.status().message();
+      return 2;
+    }
+    health_server = *std::move(started);
+    ZS_LOG(INFO) << "health port " << health_server->port() << " (/healthz, /readyz)";
+  }
   std::thread signal_thread([&] {
     int signal = 0;
     sigwait(&signals, &signal);

@@ -34,8 +34,8 @@
 #include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "coordinator/coordinator_server.h"
-#include "coordinator/http_test_client.h"
 #include "grpcpp/grpcpp.h"
+#include "http/http_test_client.h"
 #include "tests/bench/coordinator_load_lib.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
@@ -203,8 +203,8 @@ class Prober {
     do {
       for (int p = 0; p < 2; ++p) {
         const absl::Time start = absl::Now();
-        absl::StatusOr<coordinator::testing::HttpReply> reply =
-            coordinator::testing::Get(port_, paths[p], start + absl::Seconds(10));
+        absl::StatusOr<http::testing::HttpReply> reply =
+            http::testing::Get(port_, paths[p], start + absl::Seconds(10));
         if (reply.ok() && reply->status == 200) {
           latencies_ms[p].push_back(Ms(absl::Now() - start));
         } else {
@@ -444,15 +444,15 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
         });
     gets.push_back(std::move(get));
   }
-  std::vector<coordinator::testing::RawConnection> idle;
+  std::vector<http::testing::RawConnection> idle;
   for (int i = 0; i < absl::GetFlag(FLAGS_idle_http); ++i) {
-    ZS_ASSIGN_OR_RETURN(coordinator::testing::RawConnection connection,
-                        coordinator::testing::RawConnection::Open(server->metrics_port()));
+    ZS_ASSIGN_OR_RETURN(http::testing::RawConnection connection,
+                        http::testing::RawConnection::Open(server->metrics_port()));
     idle.push_back(std::move(connection));
   }
   const int slow_count = absl::GetFlag(FLAGS_slow_http);
-  ZS_ASSIGN_OR_RETURN(std::unique_ptr<coordinator::testing::SlowClients> slow,
-                      coordinator::testing::SlowClients::Open(server->metrics_port(), slow_count));
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<http::testing::SlowClients> slow,
+                      http::testing::SlowClients::Open(server->metrics_port(), slow_count));
 
   const absl::Time setup_deadline = setup_start + absl::Seconds(absl::GetFlag(FLAGS_setup_s));
   const bool watches_up = watch_calls.AwaitEstablished(watch_count, setup_deadline);

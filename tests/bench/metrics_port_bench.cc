@@ -17,7 +17,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "coordinator/coordinator_server.h"
-#include "coordinator/http_test_client.h"
+#include "http/http_test_client.h"
 
 ABSL_FLAG(int, idle, 64, "Idle connections held open during the loaded phase.");
 ABSL_FLAG(int, slow, 64, "Slow clients (one byte every 1-2 s) during the loaded phase.");
@@ -27,7 +27,7 @@ ABSL_FLAG(absl::Duration, probe_interval, absl::Milliseconds(10), "Pause between
 namespace zeroshard::bench {
 namespace {
 
-using coordinator::testing::HttpReply;
+using http::testing::HttpReply;
 
 struct PathTimes {
   std::vector<double> latencies_ms;
@@ -49,7 +49,7 @@ void Probe(int port, const char* phase, int idle, int slow) {
     for (int p = 0; p < 2; ++p) {
       const absl::Time start = absl::Now();
       absl::StatusOr<HttpReply> reply =
-          coordinator::testing::Get(port, paths[p], start + absl::Seconds(10));
+          http::testing::Get(port, paths[p], start + absl::Seconds(10));
       if (reply.ok() && reply->status == 200) {
         times[p].latencies_ms.push_back(absl::ToDoubleMilliseconds(absl::Now() - start));
       } else {
@@ -91,18 +91,18 @@ int Run() {
 
   Probe(port, "quiet", 0, 0);
   {
-    std::vector<coordinator::testing::RawConnection> idle;
+    std::vector<http::testing::RawConnection> idle;
     for (int i = 0; i < idle_count; ++i) {
-      absl::StatusOr<coordinator::testing::RawConnection> connection =
-          coordinator::testing::RawConnection::Open(port);
+      absl::StatusOr<http::testing::RawConnection> connection =
+          http::testing::RawConnection::Open(port);
       if (!connection.ok()) {
         std::fprintf(stderr, "metrics_port_bench: %s\n", connection.status().ToString().c_str());
         return 1;
       }
       idle.push_back(*std::move(connection));
     }
-    absl::StatusOr<std::unique_ptr<coordinator::testing::SlowClients>> slow =
-        coordinator::testing::SlowClients::Open(port, slow_count);
+    absl::StatusOr<std::unique_ptr<http::testing::SlowClients>> slow =
+        http::testing::SlowClients::Open(port, slow_count);
     if (!slow.ok() ||
         !(*slow)->WaitForBytes(2 * int64_t{slow_count}, absl::Now() + absl::Seconds(30))) {
       std::fprintf(stderr, "metrics_port_bench: the slow clients did not start\n");

@@ -32,6 +32,7 @@ std::string WorkerDaemon::worker_id() const {
 void WorkerDaemon::Stop() {
   // Notify() may run only once: two threads could both see HasBeenNotified() false.
   if (!stop_requested_.exchange(true)) stop_.Notify();
+  SetReadiness(absl::UnavailableError("stopping"));
   absl::MutexLock lock(&call_mu_);
   if (call_ != nullptr) call_->TryCancel();
 }
@@ -74,6 +75,7 @@ absl::StatusOr<bool> WorkerDaemon::Register() {
         absl::MutexLock lock(&id_mu_);
         worker_id_ = response.worker_id();
       }
+      SetReadiness(absl::OkStatus());
       // Before any later call: the secret is bound to this registration.
       if (options_.worker_secret != nullptr) options_.worker_secret->Set(response.worker_secret());
       heartbeat_period_ = absl::Milliseconds(response.heartbeat_period_ms());
@@ -92,6 +94,8 @@ absl::StatusOr<bool> WorkerDaemon::Register() {
         status.code() == absl::StatusCode::kPermissionDenied) {
       return status;
     }
+    SetReadiness(absl::UnavailableError(
+        absl::StrCat("not registered with the coordinator: ", status.message())));
     ZS_LOG(INFO) << "coordinator not reachable yet (" << status.message() << "); retrying";
     stop_.WaitForNotificationWithTimeout(options_.register_retry);
   }
@@ -138,6 +142,17 @@ absl::Status WorkerDaemon::Run() {
   return result;
 }
 
+absl::Status WorkerDaemon::Readiness() const {
+  absl::MutexLock lock(&readiness_mu_);
+  return readiness_;
+}
+
+void WorkerDaemon::SetReadiness(absl::Status readiness) {
+  absl::MutexLock lock(&readiness_mu_);
+  if (stop_requested_.load()) readiness = absl::UnavailableError("stopping");
+  readiness_ = std::move(readiness);
+}
+
 v1::WorkerStatus WorkerDaemon::RunStatus() const {
   v1::WorkerStatus status;
   if (run_ == nullptr) return status;
@@ -171,6 +186,9 @@ absl::Status WorkerDaemon::HeartbeatOnce() {
       common::FromGrpcStatus(stub_->Heartbeat(&context, request, &response));
   EndCall();
   last_heartbeat_ok_ = status.ok();
+  SetReadiness(status.ok() ? absl::OkStatus()
+                           : absl::UnavailableError(
+                                 absl::StrCat("last heartbeat failed: ", status.message())));
   if (!status.ok()) return status;
   reported_run_ended_ = request.status().finished() || !request.status().run_error().empty();
   reported_no_run_ = run_ == nullptr;

@@ -62,6 +62,11 @@ class WorkerDaemon {
   // The id of the current registration (empty before the first). Any thread.
   std::string worker_id() const;
 
+  // OK while registered and the latest heartbeat (or registration) reached the coordinator;
+  // otherwise UNAVAILABLE with a one-line reason. For a readiness probe: a run goes on while the
+  // coordinator is away, so this says "not schedulable now", never "restart me". Any thread.
+  absl::Status Readiness() const;
+
  private:
   // Registers, presenting the previous id and the current run (if any) so that a restarted
   // coordinator can adopt the run. Returns whether it did.
@@ -88,6 +93,8 @@ class WorkerDaemon {
   // Drops the retiring runs whose threads have ended.
   void ReapRetiredRuns();
   bool IsCurrentRun(const v1::Assignment& assignment) const;
+  // Keeps "stopping" once Stop() was called.
+  void SetReadiness(absl::Status readiness);
 
   const WorkerDaemonOptions options_;
   std::shared_ptr<v1::Coordinator::StubInterface> stub_;
@@ -103,6 +110,11 @@ class WorkerDaemon {
   mutable absl::Mutex id_mu_;
   // Written by Run()'s thread, read by any.
   std::string worker_id_ ABSL_GUARDED_BY(id_mu_);
+  mutable absl::Mutex readiness_mu_;
+  // Written by Run()'s thread after each registration attempt and heartbeat, read by any.
+  absl::Status readiness_ ABSL_GUARDED_BY(readiness_mu_) =
+      absl::UnavailableError("not registered with the coordinator yet");
+
   // Only Run()'s thread touches these.
   absl::Duration heartbeat_period_;
   std::unique_ptr<TrainingRun> run_;

@@ -1,7 +1,7 @@
-// Test support: a plain-socket HTTP/1.1 client for the coordinator's HTTP port, plus the raw
+// Test support: a plain-socket HTTP/1.1 client for an HttpServer port, plus the raw
 // connections that tests hold open idle or feed one byte at a time.
-#ifndef ZEROSHARD_COORDINATOR_HTTP_TEST_CLIENT_H_
-#define ZEROSHARD_COORDINATOR_HTTP_TEST_CLIENT_H_
+#ifndef ZEROSHARD_HTTP_HTTP_TEST_CLIENT_H_
+#define ZEROSHARD_HTTP_HTTP_TEST_CLIENT_H_
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -30,7 +30,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
-namespace zeroshard::coordinator::testing {
+namespace zeroshard::http::testing {
 
 struct HttpReply {
   int status = 0;
@@ -237,6 +237,6 @@ class SlowClients {
   int64_t send_errors_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
-}  // namespace zeroshard::coordinator::testing
+}  // namespace zeroshard::http::testing
 
-#endif  // ZEROSHARD_COORDINATOR_HTTP_TEST_CLIENT_H_
+#endif  // ZEROSHARD_HTTP_HTTP_TEST_CLIENT_H_

@@ -1,5 +1,5 @@
 // libmicrohttpd behind HttpServer: one epoll thread, bounded connections, idle timeout.
-#include "coordinator/http_server.h"
+#include "http/http_server.h"
 
 #include <microhttpd.h>
 #include <netdb.h>
@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 
-namespace zeroshard::coordinator {
+namespace zeroshard::http {
 namespace {
 
 // The address of a connection's request once its headers are in; its body (if any) is dropped.
@@ -126,4 +126,4 @@ HttpResponse HttpServer::Respond(const std::string& method, const std::string& p
   return handler->second();
 }
 
-}  // namespace zeroshard::coordinator
+}  // namespace zeroshard::http

@@ -1,7 +1,7 @@
-// The coordinator's plaintext HTTP port (/metrics, /healthz): libmicrohttpd on one epoll thread
+// A small plaintext HTTP port (metrics, health probes): libmicrohttpd on one epoll thread
 // with a connection cap and an idle timeout, so idle or slow clients hold a slot each, never it.
-#ifndef ZEROSHARD_COORDINATOR_HTTP_SERVER_H_
-#define ZEROSHARD_COORDINATOR_HTTP_SERVER_H_
+#ifndef ZEROSHARD_HTTP_HTTP_SERVER_H_
+#define ZEROSHARD_HTTP_HTTP_SERVER_H_
 
 #include <functional>
 #include <map>
@@ -13,7 +13,7 @@
 
 struct MHD_Daemon;
 
-namespace zeroshard::coordinator {
+namespace zeroshard::http {
 
 struct HttpResponse {
   int status = 200;
@@ -61,6 +61,6 @@ class HttpServer {
   int port_ = 0;
 };
 
-}  // namespace zeroshard::coordinator
+}  // namespace zeroshard::http
 
-#endif  // ZEROSHARD_COORDINATOR_HTTP_SERVER_H_
+#endif  // ZEROSHARD_HTTP_HTTP_SERVER_H_

@@ -1,6 +1,6 @@
 // HttpServer over real loopback sockets: routing, the idle timeout, the connection cap, and
 // answers that idle and slow clients cannot hold up.
-#include "coordinator/http_server.h"
+#include "http/http_server.h"
 
 #include <algorithm>
 #include <atomic>
@@ -14,10 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "coordinator/http_test_client.h"
 #include "gtest/gtest.h"
+#include "http/http_test_client.h"
 
-namespace zeroshard::coordinator {
+namespace zeroshard::http {
 namespace {
 
 using testing::HttpReply;
@@ -178,4 +178,4 @@ TEST(HttpServerTest, SlowAndIdleClientsDoNotDelayAnswers) {
 }
 
 }  // namespace
-}  // namespace zeroshard::coordinator
+}  // namespace zeroshard::http

@@ -1,0 +1,161 @@
+// The worker's health port over loopback, driven by a real WorkerDaemon against a real in-process
+// coordinator: /readyz is 503 before registration and after the coordinator stops answering, 200
+// while registered; /healthz stays 200 throughout (a coordinator outage must not restart workers).
+#include "worker/daemon/health_server.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "coordinator/coordinator_server.h"
+#include "grpcpp/create_channel.h"
+#include "gtest/gtest.h"
+#include "http/http_test_client.h"
+#include "worker/daemon/worker_daemon.h"
+
+namespace zeroshard::worker {
+namespace {
+
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// GETs `path` until the reply satisfies `accept` or 20 s pass; returns the last reply.
+http::testing::HttpReply PollUntil(
+    int port, const std::string& path,
+    const std::function<bool(const http::testing::HttpReply&)>& accept) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(20);
+  http::testing::HttpReply last;
+  while (absl::Now() < deadline) {
+    absl::StatusOr<http::testing::HttpReply> reply =
+        http::testing::Get(port, path, absl::Now() + absl::Seconds(5));
+    if (reply.ok()) {
+      last = *reply;
+      if (accept(last)) return last;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return last;
+}
+
+http::testing::HttpReply GetOrDie(int port, const std::string& path) {
+  absl::StatusOr<http::testing::HttpReply> reply =
+      http::testing::Get(port, path, absl::Now() + absl::Seconds(10));
+  EXPECT_TRUE(reply.ok()) << reply.status();
+  return reply.ok() ? *reply : http::testing::HttpReply{};
+}
+
+std::unique_ptr<coordinator::CoordinatorServer> StartCoordinator(int port) {
+  coordinator::CoordinatorServerOptions options;
+  options.listen_address = "127.0.0.1:" + std::to_string(port);
+  options.metrics_port = -1;
+  options.state_dir = std::string(std::getenv("TEST_TMPDIR")) + "/state-" + std::to_string(port);
+  options.manager.lease.heartbeat_period = absl::Milliseconds(50);
+  options.tick_period = absl::Milliseconds(10);
+  absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> server =
+      coordinator::CoordinatorServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return server.ok() ? *std::move(server) : nullptr;
+}
+
+TEST(HealthServerTest, ReadyOnlyWhileRegisteredAndHeartbeatingLiveThroughout) {
+  const int coordinator_port = FreePort();
+  WorkerDaemonOptions options;
+  options.name = "w";
+  options.host = "host-a";
+  options.register_retry = absl::Milliseconds(20);
+  options.rpc_timeout = absl::Milliseconds(500);
+  grpc::ChannelArguments channel_args;
+  channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
+  channel_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20);
+  channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
+  std::shared_ptr<v1::Coordinator::StubInterface> stub = v1::Coordinator::NewStub(
+      grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(coordinator_port),
+                                grpc::InsecureChannelCredentials(), channel_args));
+  // No job is submitted, so no run is ever made.
+  WorkerDaemon daemon(options, stub, [](const v1::Assignment&) { return nullptr; });
+
+  HealthServerOptions health;
+  health.readiness = [&daemon] { return daemon.Readiness(); };
+  absl::StatusOr<std::unique_ptr<http::HttpServer>> server = StartHealthServer(health);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+
+  // Before the daemon runs, and while it retries a coordinator that is not there yet.
+  http::testing::HttpReply ready = GetOrDie(port, "/readyz");
+  EXPECT_EQ(ready.status, 503);
+  EXPECT_TRUE(absl::StrContains(ready.body, "not registered")) << ready.body;
+  std::thread thread([&] { EXPECT_TRUE(daemon.Run().ok()); });
+  ready = PollUntil(port, "/readyz", [](const http::testing::HttpReply& reply) {
+    return absl::StrContains(reply.body, "not registered with the coordinator: ");
+  });
+  EXPECT_EQ(ready.status, 503) << ready.body;
+  EXPECT_EQ(ready.body.find('\n'), ready.body.size() - 1) << "one line: " << ready.body;
+  EXPECT_EQ(GetOrDie(port, "/healthz").status, 200);
+
+  std::unique_ptr<coordinator::CoordinatorServer> coordinator = StartCoordinator(coordinator_port);
+  ASSERT_NE(coordinator, nullptr);
+  ready = PollUntil(port, "/readyz",
+                    [](const http::testing::HttpReply& reply) { return reply.status == 200; });
+  EXPECT_EQ(ready.status, 200) << ready.body;
+  EXPECT_EQ(ready.body, "ready\n");
+
+  // The coordinator stops answering: not ready (no new work can reach this worker), still live.
+  coordinator.reset();
+  ready = PollUntil(port, "/readyz",
+                    [](const http::testing::HttpReply& reply) { return reply.status == 503; });
+  EXPECT_EQ(ready.status, 503);
+  EXPECT_TRUE(absl::StrContains(ready.body, "last heartbeat failed")) << ready.body;
+  EXPECT_EQ(GetOrDie(port, "/healthz").status, 200);
+  EXPECT_EQ(GetOrDie(port, "/healthz").body, "ok\n");
+
+  daemon.Stop();
+  thread.join();
+  ready = GetOrDie(port, "/readyz");
+  EXPECT_EQ(ready.status, 503);
+  EXPECT_EQ(ready.body, "stopping\n");
+}
+
+TEST(HealthServerTest, AMultiLineReasonIsAnsweredOnOneLine) {
+  HealthServerOptions options;
+  options.readiness = [] { return absl::UnavailableError("first line\nsecond line"); };
+  absl::StatusOr<std::unique_ptr<http::HttpServer>> server = StartHealthServer(options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const http::testing::HttpReply ready = GetOrDie((*server)->port(), "/readyz");
+  EXPECT_EQ(ready.status, 503);
+  EXPECT_EQ(ready.body, "first line second line\n");
+}
+
+TEST(HealthServerTest, RefusesAMissingReadinessAndAPortInUse) {
+  HealthServerOptions no_readiness;
+  EXPECT_EQ(StartHealthServer(no_readiness).status().code(), absl::StatusCode::kInvalidArgument);
+
+  HealthServerOptions first;
+  first.readiness = [] { return absl::OkStatus(); };
+  absl::StatusOr<std::unique_ptr<http::HttpServer>> started = StartHealthServer(first);
+  ASSERT_TRUE(started.ok()) << started.status();
+  HealthServerOptions same_port = first;
+  same_port.port = (*started)->port();
+  const absl::Status in_use = StartHealthServer(same_port).status();
+  EXPECT_FALSE(in_use.ok());
+  EXPECT_TRUE(absl::StartsWith(in_use.message(), "port: ")) << in_use;
+}
+
+}  // namespace
+}  // namespace zeroshard::worker
