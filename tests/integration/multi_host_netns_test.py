@@ -47,9 +47,10 @@ ADDRESSES = ["198.18.77.1", "198.18.77.2", "198.18.77.3"]
 COORDINATOR_PORT = 50051
 WORKER_NAMES = ["worker-1", "worker-2"]  # on HOSTS[1] and HOSTS[2]
 
-# Short leases, so that a worker cut off is DEAD within about a second.
+# Short leases, so that a worker cut off is DEAD within about a second; long enough that a pause
+# by the rendezvous hook (resumed within a 10 ms poll) keeps its lease on a loaded machine.
 HEARTBEAT_PERIOD_MS = 200
-MISSED_HEARTBEATS = 3
+MISSED_HEARTBEATS = 5
 LEASE_S = HEARTBEAT_PERIOD_MS * MISSED_HEARTBEATS / 1000
 
 # The job compared with loopback: the `seed` preset on 2 workers, zero2 (the reduce-scatter and
