@@ -96,8 +96,8 @@ if ((${#missing_tools[@]})); then
     die "missing tools; install them with: sudo apt-get install ${missing_tools[*]}"
   fi
 fi
-# The root filesystem holds files owned by 65532 and device nodes: it needs root (or fakeroot,
-# which umoci's rootless mode does not pair with here).
+# The root filesystem holds files owned by the image user and device nodes: it needs root (or
+# fakeroot, which umoci's rootless mode does not pair with here).
 [[ "$(id -u)" == 0 ]] || die "building the root filesystem needs root (run with sudo)"
 [[ -r "$DEBIAN_SOURCES" ]] || die "$DEBIAN_SOURCES not found (set ZEROSHARD_DEBIAN_SOURCES)"
 
