@@ -221,6 +221,7 @@ build_image() {
     IFS=,
     echo "${packages[*]}"
   )
+  # shellcheck disable=SC2016  # the hook's $1 is mmdebstrap's (the root filesystem), not ours
   mmdebstrap --quiet --variant=essential --include="$include" \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
     --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \

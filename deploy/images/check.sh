@@ -134,6 +134,7 @@ else
   install -m 0644 "$WORK/inside.sh" "$ROOTFS/tmp/zeroshard-inside.sh"
   # /proc of the new PID namespace and the host's /dev, mounted in the private mount namespace
   # only; the loopback interface of the new network namespace brought up.
+  # shellcheck disable=SC2016  # the inner script expands its own $1
   unshare --fork --pid --mount --net --kill-child --propagation private -- /bin/bash -c '
     set -e
     rootfs=$1
