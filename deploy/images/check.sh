@@ -28,8 +28,23 @@ done
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/zeroshard-image-check.XXXXXX")
 CONTAINER=zeroshard-image-check-$$
 podman_loaded=0
+runner_pid=""
 cleanup() {
   local status=$?
+  if [[ -n "$runner_pid" ]]; then
+    # SIGKILL: unshare --fork ignores SIGTERM while it waits; dying, it SIGKILLs its child
+    # (--kill-child), the PID namespace's init, which takes every process in it down.
+    kill -KILL "$runner_pid" 2>/dev/null || true
+    wait "$runner_pid" 2>/dev/null || true
+  fi
+  # Whatever still runs chrooted in the unpacked image (none should), by process id.
+  local proc
+  for proc in /proc/[0-9]*; do
+    if [[ "$(readlink "$proc/root" 2>/dev/null)" == "$WORK/bundle/rootfs" ]]; then
+      log "killing leftover process ${proc#/proc/}"
+      kill -KILL "${proc#/proc/}" 2>/dev/null || true
+    fi
+  done
   if command -v podman >/dev/null; then
     podman rm -f "$CONTAINER" >/dev/null 2>&1 || true
     if ((podman_loaded)); then podman rmi "$PODMAN_IMAGE" >/dev/null 2>&1 || true; fi
@@ -125,7 +140,8 @@ if podman_works; then
   log "runner: podman (rootful), image $PODMAN_IMAGE"
   podman run --rm --pull=never --name "$CONTAINER" --network=none \
     -v "$WORK/inside.sh:/check/inside.sh:ro" --entrypoint /bin/bash "$PODMAN_IMAGE" \
-    /check/inside.sh
+    /check/inside.sh &
+  runner_pid=$!
 else
   reason=$(tail -n 1 "$WORK/podman-probe.log" 2>/dev/null || echo "podman not installed")
   log "podman cannot run containers here ($reason)"
@@ -141,7 +157,13 @@ else
     ip link set lo up
     mount -t proc proc "$rootfs/proc"
     mount --rbind /dev "$rootfs/dev"
-    exec chroot --userspec=65532:65532 "$rootfs" /usr/bin/env -i HOME=/var/lib/zeroshard \
+    # Not exec: this root shell stays the namespace init, whose parent-death signal
+    # (--kill-child) a change of user would clear.
+    chroot --userspec=65532:65532 "$rootfs" /usr/bin/env -i HOME=/var/lib/zeroshard \
       PATH=/usr/local/bin:/usr/bin:/bin /bin/bash -c "cd /var/lib/zeroshard && exec /bin/bash /tmp/zeroshard-inside.sh"
-  ' check-ns "$ROOTFS"
+  ' check-ns "$ROOTFS" &
+  runner_pid=$!
 fi
+# In the background so that a signal to this script runs the cleanup at once.
+wait "$runner_pid"
+runner_pid=""
