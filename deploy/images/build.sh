@@ -66,7 +66,8 @@ CUDA_LIB_DIR=$(directive cuda_lib_dir)
 mapfile -t DRIVER_LIBS < <(directive driver_lib | tr ' ' '\n')
 # Packages of one image: `all` plus its own.
 image_packages() {
-  directive package | awk -v image="$1" '$1 == "all" || $1 == image { for (i = 2; i <= NF; i++) print $i }' |
+  directive package |
+    awk -v image="$1" '$1 == "all" || $1 == image { for (i = 2; i <= NF; i++) print $i }' |
     sort -u
 }
 [[ -n "$USER_NAME" && -n "$ENTRYPOINT" && ${#BINARIES[@]} -gt 0 ]] || die "$MANIFEST is incomplete"
@@ -76,7 +77,8 @@ VERSION=$(tr -d '[:space:]' <"$REPO_ROOT/deploy/VERSION")
 REVISION=$(git -C "$REPO_ROOT" rev-parse HEAD)
 if [[ -n "$(git -C "$REPO_ROOT" status --porcelain)" ]]; then REVISION+="-dirty"; fi
 # The repository the image comes from: the origin remote when there is one.
-SOURCE=${ZEROSHARD_IMAGE_SOURCE:-$(git -C "$REPO_ROOT" remote get-url origin 2>/dev/null || echo unknown)}
+SOURCE=${ZEROSHARD_IMAGE_SOURCE:-$(git -C "$REPO_ROOT" remote get-url origin 2>/dev/null ||
+  echo unknown)}
 
 # --- tools --------------------------------------------------------------------------------------
 
@@ -201,7 +203,8 @@ build_image() {
   if [[ "$flavor" == cuda ]]; then
     mkdir -p "$context/cuda-lib"
     for lib in "${cuda_libs[@]}"; do
-      is_driver_lib "$(basename "$lib")" && die "$lib is a driver library; the image must not carry it"
+      is_driver_lib "$(basename "$lib")" &&
+        die "$lib is a driver library; the image must not carry it"
       cp -L "$lib" "$context/cuda-lib/$(basename "$lib")"
     done
     log "CUDA libraries carried: ${cuda_libs[*]}"
@@ -243,7 +246,8 @@ build_image() {
     chroot "$rootfs" /sbin/ldconfig
   fi
   echo "$USER_NAME:x:$USER_GID:" >>"$rootfs/etc/group"
-  echo "$USER_NAME:x:$USER_UID:$USER_GID:ZeroShard:$USER_HOME:/usr/sbin/nologin" >>"$rootfs/etc/passwd"
+  echo "$USER_NAME:x:$USER_UID:$USER_GID:ZeroShard:$USER_HOME:/usr/sbin/nologin" \
+    >>"$rootfs/etc/passwd"
   if [[ -f "$rootfs/etc/shadow" ]]; then echo "$USER_NAME:!:19000::::::" >>"$rootfs/etc/shadow"; fi
   install -d -m 0755 -o "$USER_UID" -g "$USER_GID" "$rootfs$USER_HOME"
   local dir
@@ -280,6 +284,7 @@ build_image() {
 
   step "$name" "umoci repack + config, skopeo copy"
   umoci repack --image "$layout:$tag" "$bundle"
+  local description="ZeroShard coordinator, worker, CLI and Python client ($flavor)"
   local config=(
     --config.user="$USER_UID:$USER_GID"
     --config.workingdir="$USER_HOME"
@@ -290,12 +295,15 @@ build_image() {
     --config.label="org.opencontainers.image.revision=$REVISION"
     --config.label="org.opencontainers.image.title=$name"
     --config.label="org.opencontainers.image.source=$SOURCE"
-    --config.label="org.opencontainers.image.description=ZeroShard coordinator, worker, CLI and Python client ($flavor)"
+    --config.label="org.opencontainers.image.description=$description"
     --author="ZeroShard deploy/images/build.sh"
   )
   if [[ "$flavor" == cuda ]]; then
     # What the NVIDIA container toolkit reads to inject the driver into the container.
-    config+=(--config.env="NVIDIA_VISIBLE_DEVICES=all" --config.env="NVIDIA_DRIVER_CAPABILITIES=compute,utility")
+    config+=(
+      --config.env="NVIDIA_VISIBLE_DEVICES=all"
+      --config.env="NVIDIA_DRIVER_CAPABILITIES=compute,utility"
+    )
   fi
   umoci config --image "$layout:$tag" "${config[@]}"
   umoci gc --layout "$layout"
@@ -303,7 +311,8 @@ build_image() {
   skopeo copy --quiet "oci:$layout:$tag" "docker-archive:$tarball:$name:$VERSION"
   rm -rf "$bundle"
   step_done "$name"
-  log "$name:$VERSION (revision $REVISION): $tarball ($(du -h "$tarball" | cut -f1)), OCI layout $layout"
+  log "$name:$VERSION (revision $REVISION): $tarball ($(du -h "$tarball" | cut -f1))," \
+    "OCI layout $layout"
 }
 
 if ((build_cpu)); then build_image cpu; fi

@@ -21,9 +21,21 @@ die() {
 
 [[ "$(id -u)" == 0 ]] || die "needs root (chroot/unshare or rootful podman)"
 [[ -f "$TARBALL" ]] || die "$TARBALL not found; build it with deploy/images/build.sh --cpu"
-for tool in skopeo umoci unshare chroot; do
-  command -v "$tool" >/dev/null || die "$tool not found (apt-get install skopeo umoci util-linux)"
+for tool in unshare chroot; do
+  command -v "$tool" >/dev/null || die "$tool not found (apt-get install util-linux coreutils)"
 done
+# podman is tried first; without it the check still runs (unshare + chroot).
+missing_tools=()
+for tool in skopeo umoci podman; do
+  command -v "$tool" >/dev/null || missing_tools+=("$tool")
+done
+if ((${#missing_tools[@]})); then
+  log "installing ${missing_tools[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq || die "apt-get update failed; install ${missing_tools[*]} yourself"
+  apt-get install -y -qq --no-install-recommends "${missing_tools[@]}" ||
+    die "cannot install ${missing_tools[*]}: install them with apt-get install ${missing_tools[*]}"
+fi
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/zeroshard-image-check.XXXXXX")
 CONTAINER=zeroshard-image-check-$$
@@ -100,14 +112,16 @@ for i in 0 1; do
   pids+=($!)
 done
 Z=(/usr/local/bin/zeroshard --coordinator="$address")
-two_idle() { (("$("${Z[@]}" workers --state=idle 2>/dev/null | tail -n +2 | grep -c worker-)" == 2)); }
+two_idle() {
+  (("$("${Z[@]}" workers --state=idle 2>/dev/null | tail -n +2 | grep -c worker-)" == 2))
+}
 wait_for "two idle workers" two_idle
 say "2 workers idle"
 for pid in "${pids[@]}"; do
   uids=$(awk '/^Uid:/ { print $2, $3 }' "/proc/$pid/status")
   [[ "$uids" == "65532 65532" ]] || { say "process $pid runs as uid $uids"; exit 1; }
 done
-say "coordinator and workers run as uid 65532 ($(for p in "${pids[@]}"; do printf '%s ' "$p"; done)in this namespace)"
+say "coordinator and workers run as uid 65532 (pids ${pids[*]} in this namespace)"
 "${Z[@]}" submit --name=image-check --preset=seed --optimizer=adamw --lr=0.01 --mode=zero2 \
   --workers=2 --global_batch=64 --dataset_size=256 --steps=16 --watch >"$W/watch.log" 2>&1 ||
   { say "the job did not succeed"; cat "$W/watch.log" >&2; exit 1; }
@@ -115,7 +129,8 @@ job=$("${Z[@]}" jobs | awk '$0 ~ /image-check/ { print $1; exit }')
 state=$("${Z[@]}" get "$job")
 say "job: $state"
 [[ "$state" == *SUCCEEDED* ]] || { say "job $job is not SUCCEEDED"; exit 1; }
-say "python3: $(/usr/bin/python3 -c 'import zeroshard; print("import zeroshard OK from", zeroshard.__file__)')"
+imported=$(/usr/bin/python3 -c 'import zeroshard; print(zeroshard.__file__)')
+say "python3: import zeroshard OK from $imported"
 say "all checks passed"
 EOF
 
@@ -123,9 +138,12 @@ log "unpacking $TARBALL (skopeo copy docker-archive -> oci, umoci unpack)"
 skopeo copy --quiet "docker-archive:$TARBALL" "oci:$WORK/oci:check"
 umoci unpack --image "$WORK/oci:check" "$WORK/bundle" >/dev/null
 ROOTFS=$WORK/bundle/rootfs
-config_user=$(python3 -c 'import json, sys; u = json.load(open(sys.argv[1]))["process"]["user"]; print(u["uid"], u["gid"])' \
-  "$WORK/bundle/config.json")
-[[ "$config_user" == "$IMAGE_UID $IMAGE_UID" ]] || die "the image's user is $config_user, not $IMAGE_UID"
+config_user=$(python3 -c '
+import json, sys
+user = json.load(open(sys.argv[1]))["process"]["user"]
+print(user["uid"], user["gid"])' "$WORK/bundle/config.json")
+[[ "$config_user" == "$IMAGE_UID $IMAGE_UID" ]] ||
+  die "the image's user is $config_user, not $IMAGE_UID"
 log "the image's configured user: uid/gid $config_user"
 
 podman_works() {
@@ -160,7 +178,8 @@ else
     # Not exec: this root shell stays the namespace init, whose parent-death signal
     # (--kill-child) a change of user would clear.
     chroot --userspec=65532:65532 "$rootfs" /usr/bin/env -i HOME=/var/lib/zeroshard \
-      PATH=/usr/local/bin:/usr/bin:/bin /bin/bash -c "cd /var/lib/zeroshard && exec /bin/bash /tmp/zeroshard-inside.sh"
+      PATH=/usr/local/bin:/usr/bin:/bin \
+      /bin/bash -c "cd /var/lib/zeroshard && exec /bin/bash /tmp/zeroshard-inside.sh"
   ' check-ns "$ROOTFS" &
   runner_pid=$!
 fi

@@ -139,7 +139,8 @@ def check(dockerfile_text, flavor, manifest, script, version):
         expected_copies.add(("cuda-lib/", cuda_lib_dir + "/"))
     if copies != expected_copies:
         problems.append(
-            f"COPY: missing {sorted(expected_copies - copies)}, extra {sorted(copies - expected_copies)}"
+            f"COPY: missing {sorted(expected_copies - copies)}, "
+            f"extra {sorted(copies - expected_copies)}"
         )
 
     if all_of("USER") != [f"{uid}:{gid}"]:
@@ -232,7 +233,8 @@ class DockerfilesTest(unittest.TestCase):
         }
         for what, (text, flavor) in drifts.items():
             with self.subTest(drift=what):
-                self.assertTrue(text != self.dockerfiles[flavor], f"the {what} edit changed nothing")
+                changed = text != self.dockerfiles[flavor]
+                self.assertTrue(changed, f"the {what} edit changed nothing")
                 self.assertNotEqual(self.check(text, flavor), [])
 
     def test_manifest_drift_is_caught(self):
