@@ -6,11 +6,11 @@
 
 Starts the coordinator on a free port, waits until it serves, starts the workers (worker-0 ..
 worker-N-1), waits until all of them are registered and idle, then prints the coordinator's
-address. A COMMAND after `--` runs with ZEROSHARD_COORDINATOR=host:port (and the other
-ZEROSHARD_* variables below) in its environment; the launcher exits with its status. Every
-process's output goes to the log directory. On exit, Ctrl-C, SIGTERM or an error every process is
-stopped (SIGTERM, then SIGKILL after a deadline); each runs in its own process group so that
-nothing is left behind.
+address and the dashboard's URL (http://127.0.0.1:<metrics port>/). A COMMAND after `--` runs
+with ZEROSHARD_COORDINATOR=host:port (and the other ZEROSHARD_* variables below) in its
+environment; the launcher exits with its status. Every process's output goes to the log
+directory. On exit, Ctrl-C, SIGTERM or an error every process is stopped (SIGTERM, then SIGKILL
+after a deadline); each runs in its own process group so that nothing is left behind.
 
 Secured (docs/operations.md, "TLS and tokens"): --tls makes a CA and the coordinator's certificate
 (for 127.0.0.1 and localhost) with the openssl CLI under LOG_DIR/tls and serves TLS; --tokens
@@ -230,6 +230,19 @@ class Credentials:
             with open(self.token_files["submitter"]) as f:
                 env["ZEROSHARD_TOKEN"] = f.readline().strip()
             env["ZEROSHARD_TOKEN_DIR"] = self.dir
+
+
+def dashboard_enabled(args):
+    """Whether the coordinator serves its dashboard: on unless a --dashboard flag turns it off
+    (the last one given wins, as with the coordinator's own flags)."""
+    enabled = True
+    for flag in args.coordinator_flag:
+        name, _, value = flag.lstrip("-").partition("=")
+        if name == "dashboard":
+            enabled = value.lower() not in ("false", "0", "no")
+        elif name == "nodashboard":
+            enabled = False
+    return enabled
 
 
 def default_bin_dir():
@@ -584,6 +597,11 @@ def main(argv):
             log(f"started {args.workers} workers; waiting until they are registered and idle")
             cluster.wait_for_idle_workers()
         log(f"{args.workers} workers idle")
+        if dashboard_enabled(args):
+            login = ""
+            if "viewer" in cluster.credentials.token_files:
+                login = f" (log in with the token in {cluster.credentials.token_files['viewer']})"
+            log(f"dashboard: http://127.0.0.1:{cluster.metrics_port}/{login}")
         print(f"ZEROSHARD_COORDINATOR={cluster.address}", flush=True)
         if command:
             log(f"running: {' '.join(command)}")
