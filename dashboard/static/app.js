@@ -83,7 +83,13 @@
     return num(value).toFixed(2) + " ms";
   }
 
+  // Proto JSON prints an unset enum as its *_UNSPECIFIED name: treat it as absent.
+  function enumName(value) {
+    return value && !/_UNSPECIFIED$/.test(value) ? value : "";
+  }
+
   function stateBadge(state) {
+    state = enumName(state);
     return h("span", { class: "badge state-" + String(state || "unknown").toLowerCase() }, state || "—");
   }
 
@@ -92,7 +98,7 @@
   }
 
   function modeName(job) {
-    return (job.spec && job.spec.mode) || "—";
+    return enumName(job.spec && job.spec.mode) || "—";
   }
 
   function workloadName(job) {
@@ -244,7 +250,7 @@
   function zeroFormula(job, psi) {
     const spec = job.spec || {};
     const precision = spec.precision || {};
-    const mode = spec.mode || "DDP";
+    const mode = enumName(spec.mode) || "DDP";
     const w = Math.max(1, worldSize(job));
     const paramBytes = DTYPE_BYTES[precision.paramDtype] || 4;
     const gradBytes = DTYPE_BYTES[precision.gradDtype] || paramBytes;
@@ -343,7 +349,7 @@
         const assignment = worker.assignment || {};
         const running = assignment.kind === "ASSIGNMENT_RUN" && assignment.jobId;
         const labels = Object.entries(worker.labels || {}).map(([k, v]) => k + "=" + v).join(", ");
-        const device = (worker.deviceKind || "—") +
+        const device = (enumName(worker.deviceKind) || "—") +
           (num(worker.deviceMemoryBytes) ? " (" + C.formatBytes(worker.deviceMemoryBytes) + ")" : "");
         return [
           h("span", { "data-worker": worker.id }, worker.name || worker.id, worker.name && worker.name !== worker.id ? h("small", {}, " " + worker.id) : null),
@@ -440,7 +446,7 @@
       const kind = event.type === "STATE_CHANGED" && (event.state === "RECOVERING" || event.state === "FAILED")
         ? "fault" : event.type === "NOTICE" ? "notice" : "";
       return [String(num(event.sequence)), timeOf(event.time), h("span", { class: "event " + kind }, event.type || "—"),
-        String(num(event.generation)), event.state ? stateBadge(event.state) : "—", detail || "—"];
+        String(num(event.generation)), enumName(event.state) ? stateBadge(event.state) : "—", detail || "—"];
     });
   }
 
