@@ -30,6 +30,7 @@ JOB_TIMEOUT_S = 180
 PAGE_TIMEOUT_S = 60
 BROWSER_START_TIMEOUT_S = 60
 VIEWPORT = (1200, 900)
+README_CLIP = {"x": 0, "y": 0, "width": 1140, "height": 1900, "scale": 0.7}
 ENDED = (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED)
 BYTES_PER_PARAM_DTYPE = {"FLOAT32": 4, "BFLOAT16": 2, "FLOAT16": 2, "FLOAT64": 8}
 
@@ -156,11 +157,19 @@ class Browser:
         self.devtools.call("Page.navigate", url="about:blank")
         self.devtools.call("Page.navigate", url=url)
         selector = '[data-page="%s"][data-ready="true"]' % page
-        wait_until(lambda: self.devtools.evaluate("!!document.querySelector(%s)" % json.dumps(selector)),
-                   PAGE_TIMEOUT_S, "%s to be ready (errors so far: %s)" % (url, self.devtools.errors))
+        try:
+            wait_until(lambda: self.devtools.evaluate("!!document.querySelector(%s)" % json.dumps(selector)),
+                       PAGE_TIMEOUT_S, url + " to be ready")
+        except AssertionError as e:
+            shown = self.devtools.evaluate("document.body ? document.body.innerText.slice(0, 300) : ''")
+            raise AssertionError("%s; errors: %s; the page shows: %r" % (e, self.devtools.errors, shown)) from None
 
-    def screenshot(self, path):
-        data = self.devtools.call("Page.captureScreenshot", format="png")["data"]
+    def screenshot(self, path, clip=None):
+        """Saves the viewport, or `clip` ({x, y, width, height, scale}, beyond the viewport too)."""
+        params = {"format": "png"}
+        if clip:
+            params.update(clip=clip, captureBeyondViewport=True)
+        data = self.devtools.call("Page.captureScreenshot", **params)["data"]
         with open(path, "wb") as f:
             f.write(base64.b64decode(data))
 
@@ -177,8 +186,10 @@ def progress_steps(client, job_id):
             if event.type == job_pb2.PROGRESS}
 
 
-def memory_json_fields():
-    return [(field.name, field.json_name) for field in types_pb2.MemoryBreakdown.DESCRIPTOR.fields]
+def memory_categories():
+    """MemoryBreakdown's categories as (field name, JSON name): every field but the total."""
+    return [(field.name, field.json_name) for field in types_pb2.MemoryBreakdown.DESCRIPTOR.fields
+            if field.name != "total_bytes"]
 
 
 class DashboardTest(unittest.TestCase):
@@ -255,8 +266,10 @@ class DashboardTest(unittest.TestCase):
         self.assertEqual(len(job.rank_progress), WORKERS, job.id)
         for rank, metrics in enumerate(job.rank_progress):
             self.assertTrue(metrics.HasField("memory"), "%s rank %d reported no memory" % (job.id, rank))
-            for name, json_name in memory_json_fields():
+            for name, json_name in memory_categories():
                 expected[(rank, json_name)] = getattr(metrics.memory, name)
+            shown_total = sum(v for (r, _), v in shown.items() if r == rank)
+            self.assertEqual(shown_total, metrics.memory.total_bytes, "%s rank %d" % (job.id, rank))
         self.assertEqual(shown, expected, job.id)
         self.assertGreater(sum(expected.values()), 0)
 
@@ -266,6 +279,11 @@ class DashboardTest(unittest.TestCase):
                 job = self.client.get(job.id)
                 self.assertEqual(job.state, job_pb2.SUCCEEDED, job.message)
                 self.load("#/jobs/" + job.id, "job", "job-%s.png" % mode.lower())
+                if mode == "ZERO2":
+                    # The README's picture (docs/images/dashboard-job.png): loss, step time and
+                    # memory, scaled down to stay small.
+                    self.browser.screenshot(os.path.join(self.outputs, "dashboard-job.png"),
+                                            clip=README_CLIP)
                 points = self.browser.attributes('[data-chart="loss"] [data-point]', "data-point")
                 steps = progress_steps(self.client, job.id)
                 self.assertEqual(len(steps), SEED_STEPS)
