@@ -8,6 +8,7 @@
   // A poll reads at most this many pages of events, so a fast job cannot stall the page.
   const EVENT_PAGES_PER_POLL = 10;
   const STEP_BARS = 60;
+  const JOB_PAGES = 2;
   const MAX_BUCKETS_DRAWN = 64;
   const MEMORY_CATEGORIES = [
     ["paramsBytes", "params"],
@@ -147,16 +148,18 @@
     return body || {};
   }
 
-  async function listAll(path, key) {
+  // Up to `maxPages` pages of a listing; `more` says whether the listing went on.
+  async function listPages(path, key, maxPages) {
     const items = [];
     let token = "";
-    for (let page = 0; page < 100; page++) {
+    for (let page = 0; page < maxPages; page++) {
       const query = "?pageSize=500" + (token ? "&pageToken=" + encodeURIComponent(token) : "");
       const body = await api(path + query);
       items.push(...(body[key] || []));
       token = body.nextPageToken || "";
       if (!token) break;
     }
+    items.more = Boolean(token);
     return items;
   }
 
@@ -340,7 +343,7 @@
     const body = h("div");
     root.append(summary, body);
     return poller(root, async () => {
-      const workers = await listAll("workers", "workers");
+      const workers = await listPages("workers", "workers", 20);
       const counts = {};
       for (const worker of workers) counts[worker.state] = (counts[worker.state] || 0) + 1;
       summary.textContent = workers.length + " workers" + (workers.length ? ": " +
@@ -380,7 +383,8 @@
     }
     updateCompare();
     return poller(root, async () => {
-      const jobs = await listAll("jobs", "jobs");
+      // Newest first: a poll reads the newest JOB_PAGES pages, not a long history.
+      const jobs = await listPages("jobs", "jobs", JOB_PAGES);
       const rows = jobs.map((job) => {
         const box = h("input", { type: "checkbox", "aria-label": "compare " + job.id });
         box.checked = selected.has(job.id);
@@ -397,7 +401,8 @@
           step + " / " + (steps || "—"), age(job.createTime),
         ];
       });
-      replace(body, table(["", "job", "name", "state", "mode", "workload", "W", "step / steps", "age"], rows));
+      replace(body, table(["", "job", "name", "state", "mode", "workload", "W", "step / steps", "age"], rows),
+        jobs.more ? h("p", { class: "hint" }, "The newest " + jobs.length + " jobs; older ones are in the API (/api/v1/jobs?pageToken=...).") : null);
       root.setAttribute("data-ready", "true");
     }, () => true);
   }
@@ -654,7 +659,7 @@
     let pickerDrawn = false;
 
     async function drawPicker() {
-      const list = await listAll("jobs", "jobs");
+      const list = await listPages("jobs", "jobs", JOB_PAGES);
       const chosen = new Set(ids);
       const link = h("a", { class: "button", href: "#/compare?jobs=" + ids.join(",") }, "Compare");
       const boxes = list.map((job) => {
