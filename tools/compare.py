@@ -639,9 +639,12 @@ def save(figure, path):
     plt.close(figure)
 
 
-def fmt(value, digits=3):
-    """The report's number format (3 significant digits; the test reads them back)."""
-    return f"{value:.{digits}g}"
+def fmt(value):
+    """The report's number format: 3 significant digits, whole numbers from 100 up (within 0.5%
+    either way; the test reads them back)."""
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}"
 
 
 def write_report(raw_dir, out_path):

@@ -69,7 +69,7 @@ class CompareReportTest(unittest.TestCase):
         with open(os.path.join(raw, "meta.json")) as f:
             cls.meta = json.load(f)
         with open(os.path.join(raw, "train-seed-w2.json")) as f:
-            cls.run = json.load(f)
+            cls.training = json.load(f)
         with open(os.path.join(raw, "kernels.json")) as f:
             cls.kernels = json.load(f)
 
@@ -99,24 +99,24 @@ class CompareReportTest(unittest.TestCase):
         self.assertIn(f"fused CPU AdamW {fused}", self.markdown)
 
     def test_every_variant_ran_every_step(self):
-        self.assertEqual([v["variant"] for v in self.run["variants"]], VARIANTS)
-        for variant in self.run["variants"]:
+        self.assertEqual([v["variant"] for v in self.training["variants"]], VARIANTS)
+        for variant in self.training["variants"]:
             with self.subTest(variant=variant["variant"]):
                 self.assertEqual([s["step"] for s in variant["steps"]],
                                  list(range(1, WARMUP + STEPS + 1)))
                 self.assertEqual(len(variant["peak_rss_bytes_per_rank"]), 2)
 
     def test_final_parameters_agree_with_torch(self):
-        tolerance = PARAM_AGREEMENT * self.run["max_abs_param"]
-        self.assertGreater(self.run["max_abs_param"], 0)
-        for variant in self.run["variants"]:
+        tolerance = PARAM_AGREEMENT * self.training["max_abs_param"]
+        self.assertGreater(self.training["max_abs_param"], 0)
+        for variant in self.training["variants"]:
             with self.subTest(variant=variant["variant"]):
                 self.assertLessEqual(variant["max_abs_dparam_vs_torch_ddp"], tolerance)
 
     def test_training_table_matches_raw_json(self):
         rows = table_rows(self.markdown, "| preset | W | variant | iteration ms")
         self.assertEqual([row[2] for row in rows], VARIANTS)
-        by_variant = {v["variant"]: v for v in self.run["variants"]}
+        by_variant = {v["variant"]: v for v in self.training["variants"]}
         for row in rows:
             variant = by_variant[row[2]]
             measured = variant["steps"][WARMUP:]
@@ -132,7 +132,7 @@ class CompareReportTest(unittest.TestCase):
                 5: median(comm_key),
                 6: median("update_ms"),
                 7: max(variant["peak_rss_bytes_per_rank"]) / MIB,
-                8: expected_formula_bytes(row[2], self.run["params"], 2) / MIB,
+                8: expected_formula_bytes(row[2], self.training["params"], 2) / MIB,
                 9: variant["memory"]["optimizer_state_bytes"] / MIB,
                 10: variant["steps"][-1]["loss"],
                 11: variant["max_abs_dparam_vs_torch_ddp"],
@@ -161,8 +161,8 @@ class CompareReportTest(unittest.TestCase):
                              f"{side} {threads} threads")
 
     def test_losses_fall_alike(self):
-        finals = {v["variant"]: v["steps"][-1]["loss"] for v in self.run["variants"]}
-        firsts = {v["variant"]: v["steps"][0]["loss"] for v in self.run["variants"]}
+        finals = {v["variant"]: v["steps"][-1]["loss"] for v in self.training["variants"]}
+        firsts = {v["variant"]: v["steps"][0]["loss"] for v in self.training["variants"]}
         for variant in VARIANTS:
             with self.subTest(variant=variant):
                 self.assertLess(finals[variant], firsts[variant])
