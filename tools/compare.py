@@ -544,6 +544,9 @@ def plot_all(runs, kernels, out_dir):
 
     colors = {"torch_ddp": "#d62728", "torch_zero": "#ff7f0e", "zeroshard_ddp": "#1f77b4",
               "zeroshard_zero1": "#2ca02c", "zeroshard_zero2": "#9467bd"}
+    # The curves lie on top of each other: dashes keep each one visible.
+    styles = {"torch_ddp": "-", "torch_zero": (0, (6, 3)), "zeroshard_ddp": (0, (3, 3)),
+              "zeroshard_zero1": (0, (1, 2)), "zeroshard_zero2": (0, (6, 2, 1, 2))}
     columns = len(runs)
 
     figure, axes = plt.subplots(1, columns, figsize=(4.2 * columns, 3.4), squeeze=False)
@@ -553,7 +556,8 @@ def plot_all(runs, kernels, out_dir):
             losses = [s["loss"] for s in variant["steps"]]
             axis.plot(steps, losses, label=f"{variant['variant']} "
                       f"(max|Δp| {variant['max_abs_dparam_vs_torch_ddp']:.1e})",
-                      color=colors[variant["variant"]], linewidth=1)
+                      color=colors[variant["variant"]], linewidth=1,
+                      linestyle=styles[variant["variant"]])
         axis.set_yscale("log")
         axis.set_title(f"{run['preset']}, W = {run['world_size']}", fontsize=9)
         axis.set_xlabel("step", fontsize=8)
