@@ -611,6 +611,9 @@ def plot_all(runs, kernels, out_dir):
                 axis.bar(index, value, bottom=bottom, color=color, width=0.6,
                          label=label if index == 0 else None)
                 bottom += value
+            # Medians of the parts need not add up to the iteration's median.
+            axis.plot([index - 0.35, index + 0.35], [row["iteration_ms"]] * 2, color="black",
+                      linewidth=1.5, label="iteration (median)" if index == 0 else None)
         axis.set_xticks(range(len(names)))
         axis.set_xticklabels([n.replace("zeroshard_", "zs_") for n in names], rotation=30,
                              fontsize=7)
@@ -688,7 +691,10 @@ def write_report(raw_dir, out_path):
         "the worker's MemoryBreakdown count, and the ZeRO formula for fp32 AdamW "
         "(4Ψ parameters + 4Ψ gradients + 8Ψ optimizer state, divided by W where sharded; "
         "torch's ZeroRedundancyOptimizer shards the state only). max |Δparam| is the largest "
-        "difference of the final parameters from torch DDP's.",
+        "difference of the final parameters from torch DDP's. The variants of one (preset, W) "
+        "run one after another in one round (torch DDP, torch ZeRO, ZeroShard ddp, zero1, "
+        "zero2, then the attached trainers), so a load that changes during the run falls "
+        "unevenly on them: compare within a column and read the load averages.",
         "",
         "## Training",
         "",
