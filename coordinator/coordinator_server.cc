@@ -100,6 +100,16 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     http_options.handlers["/healthz"] = [] {
       return http::HttpResponse{200, "text/plain", "ok\n"};
     };
+    if (options.dashboard) {
+      dashboard::DashboardOptions dashboard_options;
+      dashboard_options.manager = server->manager_.get();
+      dashboard_options.authenticator = server->authenticator_.get();
+      dashboard_options.clock = clock;
+      dashboard_options.max_reply_bytes =
+          static_cast<size_t>(options.service.max_send_message_bytes);
+      server->dashboard_ = std::make_unique<dashboard::Dashboard>(dashboard_options);
+      http_options.routes = server->dashboard_->Routes();
+    }
     absl::StatusOr<std::unique_ptr<http::HttpServer>> started =
         http::HttpServer::Start(std::move(http_options));
     if (!started.ok()) {
@@ -121,8 +131,8 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
                << (server->authenticator_->enabled()
                        ? absl::StrCat(", ", server->authenticator_->entries(), " identities)")
                        : ", no authentication)")
-               << ", metrics on port " << server->metrics_port_ << ", state in "
-               << options.state_dir;
+               << ", metrics" << (server->dashboard_ != nullptr ? " and dashboard" : "")
+               << " on port " << server->metrics_port_ << ", state in " << options.state_dir;
   return server;
 }
 

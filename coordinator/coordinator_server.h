@@ -1,6 +1,6 @@
 // A running coordinator: the durable store, rendezvous store, job manager, the gRPC server
-// (with health checking and server reflection), the /metrics HTTP
-// endpoint and the ticker that expires leases. `zeroshard-coordinator` is a thin main around it;
+// (with health checking and server reflection), the HTTP port (/metrics, /healthz and the
+// dashboard) and the ticker that expires leases. `zeroshard-coordinator` is a thin main around it;
 // service tests run it in-process.
 #ifndef ZEROSHARD_COORDINATOR_COORDINATOR_SERVER_H_
 #define ZEROSHARD_COORDINATOR_COORDINATOR_SERVER_H_
@@ -17,6 +17,7 @@
 #include "coordinator/metrics.h"
 #include "coordinator/reflection_service.h"
 #include "coordinator/rendezvous_store.h"
+#include "dashboard/dashboard.h"
 #include "grpcpp/server.h"
 #include "http/http_server.h"
 #include "security/authenticator.h"
@@ -39,6 +40,9 @@ struct CoordinatorServerOptions {
   int metrics_max_connections = 256;
   // A metrics connection idle (nothing sent or received) this long is closed; whole seconds.
   absl::Duration metrics_idle_timeout = absl::Seconds(10);
+  // The web dashboard and its JSON API on the metrics port (flag --dashboard); off: neither is
+  // served (404). Needs metrics_port >= 0.
+  bool dashboard = true;
   std::string state_dir;
   JobManagerOptions manager;
   ServiceOptions service;
@@ -98,6 +102,8 @@ class CoordinatorServer {
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<grpc::Server> server_;
+  // Before http_, whose handlers use it, so that it goes after it.
+  std::unique_ptr<dashboard::Dashboard> dashboard_;
   std::unique_ptr<http::HttpServer> http_;
   std::thread ticker_;
   absl::Notification stopping_;

@@ -20,7 +20,7 @@
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
 #include "coordinator/ids.h"
-#include "coordinator/page_token.h"
+#include "coordinator/queries.h"
 #include "coordinator/request_parsing.h"
 #include "coordinator/request_validation.h"
 #include "security/authenticator.h"
@@ -28,14 +28,6 @@
 
 namespace zeroshard::coordinator {
 namespace {
-
-// A listing page of `page_size` items (the documented default when unset) that fits in a reply.
-PageRequest PageRequestOf(bool has_page_size, int32_t page_size) {
-  PageRequest page;
-  page.max_items = has_page_size ? page_size : kDefaultListPageSize;
-  page.max_bytes = kMaxListReplyBytes;
-  return page;
-}
 
 // The `zeroshard-worker-secret` metadata of the call; empty when there is none.
 std::string WorkerSecretOf(const grpc::ServerContextBase& context) {
@@ -554,16 +546,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListWorkers(grpc::CallbackServerCo
       context, Method::kListWorkers, raw_request, raw_response,
       [&](const security::Identity& caller, const v1::ListWorkersRequest* request,
           v1::ListWorkersResponse* response) -> absl::Status {
-        ZS_RETURN_IF_ERROR(ValidateListWorkersRequest(*request));
-        PageRequest page = PageRequestOf(request->has_page_size(), request->page_size());
-        if (!request->page_token().empty()) {
-          ZS_ASSIGN_OR_RETURN(page.after, ParseWorkerPageToken(request->page_token()));
-        }
-        Page<v1::WorkerInfo> workers = manager_->ListWorkersPage(request->state(), page);
-        for (v1::WorkerInfo& worker : workers.items) *response->add_workers() = std::move(worker);
-        if (workers.next_after.has_value()) {
-          response->set_next_page_token(MakePageToken(FormatWorkerId(*workers.next_after)));
-        }
+        ZS_ASSIGN_OR_RETURN(*response, coordinator::ListWorkers(*manager_, *request));
         return absl::OkStatus();
       });
 }
@@ -589,8 +572,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext
       context, Method::kGetJob, raw_request, raw_response,
       [&](const security::Identity& caller, const v1::GetJobRequest* request,
           v1::Job* response) -> absl::Status {
-        ZS_RETURN_IF_ERROR(ValidateGetJobRequest(*request));
-        ZS_ASSIGN_OR_RETURN(*response, manager_->GetJob(request->job_id()));
+        ZS_ASSIGN_OR_RETURN(*response, coordinator::GetJob(*manager_, *request));
         return absl::OkStatus();
       });
 }
@@ -602,19 +584,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ListJobs(grpc::CallbackServerConte
       context, Method::kListJobs, raw_request, raw_response,
       [&](const security::Identity& caller, const v1::ListJobsRequest* request,
           v1::ListJobsResponse* response) -> absl::Status {
-        ZS_RETURN_IF_ERROR(ValidateListJobsRequest(*request));
-        // `limit` is page_size's older name; validation refused setting both.
-        PageRequest page = request->has_limit()
-                               ? PageRequestOf(true, request->limit())
-                               : PageRequestOf(request->has_page_size(), request->page_size());
-        if (!request->page_token().empty()) {
-          ZS_ASSIGN_OR_RETURN(page.after, ParseJobPageToken(request->page_token()));
-        }
-        Page<v1::Job> jobs = manager_->ListJobs(request->state(), page);
-        for (v1::Job& job : jobs.items) *response->add_jobs() = std::move(job);
-        if (jobs.next_after.has_value()) {
-          response->set_next_page_token(MakePageToken(FormatJobId(*jobs.next_after)));
-        }
+        ZS_ASSIGN_OR_RETURN(*response, coordinator::ListJobs(*manager_, *request));
         return absl::OkStatus();
       });
 }
@@ -710,8 +680,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetShardPlan(grpc::CallbackServerC
       context, Method::kGetShardPlan, raw_request, raw_response,
       [&](const security::Identity& caller, const v1::GetShardPlanRequest* request,
           v1::ShardPlan* response) -> absl::Status {
-        ZS_RETURN_IF_ERROR(ValidateGetShardPlanRequest(*request));
-        ZS_ASSIGN_OR_RETURN(*response, manager_->GetShardPlan(*request));
+        ZS_ASSIGN_OR_RETURN(*response, coordinator::GetShardPlan(*manager_, *request));
         return absl::OkStatus();
       });
 }

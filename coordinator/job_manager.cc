@@ -545,6 +545,14 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
         "finished: rank ", request.rank(), " finished at step ", reached, " of ", steps));
   }
   if (step > recorded) record.rank_steps[request.rank()] = step;
+  // A job stored before rank_progress existed, adopted by this coordinator, gets its entries now.
+  while (record.job.rank_progress_size() < record.job.worker_ids_size()) {
+    record.job.add_rank_progress();
+  }
+  // In memory until the job is next written: the other ranks' reports cost no durable write.
+  if (step > 0 && step >= record.job.rank_progress(request.rank()).step()) {
+    *record.job.mutable_rank_progress(request.rank()) = request.metrics();
+  }
   response.set_continue_running(true);
   bool changed_job = false;
   if (!request.notice().empty()) {
@@ -954,6 +962,8 @@ absl::Status JobManager::StartGenerationLocked(JobRecord& record,
   job.clear_worker_ids();
   for (const std::string& id : worker_ids) job.add_worker_ids(id);
   job.clear_progress();
+  job.clear_rank_progress();
+  for (int64_t rank = 0; rank < world_size; ++rank) job.add_rank_progress();
   if (!job.has_start_time()) *job.mutable_start_time() = ToTimestamp(clock_->Now());
   record.finished_ranks.clear();
   record.rank_steps.clear();

@@ -426,6 +426,47 @@ TEST_F(JobManagerTest, LostWorkerEndsGenerationAndJobRestartsOnSurvivors) {
   EXPECT_FALSE(response->continue_running());
 }
 
+TEST_F(JobManagerTest, RankProgressKeepsEachRanksLatestReportOfTheCurrentGeneration) {
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_max_workers(2);
+  const std::string a = Register("a");
+  const std::string b = Register("b");
+  auto submitted = manager_->SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  const v1::Job first = *manager_->GetJob(submitted->id());
+  ASSERT_EQ(first.worker_ids_size(), 2);
+  // Sized to the world, empty until a rank reports.
+  ASSERT_EQ(first.rank_progress_size(), 2);
+  EXPECT_EQ(first.rank_progress(0).step(), 0);
+  EXPECT_EQ(first.rank_progress(1).step(), 0);
+
+  ASSERT_TRUE(Report(first, 1, 1).ok());
+  ASSERT_TRUE(Report(first, 0, 1).ok());
+  ASSERT_TRUE(Report(first, 0, 3).ok());
+  v1::Job reported = *manager_->GetJob(first.id());
+  EXPECT_EQ(reported.rank_progress(0).step(), 3);
+  EXPECT_EQ(reported.rank_progress(1).step(), 1);
+  EXPECT_DOUBLE_EQ(reported.rank_progress(1).loss(), 1.0);
+  // A rank's step never goes back; the refused report changes nothing.
+  EXPECT_EQ(Report(first, 0, 2).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(manager_->GetJob(first.id())->rank_progress(0).step(), 3);
+
+  // b's lease ends: the next generation starts with empty entries for its one rank.
+  for (int i = 0; i < 4; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    Beat(a, first.id(), 1);
+    manager_->Tick();
+  }
+  Beat(a, first.id(), 1);
+  ASSERT_EQ(Beat(a).kind(), v1::ASSIGNMENT_RUN);
+  const v1::Job second = *manager_->GetJob(first.id());
+  ASSERT_EQ(second.generation(), 2);
+  ASSERT_EQ(second.rank_progress_size(), 1);
+  EXPECT_EQ(second.rank_progress(0).step(), 0);
+  ASSERT_TRUE(Report(second, 0, 2).ok());
+  EXPECT_EQ(manager_->GetJob(first.id())->rank_progress(0).step(), 2);
+}
+
 TEST_F(JobManagerTest, JobFailsAfterMaxAttempts) {
   v1::JobSpec spec = SeedSpec(1);
   spec.set_max_attempts(1);

@@ -50,6 +50,9 @@ ABSL_FLAG(int, metrics_max_connections, 256,
 ABSL_FLAG(absl::Duration, metrics_idle_timeout, absl::Seconds(10),
           "A metrics-port connection that sends or receives nothing this long is closed (whole "
           "seconds, at least 1s).");
+ABSL_FLAG(bool, dashboard, true,
+          "Serve the web dashboard and its JSON API (/api/v1/...) on the --metrics_port HTTP port; "
+          "with --token_file they need a viewer, submitter or admin token (docs/api.md).");
 ABSL_FLAG(std::string, state_dir, "", "Directory of the durable job state (SQLite). Required.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory the workers write checkpoints into (the same path on every worker and "
@@ -131,6 +134,7 @@ int main(int argc, char** argv) {
   options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
   options.metrics_max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
   options.metrics_idle_timeout = absl::GetFlag(FLAGS_metrics_idle_timeout);
+  options.dashboard = absl::GetFlag(FLAGS_dashboard);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.manager.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.manager.lease.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);

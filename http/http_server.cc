@@ -8,41 +8,120 @@
 
 #include <cstring>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 
 namespace zeroshard::http {
 namespace {
 
-// The address of a connection's request once its headers are in; its body (if any) is dropped.
-int headers_seen_marker;
+// One request's state between libmicrohttpd's calls: its body so far. Freed when the request
+// completes (RequestCompleted), however it ends.
+struct RequestState {
+  std::string body;
+  bool body_too_large = false;
+};
+
+MHD_Result CollectValue(void* into, MHD_ValueKind /*kind*/, const char* key, const char* value) {
+  if (key == nullptr) return MHD_YES;
+  (*static_cast<std::map<std::string, std::string>*>(into))[key] = value == nullptr ? "" : value;
+  return MHD_YES;
+}
+
+MHD_Result CollectHeader(void* into, MHD_ValueKind /*kind*/, const char* key, const char* value) {
+  if (key == nullptr) return MHD_YES;
+  (*static_cast<std::map<std::string, std::string>*>(into))[absl::AsciiStrToLower(key)] =
+      value == nullptr ? "" : value;
+  return MHD_YES;
+}
 
 MHD_Result Answer(void* server, MHD_Connection* connection, const char* url, const char* method,
-                  const char* /*version*/, const char* /*upload_data*/, size_t* upload_data_size,
+                  const char* /*version*/, const char* upload_data, size_t* upload_data_size,
                   void** request_state) {
+  const auto* http = static_cast<const HttpServer*>(server);
   // libmicrohttpd calls once when the headers are in, then once per piece of body, then once
   // more; answering on the last call keeps a request with a body well-formed on keep-alive.
   if (*request_state == nullptr) {
-    *request_state = &headers_seen_marker;
+    *request_state = new RequestState();
     return MHD_YES;
   }
+  auto* state = static_cast<RequestState*>(*request_state);
   if (*upload_data_size != 0) {
+    // Past the bound the rest is read and dropped, so memory stays bounded.
+    if (!state->body_too_large) {
+      if (state->body.size() + *upload_data_size > http->max_body_bytes()) {
+        state->body_too_large = true;
+        state->body.clear();
+      } else {
+        state->body.append(upload_data, *upload_data_size);
+      }
+    }
     *upload_data_size = 0;
     return MHD_YES;
   }
-  const HttpResponse answer = static_cast<const HttpServer*>(server)->Respond(method, url);
+  HttpResponse answer;
+  if (state->body_too_large) {
+    answer = {MHD_HTTP_CONTENT_TOO_LARGE, "text/plain",
+              absl::StrCat("request body: more than ", http->max_body_bytes(), " bytes\n")};
+  } else {
+    HttpRequest request;
+    request.method = method;
+    request.path = url;
+    request.body = std::move(state->body);
+    MHD_get_connection_values(connection, MHD_GET_ARGUMENT_KIND, &CollectValue, &request.query);
+    MHD_get_connection_values(connection, MHD_HEADER_KIND, &CollectHeader, &request.headers);
+    answer = http->Respond(request);
+  }
   MHD_Response* response = MHD_create_response_from_buffer(
       answer.body.size(), const_cast<char*>(answer.body.data()), MHD_RESPMEM_MUST_COPY);
   if (response == nullptr) return MHD_NO;
   if (!answer.content_type.empty()) {
     MHD_add_response_header(response, MHD_HTTP_HEADER_CONTENT_TYPE, answer.content_type.c_str());
   }
-  if (answer.status == MHD_HTTP_METHOD_NOT_ALLOWED) {
-    MHD_add_response_header(response, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+  for (const auto& [name, value] : answer.headers) {
+    MHD_add_response_header(response, name.c_str(), value.c_str());
   }
   const MHD_Result queued =
       MHD_queue_response(connection, static_cast<unsigned int>(answer.status), response);
   MHD_destroy_response(response);
   return queued;
+}
+
+void RequestCompleted(void* /*server*/, MHD_Connection* /*connection*/, void** request_state,
+                      MHD_RequestTerminationCode /*code*/) {
+  delete static_cast<RequestState*>(*request_state);
+  *request_state = nullptr;
+}
+
+int HexDigit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+absl::StatusOr<std::string> DecodeFormValue(absl::string_view encoded) {
+  std::string decoded;
+  decoded.reserve(encoded.size());
+  for (size_t i = 0; i < encoded.size(); ++i) {
+    if (encoded[i] == '+') {
+      decoded.push_back(' ');
+    } else if (encoded[i] == '%') {
+      const int high = i + 2 < encoded.size() ? HexDigit(encoded[i + 1]) : -1;
+      const int low = i + 2 < encoded.size() ? HexDigit(encoded[i + 2]) : -1;
+      if (high < 0 || low < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("form: bad percent escape at byte ", i, " of a field"));
+      }
+      decoded.push_back(static_cast<char>(high * 16 + low));
+      i += 2;
+    } else {
+      decoded.push_back(encoded[i]);
+    }
+  }
+  return decoded;
 }
 
 // "[::1]" -> "::1": the bracketed form of an IPv6 host in host:port addresses.
@@ -54,6 +133,25 @@ std::string Unbracket(const std::string& host) {
 }
 
 }  // namespace
+
+std::string HttpRequest::Header(absl::string_view lower_case_name) const {
+  const auto it = headers.find(std::string(lower_case_name));
+  return it == headers.end() ? "" : it->second;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> ParseFormBody(absl::string_view body) {
+  std::map<std::string, std::string> fields;
+  for (absl::string_view pair : absl::StrSplit(body, '&', absl::SkipEmpty())) {
+    const size_t equals = pair.find('=');
+    absl::StatusOr<std::string> name = DecodeFormValue(pair.substr(0, equals));
+    if (!name.ok()) return name.status();
+    absl::StatusOr<std::string> value = DecodeFormValue(
+        equals == absl::string_view::npos ? absl::string_view() : pair.substr(equals + 1));
+    if (!value.ok()) return value.status();
+    fields[*std::move(name)] = *std::move(value);
+  }
+  return fields;
+}
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions options) {
   if (options.max_connections < 1) {
@@ -98,7 +196,7 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
       server.get(), MHD_OPTION_SOCK_ADDR, &address, MHD_OPTION_CONNECTION_LIMIT,
       static_cast<unsigned int>(server->options_.max_connections), MHD_OPTION_CONNECTION_TIMEOUT,
       static_cast<unsigned int>(absl::ToInt64Seconds(server->options_.idle_timeout)),
-      MHD_OPTION_END);
+      MHD_OPTION_NOTIFY_COMPLETED, &RequestCompleted, nullptr, MHD_OPTION_END);
   if (server->daemon_ == nullptr) {
     return absl::UnavailableError(
         absl::StrCat("port: cannot listen on ", server->options_.host, ":", server->options_.port));
@@ -115,15 +213,47 @@ HttpServer::~HttpServer() {
   if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
 }
 
-HttpResponse HttpServer::Respond(const std::string& method, const std::string& path) const {
-  const auto handler = options_.handlers.find(path);
-  if (handler == options_.handlers.end()) {
-    return {MHD_HTTP_NOT_FOUND, "text/plain", "not found\n"};
+HttpResponse HttpServer::Respond(const HttpRequest& request) const {
+  const bool get_or_head =
+      request.method == MHD_HTTP_METHOD_GET || request.method == MHD_HTTP_METHOD_HEAD;
+  if (const auto handler = options_.handlers.find(request.path);
+      handler != options_.handlers.end()) {
+    if (!get_or_head) {
+      return {MHD_HTTP_METHOD_NOT_ALLOWED,
+              "text/plain",
+              "method not allowed\n",
+              {{MHD_HTTP_HEADER_ALLOW, "GET, HEAD"}}};
+    }
+    return handler->second();
   }
-  if (method != MHD_HTTP_METHOD_GET && method != MHD_HTTP_METHOD_HEAD) {
-    return {MHD_HTTP_METHOD_NOT_ALLOWED, "text/plain", "method not allowed\n"};
+  const HttpRoute* match = nullptr;
+  for (const HttpRoute& route : options_.routes) {
+    if (!route.prefix && route.path == request.path) {
+      match = &route;
+      break;
+    }
+    if (route.prefix && absl::StartsWith(request.path, route.path) &&
+        (match == nullptr || (match->prefix && route.path.size() > match->path.size()))) {
+      match = &route;
+    }
   }
-  return handler->second();
+  if (match == nullptr) return {MHD_HTTP_NOT_FOUND, "text/plain", "not found\n"};
+  std::vector<std::string> allowed;
+  bool allowed_method = false;
+  for (const std::string& method : match->methods) {
+    allowed.push_back(method);
+    if (method == MHD_HTTP_METHOD_GET) allowed.push_back(MHD_HTTP_METHOD_HEAD);
+    if (method == request.method || (method == MHD_HTTP_METHOD_GET && get_or_head)) {
+      allowed_method = true;
+    }
+  }
+  if (!allowed_method) {
+    return {MHD_HTTP_METHOD_NOT_ALLOWED,
+            "text/plain",
+            "method not allowed\n",
+            {{MHD_HTTP_HEADER_ALLOW, absl::StrJoin(allowed, ", ")}}};
+  }
+  return match->handler(request);
 }
 
 }  // namespace zeroshard::http

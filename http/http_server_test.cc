@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -74,6 +75,86 @@ TEST(HttpServerTest, AnswersRegisteredPathsWithTheirContentTypeAndRefusesTheRest
   EXPECT_EQ(posted->status, 405);
   // The POST did not run the handler; GET and HEAD did.
   EXPECT_EQ(answered.load(), 2);
+}
+
+TEST(HttpServerTest, RoutesSeeTheRequestAndSetHeaders) {
+  HttpServerOptions options;
+  options.max_body_bytes = 64;
+  options.routes.push_back(
+      {"/api/", /*prefix=*/true, {"GET"}, [](const HttpRequest& request) {
+         std::string seen = absl::StrCat(request.method, " ", request.path);
+         for (const auto& [name, value] : request.query) {
+           absl::StrAppend(&seen, " ", name, "=", value);
+         }
+         absl::StrAppend(&seen, " cookie=", request.Header("cookie"));
+         return HttpResponse{200, "text/plain", seen, {{"Cache-Control", "no-store"}}};
+       }});
+  options.routes.push_back({"/api/exact", /*prefix=*/false, {"GET"}, [](const HttpRequest&) {
+                              return HttpResponse{200, "text/plain", "exact"};
+                            }});
+  options.routes.push_back(
+      {"/login", /*prefix=*/false, {"GET", "POST"}, [](const HttpRequest& request) {
+         absl::StatusOr<std::map<std::string, std::string>> form = ParseFormBody(request.body);
+         if (!form.ok()) return HttpResponse{400, "text/plain", "bad form"};
+         return HttpResponse{
+             303, "text/plain", (*form)["token"], {{"Location", "/"}, {"Set-Cookie", "s=1"}}};
+       }});
+  std::unique_ptr<HttpServer> server = StartOrDie(std::move(options));
+  ASSERT_NE(server, nullptr);
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+
+  absl::StatusOr<RawConnection> connection = RawConnection::Open(server->port());
+  ASSERT_TRUE(connection.ok()) << connection.status();
+  ASSERT_TRUE(connection
+                  ->Send("GET /api/v1/jobs/job-1?limit=5&after=x%20y HTTP/1.1\r\nHost: h\r\n"
+                         "Cookie: a=b\r\nConnection: close\r\n\r\n")
+                  .ok());
+  absl::StatusOr<std::string> raw = connection->ReadUntilClosed(deadline);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_TRUE(absl::StrContains(*raw, "Cache-Control: no-store")) << *raw;
+  absl::StatusOr<HttpReply> routed = testing::ParseReply(*raw);
+  ASSERT_TRUE(routed.ok()) << routed.status();
+  EXPECT_EQ(routed->body, "GET /api/v1/jobs/job-1 after=x y limit=5 cookie=a=b");
+
+  absl::StatusOr<HttpReply> exact = testing::Get(server->port(), "/api/exact", deadline);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  EXPECT_EQ(exact->body, "exact");
+
+  absl::StatusOr<HttpReply> wrong_method =
+      testing::Request(server->port(), "DELETE", "/api/v1", deadline);
+  ASSERT_TRUE(wrong_method.ok()) << wrong_method.status();
+  EXPECT_EQ(wrong_method->status, 405);
+
+  auto post = [&](const std::string& body) -> absl::StatusOr<std::string> {
+    absl::StatusOr<RawConnection> posting = RawConnection::Open(server->port());
+    if (!posting.ok()) return posting.status();
+    absl::Status sent = posting->Send(
+        absl::StrCat("POST /login HTTP/1.1\r\nHost: h\r\nConnection: close\r\n"
+                     "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: ",
+                     body.size(), "\r\n\r\n", body));
+    if (!sent.ok()) return sent;
+    return posting->ReadUntilClosed(deadline);
+  };
+  absl::StatusOr<std::string> login = post("token=a%2Bb+c&x=1");
+  ASSERT_TRUE(login.ok()) << login.status();
+  EXPECT_TRUE(absl::StartsWith(*login, "HTTP/1.1 303")) << *login;
+  EXPECT_TRUE(absl::StrContains(*login, "Location: /\r\n")) << *login;
+  EXPECT_TRUE(absl::StrContains(*login, "Set-Cookie: s=1\r\n")) << *login;
+  EXPECT_TRUE(absl::EndsWith(*login, "\r\n\r\na+b c")) << *login;
+
+  absl::StatusOr<std::string> too_large = post(std::string(65, 'x'));
+  ASSERT_TRUE(too_large.ok()) << too_large.status();
+  EXPECT_TRUE(absl::StartsWith(*too_large, "HTTP/1.1 413")) << *too_large;
+}
+
+TEST(HttpServerTest, ParsesFormBodies) {
+  absl::StatusOr<std::map<std::string, std::string>> form = ParseFormBody("a=1&b=%41+z&c&a=2");
+  ASSERT_TRUE(form.ok()) << form.status();
+  EXPECT_EQ((*form)["a"], "2");
+  EXPECT_EQ((*form)["b"], "A z");
+  EXPECT_EQ((*form)["c"], "");
+  EXPECT_EQ(ParseFormBody("a=%4").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ParseFormBody("a=%zz").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(HttpServerTest, RefusesBadOptionsAndAPortInUse) {

@@ -62,6 +62,22 @@ size_t Authenticator::entries() const {
   return table_->size();
 }
 
+absl::StatusOr<Identity> Authenticator::AuthenticateToken(absl::string_view token) const {
+  if (!enabled_) return Identity{"anonymous", Role::kAdmin};
+  std::shared_ptr<const TokenTable> table;
+  {
+    absl::MutexLock lock(&mu_);
+    table = table_;
+  }
+  std::optional<Identity> identity = table->FindToken(token);
+  if (!identity.has_value()) {
+    return absl::UnauthenticatedError(
+        "authorization: this token is not in the coordinator's token file (or was removed from "
+        "it)");
+  }
+  return *std::move(identity);
+}
+
 absl::StatusOr<Identity> Authenticator::Authenticate(const grpc::ServerContextBase& context) const {
   if (!enabled_) return Identity{PeerHost(context.peer()), Role::kAdmin};
   std::shared_ptr<const TokenTable> table;

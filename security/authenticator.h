@@ -8,6 +8,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/server_context.h"
 #include "security/identity.h"
@@ -39,6 +40,11 @@ class Authenticator {
   //   - else UNAUTHENTICATED saying what to send. A token that is not in the table is
   //     UNAUTHENTICATED too, and so is a malformed authorization header.
   absl::StatusOr<Identity> Authenticate(const grpc::ServerContextBase& context) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The identity of a bearer token that came another way (the dashboard's HTTP port): the same
+  // table and the same UNAUTHENTICATED error for a token that is not in it. With
+  // authentication off, an admin named "anonymous".
+  absl::StatusOr<Identity> AuthenticateToken(absl::string_view token) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:

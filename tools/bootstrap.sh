@@ -27,6 +27,8 @@ PACKAGES=(
   python3-grpcio python3-protobuf
   # The Kubernetes manifest tests: the tools venv (below) and YAML.
   python3-venv python3-yaml
+  # tools/compare.py's plots (report/report.md).
+  python3-matplotlib
   # The dashboard's browser test (tests/browser): headless Chromium over the DevTools protocol.
   chromium python3-websocket
 )

@@ -555,12 +555,20 @@
       caughtUp = await follower.poll();
       // The plan exists only while a generation runs; it changes only with the generation.
       if (job.state === "RUNNING" && num(job.generation) !== planGeneration) {
+        const planPath = "jobs/" + encodeURIComponent(jobId) + "/plan";
         try {
-          plan = await api("jobs/" + encodeURIComponent(jobId) + "/plan");
+          plan = await api(planPath + "?includeLayout=true");
           planGeneration = num(job.generation);
           planNote = "";
-        } catch (e) {
-          planNote = "The shard plan is not available: " + e.message;
+        } catch (layoutError) {
+          // A layout too large for one reply: the totals without the buckets.
+          try {
+            plan = await api(planPath);
+            planGeneration = num(job.generation);
+            planNote = "Buckets not shown: " + layoutError.message;
+          } catch (e) {
+            planNote = "The shard plan is not available: " + e.message;
+          }
         }
       } else if (!plan && job.state !== "RUNNING") {
         planNote = "The shard plan is served while the job runs (state " + job.state + ").";

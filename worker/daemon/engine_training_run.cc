@@ -469,18 +469,15 @@ absl::Status EngineTrainingRun::Train() {
         });
   }
 
-  // Rank 0 reports every step from the reporter's thread (progress_reporter.h says why).
-  std::unique_ptr<ProgressReporter> reporter;
-  if (rank == 0) {
-    reporter = std::make_unique<ProgressReporter>(
-        [this](const v1::StepMetrics& metrics) { return Report(metrics, /*finished=*/false); });
-  }
+  // Reports go from the reporter's thread (progress_reporter.h says why): rank 0's every step,
+  // the other ranks' after their first step only (and all at the end), so the coordinator knows
+  // every rank's memory while the job runs at the cost of one report per rank.
+  auto reporter = std::make_unique<ProgressReporter>(
+      [this](const v1::StepMetrics& metrics) { return Report(metrics, /*finished=*/false); });
   // Abort() ends the reporter's retries through a coordinator outage (unregistered before the
   // reporter goes).
-  std::optional<comm::AbortSignal::Registration> cancel_reports;
-  if (reporter != nullptr) {
-    cancel_reports.emplace(abort_signal_.OnAbort([raw = reporter.get()] { raw->Cancel(); }));
-  }
+  const comm::AbortSignal::Registration cancel_reports =
+      abort_signal_.OnAbort([raw = reporter.get()] { raw->Cancel(); });
   // Pinned only now: the threads made so far (Gloo's event loops, the optimizer kernels' pool)
   // would otherwise inherit this thread's one CPU.
   if (placement.training_cpu.has_value()) {
@@ -657,7 +654,7 @@ absl::Status EngineTrainingRun::Train() {
                      [&](absl::Span<char> staging) { return engine->CopyStateTo(staging); })
               .status());
     }
-    if (reporter != nullptr && step + 1 < last_step) {
+    if ((rank == 0 || step == first_step) && step + 1 < last_step) {
       ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Post(last));
       if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
     }
@@ -665,10 +662,8 @@ absl::Status EngineTrainingRun::Train() {
   // The coordinator must hear of every rank's finish even across its restart: the reports wait
   // for it, up to a deadline or Abort().
   const absl::Time report_deadline = absl::Now() + kCoordinatorOutageDeadline;
-  if (reporter != nullptr) {
-    ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Flush(report_deadline));
-    if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
-  }
+  ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Flush(report_deadline));
+  if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
   // A state_dict() at the last step wrote (and committed) its checkpoint already.
   if (writer != nullptr && state_saved_at_step != step) {
     ZS_RETURN_IF_ERROR(writer->WriteNow(step, engine->scalars(), copy_fragment));
