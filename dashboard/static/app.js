@@ -36,6 +36,8 @@
   const main = document.getElementById("main");
   let current = null; // the page on screen: {stop()}
 
+  // ASCII only (non-ASCII text as \u escapes): dashboard/embed_assets.py emits each byte as a
+  // char initializer, which refuses bytes above 127.
   // ---- helpers -------------------------------------------------------------------------------
 
   function num(value) {
@@ -67,7 +69,7 @@
 
   function age(value) {
     const ms = parseTime(value);
-    if (ms === null) return "—";
+    if (ms === null) return "\u2014";
     const s = Math.max(0, (Date.now() - ms) / 1000);
     if (s < 60) return s.toFixed(s < 10 ? 1 : 0) + " s";
     if (s < 3600) return Math.floor(s / 60) + " min";
@@ -77,7 +79,7 @@
 
   function timeOf(value) {
     const ms = parseTime(value);
-    return ms === null ? "—" : new Date(ms).toLocaleTimeString();
+    return ms === null ? "\u2014" : new Date(ms).toLocaleTimeString();
   }
 
   function ms(value) {
@@ -91,15 +93,15 @@
 
   function stateBadge(state) {
     state = enumName(state);
-    return h("span", { class: "badge state-" + String(state || "unknown").toLowerCase() }, state || "—");
+    return h("span", { class: "badge state-" + String(state || "unknown").toLowerCase() }, state || "\u2014");
   }
 
   function jobLink(id) {
-    return id ? h("a", { href: "#/jobs/" + encodeURIComponent(id) }, id) : "—";
+    return id ? h("a", { href: "#/jobs/" + encodeURIComponent(id) }, id) : "\u2014";
   }
 
   function modeName(job) {
-    return enumName(job.spec && job.spec.mode) || "—";
+    return enumName(job.spec && job.spec.mode) || "\u2014";
   }
 
   function workloadName(job) {
@@ -109,7 +111,7 @@
       return workload.attached.tensors.length + " tensors (attached)";
     }
     if (workload.layerSizes && workload.layerSizes.length) return "MLP " + workload.layerSizes.join("-");
-    return "—";
+    return "\u2014";
   }
 
   function worldSize(job) {
@@ -268,8 +270,8 @@
       optimizerStateBytes: (k * psi * 4) / (shardsState ? w : 1),
     };
     const total = parts.paramsBytes + parts.gradsBytes + parts.masterBytes + parts.optimizerStateBytes;
-    const text = "Ψ·(" + paramBytes + " + " + gradBytes + (shardsGrads ? "/W" : "") +
-      (parts.masterBytes ? " + 4" + (shardsState ? "/W" : "") : "") + " + " + k + "·4" +
+    const text = "\u03a8\u00b7(" + paramBytes + " + " + gradBytes + (shardsGrads ? "/W" : "") +
+      (parts.masterBytes ? " + 4" + (shardsState ? "/W" : "") : "") + " + " + k + "\u00b74" +
       (shardsState ? "/W" : "") + ")";
     return { total: Math.round(total), parts: parts, text: text, w: w, k: k };
   }
@@ -352,14 +354,14 @@
         const assignment = worker.assignment || {};
         const running = assignment.kind === "ASSIGNMENT_RUN" && assignment.jobId;
         const labels = Object.entries(worker.labels || {}).map(([k, v]) => k + "=" + v).join(", ");
-        const device = (enumName(worker.deviceKind) || "—") +
+        const device = (enumName(worker.deviceKind) || "\u2014") +
           (num(worker.deviceMemoryBytes) ? " (" + C.formatBytes(worker.deviceMemoryBytes) + ")" : "");
         return [
           h("span", { "data-worker": worker.id }, worker.name || worker.id, worker.name && worker.name !== worker.id ? h("small", {}, " " + worker.id) : null),
-          stateBadge(worker.state), worker.host || "—", device, labels || "—",
+          stateBadge(worker.state), worker.host || "\u2014", device, labels || "\u2014",
           age(worker.lastHeartbeatTime),
-          running ? jobLink(assignment.jobId) : "—",
-          running ? num(assignment.rank) + " / " + num(assignment.worldSize) : "—",
+          running ? jobLink(assignment.jobId) : "\u2014",
+          running ? num(assignment.rank) + " / " + num(assignment.worldSize) : "\u2014",
         ];
       });
       replace(body, table(["worker", "state", "host", "device", "labels", "last heartbeat", "job", "rank / W"], rows));
@@ -371,7 +373,7 @@
     const root = pageRoot("jobs", "Jobs");
     const compareBar = h("p", { class: "compare-bar" });
     const compareLink = h("a", { href: "#/compare", class: "button" }, "Compare selected");
-    const hint = h("span", { class: "hint" }, " pick 2–4 jobs");
+    const hint = h("span", { class: "hint" }, " pick 2\u20134 jobs");
     compareBar.append(compareLink, hint);
     const body = h("div");
     root.append(compareBar, body);
@@ -396,9 +398,9 @@
         const steps = num(job.spec && job.spec.steps);
         const step = num(job.progress && job.progress.step);
         return [
-          box, h("span", { "data-job": job.id }, jobLink(job.id)), (job.spec && job.spec.name) || "—",
-          stateBadge(job.state), modeName(job), workloadName(job), String(worldSize(job) || "—"),
-          step + " / " + (steps || "—"), age(job.createTime),
+          box, h("span", { "data-job": job.id }, jobLink(job.id)), (job.spec && job.spec.name) || "\u2014",
+          stateBadge(job.state), modeName(job), workloadName(job), String(worldSize(job) || "\u2014"),
+          step + " / " + (steps || "\u2014"), age(job.createTime),
         ];
       });
       replace(body, table(["", "job", "name", "state", "mode", "workload", "W", "step / steps", "age"], rows),
@@ -443,15 +445,15 @@
     return events.filter((event) => event.type !== "PROGRESS").map((event) => {
       let detail = event.message || "";
       if (event.type === "GENERATION_STARTED") {
-        detail = "W = " + (event.workerIds || []).length + ": " + (event.workerIds || []).join(", ") + (detail ? " — " + detail : "");
+        detail = "W = " + (event.workerIds || []).length + ": " + (event.workerIds || []).join(", ") + (detail ? " \u2014 " + detail : "");
       } else if (event.type === "CHECKPOINT_COMMITTED" && event.checkpoint) {
         detail = "step " + num(event.checkpoint.step) + " at W = " + num(event.checkpoint.worldSize) +
           (event.checkpoint.manifestPath ? " (" + event.checkpoint.manifestPath + ")" : "");
       }
       const kind = event.type === "STATE_CHANGED" && (event.state === "RECOVERING" || event.state === "FAILED")
         ? "fault" : event.type === "NOTICE" ? "notice" : "";
-      return [String(num(event.sequence)), timeOf(event.time), h("span", { class: "event " + kind }, event.type || "—"),
-        String(num(event.generation)), enumName(event.state) ? stateBadge(event.state) : "—", detail || "—"];
+      return [String(num(event.sequence)), timeOf(event.time), h("span", { class: "event " + kind }, event.type || "\u2014"),
+        String(num(event.generation)), enumName(event.state) ? stateBadge(event.state) : "\u2014", detail || "\u2014"];
     });
   }
 
@@ -474,7 +476,7 @@
       }
     }
     return [...generations.entries()].map(([g, info]) => [String(g), timeOf(info.started),
-      String(info.workers.length || "—"), info.workers.join(", ") || "—", String(info.lastStep),
+      String(info.workers.length || "\u2014"), info.workers.join(", ") || "\u2014", String(info.lastStep),
       String(info.checkpoints), String(info.faults)]);
   }
 
@@ -517,8 +519,8 @@
         });
       }
       list.append(h("div", { class: "bucket-row" },
-        h("span", { class: "bucket-label" }, "bucket " + num(bucket.index) + " · " +
-          num(bucket.tensorCount) + " tensors · " + num(bucket.tensorElems).toLocaleString() + " / " +
+        h("span", { class: "bucket-label" }, "bucket " + num(bucket.index) + " \u00b7 " +
+          num(bucket.tensorCount) + " tensors \u00b7 " + num(bucket.tensorElems).toLocaleString() + " / " +
           num(bucket.paddedElems).toLocaleString() + " elements"),
         C.segmentedBar(pieces, { width: 640, height: 32, margin: { top: 4, right: 8, bottom: 4, left: 8 } })));
     }
@@ -590,16 +592,16 @@
       const step = num(job.progress && job.progress.step);
       replace(header, h("dl", { class: "facts" },
         h("dt", {}, "state"), h("dd", {}, stateBadge(job.state)),
-        h("dt", {}, "name"), h("dd", {}, spec.name || "—"),
+        h("dt", {}, "name"), h("dd", {}, spec.name || "\u2014"),
         h("dt", {}, "mode"), h("dd", {}, modeName(job)),
         h("dt", {}, "workload"), h("dd", {}, workloadName(job)),
-        h("dt", {}, "optimizer"), h("dd", {}, (optimizer.kind || "—") + (optimizer.lr !== undefined ? " lr " + optimizer.lr : "")),
-        h("dt", {}, "W"), h("dd", {}, String(worldSize(job) || "—")),
-        h("dt", {}, "step"), h("dd", {}, step + " / " + (steps || "—")),
+        h("dt", {}, "optimizer"), h("dd", {}, (optimizer.kind || "\u2014") + (optimizer.lr !== undefined ? " lr " + optimizer.lr : "")),
+        h("dt", {}, "W"), h("dd", {}, String(worldSize(job) || "\u2014")),
+        h("dt", {}, "step"), h("dd", {}, step + " / " + (steps || "\u2014")),
         h("dt", {}, "generation"), h("dd", {}, String(num(job.generation))),
         h("dt", {}, "attempts"), h("dd", {}, String(num(job.attempts))),
         h("dt", {}, "created"), h("dd", {}, age(job.createTime) + " ago"),
-        h("dt", {}, "latest checkpoint"), h("dd", {}, job.latestCheckpoint && num(job.latestCheckpoint.step) ? "step " + num(job.latestCheckpoint.step) : "—"),
+        h("dt", {}, "latest checkpoint"), h("dd", {}, job.latestCheckpoint && num(job.latestCheckpoint.step) ? "step " + num(job.latestCheckpoint.step) : "\u2014"),
         job.message ? [h("dt", {}, "message"), h("dd", {}, job.message)] : null));
     }
 
@@ -627,15 +629,15 @@
       const rssRows = entries.map((entry) => {
         const m = entry.metrics;
         return [entry.label, m.memory ? String(num(m.step)) : "not reported yet",
-          m.memory ? C.formatBytes(m.memory.totalBytes) : "—",
-          formula ? C.formatBytes(formula.total) : "—",
-          num(m.vmhwmBytes) ? h("span", { "data-rank": entry.rank, "data-vmhwm-bytes": num(m.vmhwmBytes) }, C.formatBytes(m.vmhwmBytes)) : "—",
-          num(m.vmrssAtStartBytes) ? C.formatBytes(m.vmrssAtStartBytes) : "—"];
+          m.memory ? C.formatBytes(m.memory.totalBytes) : "\u2014",
+          formula ? C.formatBytes(formula.total) : "\u2014",
+          num(m.vmhwmBytes) ? h("span", { "data-rank": entry.rank, "data-vmhwm-bytes": num(m.vmhwmBytes) }, C.formatBytes(m.vmhwmBytes)) : "\u2014",
+          num(m.vmrssAtStartBytes) ? C.formatBytes(m.vmrssAtStartBytes) : "\u2014"];
       });
       replace(memoryBox);
       memoryCharts(memoryBox, bars, { xLabel: "rank" });
       memoryBox.append(h("p", { class: "hint" }, formula
-        ? "ZeRO formula for " + modeName(job) + " at W = " + formula.w + ", Ψ = " + psi.toLocaleString() +
+        ? "ZeRO formula for " + modeName(job) + " at W = " + formula.w + ", \u03a8 = " + psi.toLocaleString() +
           (psiFromPlan ? " (the plan's model elements)" : " (padded slots, from the params bytes)") + ": " +
           formula.text + " = " + C.formatBytes(formula.total) + " per rank."
         : "The ZeRO formula needs the parameter count (from the plan or a rank's report)."));
@@ -682,7 +684,7 @@
         return h("label", { class: "pick" }, box, " " + job.id + " (" + modeName(job) + ", " + workloadName(job) + ", " + job.state + ")");
       });
       link.classList.toggle("disabled", chosen.size < 2 || chosen.size > 4);
-      replace(picker, h("p", {}, "Pick 2–4 jobs: "), h("div", { class: "picks" }, boxes), link);
+      replace(picker, h("p", {}, "Pick 2\u20134 jobs: "), h("div", { class: "picks" }, boxes), link);
     }
 
     return poller(root, async () => {
@@ -728,10 +730,10 @@
         const peak = Math.max(0, ...reported.map((entry) => num(entry.metrics.vmhwmBytes)));
         const state = Math.max(0, ...reported.map((entry) => num(entry.metrics.memory.optimizerStateBytes)));
         const formula = formulas.get(id);
-        return [jobLink(id), stateBadge(job.state), modeName(job), workloadName(job), String(worldSize(job) || "—"),
-          String(progress.length), progress.length ? C.formatNumber(num(last.loss)) : "—",
-          median ? ms(median) : "—", C.formatBytes(state), formula ? C.formatBytes(formula.total) : "—",
-          peak ? C.formatBytes(peak) : "—"];
+        return [jobLink(id), stateBadge(job.state), modeName(job), workloadName(job), String(worldSize(job) || "\u2014"),
+          String(progress.length), progress.length ? C.formatNumber(num(last.loss)) : "\u2014",
+          median ? ms(median) : "\u2014", C.formatBytes(state), formula ? C.formatBytes(formula.total) : "\u2014",
+          peak ? C.formatBytes(peak) : "\u2014"];
       });
       replace(tableBox, table(["job", "state", "mode", "workload", "W", "steps", "last loss", "median iteration",
         "opt state / rank", "ZeRO formula / rank", "max peak RSS"], rows));
