@@ -46,9 +46,12 @@ def main():
                      f"(known: {', '.join(sorted(CONTENT_TYPES))})")
         with open(path, "rb") as f:
             data = f.read()
-        # A trailing 0 keeps an empty file's array legal; the view excludes it.
-        body = ",".join(str(b) for b in data + b"\0")
-        lines.append(f"constexpr char kAsset{index}[] = {{{body}}};")
+        # Octal escapes (at most three digits, so no escape runs into the next) keep every byte,
+        # non-ASCII included, legal in a char array whether char is signed or not. The literal's
+        # own trailing 0 keeps an empty file's array legal; the view excludes it.
+        chunks = ['"' + "".join(f"\\{b:03o}" for b in data[i:i + 64]) + '"'
+                  for i in range(0, len(data), 64)] or ['""']
+        lines.append(f"constexpr char kAsset{index}[] =\n    " + "\n    ".join(chunks) + ";")
         entries.append(f'    {{"{name}", "{CONTENT_TYPES[extension]}", '
                        f"absl::string_view(kAsset{index}, {len(data)})}},")
     lines += [

@@ -36,8 +36,6 @@
   const main = document.getElementById("main");
   let current = null; // the page on screen: {stop()}
 
-  // ASCII only (non-ASCII text as \u escapes): dashboard/embed_assets.py emits each byte as a
-  // char initializer, which refuses bytes above 127.
   // ---- helpers -------------------------------------------------------------------------------
 
   function num(value) {
