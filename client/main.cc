@@ -94,7 +94,7 @@ Commands:
   watch JOB_ID                 follow a job's progress until it ends
   cancel JOB_ID [--reason=R]   cancel a job
   workers [--state=S]          list workers
-  plan JOB_ID                  show the running generation's shard map
+  plan JOB_ID                  show the shard map (the running generation, or an ended job's last)
   export JOB_ID --output=PATH|- [--step=N]
                                write the job's final weights (or checkpoint N's) as fp32
                                safetensors that torch loads, to PATH or stdout

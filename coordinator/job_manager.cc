@@ -430,28 +430,57 @@ absl::StatusOr<v1::Job> JobManager::CancelJob(const std::string& job_id, const s
   return record->job;
 }
 
+namespace {
+
+absl::StatusOr<v1::ShardPlan> RankViewOfPlan(const sharding::ShardPlan& plan,
+                                             const v1::GetShardPlanRequest& request,
+                                             int64_t generation) {
+  if (request.rank() >= plan.world_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank: ", request.rank(), " is out of range [0, ", plan.world_size(), ")"));
+  }
+  ZS_ASSIGN_OR_RETURN(v1::ShardPlan view,
+                      jobspec::PlanToProto(plan, request.rank(), request.include_layout()));
+  view.set_job_id(request.job_id());
+  view.set_generation(generation);
+  return view;
+}
+
+bool IsEnded(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+}  // namespace
+
 absl::StatusOr<v1::ShardPlan> JobManager::GetShardPlan(const v1::GetShardPlanRequest& request) {
-  absl::MutexLock lock(&mu_);
-  ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(request.job_id()));
-  if (!record->plan.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat("job_id: ", request.job_id(),
-                                                      " has no running generation (",
-                                                      v1::JobState_Name(record->job.state()), ")"));
+  v1::JobSpec ended_spec;
+  int64_t ended_world_size = 0;
+  int64_t generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(request.job_id()));
+    generation = record->job.generation();
+    if (request.generation() != 0 && request.generation() != generation) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "generation: ", request.generation(), " is not current (current is ", generation, ")"));
+    }
+    if (record->plan.has_value()) return RankViewOfPlan(*record->plan, request, generation);
+    // An ended job's last generation keeps no plan in memory; it is recomputed from the spec
+    // (planning is deterministic), outside the lock, so that the dashboard can show it.
+    if (!IsEnded(record->job.state()) || generation == 0 || record->job.worker_ids_size() == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job_id: ", request.job_id(), " has no running generation (",
+                       v1::JobState_Name(record->job.state()), ")"));
+    }
+    ended_spec = record->job.spec();
+    ended_world_size = record->job.worker_ids_size();
   }
-  if (request.generation() != 0 && request.generation() != record->job.generation()) {
-    return absl::FailedPreconditionError(absl::StrCat("generation: ", request.generation(),
-                                                      " is not current (current is ",
-                                                      record->job.generation(), ")"));
+  absl::StatusOr<sharding::ShardPlan> plan = jobspec::PlanForJob(ended_spec, ended_world_size);
+  if (!plan.ok()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job_id: ", request.job_id(), " cannot be planned again: ", plan.status().message()));
   }
-  if (request.rank() >= record->plan->world_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "rank: ", request.rank(), " is out of range [0, ", record->plan->world_size(), ")"));
-  }
-  ZS_ASSIGN_OR_RETURN(v1::ShardPlan plan, jobspec::PlanToProto(*record->plan, request.rank(),
-                                                               request.include_layout()));
-  plan.set_job_id(request.job_id());
-  plan.set_generation(record->job.generation());
-  return plan;
+  return RankViewOfPlan(*plan, request, generation);
 }
 
 absl::StatusOr<JobManager::WatchPosition> JobManager::WatchPage(

@@ -374,6 +374,37 @@ TEST_F(JobManagerTest, JobWaitsForWorkersThenRunsAndSucceeds) {
   EXPECT_EQ(manager_->GetJob(job->id())->state(), v1::SUCCEEDED);
   EXPECT_EQ(Beat(a).kind(), v1::ASSIGNMENT_IDLE);
   EXPECT_EQ(manager_->GetJob(job->id())->progress().loss(), 0.5);
+
+  // An ended job still shows its last generation's plan (recomputed from the spec): the same
+  // layout and the same view of each rank as while it ran.
+  plan_request.set_rank(1);
+  plan_request.set_include_layout(true);
+  auto ended = manager_->GetShardPlan(plan_request);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->layout_hash(), assignment.plan_layout_hash());
+  EXPECT_EQ(ended->generation(), 1);
+  EXPECT_EQ(ended->world_size(), 2);
+  plan->set_generation(ended->generation());
+  plan_request.set_include_layout(false);
+  EXPECT_EQ(manager_->GetShardPlan(plan_request)->SerializeAsString(), plan->SerializeAsString());
+  plan_request.set_rank(2);
+  EXPECT_EQ(manager_->GetShardPlan(plan_request).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  plan_request.set_rank(0);
+  plan_request.set_generation(2);
+  EXPECT_EQ(manager_->GetShardPlan(plan_request).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobManagerTest, PendingJobHasNoPlan) {
+  auto job = manager_->SubmitJob(SeedSpec(2));
+  ASSERT_TRUE(job.ok()) << job.status();
+  v1::GetShardPlanRequest plan_request;
+  plan_request.set_job_id(job->id());
+  const absl::Status refused = manager_->GetShardPlan(plan_request).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("has no running generation (PENDING)"), std::string::npos)
+      << refused;
 }
 
 TEST_F(JobManagerTest, InvalidSpecIsRejectedAndNothingChanges) {

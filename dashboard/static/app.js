@@ -546,32 +546,37 @@
     const follower = new EventFollower(jobId);
     let job = null;
     let plan = null;
-    let planGeneration = -1;
+    let planGeneration = ""; // the generation (and whether ended) of `plan`
     let planNote = "";
     let renderedEvents = -1;
     let caughtUp = false;
     return poller(root, async () => {
       job = await api("jobs/" + encodeURIComponent(jobId));
       caughtUp = await follower.poll();
-      // The plan exists only while a generation runs; it changes only with the generation.
-      if (job.state === "RUNNING" && num(job.generation) !== planGeneration) {
+      // The plan is served while a generation runs and, for an ended job, as its last generation's
+      // (asked for again once the job ends: a generation may end between two polls).
+      const ended = ENDED.has(job.state);
+      const hasPlan = job.state === "RUNNING" ||
+        (ended && num(job.generation) > 0 && (job.workerIds || []).length > 0);
+      const planKey = num(job.generation) + (ended ? ":ended" : "");
+      if (hasPlan && planKey !== planGeneration) {
         const planPath = "jobs/" + encodeURIComponent(jobId) + "/plan";
         try {
           plan = await api(planPath + "?includeLayout=true");
-          planGeneration = num(job.generation);
+          planGeneration = planKey;
           planNote = "";
         } catch (layoutError) {
           // A layout too large for one reply: the totals without the buckets.
           try {
             plan = await api(planPath);
-            planGeneration = num(job.generation);
+            planGeneration = planKey;
             planNote = "Buckets not shown: " + layoutError.message;
           } catch (e) {
             planNote = "The shard plan is not available: " + e.message;
           }
         }
-      } else if (!plan && job.state !== "RUNNING") {
-        planNote = "The shard plan is served while the job runs (state " + job.state + ").";
+      } else if (!plan && !hasPlan) {
+        planNote = "No shard plan yet: the job has not run (state " + job.state + ").";
       }
       renderHeader();
       if (follower.events.length !== renderedEvents) {

@@ -232,8 +232,13 @@ class ClusterTest(unittest.TestCase):
         self.assertNotIn(submitted.id, [j.id for j in self.client.list(state="RUNNING")])
         self.assertEqual(len(self.client.list(limit=1)), 1)
 
+        # An ended job's plan is its last generation's.
+        plan = self.client.plan(submitted.id, rank=WORKERS - 1)
+        self.assertEqual(plan.world_size, WORKERS)
+        self.assertEqual(plan.generation, job.generation)
+        self.assertEqual(plan.rank, WORKERS - 1)
         with self.assertRaises(zeroshard.Error) as raised:
-            self.client.plan(submitted.id)
+            self.client.plan(submitted.id, generation=job.generation + 1)
         self.assertIs(raised.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
         with self.assertRaises(zeroshard.Error) as raised:
             self.client.cancel(submitted.id)

@@ -252,11 +252,11 @@ class Client:
             request.page_token = response.next_page_token
 
     def plan(self, job_id, rank=0, generation=0, include_layout=False, timeout=None):
-        """The shard plan of a running job as seen by `rank` (GetShardPlan): a
-        zeroshard.v1.ShardPlan with the rank's pieces, plus the global tensors and buckets when
-        `include_layout`. `generation` 0 is the current one.
+        """The shard plan of a job as seen by `rank` (GetShardPlan): a zeroshard.v1.ShardPlan
+        with the rank's pieces, plus the global tensors and buckets when `include_layout`.
+        `generation` 0 is the current one; an ended job answers with its last generation's plan.
 
-        Error(FAILED_PRECONDITION) when the job has no running generation.
+        Error(FAILED_PRECONDITION) when the job has not run yet (or is between generations).
         """
         request = coordinator_pb2.GetShardPlanRequest(
             job_id=job_id, generation=generation, rank=rank, include_layout=include_layout

@@ -296,6 +296,15 @@ class DashboardTest(unittest.TestCase):
                 self.assertEqual({int(p["data-point"]) for p in points}, steps)
                 self.check_memory(job, self.browser.attributes(
                     '[data-chart="memory"] [data-category]', "data-rank", "data-category", "data-bytes"))
+                # An ended job's shard map is its last generation's plan.
+                plan = self.client.plan(job.id, include_layout=True)
+                ranks = self.browser.attributes(
+                    '[data-chart="shard-map"] [data-rank]', "data-rank", "data-bytes")
+                self.assertEqual(sorted(int(r["data-rank"]) for r in ranks), list(range(plan.world_size)))
+                element_bytes = BYTES_PER_PARAM_DTYPE[
+                    types_pb2.DType.Name(job.spec.precision.param_dtype)]
+                self.assertEqual(sum(int(float(r["data-bytes"])) for r in ranks),
+                                 plan.total_elems * element_bytes)
 
     def test_live_job_shard_map_then_events(self):
         job = self.client.get(self.live.id)
