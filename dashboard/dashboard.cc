@@ -180,6 +180,23 @@ absl::StatusOr<Enum> EnumParameter(const HttpRequest& request, absl::string_view
   return value;
 }
 
+// The query of a list endpoint (/api/v1/workers, /api/v1/jobs) as the gRPC list request: the
+// state filter and the page.
+template <typename ListRequest, typename State>
+absl::StatusOr<ListRequest> ListRequestFromQuery(const HttpRequest& request,
+                                                 bool (*parse_state)(const std::string&, State*)) {
+  ZS_RETURN_IF_ERROR(CheckKnownParameters(request, {"state", "pageSize", "pageToken"}));
+  ListRequest list;
+  ZS_ASSIGN_OR_RETURN(const State state, EnumParameter<State>(request, "state", parse_state));
+  list.set_state(state);
+  ZS_ASSIGN_OR_RETURN(const std::optional<int32_t> page_size, Int32Parameter(request, "pageSize"));
+  if (page_size.has_value()) list.set_page_size(*page_size);
+  if (auto token = request.query.find("pageToken"); token != request.query.end()) {
+    list.set_page_token(token->second);
+  }
+  return list;
+}
+
 // The value of cookie `name` in a Cookie header ("a=1; zeroshard_session=..."), or "".
 std::string CookieValue(const HttpRequest& request, absl::string_view name) {
   for (absl::string_view pair : absl::StrSplit(request.Header("cookie"), ';')) {
@@ -378,17 +395,9 @@ HttpResponse Dashboard::Api(const HttpRequest& request) {
   if (request.path == "/api/v1/workers") {
     return answer([&]() -> absl::StatusOr<std::string> {
       ZS_RETURN_IF_ERROR(authorize(coordinator::Method::kListWorkers));
-      ZS_RETURN_IF_ERROR(CheckKnownParameters(request, {"state", "pageSize", "pageToken"}));
-      v1::ListWorkersRequest list;
-      ZS_ASSIGN_OR_RETURN(const v1::WorkerState state,
-                          EnumParameter<v1::WorkerState>(request, "state", &v1::WorkerState_Parse));
-      list.set_state(state);
-      ZS_ASSIGN_OR_RETURN(const std::optional<int32_t> page_size,
-                          Int32Parameter(request, "pageSize"));
-      if (page_size.has_value()) list.set_page_size(*page_size);
-      if (auto token = request.query.find("pageToken"); token != request.query.end()) {
-        list.set_page_token(token->second);
-      }
+      ZS_ASSIGN_OR_RETURN(const v1::ListWorkersRequest list,
+                          (ListRequestFromQuery<v1::ListWorkersRequest, v1::WorkerState>(
+                              request, &v1::WorkerState_Parse)));
       ZS_ASSIGN_OR_RETURN(const v1::ListWorkersResponse response,
                           coordinator::ListWorkers(manager, list));
       ZS_RETURN_IF_ERROR(CheckReplySize(response.ByteSizeLong(), limit));
@@ -398,17 +407,9 @@ HttpResponse Dashboard::Api(const HttpRequest& request) {
   if (request.path == "/api/v1/jobs") {
     return answer([&]() -> absl::StatusOr<std::string> {
       ZS_RETURN_IF_ERROR(authorize(coordinator::Method::kListJobs));
-      ZS_RETURN_IF_ERROR(CheckKnownParameters(request, {"state", "pageSize", "pageToken"}));
-      v1::ListJobsRequest list;
-      ZS_ASSIGN_OR_RETURN(const v1::JobState state,
-                          EnumParameter<v1::JobState>(request, "state", &v1::JobState_Parse));
-      list.set_state(state);
-      ZS_ASSIGN_OR_RETURN(const std::optional<int32_t> page_size,
-                          Int32Parameter(request, "pageSize"));
-      if (page_size.has_value()) list.set_page_size(*page_size);
-      if (auto token = request.query.find("pageToken"); token != request.query.end()) {
-        list.set_page_token(token->second);
-      }
+      ZS_ASSIGN_OR_RETURN(
+          const v1::ListJobsRequest list,
+          (ListRequestFromQuery<v1::ListJobsRequest, v1::JobState>(request, &v1::JobState_Parse)));
       ZS_ASSIGN_OR_RETURN(const v1::ListJobsResponse response,
                           coordinator::ListJobs(manager, list));
       ZS_RETURN_IF_ERROR(CheckReplySize(response.ByteSizeLong(), limit));
