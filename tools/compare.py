@@ -340,10 +340,10 @@ def run_zeroshard(args, preset, world_size, scratch):
 
 
 def ensure_stubs():
-    """zeroshard.torch needs the gRPC stubs outside Bazel (docs/pytorch.md)."""
-    if not os.path.isdir(os.path.join(STUBS_DIR, "zeroshard")):
-        subprocess.run([os.path.join(REPO_ROOT, "python", "generate_stubs.sh"), STUBS_DIR],
-                       check=True)
+    """zeroshard.torch needs the gRPC stubs outside Bazel (docs/pytorch.md). Made every run (it
+    takes well under a second): stubs left from an older checkout would miss newer fields."""
+    subprocess.run([os.path.join(REPO_ROOT, "python", "generate_stubs.sh"), STUBS_DIR],
+                   check=True)
 
 
 def run_attached(args, preset, world_size):
