@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/statusor.h"
@@ -63,6 +64,8 @@ absl::StatusOr<RoundResult> RunRound(Security security, int round, const std::st
   char state_template[] = "/tmp/zeroshard-coordinator-load-XXXXXX";
   const char* state_dir = mkdtemp(state_template);
   if (state_dir == nullptr) return absl::InternalError("mkdtemp failed");
+  // Declared before the server, so removed after it stops, on every return.
+  absl::Cleanup remove_state_dir = [state_dir] { std::filesystem::remove_all(state_dir); };
   coordinator::CoordinatorServerOptions options;
   options.listen_address = "127.0.0.1:0";
   options.metrics_port = -1;
@@ -93,7 +96,6 @@ absl::StatusOr<RoundResult> RunRound(Security security, int round, const std::st
         bench->CheckEnforcement(server->grpc_target(), worker_credentials);
     if (!enforced.ok()) {
       server->Shutdown();
-      std::filesystem::remove_all(state_dir);
       return enforced;
     }
     std::printf(
@@ -148,7 +150,6 @@ absl::StatusOr<RoundResult> RunRound(Security security, int round, const std::st
   std::fflush(stdout);
   bench.reset();
   server->Shutdown();
-  std::filesystem::remove_all(state_dir);
   return result;
 }
 
@@ -170,6 +171,7 @@ int Run() {
     std::perror("coordinator_load: mkdtemp");
     return 1;
   }
+  absl::Cleanup remove_pki_dir = [pki_dir] { std::filesystem::remove_all(pki_dir); };
   const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   const size_t n = configurations->size();
   std::vector<std::vector<RoundResult>> results(n);
@@ -181,14 +183,13 @@ int Run() {
       absl::StatusOr<RoundResult> result = RunRound((*configurations)[c], round, pki_dir);
       if (!result.ok()) {
         std::fprintf(stderr, "coordinator_load: %s\n", result.status().ToString().c_str());
-        std::filesystem::remove_all(pki_dir);
         return 1;
       }
       errors += result->errors;
       results[c].push_back(*result);
     }
   }
-  std::filesystem::remove_all(pki_dir);
+  std::move(remove_pki_dir).Invoke();
 
   if (absl::GetFlag(FLAGS_planner)) {
     absl::StatusOr<std::string> planner = RunPlannerBench();

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/statusor.h"
@@ -346,6 +347,11 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
   char state_template[] = "/tmp/zeroshard-hostile-load-XXXXXX";
   const char* state_dir = mkdtemp(state_template);
   if (state_dir == nullptr) return absl::InternalError("mkdtemp failed");
+  // Declared before the server (in-process or child), so removed after it stops, on every return.
+  absl::Cleanup remove_state_dir = [state_dir] {
+    std::filesystem::remove_all(state_dir);
+    std::filesystem::remove(std::string(state_dir) + ".log");
+  };
   coordinator::CoordinatorServerOptions options;
   options.listen_address = "127.0.0.1:0";
   options.metrics_port = 0;
@@ -519,8 +525,6 @@ absl::Status RunRound(Security security, int round, const std::string& pki_dir) 
   gets.clear();
   bench.reset();
   server.reset();
-  std::filesystem::remove_all(state_dir);
-  std::filesystem::remove(std::string(state_dir) + ".log");
   if (errors != 0) return absl::InternalError(absl::StrCat(errors, " errors"));
   return absl::OkStatus();
 }
@@ -538,6 +542,7 @@ int Run() {
     std::perror("hostile_load: mkdtemp");
     return 1;
   }
+  absl::Cleanup remove_pki_dir = [pki_dir] { std::filesystem::remove_all(pki_dir); };
   int failed = 0;
   const size_t n = configurations->size();
   for (int round = 0; round < std::max(1, absl::GetFlag(FLAGS_rounds)); ++round) {
@@ -552,7 +557,6 @@ int Run() {
       }
     }
   }
-  std::filesystem::remove_all(pki_dir);
   return failed == 0 ? 0 : 1;
 }
 
