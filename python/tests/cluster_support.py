@@ -28,8 +28,9 @@ def load_cluster_module():
     return module
 
 
-def wait_until(condition, timeout_s, what):
-    """Polls `condition` until it returns a true value (returned); fails after `timeout_s`."""
+def wait_until(condition, timeout_s, what, poll_s=0.02):
+    """Polls `condition` every `poll_s` until it returns a true value (returned); fails after
+    `timeout_s`. A condition that starts a process wants a longer `poll_s`."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = condition()
@@ -37,7 +38,7 @@ def wait_until(condition, timeout_s, what):
             return value
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.02)
+        time.sleep(poll_s)
 
 
 def run_with_cluster_flags(program, arguments, timeout_s=600):

@@ -2,7 +2,8 @@
 """Multi-host, for real (issue 15, item 4): a coordinator and two workers on three "hosts" that are
 Linux network namespaces joined by a bridge, with TLS and tokens on the coordinator's port.
 
-    tests/integration/multi_host_netns_test.sh   (through Bazel; it passes the runfiles' binaries)
+    bazel test //tests/integration:multi_host_netns_test   (the runfiles' binaries)
+    sudo ZEROSHARD_BIN_DIR=.bazel/bin /usr/bin/python3 tests/integration/multi_host_netns_test.py
 
 Four namespaces named zs-mh-*: a router holding the bridge zs-br, and hosts h0, h1, h2, each joined
 to the bridge by a veth pair made inside the router (nothing is made in the root namespace), on
@@ -33,10 +34,13 @@ import sys
 import tempfile
 import threading
 import time
+import unittest
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
+sys.path.insert(0, os.path.join(REPO_ROOT, "python", "tests"))  # Bazel adds it as a dep too
 import safetensors_file  # noqa: E402  (no PyPI package in CI)
+from cluster_support import runfiles_workspace, wait_until  # noqa: E402
 
 PREFIX = "zs-mh-"
 ROUTER = PREFIX + "router"
@@ -78,8 +82,8 @@ JOB_DEADLINE_S = 60
 STOP_DEADLINE_S = 5
 
 
-class CheckFailed(Exception):
-    pass
+class CheckFailed(AssertionError):
+    """A check of the test failed (unittest reports it as a failure)."""
 
 
 class Skipped(Exception):
@@ -101,18 +105,6 @@ def run(argv, check=True, timeout=30):
         raise CheckFailed(f"{' '.join(argv)} exited with {result.returncode}: "
                           f"{result.stderr.strip()}")
     return result
-
-
-def wait_until(predicate, deadline_s, what, poll_s=0.05):
-    """Polls `predicate` until it returns a true value (returned) or the deadline passes."""
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise CheckFailed(f"timed out after {deadline_s:g}s waiting for {what}")
-        time.sleep(poll_s)
 
 
 # --- network namespaces ----------------------------------------------------------------------
@@ -706,7 +698,7 @@ def main(binaries):
         compare_parameters(loopback_params, run_compared_job(netns))
         netns.dead_on_purpose = netns.workers[1]
         run_fault_job(netns, inspector)
-    except CheckFailed:
+    except AssertionError:  # a CheckFailed, or a wait_until that timed out
         for cluster in clusters:
             cluster.log_tails()
         raise
@@ -750,25 +742,25 @@ def on_signal(signum, _frame):
     raise Terminated(signum)
 
 
+class MultiHostNetnsTest(unittest.TestCase):
+    def test_jobs_across_namespace_hosts(self):
+        bin_dir = os.environ.get("ZEROSHARD_BIN_DIR") or runfiles_workspace()
+        binaries = {
+            "coordinator": os.path.join(bin_dir, "coordinator/zeroshard-coordinator"),
+            "worker": os.path.join(bin_dir, "worker/zeroshard-worker"),
+            "client": os.path.join(bin_dir, "client/zeroshard"),
+        }
+        started = time.monotonic()
+        try:
+            main(binaries)
+        except Skipped as e:
+            print(f"SKIPPED: multi_host_netns_test: {e}", flush=True)
+            self.skipTest(str(e))
+        log(f"PASS in {time.monotonic() - started:.1f}s")
+
+
 if __name__ == "__main__":
-    bin_dir = sys.argv[1] if len(sys.argv) > 1 else os.getcwd()
-    binaries = {
-        "coordinator": os.path.join(bin_dir, "coordinator/zeroshard-coordinator"),
-        "worker": os.path.join(bin_dir, "worker/zeroshard-worker"),
-        "client": os.path.join(bin_dir, "client/zeroshard"),
-    }
+    # A signal raises Terminated, so that main's cleanup runs before the test errors out.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, on_signal)
-    started = time.monotonic()
-    try:
-        main(binaries)
-    except Skipped as e:
-        print(f"SKIPPED: multi_host_netns_test: {e}", flush=True)
-        sys.exit(0)
-    except (CheckFailed, subprocess.TimeoutExpired, subprocess.CalledProcessError) as e:
-        log(f"FAIL: {e}")
-        sys.exit(1)
-    except Terminated as e:
-        log(f"terminated by signal {e.args[0]}; cleaned up")
-        sys.exit(128 + e.args[0])
-    log(f"PASS in {time.monotonic() - started:.1f}s")
+    unittest.main()
