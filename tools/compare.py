@@ -116,30 +116,15 @@ def torch_rank_main(rank, config, out_dir):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    with contextlib.suppress(RuntimeError):  # settable only before the first parallel work
-        torch.set_num_interop_threads(1)
     world_size, layers = config["world_size"], config["layers"]
-    dist.init_process_group("gloo", init_method=f"file://{config['store']}", rank=rank,
-                            world_size=world_size)
+    e2e.join_torch_group(torch, dist, config, rank)
     student = reference_mlp(torch, layers, workload_reference.ROLE_STUDENT)
     teacher = reference_mlp(torch, layers, workload_reference.ROLE_TEACHER).requires_grad_(False)
     samples = torch.from_numpy(workload_reference.inputs(layers, e2e.SEED, 0, e2e.DATASET_SIZE))
     model = DistributedDataParallel(student, gradient_as_bucket_view=True)
     optimizer, inner, described, refused = e2e.make_torch_optimizer(
         torch, config["variant"], model.parameters())
-    update_seconds = []
-    inner_step = inner.step
-
-    def timed_inner_step(*args, **kwargs):
-        start = time.perf_counter()
-        result = inner_step(*args, **kwargs)
-        update_seconds.append(time.perf_counter() - start)
-        return result
-
-    # ZeroRedundancyOptimizer.step() is the inner step on this rank's shard, then the broadcasts.
-    if inner is not optimizer:
-        inner.step = timed_inner_step
+    update_seconds, _ = e2e.time_inner_updates(optimizer, inner)
     loss_fn = torch.nn.MSELoss()
     global_batch = e2e.PER_RANK_BATCH * world_size
     steps = []
@@ -565,62 +550,42 @@ def plot_all(runs, kernels, out_dir):
     axes[0][0].set_ylabel("loss (global batch)", fontsize=8)
     save(figure, os.path.join(out_dir, "loss.png"))
 
-    figure, axes = plt.subplots(1, columns, figsize=(4.2 * columns, 3.6), squeeze=False)
-    for axis, run in zip(axes[0], runs):
-        names = [v["variant"] for v in run["variants"]]
-        for index, variant in enumerate(run["variants"]):
-            row = training_row(run, variant)
-            memory = variant["memory"]
-            bottom = 0.0
-            counted = sum(memory.get(c, 0) for c in MEMORY_CATEGORIES[:3])
-            # ZeroShard's MemoryBreakdown also counts buckets, staging and the workload.
-            other = max(0, memory.get("total_bytes", counted) - counted)
-            for category, color in (("params_bytes", "#4c72b0"), ("grads_bytes", "#55a868"),
-                                    ("optimizer_state_bytes", "#c44e52"),
-                                    ("other_bytes", "#8c8c8c")):
-                height = (other if category == "other_bytes" else memory.get(category, 0)) / MIB
-                axis.bar(index, height, bottom=bottom, color=color, width=0.6,
-                         label=category if index == 0 else None)
-                bottom += height
-            for rank, peak in enumerate(variant["peak_rss_bytes_per_rank"]):
-                axis.plot(index - 0.25 + 0.5 * rank / max(1, run["world_size"] - 1), peak / MIB,
-                          "k.", markersize=4, label="peak RSS per rank" if index == rank == 0
-                          else None)
-            axis.plot([index - 0.35, index + 0.35], [row["formula_mib"]] * 2, color="black",
-                      linestyle="--", linewidth=1, label="ZeRO formula" if index == 0 else None)
-        axis.set_xticks(range(len(names)))
-        axis.set_xticklabels([n.replace("zeroshard_", "zs_") for n in names], rotation=30,
-                             fontsize=7)
-        axis.set_title(f"{run['preset']}, W = {run['world_size']}", fontsize=9)
-        axis.legend(fontsize=6)
-    axes[0][0].set_ylabel("MiB per rank", fontsize=8)
-    save(figure, os.path.join(out_dir, "memory.png"))
+    def memory_parts(run, variant):
+        memory = variant["memory"]
+        counted = sum(memory.get(c, 0) for c in MEMORY_CATEGORIES[:3])
+        # ZeroShard's MemoryBreakdown also counts buckets, staging and the workload.
+        other = max(0, memory.get("total_bytes", counted) - counted)
+        return [(category, memory.get(category, 0) / MIB, color)
+                for category, color in (("params_bytes", "#4c72b0"), ("grads_bytes", "#55a868"),
+                                        ("optimizer_state_bytes", "#c44e52"))] + [
+            ("other_bytes", other / MIB, "#8c8c8c")]
 
-    figure, axes = plt.subplots(1, columns, figsize=(4.2 * columns, 3.6), squeeze=False)
-    for axis, run in zip(axes[0], runs):
-        names = [v["variant"] for v in run["variants"]]
-        for index, variant in enumerate(run["variants"]):
-            row = training_row(run, variant)
-            other = max(0.0, row["iteration_ms"] - row["compute_ms"] - row["comm_ms"]
-                        - row["update_ms"])
-            bottom = 0.0
-            for label, value, color in (("compute", row["compute_ms"], "#4c72b0"),
-                                        ("exposed comm", row["comm_ms"], "#dd8452"),
-                                        ("update", row["update_ms"], "#55a868"),
-                                        ("other", other, "#8c8c8c")):
-                axis.bar(index, value, bottom=bottom, color=color, width=0.6,
-                         label=label if index == 0 else None)
-                bottom += value
-            # Medians of the parts need not add up to the iteration's median.
-            axis.plot([index - 0.35, index + 0.35], [row["iteration_ms"]] * 2, color="black",
-                      linewidth=1.5, label="iteration (median)" if index == 0 else None)
-        axis.set_xticks(range(len(names)))
-        axis.set_xticklabels([n.replace("zeroshard_", "zs_") for n in names], rotation=30,
-                             fontsize=7)
-        axis.set_title(f"{run['preset']}, W = {run['world_size']}", fontsize=9)
-        axis.legend(fontsize=6)
-    axes[0][0].set_ylabel("ms per iteration (median)", fontsize=8)
-    save(figure, os.path.join(out_dir, "iteration.png"))
+    def peak_rss_dots(axis, index, run, variant):
+        for rank, peak in enumerate(variant["peak_rss_bytes_per_rank"]):
+            axis.plot(index - 0.25 + 0.5 * rank / max(1, run["world_size"] - 1), peak / MIB,
+                      "k.", markersize=4, label="peak RSS per rank" if index == rank == 0
+                      else None)
+
+    plot_stacked_bars(
+        plt, runs, memory_parts,
+        lambda run, variant: (training_row(run, variant)["formula_mib"], "ZeRO formula",
+                              {"linestyle": "--", "linewidth": 1}),
+        "MiB per rank", os.path.join(out_dir, "memory.png"), decorate=peak_rss_dots)
+
+    def iteration_parts(run, variant):
+        row = training_row(run, variant)
+        other = max(0.0, row["iteration_ms"] - row["compute_ms"] - row["comm_ms"]
+                    - row["update_ms"])
+        return [("compute", row["compute_ms"], "#4c72b0"),
+                ("exposed comm", row["comm_ms"], "#dd8452"),
+                ("update", row["update_ms"], "#55a868"), ("other", other, "#8c8c8c")]
+
+    # Medians of the parts need not add up to the iteration's median.
+    plot_stacked_bars(
+        plt, runs, iteration_parts,
+        lambda run, variant: (training_row(run, variant)["iteration_ms"], "iteration (median)",
+                              {"linewidth": 1.5}),
+        "ms per iteration (median)", os.path.join(out_dir, "iteration.png"))
 
     rows = kernel_rows(kernels)
     sides = sorted({side for side, _ in rows}, key=lambda s: (s != "zeroshard", s))
@@ -636,6 +601,33 @@ def plot_all(runs, kernels, out_dir):
     axis.set_title(f"AdamW fp32, {kernels['params']:,} parameters", fontsize=9)
     axis.legend(fontsize=7)
     save(figure, os.path.join(out_dir, "kernels.png"))
+
+
+def plot_stacked_bars(plt, runs, parts, marker, ylabel, path, decorate=None):
+    """One panel per (preset, W) run: a stacked bar per variant from parts(run, variant) ->
+    [(label, value, color)], a black line across it at marker(run, variant) -> (value, label,
+    line style), and decorate(axis, index, run, variant) for anything more."""
+    figure, axes = plt.subplots(1, len(runs), figsize=(4.2 * len(runs), 3.6), squeeze=False)
+    for axis, run in zip(axes[0], runs):
+        names = [v["variant"] for v in run["variants"]]
+        for index, variant in enumerate(run["variants"]):
+            bottom = 0.0
+            for label, value, color in parts(run, variant):
+                axis.bar(index, value, bottom=bottom, color=color, width=0.6,
+                         label=label if index == 0 else None)
+                bottom += value
+            if decorate is not None:
+                decorate(axis, index, run, variant)
+            value, label, style = marker(run, variant)
+            axis.plot([index - 0.35, index + 0.35], [value] * 2, color="black",
+                      label=label if index == 0 else None, **style)
+        axis.set_xticks(range(len(names)))
+        axis.set_xticklabels([n.replace("zeroshard_", "zs_") for n in names], rotation=30,
+                             fontsize=7)
+        axis.set_title(f"{run['preset']}, W = {run['world_size']}", fontsize=9)
+        axis.legend(fontsize=6)
+    axes[0][0].set_ylabel(ylabel, fontsize=8)
+    save(figure, path)
 
 
 def save(figure, path):

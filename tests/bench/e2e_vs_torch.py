@@ -224,6 +224,35 @@ def make_torch_optimizer(torch, variant, params):
     raise BenchError(f"{variant}: no AdamW accepted: {'; '.join(refused)}")
 
 
+def join_torch_group(torch, dist, config, rank):
+    """A torch rank's set-up: one thread (as ZeroShard's workers run), then the gloo group of
+    config["world_size"] ranks through the file store config["store"]."""
+    torch.set_num_threads(1)
+    with contextlib.suppress(RuntimeError):  # only settable before the first parallel work
+        torch.set_num_interop_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{config['store']}", rank=rank,
+                            world_size=config["world_size"])
+
+
+def time_inner_updates(optimizer, inner):
+    """ZeroRedundancyOptimizer.step() = the inner optimizer's step on this rank's shard, then the
+    parameter broadcasts: wraps the inner step so that each call's seconds are appended to the
+    returned list (which stays empty for a plain optimizer, whose step is the update). Returns
+    (that list, the timed inner step, for an update without the broadcasts)."""
+    update_seconds = []
+    inner_step = inner.step
+
+    def timed_inner_step(*args, **kwargs):
+        start = time.perf_counter()
+        result = inner_step(*args, **kwargs)
+        update_seconds.append(time.perf_counter() - start)
+        return result
+
+    if inner is not optimizer:
+        inner.step = timed_inner_step
+    return update_seconds, timed_inner_step
+
+
 def torch_rank_main(rank, config, out_dir):
     """One torch rank: trains (warm-up, then measured iterations), then the same loop without
     gradient communication (the no-comm baseline); writes its timings to out_dir/rank<r>.json."""
@@ -231,12 +260,8 @@ def torch_rank_main(rank, config, out_dir):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    torch.set_num_threads(1)
-    with contextlib.suppress(RuntimeError):  # only settable before the first parallel work
-        torch.set_num_interop_threads(1)
     world_size = config["world_size"]
-    dist.init_process_group("gloo", init_method=f"file://{config['store']}", rank=rank,
-                            world_size=world_size)
+    join_torch_group(torch, dist, config, rank)
     layers = config["layers"]
     torch.manual_seed(SEED)  # every rank starts from the same model, as DDP requires
     student = torch_mlp(torch, layers)
@@ -247,19 +272,7 @@ def torch_rank_main(rank, config, out_dir):
     optimizer, inner, described, refused = make_torch_optimizer(
         torch, config["variant"], model.parameters())
 
-    update_seconds = []
-    inner_step = inner.step
-
-    def timed_inner_step(*args, **kwargs):
-        start = time.perf_counter()
-        result = inner_step(*args, **kwargs)
-        update_seconds.append(time.perf_counter() - start)
-        return result
-
-    # ZeroRedundancyOptimizer.step() = the inner optimizer's step on this rank's shard, then the
-    # parameter broadcasts: timing the inner step separates the two.
-    if inner is not optimizer:
-        inner.step = timed_inner_step
+    update_seconds, timed_inner_step = time_inner_updates(optimizer, inner)
     loss_fn = torch.nn.MSELoss()
     global_batch = PER_RANK_BATCH * world_size
 
