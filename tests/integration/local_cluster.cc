@@ -3,10 +3,8 @@
 #include "tests/integration/local_cluster.h"
 
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/free_port.h"
 #include "gtest/gtest.h"
 #include "security/coordinator_channel.h"
 
@@ -53,25 +52,6 @@ std::vector<std::string> LastLines(const std::string& path, int lines) {
   for (std::string line; std::getline(in, line);) all.push_back(std::move(line));
   if (static_cast<int>(all.size()) > lines) all.erase(all.begin(), all.end() - lines);
   return all;
-}
-
-// A port that was free a moment ago (bind to port 0, read it, close).
-absl::StatusOr<int> PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return ErrnoError("socket", errno);
-  sockaddr_in address = {};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const int error = errno;
-    close(fd);
-    return ErrnoError("bind/getsockname", error);
-  }
-  close(fd);
-  return ntohs(address.sin_port);
 }
 
 // Reads "GRPC_PORT METRICS_PORT" from the coordinator's port file (written atomically).
@@ -203,7 +183,7 @@ absl::Status LocalCluster::SetTarget(int grpc_port) {
 
 absl::Status LocalCluster::ReserveCoordinatorPort() {
   if (grpc_port_ != 0) return absl::FailedPreconditionError("the coordinator port is already set");
-  absl::StatusOr<int> port = PickFreePort();
+  absl::StatusOr<int> port = common::PickFreeLoopbackPort();
   if (!port.ok()) return port.status();
   return SetTarget(*port);
 }

@@ -3,8 +3,6 @@
 // while registered; /healthz stays 200 throughout (a coordinator outage must not restart workers).
 #include "worker/daemon/health_server.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -15,6 +13,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "common/free_port.h"
 #include "coordinator/coordinator_server.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
@@ -23,18 +22,6 @@
 
 namespace zeroshard::worker {
 namespace {
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // GETs `path` until the reply satisfies `accept` or 20 s pass; returns the last reply.
 http::testing::HttpReply PollUntil(
@@ -75,7 +62,7 @@ std::unique_ptr<coordinator::CoordinatorServer> StartCoordinator(int port) {
 }
 
 TEST(HealthServerTest, ReadyOnlyWhileRegisteredAndHeartbeatingLiveThroughout) {
-  const int coordinator_port = FreePort();
+  const int coordinator_port = common::PickFreeLoopbackPortOrDie();
   WorkerDaemonOptions options;
   options.name = "w";
   options.host = "host-a";

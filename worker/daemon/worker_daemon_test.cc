@@ -6,8 +6,6 @@
 // later call, and a registration refused for its credentials ends the daemon.
 #include "worker/daemon/worker_daemon.h"
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "common/free_port.h"
 #include "coordinator/coordinator_server.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/server_builder.h"
@@ -94,18 +93,6 @@ class RecordingSink : public coordinator::JobEventSink {
   absl::Mutex mu_;
   std::vector<v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
 };
-
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // Polls `condition` every few milliseconds until it holds or `timeout` passes.
 bool Eventually(const std::function<bool()>& condition,
@@ -186,7 +173,7 @@ class WorkerDaemonTest : public ::testing::Test {
 };
 
 TEST_F(WorkerDaemonTest, RegistersOnceCoordinatorComesUpThenRunsAndAbortsOnCancel) {
-  const int port = FreePort();
+  const int port = common::PickFreeLoopbackPortOrDie();
   std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
   std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
   // The daemon is already retrying; the coordinator comes up afterwards.
@@ -213,7 +200,7 @@ TEST_F(WorkerDaemonTest, RegistersOnceCoordinatorComesUpThenRunsAndAbortsOnCance
 }
 
 TEST_F(WorkerDaemonTest, ARunThatFailsIsReportedAtOnceNotAtTheNextHeartbeat) {
-  const int port = FreePort();
+  const int port = common::PickFreeLoopbackPortOrDie();
   // Heartbeats every 10 s: without the news path the job would succeed only at the next one.
   const absl::Duration period = absl::Seconds(10);
   StartCoordinator(port, absl::Seconds(30), "", period);
@@ -238,7 +225,7 @@ TEST_F(WorkerDaemonTest, ARunThatFailsIsReportedAtOnceNotAtTheNextHeartbeat) {
 }
 
 TEST_F(WorkerDaemonTest, AFailedRunReportsThePeersItSawDie) {
-  const int port = FreePort();
+  const int port = common::PickFreeLoopbackPortOrDie();
   // Heartbeats every 10 s, and so a regroup wait and a lease far longer than the test: only the
   // report lets the next generation start without the dead rank's worker.
   const absl::Duration period = absl::Seconds(10);
@@ -291,7 +278,7 @@ TEST_F(WorkerDaemonTest, AFailedRunReportsThePeersItSawDie) {
 }
 
 TEST_F(WorkerDaemonTest, RegistersAgainWhenTheCoordinatorForgetsIt) {
-  const int port = FreePort();
+  const int port = common::PickFreeLoopbackPortOrDie();
   StartCoordinator(port);
   std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
   std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
@@ -309,7 +296,7 @@ TEST_F(WorkerDaemonTest, RegistersAgainWhenTheCoordinatorForgetsIt) {
 }
 
 TEST_F(WorkerDaemonTest, ARunOutlivesACoordinatorRestartAndIsAdopted) {
-  const int port = FreePort();
+  const int port = common::PickFreeLoopbackPortOrDie();
   StartCoordinator(port);
   std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
   std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
@@ -347,7 +334,7 @@ TEST_F(WorkerDaemonTest, ARunOutlivesACoordinatorRestartAndIsAdopted) {
 }
 
 TEST_F(WorkerDaemonTest, ARunTheRestartedCoordinatorCannotAdoptIsAborted) {
-  const int port = FreePort();
+  const int port = common::PickFreeLoopbackPortOrDie();
   StartCoordinator(port);
   std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
   std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
@@ -367,7 +354,7 @@ TEST_F(WorkerDaemonTest, ARunTheRestartedCoordinatorCannotAdoptIsAborted) {
 }
 
 TEST_F(WorkerDaemonTest, StopEndsAHeartbeatWaitingForTheCoordinator) {
-  const int port = FreePort();
+  const int port = common::PickFreeLoopbackPortOrDie();
   StartCoordinator(port);
   WorkerDaemonOptions options;
   options.name = "w";
@@ -397,7 +384,7 @@ TEST_F(WorkerDaemonTest, StopEndsAHeartbeatWaitingForTheCoordinator) {
 }
 
 TEST_F(WorkerDaemonTest, SlowAbortDoesNotStallHeartbeatsOrTheNextRun) {
-  const int port = FreePort();
+  const int port = common::PickFreeLoopbackPortOrDie();
   StartCoordinator(port);
   absl::Notification released;
   std::atomic<int> runs{0};
