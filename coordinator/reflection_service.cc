@@ -1,7 +1,6 @@
 // Server reflection answered from a descriptor pool, behind the coordinator's authentication.
 #include "coordinator/reflection_service.h"
 
-#include <type_traits>
 #include <utility>
 
 #include "absl/container/flat_hash_set.h"
@@ -54,19 +53,6 @@ void SetFileWithDependencies(const google::protobuf::FileDescriptor* file,
              absl::StrCat("max_send_message_bytes: ", file->name(), " and its dependencies take ",
                           out->ByteSizeLong(), " bytes, more than ", options.max_response_bytes),
              response);
-  }
-}
-
-// The two packages' messages are wire-identical; v1 streams are answered through v1alpha.
-template <typename To, typename From>
-To Reencode(const From& from) {
-  if constexpr (std::is_same_v<To, From>) {
-    return from;
-  } else {
-    To to;
-    // Cannot fail: both sides declare the same fields with the same numbers and types.
-    to.ParseFromString(from.SerializeAsString());
-    return to;
   }
 }
 
@@ -159,10 +145,11 @@ ServerReflectionResponse AnswerReflectionRequest(const ServerReflectionRequest& 
   return response;
 }
 
-// One ServerReflectionInfo stream. Reads and writes alternate (a read starts only when the
-// previous answer is written), so no two of its callbacks run at once and it needs no lock.
-template <typename Request, typename Response>
-class ReflectionService::Stream final : public grpc::ServerBidiReactor<Request, Response> {
+// One ServerReflectionInfo stream of either package (both use v1alpha's messages). Reads and
+// writes alternate (a read starts only when the previous answer is written), so no two of its
+// callbacks run at once and it needs no lock.
+class ReflectionService::Stream final
+    : public grpc::ServerBidiReactor<ServerReflectionRequest, ServerReflectionResponse> {
  public:
   Stream(ReflectionService* service, grpc::CallbackServerContext* context) : service_(service) {
     const absl::Status admitted = service_->OpenStream(*context);
@@ -188,9 +175,8 @@ class ReflectionService::Stream final : public grpc::ServerBidiReactor<Request, 
                        " requests; open another stream")));
       return;
     }
-    response_ = Reencode<Response>(
-        AnswerReflectionRequest(Reencode<ServerReflectionRequest>(request_), *service_->pool_,
-                                service_->Services(), service_->options_));
+    response_ = AnswerReflectionRequest(request_, *service_->pool_, service_->Services(),
+                                        service_->options_);
     this->StartWrite(&response_);
   }
 
@@ -211,8 +197,8 @@ class ReflectionService::Stream final : public grpc::ServerBidiReactor<Request, 
   ReflectionService* const service_;
   bool counted_ = false;
   int64_t requests_ = 0;
-  Request request_;
-  Response response_;
+  ServerReflectionRequest request_;
+  ServerReflectionResponse response_;
 };
 
 class ReflectionService::V1AlphaService final
@@ -220,11 +206,9 @@ class ReflectionService::V1AlphaService final
  public:
   explicit V1AlphaService(ReflectionService* service) : service_(service) {}
 
-  grpc::ServerBidiReactor<grpc::reflection::v1alpha::ServerReflectionRequest,
-                          grpc::reflection::v1alpha::ServerReflectionResponse>*
-  ServerReflectionInfo(grpc::CallbackServerContext* context) override {
-    return new Stream<grpc::reflection::v1alpha::ServerReflectionRequest,
-                      grpc::reflection::v1alpha::ServerReflectionResponse>(service_, context);
+  grpc::ServerBidiReactor<ServerReflectionRequest, ServerReflectionResponse>* ServerReflectionInfo(
+      grpc::CallbackServerContext* context) override {
+    return new Stream(service_, context);
   }
 
  private:
@@ -236,11 +220,9 @@ class ReflectionService::V1Service final
  public:
   explicit V1Service(ReflectionService* service) : service_(service) {}
 
-  grpc::ServerBidiReactor<grpc::reflection::v1::ServerReflectionRequest,
-                          grpc::reflection::v1::ServerReflectionResponse>*
-  ServerReflectionInfo(grpc::CallbackServerContext* context) override {
-    return new Stream<grpc::reflection::v1::ServerReflectionRequest,
-                      grpc::reflection::v1::ServerReflectionResponse>(service_, context);
+  grpc::ServerBidiReactor<ServerReflectionRequest, ServerReflectionResponse>* ServerReflectionInfo(
+      grpc::CallbackServerContext* context) override {
+    return new Stream(service_, context);
   }
 
  private:

@@ -69,7 +69,6 @@ class ReflectionService {
   int64_t open_streams() const { return open_streams_.load(); }
 
  private:
-  template <typename Request, typename Response>
   class Stream;
   class V1AlphaService;
   class V1Service;

@@ -170,9 +170,9 @@ TEST_F(ReflectionServiceTest, TheV1ServiceAnswersLikeV1Alpha) {
   SetDeadline(context);
   auto call =
       grpc::reflection::v1::ServerReflection::NewStub(channel_)->ServerReflectionInfo(&context);
-  grpc::reflection::v1::ServerReflectionRequest request;
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
   request.set_file_containing_symbol("zeroshard.v1.Coordinator.SubmitJob");
-  grpc::reflection::v1::ServerReflectionResponse response;
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
   ASSERT_TRUE(call->Write(request));
   ASSERT_TRUE(call->Read(&response));
   ASSERT_GT(response.file_descriptor_response().file_descriptor_proto_size(), 0);
