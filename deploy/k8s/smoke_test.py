@@ -4,53 +4,38 @@ a coordinator and two workers pass their readiness probes and the jobs example's
 
 import copy
 import os
-import secrets
-import subprocess
 import tempfile
 import unittest
 
 import manifests
 import smoke
+from cluster_support import load_cluster_module, runfiles_workspace
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 READY_TIMEOUT_S = 90
 JOB_TIMEOUT_S = 180
 
 
-def runfiles_workspace():
-    return os.path.join(os.environ["TEST_SRCDIR"], os.environ.get("TEST_WORKSPACE", "zeroshard"))
-
-
-def openssl(args, cwd):
-    subprocess.run(["openssl"] + args, cwd=cwd, check=True, capture_output=True)
-
-
 def make_secrets(directory):
-    """The Secrets docs/deploy.md has an operator create: zeroshard-tls (a CA and the
-    coordinator's certificate, here for 127.0.0.1 as well as its Service name) and
-    zeroshard-tokens (the coordinator's token file and the worker and submitter tokens)."""
-    os.makedirs(directory)
-    openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-             "/CN=zeroshard-test-ca", "-keyout", "ca.key", "-out", "ca.pem"], directory)
-    openssl(["req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=zeroshard-coordinator",
-             "-keyout", "tls.key", "-out", "tls.csr"], directory)
-    with open(os.path.join(directory, "san.ext"), "w") as f:
-        f.write("subjectAltName=DNS:zeroshard-coordinator,DNS:localhost,IP:127.0.0.1\n")
-    openssl(["x509", "-req", "-in", "tls.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-             "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", "tls.crt"], directory)
+    """The Secrets docs/deploy.md has an operator create, made by deploy/local/cluster.py's
+    Credentials: zeroshard-tls (a CA and the coordinator's certificate, here for 127.0.0.1 as well
+    as its Service name) and zeroshard-tokens (the coordinator's token file and the worker and
+    submitter tokens)."""
+    made = load_cluster_module().Credentials(
+        directory, tls=True, tokens=True, worker_certs=(),
+        server_names=("zeroshard-coordinator", "localhost", "127.0.0.1"))
 
-    def read(name):
-        with open(os.path.join(directory, name)) as f:
+    def read(path):
+        with open(path) as f:
             return f.read()
 
-    worker_token, submitter_token = secrets.token_hex(32), secrets.token_hex(32)
+    cert, key = made.server
     return {
-        "zeroshard-tls": {"ca.pem": read("ca.pem"), "tls.crt": read("tls.crt"),
-                          "tls.key": read("tls.key")},
+        "zeroshard-tls": {"ca.pem": read(made.ca), "tls.crt": read(cert), "tls.key": read(key)},
         "zeroshard-tokens": {
-            "tokens": f"{worker_token} worker workers\n{submitter_token} submitter smoke-job\n",
-            "worker.token": worker_token + "\n",
-            "submitter.token": submitter_token + "\n",
+            "tokens": read(made.coordinator_token_file),
+            "worker.token": read(made.token_files["worker"]),
+            "submitter.token": read(made.token_files["submitter"]),
         },
     }
 

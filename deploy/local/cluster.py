@@ -24,6 +24,7 @@ Python 3 standard library (and, for --tls, the openssl CLI) only.
 """
 
 import argparse
+import ipaddress
 import os
 import secrets
 import signal
@@ -152,12 +153,23 @@ def openssl(args, cwd):
         raise ClusterError(f"openssl {args[0]} failed: {result.stderr.strip()}")
 
 
+def subject_alt_name(name):
+    """A certificate's subjectAltName entry for an IP address or a DNS name."""
+    try:
+        ipaddress.ip_address(name)
+        return f"IP:{name}"
+    except ValueError:
+        return f"DNS:{name}"
+
+
 class Credentials:
     """The CA, certificates and tokens of a secured local cluster, made under `directory`."""
 
     ROLES = ("admin", "submitter", "viewer", "worker")
 
-    def __init__(self, directory, tls, tokens, worker_certs):
+    def __init__(self, directory, tls, tokens, worker_certs,
+                 server_names=("127.0.0.1", "localhost")):
+        """`server_names`: the addresses and DNS names the coordinator's certificate is for."""
         self.dir = directory
         os.makedirs(directory, exist_ok=True)
         self.ca = None
@@ -167,7 +179,7 @@ class Credentials:
         self.coordinator_token_file = None
         if tls:
             self.ca = self._make_ca()
-            self.server = self._issue("coordinator")
+            self.server = self._issue("coordinator", server_names)
             for name in worker_certs:
                 self.worker_certs[name] = self._issue(name)
         if tokens:
@@ -191,10 +203,11 @@ class Credentials:
                  "/CN=zeroshard-local-ca", "-keyout", "ca.key", "-out", "ca.pem"], self.dir)
         return os.path.join(self.dir, "ca.pem")
 
-    def _issue(self, name):
+    def _issue(self, name, names=("127.0.0.1", "localhost")):
         openssl(["req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
                  "-keyout", f"{name}.key", "-out", f"{name}.csr"], self.dir)
-        self._write(f"{name}.ext", "subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+        self._write(f"{name}.ext", "subjectAltName=" + ",".join(map(subject_alt_name, names))
+                    + "\n")
         openssl(["x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
                  "-CAcreateserial", "-days", "30", "-extfile", f"{name}.ext", "-out",
                  f"{name}.pem"], self.dir)

@@ -26,7 +26,6 @@ on failure and on SIGTERM/SIGINT/SIGHUP too. Python 3 standard library, `ip` and
 
 import json
 import os
-import secrets
 import signal
 import socket
 import subprocess
@@ -40,7 +39,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
 sys.path.insert(0, os.path.join(REPO_ROOT, "python", "tests"))  # Bazel adds it as a dep too
 import safetensors_file  # noqa: E402  (no PyPI package in CI)
-from cluster_support import runfiles_workspace, wait_until  # noqa: E402
+from cluster_support import load_cluster_module, runfiles_workspace, wait_until  # noqa: E402
 
 PREFIX = "zs-mh-"
 ROUTER = PREFIX + "router"
@@ -162,54 +161,11 @@ def root_namespace_links():
 # --- credentials -----------------------------------------------------------------------------
 
 
-def openssl(args, cwd):
-    made = subprocess.run(["openssl"] + args, cwd=cwd, stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, timeout=60)
-    if made.returncode != 0:
-        raise CheckFailed(f"openssl {args[0]} failed: {made.stderr.strip()}")
-
-
-class Credentials:
-    """A CA, the coordinator's certificate (for its namespace address and 127.0.0.1, so that the
-    loopback run uses the same files) and one token per role (docs/operations.md, "TLS and
-    tokens")."""
-
-    ROLES = ("admin", "submitter", "worker")
-
-    def __init__(self, directory):
-        os.makedirs(directory)
-        self.dir = directory
-        openssl(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-                 "/CN=zs-mh-ca", "-keyout", "ca.key", "-out", "ca.pem"], directory)
-        openssl(["req", "-new", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=coordinator",
-                 "-keyout", "coordinator.key", "-out", "coordinator.csr"], directory)
-        self._write("coordinator.ext", f"subjectAltName=IP:{ADDRESSES[0]},IP:127.0.0.1\n")
-        openssl(["x509", "-req", "-in", "coordinator.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "2", "-extfile", "coordinator.ext", "-out",
-                 "coordinator.pem"], directory)
-        self.ca = os.path.join(directory, "ca.pem")
-        lines = []
-        self.token_files = {}
-        for role in self.ROLES:
-            token = secrets.token_hex(32)
-            lines.append(f"{token} {role} mh-{role}")
-            self.token_files[role] = self._write(f"{role}.token", token + "\n")
-        self.coordinator_token_file = self._write("tokens", "\n".join(lines) + "\n")
-
-    def _write(self, name, text):
-        path = os.path.join(self.dir, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        return path
-
-    def coordinator_flags(self):
-        return [f"--tls_cert_file={self.dir}/coordinator.pem",
-                f"--tls_key_file={self.dir}/coordinator.key",
-                f"--token_file={self.coordinator_token_file}"]
-
-    def flags(self, role):
-        return [f"--ca={self.ca}", f"--token_file={self.token_files[role]}"]
+def make_credentials(directory):
+    """deploy/local/cluster.py's CA, coordinator certificate (for its namespace address and
+    127.0.0.1, so that the loopback run uses the same files) and a token per role."""
+    return load_cluster_module().Credentials(directory, tls=True, tokens=True, worker_certs=(),
+                                             server_names=(ADDRESSES[0], "127.0.0.1"))
 
 
 # --- processes -------------------------------------------------------------------------------
@@ -298,7 +254,8 @@ class Cluster:
             argv = [self.binaries["worker"], f"--coordinator={self.target}", "--device=cpu",
                     f"--name={name}", f"--host={self.host_name(index)}",
                     f"--listen_host={self.addresses[index]}",
-                    f"--checkpoint_root={self.checkpoint_root}"] + self.credentials.flags("worker")
+                    f"--checkpoint_root={self.checkpoint_root}",
+                    *self.credentials.client_flags("worker")]
             self.workers.append(self._spawn(name, self.namespaces[index], argv, self.worker_env))
         wait_until(lambda: self._check_running() or
                    all(self.worker_state(n) == "IDLE" for n in WORKER_NAMES),
@@ -323,7 +280,7 @@ class Cluster:
     def cli(self, role, *args, timeout=30):
         """The `zeroshard` CLI, run in the coordinator's namespace (a client on host 0)."""
         argv = [self.binaries["client"], f"--coordinator={self.target}",
-                *self.credentials.flags(role), *args]
+                *self.credentials.client_flags(role), *args]
         return run(in_namespace(self.namespaces[0], argv), check=False, timeout=timeout)
 
     def workers_table(self):
@@ -675,7 +632,7 @@ def main(binaries):
 
     base_dir = tempfile.mkdtemp(prefix="mh-", dir=os.environ.get("TEST_TMPDIR"))
     links_before = root_namespace_links()
-    credentials = Credentials(os.path.join(base_dir, "tls"))
+    credentials = make_credentials(os.path.join(base_dir, "tls"))
     clusters = []
     inspector = None
     try:
