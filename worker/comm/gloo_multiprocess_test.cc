@@ -21,6 +21,16 @@ extern char** environ;
 namespace zeroshard::comm {
 namespace {
 
+// This process is a rank itself. Like the worker binary (worker/main.cc), it must see a write to
+// a killed peer's socket as EPIPE, a collective error, not die of SIGPIPE mid-test (the
+// occasional silent exit in PeerKilledMidTransferFailsTheSurvivorAtOnce).
+class IgnoreSigpipe : public ::testing::Environment {
+ public:
+  void SetUp() override { signal(SIGPIPE, SIG_IGN); }
+};
+::testing::Environment* const kIgnoreSigpipe =
+    ::testing::AddGlobalTestEnvironment(new IgnoreSigpipe);
+
 std::string PeerPath() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/zeroshard/worker/comm/collective_peer");
