@@ -507,7 +507,11 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterWorker(grpc::CallbackServe
       [&](const security::Identity& caller, const v1::RegisterWorkerRequest* request,
           v1::RegisterWorkerResponse* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateRegisterWorkerRequest(*request));
-        *response = manager_->RegisterWorker(*request);
+        // Admins act for any worker; the worker role proves which one it was with its secret.
+        RegistrationProof proof;
+        proof.acts_for_any_worker = caller.role != security::Role::kWorker;
+        proof.presented_secret = WorkerSecretOf(*context);
+        ZS_ASSIGN_OR_RETURN(*response, manager_->RegisterWorker(*request, proof));
         return absl::OkStatus();
       });
 }

@@ -126,6 +126,11 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
     const std::string job_id = assignment.job_id();
     run_assignment_by_job[job_id] = std::move(assignment);
   }
+  ZS_ASSIGN_OR_RETURN(std::vector<RankIdentity> identities, store->LoadRankIdentities());
+  absl::flat_hash_map<std::string, std::vector<RankIdentity>> identities_by_job;
+  for (RankIdentity& identity : identities) {
+    identities_by_job[identity.job_id].push_back(std::move(identity));
+  }
   std::unique_ptr<JobManager> manager(
       new JobManager(clock, std::move(store), rendezvous, std::move(options)));
   absl::MutexLock lock(&manager->mu_);
@@ -147,6 +152,15 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
       manager->next_job_number_ = std::max(manager->next_job_number_, *number + 1);
     }
     if (record.job.state() == v1::RUNNING) {
+      // Who held each rank, for the adoption's proofs and name reservations.
+      record.rank_identities.resize(record.job.worker_ids_size());
+      for (RankIdentity& identity : identities_by_job[id]) {
+        if (identity.generation == record.job.generation() && identity.rank >= 0 &&
+            identity.rank < record.job.worker_ids_size() &&
+            identity.worker_id == record.job.worker_ids(identity.rank)) {
+          record.rank_identities[identity.rank] = std::move(identity);
+        }
+      }
       // The workers train on: adopt their generation when they re-register.
       const auto stored = run_assignment_by_job.find(id);
       const absl::Status adopting = manager->BeginAdoptionLocked(
@@ -178,32 +192,59 @@ JobManager::JobManager(common::Clock* clock, std::unique_ptr<JobStore> store,
 
 // ---- Workers ----
 
-v1::RegisterWorkerResponse JobManager::RegisterWorker(const v1::RegisterWorkerRequest& request) {
+absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
+    const v1::RegisterWorkerRequest& request, const RegistrationProof& proof) {
   absl::MutexLock lock(&mu_);
   ReserveWorkerNumbersLocked();
   v1::RegisterWorkerResponse response;
   response.set_heartbeat_period_ms(absl::ToInt64Milliseconds(options_.lease.heartbeat_period));
   response.set_lease_ms(absl::ToInt64Milliseconds(options_.lease.lease()));
+  const std::string& previous = request.previous_worker_id();
   if (!request.status().job_id().empty()) {
-    absl::StatusOr<JobRecord*> adoptable = FindAdoptableRankLocked(request);
+    absl::StatusOr<JobRecord*> adoptable = FindAdoptableRankLocked(request, proof);
     absl::StatusOr<v1::WorkerInfo*> worker =
-        adoptable.ok() ? workers_.RegisterAs(request, request.previous_worker_id(), clock_->Now())
-                       : adoptable.status();
+        adoptable.ok() ? workers_.RegisterAs(request, previous, clock_->Now()) : adoptable.status();
     if (worker.ok()) {
+      // The secret first: the adoption stores the rank's identity with it.
+      response.set_worker_secret(NewWorkerSecretLocked((*worker)->id()));
       AdoptRankLocked(**adoptable, **worker, request.status());
       response.set_worker_id((*worker)->id());
-      response.set_worker_secret(NewWorkerSecretLocked((*worker)->id()));
       response.set_adopted(true);
       return response;
     }
-    ZS_LOG(WARNING) << "worker " << request.previous_worker_id() << " (name=" << request.name()
-                    << ") registers running " << request.status().job_id() << " generation "
-                    << request.status().generation() << " rank " << request.status().rank()
+    ZS_LOG(WARNING) << "worker " << common::EscapeForLog(previous) << " (name=" << request.name()
+                    << ") registers running " << common::EscapeForLog(request.status().job_id())
+                    << " generation " << request.status().generation() << " rank "
+                    << request.status().rank()
                     << ", which cannot be adopted: " << worker.status().message()
                     << "; it gets a new id and aborts that run";
   }
-  // The registration it replaces no longer acts for it.
-  if (!request.previous_worker_id().empty()) workers_.RevokeSecret(request.previous_worker_id());
+  // Only the worker that held `previous` may replace that registration.
+  const bool proven =
+      !previous.empty() &&
+      (proof.acts_for_any_worker || workers_.SecretMatches(previous, proof.presented_secret));
+  if (const v1::WorkerInfo* holder = workers_.FindLiveByName(request.name())) {
+    if (!proven || holder->id() != previous) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("name: worker name ", request.name(), " is held by the live registration ",
+                       holder->id(), " (host ", holder->host(),
+                       "); a name is bound to its worker until that worker is DEAD or LEFT"));
+    }
+    // That worker registers again while its registration is live: the old one is over.
+    const std::string replaced = holder->id();
+    ZS_RETURN_IF_ERROR(HandleLostWorkerLocked(replaced, "registered again"));
+    ZS_RETURN_IF_ERROR(workers_.Leave(replaced).status());
+  }
+  ZS_RETURN_IF_ERROR(CheckNameNotReservedLocked(request.name()));
+  if (proven) {
+    // The registration it replaces no longer acts for it.
+    workers_.RevokeSecret(previous);
+  } else if (!previous.empty()) {
+    ZS_LOG(WARNING) << "a registration names previous_worker_id "
+                    << common::EscapeForLog(previous.substr(0, 64))
+                    << " without that worker's secret: registered as a new worker; "
+                    << common::EscapeForLog(previous.substr(0, 64)) << " keeps its registration";
+  }
   const v1::WorkerInfo& worker = workers_.Register(request, clock_->Now());
   response.set_worker_id(worker.id());
   response.set_worker_secret(NewWorkerSecretLocked(worker.id()));
@@ -212,11 +253,26 @@ v1::RegisterWorkerResponse JobManager::RegisterWorker(const v1::RegisterWorkerRe
                << (request.attach_socket().empty()
                        ? ""
                        : absl::StrCat(" attach_socket=", request.attach_socket()))
-               << (request.previous_worker_id().empty()
-                       ? ""
-                       : absl::StrCat(" (was ", request.previous_worker_id(), ")"));
+               << (proven ? absl::StrCat(" (was ", previous, ")") : "");
   ScheduleLocked();
   return response;
+}
+
+absl::Status JobManager::CheckNameNotReservedLocked(const std::string& name) {
+  for (const auto& [id, record] : jobs_) {
+    if (!record.adoption.has_value()) continue;
+    for (int32_t rank = 0; rank < static_cast<int32_t>(record.rank_identities.size()); ++rank) {
+      const RankIdentity& identity = record.rank_identities[rank];
+      if (identity.worker_name != name || record.adoption->returned_ranks.count(rank) > 0) {
+        continue;
+      }
+      return absl::AlreadyExistsError(
+          absl::StrCat("name: worker name ", name, " is reserved for ", identity.worker_id,
+                       ", which held rank ", rank, " of ", id, " generation ", identity.generation,
+                       " and may re-register until the coordinator's adoption window ends"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 std::string JobManager::NewWorkerSecretLocked(const std::string& worker_id) {
@@ -233,6 +289,13 @@ absl::Status JobManager::CheckWorkerSecret(const std::string& worker_id, absl::s
         security::kWorkerSecretKey, ")"));
   }
   absl::MutexLock lock(&mu_);
+  if (workers_.Find(worker_id) == nullptr) {
+    // Not a refusal: a restarted coordinator does not know the worker yet, which registers
+    // again with its id and secret as proof (or a worker forgotten after its retention).
+    return absl::NotFoundError(
+        absl::StrCat("worker_id: ", common::EscapeForLog(worker_id.substr(0, 64)),
+                     " is not registered; register again"));
+  }
   if (!workers_.SecretMatches(worker_id, secret)) {
     return absl::PermissionDeniedError(absl::StrCat(
         "worker secret: not the one RegisterWorker gave worker_id ",
@@ -953,11 +1016,15 @@ void JobManager::EndSinksLocked(JobRecord& record) {
 void JobManager::PersistLocked(absl::Span<JobRecord* const> records) {
   std::vector<const v1::Job*> jobs;
   std::vector<const v1::Assignment*> run_assignments;
+  std::vector<RankIdentity> rank_identities;
   for (JobRecord* record : records) {
     jobs.push_back(&record->job);
     if (record->run_assignment_unsaved) run_assignments.push_back(&record->run_assignment);
+    for (int32_t rank : record->unsaved_identity_ranks) {
+      rank_identities.push_back(record->rank_identities[rank]);
+    }
   }
-  absl::Status saved = store_->Save(jobs, unpersisted_events_, run_assignments);
+  absl::Status saved = store_->Save(jobs, unpersisted_events_, run_assignments, rank_identities);
   if (!saved.ok()) {
     // Keep the events for the next attempt; the in-memory state stays authoritative.
     ZS_LOG(ERROR) << "state store write failed (will retry with the next change): " << saved;
@@ -977,7 +1044,10 @@ void JobManager::PersistLocked(absl::Span<JobRecord* const> records) {
       ThinEventsLocked(it->second);
     }
   }
-  for (JobRecord* record : records) record->run_assignment_unsaved = false;
+  for (JobRecord* record : records) {
+    record->run_assignment_unsaved = false;
+    record->unsaved_identity_ranks.clear();
+  }
 }
 
 absl::Status JobManager::StartGenerationLocked(JobRecord& record,
@@ -1018,6 +1088,7 @@ absl::Status JobManager::StartGenerationLocked(JobRecord& record,
     assignment.set_attach_socket(AttachSocketFor(job.spec(), worker));
     workers_.Assign(worker, assignment);
   }
+  RecordRankIdentitiesLocked(record);
   record.plan.emplace(std::move(plan));
 
   v1::JobEvent event;
@@ -1028,6 +1099,26 @@ absl::Status JobManager::StartGenerationLocked(JobRecord& record,
   return SetStateLocked(
       record, v1::RUNNING,
       absl::StrCat("generation ", job.generation(), " on ", world_size, " workers"));
+}
+
+void JobManager::RecordRankIdentitiesLocked(JobRecord& record) {
+  const v1::Job& job = record.job;
+  record.rank_identities.assign(job.worker_ids_size(), RankIdentity());
+  record.unsaved_identity_ranks.clear();
+  for (int32_t rank = 0; rank < job.worker_ids_size(); ++rank) {
+    const v1::WorkerInfo* worker = workers_.Find(job.worker_ids(rank));
+    const std::optional<security::Sha256Digest> digest =
+        workers_.SecretDigest(job.worker_ids(rank));
+    if (worker == nullptr || !digest.has_value()) continue;
+    RankIdentity& identity = record.rank_identities[rank];
+    identity.job_id = job.id();
+    identity.generation = job.generation();
+    identity.rank = rank;
+    identity.worker_id = worker->id();
+    identity.worker_name = worker->name();
+    identity.secret_sha256 = *digest;
+    record.unsaved_identity_ranks.push_back(rank);
+  }
 }
 
 absl::Status JobManager::EndGenerationLocked(JobRecord& record, v1::JobState next_state,
@@ -1199,7 +1290,7 @@ absl::Status JobManager::BeginAdoptionLocked(JobRecord& record, const v1::Assign
 }
 
 absl::StatusOr<JobManager::JobRecord*> JobManager::FindAdoptableRankLocked(
-    const v1::RegisterWorkerRequest& request) {
+    const v1::RegisterWorkerRequest& request, const RegistrationProof& proof) {
   const v1::WorkerStatus& status = request.status();
   auto it = jobs_.find(status.job_id());
   if (it == jobs_.end()) {
@@ -1225,6 +1316,25 @@ absl::StatusOr<JobManager::JobRecord*> JobManager::FindAdoptableRankLocked(
     return absl::AlreadyExistsError(
         absl::StrCat(request.previous_worker_id(), " has registered again already"));
   }
+  if (!proof.acts_for_any_worker) {
+    const RankIdentity* identity = status.rank() < static_cast<int>(record.rank_identities.size())
+                                       ? &record.rank_identities[status.rank()]
+                                       : nullptr;
+    if (identity == nullptr || identity->worker_id.empty()) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "no identity was stored for rank ", status.rank(),
+          " (a generation started by an older coordinator), so no worker can prove it held it"));
+    }
+    if (identity->secret_sha256 != security::Sha256(proof.presented_secret)) {
+      return absl::PermissionDeniedError(absl::StrCat("worker secret: not the one of ",
+                                                      request.previous_worker_id(),
+                                                      ", which held rank ", status.rank()));
+    }
+  }
+  if (const v1::WorkerInfo* holder = workers_.FindLiveByName(request.name())) {
+    return absl::AlreadyExistsError(absl::StrCat(
+        "worker name ", request.name(), " is held by the live registration ", holder->id()));
+  }
   return &record;
 }
 
@@ -1235,6 +1345,17 @@ void JobManager::AdoptRankLocked(JobRecord& record, v1::WorkerInfo& worker,
   assignment.set_attach_socket(AttachSocketFor(record.job.spec(), worker));
   workers_.Assign(worker, assignment);
   record.adoption->returned_ranks.insert(status.rank());
+  // Its new secret proves the rank from now on (another restart adopts with it).
+  if (status.rank() < static_cast<int>(record.rank_identities.size())) {
+    RankIdentity& identity = record.rank_identities[status.rank()];
+    identity.job_id = record.job.id();
+    identity.generation = record.job.generation();
+    identity.rank = status.rank();
+    identity.worker_id = worker.id();
+    identity.worker_name = worker.name();
+    identity.secret_sha256 = workers_.SecretDigest(worker.id()).value_or(security::Sha256Digest{});
+    record.unsaved_identity_ranks.push_back(status.rank());
+  }
   // This coordinator keeps no finished ranks from before its restart: the worker says so.
   if (status.finished()) record.finished_ranks.insert(status.rank());
   const v1::Job& job = record.job;

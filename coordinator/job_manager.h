@@ -63,6 +63,17 @@ struct JobManagerOptions {
   int64_t max_pending_jobs_per_submitter = 1000;
 };
 
+// What a RegisterWorker caller proves about the registration its request names
+// (previous_worker_id): replacing or adopting a registration needs proof of being that worker.
+struct RegistrationProof {
+  // The caller may act for any worker (an admin, or every caller of a coordinator without a
+  // token file): it needs no proof.
+  bool acts_for_any_worker = true;
+  // The worker secret the call carried (metadata zeroshard-worker-secret): the one the previous
+  // registration got. Empty: none.
+  std::string presented_secret;
+};
+
 // Receives one job's events. Called with the manager's lock held: it must not block and must
 // not call back into the manager.
 class JobEventSink {
@@ -199,6 +210,16 @@ struct ManagerStats {
 // the next one needs the same workers, by name, again. An attached job has no fixed step count
 // (spec.steps 0): it SUCCEEDS when every rank reported finished.
 //
+// Identities. A worker's registration is bound to a secret (RegisterWorker's reply; only its
+// SHA-256 is kept) and to its name: while a registration is live, another registration of its
+// name is refused with ALREADY_EXISTS. A registration that names a previous_worker_id replaces
+// that registration only with proof of being it (RegistrationProof: its secret, unless the
+// caller acts for any worker); without proof it is registered as a new worker and the named one
+// keeps its registration and secret. A generation's ranks are stored with their workers' names
+// and secret digests (JobStore's RankIdentity), so that after a restart only the worker that held
+// a rank, presenting that rank's secret, adopts it; while a generation is being adopted, the
+// names of its ranks not back yet are reserved for them.
+//
 // Thread-safe: every public method takes the one mutex, so each is atomic with respect to the
 // others. Inputs must already be validated for shape (coordinator/request_validation.h); the
 // manager checks them against state (ids, generations, ranks) and validates job specs itself.
@@ -213,7 +234,10 @@ class JobManager {
                                                             JobManagerOptions options);
 
   // Workers.
-  v1::RegisterWorkerResponse RegisterWorker(const v1::RegisterWorkerRequest& request);
+  // Registers a worker (see "Identities" above). ALREADY_EXISTS (naming the holder's id) when
+  // another live registration holds the name, or a generation being adopted reserves it.
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request, const RegistrationProof& proof = {});
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   absl::Status LeaveWorker(const std::string& worker_id);
   // Workers (only those in `state` unless it is unspecified), in registration order.
@@ -261,7 +285,9 @@ class JobManager {
 
   // Worker secrets (docs/api.md, "Identities and roles"); both PERMISSION_DENIED ("worker
   // secret: ...", never quoting the secret) when the secret does not fit.
-  // OK when `secret` is the one RegisterWorker gave `worker_id`'s current registration.
+  // OK when `secret` is the one RegisterWorker gave `worker_id`'s current registration;
+  // NOT_FOUND when this coordinator knows no `worker_id` (it restarted, or forgot the worker):
+  // the worker registers again, presenting its id and secret.
   absl::Status CheckWorkerSecret(const std::string& worker_id, absl::string_view secret);
   // OK when `secret` belongs to a worker that runs (job_id, generation) now.
   absl::Status CheckStoreSecret(absl::string_view secret, const std::string& job_id,
@@ -327,6 +353,11 @@ class JobManager {
     // Stored with the job, so that a restarted coordinator hands out the same one.
     v1::Assignment run_assignment;
     bool run_assignment_unsaved = false;
+    // Who holds each rank of the current generation (by rank; an empty worker_id where none is
+    // known, e.g. a generation stored by an older coordinator), stored with it. The ranks whose
+    // entry changed since it was last stored.
+    std::vector<RankIdentity> rank_identities;
+    std::vector<int32_t> unsaved_identity_ranks;
     // Set while a restarted coordinator adopts the running generation from its workers.
     struct Adoption {
       absl::Time deadline;
@@ -415,8 +446,15 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The adopting job whose rank the registering worker may take back (see "Adoption"), or why it
   // may not.
-  absl::StatusOr<JobRecord*> FindAdoptableRankLocked(const v1::RegisterWorkerRequest& request)
+  absl::StatusOr<JobRecord*> FindAdoptableRankLocked(const v1::RegisterWorkerRequest& request,
+                                                     const RegistrationProof& proof)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK when no generation being adopted waits for a rank whose worker is named `name`; else
+  // ALREADY_EXISTS naming the job, rank and worker id.
+  absl::Status CheckNameNotReservedLocked(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // StartGenerationLocked: records who holds each rank (to be stored with the generation).
+  void RecordRankIdentitiesLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives `worker` (registered under its previous id) its rank of the generation being adopted;
   // takes edge (11) when it was the last one missing.
   void AdoptRankLocked(JobRecord& record, v1::WorkerInfo& worker, const v1::WorkerStatus& status)

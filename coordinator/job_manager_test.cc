@@ -193,7 +193,9 @@ class JobManagerTest : public ::testing::Test {
     request.set_name(name);
     request.set_host(host);
     request.set_device_kind(v1::CPU);
-    return manager_->RegisterWorker(request).worker_id();
+    absl::StatusOr<v1::RegisterWorkerResponse> registered = manager_->RegisterWorker(request);
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    return registered.ok() ? registered->worker_id() : "";
   }
 
   v1::Assignment Beat(const std::string& worker_id, const std::string& running_job = "",
@@ -216,14 +218,17 @@ class JobManagerTest : public ::testing::Test {
     request.set_host(host);
     request.set_device_kind(kind);
     request.set_attach_socket(socket.value_or(SocketOf(name)));
-    return manager_->RegisterWorker(request).worker_id();
+    absl::StatusOr<v1::RegisterWorkerResponse> registered = manager_->RegisterWorker(request);
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    return registered.ok() ? registered->worker_id() : "";
   }
 
   // A worker the coordinator forgot registering again: its previous id and the run it has.
   v1::RegisterWorkerResponse Reregister(const std::string& previous_id, const std::string& job_id,
                                         int64_t generation, int32_t rank, bool finished = false) {
     v1::RegisterWorkerRequest request;
-    request.set_name("back");
+    // A name of its own: names are bound to live registrations.
+    request.set_name(absl::StrCat("back-", ++reregistrations_));
     request.set_host("host-a");
     request.set_device_kind(v1::CPU);
     request.set_previous_worker_id(previous_id);
@@ -232,8 +237,12 @@ class JobManagerTest : public ::testing::Test {
     request.mutable_status()->set_rank(rank);
     request.mutable_status()->set_step(5);
     request.mutable_status()->set_finished(finished);
-    return manager_->RegisterWorker(request);
+    absl::StatusOr<v1::RegisterWorkerResponse> registered = manager_->RegisterWorker(request);
+    EXPECT_TRUE(registered.ok()) << registered.status();
+    return registered.value_or(v1::RegisterWorkerResponse());
   }
+
+  int reregistrations_ = 0;
 
   // Moves the clock to the end of the adoption window and ticks; `live` heartbeat first, so
   // their leases (shorter than the window) hold.
@@ -1929,7 +1938,9 @@ TEST_F(JobManagerTest, AdoptedAttachedRanksKeepTheirSockets) {
     request.mutable_status()->set_job_id(job->id());
     request.mutable_status()->set_generation(1);
     request.mutable_status()->set_rank(rank);
-    ASSERT_TRUE(manager_->RegisterWorker(request).adopted()) << "rank " << rank;
+    absl::StatusOr<v1::RegisterWorkerResponse> registered = manager_->RegisterWorker(request);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    ASSERT_TRUE(registered->adopted()) << "rank " << rank;
   }
   ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
   for (int rank : {0, 1}) {

@@ -3,6 +3,7 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
@@ -34,6 +35,15 @@ CREATE TABLE IF NOT EXISTS checkpoint_commits (
 CREATE TABLE IF NOT EXISTS run_assignments (
   job_id TEXT PRIMARY KEY,
   assignment BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS rank_identities (
+  job_id TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  generation INTEGER NOT NULL,
+  worker_id TEXT NOT NULL,
+  worker_name TEXT NOT NULL,
+  secret_sha256 BLOB NOT NULL,
+  PRIMARY KEY (job_id, rank)
 );
 CREATE TABLE IF NOT EXISTS counters (
   name TEXT PRIMARY KEY,
@@ -72,6 +82,12 @@ class Statement {
     return absl::InternalError(absl::StrCat("sqlite step: ", sqlite3_errmsg(db_)));
   }
   int64_t ColumnInt(int column) { return sqlite3_column_int64(stmt_, column); }
+  std::string ColumnText(int column) {
+    const unsigned char* text = sqlite3_column_text(stmt_, column);
+    return text == nullptr ? std::string()
+                           : std::string(reinterpret_cast<const char*>(text),
+                                         sqlite3_column_bytes(stmt_, column));
+  }
   std::string ColumnBlob(int column) {
     const void* data = sqlite3_column_blob(stmt_, column);
     return std::string(static_cast<const char*>(data), sqlite3_column_bytes(stmt_, column));
@@ -147,7 +163,8 @@ absl::Status JobStore::Commit() {
 
 absl::Status JobStore::Save(absl::Span<const v1::Job* const> jobs,
                             absl::Span<const v1::JobEvent> events,
-                            absl::Span<const v1::Assignment* const> run_assignments) {
+                            absl::Span<const v1::Assignment* const> run_assignments,
+                            absl::Span<const RankIdentity> rank_identities) {
   ZS_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
   absl::Status status = [&]() -> absl::Status {
     Statement put_job(db_, "INSERT OR REPLACE INTO jobs (id, job) VALUES (?, ?);");
@@ -173,6 +190,26 @@ absl::Status JobStore::Save(absl::Span<const v1::Job* const> jobs,
       put_assignment.BindText(1, assignment->job_id());
       put_assignment.BindBlob(2, assignment->SerializeAsString());
       ZS_RETURN_IF_ERROR(put_assignment.StepDone());
+    }
+    Statement put_identity(db_,
+                           "INSERT OR REPLACE INTO rank_identities (job_id, rank, generation, "
+                           "worker_id, worker_name, secret_sha256) VALUES (?, ?, ?, ?, ?, ?);");
+    ZS_RETURN_IF_ERROR(put_identity.Prepared());
+    // Rows of the job's earlier generations (ranks the new one does not have, too) go.
+    Statement drop_stale(db_, "DELETE FROM rank_identities WHERE job_id = ? AND generation <> ?;");
+    ZS_RETURN_IF_ERROR(drop_stale.Prepared());
+    for (const RankIdentity& identity : rank_identities) {
+      put_identity.BindText(1, identity.job_id);
+      put_identity.BindInt(2, identity.rank);
+      put_identity.BindInt(3, identity.generation);
+      put_identity.BindText(4, identity.worker_id);
+      put_identity.BindText(5, identity.worker_name);
+      put_identity.BindBlob(
+          6, std::string(identity.secret_sha256.begin(), identity.secret_sha256.end()));
+      ZS_RETURN_IF_ERROR(put_identity.StepDone());
+      drop_stale.BindText(1, identity.job_id);
+      drop_stale.BindInt(2, identity.generation);
+      ZS_RETURN_IF_ERROR(drop_stale.StepDone());
     }
     return absl::OkStatus();
   }();
@@ -288,6 +325,31 @@ absl::StatusOr<std::vector<v1::Assignment>> JobStore::LoadRunAssignments() {
   Statement statement(db_, "SELECT assignment FROM run_assignments ORDER BY job_id;");
   ZS_RETURN_IF_ERROR(statement.Prepared());
   return LoadRows<v1::Assignment>(statement, "run assignment");
+}
+
+absl::StatusOr<std::vector<RankIdentity>> JobStore::LoadRankIdentities() {
+  Statement statement(db_,
+                      "SELECT job_id, rank, generation, worker_id, worker_name, secret_sha256 "
+                      "FROM rank_identities ORDER BY job_id, rank;");
+  ZS_RETURN_IF_ERROR(statement.Prepared());
+  std::vector<RankIdentity> identities;
+  int rc;
+  while ((rc = statement.Step()) == SQLITE_ROW) {
+    RankIdentity identity;
+    identity.job_id = statement.ColumnText(0);
+    identity.rank = static_cast<int32_t>(statement.ColumnInt(1));
+    identity.generation = statement.ColumnInt(2);
+    identity.worker_id = statement.ColumnText(3);
+    identity.worker_name = statement.ColumnText(4);
+    const std::string digest = statement.ColumnBlob(5);
+    if (digest.size() != identity.secret_sha256.size()) {
+      return absl::DataLossError("state store: a stored rank identity is corrupt");
+    }
+    std::copy(digest.begin(), digest.end(), identity.secret_sha256.begin());
+    identities.push_back(std::move(identity));
+  }
+  if (rc != SQLITE_DONE) return absl::InternalError("state store: reading failed");
+  return identities;
 }
 
 absl::Status JobStore::SaveCheckpointCommit(const v1::CommitCheckpointRequest& commit) {

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "security/identity.h"
 #include "zeroshard/v1/coordinator.pb.h"
 #include "zeroshard/v1/job.pb.h"
 #include "zeroshard/v1/worker.pb.h"
@@ -17,6 +18,18 @@
 struct sqlite3;
 
 namespace zeroshard::coordinator {
+
+// Who holds one rank of a running generation, kept so that a restarted coordinator adopts the
+// rank only from the worker that held it: the holder proves it with the secret whose SHA-256 this
+// is (docs/api.md, "Identities and roles"). Only the digest is stored, never the secret.
+struct RankIdentity {
+  std::string job_id;
+  int64_t generation = 0;
+  int32_t rank = 0;
+  std::string worker_id;
+  std::string worker_name;
+  security::Sha256Digest secret_sha256{};
+};
 
 // Not thread-safe: the owner (JobManager) serializes calls. Every Save* is one transaction,
 // committed with synchronous=FULL before it returns.
@@ -28,10 +41,13 @@ class JobStore {
   JobStore(const JobStore&) = delete;
   JobStore& operator=(const JobStore&) = delete;
 
-  // Writes the jobs (insert or replace), appends the events and writes each job's current
-  // generation's RUN assignment (insert or replace, keyed by its job_id), atomically.
+  // Writes the jobs (insert or replace), appends the events, writes each job's current
+  // generation's RUN assignment (insert or replace, keyed by its job_id) and its rank identities
+  // (insert or replace, keyed by job and rank; a job's rows of other generations are deleted),
+  // atomically.
   absl::Status Save(absl::Span<const v1::Job* const> jobs, absl::Span<const v1::JobEvent> events,
-                    absl::Span<const v1::Assignment* const> run_assignments = {});
+                    absl::Span<const v1::Assignment* const> run_assignments = {},
+                    absl::Span<const RankIdentity> rank_identities = {});
 
   // Reserves `count` worker numbers that no earlier call (in this or an earlier coordinator
   // process) returned, and returns the first of them: [first, first + count). Worker ids must
@@ -59,6 +75,8 @@ class JobStore {
   // The last RUN assignment saved for each job (a restarted coordinator adopts a running
   // generation with it), in job id order.
   absl::StatusOr<std::vector<v1::Assignment>> LoadRunAssignments();
+  // Every stored rank identity, by job id, then rank.
+  absl::StatusOr<std::vector<RankIdentity>> LoadRankIdentities();
 
   // Records one rank's checkpoint commit (idempotent per job, generation, step and rank).
   absl::Status SaveCheckpointCommit(const v1::CommitCheckpointRequest& commit);

@@ -492,7 +492,9 @@ TEST_F(RolesTest, AWorkerActsOnlyForItsOwnRegistrationAndAssignment) {
   // An admin is bound to no secret.
   EXPECT_TRUE(StoreSet(Caller{"admin", kAdminToken, ""}, theirs.job.id(), generation).ok());
 
-  // Registering again (naming the old id) gives a new secret; the old one stops working.
+  // Issue 23: a worker token names no one. Naming mine's id without its secret takes neither
+  // its name (bound while it is live; this failed before: the registration revoked mine's
+  // secret and replaced it) ...
   v1::RegisterWorkerRequest again;
   again.set_name("w-mine");
   again.set_host("host-w-mine");
@@ -502,13 +504,39 @@ TEST_F(RolesTest, AWorkerActsOnlyForItsOwnRegistrationAndAssignment) {
   {
     grpc::ClientContext context;
     Credentials(context, no_secret);
+    const grpc::Status status = stub_->RegisterWorker(&context, again, &registered);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::ALREADY_EXISTS);
+    EXPECT_TRUE(absl::StrContains(status.error_message(), mine.worker_id))
+        << status.error_message();
+  }
+  // ... nor, under another name, its registration: that is a new worker, and mine's secret
+  // still works.
+  v1::RegisterWorkerRequest impostor = again;
+  impostor.set_name("w-impostor");
+  {
+    grpc::ClientContext context;
+    Credentials(context, no_secret);
+    ASSERT_TRUE(stub_->RegisterWorker(&context, impostor, &registered).ok());
+  }
+  EXPECT_NE(registered.worker_id(), mine.worker_id);
+  EXPECT_FALSE(registered.adopted());
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(mine.worker_id);
+  v1::HeartbeatResponse beat_response;
+  {
+    grpc::ClientContext context;
+    Credentials(context, me);
+    EXPECT_TRUE(stub_->Heartbeat(&context, beat, &beat_response).ok());
+  }
+  // With its secret, the worker itself registers again: a new secret, and the old one (of a
+  // registration that has left) stops working.
+  {
+    grpc::ClientContext context;
+    Credentials(context, me);
     ASSERT_TRUE(stub_->RegisterWorker(&context, again, &registered).ok());
   }
   EXPECT_NE(registered.worker_secret(), mine.secret);
   EXPECT_EQ(registered.worker_secret().size(), 64u);
-  v1::HeartbeatRequest beat;
-  beat.set_worker_id(mine.worker_id);
-  v1::HeartbeatResponse beat_response;
   {
     grpc::ClientContext context;
     Credentials(context, me);
@@ -520,6 +548,14 @@ TEST_F(RolesTest, AWorkerActsOnlyForItsOwnRegistrationAndAssignment) {
     grpc::ClientContext context;
     Credentials(context, Caller{"worker", kWorkerToken, registered.worker_secret()});
     EXPECT_TRUE(stub_->Heartbeat(&context, beat, &beat_response).ok());
+  }
+  // An id this coordinator never gave out is NOT_FOUND (register again), not PERMISSION_DENIED.
+  beat.set_worker_id("worker-999999");
+  {
+    grpc::ClientContext context;
+    Credentials(context, me);
+    EXPECT_EQ(stub_->Heartbeat(&context, beat, &beat_response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
   }
 }
 

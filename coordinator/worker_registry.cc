@@ -1,6 +1,7 @@
 // Worker membership with leases.
 #include "coordinator/worker_registry.h"
 
+#include <algorithm>
 #include <limits>
 #include <optional>
 #include <string>
@@ -66,7 +67,21 @@ v1::WorkerInfo& WorkerRegistry::Add(int64_t number, const v1::RegisterWorkerRequ
   info.mutable_assignment()->set_kind(v1::ASSIGNMENT_IDLE);
   entry.lease_end = now + options_.lease();
   number_by_id_[info.id()] = number;
+  int64_t& live = live_number_by_name_.try_emplace(info.name(), number).first->second;
+  live = std::max(live, number);
   return info;
+}
+
+void WorkerRegistry::DropLiveName(int64_t number, const v1::WorkerInfo& info) {
+  auto it = live_number_by_name_.find(info.name());
+  if (it == live_number_by_name_.end() || it->second != number) return;
+  live_number_by_name_.erase(it);
+}
+
+const v1::WorkerInfo* WorkerRegistry::FindLiveByName(const std::string& name) const {
+  auto it = live_number_by_name_.find(name);
+  if (it == live_number_by_name_.end()) return nullptr;
+  return &workers_.at(it->second).info;
 }
 
 absl::StatusOr<v1::WorkerInfo*> WorkerRegistry::Renew(const std::string& worker_id,
@@ -89,6 +104,7 @@ absl::StatusOr<v1::WorkerInfo*> WorkerRegistry::Leave(const std::string& worker_
     return absl::NotFoundError(absl::StrCat("worker_id: ", worker_id, " is not registered"));
   }
   v1::WorkerInfo& info = workers_[it->second].info;
+  if (IsLive(info)) DropLiveName(it->second, info);
   info.set_state(v1::LEFT);
   info.mutable_assignment()->Clear();
   info.mutable_assignment()->set_kind(v1::ASSIGNMENT_IDLE);
@@ -99,6 +115,7 @@ std::vector<std::string> WorkerRegistry::ExpireLeases(absl::Time now) {
   std::vector<std::string> expired;
   for (auto& [number, entry] : workers_) {
     if (IsLive(entry.info) && entry.lease_end < now) {
+      DropLiveName(number, entry.info);
       entry.info.set_state(v1::DEAD);
       expired.push_back(entry.info.id());
     }
@@ -189,6 +206,13 @@ const v1::WorkerInfo* WorkerRegistry::FindBySecret(absl::string_view secret) con
   auto it = number_by_secret_digest_.find(DigestKey(security::Sha256(secret)));
   if (it == number_by_secret_digest_.end()) return nullptr;
   return &workers_.at(it->second).info;
+}
+
+std::optional<security::Sha256Digest> WorkerRegistry::SecretDigest(
+    const std::string& worker_id) const {
+  auto it = number_by_id_.find(worker_id);
+  if (it == number_by_id_.end()) return std::nullopt;
+  return workers_.at(it->second).secret_digest;
 }
 
 void WorkerRegistry::ForgetGone(absl::Time horizon) {

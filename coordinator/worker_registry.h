@@ -70,6 +70,9 @@ class WorkerRegistry {
   // The live worker of each name. Where live workers share a name (a restarted worker registered
   // again before its old lease ended), the one with the newest (highest) id.
   absl::flat_hash_map<std::string, const v1::WorkerInfo*> LiveWorkersByName() const;
+  // The live worker named `name`, or nullptr. (JobManager refuses a second live registration of
+  // a name, so there is at most one.)
+  const v1::WorkerInfo* FindLiveByName(const std::string& name) const;
 
   // Workers (optionally only those in `state`), in registration order.
   std::vector<const v1::WorkerInfo*> List(v1::WorkerState state) const;
@@ -88,6 +91,8 @@ class WorkerRegistry {
   bool SecretMatches(const std::string& worker_id, absl::string_view secret) const;
   // The worker whose secret `secret` is, or nullptr.
   const v1::WorkerInfo* FindBySecret(absl::string_view secret) const;
+  // The SHA-256 of the worker's secret; nullopt for unknown ids and workers without one.
+  std::optional<security::Sha256Digest> SecretDigest(const std::string& worker_id) const;
 
   // Forgets dead and departed workers whose lease ended (last heartbeat + lease) before
   // `horizon`; a dead worker died when its lease ended.
@@ -109,6 +114,11 @@ class WorkerRegistry {
   // Ordered by registration number, so listings and scheduling are deterministic.
   std::map<int64_t, Entry> workers_;
   absl::flat_hash_map<std::string, int64_t> number_by_id_;
+  // Marks the worker no longer live (DEAD or LEFT) in the name index.
+  void DropLiveName(int64_t number, const v1::WorkerInfo& info);
+
+  // The newest live worker's number by name: kept by Add, Leave and ExpireLeases.
+  absl::flat_hash_map<std::string, int64_t> live_number_by_name_;
   // Worker number by secret digest, for the secrets set.
   absl::flat_hash_map<std::string, int64_t> number_by_secret_digest_;
 };

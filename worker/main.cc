@@ -46,9 +46,14 @@ ABSL_FLAG(std::string, host, "", "Host name reported to the coordinator (default
 ABSL_FLAG(std::string, listen_host, "127.0.0.1",
           "Address peers reach this worker's collectives at.");
 ABSL_FLAG(int, health_port, -1,
-          "Plaintext HTTP port for Kubernetes probes: /healthz (200 while the daemon runs) and "
-          "/readyz (200 while registered with the coordinator and its latest heartbeat "
+          "Plaintext HTTP port for Kubernetes probes: /healthz (200 while the daemon runs, 503 "
+          "once the coordinator has refused it a registration for --unregistered_unhealthy_after) "
+          "and /readyz (200 while registered with the coordinator and its latest heartbeat "
           "succeeded, else 503 with the reason). -1: off; 0: a free port.");
+ABSL_FLAG(absl::Duration, unregistered_unhealthy_after, absl::Minutes(5),
+          "/healthz turns 503 once the coordinator has refused this worker a registration "
+          "(heartbeats or registrations refused) this long without a break; an unreachable "
+          "coordinator does not count.");
 ABSL_FLAG(std::string, health_host, "",
           "Address the health port listens on (default: --listen_host).");
 ABSL_FLAG(std::string, labels, "", "Labels, comma-separated key=value pairs.");
@@ -134,6 +139,7 @@ int main(int argc, char** argv) {
     options.labels[kv.first] = kv.second;
   }
   options.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);
+  options.unregistered_unhealthy_after = absl::GetFlag(FLAGS_unregistered_unhealthy_after);
   std::unique_ptr<zeroshard::attach::AttachListener> attach_listener;
   if (!absl::GetFlag(FLAGS_attach_socket).empty()) {
     absl::StatusOr<std::unique_ptr<zeroshard::attach::AttachListener>> listener =
@@ -217,6 +223,7 @@ int main(int argc, char** argv) {
     if (health.host.empty()) health.host = absl::GetFlag(FLAGS_listen_host);
     health.port = absl::GetFlag(FLAGS_health_port);
     health.readiness = [&daemon] { return daemon.Readiness(); };
+    health.liveness = [&daemon] { return daemon.Liveness(); };
     absl::StatusOr<std::unique_ptr<zeroshard::http::HttpServer>> started =
         zeroshard::worker::StartHealthServer(std::move(health));
     if (!started.ok()) {

@@ -20,11 +20,14 @@ struct HealthServerOptions {
   // OK: ready; otherwise its message is the one-line reason /readyz answers with 503. Called on
   // the server's thread, so it must be quick (WorkerDaemon::Readiness takes one mutex).
   std::function<absl::Status()> readiness;
+  // The same for /healthz (WorkerDaemon::Liveness). Unset: always live.
+  std::function<absl::Status()> liveness;
 };
 
-// /healthz answers 200 while the process serves at all: a worker whose coordinator is away keeps
-// training, so liveness must not depend on the coordinator (kubelet would restart every worker
-// during a coordinator outage). /readyz answers 200 or 503 with the readiness reason.
+// /healthz answers 200 while the process serves and `liveness` holds: a worker whose coordinator
+// is away keeps training, so liveness must not depend on the coordinator being reachable (kubelet
+// would restart every worker during a coordinator outage); only a coordinator that has refused
+// the worker for minutes makes it fail. /readyz answers 200 or 503 with the readiness reason.
 // Thread contract: as http::HttpServer's.
 absl::StatusOr<std::unique_ptr<http::HttpServer>> StartHealthServer(HealthServerOptions options);
 

@@ -22,7 +22,8 @@ WorkerDaemon::WorkerDaemon(WorkerDaemonOptions options,
     : options_(std::move(options)),
       stub_(std::move(stub)),
       run_factory_(std::move(run_factory)),
-      heartbeat_period_(options_.heartbeat_period) {}
+      heartbeat_period_(options_.heartbeat_period),
+      lease_(3 * options_.heartbeat_period) {}
 
 std::string WorkerDaemon::worker_id() const {
   absl::MutexLock lock(&id_mu_);
@@ -76,9 +77,12 @@ absl::StatusOr<bool> WorkerDaemon::Register() {
         worker_id_ = response.worker_id();
       }
       SetReadiness(absl::OkStatus());
+      NoteRefusal(absl::OkStatus());
       // Before any later call: the secret is bound to this registration.
       if (options_.worker_secret != nullptr) options_.worker_secret->Set(response.worker_secret());
       heartbeat_period_ = absl::Milliseconds(response.heartbeat_period_ms());
+      lease_ = absl::Milliseconds(response.lease_ms());
+      heartbeats_denied_since_.reset();
       ZS_LOG(INFO) << "registered as " << response.worker_id() << " (heartbeat every "
                    << heartbeat_period_ << ", lease " << response.lease_ms() << " ms)"
                    << (response.adopted()
@@ -96,7 +100,14 @@ absl::StatusOr<bool> WorkerDaemon::Register() {
     }
     SetReadiness(absl::UnavailableError(
         absl::StrCat("not registered with the coordinator: ", status.message())));
-    ZS_LOG(INFO) << "coordinator not reachable yet (" << status.message() << "); retrying";
+    if (status.code() == absl::StatusCode::kAlreadyExists) {
+      // The name is held (by this worker's own earlier process until its lease ends, or
+      // reserved for a rank being adopted): it frees up by itself.
+      NoteRefusal(status);
+      ZS_LOG(WARNING) << "registration refused: " << status.message() << "; retrying";
+    } else {
+      ZS_LOG(INFO) << "coordinator not reachable yet (" << status.message() << "); retrying";
+    }
     stop_.WaitForNotificationWithTimeout(options_.register_retry);
   }
   return absl::CancelledError("stopped before registering");
@@ -124,6 +135,28 @@ absl::Status WorkerDaemon::Run() {
         if (!*adopted) AbortRun();
         continue;
       }
+      if (beat.code() == absl::StatusCode::kPermissionDenied) {
+        // Our secret no longer fits our registration (replaced, or a coordinator that lost
+        // it). Refused for a whole lease, the registration is over for the coordinator too: start
+        // afresh as a new worker rather than beat in vain forever.
+        const absl::Time now = absl::Now();
+        if (!heartbeats_denied_since_.has_value()) heartbeats_denied_since_ = now;
+        NoteRefusal(beat);
+        if (now - *heartbeats_denied_since_ >= lease_) {
+          ZS_LOG(ERROR) << "heartbeats of " << worker_id() << " refused for "
+                        << (now - *heartbeats_denied_since_) << " (a lease is " << lease_
+                        << "): " << beat.message()
+                        << "; aborting its run and registering as a new worker";
+          AbortRun();
+          ForgetRegistration();
+          absl::StatusOr<bool> registered = Register();
+          if (!registered.ok()) {
+            if (!stop_.HasBeenNotified()) result = registered.status();
+            break;
+          }
+          continue;
+        }
+      }
       // The coordinator is down or slow: the run does not need it, so it goes on.
       ZS_LOG(WARNING) << "heartbeat failed: " << beat;
     }
@@ -140,6 +173,36 @@ absl::Status WorkerDaemon::Run() {
   ZS_LOG(INFO) << "left the coordinator: " << status;
   retiring_.clear();  // joins the aborted runs' threads
   return result;
+}
+
+absl::Status WorkerDaemon::Liveness() const {
+  absl::MutexLock lock(&readiness_mu_);
+  if (!refused_since_.has_value()) return absl::OkStatus();
+  const absl::Duration refused = absl::Now() - *refused_since_;
+  if (refused <= options_.unregistered_unhealthy_after) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("the coordinator has refused this worker a registration for ",
+                   absl::FormatDuration(refused), " (--unregistered_unhealthy_after=",
+                   absl::FormatDuration(options_.unregistered_unhealthy_after),
+                   "); last: ", last_refusal_.message()));
+}
+
+void WorkerDaemon::NoteRefusal(const absl::Status& why) {
+  absl::MutexLock lock(&readiness_mu_);
+  if (why.ok()) {
+    refused_since_.reset();
+    return;
+  }
+  if (!refused_since_.has_value()) refused_since_ = absl::Now();
+  last_refusal_ = why;
+}
+
+void WorkerDaemon::ForgetRegistration() {
+  {
+    absl::MutexLock lock(&id_mu_);
+    worker_id_.clear();
+  }
+  if (options_.worker_secret != nullptr) options_.worker_secret->Set("");
 }
 
 absl::Status WorkerDaemon::Readiness() const {
@@ -190,6 +253,8 @@ absl::Status WorkerDaemon::HeartbeatOnce() {
                            : absl::UnavailableError(
                                  absl::StrCat("last heartbeat failed: ", status.message())));
   if (!status.ok()) return status;
+  heartbeats_denied_since_.reset();
+  NoteRefusal(absl::OkStatus());
   reported_run_ended_ = request.status().finished() || !request.status().run_error().empty();
   reported_no_run_ = run_ == nullptr;
   Converge(response.assignment());

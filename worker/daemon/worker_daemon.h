@@ -12,6 +12,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,6 +44,9 @@ struct WorkerDaemonOptions {
   // Set from every registration's reply; the daemon's coordinator channels send it on each call
   // (security::CreateCoordinatorChannel). Null: not kept (a coordinator without a token file).
   std::shared_ptr<security::WorkerSecret> worker_secret;
+  // Liveness() fails once the coordinator has refused this daemon a registration this long
+  // without a break (--unregistered_unhealthy_after): a pod restart is the last resort.
+  absl::Duration unregistered_unhealthy_after = absl::Minutes(5);
 };
 
 // Thread contract: Run() on one thread; Stop() from any thread (e.g. a signal watcher).
@@ -52,6 +56,11 @@ class WorkerDaemon {
                TrainingRunFactory run_factory);
 
   // Runs until Stop(): then aborts the current run, leaves the coordinator and returns OK.
+  // Heartbeats answered NOT_FOUND (the coordinator forgot this worker: it restarted, or the
+  // worker's registration was forgotten) make it register again, presenting its id, secret and
+  // run; heartbeats refused with PERMISSION_DENIED for a whole lease (its registration was
+  // replaced) make it register as a new worker and abort its run. A registration refused with
+  // ALREADY_EXISTS (its name is still held, e.g. by its own previous process) is retried.
   // Returns the error early when registering fails for good (INVALID_ARGUMENT, UNAUTHENTICATED,
   // PERMISSION_DENIED: bad flags or credentials), also when
   // re-registering after the coordinator forgot this worker. Failed heartbeats (the coordinator
@@ -66,6 +75,11 @@ class WorkerDaemon {
   // otherwise UNAVAILABLE with a one-line reason. For a readiness probe: a run goes on while the
   // coordinator is away, so this says "not schedulable now", never "restart me". Any thread.
   absl::Status Readiness() const;
+  // OK unless the coordinator has refused this daemon a registration (heartbeats refused,
+  // registrations refused) for longer than unregistered_unhealthy_after without a break; then
+  // UNAVAILABLE with the reason. An unreachable coordinator is no refusal: a run goes on without
+  // it. For a liveness probe. Any thread.
+  absl::Status Liveness() const;
 
  private:
   // Registers, presenting the previous id and the current run (if any) so that a restarted
@@ -95,6 +109,10 @@ class WorkerDaemon {
   bool IsCurrentRun(const v1::Assignment& assignment) const;
   // Keeps "stopping" once Stop() was called.
   void SetReadiness(absl::Status readiness);
+  // Notes that the coordinator refused this daemon (`why`), or (OK) accepted it.
+  void NoteRefusal(const absl::Status& why);
+  // Drops the current registration's id and secret: the next registration is a new worker's.
+  void ForgetRegistration();
 
   const WorkerDaemonOptions options_;
   std::shared_ptr<v1::Coordinator::StubInterface> stub_;
@@ -114,9 +132,16 @@ class WorkerDaemon {
   // Written by Run()'s thread after each registration attempt and heartbeat, read by any.
   absl::Status readiness_ ABSL_GUARDED_BY(readiness_mu_) =
       absl::UnavailableError("not registered with the coordinator yet");
+  // Since when the coordinator has refused this daemon without a break, and its last refusal.
+  std::optional<absl::Time> refused_since_ ABSL_GUARDED_BY(readiness_mu_);
+  absl::Status last_refusal_ ABSL_GUARDED_BY(readiness_mu_);
 
   // Only Run()'s thread touches these.
   absl::Duration heartbeat_period_;
+  // The lease the coordinator gave (RegisterWorker's reply).
+  absl::Duration lease_;
+  // Since when heartbeats have been refused with PERMISSION_DENIED, without a break.
+  std::optional<absl::Time> heartbeats_denied_since_;
   std::unique_ptr<TrainingRun> run_;
   v1::Assignment run_assignment_;
   // Whether run_'s failure has been logged.

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -120,25 +121,39 @@ class WorkerDaemonTest : public ::testing::Test {
     options.manager.adoption_window = adoption_window;
     options.manager.lease.heartbeat_period = heartbeat_period;
     options.tick_period = absl::Milliseconds(10);
+    if (with_tokens_) {
+      // As clusters run: every caller authenticates, the daemon on the worker role.
+      options.token_file = std::string(std::getenv("TEST_TMPDIR")) + "/tokens";
+      std::ofstream(options.token_file) << kWorkerToken << " worker pool\n";
+    }
     auto server = coordinator::CoordinatorServer::Start(options);
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
   }
 
-  std::unique_ptr<WorkerDaemon> MakeDaemon(int port) {
+  std::unique_ptr<WorkerDaemon> MakeDaemon(
+      int port, absl::Duration unregistered_unhealthy_after = absl::Minutes(5)) {
     WorkerDaemonOptions options;
     options.name = "w";
     options.host = "host-a";
     options.register_retry = absl::Milliseconds(20);
     // Calls wait this long for a coordinator that is down, then fail.
     options.rpc_timeout = absl::Milliseconds(500);
+    options.unregistered_unhealthy_after = unregistered_unhealthy_after;
     // Reconnect quickly after a coordinator restart, as zeroshard-worker does.
     grpc::ChannelArguments channel_args;
     channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
     channel_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20);
     channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 100);
-    auto stub = v1::Coordinator::NewStub(grpc::CreateCustomChannel(
-        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials(), channel_args));
+    security::ClientCredentials credentials;
+    if (with_tokens_) {
+      credentials.token = kWorkerToken;
+      options.worker_secret = std::make_shared<security::WorkerSecret>();
+    }
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = security::CreateCoordinatorChannel(
+        "127.0.0.1:" + std::to_string(port), credentials, channel_args, options.worker_secret);
+    EXPECT_TRUE(channel.ok()) << channel.status();
+    auto stub = v1::Coordinator::NewStub(*channel);
     return std::make_unique<WorkerDaemon>(
         options, std::shared_ptr<v1::Coordinator::StubInterface>(std::move(stub)),
         [this](const v1::Assignment& assignment) {
@@ -162,6 +177,9 @@ class WorkerDaemonTest : public ::testing::Test {
     return static_cast<int>(started_.size());
   }
 
+  static constexpr char kWorkerToken[] = "worker-token-0123456789";
+  // The coordinator authenticates callers (a token file) and the daemon holds a worker token.
+  bool with_tokens_ = false;
   std::unique_ptr<coordinator::CoordinatorServer> server_;
   absl::Mutex mu_;
   std::vector<v1::Assignment> started_ ABSL_GUARDED_BY(mu_);
@@ -244,7 +262,7 @@ TEST_F(WorkerDaemonTest, AFailedRunReportsThePeersItSawDie) {
   dead.set_name("dead");
   dead.set_host("host-b");
   dead.set_device_kind(v1::CPU);
-  const std::string dead_id = manager->RegisterWorker(dead).worker_id();
+  const std::string dead_id = manager->RegisterWorker(dead)->worker_id();
   v1::JobSpec spec = Spec();
   spec.set_min_workers(1);
   spec.set_max_workers(2);
@@ -277,7 +295,24 @@ TEST_F(WorkerDaemonTest, AFailedRunReportsThePeersItSawDie) {
   thread.join();
 }
 
-TEST_F(WorkerDaemonTest, RegistersAgainWhenTheCoordinatorForgetsIt) {
+enum class Security { kPlaintext, kTokens };
+
+// The tests of restarts and identities, run both as clusters run (a token file, the daemon on the
+// worker role) and without authentication.
+class WorkerIdentityTest : public WorkerDaemonTest, public ::testing::WithParamInterface<Security> {
+ protected:
+  void SetUp() override { with_tokens_ = GetParam() == Security::kTokens; }
+};
+
+INSTANTIATE_TEST_SUITE_P(Security, WorkerIdentityTest,
+                         ::testing::Values(Security::kPlaintext, Security::kTokens),
+                         [](const ::testing::TestParamInfo<Security>& info) {
+                           return info.param == Security::kTokens ? "Tokens" : "Plaintext";
+                         });
+
+// With tokens this failed before issue 23: a restarted coordinator held no secrets and refused
+// every heartbeat with PERMISSION_DENIED, forever, instead of answering NOT_FOUND.
+TEST_P(WorkerIdentityTest, RegistersAgainWhenTheCoordinatorForgetsIt) {
   const int port = common::PickFreeLoopbackPortOrDie();
   StartCoordinator(port);
   std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
@@ -295,7 +330,8 @@ TEST_F(WorkerDaemonTest, RegistersAgainWhenTheCoordinatorForgetsIt) {
   thread.join();
 }
 
-TEST_F(WorkerDaemonTest, ARunOutlivesACoordinatorRestartAndIsAdopted) {
+// With tokens this failed before issue 23 (as above, so the run was never adopted).
+TEST_P(WorkerIdentityTest, ARunOutlivesACoordinatorRestartAndIsAdopted) {
   const int port = common::PickFreeLoopbackPortOrDie();
   StartCoordinator(port);
   std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
@@ -333,7 +369,7 @@ TEST_F(WorkerDaemonTest, ARunOutlivesACoordinatorRestartAndIsAdopted) {
   thread.join();
 }
 
-TEST_F(WorkerDaemonTest, ARunTheRestartedCoordinatorCannotAdoptIsAborted) {
+TEST_P(WorkerIdentityTest, ARunTheRestartedCoordinatorCannotAdoptIsAborted) {
   const int port = common::PickFreeLoopbackPortOrDie();
   StartCoordinator(port);
   std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
@@ -349,6 +385,62 @@ TEST_F(WorkerDaemonTest, ARunTheRestartedCoordinatorCannotAdoptIsAborted) {
   ASSERT_TRUE(Eventually([&] { return aborted_.load() == 1; }));
   EXPECT_TRUE(Eventually([&] { return server_->manager()->ListWorkers(v1::IDLE).size() == 1; }));
   EXPECT_EQ(Started(), 1);
+  daemon->Stop();
+  thread.join();
+}
+
+// Before issue 23 a daemon whose heartbeats were refused (PERMISSION_DENIED: its registration
+// was replaced) beat in vain forever and kept its run. Now, after a whole lease of refusals, it
+// aborts the run and registers as a new worker (waiting, ALREADY_EXISTS, while the registration
+// that replaced it holds its name); meanwhile it is not ready, and not live once refused longer
+// than unregistered_unhealthy_after.
+TEST_P(WorkerIdentityTest, HeartbeatsRefusedForALeaseMakeANewWorker) {
+  const int port = common::PickFreeLoopbackPortOrDie();
+  // Leases of 3 x 200 ms: the refusals last a lease, then the name is held for another.
+  StartCoordinator(port, absl::Seconds(30), "", absl::Milliseconds(200));
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port, absl::Milliseconds(100));
+  std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+  coordinator::JobManager* manager = server_->manager();
+  ASSERT_TRUE(Eventually([&] { return manager->ListWorkers(v1::IDLE).size() == 1; }));
+  v1::JobSpec spec = Spec();
+  spec.set_max_attempts(5);
+  auto job = manager->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Eventually([&] { return Started() == 1; }));
+  const std::string first_id = daemon->worker_id();
+  EXPECT_TRUE(daemon->Liveness().ok());
+
+  // An admin registers "w" again in the daemon's place (admins act for any worker): the
+  // daemon's registration is over, its secret revoked.
+  v1::RegisterWorkerRequest replacement;
+  replacement.set_name("w");
+  replacement.set_host("host-a");
+  replacement.set_device_kind(v1::CPU);
+  replacement.set_previous_worker_id(first_id);
+  absl::StatusOr<v1::RegisterWorkerResponse> replaced = manager->RegisterWorker(replacement);
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  ASSERT_NE(replaced->worker_id(), first_id);
+
+  bool seen_unready = false;
+  bool seen_unhealthy = false;
+  ASSERT_TRUE(Eventually([&] {
+    seen_unready = seen_unready || !daemon->Readiness().ok();
+    seen_unhealthy = seen_unhealthy || !daemon->Liveness().ok();
+    const std::string id = daemon->worker_id();
+    return !id.empty() && id != first_id && id != replaced->worker_id() && daemon->Readiness().ok();
+  }));
+  // Refused (with tokens PERMISSION_DENIED for a lease, without them NOT_FOUND at once), then
+  // ALREADY_EXISTS until the replacement's lease ended.
+  EXPECT_TRUE(seen_unready);
+  EXPECT_TRUE(seen_unhealthy);
+  EXPECT_EQ(aborted_.load(), 1);
+  // Live and healthy again; the job runs its next generation on the new registration.
+  EXPECT_TRUE(daemon->Liveness().ok()) << daemon->Liveness();
+  ASSERT_TRUE(Eventually([&] { return manager->GetJob(job->id())->generation() >= 2; }));
+  ASSERT_TRUE(Eventually([&] {
+    const std::vector<v1::WorkerInfo> busy = manager->ListWorkers(v1::BUSY);
+    return busy.size() == 1 && busy[0].id() == daemon->worker_id();
+  }));
   daemon->Stop();
   thread.join();
 }
