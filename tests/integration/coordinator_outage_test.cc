@@ -1,9 +1,11 @@
 // Issue 12, item 5, on real processes: a W = 2 job outlives three kill -9s of the coordinator in
-// one (adopted) generation, with the losses, bit for bit, of the same job run without restarts.
+// one (adopted) generation, with the losses, bit for bit, of the same job run without restarts;
+// with TLS and tokens (issue 23) and in plaintext.
 #include <signal.h>
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -21,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/integration/cluster_credentials.h"
 #include "tests/integration/local_cluster.h"
 
 namespace zeroshard::testing {
@@ -151,11 +154,29 @@ uint64_t Bits(double value) {
   return bits;
 }
 
-TEST(CoordinatorOutageTest, ThreeKillNinesOfTheCoordinatorEndNoGeneration) {
+enum class Security { kPlaintext, kTlsTokens };
+
+// Run as clusters run (TLS, a token file, workers on the worker role; before issue 23 that case
+// failed: the restarted coordinator refused every heartbeat forever) and in plaintext.
+class CoordinatorOutageTest : public ::testing::TestWithParam<Security> {};
+
+INSTANTIATE_TEST_SUITE_P(Security, CoordinatorOutageTest,
+                         ::testing::Values(Security::kTlsTokens, Security::kPlaintext),
+                         [](const ::testing::TestParamInfo<Security>& info) {
+                           return info.param == Security::kTlsTokens ? "TlsTokens" : "Plaintext";
+                         });
+
+TEST_P(CoordinatorOutageTest, ThreeKillNinesOfTheCoordinatorEndNoGeneration) {
   LocalClusterOptions options;
   options.heartbeat_period = kHeartbeatPeriod;
   options.missed_heartbeats = kMissedHeartbeats;
   options.extra_coordinator_flags = {kAdoptionWindowFlag};
+  if (GetParam() == Security::kTlsTokens) {
+    absl::StatusOr<ClusterCredentials> credentials =
+        MakeClusterCredentials(absl::StrCat(std::getenv("TEST_TMPDIR"), "/pki"));
+    ASSERT_TRUE(credentials.ok()) << credentials.status();
+    options.security = credentials->security;
+  }
   LocalCluster cluster(options);
   LogTailsOnFailure log_tails(cluster);
   absl::Status started = cluster.Start(2);

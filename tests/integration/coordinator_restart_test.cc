@@ -1,6 +1,7 @@
 // Durability across kill -9: runs the real zeroshard-coordinator binary, submits jobs (one of
 // them running), SIGKILLs it, restarts it on the same --state_dir and finds every job and event;
 // the running job's generation is adopted when its worker comes back, and ends when it does not.
+// With TLS and tokens, only the worker that held a rank (its secret) adopts it.
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -21,6 +22,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "tests/integration/cluster_credentials.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::testing {
@@ -79,9 +81,12 @@ class CoordinatorProcess {
       std::ifstream ports(port_file_);
       int metrics_port = 0;
       if (ports >> grpc_port_ >> metrics_port && grpc_port_ > 0) {
-        channel_ = grpc::CreateChannel(absl::StrCat("127.0.0.1:", grpc_port_),
-                                       grpc::InsecureChannelCredentials());
-        stub_ = v1::Coordinator::NewStub(channel_);
+        if (credentials_ != nullptr) {
+          stub_ = CallerStub(*credentials_, target(), credentials_->admin_token);
+        } else {
+          channel_ = grpc::CreateChannel(target(), grpc::InsecureChannelCredentials());
+          stub_ = v1::Coordinator::NewStub(channel_);
+        }
         return ::testing::AssertionSuccess();
       }
       absl::SleepFor(absl::Milliseconds(10));
@@ -101,11 +106,21 @@ class CoordinatorProcess {
   }
 
   v1::Coordinator::Stub& stub() { return *stub_; }
+  std::string target() const { return absl::StrCat("127.0.0.1:", grpc_port_); }
+  // With TLS and the token file of `credentials` (which must outlive this); stub() is then the
+  // admin's.
+  void Secure(const ClusterCredentials* credentials) {
+    credentials_ = credentials;
+    extra_flags_.push_back("--tls_cert_file=" + credentials->security.tls_cert_file);
+    extra_flags_.push_back("--tls_key_file=" + credentials->security.tls_key_file);
+    extra_flags_.push_back("--token_file=" + credentials->security.token_file);
+  }
 
  private:
   const std::string state_dir_;
   const std::string port_file_;
-  const std::vector<std::string> extra_flags_;
+  std::vector<std::string> extra_flags_;
+  const ClusterCredentials* credentials_ = nullptr;
   pid_t pid_ = -1;
   int grpc_port_ = 0;
   std::shared_ptr<grpc::Channel> channel_;
@@ -355,6 +370,85 @@ TEST(CoordinatorRestartTest, ARunningJobWhoseWorkerDoesNotComeBackStartsANewGene
   EXPECT_EQ(restarted.state(), v1::RUNNING);
   EXPECT_EQ(restarted.generation(), 2);
   EXPECT_EQ(restarted.attempts(), 2);
+}
+
+// Before issue 23 the restarted coordinator answered the worker's heartbeat PERMISSION_DENIED
+// (no secrets after a restart) instead of NOT_FOUND, and adopted the rank for any worker-token
+// caller that named its id and run.
+TEST(CoordinatorRestartTest, WithTokensOnlyTheRanksOwnWorkerAdoptsItAfterAKillNine) {
+  const std::string tmp = Env("TEST_TMPDIR");
+  absl::StatusOr<ClusterCredentials> credentials = MakeClusterCredentials(tmp + "/pki");
+  ASSERT_TRUE(credentials.ok()) << credentials.status();
+  const std::string state_dir = tmp + "/coordinator-state-tokens";
+  std::filesystem::remove_all(state_dir);
+  CoordinatorProcess coordinator(state_dir, tmp + "/coordinator-tokens.ports");
+  coordinator.Secure(&*credentials);
+  ASSERT_TRUE(coordinator.Start());
+
+  v1::RegisterWorkerRequest register_request;
+  register_request.set_name("restart-worker");
+  register_request.set_host("host-a");
+  register_request.set_device_kind(v1::CPU);
+  v1::RegisterWorkerResponse registered;
+  {
+    std::unique_ptr<v1::Coordinator::Stub> worker =
+        CallerStub(*credentials, coordinator.target(), credentials->worker_token);
+    registered = RegisterWorker(*worker, register_request);
+  }
+  ASSERT_EQ(registered.worker_secret().size(), 64u);
+  std::unique_ptr<v1::Coordinator::Stub> worker = CallerStub(
+      *credentials, coordinator.target(), credentials->worker_token, registered.worker_secret());
+  const v1::Job running = Submit(coordinator.stub(), Spec("runs", 1));
+  ASSERT_EQ(Heartbeat(*worker, registered.worker_id()).kind(), v1::ASSIGNMENT_RUN);
+
+  coordinator.Kill();
+  ASSERT_TRUE(coordinator.Start());
+  worker = CallerStub(*credentials, coordinator.target(), credentials->worker_token,
+                      registered.worker_secret());
+  // Unknown now, not refused: the worker registers again.
+  {
+    v1::HeartbeatRequest request;
+    request.set_worker_id(registered.worker_id());
+    v1::HeartbeatResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    EXPECT_EQ(worker->Heartbeat(&context, request, &response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  v1::RegisterWorkerRequest back = register_request;
+  back.set_previous_worker_id(registered.worker_id());
+  back.mutable_status()->set_job_id(running.id());
+  back.mutable_status()->set_generation(1);
+  back.mutable_status()->set_rank(0);
+  // Another caller with the worker token, without the secret, under another name: a new worker.
+  v1::RegisterWorkerRequest claim = back;
+  claim.set_name("intruder");
+  {
+    std::unique_ptr<v1::Coordinator::Stub> intruder =
+        CallerStub(*credentials, coordinator.target(), credentials->worker_token);
+    const v1::RegisterWorkerResponse refused = RegisterWorker(*intruder, claim);
+    EXPECT_FALSE(refused.adopted());
+    EXPECT_NE(refused.worker_id(), registered.worker_id());
+  }
+  // The worker itself, presenting its secret, gets its id and run back.
+  const v1::RegisterWorkerResponse adopted = RegisterWorker(*worker, back);
+  EXPECT_TRUE(adopted.adopted());
+  EXPECT_EQ(adopted.worker_id(), registered.worker_id());
+  EXPECT_NE(adopted.worker_secret(), registered.worker_secret());
+  worker = CallerStub(*credentials, coordinator.target(), credentials->worker_token,
+                      adopted.worker_secret());
+  const v1::Assignment assignment = Heartbeat(*worker, adopted.worker_id(), back.status());
+  EXPECT_EQ(assignment.kind(), v1::ASSIGNMENT_RUN);
+  EXPECT_EQ(assignment.job_id(), running.id());
+  EXPECT_EQ(GetJob(coordinator.stub(), running.id()).message(),
+            "generation 1 adopted after a coordinator restart");
+
+  // A second restart: the adopted rank's new secret is what proves it now.
+  coordinator.Kill();
+  ASSERT_TRUE(coordinator.Start());
+  worker = CallerStub(*credentials, coordinator.target(), credentials->worker_token,
+                      adopted.worker_secret());
+  EXPECT_TRUE(RegisterWorker(*worker, back).adopted());
 }
 
 }  // namespace
