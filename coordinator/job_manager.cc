@@ -235,11 +235,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
     ZS_RETURN_IF_ERROR(HandleLostWorkerLocked(replaced, "registered again"));
     ZS_RETURN_IF_ERROR(workers_.Leave(replaced).status());
   }
-  ZS_RETURN_IF_ERROR(CheckNameNotReservedLocked(request.name()));
+  ZS_RETURN_IF_ERROR(CheckNameNotReservedLocked(request, proof));
   if (proven) {
     // The registration it replaces no longer acts for it.
     workers_.RevokeSecret(previous);
-  } else if (!previous.empty()) {
+  } else if (!previous.empty() && workers_.Find(previous) != nullptr) {
     ZS_LOG(WARNING) << "a registration names previous_worker_id "
                     << common::EscapeForLog(previous.substr(0, 64))
                     << " without that worker's secret: registered as a new worker; "
@@ -258,7 +258,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   return response;
 }
 
-absl::Status JobManager::CheckNameNotReservedLocked(const std::string& name) {
+absl::Status JobManager::CheckNameNotReservedLocked(const v1::RegisterWorkerRequest& request,
+                                                    const RegistrationProof& proof) {
+  const std::string& name = request.name();
   for (const auto& [id, record] : jobs_) {
     if (!record.adoption.has_value()) continue;
     for (int32_t rank = 0; rank < static_cast<int32_t>(record.rank_identities.size()); ++rank) {
@@ -266,6 +268,11 @@ absl::Status JobManager::CheckNameNotReservedLocked(const std::string& name) {
       if (identity.worker_name != name || record.adoption->returned_ranks.count(rank) > 0) {
         continue;
       }
+      // The reservation is that worker's own (its run could not be adopted): no one else's.
+      const bool is_holder = request.previous_worker_id() == identity.worker_id &&
+                             (proof.acts_for_any_worker ||
+                              identity.secret_sha256 == security::Sha256(proof.presented_secret));
+      if (is_holder) continue;
       return absl::AlreadyExistsError(
           absl::StrCat("name: worker name ", name, " is reserved for ", identity.worker_id,
                        ", which held rank ", rank, " of ", id, " generation ", identity.generation,

@@ -449,9 +449,11 @@ class JobManager {
   absl::StatusOr<JobRecord*> FindAdoptableRankLocked(const v1::RegisterWorkerRequest& request,
                                                      const RegistrationProof& proof)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // OK when no generation being adopted waits for a rank whose worker is named `name`; else
-  // ALREADY_EXISTS naming the job, rank and worker id.
-  absl::Status CheckNameNotReservedLocked(const std::string& name)
+  // OK when no generation being adopted waits for a rank whose worker is named like the
+  // registration, or the registration proves it is that worker; else ALREADY_EXISTS naming the
+  // job, rank and worker id.
+  absl::Status CheckNameNotReservedLocked(const v1::RegisterWorkerRequest& request,
+                                          const RegistrationProof& proof)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // StartGenerationLocked: records who holds each rank (to be stored with the generation).
   void RecordRankIdentitiesLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1672,6 +1672,127 @@ TEST_F(JobManagerTest, AStatusOfAnotherGenerationIsNotAdopted) {
             (Path{v1::PENDING, v1::RUNNING, v1::RECOVERING, v1::RUNNING, v1::RUNNING}));
 }
 
+// Issue 23 ("Worker identity" in job_manager.h). Registrations as a worker-role caller makes
+// them: with `secret`, or none.
+RegistrationProof WorkerProof(const std::string& secret = "") {
+  RegistrationProof proof;
+  proof.acts_for_any_worker = false;
+  proof.presented_secret = secret;
+  return proof;
+}
+
+v1::RegisterWorkerRequest Registration(const std::string& name,
+                                       const std::string& previous_worker_id = "") {
+  v1::RegisterWorkerRequest request;
+  request.set_name(name);
+  request.set_host("host-a");
+  request.set_device_kind(v1::CPU);
+  request.set_previous_worker_id(previous_worker_id);
+  return request;
+}
+
+// Before issue 23 a second live registration of a name was accepted (scheduling took the newest).
+TEST_F(JobManagerTest, AWorkerNameIsBoundToItsLiveRegistrationUntilItIsDead) {
+  const std::string a = Register("a");
+  absl::StatusOr<v1::RegisterWorkerResponse> again =
+      manager_->RegisterWorker(Registration("a"), WorkerProof());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  EXPECT_TRUE(absl::StrContains(again.status().message(), a)) << again.status();
+  // Nor may an admin take it without naming it (it names no previous registration).
+  EXPECT_EQ(manager_->RegisterWorker(Registration("a")).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(manager_->ListWorkers(v1::WORKER_STATE_UNSPECIFIED).size(), 1u);
+  clock_.Advance(JobManagerOptions().lease.lease() + absl::Seconds(1));
+  manager_->Tick();
+  ASSERT_EQ(manager_->ListWorkers(v1::DEAD).size(), 1u);
+  absl::StatusOr<v1::RegisterWorkerResponse> after =
+      manager_->RegisterWorker(Registration("a"), WorkerProof());
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_NE(after->worker_id(), a);
+}
+
+// Before issue 23 naming previous_worker_id revoked that worker's secret, with no proof.
+TEST_F(JobManagerTest, NamingAPreviousIdWithoutItsSecretRevokesNothing) {
+  absl::StatusOr<v1::RegisterWorkerResponse> a = manager_->RegisterWorker(Registration("a"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  for (const std::string& wrong : {std::string(), std::string(64, '0')}) {
+    absl::StatusOr<v1::RegisterWorkerResponse> claim = manager_->RegisterWorker(
+        Registration(absl::StrCat("claim-", wrong.size()), a->worker_id()), WorkerProof(wrong));
+    ASSERT_TRUE(claim.ok()) << claim.status();
+    EXPECT_NE(claim->worker_id(), a->worker_id());
+    EXPECT_TRUE(manager_->CheckWorkerSecret(a->worker_id(), a->worker_secret()).ok());
+  }
+  // With the secret, the worker replaces its own registration: the old secret stops working.
+  absl::StatusOr<v1::RegisterWorkerResponse> replaced =
+      manager_->RegisterWorker(Registration("a", a->worker_id()), WorkerProof(a->worker_secret()));
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_EQ(manager_->CheckWorkerSecret(a->worker_id(), a->worker_secret()).code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(manager_->CheckWorkerSecret(replaced->worker_id(), replaced->worker_secret()).ok());
+  // An id this coordinator does not know is NOT_FOUND: register again.
+  EXPECT_EQ(manager_->CheckWorkerSecret("worker-999999", a->worker_secret()).code(),
+            absl::StatusCode::kNotFound);
+}
+
+// Before issue 23 any caller naming a rank's id and run was adopted into it after a restart.
+TEST_F(JobManagerTest, AdoptionNeedsTheRanksSecretAndReservesItsWorkersName) {
+  absl::StatusOr<v1::RegisterWorkerResponse> a = manager_->RegisterWorker(Registration("a"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
+
+  Start(dir_);
+  v1::RegisterWorkerRequest claim = Registration("intruder", a->worker_id());
+  claim.mutable_status()->set_job_id(job->id());
+  claim.mutable_status()->set_generation(1);
+  claim.mutable_status()->set_rank(0);
+  absl::StatusOr<v1::RegisterWorkerResponse> refused =
+      manager_->RegisterWorker(claim, WorkerProof(std::string(64, 'f')));
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_FALSE(refused->adopted());
+  EXPECT_NE(refused->worker_id(), a->worker_id());
+  // The rank's worker's name is reserved for it while the generation is being adopted.
+  claim.set_name("a");
+  absl::StatusOr<v1::RegisterWorkerResponse> reserved =
+      manager_->RegisterWorker(claim, WorkerProof());
+  EXPECT_EQ(reserved.status().code(), absl::StatusCode::kAlreadyExists) << reserved.status();
+  EXPECT_TRUE(absl::StrContains(reserved.status().message(), "reserved")) << reserved.status();
+  // The worker itself, with its secret.
+  absl::StatusOr<v1::RegisterWorkerResponse> adopted =
+      manager_->RegisterWorker(claim, WorkerProof(a->worker_secret()));
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_TRUE(adopted->adopted());
+  EXPECT_EQ(adopted->worker_id(), a->worker_id());
+
+  // After another restart its new secret proves the rank, and the old one no longer does.
+  Start(dir_);
+  EXPECT_EQ(manager_->RegisterWorker(claim, WorkerProof(a->worker_secret())).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  Start(dir_);
+  absl::StatusOr<v1::RegisterWorkerResponse> again =
+      manager_->RegisterWorker(claim, WorkerProof(adopted->worker_secret()));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->adopted());
+}
+
+// A worker whose run cannot be adopted (it presents another generation) is not kept out by the
+// reservation of its own name: it registers as a new worker at once.
+TEST_F(JobManagerTest, ARanksOwnWorkerIsNotKeptOutByItsNamesReservation) {
+  absl::StatusOr<v1::RegisterWorkerResponse> a = manager_->RegisterWorker(Registration("a"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  Start(dir_);
+  v1::RegisterWorkerRequest stale = Registration("a", a->worker_id());
+  stale.mutable_status()->set_job_id(job->id());
+  stale.mutable_status()->set_generation(7);
+  absl::StatusOr<v1::RegisterWorkerResponse> registered =
+      manager_->RegisterWorker(stale, WorkerProof(a->worker_secret()));
+  ASSERT_TRUE(registered.ok()) << registered.status();
+  EXPECT_FALSE(registered->adopted());
+}
+
 TEST_F(JobManagerTest, AdoptedIdsNeverCollideWithOthers) {
   const std::string a = Register("a");
   const std::string b = Register("b");
