@@ -205,8 +205,16 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
     absl::StatusOr<v1::WorkerInfo*> worker =
         adoptable.ok() ? workers_.RegisterAs(request, previous, clock_->Now()) : adoptable.status();
     if (worker.ok()) {
-      // The secret first: the adoption stores the rank's identity with it.
-      response.set_worker_secret(NewWorkerSecretLocked((*worker)->id()));
+      // The secret first: the adoption stores the rank's identity with it. A worker that proved
+      // itself with its secret keeps it: its run's calls in flight carry it, and a new one would
+      // refuse those that reach the coordinator before the daemon has the new secret. (Admins'
+      // calls are bound to no secret.)
+      if (proof.acts_for_any_worker) {
+        response.set_worker_secret(NewWorkerSecretLocked((*worker)->id()));
+      } else {
+        workers_.SetSecret((*worker)->id(), security::Sha256(proof.presented_secret));
+        response.set_worker_secret(proof.presented_secret);
+      }
       AdoptRankLocked(**adoptable, **worker, request.status());
       response.set_worker_id((*worker)->id());
       response.set_adopted(true);
@@ -258,6 +266,22 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   return response;
 }
 
+const RankIdentity* JobManager::FindUnadoptedRankLocked(const std::string& worker_id,
+                                                        const security::Sha256Digest& digest) {
+  for (const auto& [id, record] : jobs_) {
+    if (!record.adoption.has_value()) continue;
+    for (int32_t rank = 0; rank < static_cast<int32_t>(record.rank_identities.size()); ++rank) {
+      const RankIdentity& identity = record.rank_identities[rank];
+      if (!identity.worker_id.empty() && identity.secret_sha256 == digest &&
+          (worker_id.empty() || identity.worker_id == worker_id) &&
+          record.adoption->returned_ranks.count(rank) == 0) {
+        return &identity;
+      }
+    }
+  }
+  return nullptr;
+}
+
 absl::Status JobManager::CheckNameNotReservedLocked(const v1::RegisterWorkerRequest& request,
                                                     const RegistrationProof& proof) {
   const std::string& name = request.name();
@@ -297,6 +321,12 @@ absl::Status JobManager::CheckWorkerSecret(const std::string& worker_id, absl::s
   }
   absl::MutexLock lock(&mu_);
   if (workers_.Find(worker_id) == nullptr) {
+    // A rank of a generation being adopted calls before its daemon re-registered (rank 0's
+    // reports, a checkpoint commit): it proves the rank with the secret stored for it, and is
+    // served as it would be without tokens.
+    if (FindUnadoptedRankLocked(worker_id, security::Sha256(secret)) != nullptr) {
+      return absl::OkStatus();
+    }
     // Not a refusal: a restarted coordinator does not know the worker yet, which registers
     // again with its id and secret as proof (or a worker forgotten after its retention).
     return absl::NotFoundError(
@@ -322,6 +352,11 @@ absl::Status JobManager::CheckStoreSecret(absl::string_view secret, const std::s
   absl::MutexLock lock(&mu_);
   const v1::WorkerInfo* worker = workers_.FindBySecret(secret);
   if (worker == nullptr) {
+    // As in CheckWorkerSecret: a rank being adopted, before its daemon re-registered.
+    const RankIdentity* rank = FindUnadoptedRankLocked("", security::Sha256(secret));
+    if (rank != nullptr && rank->job_id == job_id && rank->generation == generation) {
+      return absl::OkStatus();
+    }
     return absl::PermissionDeniedError(
         "worker secret: not one RegisterWorker gave a current registration");
   }

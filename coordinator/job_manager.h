@@ -285,11 +285,14 @@ class JobManager {
 
   // Worker secrets (docs/api.md, "Identities and roles"); both PERMISSION_DENIED ("worker
   // secret: ...", never quoting the secret) when the secret does not fit.
-  // OK when `secret` is the one RegisterWorker gave `worker_id`'s current registration;
-  // NOT_FOUND when this coordinator knows no `worker_id` (it restarted, or forgot the worker):
-  // the worker registers again, presenting its id and secret.
+  // OK when `secret` is the one RegisterWorker gave `worker_id`'s current registration, or the
+  // one stored for `worker_id`'s rank of a generation being adopted that it has not re-registered
+  // for yet (its calls go on meanwhile); NOT_FOUND when this coordinator knows no `worker_id`
+  // otherwise (it restarted, or forgot the worker): the worker registers again, presenting its
+  // id and secret.
   absl::Status CheckWorkerSecret(const std::string& worker_id, absl::string_view secret);
-  // OK when `secret` belongs to a worker that runs (job_id, generation) now.
+  // OK when `secret` belongs to a worker that runs (job_id, generation) now (or is stored for a
+  // rank of that generation being adopted).
   absl::Status CheckStoreSecret(absl::string_view secret, const std::string& job_id,
                                 int64_t generation);
 
@@ -454,6 +457,11 @@ class JobManager {
   // job, rank and worker id.
   absl::Status CheckNameNotReservedLocked(const v1::RegisterWorkerRequest& request,
                                           const RegistrationProof& proof)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The rank of a generation being adopted, not back yet, whose stored secret digest is
+  // `digest` (and whose worker is `worker_id`, unless that is empty), or nullptr.
+  const RankIdentity* FindUnadoptedRankLocked(const std::string& worker_id,
+                                              const security::Sha256Digest& digest)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // StartGenerationLocked: records who holds each rank (to be stored with the generation).
   void RecordRankIdentitiesLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

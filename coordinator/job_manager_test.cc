@@ -1743,6 +1743,10 @@ TEST_F(JobManagerTest, AdoptionNeedsTheRanksSecretAndReservesItsWorkersName) {
   ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::RUNNING);
 
   Start(dir_);
+  // Until its daemon re-registers, the rank's calls (reports, commits) go on with its secret.
+  EXPECT_TRUE(manager_->CheckWorkerSecret(a->worker_id(), a->worker_secret()).ok());
+  EXPECT_EQ(manager_->CheckWorkerSecret(a->worker_id(), std::string(64, 'f')).code(),
+            absl::StatusCode::kNotFound);
   v1::RegisterWorkerRequest claim = Registration("intruder", a->worker_id());
   claim.mutable_status()->set_job_id(job->id());
   claim.mutable_status()->set_generation(1);
@@ -1764,12 +1768,14 @@ TEST_F(JobManagerTest, AdoptionNeedsTheRanksSecretAndReservesItsWorkersName) {
   ASSERT_TRUE(adopted.ok()) << adopted.status();
   EXPECT_TRUE(adopted->adopted());
   EXPECT_EQ(adopted->worker_id(), a->worker_id());
+  // It keeps its secret: calls its run has in flight carry it.
+  EXPECT_EQ(adopted->worker_secret(), a->worker_secret());
+  EXPECT_TRUE(manager_->CheckWorkerSecret(a->worker_id(), a->worker_secret()).ok());
 
-  // After another restart its new secret proves the rank, and the old one no longer does.
+  // After another restart the same secret proves the rank again; a wrong one still does not.
   Start(dir_);
-  EXPECT_EQ(manager_->RegisterWorker(claim, WorkerProof(a->worker_secret())).status().code(),
+  EXPECT_EQ(manager_->RegisterWorker(claim, WorkerProof(std::string(64, 'f'))).status().code(),
             absl::StatusCode::kAlreadyExists);
-  Start(dir_);
   absl::StatusOr<v1::RegisterWorkerResponse> again =
       manager_->RegisterWorker(claim, WorkerProof(adopted->worker_secret()));
   ASSERT_TRUE(again.ok()) << again.status();

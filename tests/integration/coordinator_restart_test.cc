@@ -434,7 +434,8 @@ TEST(CoordinatorRestartTest, WithTokensOnlyTheRanksOwnWorkerAdoptsItAfterAKillNi
   const v1::RegisterWorkerResponse adopted = RegisterWorker(*worker, back);
   EXPECT_TRUE(adopted.adopted());
   EXPECT_EQ(adopted.worker_id(), registered.worker_id());
-  EXPECT_NE(adopted.worker_secret(), registered.worker_secret());
+  // It keeps the secret it proved itself with (calls its run has in flight carry it).
+  EXPECT_EQ(adopted.worker_secret(), registered.worker_secret());
   worker = CallerStub(*credentials, coordinator.target(), credentials->worker_token,
                       adopted.worker_secret());
   const v1::Assignment assignment = Heartbeat(*worker, adopted.worker_id(), back.status());
@@ -443,7 +444,7 @@ TEST(CoordinatorRestartTest, WithTokensOnlyTheRanksOwnWorkerAdoptsItAfterAKillNi
   EXPECT_EQ(GetJob(coordinator.stub(), running.id()).message(),
             "generation 1 adopted after a coordinator restart");
 
-  // A second restart: the adopted rank's new secret is what proves it now.
+  // A second restart: the same secret proves the rank again.
   coordinator.Kill();
   ASSERT_TRUE(coordinator.Start());
   worker = CallerStub(*credentials, coordinator.target(), credentials->worker_token,
