@@ -1,6 +1,7 @@
 // The worker's health port over loopback, driven by a real WorkerDaemon against a real in-process
 // coordinator: /readyz is 503 before registration and after the coordinator stops answering, 200
-// while registered; /healthz stays 200 throughout (a coordinator outage must not restart workers).
+// while registered; /healthz stays 200 throughout (a coordinator outage must not restart workers),
+// and turns 503 only while the coordinator keeps refusing the worker.
 #include "worker/daemon/health_server.h"
 
 #include <unistd.h>
@@ -80,6 +81,7 @@ TEST(HealthServerTest, ReadyOnlyWhileRegisteredAndHeartbeatingLiveThroughout) {
 
   HealthServerOptions health;
   health.readiness = [&daemon] { return daemon.Readiness(); };
+  health.liveness = [&daemon] { return daemon.Liveness(); };
   absl::StatusOr<std::unique_ptr<http::HttpServer>> server = StartHealthServer(health);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
@@ -117,6 +119,61 @@ TEST(HealthServerTest, ReadyOnlyWhileRegisteredAndHeartbeatingLiveThroughout) {
   ready = GetOrDie(port, "/readyz");
   EXPECT_EQ(ready.status, 503);
   EXPECT_EQ(ready.body, "stopping\n");
+}
+
+// Issue 23: /healthz turns 503 only when the coordinator keeps refusing the worker (here its
+// name stays held by another live registration) for longer than unregistered_unhealthy_after,
+// and 200 again once it registers.
+TEST(HealthServerTest, UnhealthyOnlyWhileRefusedLongerThanTheBound) {
+  const int coordinator_port = common::PickFreeLoopbackPortOrDie();
+  std::unique_ptr<coordinator::CoordinatorServer> coordinator = StartCoordinator(coordinator_port);
+  ASSERT_NE(coordinator, nullptr);
+  v1::RegisterWorkerRequest holder_request;
+  holder_request.set_name("w");
+  holder_request.set_host("host-b");
+  holder_request.set_device_kind(v1::CPU);
+  absl::StatusOr<v1::RegisterWorkerResponse> holder =
+      coordinator->manager()->RegisterWorker(holder_request);
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  v1::HeartbeatRequest renew;
+  renew.set_worker_id(holder->worker_id());
+
+  WorkerDaemonOptions options;
+  options.name = "w";
+  options.host = "host-a";
+  options.register_retry = absl::Milliseconds(20);
+  options.rpc_timeout = absl::Milliseconds(500);
+  options.unregistered_unhealthy_after = absl::Milliseconds(200);
+  std::shared_ptr<v1::Coordinator::StubInterface> stub =
+      v1::Coordinator::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_port),
+                                                   grpc::InsecureChannelCredentials()));
+  WorkerDaemon daemon(options, stub, [](const v1::Assignment&) { return nullptr; });
+  HealthServerOptions health;
+  health.readiness = [&daemon] { return daemon.Readiness(); };
+  health.liveness = [&daemon] { return daemon.Liveness(); };
+  absl::StatusOr<std::unique_ptr<http::HttpServer>> server = StartHealthServer(health);
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::thread thread([&] { EXPECT_TRUE(daemon.Run().ok()); });
+
+  // The holder beats on (from here), so every registration of "w" is refused.
+  http::testing::HttpReply live = PollUntil(port, "/healthz", [&](const auto& reply) {
+    EXPECT_TRUE(coordinator->manager()->Heartbeat(renew).ok());
+    return reply.status == 503;
+  });
+  EXPECT_EQ(live.status, 503) << live.body;
+  EXPECT_TRUE(absl::StrContains(live.body, "refused this worker a registration")) << live.body;
+  EXPECT_TRUE(absl::StrContains(live.body, holder->worker_id())) << live.body;
+  EXPECT_EQ(GetOrDie(port, "/readyz").status, 503);
+
+  // The holder stops beating and dies: the daemon registers, healthy and ready again.
+  live = PollUntil(port, "/healthz", [](const auto& reply) { return reply.status == 200; });
+  EXPECT_EQ(live.status, 200) << live.body;
+  http::testing::HttpReply ready =
+      PollUntil(port, "/readyz", [](const auto& reply) { return reply.status == 200; });
+  EXPECT_EQ(ready.status, 200) << ready.body;
+  daemon.Stop();
+  thread.join();
 }
 
 TEST(HealthServerTest, AMultiLineReasonIsAnsweredOnOneLine) {
