@@ -11,7 +11,8 @@ with only what a cluster provides mapped to this machine, explicitly:
   - volume mountPaths            -> directories under the run's root: PVCs shared by every pod,
                                     volumeClaimTemplates and emptyDirs per pod, Secrets filled
                                     from `secrets` ({secret name: {key: text}}) with their items.
-securityContext, resources and the image are not emulated.
+securityContext, resources and the image are not emulated. restart_container() does what kubelet
+does when a container dies (restartPolicy Always): the same container again, in the same pod.
 """
 
 import os
@@ -73,11 +74,16 @@ class Pod:
 
 
 class Process:
-    def __init__(self, pod, container, argv, env, log_path):
+    """One container's process; `restarts` says how many times its container was restarted before
+    (0: the pod's first)."""
+
+    def __init__(self, pod, container, argv, env, log_path, restarts=0):
         self.pod = pod
         self.container = container
         self.argv = argv
+        self.env = env
         self.log_path = log_path
+        self.restarts = restarts
         self.log = open(log_path, "w")
         self.popen = subprocess.Popen(argv, env=env, stdout=self.log, stderr=subprocess.STDOUT,
                                       start_new_session=True)
@@ -90,6 +96,13 @@ class Process:
         self.log.flush()
         with open(self.log_path) as f:
             return "".join(f.readlines()[-lines:])
+
+    def kill(self):
+        """SIGKILL to its process group, as when its container is killed; waits for it."""
+        if self.popen.poll() is None:
+            os.killpg(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+        self.log.close()
 
     def stop(self, timeout=15):
         if self.popen.poll() is None:
@@ -221,6 +234,21 @@ class LocalCluster:
         self.processes.append(process)
         return process
 
+    def restart_container(self, process):
+        """Kills `process` with SIGKILL and starts its container again, as kubelet restarts a
+        container of a running pod: in the same pod (its ports, IP and volumes, emptyDirs included,
+        are kept), with the same command, args and environment. Its log goes to a new file, as
+        `kubectl logs` shows the current container (the previous one's stays in its file). The new
+        Process replaces `process` in `processes` and is returned."""
+        process.kill()
+        restarts = process.restarts + 1
+        pod, container = process.pod, process.container
+        log_path = os.path.join(self.root, "logs",
+                                f"{pod.name}-{container['name']}.restart-{restarts}.log")
+        restarted = Process(pod, container, process.argv, process.env, log_path, restarts)
+        self.processes[self.processes.index(process)] = restarted
+        return restarted
+
     def start_pod(self, name, spec, labels, claim_templates=()):
         pod = Pod(name, spec, labels)
         self.pods.append(pod)
@@ -250,11 +278,11 @@ class LocalCluster:
         except (urllib.error.URLError, OSError):
             return False
 
-    def wait_ready(self, timeout):
-        """Waits until every container's readiness probe passes; a container that exits first, or
-        the deadline, fails with the logs of those not ready."""
+    def wait_ready(self, timeout, processes=None):
+        """Waits until the readiness probe of every container (or of `processes`) passes; a
+        container that exits first, or the deadline, fails with the logs of those not ready."""
         deadline = time.monotonic() + timeout
-        pending = list(self.processes)
+        pending = list(self.processes if processes is None else processes)
         while pending:
             for process in list(pending):
                 if process.popen.poll() is not None:
@@ -267,23 +295,12 @@ class LocalCluster:
                     f"{p.label}:\n{p.tail()}" for p in pending)))
             time.sleep(0.1)
 
-    def run_to_completion(self, objects, timeout):
-        """Runs each Job's pod (one container) against this cluster: (exit code, output)."""
-        results = []
-        for obj in objects:
-            if obj["kind"] != "Job":
-                continue
-            template = obj["spec"]["template"]
-            [process] = self.start_pod(f"{obj['metadata']['name']}-0", template["spec"],
-                                       template["metadata"].get("labels", {}))
-            try:
-                process.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                process.stop()
-                raise SmokeError(f"{process.label} did not end within {timeout}s:\n"
-                                 f"{process.tail()}")
-            results.append((process.popen.returncode, process.tail(50)))
-        return results
+    def start_job(self, job):
+        """Starts a Job's pod (one container) against this cluster; returns its Process."""
+        template = job["spec"]["template"]
+        [process] = self.start_pod(f"{job['metadata']['name']}-0", template["spec"],
+                                   template["metadata"].get("labels", {}))
+        return process
 
     def stop(self):
         for process in reversed(self.processes):
