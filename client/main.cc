@@ -4,6 +4,7 @@
 // 3 not authenticated or not allowed; 4 coordinator unreachable (incl. a failed TLS handshake).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -19,6 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "client/coordinator_client.h"
 #include "client/export_file.h"
 #include "client/job_spec_file.h"
@@ -71,6 +74,9 @@ ABSL_FLAG(std::optional<int>, max_attempts, std::nullopt,
 ABSL_FLAG(std::optional<std::string>, param_dtype, std::nullopt,
           "submit: float32, bfloat16 or float16.");
 ABSL_FLAG(bool, watch, false, "submit: watch the job until it ends.");
+ABSL_FLAG(absl::Duration, reconnect_for, absl::Minutes(2),
+          "watch, submit --watch: while the coordinator is unreachable (a restart), keep "
+          "reconnecting this long, then exit 4; the watch goes on after the last event seen.");
 ABSL_FLAG(std::string, state, "", "jobs/workers: only this state (e.g. running, idle).");
 ABSL_FLAG(int, limit, 100, "jobs: at most this many, newest first (0: all; fetched in pages).");
 ABSL_FLAG(std::string, reason, "", "cancel: why (recorded in the job).");
@@ -262,6 +268,8 @@ int Watch(CoordinatorClient& client, const std::string& job_id) {
                     json ? &discarded : &std::cout);
   int64_t last_sequence = 0;
   absl::Status status;
+  std::optional<absl::Time> unreachable_since;
+  absl::Duration reconnect_wait;
   while (true) {
     const int64_t resumed_after = last_sequence;
     status = client.WatchJob(job_id, resumed_after, [&](const v1::JobEvent& event) {
@@ -277,9 +285,22 @@ int Watch(CoordinatorClient& client, const std::string& job_id) {
     });
     // A watcher that fell behind the live events (a slow terminal) resumes where it stopped;
     // only while it makes progress, so a stream refused outright is not retried forever.
-    if (status.code() != absl::StatusCode::kResourceExhausted || last_sequence == resumed_after) {
-      break;
+    if (status.code() == absl::StatusCode::kResourceExhausted && last_sequence != resumed_after) {
+      continue;
     }
+    // The coordinator went away (a restart: the job trains on without it): reconnect, with a
+    // growing wait, for --reconnect_for since the stream was last up.
+    if (status.code() != absl::StatusCode::kUnavailable) break;
+    const absl::Time now = absl::Now();
+    if (last_sequence != resumed_after || !unreachable_since.has_value()) {
+      unreachable_since = now;
+      reconnect_wait = absl::Milliseconds(100);
+      std::cerr << "zeroshard: " << status.message() << "; reconnecting (up to "
+                << absl::FormatDuration(absl::GetFlag(FLAGS_reconnect_for)) << ")\n";
+    }
+    if (now - *unreachable_since >= absl::GetFlag(FLAGS_reconnect_for)) break;
+    absl::SleepFor(reconnect_wait);
+    reconnect_wait = std::min(reconnect_wait * 2, absl::Seconds(2));
   }
   view.Close();
   if (!status.ok()) return Fail(status);
