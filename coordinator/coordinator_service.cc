@@ -564,7 +564,9 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitJob(grpc::CallbackServerCont
           v1::Job* response) -> absl::Status {
         ZS_RETURN_IF_ERROR(ValidateSubmitJobRequest(*request));
         // Without authentication the caller is named by its peer host.
-        ZS_ASSIGN_OR_RETURN(*response, manager_->SubmitJob(request->spec(), caller.name));
+        // Another job's id is named only to an admin (or its own submitter).
+        ZS_ASSIGN_OR_RETURN(*response, manager_->SubmitJob(request->spec(), caller.name,
+                                                           caller.role == security::Role::kAdmin));
         return absl::OkStatus();
       });
 }

@@ -140,6 +140,8 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
     ZS_ASSIGN_OR_RETURN(const JobStore::EventCount stored, manager->store_->CountEvents(id));
     JobRecord& record = manager->jobs_[id];
     record.job = std::move(job);
+    // In id order, so a directory two old jobs named stays the first one's.
+    manager->checkpoint_dir_claims_.Claim(record.job.spec().checkpoint().dir(), id);
     record.last_sequence = stored.last_sequence;
     record.stored_events = stored.events;
     record.thin_above = manager->options_.max_events_per_job;
@@ -433,7 +435,7 @@ Page<v1::WorkerInfo> JobManager::ListWorkersPage(v1::WorkerState state, const Pa
 // ---- Jobs ----
 
 absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
-                                              const std::string& submitter) {
+                                              const std::string& submitter, bool may_name_any_job) {
   absl::MutexLock lock(&mu_);
   if (!submitter.empty()) {
     auto pending = pending_jobs_by_submitter_.find(submitter);
@@ -451,6 +453,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
   // The plan must exist for every allowed world size; check the smallest (the catalog and the
   // planner's own limits).
   ZS_RETURN_IF_ERROR(jobspec::PlanForJob(spec, spec.min_workers()).status());
+  ZS_RETURN_IF_ERROR(CheckCheckpointDirLocked(submitted, spec, submitter, may_name_any_job));
 
   JobRecord record;
   record.job.set_id(id);
@@ -476,11 +479,39 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
   record.stored_events = 1;
   record.thin_above = options_.max_events_per_job;
   ++next_job_number_;
+  checkpoint_dir_claims_.Claim(record.job.spec().checkpoint().dir(), id);
   if (!submitter.empty()) ++pending_jobs_by_submitter_[submitter];
   jobs_.emplace(id, std::move(record));
   ZS_LOG(INFO) << "job " << id << " submitted";
   ScheduleLocked();
   return jobs_[id].job;
+}
+
+absl::Status JobManager::CheckCheckpointDirLocked(const v1::JobSpec& submitted,
+                                                  const v1::JobSpec& spec,
+                                                  const std::string& submitter,
+                                                  bool may_name_any_job) {
+  const std::string& dir = spec.checkpoint().dir();
+  // Job ids are the default directories: a job named later must find its own free.
+  if (!submitted.checkpoint().dir().empty()) {
+    const absl::string_view first = absl::string_view(dir).substr(0, dir.find('/'));
+    if (ParseJobId(first).has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checkpoint.dir: \"", common::EscapeForLog(dir),
+                       "\" starts with a job id; those are the jobs' default directories (leave "
+                       "checkpoint.dir unset to get this job's own)"));
+    }
+  }
+  const std::optional<std::string> owner = checkpoint_dir_claims_.OwnerOf(dir);
+  if (!owner.has_value()) return absl::OkStatus();
+  const auto it = jobs_.find(*owner);
+  const bool may_name = may_name_any_job || (it != jobs_.end() && !submitter.empty() &&
+                                             it->second.submitter == submitter);
+  return absl::InvalidArgumentError(
+      absl::StrCat("checkpoint.dir: \"", common::EscapeForLog(dir),
+                   "\" is, lies inside or contains the checkpoint directory of ",
+                   may_name ? *owner : "another job",
+                   "; a directory belongs to the first job that named it: choose another"));
 }
 
 absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id) {

@@ -21,6 +21,7 @@
 #include "absl/time/time.h"
 #include "checkpoint/manifest.h"
 #include "common/clock.h"
+#include "coordinator/checkpoint_dir_claims.h"
 #include "coordinator/ids.h"
 #include "coordinator/job_store.h"
 #include "coordinator/rendezvous_store.h"
@@ -247,8 +248,11 @@ class JobManager {
 
   // Jobs.
   // `submitter` names who submitted it, for max_pending_jobs_per_submitter; empty: nobody
-  // (in-process callers), not limited.
-  absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec, const std::string& submitter = "");
+  // (in-process callers), not limited. INVALID_ARGUMENT ("checkpoint.dir: ...") when the spec's
+  // checkpoint directory is, lies inside, or contains another job's (CheckpointDirClaims); the
+  // message names that job only when `may_name_any_job` (an admin) or it has the same submitter.
+  absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec, const std::string& submitter = "",
+                                    bool may_name_any_job = true);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
   // Jobs (only those in `state` unless it is unspecified), newest first: a page after job N
   // holds jobs older than N.
@@ -452,6 +456,12 @@ class JobManager {
   absl::StatusOr<JobRecord*> FindAdoptableRankLocked(const v1::RegisterWorkerRequest& request,
                                                      const RegistrationProof& proof)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SubmitJob: INVALID_ARGUMENT when `spec`'s checkpoint directory (defaults applied; `submitted`
+  // as the caller sent it) names a job id it was not given by default, or meets another job's
+  // claim (see SubmitJob).
+  absl::Status CheckCheckpointDirLocked(const v1::JobSpec& submitted, const v1::JobSpec& spec,
+                                        const std::string& submitter, bool may_name_any_job)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // OK when no generation being adopted waits for a rank whose worker is named like the
   // registration, or the registration proves it is that worker; else ALREADY_EXISTS naming the
   // job, rank and worker id.
@@ -491,6 +501,9 @@ class JobManager {
   absl::Mutex mu_;
   std::unique_ptr<JobStore> store_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
+  // Every job's checkpoint directory, claimed when it was submitted (and again from the stored
+  // jobs at start).
+  CheckpointDirClaims checkpoint_dir_claims_ ABSL_GUARDED_BY(mu_);
   // Canonical job ids ordered by their number: a longer id has the larger number ("job-1000000"
   // after "job-999999"), and ids of one length compare as strings.
   struct JobIdOrder {

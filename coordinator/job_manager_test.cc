@@ -1672,6 +1672,46 @@ TEST_F(JobManagerTest, AStatusOfAnotherGenerationIsNotAdopted) {
             (Path{v1::PENDING, v1::RUNNING, v1::RECOVERING, v1::RUNNING, v1::RUNNING}));
 }
 
+// Issue 24, item 2. Before it, spec.checkpoint.dir could name another job's directory (its id,
+// or any relative path), so one job could prune, overwrite or resume from another's checkpoints.
+TEST_F(JobManagerTest, ACheckpointDirectoryBelongsToTheFirstJobThatNamedIt) {
+  v1::JobSpec spec = SeedSpec(4);
+  spec.mutable_checkpoint()->set_dir("team/run");
+  absl::StatusOr<v1::Job> first = manager_->SubmitJob(spec, "alice", false);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const auto refused = [&](const std::string& dir, const std::string& submitter,
+                           bool admin) -> absl::Status {
+    v1::JobSpec other = SeedSpec(4);
+    other.mutable_checkpoint()->set_dir(dir);
+    return manager_->SubmitJob(other, submitter, admin).status();
+  };
+  // The same directory (one spec file submitted twice), one inside it, one above it.
+  for (const std::string& dir : {"team/run", "team/run/inner", "team"}) {
+    const absl::Status status = refused(dir, "alice", false);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << dir << ": " << status;
+    EXPECT_TRUE(absl::StartsWith(status.message(), "checkpoint.dir: ")) << status;
+    // Alice submitted the owner: she is told which job it is.
+    EXPECT_TRUE(absl::StrContains(status.message(), first->id())) << status;
+  }
+  // Another submitter is not told whose it is; an admin is.
+  const absl::Status mallory = refused("team/run", "mallory", false);
+  EXPECT_EQ(mallory.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(absl::StrContains(mallory.message(), first->id())) << mallory;
+  EXPECT_TRUE(absl::StrContains(refused("team", "root", true).message(), first->id()));
+  // Another job's default directory (its id), or one not given yet, cannot be named.
+  EXPECT_EQ(refused(first->id(), "alice", true).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused("job-000099/x", "alice", true).message(), "job id"));
+  // Siblings are free, and a later job's default directory is its own.
+  EXPECT_TRUE(refused("team/run2", "bob", false).ok());
+  absl::StatusOr<v1::Job> defaulted = manager_->SubmitJob(SeedSpec(4));
+  ASSERT_TRUE(defaulted.ok()) << defaulted.status();
+  EXPECT_EQ(defaulted->spec().checkpoint().dir(), defaulted->id());
+  // Forever: the claims hold after a restart, also the default one.
+  Start(dir_);
+  EXPECT_EQ(refused("team/run", "alice", false).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused("team/run2/x", "alice", false).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Issue 23 ("Worker identity" in job_manager.h). Registrations as a worker-role caller makes
 // them: with `secret`, or none.
 RegistrationProof WorkerProof(const std::string& secret = "") {
