@@ -725,8 +725,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     event.set_type(v1::NOTICE);
     event.set_generation(request.generation());
     event.set_message(absl::StrCat("rank ", request.rank(), ": ", request.notice()));
-    AddEventLocked(record, std::move(event));
-    changed_job = true;
+    changed_job = AddWorkerNoticeLocked(record, std::move(event));
   }
   // Workers resend a report whose answer they did not get (the coordinator restarted, or the
   // call timed out), so a step already recorded may come again: it is recorded once.
@@ -766,9 +765,10 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
         absl::StrCat("checkpoint at step ", request.step(),
                      request.outcome() == v1::CHECKPOINT_SKIPPED ? " skipped" : " failed",
                      " on rank ", request.rank(), ": ", request.message()));
-    AddEventLocked(*record, std::move(event));
-    JobRecord* changed[] = {record};
-    PersistLocked(changed);
+    if (AddWorkerNoticeLocked(*record, std::move(event))) {
+      JobRecord* changed[] = {record};
+      PersistLocked(changed);
+    }
     return v1::CommitCheckpointResponse();
   }
   if (options_.checkpoint_root.empty()) {
@@ -833,9 +833,11 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
     event.set_generation(request.generation());
     event.set_message(absl::StrCat("checkpoint at step ", request.step(),
                                    " could not be committed: ", written.message()));
-    AddEventLocked(*record, std::move(event));
-    JobRecord* changed[] = {record};
-    PersistLocked(changed);
+    // What the workers left on the volume decides this: bounded as their notices are.
+    if (AddWorkerNoticeLocked(*record, std::move(event))) {
+      JobRecord* changed[] = {record};
+      PersistLocked(changed);
+    }
     response.set_complete(false);
     return response;
   }
@@ -1139,6 +1141,8 @@ absl::Status JobManager::StartGenerationLocked(JobRecord& record,
   if (!job.has_start_time()) *job.mutable_start_time() = ToTimestamp(clock_->Now());
   record.finished_ranks.clear();
   record.rank_steps.clear();
+  record.generation_notices = 0;
+  record.generation_dropped_notices = 0;
   rendezvous_->OpenNamespace(job.id(), job.generation());
 
   v1::Assignment assignment;
@@ -1172,6 +1176,43 @@ absl::Status JobManager::StartGenerationLocked(JobRecord& record,
   return SetStateLocked(
       record, v1::RUNNING,
       absl::StrCat("generation ", job.generation(), " on ", world_size, " workers"));
+}
+
+bool JobManager::AddWorkerNoticeLocked(JobRecord& record, v1::JobEvent event) {
+  const int64_t bound = options_.max_notices_per_generation;
+  if (record.generation_notices < bound) {
+    ++record.generation_notices;
+    AddEventLocked(record, std::move(event));
+    return true;
+  }
+  ++record.generation_dropped_notices;
+  record.job.set_dropped_notices(record.job.dropped_notices() + 1);
+  if (record.generation_notices > bound) return false;
+  // The first one past the bound says so instead of its own message.
+  ++record.generation_notices;
+  v1::JobEvent notice;
+  notice.set_type(v1::NOTICE);
+  notice.set_generation(event.generation());
+  notice.set_message(absl::StrCat(
+      "the workers of generation ", event.generation(), " sent ", bound,
+      " notices, the most stored per generation (--max_notices_per_generation); later ones are "
+      "counted in dropped_notices, not stored"));
+  AddEventLocked(record, std::move(notice));
+  return true;
+}
+
+void JobManager::CloseWorkerNoticesLocked(JobRecord& record) {
+  if (record.generation_dropped_notices > 0) {
+    v1::JobEvent notice;
+    notice.set_type(v1::NOTICE);
+    notice.set_generation(record.job.generation());
+    notice.set_message(absl::StrCat(
+        "generation ", record.job.generation(), " dropped ", record.generation_dropped_notices,
+        " notices from its workers past the bound of ", options_.max_notices_per_generation));
+    AddEventLocked(record, std::move(notice));
+  }
+  record.generation_notices = 0;
+  record.generation_dropped_notices = 0;
 }
 
 void JobManager::RecordRankIdentitiesLocked(JobRecord& record) {
@@ -1208,6 +1249,7 @@ absl::Status JobManager::EndGenerationLocked(JobRecord& record, v1::JobState nex
   rendezvous_->DropNamespace(job.id(), job.generation());
   record.plan.reset();
   record.adoption.reset();
+  CloseWorkerNoticesLocked(record);
   ZS_RETURN_IF_ERROR(SetStateLocked(record, next_state, message));
   // An attached job waits for its pinned workers anyway.
   if (next_state == v1::RECOVERING && !job.spec().workload().has_attached()) {
@@ -1313,6 +1355,7 @@ absl::Status JobManager::SucceedIfAllFinishedLocked(JobRecord& record) {
   if (static_cast<int>(record.finished_ranks.size()) != record.job.worker_ids_size()) {
     return absl::OkStatus();
   }
+  CloseWorkerNoticesLocked(record);
   ZS_RETURN_IF_ERROR(SetStateLocked(record, v1::SUCCEEDED, "all ranks finished"));
   for (const std::string& worker_id : record.job.worker_ids()) {
     if (v1::WorkerInfo* worker = workers_.FindLive(worker_id)) {

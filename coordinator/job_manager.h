@@ -62,6 +62,12 @@ struct JobManagerOptions {
   // PENDING jobs one submitter may have at once (flag --max_pending_jobs_per_submitter); its
   // next SubmitJob gets RESOURCE_EXHAUSTED until one of them starts or ends.
   int64_t max_pending_jobs_per_submitter = 1000;
+  // NOTICE events a generation's workers may add (ReportProgress notices, skipped or failed
+  // checkpoint commits; flag --max_notices_per_generation). The one that reaches the bound is
+  // replaced by a NOTICE saying so; later ones are only counted (Job.dropped_notices), and a
+  // NOTICE when the generation ends says how many were dropped. Each stored NOTICE is a durable
+  // (fsync'd) write, so a worker must not be able to add them without end.
+  int64_t max_notices_per_generation = 100;
 };
 
 // What a RegisterWorker caller proves about the registration its request names
@@ -365,6 +371,10 @@ class JobManager {
     // entry changed since it was last stored.
     std::vector<RankIdentity> rank_identities;
     std::vector<int32_t> unsaved_identity_ranks;
+    // The current generation's worker NOTICE events: added (the bound's own notice included)
+    // and dropped.
+    int64_t generation_notices = 0;
+    int64_t generation_dropped_notices = 0;
     // Set while a restarted coordinator adopts the running generation from its workers.
     struct Adoption {
       absl::Time deadline;
@@ -456,6 +466,12 @@ class JobManager {
   absl::StatusOr<JobRecord*> FindAdoptableRankLocked(const v1::RegisterWorkerRequest& request,
                                                      const RegistrationProof& proof)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Adds a NOTICE a worker caused (`event`, type and message set) within the generation's bound
+  // (options.max_notices_per_generation); returns whether the job changed (an event added).
+  bool AddWorkerNoticeLocked(JobRecord& record, v1::JobEvent event)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // At the end of a generation: a NOTICE with the count of its dropped worker notices, if any.
+  void CloseWorkerNoticesLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // SubmitJob: INVALID_ARGUMENT when `spec`'s checkpoint directory (defaults applied; `submitted`
   // as the caller sent it) names a job id it was not given by default, or meets another job's
   // claim (see SubmitJob).

@@ -17,6 +17,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/manifest.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -163,6 +164,7 @@ class JobManagerTest : public ::testing::Test {
     if (with_checkpoint_root_) options.checkpoint_root = checkpoint_root_;
     options.regroup_wait = regroup_wait_;
     options.max_events_per_job = max_events_per_job_;
+    options.max_notices_per_generation = max_notices_per_generation_;
     auto manager = JobManager::Create(&clock_, *std::move(store), rendezvous_.get(), options);
     ASSERT_TRUE(manager.ok()) << manager.status();
     manager_ = *std::move(manager);
@@ -339,6 +341,7 @@ class JobManagerTest : public ::testing::Test {
   bool with_checkpoint_root_ = true;  // whether Start() gives the manager checkpoint_root_
   std::optional<absl::Duration> regroup_wait_;  // the manager's, for the next Start()
   int64_t max_events_per_job_ = JobManagerOptions().max_events_per_job;  // likewise
+  int64_t max_notices_per_generation_ = JobManagerOptions().max_notices_per_generation;
   std::unique_ptr<RendezvousStore> rendezvous_;
   std::unique_ptr<JobManager> manager_;
 };
@@ -1670,6 +1673,63 @@ TEST_F(JobManagerTest, AStatusOfAnotherGenerationIsNotAdopted) {
   EXPECT_EQ(manager_->GetJob(job->id())->generation(), 2);
   EXPECT_EQ(StatePath(job->id()),
             (Path{v1::PENDING, v1::RUNNING, v1::RECOVERING, v1::RUNNING, v1::RUNNING}));
+}
+
+// Issue 24, item 3. Before it every ReportProgress notice and every failed or skipped commit
+// added a durable NOTICE, without end.
+TEST_F(JobManagerTest, WorkerNoticesAreBoundedPerGenerationAndTheRestCounted) {
+  max_notices_per_generation_ = 3;
+  Start(dir_);
+  Register("a");
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_max_attempts(2);
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  const auto notices = [&] {
+    std::vector<std::string> messages;
+    for (const v1::JobEvent& event : Events(job->id())) {
+      if (event.type() == v1::NOTICE) messages.push_back(event.message());
+    }
+    return messages;
+  };
+  for (int i = 0; i < 8; ++i) {
+    v1::ReportProgressRequest request;
+    request.set_worker_id(running.worker_ids(0));
+    request.set_job_id(running.id());
+    request.set_generation(1);
+    request.set_notice(absl::StrCat("notice ", i));
+    ASSERT_TRUE(manager_->ReportProgress(request).ok());
+  }
+  v1::CommitCheckpointRequest skipped;
+  skipped.set_worker_id(running.worker_ids(0));
+  skipped.set_job_id(running.id());
+  skipped.set_generation(1);
+  skipped.set_step(10);
+  skipped.set_outcome(v1::CHECKPOINT_SKIPPED);
+  ASSERT_TRUE(manager_->CommitCheckpoint(skipped).ok());
+  std::vector<std::string> stored = notices();
+  ASSERT_EQ(stored.size(), 4u) << absl::StrJoin(stored, " | ");
+  EXPECT_EQ(stored[2], "rank 0: notice 2");
+  EXPECT_TRUE(absl::StrContains(stored[3], "--max_notices_per_generation")) << stored[3];
+  // notice 3 (replaced by the bound's notice) to notice 7, and the skipped commit.
+  EXPECT_EQ(manager_->GetJob(job->id())->dropped_notices(), 6);
+  // The generation ends: a closing NOTICE counts them; the next one starts afresh.
+  ASSERT_TRUE(manager_->LeaveWorker(running.worker_ids(0)).ok());
+  stored = notices();
+  ASSERT_EQ(stored.size(), 5u);
+  EXPECT_EQ(stored[4], "generation 1 dropped 6 notices from its workers past the bound of 3");
+  Register("b");
+  const v1::Job second = *manager_->GetJob(job->id());
+  ASSERT_EQ(second.generation(), 2);
+  v1::ReportProgressRequest request;
+  request.set_worker_id(second.worker_ids(0));
+  request.set_job_id(second.id());
+  request.set_generation(2);
+  request.set_notice("fresh");
+  ASSERT_TRUE(manager_->ReportProgress(request).ok());
+  EXPECT_EQ(notices().back(), "rank 0: fresh");
+  EXPECT_EQ(manager_->GetJob(job->id())->dropped_notices(), 6);
 }
 
 // Issue 24, item 2. Before it, spec.checkpoint.dir could name another job's directory (its id,

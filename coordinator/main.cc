@@ -76,6 +76,10 @@ ABSL_FLAG(int64_t, max_events_per_job, 100000,
           "Events stored per job before old PROGRESS events are thinned: past it, every second "
           "PROGRESS event of the oldest half of the job's events is deleted (other events are "
           "always kept).");
+ABSL_FLAG(int64_t, max_notices_per_generation, 100,
+          "NOTICE events one job generation's workers may add (progress notices, skipped or "
+          "failed checkpoints); later ones are counted in the job's dropped_notices, and a NOTICE "
+          "at the generation's end says how many.");
 ABSL_FLAG(int64_t, max_watch_streams, 10000,
           "WatchJob streams open at once, from all clients; one more gets RESOURCE_EXHAUSTED.");
 ABSL_FLAG(int64_t, max_watch_streams_per_peer, 1000,
@@ -141,6 +145,7 @@ int main(int argc, char** argv) {
   options.manager.lease.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
   options.manager.scheduler.max_backfill_wait = absl::GetFlag(FLAGS_max_backfill_wait);
   options.manager.max_events_per_job = absl::GetFlag(FLAGS_max_events_per_job);
+  options.manager.max_notices_per_generation = absl::GetFlag(FLAGS_max_notices_per_generation);
   options.manager.max_pending_jobs_per_submitter =
       absl::GetFlag(FLAGS_max_pending_jobs_per_submitter);
   options.service.max_watch_streams = absl::GetFlag(FLAGS_max_watch_streams);
@@ -174,6 +179,10 @@ int main(int argc, char** argv) {
   }
   if (options.manager.max_events_per_job < 1) {
     ZS_LOG(ERROR) << "--max_events_per_job must be >= 1";
+    return 2;
+  }
+  if (options.manager.max_notices_per_generation < 1) {
+    ZS_LOG(ERROR) << "--max_notices_per_generation must be >= 1";
     return 2;
   }
   if (options.service.max_watch_streams < 1 || options.service.max_watch_streams_per_peer < 1 ||
