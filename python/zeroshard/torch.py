@@ -685,7 +685,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                     "optimizer_step": saved.optimizer_step, "optimizer": self._optimizer_kind,
                     "mode": self._mode, "manifest": saved.manifest,
                     "world_size": saved.world_size, "param_groups": groups}
-        header, full = _checkpoint.read_full_state(saved.manifest)
+        header, full = _checkpoint.read_full_state(saved.manifest, expected_job_id=self._job_id)
         step = header.optimizer_step
         state = {}
         index = 0
@@ -789,7 +789,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         manifest = state_dict["manifest"]
         if not isinstance(manifest, str) or not os.path.isabs(manifest):
             raise ValueError(f"manifest: {manifest!r} is not an absolute path")
-        _, header = _checkpoint.read_header(manifest)
+        # The manifest must be the one of the job the state dict names (it may be another job
+        # than this one: loading another job's checkpoint is allowed when named so).
+        _, header = _checkpoint.read_header(manifest, expected_job_id=state_dict.get("job_id"))
         if len(header.tensors) != len(self._params):
             raise ValueError(f"manifest: the checkpoint {manifest} holds {len(header.tensors)} "
                              f"tensors, this model {len(self._params)} (another model)")
