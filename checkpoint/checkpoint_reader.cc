@@ -110,13 +110,19 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
         absl::StrCat("manifest of ", checkpoint.directory, ": ", valid.message()));
   }
   // One file per rank (ValidateManifest), in rank order.
+  if (checkpoint.step_dir == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint ", checkpoint.directory,
+        ": not opened (ListCheckpoints and OpenCommittedCheckpoint open checkpoints)"));
+  }
   std::vector<const v1::CheckpointFile*> by_rank(manifest.world_size());
   for (const v1::CheckpointFile& file : manifest.files()) by_rank[file.rank()] = &file;
   std::vector<std::unique_ptr<ShardReader>> files;
   std::vector<FragmentIndex::File> tables;
   for (const v1::CheckpointFile* entry : by_rank) {
-    const std::string path = absl::StrCat(checkpoint.directory, "/", entry->path());
-    ZS_ASSIGN_OR_RETURN(std::unique_ptr<ShardReader> file, ShardReader::Open(path));
+    ZS_ASSIGN_OR_RETURN(std::unique_ptr<ShardReader> file,
+                        ShardReader::Open(*checkpoint.step_dir, entry->path()));
+    const std::string& path = file->path();
     auto mismatch = [&](absl::string_view field, const auto& in_file, const auto& in_manifest) {
       return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": ", field, " ", in_file,
                                               ", but the manifest says ", in_manifest));

@@ -79,11 +79,13 @@ class FragmentIndex {
 class CheckpointReader {
  public:
   // Opens every rank file the manifest lists (headers and fragment tables only: no data is
-  // read). DATA_LOSS naming the file and the field when a file's size differs from the
-  // manifest's, its header disagrees with the manifest (job_id, step, generation, world_size,
-  // layout_hash, rank) or with rank 0's header (any field but rank), fragments overlap, or some
-  // state of some tensor is not held whole (FragmentIndex::CheckComplete); INVALID_ARGUMENT for
-  // a manifest ValidateManifest refuses; ShardReader::Open's errors otherwise.
+  // read), relative to checkpoint.step_dir (a link is refused: FAILED_PRECONDITION naming it;
+  // INVALID_ARGUMENT when step_dir is null). DATA_LOSS naming the file and the field when a file's
+  // size differs from the manifest's, its header disagrees with the manifest (job_id, step,
+  // generation, world_size, layout_hash, rank) or with rank 0's header (any field but rank),
+  // fragments overlap, or some state of some tensor is not held whole
+  // (FragmentIndex::CheckComplete); INVALID_ARGUMENT for a manifest ValidateManifest refuses;
+  // ShardReader::Open's errors otherwise.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(CommittedCheckpoint checkpoint);
 
   const CommittedCheckpoint& checkpoint() const { return checkpoint_; }

@@ -63,8 +63,10 @@ CommittedCheckpoint WriteCheckpoint(const std::string& job_dir, int64_t step, in
     file->set_bytes(static_cast<int64_t>(written->bytes));
     file->set_crc32c(written->crc32c);
   }
-  EXPECT_TRUE(WriteManifest(step_dir, manifest).ok());
-  absl::StatusOr<CheckpointListing> listing = ListCheckpoints(job_dir);
+  absl::StatusOr<Directory> root = Directory::OpenRoot(job_dir);  // the test's own: trusted
+  EXPECT_TRUE(root.ok()) << root.status();
+  EXPECT_TRUE(WriteManifest(*root, "", manifest).ok());
+  absl::StatusOr<CheckpointListing> listing = ListCheckpoints(*root, "", "job-000007");
   EXPECT_TRUE(listing.ok());
   for (const CommittedCheckpoint& checkpoint : listing->committed) {
     if (checkpoint.step == step) return checkpoint;
@@ -285,7 +287,7 @@ TEST(CheckpointReaderTest, CorruptFragmentIsDataLossNamingIt) {
   EXPECT_TRUE(absl::StrContains(status.message(), path)) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), key)) << status;
   // The whole-file check the manifest allows sees it too.
-  EXPECT_EQ(VerifyCheckpointFile(checkpoint.directory, checkpoint.manifest.files(1)).code(),
+  EXPECT_EQ(VerifyCheckpointFile(*checkpoint.step_dir, checkpoint.manifest.files(1)).code(),
             absl::StatusCode::kDataLoss);
 }
 

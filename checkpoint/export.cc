@@ -129,8 +129,10 @@ absl::Status CheckpointExport::StreamTensor(const TensorDecl& tensor, const Byte
   return absl::OkStatus();
 }
 
-absl::StatusOr<WrittenFile> WriteExportFile(const CheckpointExport& plan, const std::string& path) {
-  ZS_ASSIGN_OR_RETURN(std::unique_ptr<DurableFile> file, DurableFile::Create(path));
+namespace {
+
+absl::StatusOr<WrittenFile> StreamInto(const CheckpointExport& plan,
+                                       std::unique_ptr<DurableFile> file) {
   uint32_t crc = 0;
   ZS_RETURN_IF_ERROR(plan.Stream([&](const void* data, size_t n) {
     crc = Crc32cExtend(crc, data, n);
@@ -138,10 +140,24 @@ absl::StatusOr<WrittenFile> WriteExportFile(const CheckpointExport& plan, const 
   }));
   ZS_RETURN_IF_ERROR(file->Commit());
   WrittenFile written;
-  written.path = path;
+  written.path = file->final_path();
   written.bytes = file->size();
   written.crc32c = crc;
   return written;
+}
+
+}  // namespace
+
+absl::StatusOr<WrittenFile> WriteExportFile(const CheckpointExport& plan,
+                                            const Directory& directory, std::string name) {
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<DurableFile> file,
+                      DurableFile::Create(directory, std::move(name)));
+  return StreamInto(plan, std::move(file));
+}
+
+absl::StatusOr<WrittenFile> WriteExportFile(const CheckpointExport& plan, const std::string& path) {
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<DurableFile> file, DurableFile::Create(path));
+  return StreamInto(plan, std::move(file));
 }
 
 }  // namespace zeroshard::checkpoint

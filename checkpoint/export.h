@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/directory.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/shard_file.h"
 
@@ -82,8 +83,11 @@ class CheckpointExport {
   SafetensorsHead head_;
 };
 
-// Streams `plan` into `path` durably (DurableFile: the file appears complete under its name or
-// not at all) and returns its size and CRC32C.
+// Streams `plan` into `name` of `directory` durably (DurableFile: the file appears complete
+// under its name or not at all; nothing there is followed) and returns its size and CRC32C.
+absl::StatusOr<WrittenFile> WriteExportFile(const CheckpointExport& plan,
+                                            const Directory& directory, std::string name);
+// The same by path: its directory is trusted (DurableFile::Create(final_path)).
 absl::StatusOr<WrittenFile> WriteExportFile(const CheckpointExport& plan, const std::string& path);
 
 }  // namespace zeroshard::checkpoint

@@ -1,5 +1,5 @@
-// POSIX file helpers for checkpoints. Every system call's failure becomes a Status naming the
-// path and the errno text.
+// File helpers for checkpoints on directory descriptors. Every system call's failure becomes a
+// Status naming the path and the errno text.
 #include "checkpoint/file_io.h"
 
 #include <fcntl.h>
@@ -34,10 +34,6 @@ absl::string_view BaseNameOf(absl::string_view path) {
 
 }  // namespace
 
-absl::Status ErrnoError(absl::string_view operation, absl::string_view path, int error_number) {
-  return absl::ErrnoToStatus(error_number, absl::StrCat(operation, " ", path));
-}
-
 std::string DirectoryOf(absl::string_view path) {
   const size_t slash = path.rfind('/');
   if (slash == absl::string_view::npos) return ".";
@@ -45,42 +41,48 @@ std::string DirectoryOf(absl::string_view path) {
   return std::string(path.substr(0, slash));
 }
 
-absl::Status SyncDirectory(const std::string& directory) {
-  const int fd = ::open(directory.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open directory", directory, errno);
-  absl::Status status;
-  if (::fsync(fd) != 0) status = ErrnoError("fsync directory", directory, errno);
-  ::close(fd);
-  return status;
+absl::StatusOr<std::unique_ptr<DurableFile>> DurableFile::Create(const Directory& directory,
+                                                                 std::string name) {
+  if (name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("file path \"", directory.PathOf(""), "\" has no name"));
+  }
+  ZS_ASSIGN_OR_RETURN(Directory own, directory.Duplicate());
+  absl::BitGen random;
+  for (int attempt = 1;; ++attempt) {
+    std::string temp_name =
+        absl::StrFormat(".%s.tmp-%d-%016x", name, ::getpid(), absl::Uniform<uint64_t>(random));
+    absl::StatusOr<File> file = own.CreateFile(temp_name);
+    if (file.ok()) {
+      return std::unique_ptr<DurableFile>(
+          new DurableFile(std::move(own), std::move(name), std::move(temp_name), *std::move(file)));
+    }
+    if (!absl::IsAlreadyExists(file.status()) || attempt == kTempNameAttempts) {
+      return file.status();
+    }
+  }
 }
 
 absl::StatusOr<std::unique_ptr<DurableFile>> DurableFile::Create(std::string final_path) {
-  if (BaseNameOf(final_path).empty()) {
+  const absl::string_view name = BaseNameOf(final_path);
+  if (name.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("file path \"", final_path, "\" has no name"));
   }
-  const std::string directory = DirectoryOf(final_path);
-  absl::BitGen random;
-  for (int attempt = 1;; ++attempt) {
-    std::string temp_path =
-        absl::StrFormat("%s/.%s.tmp-%d-%016x", directory, BaseNameOf(final_path), ::getpid(),
-                        absl::Uniform<uint64_t>(random));
-    const int fd = ::open(temp_path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd >= 0) {
-      return std::unique_ptr<DurableFile>(
-          new DurableFile(std::move(final_path), std::move(temp_path), fd));
-    }
-    if (errno != EEXIST || attempt == kTempNameAttempts) {
-      return ErrnoError("create", temp_path, errno);
-    }
-  }
+  ZS_ASSIGN_OR_RETURN(const Directory directory, Directory::OpenRoot(DirectoryOf(final_path)));
+  return Create(directory, std::string(name));
 }
 
-DurableFile::DurableFile(std::string final_path, std::string temp_path, int fd)
-    : final_path_(std::move(final_path)), temp_path_(std::move(temp_path)), fd_(fd) {}
+DurableFile::DurableFile(Directory directory, std::string name, std::string temp_name, File file)
+    : directory_(std::move(directory)),
+      name_(std::move(name)),
+      temp_name_(std::move(temp_name)),
+      final_path_(directory_.PathOf(name_)),
+      temp_path_(directory_.PathOf(temp_name_)),
+      file_(std::move(file)) {}
 
 DurableFile::~DurableFile() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!committed_) ::unlink(temp_path_.c_str());
+  file_.Close().IgnoreError();
+  if (!committed_) directory_.Unlink(temp_name_).IgnoreError();
 }
 
 absl::Status DurableFile::Fail(absl::Status status) {
@@ -89,8 +91,12 @@ absl::Status DurableFile::Fail(absl::Status status) {
 }
 
 absl::Status DurableFile::WriteFully(const char* data, size_t n) {
+  if (absl::Status hooked = directory_.CallHooks(StorageOperation::kWrite, temp_path_);
+      !hooked.ok()) {
+    return Fail(hooked);
+  }
   while (n > 0) {
-    const ssize_t written = ::write(fd_, data, n);
+    const ssize_t written = ::write(file_.fd(), data, n);
     if (written < 0) {
       if (errno == EINTR) continue;
       return Fail(ErrnoError("write", temp_path_, errno));
@@ -134,9 +140,13 @@ absl::Status DurableFile::OverwriteAt(uint64_t offset, const void* data, size_t 
                                               ") of ", temp_path_, ", which holds ", size_));
   }
   ZS_RETURN_IF_ERROR(Flush());
+  if (absl::Status hooked = directory_.CallHooks(StorageOperation::kWrite, temp_path_);
+      !hooked.ok()) {
+    return Fail(hooked);
+  }
   const char* bytes = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t written = ::pwrite(fd_, bytes, n, static_cast<off_t>(offset));
+    const ssize_t written = ::pwrite(file_.fd(), bytes, n, static_cast<off_t>(offset));
     if (written < 0) {
       if (errno == EINTR) continue;
       return Fail(ErrnoError("pwrite", temp_path_, errno));
@@ -152,22 +162,40 @@ absl::Status DurableFile::Commit() {
   ZS_RETURN_IF_ERROR(error_);
   if (committed_) return absl::FailedPreconditionError(absl::StrCat(final_path_, ": committed"));
   ZS_RETURN_IF_ERROR(Flush());
-  if (::fsync(fd_) != 0) return Fail(ErrnoError("fsync", temp_path_, errno));
-  const int fd = std::exchange(fd_, -1);
-  // close can report a deferred write error (NFS): the data is not known to be on disk.
-  if (::close(fd) != 0) return Fail(ErrnoError("close", temp_path_, errno));
-  if (before_rename_hook_) before_rename_hook_();
-  if (::rename(temp_path_.c_str(), final_path_.c_str()) != 0) {
-    return Fail(ErrnoError(absl::StrCat("rename to ", final_path_, " of"), temp_path_, errno));
+  if (absl::Status hooked = directory_.CallHooks(StorageOperation::kSync, temp_path_);
+      !hooked.ok()) {
+    return Fail(hooked);
   }
-  absl::Status synced = SyncDirectory(DirectoryOf(final_path_));
-  if (!synced.ok()) {
+  if (::fsync(file_.fd()) != 0) return Fail(ErrnoError("fsync", temp_path_, errno));
+  // close can report a deferred write error (NFS): the data is not known to be on disk.
+  if (absl::Status closed = file_.Close(); !closed.ok()) return Fail(closed);
+  if (before_rename_hook_) before_rename_hook_();
+  // Whatever was planted under the final name is refused rather than replaced unseen.
+  const absl::StatusOr<struct stat> existing = directory_.Stat(name_);
+  if (existing.ok() && !S_ISREG(existing->st_mode)) {
+    return Fail(RefusedEntry(final_path_, existing->st_mode, EntryType::kRegularFile));
+  }
+  if (!existing.ok() && !absl::IsNotFound(existing.status())) return Fail(existing.status());
+  if (absl::Status renamed = directory_.Rename(temp_name_, name_); !renamed.ok()) {
+    return Fail(renamed);
+  }
+  if (absl::Status synced = directory_.Sync(); !synced.ok()) {
     // The rename may not survive a crash: take it back, so that an error always means no file.
-    ::unlink(final_path_.c_str());
+    directory_.Unlink(name_).IgnoreError();
     return Fail(synced);
   }
   committed_ = true;
   return absl::OkStatus();
+}
+
+absl::Status WriteFileDurably(const Directory& directory, std::string name,
+                              absl::string_view contents,
+                              std::function<void()> before_rename_for_testing) {
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<DurableFile> file,
+                      DurableFile::Create(directory, std::move(name)));
+  file->SetBeforeRenameHookForTesting(std::move(before_rename_for_testing));
+  ZS_RETURN_IF_ERROR(file->Append(contents.data(), contents.size()));
+  return file->Commit();
 }
 
 absl::Status WriteFileDurably(const std::string& path, absl::string_view contents,
@@ -198,24 +226,45 @@ absl::Status PreadFully(int fd, const std::string& path, uint64_t offset, void* 
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open", path, errno);
+absl::StatusOr<std::string> ReadFileToString(const File& file, uint64_t max_bytes) {
+  ZS_ASSIGN_OR_RETURN(const uint64_t size, file.Size());
+  auto too_large = [&](uint64_t bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(file.path(), " holds ", bytes,
+                                                     " bytes, more than the ", max_bytes,
+                                                     " this reader accepts"));
+  };
+  if (size > max_bytes) return too_large(size);
   std::string contents;
+  contents.reserve(static_cast<size_t>(size));
   char chunk[1 << 16];
+  uint64_t offset = 0;
   while (true) {
-    const ssize_t got = ::read(fd, chunk, sizeof(chunk));
+    const ssize_t got = ::pread(file.fd(), chunk, sizeof(chunk), static_cast<off_t>(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      absl::Status status = ErrnoError("read", path, errno);
-      ::close(fd);
-      return status;
+      return ErrnoError("read", file.path(), errno);
     }
     if (got == 0) break;
+    offset += static_cast<uint64_t>(got);
+    if (offset > max_bytes) return too_large(offset);  // it grew while being read
     contents.append(chunk, static_cast<size_t>(got));
   }
-  ::close(fd);
   return contents;
+}
+
+absl::StatusOr<std::string> ReadFileToString(const Directory& directory, absl::string_view name,
+                                             uint64_t max_bytes) {
+  ZS_ASSIGN_OR_RETURN(const File file, directory.OpenFile(name));
+  return ReadFileToString(file, max_bytes);
+}
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path, uint64_t max_bytes) {
+  const absl::string_view name = BaseNameOf(path);
+  if (name.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("file path \"", path, "\" has no name"));
+  }
+  ZS_ASSIGN_OR_RETURN(const Directory directory, Directory::OpenRoot(DirectoryOf(path)));
+  return ReadFileToString(directory, name, max_bytes);
 }
 
 }  // namespace zeroshard::checkpoint

@@ -1,9 +1,7 @@
-// Manifests (validated, written durably, read back), the step-directory names, and listing and
-// pruning of a job's checkpoint directory.
+// Manifests (validated, written durably, read back), the step-directory names, and listing,
+// pruning and verification of a job's checkpoint directory, all through directory descriptors.
 #include "checkpoint/manifest.h"
 
-#include <dirent.h>
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -30,42 +28,33 @@ namespace {
 constexpr absl::string_view kStepDirPrefix = "step-";
 constexpr int kStepDigits = 12;
 
-// The names in a directory, without "." and "..". An errno status when it cannot be read
-// (NOT_FOUND when it does not exist).
-absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& directory) {
-  DIR* dir = ::opendir(directory.c_str());
-  if (dir == nullptr) return ErrnoError("open directory", directory, errno);
-  std::vector<std::string> names;
-  while (true) {
-    errno = 0;
-    const dirent* entry = ::readdir(dir);
-    if (entry == nullptr) {
-      const int error = errno;
-      ::closedir(dir);
-      if (error != 0) return ErrnoError("read directory", directory, error);
-      break;
+// What a listing leaves alone: a refused entry, and any manifest this code may not judge (another
+// job's, a newer format's, or one an errno of that code kept it from reading).
+bool NotOursToTouch(const absl::Status& status) { return absl::IsFailedPrecondition(status); }
+
+// Removes what a step directory holds, then the directory itself (an entry of `job`). Only
+// regular files are removed: a link (never followed) or a subdirectory (checkpoints hold none) is
+// left with the directory, and the refusal of the first one returned. I/O errors are returned
+// as they are.
+absl::Status RemoveStepDirectory(const Directory& job, absl::string_view name,
+                                 const Directory& step_dir) {
+  ZS_ASSIGN_OR_RETURN(const std::vector<DirectoryEntry> entries, step_dir.List());
+  absl::Status refused;
+  for (const DirectoryEntry& entry : entries) {
+    if (entry.type != EntryType::kRegularFile) {
+      if (refused.ok()) {
+        ZS_ASSIGN_OR_RETURN(const struct stat st, step_dir.Stat(entry.name));
+        refused = RefusedEntry(step_dir.PathOf(entry.name), st.st_mode, EntryType::kRegularFile);
+      }
+      continue;
     }
-    const absl::string_view name = entry->d_name;
-    if (name != "." && name != "..") names.emplace_back(name);
+    ZS_RETURN_IF_ERROR(step_dir.Unlink(entry.name));
   }
-  return names;
-}
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-// Removes a step directory and everything in it (files only: checkpoints hold no
-// subdirectories, so one is an error rather than something to delete blindly).
-absl::Status RemoveStepDirectory(const std::string& directory) {
-  ZS_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDirectory(directory));
-  for (const std::string& name : names) {
-    const std::string path = absl::StrCat(directory, "/", name);
-    if (::unlink(path.c_str()) != 0) return ErrnoError("unlink", path, errno);
+  if (!refused.ok()) {
+    return RefusedError(
+        absl::StrCat("step directory ", step_dir.path(), " is left: ", refused.message()));
   }
-  if (::rmdir(directory.c_str()) != 0) return ErrnoError("rmdir", directory, errno);
-  return absl::OkStatus();
+  return job.RemoveDir(name);
 }
 
 }  // namespace
@@ -149,35 +138,66 @@ absl::Status ValidateManifest(const v1::CheckpointManifest& manifest) {
   return absl::OkStatus();
 }
 
-absl::Status WriteManifest(const std::string& step_dir, v1::CheckpointManifest manifest,
+absl::StatusOr<Directory> OpenStepDirectory(const Directory& root, absl::string_view job_dir,
+                                            int64_t step) {
+  ZS_ASSIGN_OR_RETURN(const Directory job, root.OpenPath(job_dir));
+  return job.OpenChild(StepDirName(step));
+}
+
+absl::Status WriteManifest(const Directory& root, absl::string_view job_dir,
+                           v1::CheckpointManifest manifest,
                            std::function<void()> before_rename_for_testing) {
   manifest.set_format_version(kManifestFormatVersion);
+  const std::string step_path =
+      StepDir(job_dir.empty() ? root.path() : root.PathOf(job_dir), manifest.step());
   absl::Status valid = ValidateManifest(manifest);
   if (!valid.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("manifest for ", step_dir, ": ", valid.message()));
+        absl::StrCat("manifest for ", step_path, ": ", valid.message()));
+  }
+  absl::StatusOr<Directory> step_dir = OpenStepDirectory(root, job_dir, manifest.step());
+  if (!step_dir.ok()) {
+    // A missing step directory is a shard the coordinator cannot see, as a missing file is.
+    return absl::Status(absl::IsNotFound(step_dir.status()) ? absl::StatusCode::kFailedPrecondition
+                                                            : step_dir.status().code(),
+                        absl::StrCat("cannot commit the checkpoint of step ", manifest.step(), ": ",
+                                     step_dir.status().message()));
   }
   for (const v1::CheckpointFile& file : manifest.files()) {
-    const std::string path = absl::StrCat(step_dir, "/", file.path());
-    struct stat st;
-    if (::stat(path.c_str(), &st) != 0) {
-      const absl::Status missing = ErrnoError("stat", path, errno);
+    absl::StatusOr<struct stat> st = step_dir->Stat(file.path());
+    const std::string path = step_dir->PathOf(file.path());
+    if (!st.ok()) {
       return absl::FailedPreconditionError(
-          absl::StrCat("cannot commit rank ", file.rank(), "'s file: ", missing.message()));
+          absl::StrCat("cannot commit rank ", file.rank(), "'s file: ", st.status().message()));
     }
-    if (static_cast<int64_t>(st.st_size) != file.bytes()) {
+    if (!S_ISREG(st->st_mode)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot commit rank ", file.rank(),
+          "'s file: ", RefusedEntry(path, st->st_mode, EntryType::kRegularFile).message()));
+    }
+    if (static_cast<int64_t>(st->st_size) != file.bytes()) {
       return absl::FailedPreconditionError(absl::StrCat("cannot commit rank ", file.rank(),
-                                                        "'s file ", path, ": it holds ", st.st_size,
-                                                        " bytes, not ", file.bytes()));
+                                                        "'s file ", path, ": it holds ",
+                                                        st->st_size, " bytes, not ", file.bytes()));
     }
   }
-  return WriteFileDurably(ManifestPath(step_dir), ToJson(manifest, JsonStyle::kIndented) + "\n",
+  return WriteFileDurably(*step_dir, kManifestFileName,
+                          ToJson(manifest, JsonStyle::kIndented) + "\n",
                           std::move(before_rename_for_testing));
 }
 
-absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir) {
-  const std::string path = ManifestPath(step_dir);
-  ZS_ASSIGN_OR_RETURN(const std::string json, ReadFileToString(path));
+absl::StatusOr<v1::CheckpointManifest> ReadManifest(const Directory& step_dir) {
+  const std::string path = step_dir.PathOf(kManifestFileName);
+  ZS_ASSIGN_OR_RETURN(const File file, step_dir.OpenFile(kManifestFileName));
+  ZS_ASSIGN_OR_RETURN(const uint64_t size, file.Size());
+  if (size > kMaxManifestBytes) {
+    // Larger than any manifest there can be: not a manifest, and never read.
+    return absl::DataLossError(absl::StrCat("manifest ", path, " holds ", size,
+                                            " bytes, more than the ", kMaxManifestBytes,
+                                            " a manifest may hold"));
+  }
+  // A manifest growing past the cap while it is read fails the read (RESOURCE_EXHAUSTED).
+  ZS_ASSIGN_OR_RETURN(const std::string json, ReadFileToString(file, kMaxManifestBytes));
   v1::CheckpointManifest manifest;
   ZS_RETURN_IF_ERROR(FromJson(json, path, &manifest));
   if (manifest.format_version() > kManifestFormatVersion) {
@@ -187,9 +207,10 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir)
   }
   absl::Status valid = ValidateManifest(manifest);
   if (!valid.ok()) return absl::DataLossError(absl::StrCat(path, ": ", valid.message()));
-  const size_t slash = step_dir.find_last_of('/');
+  const std::string& dir = step_dir.path();
+  const size_t slash = dir.find_last_of('/');
   const std::optional<int64_t> dir_step =
-      ParseStepDirName(slash == std::string::npos ? step_dir : step_dir.substr(slash + 1));
+      ParseStepDirName(slash == std::string::npos ? dir : dir.substr(slash + 1));
   if (dir_step.has_value() && *dir_step != manifest.step()) {
     return absl::DataLossError(
         absl::StrCat(path, ": step ", manifest.step(), " in the directory of step ", *dir_step));
@@ -197,93 +218,229 @@ absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir)
   return manifest;
 }
 
-absl::Status VerifyCheckpointFile(const std::string& step_dir, const v1::CheckpointFile& file) {
-  const std::string path = absl::StrCat(step_dir, "/", file.path());
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open", path, errno);
+namespace {
+
+// VerifyCheckpointFile, with the state its status stands for.
+CheckpointFileCheck CheckFile(const Directory& step_dir, const v1::CheckpointFile& file) {
+  CheckpointFileCheck check;
+  check.file = file;
+  auto fail = [&](CheckpointFileState state, absl::Status detail) {
+    check.state = state;
+    check.detail = std::move(detail);
+    return check;
+  };
+  absl::StatusOr<File> opened = step_dir.OpenFile(file.path());
+  if (absl::IsNotFound(opened.status())) {
+    return fail(CheckpointFileState::kMissing, opened.status());
+  }
+  if (IsRefusal(opened.status())) return fail(CheckpointFileState::kRefused, opened.status());
+  if (!opened.ok()) return fail(CheckpointFileState::kUnreadable, opened.status());
+  const std::string& path = opened->path();
+  auto mismatch = [&](int64_t bytes, absl::string_view crc) {
+    return absl::DataLossError(absl::StrFormat(
+        "checkpoint file %s: %d bytes%s, but the manifest records %d bytes with CRC32C 0x%08x",
+        path, bytes, crc, file.bytes(), file.crc32c()));
+  };
+  absl::StatusOr<uint64_t> size = opened->Size();
+  if (!size.ok()) return fail(CheckpointFileState::kUnreadable, size.status());
+  if (static_cast<int64_t>(*size) != file.bytes()) {
+    return fail(CheckpointFileState::kSizeMismatch, mismatch(static_cast<int64_t>(*size), ""));
+  }
   std::vector<char> buffer(size_t{4} << 20);
   uint32_t crc = 0;
   int64_t bytes = 0;
-  absl::Status status;
   while (true) {
-    const ssize_t got = ::read(fd, buffer.data(), buffer.size());
+    const ssize_t got = ::pread(opened->fd(), buffer.data(), buffer.size(), bytes);
     if (got < 0) {
       if (errno == EINTR) continue;
-      status = ErrnoError("read", path, errno);
-      break;
+      return fail(CheckpointFileState::kUnreadable, ErrnoError("read", path, errno));
     }
     if (got == 0) break;
     crc = Crc32cExtend(crc, buffer.data(), static_cast<size_t>(got));
     bytes += got;
+    if (bytes > file.bytes()) break;  // it grew while being read
   }
-  ::close(fd);
-  ZS_RETURN_IF_ERROR(status);
-  if (bytes != file.bytes() || crc != file.crc32c()) {
-    return absl::DataLossError(
-        absl::StrFormat("checkpoint file %s: %d bytes with CRC32C 0x%08x, but the manifest "
-                        "records %d bytes with CRC32C 0x%08x",
-                        path, bytes, crc, file.bytes(), file.crc32c()));
+  if (bytes != file.bytes()) {
+    return fail(CheckpointFileState::kSizeMismatch,
+                mismatch(bytes, absl::StrFormat(" with CRC32C 0x%08x", crc)));
   }
-  return absl::OkStatus();
+  if (crc != file.crc32c()) {
+    return fail(CheckpointFileState::kCrcMismatch,
+                mismatch(bytes, absl::StrFormat(" with CRC32C 0x%08x", crc)));
+  }
+  return check;
 }
 
-absl::StatusOr<CheckpointListing> ListCheckpoints(const std::string& job_dir) {
+}  // namespace
+
+absl::Status VerifyCheckpointFile(const Directory& step_dir, const v1::CheckpointFile& file) {
+  return CheckFile(step_dir, file).detail;
+}
+
+bool IsNewerCheckpoint(const CommittedCheckpoint& a, const CommittedCheckpoint& b) {
+  return std::make_pair(a.generation(), a.step) > std::make_pair(b.generation(), b.step);
+}
+
+absl::StatusOr<CheckpointListing> ListCheckpoints(const Directory& root, absl::string_view job_dir,
+                                                  std::optional<absl::string_view> job_id) {
+  if (job_id.has_value() && job_id->empty()) {
+    return absl::InvalidArgumentError("job_id: empty (std::nullopt accepts every job's)");
+  }
   CheckpointListing listing;
-  absl::StatusOr<std::vector<std::string>> names = ListDirectory(job_dir);
-  if (absl::IsNotFound(names.status())) return listing;
-  if (!names.ok()) return names.status();
-  for (const std::string& name : *names) {
-    const std::optional<int64_t> step = ParseStepDirName(name);
-    const std::string directory = absl::StrCat(job_dir, "/", name);
-    if (!step.has_value() || !IsDirectory(directory)) continue;
-    absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(directory);
-    if (manifest.ok()) {
-      listing.committed.push_back({*step, directory, *std::move(manifest)});
+  absl::StatusOr<Directory> job = root.OpenPath(job_dir);
+  if (absl::IsNotFound(job.status())) return listing;
+  if (!job.ok()) return job.status();
+  ZS_ASSIGN_OR_RETURN(const std::vector<DirectoryEntry> entries, job->List());
+  for (const DirectoryEntry& entry : entries) {
+    const std::optional<int64_t> step = ParseStepDirName(entry.name);
+    if (!step.has_value()) continue;
+    const std::string directory = job->PathOf(entry.name);
+    absl::StatusOr<Directory> step_dir = job->OpenChild(entry.name);
+    if (NotOursToTouch(step_dir.status())) {
+      listing.refused.push_back({*step, directory, step_dir.status()});
       continue;
     }
-    const absl::StatusCode code = manifest.status().code();
+    if (absl::IsNotFound(step_dir.status())) continue;  // removed since the listing
+    if (!step_dir.ok()) return step_dir.status();
+    auto held = std::make_shared<const Directory>(*std::move(step_dir));
+    absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(*held);
+    if (manifest.ok() && job_id.has_value() && manifest->job_id() != *job_id) {
+      manifest = RefusedError(absl::StrCat(held->PathOf(kManifestFileName), " belongs to job \"",
+                                           absl::CHexEscape(manifest->job_id()), "\", not to ",
+                                           *job_id, ": not this job's checkpoint, left alone"));
+    }
+    if (manifest.ok()) {
+      listing.committed.push_back({*step, directory, *std::move(manifest), std::move(held)});
+      continue;
+    }
+    // A link, another job's manifest or a newer format: not this code's to judge or delete.
+    if (NotOursToTouch(manifest.status())) {
+      listing.refused.push_back({*step, directory, manifest.status()});
+      continue;
+    }
     // Anything but "no manifest" or "not a valid one" may be a passing I/O error: a checkpoint
     // must not be taken for an abandoned attempt (and pruned) because of one.
-    if (code != absl::StatusCode::kNotFound && code != absl::StatusCode::kDataLoss &&
-        code != absl::StatusCode::kFailedPrecondition) {
+    if (!absl::IsNotFound(manifest.status()) && !absl::IsDataLoss(manifest.status())) {
       return manifest.status();
     }
-    listing.uncommitted.push_back({*step, directory, manifest.status()});
+    listing.uncommitted.push_back({*step, directory, manifest.status(), std::move(held)});
   }
-  std::sort(
-      listing.committed.begin(), listing.committed.end(),
-      [](const CommittedCheckpoint& a, const CommittedCheckpoint& b) { return a.step > b.step; });
+  std::sort(listing.committed.begin(), listing.committed.end(), IsNewerCheckpoint);
   std::sort(listing.uncommitted.begin(), listing.uncommitted.end(),
             [](const UncommittedStep& a, const UncommittedStep& b) { return a.step > b.step; });
+  std::sort(listing.refused.begin(), listing.refused.end(),
+            [](const RefusedStep& a, const RefusedStep& b) { return a.step > b.step; });
   return listing;
 }
 
-absl::StatusOr<PruneResult> PruneCheckpoints(const std::string& job_dir, int keep) {
+absl::StatusOr<CommittedCheckpoint> OpenCommittedCheckpoint(
+    const Directory& root, absl::string_view job_dir, int64_t step,
+    std::optional<absl::string_view> job_id) {
+  ZS_ASSIGN_OR_RETURN(Directory step_dir, OpenStepDirectory(root, job_dir, step));
+  ZS_ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadManifest(step_dir));
+  if (job_id.has_value() && manifest.job_id() != *job_id) {
+    return RefusedError(absl::StrCat(step_dir.PathOf(kManifestFileName), " belongs to job \"",
+                                     absl::CHexEscape(manifest.job_id()), "\", not to ", *job_id));
+  }
+  std::string directory = step_dir.path();
+  return CommittedCheckpoint{step, std::move(directory), std::move(manifest),
+                             std::make_shared<const Directory>(std::move(step_dir))};
+}
+
+absl::StatusOr<PruneResult> PruneCheckpoints(const Directory& root, absl::string_view job_dir,
+                                             absl::string_view job_id, int keep) {
   if (keep < 1) return absl::InvalidArgumentError(absl::StrCat("keep: ", keep, " < 1"));
-  ZS_ASSIGN_OR_RETURN(CheckpointListing listing, ListCheckpoints(job_dir));
+  ZS_ASSIGN_OR_RETURN(CheckpointListing listing, ListCheckpoints(root, job_dir, job_id));
   PruneResult result;
+  result.refused = std::move(listing.refused);
   if (listing.committed.empty()) return result;
+  ZS_ASSIGN_OR_RETURN(const Directory job, root.OpenPath(job_dir));
   const int64_t newest = listing.committed.front().step;
+  bool removed = false;
+  auto remove = [&](int64_t step, const std::string& directory,
+                    const Directory& step_dir) -> absl::StatusOr<bool> {
+    absl::Status status = RemoveStepDirectory(job, StepDirName(step), step_dir);
+    if (IsRefusal(status)) {
+      result.refused.push_back({step, directory, std::move(status)});
+      return false;
+    }
+    ZS_RETURN_IF_ERROR(status);
+    removed = true;
+    return true;
+  };
   // Oldest first, so that an error part-way leaves the newest ones.
   for (auto it = listing.committed.rbegin();
        it != listing.committed.rend() && listing.committed.rend() - it > keep; ++it) {
-    const std::string manifest = ManifestPath(it->directory);
-    if (::unlink(manifest.c_str()) != 0) return ErrnoError("unlink", manifest, errno);
-    ZS_RETURN_IF_ERROR(SyncDirectory(it->directory));
-    ZS_RETURN_IF_ERROR(RemoveStepDirectory(it->directory));
-    result.deleted_committed.push_back(it->step);
+    ZS_RETURN_IF_ERROR(it->step_dir->Unlink(kManifestFileName));
+    ZS_RETURN_IF_ERROR(it->step_dir->Sync());
+    removed = true;
+    ZS_ASSIGN_OR_RETURN(const bool gone, remove(it->step, it->directory, *it->step_dir));
+    if (gone) result.deleted_committed.push_back(it->step);
   }
   for (auto it = listing.uncommitted.rbegin(); it != listing.uncommitted.rend(); ++it) {
     if (it->step >= newest) break;
-    // A manifest of a newer format is a checkpoint this code cannot judge: leave it.
-    if (absl::IsFailedPrecondition(it->reason)) continue;
-    ZS_RETURN_IF_ERROR(RemoveStepDirectory(it->directory));
-    result.deleted_uncommitted.push_back(it->step);
+    ZS_ASSIGN_OR_RETURN(const bool gone, remove(it->step, it->directory, *it->step_dir));
+    if (gone) result.deleted_uncommitted.push_back(it->step);
   }
-  if (!result.deleted_committed.empty() || !result.deleted_uncommitted.empty()) {
-    ZS_RETURN_IF_ERROR(SyncDirectory(job_dir));
-  }
+  if (removed) ZS_RETURN_IF_ERROR(job.Sync());
   return result;
+}
+
+std::string SummarizeRefused(const std::vector<RefusedStep>& refused) {
+  constexpr size_t kListed = 3;
+  std::string summary =
+      absl::StrCat(refused.size(), " step ", refused.size() == 1 ? "entry" : "entries",
+                   " refused and left alone: ");
+  for (size_t i = 0; i < refused.size() && i < kListed; ++i) {
+    absl::StrAppend(&summary, i > 0 ? "; " : "", refused[i].reason.message());
+  }
+  if (refused.size() > kListed)
+    absl::StrAppend(&summary, "; and ", refused.size() - kListed, " more");
+  return summary;
+}
+
+absl::string_view CheckpointFileStateName(CheckpointFileState state) {
+  switch (state) {
+    case CheckpointFileState::kOk:
+      return "ok";
+    case CheckpointFileState::kMissing:
+      return "missing";
+    case CheckpointFileState::kSizeMismatch:
+      return "size mismatch";
+    case CheckpointFileState::kCrcMismatch:
+      return "crc mismatch";
+    case CheckpointFileState::kRefused:
+      return "refused";
+    case CheckpointFileState::kUnreadable:
+      return "unreadable";
+  }
+  return "?";
+}
+
+std::vector<CheckpointFileCheck> VerifyCheckpoint(const CommittedCheckpoint& checkpoint) {
+  std::vector<const v1::CheckpointFile*> files;
+  for (const v1::CheckpointFile& file : checkpoint.manifest.files()) files.push_back(&file);
+  std::sort(files.begin(), files.end(),
+            [](const v1::CheckpointFile* a, const v1::CheckpointFile* b) {
+              return a->rank() < b->rank();
+            });
+  std::vector<CheckpointFileCheck> checks;
+  checks.reserve(files.size());
+  for (const v1::CheckpointFile* file : files) {
+    if (checkpoint.step_dir == nullptr) {
+      CheckpointFileCheck check;
+      check.file = *file;
+      check.state = CheckpointFileState::kUnreadable;
+      check.detail = absl::InvalidArgumentError(
+          absl::StrCat(checkpoint.directory,
+                       ": not opened (ListCheckpoints and OpenCommittedCheckpoint open "
+                       "checkpoints)"));
+      checks.push_back(std::move(check));
+      continue;
+    }
+    checks.push_back(CheckFile(*checkpoint.step_dir, *file));
+  }
+  return checks;
 }
 
 }  // namespace zeroshard::checkpoint

@@ -5,11 +5,17 @@
 // rank-<5-digit rank>-of-<5-digit world size>.safetensors per rank (shard_file.h) and then
 // manifest.json. A step directory without a valid manifest is not a checkpoint: readers skip
 // it, and pruning deletes it once a newer checkpoint is committed.
+//
+// The volume is shared with every worker, so it is hostile ground: everything below the trusted
+// root is reached through directory descriptors without following links (directory.h), a link
+// or an entry of the wrong type is refused (FAILED_PRECONDITION naming it), and readers only
+// accept manifests of their own job.
 #ifndef ZEROSHARD_CHECKPOINT_MANIFEST_H_
 #define ZEROSHARD_CHECKPOINT_MANIFEST_H_
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "checkpoint/directory.h"
 #include "zeroshard/v1/checkpoint.pb.h"
 
 namespace zeroshard::checkpoint {
@@ -29,7 +36,8 @@ inline constexpr int32_t kMaxNamedWorldSize = 99999;
 // ---- Names: the only place that spells them. ----
 
 // "<root>/<policy_dir>": one job's checkpoints (policy_dir is CheckpointPolicy.dir, already
-// validated as relative without "..").
+// validated as relative without ".."). A path for messages: files are reached through
+// Directory, never through this path.
 std::string JobCheckpointDir(absl::string_view root, absl::string_view policy_dir);
 // "step-000000001200". REQUIRES: step >= 0 (steps of 10^12 and more get more digits).
 std::string StepDirName(int64_t step);
@@ -42,7 +50,16 @@ std::string ShardFileName(int32_t rank, int32_t world_size);
 // "<step_dir>/manifest.json".
 std::string ManifestPath(absl::string_view step_dir);
 
+// The job directory <root>/<job_dir> (job_dir relative: CheckpointPolicy.dir) walked from the
+// trusted root without following links (Directory::OpenPath), then its step directory.
+absl::StatusOr<Directory> OpenStepDirectory(const Directory& root, absl::string_view job_dir,
+                                            int64_t step);
+
 // ---- The manifest. ----
+
+// The most ReadManifest reads. The largest manifest there can be (99999 ranks, the largest
+// values) is 12.3 MiB.
+inline constexpr uint64_t kMaxManifestBytes = uint64_t{16} << 20;
 
 // INVALID_ARGUMENT naming the field: format_version other than kManifestFormatVersion; empty
 // job_id; step or generation < 0; world_size outside [1, kMaxNamedWorldSize]; files not one per
@@ -50,66 +67,146 @@ std::string ManifestPath(absl::string_view step_dir);
 // '/'); bytes < 8 (no safetensors file is smaller); no commit_time.
 absl::Status ValidateManifest(const v1::CheckpointManifest& manifest);
 
-// Commits the checkpoint in `step_dir`: sets format_version, validates (ValidateManifest),
-// checks that every listed file exists there with the listed size (FAILED_PRECONDITION naming
-// it otherwise, e.g. a shard the coordinator cannot see), then writes manifest.json durably:
-// temporary file, fsync, rename, fsync of the directory (WriteFileDurably). Until the rename
-// completes readers see no checkpoint; after it returns OK the commit survives a crash.
-// `before_rename_for_testing` lets tests crash between the fsync and the rename.
+// Commits the checkpoint of manifest.step() in <root>/<job_dir>: sets format_version, validates
+// (ValidateManifest), checks that every listed file is a regular file in the step directory with
+// the listed size (FAILED_PRECONDITION naming it otherwise: a shard the coordinator cannot see,
+// or a link, which is refused), then writes manifest.json durably: temporary file, fsync,
+// rename, fsync of the directory (WriteFileDurably). The job and step directories are reached
+// from `root` without following links: a link on the way is refused (FAILED_PRECONDITION
+// naming it) and nothing is written. Until the rename completes readers see no checkpoint;
+// after it returns OK the commit survives a crash. `before_rename_for_testing` lets tests crash
+// between the fsync and the rename; root's StorageHooks see every operation.
 // Thread contract: one writer per step directory (the coordinator).
-absl::Status WriteManifest(const std::string& step_dir, v1::CheckpointManifest manifest,
+absl::Status WriteManifest(const Directory& root, absl::string_view job_dir,
+                           v1::CheckpointManifest manifest,
                            std::function<void()> before_rename_for_testing = nullptr);
 
 // The manifest of `step_dir`. NOT_FOUND when it has none; DATA_LOSS naming the path when it is
-// not a valid manifest (ValidateManifest) or its step is not the directory's; FAILED_PRECONDITION
-// for a format_version this reader does not know; an errno status for I/O errors.
-absl::StatusOr<v1::CheckpointManifest> ReadManifest(const std::string& step_dir);
+// not a valid manifest (ValidateManifest), its step is not the directory's, or it holds more
+// than kMaxManifestBytes (naming its size and the cap, found before anything is read);
+// FAILED_PRECONDITION for a format_version this reader does not know, and for a manifest.json
+// that is a link or not a regular file (refused, never followed); an errno status for I/O errors.
+// It does not check the job id: ListCheckpoints and OpenCommittedCheckpoint do.
+absl::StatusOr<v1::CheckpointManifest> ReadManifest(const Directory& step_dir);
 
 // Reads `file` of `step_dir` whole and checks its size and CRC32C against the manifest entry:
-// DATA_LOSS naming the file and both values on a mismatch. Costs a full read (export and fsck
-// use it; loads rely on the per-fragment checksums instead).
-absl::Status VerifyCheckpointFile(const std::string& step_dir, const v1::CheckpointFile& file);
+// DATA_LOSS naming the file and both values on a mismatch (a size mismatch is found without
+// reading). FAILED_PRECONDITION when the file is a link or not a regular file (refused); NOT_FOUND
+// when it is missing. Costs a full read (export and fsck use it; loads rely on the per-fragment
+// checksums instead).
+absl::Status VerifyCheckpointFile(const Directory& step_dir, const v1::CheckpointFile& file);
 
 // ---- Listing and pruning. ----
 
+// A committed checkpoint of the job. Checkpoints are ordered by (generation, step), as the
+// coordinator's latest_checkpoint is: a generation that resumed from an older step is newer than
+// every checkpoint of the generations before it, whatever their steps.
 struct CommittedCheckpoint {
   int64_t step = 0;
-  std::string directory;  // the step directory
+  std::string directory;  // the step directory's path, for messages
   v1::CheckpointManifest manifest;
+  // The step directory, held open: readers open its files relative to it (CheckpointReader).
+  // Shared so that listings stay copyable; never null in what this library returns.
+  std::shared_ptr<const Directory> step_dir;
+
+  int64_t generation() const { return manifest.generation(); }
 };
 
-// A step directory that is not a checkpoint, and why (NOT_FOUND: no manifest yet, or the
-// checkpoint was abandoned; DATA_LOSS or FAILED_PRECONDITION: ReadManifest refused it).
+// True when `a` is newer than `b`: (generation, step) ordering.
+bool IsNewerCheckpoint(const CommittedCheckpoint& a, const CommittedCheckpoint& b);
+
+// A step directory that is not a checkpoint yet, and why (NOT_FOUND: no manifest yet, or the
+// checkpoint was abandoned; DATA_LOSS: ReadManifest found no valid manifest).
 struct UncommittedStep {
+  int64_t step = 0;
+  std::string directory;
+  absl::Status reason;
+  std::shared_ptr<const Directory> step_dir;  // held open, for pruning
+};
+
+// An entry named like a step directory that is not this job's to read or delete, and why
+// (FAILED_PRECONDITION naming the path): a link or anything but a directory; a directory whose
+// manifest.json is a link or not a regular file; a manifest of another job; a manifest of a
+// newer format_version. Readers and pruning never touch it; callers report it.
+struct RefusedStep {
   int64_t step = 0;
   std::string directory;
   absl::Status reason;
 };
 
 struct CheckpointListing {
-  std::vector<CommittedCheckpoint> committed;  // newest first
-  std::vector<UncommittedStep> uncommitted;    // newest first
+  std::vector<CommittedCheckpoint> committed;  // newest first: (generation, step)
+  std::vector<UncommittedStep> uncommitted;    // highest step first
+  std::vector<RefusedStep> refused;            // highest step first
 };
 
-// The step directories of a job directory (entries not named like one are ignored). A missing
-// job directory lists nothing. An I/O error reading a directory or a manifest (other than a
-// missing manifest) fails the listing rather than passing a checkpoint off as uncommitted.
+// The step directories of <root>/<job_dir> (entries not named like one are ignored), the job
+// directory reached from `root` without following links (a link or file on the way: the
+// FAILED_PRECONDITION refusal naming it). A missing job directory lists nothing. A manifest whose
+// job_id is not `job_id` is refused (RefusedStep), never listed as committed; std::nullopt
+// accepts any job's (an attached trainer's load of a checkpoint it names explicitly). An I/O
+// error reading a directory or a manifest (other than a missing manifest) fails the listing
+// rather than passing a checkpoint off as uncommitted. Root's StorageHooks see every operation.
 // Thread contract: safe to call concurrently with writers and other readers.
-absl::StatusOr<CheckpointListing> ListCheckpoints(const std::string& job_dir);
+absl::StatusOr<CheckpointListing> ListCheckpoints(const Directory& root, absl::string_view job_dir,
+                                                  std::optional<absl::string_view> job_id);
+
+// The committed checkpoint of `step` in <root>/<job_dir>, of job `job_id` (std::nullopt: any
+// job's). OpenStepDirectory's and ReadManifest's errors; FAILED_PRECONDITION naming the manifest
+// when it belongs to another job.
+absl::StatusOr<CommittedCheckpoint> OpenCommittedCheckpoint(
+    const Directory& root, absl::string_view job_dir, int64_t step,
+    std::optional<absl::string_view> job_id);
 
 struct PruneResult {
   std::vector<int64_t> deleted_committed;    // oldest first
   std::vector<int64_t> deleted_uncommitted;  // oldest first
+  // The listing's refusals, and step directories pruning would have removed but left because
+  // they hold something other than regular files (a link, which is never followed): each
+  // FAILED_PRECONDITION naming the path. Left in place, for the caller to report.
+  std::vector<RefusedStep> refused;
 };
 
-// Keeps the `keep` newest committed checkpoints: deletes the older committed ones (manifest
-// first, so each stops being a checkpoint before its files go) and every uncommitted step
-// directory older than the newest committed checkpoint (abandoned attempts; newer ones may still
-// be being written), except those whose manifest has a newer format_version. Stops at the first
-// error, returning it. INVALID_ARGUMENT for keep < 1.
+// Keeps the `keep` newest committed checkpoints of `job_id` in (generation, step) order: deletes
+// the older committed ones (manifest first, so each stops being a checkpoint before its files
+// go) and every uncommitted step directory whose step is below the newest committed checkpoint's
+// (abandoned attempts; only the newest generation writes, past its last commit). Refused entries
+// (RefusedStep: links, other jobs' manifests, newer formats) are never touched, and in a step
+// directory only regular files are removed: a link in it is left, with the directory, and
+// reported in `refused`. Stops at the first I/O error, returning it. INVALID_ARGUMENT for
+// keep < 1.
 // Thread contract: one pruner per job directory (the coordinator). Readers that already opened
 // a pruned file keep reading it (POSIX unlink semantics).
-absl::StatusOr<PruneResult> PruneCheckpoints(const std::string& job_dir, int keep);
+absl::StatusOr<PruneResult> PruneCheckpoints(const Directory& root, absl::string_view job_dir,
+                                             absl::string_view job_id, int keep);
+
+// One line for an event: how many entries were refused, and the first few reasons.
+std::string SummarizeRefused(const std::vector<RefusedStep>& refused);
+
+// ---- Verification (fsck). ----
+
+enum class CheckpointFileState {
+  kOk,
+  kMissing,       // no such file in the step directory
+  kSizeMismatch,  // its size is not the manifest's (found without reading it)
+  kCrcMismatch,   // its CRC32C is not the manifest's
+  kRefused,       // a link or not a regular file: refused, never followed
+  kUnreadable,    // an I/O error reading it
+};
+
+// "ok", "missing", "size mismatch", "crc mismatch", "refused", "unreadable".
+absl::string_view CheckpointFileStateName(CheckpointFileState state);
+
+struct CheckpointFileCheck {
+  v1::CheckpointFile file;  // the manifest's entry
+  CheckpointFileState state = CheckpointFileState::kOk;
+  // OK for kOk; otherwise why, naming the path (VerifyCheckpointFile's status).
+  absl::Status detail;
+};
+
+// Verifies every file of a committed checkpoint (VerifyCheckpointFile: size, then the whole
+// file's CRC32C), going on past failures: one check per manifest entry, in rank order.
+std::vector<CheckpointFileCheck> VerifyCheckpoint(const CommittedCheckpoint& checkpoint);
 
 }  // namespace zeroshard::checkpoint
 

@@ -603,11 +603,30 @@ absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
     return absl::Status(head.status().code(), absl::StrCat(path, ": ", head.status().message()));
   }
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<DurableFile> file, DurableFile::Create(std::move(path)));
-  ZS_RETURN_IF_ERROR(file->Append(head->bytes.data(), head->bytes.size()));
-  const uint64_t header_bytes = head->bytes.size() - kLengthPrefixBytes;
+  return Start(std::move(file), std::move(tensors), std::move(metadata), *std::move(head));
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Create(
+    const Directory& directory, std::string name, std::vector<TensorDecl> tensors,
+    SafetensorsMetadata metadata) {
+  absl::StatusOr<SafetensorsHead> head = EncodeSafetensorsHead(tensors, metadata);
+  if (!head.ok()) {
+    return absl::Status(head.status().code(),
+                        absl::StrCat(directory.PathOf(name), ": ", head.status().message()));
+  }
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<DurableFile> file,
+                      DurableFile::Create(directory, std::move(name)));
+  return Start(std::move(file), std::move(tensors), std::move(metadata), *std::move(head));
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Start(
+    std::unique_ptr<DurableFile> file, std::vector<TensorDecl> tensors,
+    SafetensorsMetadata metadata, SafetensorsHead head) {
+  ZS_RETURN_IF_ERROR(file->Append(head.bytes.data(), head.bytes.size()));
+  const uint64_t header_bytes = head.bytes.size() - kLengthPrefixBytes;
   return std::unique_ptr<SafetensorsWriter>(
-      new SafetensorsWriter(std::move(file), std::move(tensors), std::move(head->tensor_bytes),
-                            std::move(metadata), header_bytes, head->data_bytes));
+      new SafetensorsWriter(std::move(file), std::move(tensors), std::move(head.tensor_bytes),
+                            std::move(metadata), header_bytes, head.data_bytes));
 }
 
 SafetensorsWriter::SafetensorsWriter(std::unique_ptr<DurableFile> file,
@@ -702,12 +721,22 @@ absl::StatusOr<WrittenFile> SafetensorsWriter::Finish() {
 
 absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
     const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoError("open", path, errno);
-  std::unique_ptr<SafetensorsReader> reader(new SafetensorsReader(path, fd));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return ErrnoError("fstat", path, errno);
-  reader->file_size_ = static_cast<uint64_t>(st.st_size);
+  const size_t slash = path.rfind('/');
+  ZS_ASSIGN_OR_RETURN(const Directory directory, Directory::OpenRoot(DirectoryOf(path)));
+  return Open(directory, slash == std::string::npos ? path : path.substr(slash + 1));
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
+    const Directory& directory, absl::string_view name) {
+  ZS_ASSIGN_OR_RETURN(File file, directory.OpenFile(name));
+  return Open(std::move(file));
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(File file) {
+  const std::string path = file.path();
+  const int fd = file.fd();
+  std::unique_ptr<SafetensorsReader> reader(new SafetensorsReader(std::move(file)));
+  ZS_ASSIGN_OR_RETURN(reader->file_size_, reader->file_.Size());
   auto corrupt = [&path](absl::string_view what) {
     return absl::DataLossError(absl::StrCat("safetensors file ", path, ": ", what));
   };
@@ -792,10 +821,6 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
   return reader;
 }
 
-SafetensorsReader::~SafetensorsReader() {
-  if (fd_ >= 0) ::close(fd_);
-}
-
 const TensorInfo* SafetensorsReader::Find(absl::string_view name) const {
   const auto it = index_by_name_.find(name);
   return it == index_by_name_.end() ? nullptr : &tensors_[it->second];
@@ -804,11 +829,11 @@ const TensorInfo* SafetensorsReader::Find(absl::string_view name) const {
 absl::Status SafetensorsReader::ReadTensorBytes(const TensorInfo& tensor, uint64_t offset,
                                                 void* out, size_t n) const {
   if (offset > tensor.num_bytes() || n > tensor.num_bytes() - offset) {
-    return absl::OutOfRangeError(absl::StrCat(path_, ": bytes [", offset, ", ", offset + n,
+    return absl::OutOfRangeError(absl::StrCat(path(), ": bytes [", offset, ", ", offset + n,
                                               ") of tensor \"", absl::CHexEscape(tensor.name),
                                               "\", which has ", tensor.num_bytes()));
   }
-  return PreadFully(fd_, path_, data_start_ + tensor.data_begin + offset, out, n);
+  return PreadFully(file_.fd(), path(), data_start_ + tensor.data_begin + offset, out, n);
 }
 
 }  // namespace zeroshard::checkpoint

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "checkpoint/directory.h"
 #include "checkpoint/file_io.h"
 
 namespace zeroshard::checkpoint {
@@ -107,6 +108,12 @@ class SafetensorsWriter {
   // Validates the declarations and writes the header. INVALID_ARGUMENT for an empty, duplicate,
   // non-UTF-8 or "__metadata__" tensor name, a negative dimension, a size overflowing 64 bits,
   // non-UTF-8 metadata, or a header longer than kMaxSafetensorsHeaderBytes.
+  // The file is `name` of `directory` (DurableFile::Create: nothing there is followed).
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(const Directory& directory,
+                                                                   std::string name,
+                                                                   std::vector<TensorDecl> tensors,
+                                                                   SafetensorsMetadata metadata);
+  // The same by path: its directory is trusted (DurableFile::Create(final_path)).
   static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Create(std::string path,
                                                                    std::vector<TensorDecl> tensors,
                                                                    SafetensorsMetadata metadata);
@@ -138,6 +145,11 @@ class SafetensorsWriter {
   DurableFile& file_for_testing() { return *file_; }
 
  private:
+  // Writes `head` (of `tensors` and `metadata`) into `file`.
+  static absl::StatusOr<std::unique_ptr<SafetensorsWriter>> Start(std::unique_ptr<DurableFile> file,
+                                                                  std::vector<TensorDecl> tensors,
+                                                                  SafetensorsMetadata metadata,
+                                                                  SafetensorsHead head);
   SafetensorsWriter(std::unique_ptr<DurableFile> file, std::vector<TensorDecl> tensors,
                     std::vector<uint64_t> tensor_bytes, SafetensorsMetadata metadata,
                     uint64_t header_bytes, uint64_t data_bytes);
@@ -171,12 +183,18 @@ class SafetensorsReader {
   // "data_offsets", with another field, an unknown dtype, a negative or non-integer dimension,
   // or dtype size x elements != end - begin; offsets out of order, overlapping, leaving a gap or
   // out of range; "__metadata__" with a non-string value.
+  // The file is a regular file opened for reading (Directory::OpenFile, or a descriptor passed
+  // over a socket).
+  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(File file);
+  // The regular file `name` of `directory` (Directory::OpenFile: a link is refused).
+  static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const Directory& directory,
+                                                                 absl::string_view name);
+  // The same by path: its directory is opened as a trusted root, the file's name not followed.
   static absl::StatusOr<std::unique_ptr<SafetensorsReader>> Open(const std::string& path);
-  ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;
 
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return file_.path(); }
   uint64_t file_size() const { return file_size_; }
   // File offset of the data section: 8 + the header length.
   uint64_t data_start() const { return data_start_; }
@@ -192,10 +210,9 @@ class SafetensorsReader {
                                size_t n) const;
 
  private:
-  SafetensorsReader(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  explicit SafetensorsReader(File file) : file_(std::move(file)) {}
 
-  std::string path_;
-  int fd_ = -1;
+  File file_;
   uint64_t file_size_ = 0;
   uint64_t data_start_ = 0;
   std::vector<TensorInfo> tensors_;

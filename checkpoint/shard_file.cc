@@ -240,7 +240,29 @@ int FragmentDTypeSize(v1::DType dtype) {
 // ---- ShardWriter ----
 
 absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(
+    const Directory& directory, std::string name, v1::ShardHeader header,
+    std::vector<FragmentSpec> fragments) {
+  return Create(std::move(header), std::move(fragments),
+                [&](std::vector<TensorDecl> tensors, SafetensorsMetadata metadata) {
+                  return SafetensorsWriter::Create(directory, std::move(name), std::move(tensors),
+                                                   std::move(metadata));
+                });
+}
+
+absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(
     std::string path, v1::ShardHeader header, std::vector<FragmentSpec> fragments) {
+  return Create(std::move(header), std::move(fragments),
+                [&](std::vector<TensorDecl> tensors, SafetensorsMetadata metadata) {
+                  return SafetensorsWriter::Create(std::move(path), std::move(tensors),
+                                                   std::move(metadata));
+                });
+}
+
+absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(
+    v1::ShardHeader header, std::vector<FragmentSpec> fragments,
+    absl::FunctionRef<absl::StatusOr<std::unique_ptr<SafetensorsWriter>>(std::vector<TensorDecl>,
+                                                                         SafetensorsMetadata)>
+        open) {
   header.set_format_version(kShardFormatVersion);
   ZS_RETURN_IF_ERROR(ValidateHeader(header));
   std::vector<SpecView> views;
@@ -257,9 +279,8 @@ absl::StatusOr<std::unique_ptr<ShardWriter>> ShardWriter::Create(
   }
   SafetensorsMetadata metadata = {{kShardHeaderMetadataKey, ToJson(header)},
                                   {kFragmentTableMetadataKey, ToJson(MakeTable(fragments))}};
-  ZS_ASSIGN_OR_RETURN(
-      std::unique_ptr<SafetensorsWriter> file,
-      SafetensorsWriter::Create(std::move(path), std::move(tensors), std::move(metadata)));
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsWriter> file,
+                      open(std::move(tensors), std::move(metadata)));
   return std::unique_ptr<ShardWriter>(
       new ShardWriter(std::move(file), std::move(header), std::move(fragments)));
 }
@@ -324,6 +345,19 @@ absl::StatusOr<WrittenFile> WriteShardFile(std::string path, v1::ShardHeader hea
 
 absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const std::string& path) {
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> file, SafetensorsReader::Open(path));
+  return Open(std::move(file));
+}
+
+absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(const Directory& directory,
+                                                               absl::string_view name) {
+  ZS_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> file,
+                      SafetensorsReader::Open(directory, name));
+  return Open(std::move(file));
+}
+
+absl::StatusOr<std::unique_ptr<ShardReader>> ShardReader::Open(
+    std::unique_ptr<SafetensorsReader> file) {
+  const std::string path = file->path();
   auto corrupt = [&path](absl::string_view what) {
     return absl::DataLossError(absl::StrCat("checkpoint file ", path, ": ", what));
   };

@@ -15,10 +15,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "checkpoint/directory.h"
 #include "checkpoint/safetensors.h"
 #include "zeroshard/v1/checkpoint.pb.h"
 
@@ -75,6 +77,12 @@ class ShardWriter {
   // (named by its index and key): a state not in header.states, a tensor not in header.tensors,
   // not 0 <= begin < end <= the tensor's elements, an unsupported dtype, or elements
   // overlapping another fragment of the same state and tensor.
+  // The file is `name` of `directory` (SafetensorsWriter: nothing there is followed).
+  static absl::StatusOr<std::unique_ptr<ShardWriter>> Create(const Directory& directory,
+                                                             std::string name,
+                                                             v1::ShardHeader header,
+                                                             std::vector<FragmentSpec> fragments);
+  // The same by path: its directory is trusted.
   static absl::StatusOr<std::unique_ptr<ShardWriter>> Create(std::string path,
                                                              v1::ShardHeader header,
                                                              std::vector<FragmentSpec> fragments);
@@ -95,6 +103,12 @@ class ShardWriter {
   absl::StatusOr<WrittenFile> Finish();
 
  private:
+  // Validates, then creates the container with `open`.
+  static absl::StatusOr<std::unique_ptr<ShardWriter>> Create(
+      v1::ShardHeader header, std::vector<FragmentSpec> fragments,
+      absl::FunctionRef<absl::StatusOr<std::unique_ptr<SafetensorsWriter>>(std::vector<TensorDecl>,
+                                                                           SafetensorsMetadata)>
+          open);
   ShardWriter(std::unique_ptr<SafetensorsWriter> file, v1::ShardHeader header,
               std::vector<FragmentSpec> fragments);
 
@@ -132,6 +146,10 @@ class ShardReader {
   // would refuse; a fragment without its safetensors tensor, or whose tensor has another dtype
   // or a shape other than [end - begin]; a safetensors tensor that is no fragment.
   // FAILED_PRECONDITION for a format_version other than kShardFormatVersion.
+  // The regular file `name` of `directory` (Directory::OpenFile: a link is refused).
+  static absl::StatusOr<std::unique_ptr<ShardReader>> Open(const Directory& directory,
+                                                           absl::string_view name);
+  // The same by path: its directory is trusted, the file's name not followed.
   static absl::StatusOr<std::unique_ptr<ShardReader>> Open(const std::string& path);
 
   const std::string& path() const { return file_->path(); }
@@ -152,6 +170,7 @@ class ShardReader {
   absl::Status ReadFragment(size_t index, void* out, size_t out_bytes) const;
 
  private:
+  static absl::StatusOr<std::unique_ptr<ShardReader>> Open(std::unique_ptr<SafetensorsReader> file);
   ShardReader(std::unique_ptr<SafetensorsReader> file, v1::ShardHeader header,
               std::vector<v1::ShardFragment> fragments, std::vector<const TensorInfo*> tensors);
 

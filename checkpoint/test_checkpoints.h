@@ -208,11 +208,12 @@ inline absl::StatusOr<CommittedCheckpoint> WriteTestCheckpoint(const std::string
     layout_hash =
         sharding::ShardPlan::Create(spec.tensors, spec.world_size, options)->layout_hash();
   }
-  absl::Status committed = WriteManifest(step_dir, TestManifest(spec, layout_hash, *files));
+  // The job directory is the test's own: trusted as a root.
+  absl::StatusOr<Directory> root = Directory::OpenRoot(job_dir);
+  if (!root.ok()) return root.status();
+  absl::Status committed = WriteManifest(*root, "", TestManifest(spec, layout_hash, *files));
   if (!committed.ok()) return committed;
-  absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(step_dir);
-  if (!manifest.ok()) return manifest.status();
-  return CommittedCheckpoint{spec.step, step_dir, *std::move(manifest)};
+  return OpenCommittedCheckpoint(*root, "", spec.step, spec.job_id);
 }
 
 }  // namespace zeroshard::checkpoint::testing

@@ -130,6 +130,20 @@ absl::Status CoordinatorClient::WatchJob(const std::string& job_id, int64_t afte
   return common::FromGrpcStatus(reader->Finish());
 }
 
+absl::StatusOr<v1::VerifyCheckpointResponse> CoordinatorClient::VerifyCheckpoint(
+    const std::string& job_id, std::optional<int64_t> step, absl::Duration timeout) {
+  v1::VerifyCheckpointRequest request;
+  request.set_job_id(job_id);
+  if (step.has_value()) request.set_step(*step);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  v1::VerifyCheckpointResponse response;
+  absl::Status status =
+      common::FromGrpcStatus(stub_->VerifyCheckpoint(&context, request, &response));
+  if (!status.ok()) return status;
+  return response;
+}
+
 absl::Status CoordinatorClient::ExportCheckpoint(
     const std::string& job_id, std::optional<int64_t> step,
     const std::function<absl::Status(const v1::ExportCheckpointChunk&)>& on_chunk) {

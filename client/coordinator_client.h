@@ -58,6 +58,14 @@ class CoordinatorClient {
       const std::string& job_id, std::optional<int64_t> step,
       const std::function<absl::Status(const v1::ExportCheckpointChunk&)>& on_chunk);
 
+  // Admin only: the coordinator reads every file of the job's checkpoint at `step` (without
+  // one, its latest committed checkpoint) and reports each one's state against the manifest.
+  // A damaged checkpoint is an OK reply with `ok` false. The call lasts as long as reading the
+  // checkpoint takes, so its deadline is `timeout`, not the client's RPC timeout.
+  absl::StatusOr<v1::VerifyCheckpointResponse> VerifyCheckpoint(
+      const std::string& job_id, std::optional<int64_t> step,
+      absl::Duration timeout = absl::Hours(1));
+
   v1::Coordinator::Stub* stub() { return stub_.get(); }
 
  private:

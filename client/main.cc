@@ -1,12 +1,14 @@
 // zeroshard: the command-line client of the coordinator (submit, jobs, get, watch, cancel,
-// workers, plan, export). Coordinator errors print as one line on stderr with a non-zero exit.
-// Exit codes: 0 done; 1 the coordinator refused or the job did not succeed; 2 bad usage or flags;
-// 3 not authenticated or not allowed; 4 coordinator unreachable (incl. a failed TLS handshake).
+// workers, plan, export, fsck). Coordinator errors print as one line on stderr with a non-zero
+// exit. Exit codes: 0 done; 1 the coordinator refused or the job did not succeed; 2 bad usage or
+// flags; 3 not authenticated or not allowed; 4 coordinator unreachable (incl. a failed TLS
+// handshake); 5 a checkpoint is damaged (fsck found a damaged file, or DATA_LOSS).
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -19,7 +21,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "client/coordinator_client.h"
@@ -82,9 +86,11 @@ ABSL_FLAG(int, limit, 100, "jobs: at most this many, newest first (0: all; fetch
 ABSL_FLAG(std::string, reason, "", "cancel: why (recorded in the job).");
 ABSL_FLAG(std::string, output, "",
           "get/submit: 'json' prints the job as JSON; watch: 'json' prints one event per line; "
-          "export: the file to write (safetensors), or '-' for stdout.");
+          "export: the file to write (safetensors), or '-' for stdout; fsck: 'json' prints the "
+          "report as JSON.");
 ABSL_FLAG(std::optional<int64_t>, step, std::nullopt,
-          "export: the committed checkpoint's step (default: the job's final state).");
+          "export: the committed checkpoint's step (default: the job's final state); fsck: the "
+          "committed checkpoint's step (default: the job's latest committed checkpoint).");
 
 namespace zeroshard::client {
 namespace {
@@ -104,12 +110,21 @@ Commands:
   export JOB_ID --output=PATH|- [--step=N]
                                write the job's final weights (or checkpoint N's) as fp32
                                safetensors that torch loads, to PATH or stdout
+  fsck JOB_ID [--step=N] [--output=json]
+                               admin: the coordinator reads every file of the job's latest
+                               committed checkpoint (or checkpoint N's) and checks its size and
+                               CRC32C against the manifest; one line per file, then a summary
+
+Exit codes: 0 done (fsck: every file OK); 1 the coordinator refused, or the job did not
+succeed; 2 bad usage or flags; 3 not authenticated or not allowed; 4 the coordinator is
+unreachable; 5 a checkpoint is damaged (fsck found a file that is not OK, or DATA_LOSS).
 )";
 
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitNotAllowed = 3;
 constexpr int kExitUnreachable = 4;
+constexpr int kExitDamaged = 5;
 
 int Fail(const absl::Status& status) {
   std::string hint;
@@ -127,6 +142,10 @@ int Fail(const absl::Status& status) {
       hint = absl::StrCat(" (is the coordinator at ", absl::GetFlag(FLAGS_coordinator),
                           " up, and does --ca match its certificate?)");
       exit_code = kExitUnreachable;
+      break;
+    case absl::StatusCode::kDataLoss:
+      hint = " (the checkpoint is damaged)";
+      exit_code = kExitDamaged;
       break;
     default:
       break;
@@ -307,6 +326,59 @@ int Watch(CoordinatorClient& client, const std::string& job_id) {
   return view.final_state() == v1::SUCCEEDED ? 0 : 1;
 }
 
+// The state's name without its prefix: "OK", "CRC_MISMATCH".
+std::string ShortStateName(v1::CheckpointFileState state) {
+  return std::string(absl::StripPrefix(v1::CheckpointFileState_Name(state), "CHECKPOINT_FILE_"));
+}
+
+// `zeroshard fsck`: one line per file, then a summary line; exit 0 when every file is OK.
+int Fsck(CoordinatorClient& client, const std::string& job_id) {
+  absl::StatusOr<v1::VerifyCheckpointResponse> report =
+      client.VerifyCheckpoint(job_id, absl::GetFlag(FLAGS_step));
+  if (!report.ok()) return Fail(report.status());
+  if (absl::GetFlag(FLAGS_output) == "json") {
+    std::string json;
+    google::protobuf::util::JsonPrintOptions options;
+    options.add_whitespace = true;
+    options.preserve_proto_field_names = true;
+    options.always_print_primitive_fields = true;
+    (void)google::protobuf::util::MessageToJsonString(*report, &json, options);
+    std::cout << json;
+    return report->ok() ? 0 : kExitDamaged;
+  }
+  const v1::CheckpointRecord& checkpoint = report->checkpoint();
+  std::cout << absl::StrFormat("%s step %d (generation %d, world size %d): %s\n", job_id,
+                               checkpoint.step(), checkpoint.generation(), checkpoint.world_size(),
+                               checkpoint.manifest_path());
+  std::map<std::string, int> damaged_by_state;
+  for (const v1::CheckpointFileVerification& file : report->files()) {
+    const std::string state = ShortStateName(file.state());
+    std::cout << absl::StrFormat("%-18s rank %-5d %s", state, file.rank(), file.path());
+    if (file.state() == v1::CHECKPOINT_FILE_OK) {
+      std::cout << absl::StrFormat("  %d bytes, CRC32C 0x%08x\n", file.expected_bytes(),
+                                   file.expected_crc32c());
+    } else {
+      // The message names the file on the coordinator's volume and both values where they
+      // differ.
+      ++damaged_by_state[state];
+      std::cout << ": " << file.message() << "\n";
+    }
+  }
+  if (report->ok()) {
+    std::cout << absl::StrFormat("%s step %d: all %d files OK\n", job_id, checkpoint.step(),
+                                 report->files_size());
+    return 0;
+  }
+  std::vector<std::string> counts;
+  for (const auto& [state, count] : damaged_by_state) {
+    counts.push_back(absl::StrCat(count, " ", state));
+  }
+  std::cout << absl::StrFormat("%s step %d: %d of %d files damaged (%s)\n", job_id,
+                               checkpoint.step(), report->damaged_files(), report->files_size(),
+                               absl::StrJoin(counts, ", "));
+  return kExitDamaged;
+}
+
 int Run(std::vector<char*> args) {
   if (args.size() < 2) return Usage("no command");
   const std::string command = args[1];
@@ -441,6 +513,15 @@ int Run(std::vector<char*> args) {
                  summary->final_state ? "final" : "checkpoint", summary->tensor_count,
                  static_cast<long long>(summary->bytes), output == "-" ? "stdout" : output.c_str());
     return 0;
+  }
+  if (command == "fsck") {
+    auto id = need_id();
+    if (!id) return Usage("fsck: expected JOB_ID");
+    const std::string output = absl::GetFlag(FLAGS_output);
+    if (!output.empty() && output != "json") {
+      return Usage(absl::StrCat("fsck: --output must be json or unset, not '", output, "'"));
+    }
+    return Fsck(client, *id);
   }
   return Usage(absl::StrCat("unknown command '", command, "'"));
 }

@@ -19,11 +19,12 @@ struct Grant {
 };
 
 // viewer reads; submitter reads and submits (CancelJob only of its own jobs, which the service
-// checks against the job); admin may call everything; worker only the daemons' RPCs (bound to
-// its own registration and assignment by the service).
+// checks against the job); admin may call everything, and alone the operators' RPCs; worker only
+// the daemons' RPCs (bound to its own registration and assignment by the service).
 constexpr Grant kReader{true, true, true, false};
 constexpr Grant kSubmitter{false, true, true, false};
 constexpr Grant kWorker{false, false, true, true};
+constexpr Grant kAdminOnly{false, false, true, false};
 
 Grant GrantOf(Method method) {
   switch (method) {
@@ -48,6 +49,9 @@ Grant GrantOf(Method method) {
     case Method::kReportProgress:
     case Method::kCommitCheckpoint:
       return kWorker;
+    // Reads whole checkpoints from the volume: an operator's tool, not a reader's.
+    case Method::kVerifyCheckpoint:
+      return kAdminOnly;
   }
   // An enum value outside the table grants nothing.
   return Grant{false, false, false, false};
@@ -107,6 +111,8 @@ absl::string_view MethodName(Method method) {
       return "ExportCheckpoint";
     case Method::kReflection:
       return "ServerReflectionInfo";
+    case Method::kVerifyCheckpoint:
+      return "VerifyCheckpoint";
   }
   return "unknown method";
 }

@@ -31,6 +31,7 @@ enum class Method {
   kCommitCheckpoint,
   kExportCheckpoint,
   kReflection,
+  kVerifyCheckpoint,
 };
 
 // The RPC's name as gRPC spells it ("SubmitJob"; "ServerReflectionInfo" for reflection).

@@ -20,7 +20,7 @@ TEST(AuthorizationTest, DeniedMessageNamesRoleMethodAndWhoMay) {
 }
 
 TEST(AuthorizationTest, AdminMayCallEveryMethod) {
-  for (int m = 0; m <= static_cast<int>(Method::kReflection); ++m) {
+  for (int m = 0; m <= static_cast<int>(Method::kVerifyCheckpoint); ++m) {
     const Method method = static_cast<Method>(m);
     EXPECT_TRUE(Authorize(Identity{"root", Role::kAdmin}, method).ok()) << MethodName(method);
   }
@@ -33,11 +33,24 @@ TEST(AuthorizationTest, WorkerMayCallOnlyTheDaemonsRpcs) {
                         Method::kStoreDelete, Method::kReportProgress, Method::kCommitCheckpoint}) {
     EXPECT_TRUE(Authorize(worker, method).ok()) << MethodName(method);
   }
-  for (Method method : {Method::kSubmitJob, Method::kCancelJob, Method::kGetJob, Method::kWatchJob,
-                        Method::kExportCheckpoint, Method::kReflection}) {
+  for (Method method :
+       {Method::kSubmitJob, Method::kCancelJob, Method::kGetJob, Method::kWatchJob,
+        Method::kExportCheckpoint, Method::kReflection, Method::kVerifyCheckpoint}) {
     EXPECT_EQ(Authorize(worker, method).code(), absl::StatusCode::kPermissionDenied)
         << MethodName(method);
   }
+}
+
+TEST(AuthorizationTest, OnlyAnAdminMayVerifyACheckpoint) {
+  for (Role role : {Role::kViewer, Role::kSubmitter, Role::kWorker}) {
+    EXPECT_EQ(Authorize(Identity{"x", role}, Method::kVerifyCheckpoint).code(),
+              absl::StatusCode::kPermissionDenied)
+        << security::RoleName(role);
+  }
+  EXPECT_TRUE(Authorize(Identity{"root", Role::kAdmin}, Method::kVerifyCheckpoint).ok());
+  EXPECT_EQ(Authorize(Identity{"v", Role::kViewer}, Method::kVerifyCheckpoint).message(),
+            "role viewer may not call VerifyCheckpoint (admin may)");
+  EXPECT_EQ(MethodName(Method::kVerifyCheckpoint), "VerifyCheckpoint");
 }
 
 TEST(AuthorizationTest, ViewerReadsAndSubmitterAlsoSubmits) {

@@ -19,6 +19,7 @@
 #include "checkpoint/export.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "coordinator/checkpoint_verification.h"
 #include "coordinator/ids.h"
 #include "coordinator/queries.h"
 #include "coordinator/request_parsing.h"
@@ -350,6 +351,9 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // The thread's work: everything but the writes.
   absl::Status Read(const std::string& job_id, std::optional<int64_t> step) {
     ZS_ASSIGN_OR_RETURN(ExportSource source, manager_->FindExportCheckpoint(job_id, step));
+    // Every file whole against the manifest's size and CRC32C first: a damaged checkpoint
+    // exports nothing (DATA_LOSS naming the file), even where its fragments would still read.
+    ZS_RETURN_IF_ERROR(FirstDamagedFile(checkpoint::VerifyCheckpoint(source.checkpoint)));
     ZS_ASSIGN_OR_RETURN(const std::unique_ptr<checkpoint::CheckpointReader> reader,
                         checkpoint::CheckpointReader::Open(std::move(source.checkpoint)));
     ZS_ASSIGN_OR_RETURN(const checkpoint::CheckpointExport file,
@@ -431,6 +435,83 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool read_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status read_status_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// One VerifyCheckpoint call. A thread of its own finds the checkpoint and reads every file of it
+// whole (JobManager::FindCommittedCheckpoint, VerifyCommittedCheckpoint), then finishes the call;
+// OnDone joins it. The reading runs to its end even when the client goes away (it is bounded by
+// the checkpoint's size), so the server's shutdown waits for it.
+// Thread contract: Start() assigns thread_ under mu_, and the thread finishes the call under
+// mu_, so OnDone (which takes mu_ first) never sees thread_ unassigned. Refuse() finishes a call
+// that starts no thread.
+// Writes a serialized VerifyCheckpointResponse into the raw response: the method is registered
+// raw.
+class VerifyReactor final : public grpc::ServerUnaryReactor {
+ public:
+  // `reading_ended` runs on the thread once it stops reading (before the call finishes).
+  VerifyReactor(JobManager* manager, CoordinatorMetrics* metrics, int max_send_message_bytes,
+                grpc::ByteBuffer* response, std::function<void()> reading_ended, absl::Time start)
+      : manager_(manager),
+        metrics_(metrics),
+        max_send_message_bytes_(max_send_message_bytes),
+        response_(response),
+        reading_ended_(std::move(reading_ended)),
+        start_(start) {}
+
+  void Start(std::string job_id, std::optional<int64_t> step) {
+    absl::MutexLock lock(&mu_);
+    thread_ = std::thread([this, job_id = std::move(job_id), step] {
+      const absl::Status status = Verify(job_id, step);
+      reading_ended_();
+      absl::MutexLock lock(&mu_);
+      FinishWith(status);
+    });
+  }
+
+  void Refuse(const absl::Status& status) {
+    absl::MutexLock lock(&mu_);
+    FinishWith(status);
+  }
+
+  void OnDone() override {
+    { absl::MutexLock lock(&mu_); }
+    if (thread_.joinable()) thread_.join();
+    delete this;
+  }
+
+ private:
+  // The thread's work: the reply, serialized into response_.
+  absl::Status Verify(const std::string& job_id, std::optional<int64_t> step) {
+    ZS_ASSIGN_OR_RETURN(const CommittedCheckpointSource source,
+                        manager_->FindCommittedCheckpoint(job_id, step));
+    const v1::VerifyCheckpointResponse verified = VerifyCommittedCheckpoint(source);
+    ZS_RETURN_IF_ERROR(SerializeResponse(verified, response_));
+    if (response_->Length() > static_cast<size_t>(max_send_message_bytes_)) {
+      response_->Clear();
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "max_send_message_bytes: the reply is ", verified.ByteSizeLong(), " bytes (",
+          verified.files_size(), " files, ", verified.damaged_files(), " damaged), more than the ",
+          max_send_message_bytes_, " this coordinator sends"));
+    }
+    return absl::OkStatus();
+  }
+
+  void FinishWith(const absl::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    metrics_->RecordRpc(std::string(MethodName(Method::kVerifyCheckpoint)), status.code(),
+                        absl::Now() - start_);
+    Finish(common::ToGrpcStatus(status));
+  }
+
+  JobManager* const manager_;
+  CoordinatorMetrics* const metrics_;
+  const int max_send_message_bytes_;
+  // The call's raw response; written by the thread before it finishes the call.
+  grpc::ByteBuffer* const response_;
+  const std::function<void()> reading_ended_;
+  const absl::Time start_;
+  absl::Mutex mu_;
+  // Assigned by Start() under mu_, joined by OnDone().
+  std::thread thread_;
 };
 
 }  // namespace
@@ -790,34 +871,56 @@ grpc::ServerUnaryReactor* CoordinatorService::CommitCheckpoint(grpc::CallbackSer
 grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::ExportCheckpoint(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request) {
   auto* reactor = new ExportReactor(
-      manager_, metrics_,
-      [this] {
-        absl::MutexLock lock(&exports_mu_);
-        --exports_reading_;
-      },
-      options_.export_waits_for_testing);
+      manager_, metrics_, [this] { ReleaseCheckpointReader(); }, options_.export_waits_for_testing);
   v1::ExportCheckpointRequest request;
   absl::Status valid = Admit(*context, Method::kExportCheckpoint).status();
   if (valid.ok()) valid = ParseRequest(*raw_request, &request);
   if (valid.ok()) valid = ValidateExportCheckpointRequest(request);
+  if (valid.ok()) valid = AdmitCheckpointReader("export");
   if (!valid.ok()) {
     reactor->Refuse(valid);
     return reactor;
   }
-  {
-    absl::MutexLock lock(&exports_mu_);
-    if (exports_reading_ >= options_.max_concurrent_exports) {
-      reactor->Refuse(absl::ResourceExhaustedError(
-          absl::StrCat("export: ", exports_reading_,
-                       " exports are running, the most this coordinator runs at once; retry "
-                       "when one has ended")));
-      return reactor;
-    }
-    ++exports_reading_;
+  reactor->Start(request.job_id(),
+                 request.has_step() ? std::optional<int64_t>(request.step()) : std::nullopt);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::VerifyCheckpoint(grpc::CallbackServerContext* context,
+                                                               const grpc::ByteBuffer* raw_request,
+                                                               grpc::ByteBuffer* raw_response) {
+  auto* reactor = new VerifyReactor(
+      manager_, metrics_, options_.max_send_message_bytes, raw_response,
+      [this] { ReleaseCheckpointReader(); }, absl::Now());
+  v1::VerifyCheckpointRequest request;
+  absl::Status valid = Admit(*context, Method::kVerifyCheckpoint).status();
+  if (valid.ok()) valid = ParseRequest(*raw_request, &request);
+  if (valid.ok()) valid = ValidateVerifyCheckpointRequest(request);
+  if (valid.ok()) valid = AdmitCheckpointReader("verify");
+  if (!valid.ok()) {
+    reactor->Refuse(valid);
+    return reactor;
   }
   reactor->Start(request.job_id(),
                  request.has_step() ? std::optional<int64_t>(request.step()) : std::nullopt);
   return reactor;
+}
+
+absl::Status CoordinatorService::AdmitCheckpointReader(absl::string_view method) {
+  absl::MutexLock lock(&exports_mu_);
+  if (exports_reading_ >= options_.max_concurrent_exports) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(method, ": ", exports_reading_,
+                     " exports and checkpoint verifications are running, the most this "
+                     "coordinator runs at once; retry when one has ended"));
+  }
+  ++exports_reading_;
+  return absl::OkStatus();
+}
+
+void CoordinatorService::ReleaseCheckpointReader() {
+  absl::MutexLock lock(&exports_mu_);
+  --exports_reading_;
 }
 
 }  // namespace zeroshard::coordinator

@@ -10,6 +10,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/authorization.h"
@@ -29,8 +30,9 @@ struct ServiceOptions {
   // Events a WatchJob stream reads from the store at a time while it sends the history (at
   // most max_watch_backlog): its memory, whatever the history's length.
   size_t watch_page_events = 512;
-  // ExportCheckpoint streams reading the checkpoint root at once; another one gets
-  // RESOURCE_EXHAUSTED. Each holds a thread and up to one fragment of the checkpoint in memory.
+  // ExportCheckpoint streams and VerifyCheckpoint calls reading the checkpoint root at once, in
+  // all; another one gets RESOURCE_EXHAUSTED. Each holds a thread; an export also up to one
+  // fragment of the checkpoint in memory, a verification a 4 MiB read buffer.
   int max_concurrent_exports = 4;
   // WatchJob streams open at once, in all (flag --max_watch_streams) and per peer host (flag
   // --max_watch_streams_per_peer); one more gets RESOURCE_EXHAUSTED naming the flag.
@@ -78,11 +80,15 @@ using CoordinatorServiceBase = service_internal::WithMethods<
     v1::Coordinator::WithRawCallbackMethod_ReportProgress,
     v1::Coordinator::WithRawCallbackMethod_CommitCheckpoint,
     v1::Coordinator::WithRawCallbackMethod_WatchJob,
-    v1::Coordinator::WithRawCallbackMethod_ExportCheckpoint>::type;
+    v1::Coordinator::WithRawCallbackMethod_ExportCheckpoint,
+    v1::Coordinator::WithRawCallbackMethod_VerifyCheckpoint>::type;
 
 // Thread-safe; handlers run on gRPC's callback threads and never block: StoreGet waits and
-// WatchJob streams hold no thread while idle. ExportCheckpoint reads files on a thread of its own
-// per stream (at most max_concurrent_exports), never on gRPC's threads.
+// WatchJob streams hold no thread while idle. ExportCheckpoint and VerifyCheckpoint read files on
+// a thread of their own per call (at most max_concurrent_exports of them together), never on
+// gRPC's threads nor under JobManager's lock; each call finishes only once its thread has ended
+// and joins it when done, so the server's shutdown (which waits for every call to be done) waits
+// for them.
 class CoordinatorService final : public CoordinatorServiceBase {
  public:
   // `authenticator` (not owned, outlives the service) names each caller; every RPC is
@@ -140,6 +146,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
                                              grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportCheckpoint(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
+  grpc::ServerUnaryReactor* VerifyCheckpoint(grpc::CallbackServerContext* context,
+                                             const grpc::ByteBuffer* request,
+                                             grpc::ByteBuffer* response) override;
 
   // WatchJob streams admitted and not yet done.
   int64_t OpenWatchStreams() ABSL_LOCKS_EXCLUDED(watches_mu_);
@@ -187,8 +196,14 @@ class CoordinatorService final : public CoordinatorServiceBase {
   // Open streams per peer host; a host with none has no entry.
   absl::flat_hash_map<std::string, int64_t> watch_streams_by_peer_ ABSL_GUARDED_BY(watches_mu_);
 
+  // Counts one more call reading the checkpoint root on a thread of its own (an export or a
+  // verification; `method` names it in the refusal) until ReleaseCheckpointReader, or
+  // RESOURCE_EXHAUSTED when max_concurrent_exports already read.
+  absl::Status AdmitCheckpointReader(absl::string_view method) ABSL_LOCKS_EXCLUDED(exports_mu_);
+  void ReleaseCheckpointReader() ABSL_LOCKS_EXCLUDED(exports_mu_);
+
   absl::Mutex exports_mu_;
-  // ExportCheckpoint streams whose reading thread has not ended.
+  // ExportCheckpoint streams and VerifyCheckpoint calls whose reading thread has not ended.
   int exports_reading_ ABSL_GUARDED_BY(exports_mu_) = 0;
 };
 

@@ -10,10 +10,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -23,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "checkpoint/test_storage_hooks.h"
 #include "common/clock.h"
 #include "coordinator/coordinator_server.h"
 #include "coordinator/request_validation.h"
@@ -96,6 +99,7 @@ class CoordinatorServiceTest : public ::testing::Test {
     if (dead_worker_retention_.has_value()) {
       options.manager.forget_gone_workers_after = *dead_worker_retention_;
     }
+    options.manager.storage_hooks_for_testing = storage_hooks_;
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
         CoordinatorServer::Start(options, &clock_);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -229,6 +233,8 @@ class CoordinatorServiceTest : public ::testing::Test {
   common::FakeClock clock_;
   // When set, the coordinator's --dead_worker_retention.
   std::optional<absl::Duration> dead_worker_retention_;
+  // Sees (and may hold) the coordinator's checkpoint storage operations; none when null.
+  std::shared_ptr<checkpoint::StorageHooks> storage_hooks_;
   std::unique_ptr<CoordinatorServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<Stub> stub_;
@@ -749,7 +755,7 @@ TEST_F(CoordinatorServiceTest, UnparseableUnaryRequestsAreInvalidArgumentWithARe
   for (const char* method :
        {"RegisterWorker", "Heartbeat", "LeaveWorker", "ListWorkers", "SubmitJob", "GetJob",
         "ListJobs", "CancelJob", "GetShardPlan", "StoreSet", "StoreGet", "StoreAdd", "StoreDelete",
-        "ReportProgress", "CommitCheckpoint"}) {
+        "ReportProgress", "CommitCheckpoint", "VerifyCheckpoint"}) {
     const grpc::Status status = CallRaw(channel_, method, garbage);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
     EXPECT_EQ(status.error_message(),
@@ -1583,6 +1589,49 @@ std::string FreshCheckpointRoot() {
   std::filesystem::remove_all(root);
   std::filesystem::create_directories(root);
   return root;
+}
+
+// Issue 24, item 4. Before it CommitCheckpoint wrote the manifest (and pruned) holding the
+// JobManager's only lock, so on a slow volume every heartbeat, registration and query waited
+// behind the commit's fsync; here they would have missed their deadlines until the release.
+TEST_F(CoordinatorServiceTest, HeartbeatsAreAnsweredWhileACommitIsBlockedInItsManifestWrite) {
+  const std::string root = FreshCheckpointRoot();
+  auto hooks = std::make_shared<checkpoint::testing::TestStorageHooks>();
+  storage_hooks_ = hooks;
+  StartServer({}, root);
+  hooks->HoldAt(checkpoint::StorageOperation::kRename, checkpoint::kManifestFileName);
+  testing::CheckpointedJobOptions options;
+  options.finish = false;
+  options.checkpoint_steps = {2};
+  absl::StatusOr<v1::Job> committed = absl::UnknownError("not run");
+  std::thread commits([&] { committed = testing::RunCheckpointedJob(*stub_, root, options); });
+  ASSERT_TRUE(hooks->AwaitHeld(absl::Seconds(30))) << "the manifest was never written";
+
+  // The commit is stuck in the volume: a worker registers and beats, a client reads the job.
+  const absl::Time start = absl::Now();
+  const std::string bystander = Register("bystander");
+  ASSERT_FALSE(bystander.empty());
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(bystander);
+  v1::HeartbeatResponse beat_response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  const grpc::Status beaten = stub_->Heartbeat(&context, beat, &beat_response);
+  EXPECT_TRUE(beaten.ok()) << beaten.error_message();
+  v1::ListJobsResponse jobs;
+  grpc::ClientContext list_context;
+  list_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  ASSERT_TRUE(stub_->ListJobs(&list_context, v1::ListJobsRequest(), &jobs).ok());
+  ASSERT_EQ(jobs.jobs_size(), 1);
+  // Not recorded while its manifest is not there.
+  EXPECT_FALSE(jobs.jobs(0).has_latest_checkpoint());
+  EXPECT_EQ(hooks->held(), 1);
+  std::cout << "answered in " << absl::Now() - start << " while the commit was held\n";
+
+  hooks->Release();
+  commits.join();
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(committed->latest_checkpoint().step(), 2);
 }
 
 TEST_F(CoordinatorServiceTest, ExportStreamsTheFinalCheckpointOrACommittedStepInChunks) {

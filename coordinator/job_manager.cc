@@ -753,7 +753,54 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
 
 absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
     const v1::CommitCheckpointRequest& request) {
-  absl::MutexLock lock(&mu_);
+  std::optional<ManifestToWrite> todo;
+  {
+    absl::MutexLock lock(&mu_);
+    v1::CommitCheckpointResponse response;
+    ZS_ASSIGN_OR_RETURN(todo, BeginCommitLocked(request, &response));
+    if (!todo.has_value()) return response;
+  }
+  // The volume's work, outside the lock (heartbeats do not wait behind a slow shared volume),
+  // one job's commits at a time: the manifest, then (once recorded) pruning.
+  absl::MutexLock volume(todo->job_volume_mu.get());
+  // From the trusted root, no link followed below it (checkpoint/directory.h).
+  const absl::StatusOr<checkpoint::Directory> root =
+      checkpoint::Directory::OpenRoot(options_.checkpoint_root, options_.storage_hooks_for_testing);
+  const absl::Status written =
+      root.ok() ? checkpoint::WriteManifest(*root, todo->policy_dir, todo->manifest)
+                : root.status();
+  v1::CommitCheckpointResponse response;
+  bool recorded = false;
+  {
+    absl::MutexLock lock(&mu_);
+    response = FinishCommitLocked(*todo, written, &recorded);
+  }
+  if (!recorded) return response;
+  // Only committed checkpoints count towards `keep`; older uncommitted step directories go too.
+  // Recorded, so written: `root` is open. Links and other jobs' checkpoints are left, reported.
+  absl::StatusOr<checkpoint::PruneResult> pruned =
+      checkpoint::PruneCheckpoints(*root, todo->policy_dir, todo->job_id, todo->keep);
+  if (!pruned.ok() || !pruned->refused.empty()) {
+    absl::MutexLock lock(&mu_);
+    if (auto it = jobs_.find(todo->job_id); it != jobs_.end()) {
+      v1::JobEvent notice;
+      notice.set_type(v1::NOTICE);
+      notice.set_generation(todo->generation);
+      notice.set_message(pruned.ok() ? absl::StrCat("pruning old checkpoints: ",
+                                                    checkpoint::SummarizeRefused(pruned->refused))
+                                     : absl::StrCat("pruning old checkpoints failed: ",
+                                                    pruned.status().message()));
+      if (AddWorkerNoticeLocked(it->second, std::move(notice))) {
+        JobRecord* changed[] = {&it->second};
+        PersistLocked(changed);
+      }
+    }
+  }
+  return response;
+}
+
+absl::StatusOr<std::optional<JobManager::ManifestToWrite>> JobManager::BeginCommitLocked(
+    const v1::CommitCheckpointRequest& request, v1::CommitCheckpointResponse* response) {
   ZS_ASSIGN_OR_RETURN(JobRecord * record, FindRankLocked(request.worker_id(), request.job_id(),
                                                          request.generation(), request.rank()));
   if (request.outcome() != v1::CHECKPOINT_WRITTEN) {
@@ -769,7 +816,7 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
       JobRecord* changed[] = {record};
       PersistLocked(changed);
     }
-    return v1::CommitCheckpointResponse();
+    return std::nullopt;
   }
   if (options_.checkpoint_root.empty()) {
     return absl::FailedPreconditionError(
@@ -791,25 +838,24 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
   ZS_ASSIGN_OR_RETURN(
       std::vector<v1::CommitCheckpointRequest> commits,
       store_->LoadCheckpointCommits(request.job_id(), request.generation(), request.step()));
-  v1::CommitCheckpointResponse response;
-  if (static_cast<int>(commits.size()) < record->job.worker_ids_size()) return response;
-  response.set_complete(true);
+  if (static_cast<int>(commits.size()) < record->job.worker_ids_size()) return std::nullopt;
+  response->set_complete(true);
   // A repeated commit of a complete step, or a late one for an older step, must not emit the
   // event again or move the job's latest checkpoint back.
-  const v1::CheckpointRecord& latest = record->job.latest_checkpoint();
-  if (record->job.has_latest_checkpoint() &&
-      std::make_pair(latest.generation(), latest.step()) >=
-          std::make_pair(request.generation(), request.step())) {
-    if (latest.generation() == request.generation() && latest.step() == request.step()) {
-      *response.mutable_checkpoint() = latest;
-    }
-    return response;
+  if (IsRecordedLocked(*record, request.generation(), request.step(), response)) {
+    return std::nullopt;
   }
   // Every rank's file is durable: the manifest, written last, makes the checkpoint exist.
-  const std::string job_dir =
-      checkpoint::JobCheckpointDir(options_.checkpoint_root, record->job.spec().checkpoint().dir());
-  const std::string step_dir = checkpoint::StepDir(job_dir, request.step());
-  v1::CheckpointManifest manifest;
+  ManifestToWrite todo;
+  todo.job_id = record->job.id();
+  todo.generation = request.generation();
+  todo.step = request.step();
+  todo.keep = record->job.spec().checkpoint().keep();
+  todo.policy_dir = record->job.spec().checkpoint().dir();
+  todo.job_dir = checkpoint::JobCheckpointDir(options_.checkpoint_root, todo.policy_dir);
+  todo.step_dir = checkpoint::StepDir(todo.job_dir, request.step());
+  todo.job_volume_mu = record->volume_mu;
+  v1::CheckpointManifest& manifest = todo.manifest;
   manifest.set_job_id(record->job.id());
   manifest.set_step(request.step());
   manifest.set_generation(request.generation());
@@ -827,47 +873,71 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
     file.set_crc32c(commit.crc32c());
   }
   *manifest.mutable_commit_time() = ToTimestamp(clock_->Now());
-  if (absl::Status written = checkpoint::WriteManifest(step_dir, manifest); !written.ok()) {
+  return todo;
+}
+
+bool JobManager::IsRecordedLocked(const JobRecord& record, int64_t generation, int64_t step,
+                                  v1::CommitCheckpointResponse* response) const {
+  const v1::CheckpointRecord& latest = record.job.latest_checkpoint();
+  if (!record.job.has_latest_checkpoint() ||
+      std::make_pair(latest.generation(), latest.step()) < std::make_pair(generation, step)) {
+    return false;
+  }
+  if (latest.generation() == generation && latest.step() == step) {
+    *response->mutable_checkpoint() = latest;
+  }
+  return true;
+}
+
+v1::CommitCheckpointResponse JobManager::FinishCommitLocked(const ManifestToWrite& todo,
+                                                            const absl::Status& written,
+                                                            bool* recorded) {
+  *recorded = false;
+  v1::CommitCheckpointResponse response;
+  auto it = jobs_.find(todo.job_id);
+  if (it == jobs_.end()) return response;
+  JobRecord& record = it->second;
+  if (!written.ok()) {
     v1::JobEvent event;
     event.set_type(v1::NOTICE);
-    event.set_generation(request.generation());
-    event.set_message(absl::StrCat("checkpoint at step ", request.step(),
+    event.set_generation(todo.generation);
+    event.set_message(absl::StrCat("checkpoint at step ", todo.step,
                                    " could not be committed: ", written.message()));
     // What the workers left on the volume decides this: bounded as their notices are.
-    if (AddWorkerNoticeLocked(*record, std::move(event))) {
-      JobRecord* changed[] = {record};
+    if (AddWorkerNoticeLocked(record, std::move(event))) {
+      JobRecord* changed[] = {&record};
       PersistLocked(changed);
     }
-    response.set_complete(false);
+    return response;
+  }
+  response.set_complete(true);
+  // The manifest was written without the lock: meanwhile a twin commit may have recorded it, or
+  // the job may have ended. A checkpoint of a generation that ended since is still a complete,
+  // valid checkpoint of the job: it is recorded if it is newer, by (generation, step), than the
+  // job's latest, unless the job has ended (then it is dropped: nothing resumes any more, and
+  // pruning is for running jobs).
+  if (IsRecordedLocked(record, todo.generation, todo.step, &response) ||
+      IsFinal(record.job.state())) {
     return response;
   }
   v1::CheckpointRecord checkpoint;
-  checkpoint.set_step(request.step());
-  checkpoint.set_generation(request.generation());
-  checkpoint.set_world_size(world_size);
-  checkpoint.set_manifest_path(absl::StrCat(record->job.spec().checkpoint().dir(), "/",
-                                            checkpoint::StepDirName(request.step()), "/",
+  checkpoint.set_step(todo.step);
+  checkpoint.set_generation(todo.generation);
+  checkpoint.set_world_size(todo.manifest.world_size());
+  checkpoint.set_manifest_path(absl::StrCat(todo.policy_dir, "/",
+                                            checkpoint::StepDirName(todo.step), "/",
                                             checkpoint::kManifestFileName));
-  *checkpoint.mutable_commit_time() = manifest.commit_time();
-  *record->job.mutable_latest_checkpoint() = checkpoint;
+  *checkpoint.mutable_commit_time() = todo.manifest.commit_time();
+  *record.job.mutable_latest_checkpoint() = checkpoint;
   v1::JobEvent event;
   event.set_type(v1::CHECKPOINT_COMMITTED);
-  event.set_generation(request.generation());
+  event.set_generation(todo.generation);
   *event.mutable_checkpoint() = checkpoint;
-  AddEventLocked(*record, std::move(event));
-  // Only committed checkpoints count towards `keep`; older uncommitted step directories go too.
-  absl::StatusOr<checkpoint::PruneResult> pruned =
-      checkpoint::PruneCheckpoints(job_dir, record->job.spec().checkpoint().keep());
-  if (!pruned.ok()) {
-    v1::JobEvent notice;
-    notice.set_type(v1::NOTICE);
-    notice.set_generation(request.generation());
-    notice.set_message(absl::StrCat("pruning old checkpoints failed: ", pruned.status().message()));
-    AddEventLocked(*record, std::move(notice));
-  }
-  JobRecord* changed[] = {record};
+  AddEventLocked(record, std::move(event));
+  JobRecord* changed[] = {&record};
   PersistLocked(changed);
   *response.mutable_checkpoint() = checkpoint;
+  *recorded = true;
   return response;
 }
 
@@ -881,7 +951,11 @@ absl::StatusOr<ExportSource> JobManager::FindExportCheckpoint(const std::string&
   }
   const std::string job_dir =
       checkpoint::JobCheckpointDir(options_.checkpoint_root, job.spec().checkpoint().dir());
-  ZS_ASSIGN_OR_RETURN(checkpoint::CheckpointListing listing, checkpoint::ListCheckpoints(job_dir));
+  ZS_ASSIGN_OR_RETURN(const checkpoint::Directory root,
+                      checkpoint::Directory::OpenRoot(options_.checkpoint_root,
+                                                      options_.storage_hooks_for_testing));
+  ZS_ASSIGN_OR_RETURN(checkpoint::CheckpointListing listing,
+                      checkpoint::ListCheckpoints(root, job.spec().checkpoint().dir(), job.id()));
   // Oldest first, for people.
   std::vector<int64_t> steps;
   for (const checkpoint::CommittedCheckpoint& committed : listing.committed) {
@@ -922,6 +996,61 @@ absl::StatusOr<ExportSource> JobManager::FindExportCheckpoint(const std::string&
   return absl::NotFoundError(absl::StrCat(step.has_value() ? "step: " : "job_id: ", job_id,
                                           " has no committed checkpoint at step ", wanted, " in ",
                                           job_dir, "; ", committed_steps));
+}
+
+absl::StatusOr<CommittedCheckpointSource> JobManager::FindCommittedCheckpoint(
+    const std::string& job_id, std::optional<int64_t> step) {
+  ZS_ASSIGN_OR_RETURN(const v1::Job job, GetJob(job_id));
+  if (options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "checkpoint_root: the coordinator was started without --checkpoint_root, so it has no "
+        "checkpoints to verify");
+  }
+  const std::string& policy_dir = job.spec().checkpoint().dir();
+  const std::string job_dir = checkpoint::JobCheckpointDir(options_.checkpoint_root, policy_dir);
+  ZS_ASSIGN_OR_RETURN(const checkpoint::Directory root,
+                      checkpoint::Directory::OpenRoot(options_.checkpoint_root,
+                                                      options_.storage_hooks_for_testing));
+  // For an error only: the listing reads every manifest of the job.
+  auto committed_steps = [&]() -> std::string {
+    absl::StatusOr<checkpoint::CheckpointListing> listing =
+        checkpoint::ListCheckpoints(root, policy_dir, job_id);
+    if (!listing.ok()) {
+      return absl::StrCat("its checkpoints could not be listed: ", listing.status().message());
+    }
+    std::vector<int64_t> steps;
+    for (const checkpoint::CommittedCheckpoint& committed : listing->committed) {
+      steps.push_back(committed.step);
+    }
+    std::sort(steps.begin(), steps.end());
+    return steps.empty() ? "no checkpoint is committed"
+                         : absl::StrCat("committed steps: ", absl::StrJoin(steps, ", "),
+                                        " (pass one as step to verify it)");
+  };
+  if (!step.has_value() && !job.has_latest_checkpoint()) {
+    return absl::NotFoundError(
+        absl::StrCat("job_id: ", job_id, " has no committed checkpoint (it is ",
+                     v1::JobState_Name(job.state()), "); ", committed_steps()));
+  }
+  const int64_t wanted = step.value_or(job.latest_checkpoint().step());
+  absl::StatusOr<checkpoint::CommittedCheckpoint> opened =
+      checkpoint::OpenCommittedCheckpoint(root, policy_dir, wanted, job_id);
+  if (absl::IsNotFound(opened.status())) {
+    return absl::NotFoundError(absl::StrCat(
+        step.has_value() ? "step: " : "job_id: ", job_id, " has no committed checkpoint at step ",
+        wanted, " in ", job_dir, " (", opened.status().message(), "); ", committed_steps()));
+  }
+  if (!opened.ok()) return opened.status();
+  CommittedCheckpointSource source;
+  source.relative_directory = absl::StrCat(policy_dir, "/", checkpoint::StepDirName(wanted));
+  source.record.set_step(wanted);
+  source.record.set_generation(opened->manifest.generation());
+  source.record.set_world_size(opened->manifest.world_size());
+  source.record.set_manifest_path(
+      absl::StrCat(source.relative_directory, "/", checkpoint::kManifestFileName));
+  *source.record.mutable_commit_time() = opened->manifest.commit_time();
+  source.checkpoint = *std::move(opened);
+  return source;
 }
 
 // ---- Periodic work ----

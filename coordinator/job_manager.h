@@ -19,6 +19,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "checkpoint/directory.h"
 #include "checkpoint/manifest.h"
 #include "common/clock.h"
 #include "coordinator/checkpoint_dir_claims.h"
@@ -42,6 +43,10 @@ struct JobManagerOptions {
   // checkpoint is committed by writing its manifest here once every rank committed its file.
   // Empty: checkpoints cannot be committed (CommitCheckpoint refuses WRITTEN commits).
   std::string checkpoint_root;
+  // Tests only: sees every file-system operation on the checkpoint root (checkpoint/directory.h,
+  // StorageHooks; checkpoint/test_storage_hooks.h holds one that blocks or fails them), e.g. to
+  // hold a commit in its manifest write while a heartbeat is answered. Null in production.
+  std::shared_ptr<checkpoint::StorageHooks> storage_hooks_for_testing;
   // After a restart, how long a generation that was running waits for its workers to
   // re-register and be adopted. Unset: 2 leases (a worker notices the restart on its next
   // heartbeat, within one period, and re-registers at once).
@@ -116,6 +121,18 @@ struct ExportSource {
   checkpoint::CommittedCheckpoint checkpoint;
   // It is the job's final state: the job SUCCEEDED and this is its checkpoint at spec.steps.
   bool is_final = false;
+};
+
+// A committed checkpoint of a job, opened for a full read (JobManager::FindCommittedCheckpoint).
+struct CommittedCheckpointSource {
+  // Reached from the checkpoint root without following links; its manifest is valid and names
+  // the job.
+  checkpoint::CommittedCheckpoint checkpoint;
+  // The checkpoint as a job's record names one, from its manifest: step, generation, world
+  // size, the manifest's path relative to the checkpoint root, commit time.
+  v1::CheckpointRecord record;
+  // The step directory relative to the checkpoint root ("job-000001/step-000000000004").
+  std::string relative_directory;
 };
 
 struct ManagerStats {
@@ -313,8 +330,10 @@ class JobManager {
   // with steps 0, attached ones, have no such checks but monotonicity).
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request);
+  // Records a rank's commit; once every rank committed, writes the manifest and prunes outside
+  // the lock (one job's commits at a time), then records the checkpoint under it.
   absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
-      const v1::CommitCheckpointRequest& request);
+      const v1::CommitCheckpointRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Checkpoints, for people.
   // The committed checkpoint of the job at `step`, or without one its final checkpoint: the job
@@ -327,6 +346,16 @@ class JobManager {
   // I/O errors.
   absl::StatusOr<ExportSource> FindExportCheckpoint(const std::string& job_id,
                                                     std::optional<int64_t> step);
+  // The committed checkpoint of the job at `step`, or without one the job's latest committed
+  // checkpoint (latest_checkpoint: the one a recovery resumes from), opened for VerifyCheckpoint.
+  // Opens it (checkpoint::OpenCommittedCheckpoint) after releasing the lock. NOT_FOUND for an
+  // unknown job, a job without a committed checkpoint, or no committed checkpoint at `step`
+  // (listing the committed steps); FAILED_PRECONDITION without a checkpoint root
+  // ("checkpoint_root: ..."), for a manifest of another job (naming it) or a link on the way
+  // (naming it); DATA_LOSS naming a manifest that is not valid; I/O errors.
+  absl::StatusOr<CommittedCheckpointSource> FindCommittedCheckpoint(const std::string& job_id,
+                                                                    std::optional<int64_t> step)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& checkpoint_root() const { return options_.checkpoint_root; }
 
@@ -371,6 +400,9 @@ class JobManager {
     // entry changed since it was last stored.
     std::vector<RankIdentity> rank_identities;
     std::vector<int32_t> unsaved_identity_ranks;
+    // Serializes the job's checkpoint work on the volume (manifest writes, pruning), which runs
+    // outside mu_. Shared, so a commit keeps it while the lock is released.
+    std::shared_ptr<absl::Mutex> volume_mu = std::make_shared<absl::Mutex>();
     // The current generation's worker NOTICE events: added (the bound's own notice included)
     // and dropped.
     int64_t generation_notices = 0;
@@ -465,6 +497,35 @@ class JobManager {
   // may not.
   absl::StatusOr<JobRecord*> FindAdoptableRankLocked(const v1::RegisterWorkerRequest& request,
                                                      const RegistrationProof& proof)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A checkpoint whose every rank committed, to be made to exist by its manifest (written
+  // outside the lock, under the job's volume_mu).
+  struct ManifestToWrite {
+    std::string job_id;
+    int64_t generation = 0;
+    int64_t step = 0;
+    int keep = 1;
+    std::string policy_dir;  // spec.checkpoint.dir
+    std::string job_dir;     // under the checkpoint root
+    std::string step_dir;
+    v1::CheckpointManifest manifest;
+    std::shared_ptr<absl::Mutex> job_volume_mu;
+  };
+  // CommitCheckpoint's part under the lock: checks and records the rank's commit; returns the
+  // manifest to write once every rank committed and the step is not recorded yet, else nullopt
+  // (with `response` filled).
+  absl::StatusOr<std::optional<ManifestToWrite>> BeginCommitLocked(
+      const v1::CommitCheckpointRequest& request, v1::CommitCheckpointResponse* response)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the job's latest checkpoint is (generation, step) or newer; fills `response`'s
+  // checkpoint when it is that one.
+  bool IsRecordedLocked(const JobRecord& record, int64_t generation, int64_t step,
+                        v1::CommitCheckpointResponse* response) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After the manifest write (`written`): records the checkpoint as the job's latest, if the job
+  // is still there, not ended, and it is newer (see the .cc); `recorded` says whether it did.
+  v1::CommitCheckpointResponse FinishCommitLocked(const ManifestToWrite& todo,
+                                                  const absl::Status& written, bool* recorded)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Adds a NOTICE a worker caused (`event`, type and message set) within the generation's bound
   // (options.max_notices_per_generation); returns whether the job changed (an event added).

@@ -822,8 +822,10 @@ TEST_F(JobManagerTest, CheckpointBecomesLatestWhenEveryRankCommitted) {
   const v1::CheckpointRecord latest = manager_->GetJob(job->id())->latest_checkpoint();
   EXPECT_EQ(latest.step(), 5);
   EXPECT_EQ(latest.manifest_path(), job->id() + "/step-000000000005/manifest.json");
-  absl::StatusOr<v1::CheckpointManifest> manifest = checkpoint::ReadManifest(step_dir);
-  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  absl::StatusOr<checkpoint::CommittedCheckpoint> committed = checkpoint::OpenCommittedCheckpoint(
+      *checkpoint::Directory::OpenRoot(checkpoint_root_), job->id(), 5, job->id());
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  const v1::CheckpointManifest* manifest = &committed->manifest;
   EXPECT_EQ(manifest->world_size(), 2);
   ASSERT_EQ(manifest->files_size(), 2);
   EXPECT_EQ(manifest->files(1).path(), "rank-00001-of-00002.safetensors");
@@ -879,13 +881,53 @@ TEST_F(JobManagerTest, CommitsNameTheirFileAndOnlyKeepCheckpointsSurvive) {
     ASSERT_TRUE(response.ok()) << response.status();
     ASSERT_TRUE(response->complete());
   }
-  absl::StatusOr<checkpoint::CheckpointListing> listing =
-      checkpoint::ListCheckpoints(checkpoint::JobCheckpointDir(checkpoint_root_, job->id()));
+  absl::StatusOr<checkpoint::CheckpointListing> listing = checkpoint::ListCheckpoints(
+      *checkpoint::Directory::OpenRoot(checkpoint_root_), job->id(), job->id());
   ASSERT_TRUE(listing.ok()) << listing.status();
   ASSERT_EQ(listing->committed.size(), 2u);
   EXPECT_EQ(listing->committed[0].step, 15);
   EXPECT_EQ(listing->committed[1].step, 10);
   EXPECT_TRUE(listing->uncommitted.empty());  // step 3's file went with the pruning
+}
+
+// Issue 24's audit, through the coordinator: step-* links planted in a job's directory point at a
+// directory outside the checkpoint root holding 5 files. The job commits checkpoints (keep 1):
+// the coordinator used to delete all 5 files while pruning (this test fails on that code). Now
+// the links are left, a NOTICE names them, and the 5 files are still there.
+TEST_F(JobManagerTest, StepLinksInAJobDirectoryMakeTheCoordinatorDeleteNothingOutsideTheRoot) {
+  Register("a");
+  v1::JobSpec spec = SeedSpec(1);
+  spec.mutable_checkpoint()->set_keep(1);
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  const std::string outside = dir_ + "/outside";
+  ASSERT_TRUE(std::filesystem::create_directories(outside));
+  for (int i = 0; i < 5; ++i) std::ofstream(absl::StrCat(outside, "/file-", i)) << "precious";
+  const std::string job_dir = checkpoint::JobCheckpointDir(checkpoint_root_, job->id());
+  std::filesystem::create_directories(job_dir);
+  for (int64_t step : {3, 5, 7}) {
+    std::filesystem::create_directory_symlink(outside, checkpoint::StepDir(job_dir, step));
+  }
+  for (int64_t step : {2, 4, 6, 8}) {
+    absl::StatusOr<v1::CommitCheckpointResponse> response =
+        manager_->CommitCheckpoint(WrittenCommit(running, 0, step));
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_TRUE(response->complete()) << step;
+  }
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(outside),
+                          std::filesystem::directory_iterator()),
+            5);
+  EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 8);
+  std::vector<std::string> notices;
+  for (const v1::JobEvent& event : Events(job->id())) {
+    if (event.type() == v1::NOTICE) notices.push_back(event.message());
+  }
+  ASSERT_FALSE(notices.empty());
+  EXPECT_TRUE(absl::StrContains(
+      notices.back(), "3 step entries refused and left alone: " + checkpoint::StepDir(job_dir, 7) +
+                          " is a symbolic link"))
+      << notices.back();
 }
 
 TEST_F(JobManagerTest, ANoticeFromAnyRankBecomesAnEvent) {

@@ -390,4 +390,10 @@ absl::Status ValidateExportCheckpointRequest(const v1::ExportCheckpointRequest& 
   return absl::OkStatus();
 }
 
+absl::Status ValidateVerifyCheckpointRequest(const v1::VerifyCheckpointRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));
+  if (request.has_step()) ZS_RETURN_IF_ERROR(CheckNonNegative("step", request.step()));
+  return absl::OkStatus();
+}
+
 }  // namespace zeroshard::coordinator

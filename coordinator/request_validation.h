@@ -79,6 +79,8 @@ absl::Status ValidateCommitCheckpointRequest(const v1::CommitCheckpointRequest& 
 
 // Checkpoints, for people. `step`, when set, is >= 0.
 absl::Status ValidateExportCheckpointRequest(const v1::ExportCheckpointRequest& request);
+// `job_id` is required; `step`, when set, is >= 0.
+absl::Status ValidateVerifyCheckpointRequest(const v1::VerifyCheckpointRequest& request);
 
 }  // namespace zeroshard::coordinator
 

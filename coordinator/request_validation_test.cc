@@ -195,6 +195,13 @@ v1::ExportCheckpointRequest ValidExport() {
   return r;
 }
 
+v1::VerifyCheckpointRequest ValidVerify() {
+  v1::VerifyCheckpointRequest r;
+  r.set_job_id("job-000042");
+  r.set_step(100);
+  return r;
+}
+
 TEST(RequestValidationTest, ValidRequestsPass) {
   EXPECT_TRUE(ValidateRegisterWorkerRequest(ValidRegister()).ok());
   EXPECT_TRUE(ValidateRegisterWorkerRequest(ValidReregister()).ok());
@@ -218,6 +225,7 @@ TEST(RequestValidationTest, ValidRequestsPass) {
   EXPECT_TRUE(ValidateReportProgressRequest(ValidProgress()).ok());
   EXPECT_TRUE(ValidateCommitCheckpointRequest(ValidCommit()).ok());
   EXPECT_TRUE(ValidateExportCheckpointRequest(ValidExport()).ok());
+  EXPECT_TRUE(ValidateVerifyCheckpointRequest(ValidVerify()).ok());
 }
 
 TEST(RequestValidationTest, ASkippedCheckpointNeedsNoFile) {
@@ -297,6 +305,13 @@ TEST(RequestValidationTest, OptionalAndEdgeValuesPass) {
   v1::ExportCheckpointRequest first_step = ValidExport();
   first_step.set_step(0);
   EXPECT_TRUE(ValidateExportCheckpointRequest(first_step).ok());
+
+  v1::VerifyCheckpointRequest latest = ValidVerify();
+  latest.clear_step();
+  EXPECT_TRUE(ValidateVerifyCheckpointRequest(latest).ok());
+  v1::VerifyCheckpointRequest step_zero = ValidVerify();
+  step_zero.set_step(0);
+  EXPECT_TRUE(ValidateVerifyCheckpointRequest(step_zero).ok());
 }
 
 // One malformed request: `validate` builds it from a valid one and validates it.
@@ -868,7 +883,17 @@ INSTANTIATE_TEST_SUITE_P(
             "not a valid id"),
         Bad<v1::ExportCheckpointRequest>(
             "ExportNegativeStep", ValidExport, ValidateExportCheckpointRequest,
-            [](v1::ExportCheckpointRequest& r) { r.set_step(-1); }, "step", "-1 must be >= 0")),
+            [](v1::ExportCheckpointRequest& r) { r.set_step(-1); }, "step", "-1 must be >= 0"),
+        Bad<v1::VerifyCheckpointRequest>(
+            "VerifyNoJobId", ValidVerify, ValidateVerifyCheckpointRequest,
+            [](v1::VerifyCheckpointRequest& r) { r.clear_job_id(); }, "job_id", "required"),
+        Bad<v1::VerifyCheckpointRequest>(
+            "VerifyBadJobId", ValidVerify, ValidateVerifyCheckpointRequest,
+            [](v1::VerifyCheckpointRequest& r) { r.set_job_id("job-1/../x"); }, "job_id",
+            "not a valid id"),
+        Bad<v1::VerifyCheckpointRequest>(
+            "VerifyNegativeStep", ValidVerify, ValidateVerifyCheckpointRequest,
+            [](v1::VerifyCheckpointRequest& r) { r.set_step(-1); }, "step", "-1 must be >= 0")),
     [](const ::testing::TestParamInfo<BadRequest>& info) { return info.param.name; });
 
 TEST(RequestValidationTest, LabelErrorsComeInKeyOrder) {

@@ -62,6 +62,7 @@ const std::map<std::string, std::set<std::string>>& DocumentedRoles() {
       {"ReportProgress", {"admin", "worker"}},
       {"CommitCheckpoint", {"admin", "worker"}},
       {"ExportCheckpoint", {"viewer", "submitter", "admin"}},
+      {"VerifyCheckpoint", {"admin"}},
       {"ServerReflectionInfo", {"viewer", "submitter", "admin"}},
   };
   return *table;
@@ -343,6 +344,14 @@ class RolesTest : public ::testing::Test {
       while (reader->Read(&chunk)) {
       }
       return reader->Finish();
+    });
+    // No checkpoint root: FAILED_PRECONDITION where it is allowed.
+    call("VerifyCheckpoint", [&](grpc::ClientContext& context) {
+      v1::VerifyCheckpointRequest request;
+      request.set_job_id(job_id);
+      request.set_step(1);
+      v1::VerifyCheckpointResponse response;
+      return stub_->VerifyCheckpoint(&context, request, &response);
     });
     call("LeaveWorker", [&](grpc::ClientContext& context) {
       v1::LeaveWorkerRequest request;

@@ -155,12 +155,13 @@ inline absl::StatusOr<v1::Job> RunCheckpointedJob(v1::Coordinator::Stub& stub,
 // The file an export of `job`'s checkpoint at `step` must stream, from the checkpoint library.
 inline absl::StatusOr<std::string> ExpectedExport(const std::string& checkpoint_root,
                                                   const v1::Job& job, int64_t step, bool is_final) {
-  const std::string step_dir = checkpoint::StepDir(
-      checkpoint::JobCheckpointDir(checkpoint_root, job.spec().checkpoint().dir()), step);
-  absl::StatusOr<v1::CheckpointManifest> manifest = checkpoint::ReadManifest(step_dir);
-  if (!manifest.ok()) return manifest.status();
+  absl::StatusOr<checkpoint::Directory> root = checkpoint::Directory::OpenRoot(checkpoint_root);
+  if (!root.ok()) return root.status();
+  absl::StatusOr<checkpoint::CommittedCheckpoint> committed =
+      checkpoint::OpenCommittedCheckpoint(*root, job.spec().checkpoint().dir(), step, job.id());
+  if (!committed.ok()) return committed.status();
   absl::StatusOr<std::unique_ptr<checkpoint::CheckpointReader>> reader =
-      checkpoint::CheckpointReader::Open({step, step_dir, *std::move(manifest)});
+      checkpoint::CheckpointReader::Open(*std::move(committed));
   if (!reader.ok()) return reader.status();
   absl::StatusOr<checkpoint::CheckpointExport> file =
       checkpoint::CheckpointExport::Create(reader->get(), is_final);

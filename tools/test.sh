@@ -5,6 +5,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
+# OpenBLAS 0.3.21 picks kernels on this machine kind's CPUs that misbehave without these hints
+# (docs/design.md, "OpenBLAS"): keep the environment's, else pin the ones the project runs with.
+# Bazel passes them to builds and tests (.bazelrc), and local clusters to their workers.
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
+export OPENBLAS_L2_SIZE="${OPENBLAS_L2_SIZE:-512}"
+
 if ! tools/bootstrap.sh; then
   echo "test: tools/bootstrap.sh failed; nothing was built or run"
   echo "0 passed, 1 failed"

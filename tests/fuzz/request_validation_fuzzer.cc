@@ -42,6 +42,7 @@ void (*const kRpcs[])(const grpc::ByteBuffer& bytes) = {
     [](const grpc::ByteBuffer& b) { ParseAndValidate(b, &ValidateReportProgressRequest); },
     [](const grpc::ByteBuffer& b) { ParseAndValidate(b, &ValidateCommitCheckpointRequest); },
     [](const grpc::ByteBuffer& b) { ParseAndValidate(b, &ValidateExportCheckpointRequest); },
+    [](const grpc::ByteBuffer& b) { ParseAndValidate(b, &ValidateVerifyCheckpointRequest); },
 };
 constexpr size_t kRpcCount = sizeof(kRpcs) / sizeof(kRpcs[0]);
 

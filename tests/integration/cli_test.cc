@@ -1,7 +1,9 @@
 // Issue 6, bad job specs through the real `zeroshard` CLI against a real cluster: each fails
 // with one line on stderr naming the field and a non-zero exit, and nothing else is disturbed.
 // Issue 14: `zeroshard workers` lists more workers than one gRPC message holds.
+// Issue 24: `zeroshard fsck` reports each checkpoint file's state and exits 5 on damage.
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -13,6 +15,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
+#include "checkpoint/manifest.h"
+#include "coordinator/test_checkpointed_job.h"
+#include "google/protobuf/util/json_util.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "tests/integration/local_cluster.h"
@@ -217,6 +222,108 @@ TEST(CliTest, WorkersListsSixHundredLabelledWorkersThroughPages) {
   ASSERT_TRUE(listed.ok()) << listed.status();
   ASSERT_EQ(listed->exit_code(), 0) << listed->stderr_text;
   EXPECT_EQ(FirstColumn(listed->stdout_text), registered);
+
+  absl::Status stopped = cluster.StopAll();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// `zeroshard fsck` against a coordinator whose checkpoint root holds a job's committed
+// checkpoints (written and committed through its RPCs as the workers would): one line per file
+// and a summary, exit 0 while every file is OK; a flipped byte makes that file's line
+// CRC_MISMATCH and the exit 5, which an export of the damaged checkpoint shares.
+TEST(CliTest, FsckReportsEveryFileAndExitsFiveOnDamage) {
+  LocalCluster cluster;
+  LogTailsOnFailure log_tails(cluster);
+  absl::Status started = cluster.StartCoordinator();
+  ASSERT_TRUE(started.ok()) << started;
+  std::unique_ptr<v1::Coordinator::Stub> stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(cluster.coordinator_target(), grpc::InsecureChannelCredentials()));
+  coordinator::testing::CheckpointedJobOptions options;
+  options.name = "fsck";
+  options.layer_sizes = {64, 64, 16};
+  absl::StatusOr<v1::Job> job =
+      coordinator::testing::RunCheckpointedJob(*stub, cluster.checkpoint_root(), options);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::SUCCEEDED);
+  const std::string& job_id = job->id();
+  const std::string step4 =
+      absl::StrCat(job->spec().checkpoint().dir(), "/", checkpoint::StepDirName(4));
+
+  absl::StatusOr<CommandResult> run = RunCli(cluster, {"fsck", job_id});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 0) << run->stdout_text << run->stderr_text;
+  EXPECT_EQ(run->stderr_text, "");
+  std::vector<std::string> lines = absl::StrSplit(run->stdout_text, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u) << run->stdout_text;
+  EXPECT_TRUE(absl::StartsWith(lines[0], absl::StrCat(job_id, " step 4 (generation 1")) &&
+              absl::EndsWith(lines[0], step4 + "/manifest.json"))
+      << lines[0];
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(absl::StartsWith(lines[1 + rank], "OK ") &&
+                absl::StrContains(lines[1 + rank],
+                                  absl::StrCat(step4, "/", checkpoint::ShardFileName(rank, 2))))
+        << lines[1 + rank];
+  }
+  EXPECT_EQ(lines[3], absl::StrCat(job_id, " step 4: all 2 files OK"));
+
+  // A byte of rank 1's file flipped on the volume.
+  const std::string victim =
+      absl::StrCat(cluster.checkpoint_root(), "/", step4, "/", checkpoint::ShardFileName(1, 2));
+  {
+    std::fstream file(victim, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-1, std::ios::end);
+    const char last = static_cast<char>(file.get());
+    file.seekp(-1, std::ios::end);
+    file.put(static_cast<char>(last ^ 0x01));
+    ASSERT_TRUE(file.good()) << victim;
+  }
+  run = RunCli(cluster, {"fsck", job_id});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 5) << run->stdout_text << run->stderr_text;
+  lines = absl::StrSplit(run->stdout_text, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u) << run->stdout_text;
+  EXPECT_TRUE(absl::StartsWith(lines[1], "OK ")) << lines[1];
+  EXPECT_TRUE(absl::StartsWith(lines[2], "CRC_MISMATCH ") &&
+              absl::StrContains(lines[2], checkpoint::ShardFileName(1, 2)))
+      << lines[2];
+  EXPECT_EQ(lines[3], absl::StrCat(job_id, " step 4: 1 of 2 files damaged (1 CRC_MISMATCH)"));
+
+  // The same as JSON, for scripts.
+  run = RunCli(cluster, {"fsck", job_id, "--output=json"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 5) << run->stderr_text;
+  v1::VerifyCheckpointResponse report;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(run->stdout_text, &report).ok())
+      << run->stdout_text;
+  EXPECT_FALSE(report.ok());
+  ASSERT_EQ(report.files_size(), 2);
+  EXPECT_EQ(report.files(0).state(), v1::CHECKPOINT_FILE_OK);
+  EXPECT_EQ(report.files(1).state(), v1::CHECKPOINT_FILE_CRC_MISMATCH);
+
+  // Another step is intact; a step without a checkpoint is a refusal (exit 1); no job id is
+  // bad usage (exit 2).
+  run = RunCli(cluster, {"fsck", job_id, "--step=2"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 0) << run->stdout_text << run->stderr_text;
+  run = RunCli(cluster, {"fsck", job_id, "--step=3"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 1) << run->stderr_text;
+  EXPECT_TRUE(absl::StrContains(run->stderr_text, "NOT_FOUND") &&
+              absl::StrContains(run->stderr_text, "committed steps: 2, 4"))
+      << run->stderr_text;
+  run = RunCli(cluster, {"fsck"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 2) << run->stderr_text;
+
+  // An export of the damaged checkpoint is refused before it writes anything: exit 5 too.
+  const std::string exported = absl::StrCat(cluster.base_dir(), "/model.safetensors");
+  run = RunCli(cluster, {"export", job_id, "--step=4", "--output=" + exported});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 5) << run->stderr_text;
+  EXPECT_TRUE(absl::StrContains(run->stderr_text, "DATA_LOSS") &&
+              absl::StrContains(run->stderr_text, checkpoint::ShardFileName(1, 2)))
+      << run->stderr_text;
+  EXPECT_FALSE(std::filesystem::exists(exported));
 
   absl::Status stopped = cluster.StopAll();
   EXPECT_TRUE(stopped.ok()) << stopped;

@@ -75,8 +75,11 @@ absl::StatusOr<v1::Job> RunToEnd(LocalCluster& cluster, const v1::JobSpec& spec)
 // Every tensor's parameters in the job's final checkpoint (the one at spec.steps).
 absl::StatusOr<std::vector<std::vector<float>>> FinalParameters(const LocalCluster& cluster,
                                                                 const v1::Job& job) {
-  absl::StatusOr<checkpoint::CheckpointListing> listing = checkpoint::ListCheckpoints(
-      checkpoint::JobCheckpointDir(cluster.checkpoint_root(), job.spec().checkpoint().dir()));
+  absl::StatusOr<checkpoint::Directory> root =
+      checkpoint::Directory::OpenRoot(cluster.checkpoint_root());
+  if (!root.ok()) return root.status();
+  absl::StatusOr<checkpoint::CheckpointListing> listing =
+      checkpoint::ListCheckpoints(*root, job.spec().checkpoint().dir(), job.id());
   if (!listing.ok()) return listing.status();
   if (listing->committed.empty() || listing->committed.front().step != job.spec().steps()) {
     return absl::NotFoundError(absl::StrCat(job.id(), ": no final checkpoint"));

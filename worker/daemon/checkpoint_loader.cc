@@ -1,13 +1,17 @@
-// Loading the checkpoint a generation resumes from.
+// Loading the checkpoint a generation resumes from, through the checkpoint root's directory
+// descriptors (no link followed), and only the job's own checkpoints unless one is named.
 #include "worker/daemon/checkpoint_loader.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint_reader.h"
+#include "checkpoint/directory.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "common/logging.h"
@@ -87,9 +91,22 @@ absl::Status VerifyRanges(const checkpoint::CheckpointReader& reader,
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& options,
                                                 const sharding::ShardPlan& plan,
                                                 engine::Engine& engine, comm::Store& store) {
+  const std::string job_path = options.job_dir.empty()
+                                   ? options.root
+                                   : checkpoint::JobCheckpointDir(options.root, options.job_dir);
+  ZS_ASSIGN_OR_RETURN(const checkpoint::Directory root,
+                      checkpoint::Directory::OpenRoot(options.root));
   ZS_ASSIGN_OR_RETURN(checkpoint::CheckpointListing listing,
-                      checkpoint::ListCheckpoints(options.job_dir));
+                      checkpoint::ListCheckpoints(root, options.job_dir, options.job_id));
   LoadedCheckpoint loaded;
+  // Links and other jobs' checkpoints in range: never loaded, reported.
+  for (const checkpoint::RefusedStep& refused : listing.refused) {
+    if (refused.step > options.max_step || refused.step < options.min_step) continue;
+    loaded.passed_over.push_back(absl::StrCat("step ", refused.step, " (", refused.directory,
+                                              ") refused: ", refused.reason.message()));
+    ZS_LOG(WARNING) << loaded.passed_over.back();
+  }
+  // Newest first by (generation, step), as the coordinator's latest_checkpoint.
   for (checkpoint::CommittedCheckpoint& candidate : listing.committed) {
     if (candidate.step > options.max_step || candidate.step < options.min_step) continue;
     const int64_t step = candidate.step;
@@ -130,9 +147,39 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& opt
   return absl::DataLossError(absl::StrCat(
       "no usable checkpoint at or before step ", options.max_step,
       options.min_step > 0 ? absl::StrCat(" (and at or after step ", options.min_step, ")") : "",
-      " in ", options.job_dir,
+      " in ", job_path,
       loaded.passed_over.empty() ? " (none committed)"
                                  : absl::StrCat(": ", absl::StrJoin(loaded.passed_over, "; "))));
+}
+
+absl::StatusOr<NamedCheckpoint> LocateNamedCheckpoint(absl::string_view checkpoint_root,
+                                                      absl::string_view manifest_path) {
+  const std::filesystem::path manifest(std::string{manifest_path});
+  const std::filesystem::path step_dir = manifest.parent_path();
+  const std::optional<int64_t> step = checkpoint::ParseStepDirName(step_dir.filename().string());
+  if (!manifest.is_absolute() || manifest.filename() != checkpoint::kManifestFileName ||
+      !step.has_value()) {
+    return absl::InvalidArgumentError(absl::StrCat("manifest: \"", manifest_path,
+                                                   "\" is not the absolute path of a checkpoint's ",
+                                                   checkpoint::kManifestFileName));
+  }
+  const std::filesystem::path job_dir = step_dir.parent_path().lexically_normal();
+  NamedCheckpoint named;
+  named.step = *step;
+  if (!checkpoint_root.empty()) {
+    std::error_code error;
+    const std::filesystem::path root =
+        std::filesystem::absolute(std::string{checkpoint_root}, error).lexically_normal();
+    const std::filesystem::path relative = job_dir.lexically_relative(root);
+    const std::string under = relative.generic_string();
+    if (!error && !relative.empty() && under != ".." && under.rfind("../", 0) != 0) {
+      named.root = std::string{checkpoint_root};
+      named.job_dir = under == "." ? "" : under;
+      return named;
+    }
+  }
+  named.root = job_dir.string();
+  return named;
 }
 
 absl::Status LoadFullState(const FullStateLoadOptions& options, const sharding::ShardPlan& plan,

@@ -7,10 +7,12 @@
 #define ZEROSHARD_WORKER_DAEMON_CHECKPOINT_LOADER_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/store.h"
@@ -21,8 +23,15 @@
 namespace zeroshard::worker {
 
 struct CheckpointLoadOptions {
-  // The job's checkpoint directory (checkpoint::JobCheckpointDir).
+  // The checkpoint root (trusted: opened by path, checkpoint::Directory::OpenRoot) and the job's
+  // checkpoint directory under it (CheckpointPolicy.dir; "" for the root itself), walked from the
+  // root without following links: a link on the way or in a checkpoint is refused.
+  std::string root;
   std::string job_dir;
+  // The job whose checkpoints may be loaded: a manifest of another job is passed over and
+  // reported, never loaded. std::nullopt: any job's, only for a checkpoint a trainer names
+  // explicitly (load_state_dict of another job's state dict, LocateNamedCheckpoint).
+  std::optional<std::string> job_id;
   // The newest step to consider: the generation's resume_from.
   int64_t max_step = 0;
   // The oldest step to consider (an attached trainer's load_state_dict names one checkpoint:
@@ -43,12 +52,14 @@ struct CheckpointLoadOptions {
 struct LoadedCheckpoint {
   int64_t step = 0;  // the data position: the next step to run
   std::string directory;
-  // One line per checkpoint passed over, naming the rank and why (for a NOTICE event).
+  // One line per checkpoint passed over, naming the rank and why, and per step entry refused
+  // (a link, another job's manifest), naming it (for a NOTICE event).
   std::vector<std::string> passed_over;
 };
 
 // Restores `engine` (freshly created, before any step) from the newest committed checkpoint of
-// options.job_dir at or before options.max_step that every rank can read. Every rank of the
+// options.job_dir, newest by (generation, step) as checkpoint::ListCheckpoints orders them, at or
+// before options.max_step that every rank can read. Every rank of the
 // generation must call it with the same options but its own rank; `store` is the generation's
 // rendezvous store (keys "<store_prefix>checkpoint/<step>/<rank>"). FAILED_PRECONDITION naming the
 // tensor or field when a checkpoint holds another model, optimizer or parameter dtype (that is not
@@ -57,6 +68,22 @@ struct LoadedCheckpoint {
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& options,
                                                 const sharding::ShardPlan& plan,
                                                 engine::Engine& engine, comm::Store& store);
+
+// Where an attached trainer's load_state_dict finds the checkpoint it names by the absolute path
+// of its manifest.json.
+struct NamedCheckpoint {
+  std::string root;     // opened as a trusted root
+  std::string job_dir;  // below root, walked without following links ("" for root itself)
+  int64_t step = 0;
+};
+
+// A manifest path under `checkpoint_root` (lexically) is walked from that root, one component at
+// a time without following links, like the job's own checkpoints. Elsewhere (a copy the trainer
+// made) the step directory's parent is the root: the trainer named it, and vouches for it; the
+// files in the step directory are still opened without following links. INVALID_ARGUMENT naming
+// the path when it is not the absolute path of a step directory's manifest.json.
+absl::StatusOr<NamedCheckpoint> LocateNamedCheckpoint(absl::string_view checkpoint_root,
+                                                      absl::string_view manifest_path);
 
 struct FullStateLoadOptions {
   // A safetensors file of whole F32 tensors named "<state>/<tensor>" (SavedFragment's state,

@@ -1,16 +1,26 @@
 // LoadFullState: engines of a running group restore their shards from a full state file (an
 // attached trainer's torch-format load_state_dict), or every rank refuses a file that lacks a
-// range and keeps its state. Threads as ranks over Gloo (TCP loopback).
+// range and keeps its state. LoadCheckpoint on a hostile volume: only the job's own checkpoints
+// (unless one is named), no link followed, newest by (generation, step). Threads as ranks over
+// Gloo (TCP loopback).
 #include "worker/daemon/checkpoint_loader.h"
 
 #include <cstring>
+#include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/test_checkpoints.h"
+#include "checkpoint/test_hostile_storage.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "worker/comm/gloo_communicator.h"
@@ -87,8 +97,12 @@ struct RankOutcome {
   std::vector<std::vector<float>> parameters;
 };
 
-// Two ranks: initialise, take one step, then LoadFullState(path) between steps.
-std::vector<RankOutcome> LoadOnTwoRanks(const std::string& path, int64_t optimizer_step) {
+// One rank's load into its engine (between steps); what it returns is the rank's outcome.load.
+using LoadFn = std::function<absl::Status(int rank, const sharding::ShardPlan& plan,
+                                          engine::Engine& engine, comm::Store& store)>;
+
+// Two ranks: initialise, take one step, then `load` between steps.
+std::vector<RankOutcome> RunOnTwoRanks(const LoadFn& load_fn) {
   const sharding::ShardPlan plan = TestPlan();
   comm::InMemoryStore store;
   std::vector<RankOutcome> outcomes(kWorldSize);
@@ -116,15 +130,8 @@ std::vector<RankOutcome> LoadOnTwoRanks(const std::string& path, int64_t optimiz
       ZS_RETURN_IF_ERROR(workloads::CopyGradientToSink(*engine, t, gradient));
     }
     ZS_RETURN_IF_ERROR(engine->Step(1.0).status());
-    FullStateLoadOptions load;
-    load.path = path;
-    load.optimizer_step = optimizer_step;
-    load.rank = rank;
-    load.world_size = kWorldSize;
-    load.store_prefix = "test-load/";
-    load.agreement_timeout = absl::Seconds(30);
     RankOutcome& outcome = outcomes[rank];
-    outcome.load = LoadFullState(load, plan, *engine, store);
+    outcome.load = load_fn(rank, plan, *engine, store);
     outcome.optimizer_step = engine->optimizer_step();
     std::vector<char> staging(engine->SavedBytes());
     ZS_RETURN_IF_ERROR(engine->CopyStateTo(absl::MakeSpan(staging)).status());
@@ -142,6 +149,21 @@ std::vector<RankOutcome> LoadOnTwoRanks(const std::string& path, int64_t optimiz
   });
   EXPECT_TRUE(status.ok()) << status;
   return outcomes;
+}
+
+// Two ranks: initialise, take one step, then LoadFullState(path) between steps.
+std::vector<RankOutcome> LoadOnTwoRanks(const std::string& path, int64_t optimizer_step) {
+  return RunOnTwoRanks(
+      [&](int rank, const sharding::ShardPlan& plan, engine::Engine& engine, comm::Store& store) {
+        FullStateLoadOptions load;
+        load.path = path;
+        load.optimizer_step = optimizer_step;
+        load.rank = rank;
+        load.world_size = kWorldSize;
+        load.store_prefix = "test-load/";
+        load.agreement_timeout = absl::Seconds(30);
+        return LoadFullState(load, plan, engine, store);
+      });
 }
 
 int ArrayIndex(const std::string& state) {
@@ -194,6 +216,232 @@ TEST(LoadFullStateTest, EveryRankRefusesAFileThatLacksATensorAndKeepsItsState) {
     for (size_t t = 0; t < outcome.parameters.size(); ++t) {
       EXPECT_NE(outcome.parameters[t][0], FileValue(0, static_cast<int64_t>(t), 0));
     }
+  }
+}
+
+// ---- LoadCheckpoint on a hostile volume ----
+
+constexpr char kJobId[] = "job-000042";
+constexpr char kJobDir[] = "job";
+
+int TensorIndex(absl::string_view name) {
+  const std::vector<sharding::TensorSpec> tensors = TestTensors();
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    if (tensors[t].name == name) return static_cast<int>(t);
+  }
+  return -1;
+}
+
+// The value a checkpoint of `step` holds: which checkpoint a rank loaded shows in its state.
+float CheckpointValue(int64_t step, int array, int64_t tensor, int64_t element) {
+  return static_cast<float>(step) * 100.0f + FileValue(array, tensor, element) * 0.001f;
+}
+
+// Writes the rank files of a one-rank checkpoint of the test model at `step` (AdamW, fp32) into
+// `step_dir` (a path the test trusts) and returns the manifest that commits them.
+v1::CheckpointManifest WriteCheckpointFiles(const std::string& step_dir, int64_t step,
+                                            int64_t generation, const std::string& job_id) {
+  checkpoint::testing::TestCheckpointSpec spec;
+  spec.job_id = job_id;
+  spec.step = step;
+  spec.generation = generation;
+  spec.world_size = 1;
+  spec.tensors = TestTensors();
+  for (const char* state : kArrays) spec.states.push_back({state, v1::FLOAT32});
+  absl::StatusOr<std::vector<checkpoint::WrittenFile>> files =
+      checkpoint::testing::WriteTestShardFiles(
+          step_dir, spec, [&](absl::string_view state, absl::string_view tensor, int64_t e) {
+            return CheckpointValue(step, ArrayIndex(std::string(state)), TensorIndex(tensor), e);
+          });
+  EXPECT_TRUE(files.ok()) << files.status();
+  sharding::ShardPlanOptions options;
+  options.bucket_elems = spec.bucket_elems;
+  return checkpoint::testing::TestManifest(
+      spec, sharding::ShardPlan::Create(spec.tensors, 1, options)->layout_hash(), *files);
+}
+
+checkpoint::Directory Root(const std::string& path) {
+  absl::StatusOr<checkpoint::Directory> root = checkpoint::Directory::OpenRoot(path);
+  EXPECT_TRUE(root.ok()) << root.status();
+  return *std::move(root);
+}
+
+// A committed checkpoint in <root>/job.
+void Commit(const std::string& root, int64_t step, int64_t generation = 1,
+            const std::string& job_id = kJobId) {
+  const std::string step_dir =
+      checkpoint::StepDir(checkpoint::JobCheckpointDir(root, kJobDir), step);
+  const absl::Status committed = checkpoint::WriteManifest(
+      Root(root), kJobDir, WriteCheckpointFiles(step_dir, step, generation, job_id));
+  ASSERT_TRUE(committed.ok()) << committed;
+}
+
+struct CheckpointLoadOutcome {
+  std::vector<RankOutcome> ranks;
+  std::vector<absl::StatusOr<LoadedCheckpoint>> loaded;
+};
+
+// Both ranks load with `options` (rank and world size filled in).
+CheckpointLoadOutcome LoadCheckpointOnTwoRanks(const CheckpointLoadOptions& options) {
+  CheckpointLoadOutcome outcome;
+  outcome.loaded.assign(kWorldSize, absl::UnknownError("not run"));
+  outcome.ranks = RunOnTwoRanks(
+      [&](int rank, const sharding::ShardPlan& plan, engine::Engine& engine, comm::Store& store) {
+        CheckpointLoadOptions load = options;
+        load.rank = rank;
+        load.world_size = kWorldSize;
+        load.optimizer = v1::ADAMW;
+        load.param_dtype = v1::FLOAT32;
+        load.agreement_timeout = absl::Seconds(30);
+        outcome.loaded[rank] = LoadCheckpoint(load, plan, engine, store);
+        return outcome.loaded[rank].status();
+      });
+  return outcome;
+}
+
+// Every rank loaded the checkpoint of `step`: its step, optimizer step and every value.
+void ExpectLoaded(const CheckpointLoadOutcome& outcome, int64_t step) {
+  ASSERT_EQ(outcome.ranks.size(), static_cast<size_t>(kWorldSize));
+  for (int rank = 0; rank < kWorldSize; ++rank) {
+    ASSERT_TRUE(outcome.loaded[rank].ok())
+        << "rank " << rank << ": " << outcome.loaded[rank].status();
+    EXPECT_EQ(outcome.loaded[rank]->step, step);
+    EXPECT_EQ(outcome.ranks[rank].optimizer_step, step);
+    for (size_t i = 0; i < outcome.ranks[rank].fragments.size(); ++i) {
+      const Engine::SavedFragment& range = outcome.ranks[rank].fragment_ranges[i];
+      for (int64_t e = range.begin; e < range.end; ++e) {
+        ASSERT_EQ(outcome.ranks[rank].fragments[i][e - range.begin],
+                  CheckpointValue(step, ArrayIndex(range.state), range.tensor, e))
+            << "rank " << rank << " " << range.state << " tensor " << range.tensor;
+      }
+    }
+  }
+}
+
+std::string PassedOver(const LoadedCheckpoint& loaded) {
+  return absl::StrJoin(loaded.passed_over, "\n");
+}
+
+CheckpointLoadOptions JobLoad(const std::string& root, int64_t max_step) {
+  CheckpointLoadOptions load;
+  load.root = root;
+  load.job_dir = kJobDir;
+  load.job_id = kJobId;
+  load.max_step = max_step;
+  load.store_prefix = absl::StrCat("resume-", max_step, "/");
+  return load;
+}
+
+// Issue 24, item 2: a resume loads only its own job's checkpoints; another job's in the same
+// directory is reported and never loaded (today's loader resumes from step 20 of job-000007: this
+// test fails there). A trainer's load_state_dict that names that checkpoint explicitly loads it.
+TEST(LoadCheckpointTest, OnlyTheJobsOwnCheckpointsUnlessOneIsNamed) {
+  const std::string root = checkpoint::testing::MakeTempDir("own_job");
+  Commit(root, 10);
+  Commit(root, 20, 1, "job-000007");
+  const CheckpointLoadOutcome resumed = LoadCheckpointOnTwoRanks(JobLoad(root, 20));
+  ExpectLoaded(resumed, 10);
+  const std::string passed_over = PassedOver(*resumed.loaded[0]);
+  EXPECT_TRUE(absl::StrContains(passed_over, "belongs to job \"job-000007\", not to job-000042"))
+      << passed_over;
+
+  absl::StatusOr<NamedCheckpoint> named =
+      LocateNamedCheckpoint(root, checkpoint::ManifestPath(checkpoint::StepDir(
+                                      checkpoint::JobCheckpointDir(root, kJobDir), 20)));
+  ASSERT_TRUE(named.ok()) << named.status();
+  CheckpointLoadOptions load;
+  load.root = named->root;
+  load.job_dir = named->job_dir;
+  load.job_id = std::nullopt;  // named explicitly
+  load.min_step = load.max_step = named->step;
+  load.store_prefix = "named/";
+  ExpectLoaded(LoadCheckpointOnTwoRanks(load), 20);
+}
+
+// Issue 24, item 1, on a worker: links in the job directory, to a step directory or to a shard
+// file elsewhere holding a valid checkpoint of this job, are refused and reported, never
+// followed: the resume falls back to the newest checkpoint that is really there. Today's loader
+// follows them (it loads step 30 from outside the root): this test fails there.
+TEST(LoadCheckpointTest, LinksAreRefusedNeverFollowed) {
+  const std::string root = checkpoint::testing::MakeTempDir("links");
+  const std::string outside = checkpoint::testing::MakeTempDir("links_outside");
+  const std::string job = checkpoint::JobCheckpointDir(root, kJobDir);
+  Commit(root, 10);
+  Commit(root, 20);
+  // Step 20's file: a link to a copy of itself outside (same bytes: following it would pass).
+  const std::string shard = checkpoint::StepDir(job, 20) + "/" + checkpoint::ShardFileName(0, 1);
+  const std::string copy = outside + "/copy.safetensors";
+  std::filesystem::copy_file(shard, copy);
+  std::filesystem::remove(shard);
+  std::filesystem::create_symlink(copy, shard);
+  // Step 30: a link to a valid checkpoint of this job outside the root.
+  const std::string elsewhere = checkpoint::StepDir(outside, 30);
+  ASSERT_TRUE(
+      checkpoint::WriteManifest(Root(outside), "", WriteCheckpointFiles(elsewhere, 30, 1, kJobId))
+          .ok());
+  std::filesystem::create_directory_symlink(elsewhere, checkpoint::StepDir(job, 30));
+  const auto before = checkpoint::testing::SnapshotDirectory(elsewhere);
+
+  const CheckpointLoadOutcome resumed = LoadCheckpointOnTwoRanks(JobLoad(root, 30));
+  ExpectLoaded(resumed, 10);
+  const std::string passed_over = PassedOver(*resumed.loaded[0]);
+  EXPECT_TRUE(absl::StrContains(passed_over, checkpoint::StepDir(job, 30) +
+                                                 " is a symbolic link, where a "
+                                                 "directory is expected: refused"))
+      << passed_over;
+  EXPECT_TRUE(absl::StrContains(passed_over, shard + " is a symbolic link")) << passed_over;
+  EXPECT_EQ(checkpoint::testing::SnapshotDirectory(elsewhere), before);
+
+  // The job directory itself a link: nothing is loaded, and the error names it.
+  const std::string root2 = checkpoint::testing::MakeTempDir("links_job");
+  std::filesystem::create_directory_symlink(job, checkpoint::JobCheckpointDir(root2, kJobDir));
+  const CheckpointLoadOutcome refused = LoadCheckpointOnTwoRanks(JobLoad(root2, 30));
+  for (int rank = 0; rank < kWorldSize; ++rank) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(refused.loaded[rank].status()))
+        << refused.loaded[rank].status();
+    EXPECT_TRUE(
+        absl::StrContains(refused.loaded[rank].status().message(),
+                          checkpoint::JobCheckpointDir(root2, kJobDir) + " is a symbolic link"))
+        << refused.loaded[rank].status();
+  }
+}
+
+// Issue 24, item 5: "newest" is (generation, step), as the coordinator's latest_checkpoint.
+// Generation 2 resumed from step 20 and committed step 30 after generation 1 had committed step
+// 40: the newest at or before step 40 is generation 2's step 30. Today's loader takes step 40:
+// this test fails there.
+TEST(LoadCheckpointTest, NewestIsByGenerationThenStep) {
+  const std::string root = checkpoint::testing::MakeTempDir("generations");
+  Commit(root, 20, /*generation=*/1);
+  Commit(root, 40, /*generation=*/1);
+  Commit(root, 30, /*generation=*/2);
+  ExpectLoaded(LoadCheckpointOnTwoRanks(JobLoad(root, 40)), 30);
+}
+
+TEST(LoadCheckpointTest, LocateNamedCheckpointWalksTheRootOrTrustsWhatTheTrainerNamed) {
+  absl::StatusOr<NamedCheckpoint> under =
+      LocateNamedCheckpoint("/ckpt", "/ckpt/team/job-1/step-000000000020/manifest.json");
+  ASSERT_TRUE(under.ok()) << under.status();
+  EXPECT_EQ(under->root, "/ckpt");
+  EXPECT_EQ(under->job_dir, "team/job-1");
+  EXPECT_EQ(under->step, 20);
+  absl::StatusOr<NamedCheckpoint> elsewhere =
+      LocateNamedCheckpoint("/ckpt", "/home/me/copy/step-000000000020/manifest.json");
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status();
+  EXPECT_EQ(elsewhere->root, "/home/me/copy");
+  EXPECT_EQ(elsewhere->job_dir, "");
+  // Lexically outside the root, however it is spelled.
+  absl::StatusOr<NamedCheckpoint> escaping =
+      LocateNamedCheckpoint("/ckpt", "/ckpt/../etc/step-000000000020/manifest.json");
+  ASSERT_TRUE(escaping.ok()) << escaping.status();
+  EXPECT_EQ(escaping->root, "/etc");
+  EXPECT_EQ(escaping->job_dir, "");
+  for (const char* bad :
+       {"relative/step-000000000020/manifest.json", "/ckpt/job/step-20/manifest.json",
+        "/ckpt/job/step-000000000020/x.json"}) {
+    EXPECT_EQ(LocateNamedCheckpoint("/ckpt", bad).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad;
   }
 }
 

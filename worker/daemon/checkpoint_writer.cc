@@ -2,10 +2,10 @@
 #include "worker/daemon/checkpoint_writer.h"
 
 #include <algorithm>
-#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "checkpoint/directory.h"
 #include "checkpoint/manifest.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -67,14 +67,11 @@ v1::ShardHeader CheckpointWriter::HeaderFor(int64_t step,
   return header;
 }
 
-absl::StatusOr<bool> CheckpointWriter::Save(int64_t step, CopyFn copy) {
+absl::Status CheckpointWriter::Save(int64_t step, CopyFn copy) {
   {
     absl::MutexLock lock(&mu_);
-    if (busy_) {
-      skipped_steps_.push_back(step);
-      ++stats_.skipped;
-      return false;
-    }
+    auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !busy_; };
+    mu_.Await(absl::Condition(&idle));
     // Idle: the writer thread does not touch staging_ until busy_ is set below.
     if (staging_.empty()) staging_.resize(saved_bytes_);
   }
@@ -82,14 +79,17 @@ absl::StatusOr<bool> CheckpointWriter::Save(int64_t step, CopyFn copy) {
   absl::MutexLock lock(&mu_);
   pending_ = HeaderFor(step, scalars);
   busy_ = true;
-  return true;
+  return absl::OkStatus();
+}
+
+bool CheckpointWriter::Busy() const {
+  absl::MutexLock lock(&mu_);
+  return busy_;
 }
 
 void CheckpointWriter::Flush() {
   absl::MutexLock lock(&mu_);
-  auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-    return !busy_ && skipped_steps_.empty() && !sending_skips_;
-  };
+  auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !busy_; };
   mu_.Await(absl::Condition(&idle));
 }
 
@@ -124,37 +124,25 @@ CheckpointWriterStats CheckpointWriter::stats() const {
 void CheckpointWriter::WriteLoop() {
   while (true) {
     v1::ShardHeader header;
-    std::vector<int64_t> skipped;
-    bool write = false;
     {
       absl::MutexLock lock(&mu_);
-      auto work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
-        return stopping_ || busy_ || !skipped_steps_.empty();
-      };
+      auto work = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || busy_; };
       mu_.Await(absl::Condition(&work));
-      if (!busy_ && skipped_steps_.empty()) return;  // stopping, nothing left
-      write = busy_;
-      if (write) header = pending_;
-      skipped.swap(skipped_steps_);
-      sending_skips_ = !skipped.empty();
+      if (!busy_) return;  // stopping, nothing left
+      header = pending_;
     }
-    if (write) {
-      WriteAndCommit(header, [this](checkpoint::ShardWriter& writer) -> absl::Status {
-        // SavedFragments are back to back in staging order, as the shard file holds them.
-        for (size_t offset = 0; offset < staging_.size(); offset += kAppendChunkBytes) {
-          ZS_RETURN_IF_ERROR(writer.Append(staging_.data() + offset,
-                                           std::min(kAppendChunkBytes, staging_.size() - offset)));
-        }
-        return absl::OkStatus();
-      });
-    }
-    for (int64_t step : skipped) {
-      SendCommit(step, v1::CHECKPOINT_SKIPPED,
-                 "the previous checkpoint was still being written when it was due", nullptr);
-    }
+    WriteAndCommit(header, [this](checkpoint::ShardWriter& writer) -> absl::Status {
+      // SavedFragments are back to back in staging order, as the shard file holds them.
+      for (size_t offset = 0; offset < staging_.size(); offset += kAppendChunkBytes) {
+        ZS_RETURN_IF_ERROR(writer.Append(staging_.data() + offset,
+                                         std::min(kAppendChunkBytes, staging_.size() - offset)));
+      }
+      return absl::OkStatus();
+    });
+    // Free only once the commit returned: the ranks take the next checkpoint when every one is
+    // free, and then this one is complete (or failed) at the coordinator.
     absl::MutexLock lock(&mu_);
-    if (write) busy_ = false;
-    sending_skips_ = false;
+    busy_ = false;
   }
 }
 
@@ -194,17 +182,17 @@ absl::StatusOr<checkpoint::WrittenFile> CheckpointWriter::WriteShard(
     spec.dtype = ToFragmentDType(fragment.dtype);
     specs.push_back(std::move(spec));
   }
-  const std::string step_dir = checkpoint::StepDir(
-      checkpoint::JobCheckpointDir(options_.root, options_.job_dir), header.step());
-  std::error_code error;
-  std::filesystem::create_directories(step_dir, error);
-  if (error) {
-    return absl::UnavailableError(absl::StrCat("cannot create ", step_dir, ": ", error.message()));
-  }
-  const std::string path =
-      absl::StrCat(step_dir, "/", checkpoint::ShardFileName(header.rank(), header.world_size()));
+  // The step directory, made from the trusted root one component at a time: a link on the way
+  // (or in place of the file) is refused, never followed (checkpoint/directory.h).
+  ZS_ASSIGN_OR_RETURN(const checkpoint::Directory root,
+                      checkpoint::Directory::OpenRoot(options_.root));
+  ZS_ASSIGN_OR_RETURN(const checkpoint::Directory job_dir, root.CreatePath(options_.job_dir));
+  ZS_ASSIGN_OR_RETURN(const checkpoint::Directory step_dir,
+                      job_dir.CreateChild(checkpoint::StepDirName(header.step())));
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::ShardWriter> writer,
-                      checkpoint::ShardWriter::Create(path, header, std::move(specs)));
+                      checkpoint::ShardWriter::Create(
+                          step_dir, checkpoint::ShardFileName(header.rank(), header.world_size()),
+                          header, std::move(specs)));
   ZS_RETURN_IF_ERROR(append(*writer));
   return writer->Finish();
 }

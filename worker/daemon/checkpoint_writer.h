@@ -44,18 +44,19 @@ struct CheckpointWriterOptions {
 // Figures for benchmarks and the run's log.
 struct CheckpointWriterStats {
   int64_t written = 0;  // committed by this rank
-  int64_t skipped = 0;  // due while the previous one was still being written
   int64_t failed = 0;
   int64_t bytes_written = 0;
   absl::Duration write_time;  // streaming, checksums and fsyncs of the written ones
 };
 
-// Thread contract: Save, Flush and stats may be called from any thread (the training thread in
-// practice); the destructor waits for the write in progress and must not race other calls.
+// When checkpoints are taken is the caller's (checkpoint_schedule.h): a due checkpoint is taken at
+// the first step at which no rank's writer is Busy(), by every rank at that same step.
+//
+// Thread contract: Save, Busy, Flush and stats may be called from any thread (the training thread
+// in practice); the destructor waits for the write in progress and must not race other calls.
 class CheckpointWriter {
  public:
-  // Sends one commit (WRITTEN, SKIPPED or FAILED) to the coordinator; called on the writer's
-  // thread only.
+  // Sends one commit (WRITTEN or FAILED) to the coordinator; called on the writer's thread only.
   using CommitFn = std::function<absl::Status(const v1::CommitCheckpointRequest&)>;
   // Fills `staging` with the engine's state and returns its scalars (Engine::CopyStateTo).
   using CopyFn = absl::FunctionRef<absl::StatusOr<engine::Engine::SavedScalars>(absl::Span<char>)>;
@@ -65,12 +66,14 @@ class CheckpointWriter {
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
 
-  // The checkpoint of `step` (the next step to run) is due. When the previous one is still being
-  // written, skips it (true: saved, false: skipped; the coordinator hears of the skip after the
-  // write in progress). Otherwise copies the state with `copy` and returns once the copy is
-  // done. `copy`'s error is returned (the engine failed); write errors are the writer thread's
-  // and become a FAILED commit, not an error here.
-  absl::StatusOr<bool> Save(int64_t step, CopyFn copy);
+  // Takes the checkpoint of `step` (the next step to run): waits for the write in progress, if
+  // any (callers take it when Busy() is false on every rank, so it does not wait), copies the
+  // state with `copy` and returns once the copy is done; the writer thread writes and commits
+  // it. `copy`'s error is returned (the engine failed); write errors are the writer thread's and
+  // become a FAILED commit, not an error here.
+  absl::Status Save(int64_t step, CopyFn copy);
+  // Whether a checkpoint is still being written or committed (its commit RPC has not returned).
+  bool Busy() const;
   // Waits until nothing is being written (every started checkpoint committed or failed).
   void Flush();
   // The last checkpoint of a run, when training is over: waits for a write in progress, then
@@ -111,11 +114,10 @@ class CheckpointWriter {
   std::vector<char> staging_;
 
   mutable absl::Mutex mu_;
-  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // staging_ holds a checkpoint not yet written
+  // staging_ holds a checkpoint not yet written and committed.
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  v1::ShardHeader pending_ ABSL_GUARDED_BY(mu_);             // the checkpoint staging_ holds
-  std::vector<int64_t> skipped_steps_ ABSL_GUARDED_BY(mu_);  // not yet told to the coordinator
-  bool sending_skips_ ABSL_GUARDED_BY(mu_) = false;          // the thread is telling it some
+  v1::ShardHeader pending_ ABSL_GUARDED_BY(mu_);  // the checkpoint staging_ holds
   CheckpointWriterStats stats_ ABSL_GUARDED_BY(mu_);
 
   std::thread thread_;  // last: starts once every member above exists

@@ -1,11 +1,13 @@
 // One generation's training on this worker.
 #include "worker/daemon/engine_training_run.h"
 
+#include <sys/stat.h>
 #include <time.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <map>
 #include <optional>
@@ -17,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "checkpoint/directory.h"
 #include "checkpoint/manifest.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -29,6 +32,7 @@
 #include "worker/comm/coordinator_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/daemon/checkpoint_loader.h"
+#include "worker/daemon/checkpoint_schedule.h"
 #include "worker/daemon/checkpoint_writer.h"
 #include "worker/daemon/cuda_support.h"
 #include "worker/daemon/engine_config.h"
@@ -43,6 +47,8 @@ namespace {
 // How long the `finished` report (and the progress reports before it) and a checkpoint commit may
 // wait for a coordinator that is down: a restart takes seconds.
 constexpr absl::Duration kCoordinatorOutageDeadline = absl::Minutes(5);
+// The longest wait between a checkpoint commit's retries through a coordinator outage.
+constexpr absl::Duration kCommitMaxBackoff = absl::Milliseconds(500);
 // An attached trainer's state_dict(): how long its rank waits for the others' commits (they call
 // it at the same step, seconds apart at most), and how often it looks for the manifest.
 constexpr absl::Duration kStateSaveTimeout = absl::Minutes(2);
@@ -201,9 +207,13 @@ void EngineTrainingRun::Main() {
   absl::Status status = Train();
   const bool aborted = abort_signal_.aborted();
   if (!status.ok() && aborted) status = absl::AbortedError("aborted");
-  if (!status.ok() && !aborted) {
+  // The step reached says how many steps the next generation redoes.
+  if (!status.ok() && aborted) {
+    ZS_LOG(INFO) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
+                 << assignment_.rank() << " aborted after step " << step_.load();
+  } else if (!status.ok()) {
     ZS_LOG(ERROR) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
-                  << assignment_.rank() << " failed: " << status;
+                  << assignment_.rank() << " failed after step " << step_.load() << ": " << status;
   }
   {
     absl::MutexLock lock(&mu_);
@@ -214,11 +224,15 @@ void EngineTrainingRun::Main() {
 
 absl::Status EngineTrainingRun::Commit(const v1::CommitCheckpointRequest& request) {
   // Retried through a coordinator outage: a checkpoint that every rank wrote must not be lost
-  // because the coordinator restarted meanwhile.
+  // because the coordinator restarted meanwhile. Retried often: the next checkpoint waits for
+  // every rank's commit (checkpoint_schedule.h), so a retry that comes late after the
+  // coordinator is back adds to the steps a lost worker redoes.
+  RetryPolicy retry;
+  retry.max_backoff = kCommitMaxBackoff;
   return RetryRpc(
       "CommitCheckpoint", [&] { return CommitOnce(request); },
       absl::Now() + kCoordinatorOutageDeadline,
-      [this](absl::Duration delay) { return WaitUnlessAborted(delay); });
+      [this](absl::Duration delay) { return WaitUnlessAborted(delay); }, retry);
 }
 
 bool EngineTrainingRun::WaitUnlessAborted(absl::Duration delay) {
@@ -396,7 +410,9 @@ absl::Status EngineTrainingRun::Train() {
           assignment_.resume_from().step(), ", but this worker has no --checkpoint_root"));
     }
     CheckpointLoadOptions load;
-    load.job_dir = checkpoint::JobCheckpointDir(options_.checkpoint_root, policy.dir());
+    load.root = options_.checkpoint_root;
+    load.job_dir = policy.dir();
+    load.job_id = assignment_.job_id();
     load.max_step = assignment_.resume_from().step();
     load.rank = static_cast<int32_t>(rank);
     load.world_size = static_cast<int32_t>(world_size);
@@ -473,7 +489,9 @@ absl::Status EngineTrainingRun::Train() {
   // the other ranks' after their first step only (and all at the end), so the coordinator knows
   // every rank's memory while the job runs at the cost of one report per rank.
   auto reporter = std::make_unique<ProgressReporter>(
-      [this](const v1::StepMetrics& metrics) { return Report(metrics, /*finished=*/false); });
+      [this](const v1::StepMetrics& metrics, const std::string& notice) {
+        return Report(metrics, /*finished=*/false, notice);
+      });
   // Abort() ends the reporter's retries through a coordinator outage (unregistered before the
   // reporter goes).
   const comm::AbortSignal::Registration cancel_reports =
@@ -488,6 +506,44 @@ absl::Status EngineTrainingRun::Train() {
   const int64_t last_step =
       attached ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(spec.steps());
   int64_t step = first_step;
+  // Periodic checkpoints (checkpoint_schedule.h): at a due step the ranks agree whether every
+  // writer is free; when one is still busy with the previous checkpoint, every rank defers the
+  // checkpoint to the first step at which all are free. Every rank takes part, with a writer or
+  // not (a worker without --checkpoint_root counts as free and writes nothing).
+  CheckpointSchedule schedule(policy.every_steps(), first_step, last_step);
+  // The agreement's flag: one fp64 per rank, summed (the ranks whose writer is busy). A CUDA
+  // communicator reduces device memory.
+  double busy_ranks_host = 0.0;
+  void* busy_ranks = &busy_ranks_host;
+  std::unique_ptr<void, std::function<void(void*)>> busy_ranks_on_device;
+  if (device != nullptr && !device->host_memory()) {
+    busy_ranks_on_device = {device->AllocateZeroed(64),
+                            [raw = device.get()](void* block) { raw->Free(block); }};
+    if (busy_ranks_on_device == nullptr) {
+      return absl::ResourceExhaustedError("out of device memory for 8 bytes (checkpoint schedule)");
+    }
+    busy_ranks = busy_ranks_on_device.get();
+  }
+  auto every_writer_free = [&]() -> absl::StatusOr<bool> {
+    double busy = writer != nullptr && writer->Busy() ? 1.0 : 0.0;
+    if (busy_ranks_on_device != nullptr) {
+      ZS_RETURN_IF_ERROR(device->CopyFromHost(busy_ranks, &busy, sizeof(busy)));
+    } else {
+      busy_ranks_host = busy;
+    }
+    comm::CollectiveOptions collective;
+    collective.timeout = config.collective_timeout;
+    ZS_RETURN_IF_ERROR(communicator
+                           ->AllReduce(busy_ranks, 1, comm::ElementType::kFloat64,
+                                       comm::ReduceOp::kSum, collective)
+                           ->Wait());
+    if (busy_ranks_on_device != nullptr) {
+      ZS_RETURN_IF_ERROR(device->CopyToHost(&busy, busy_ranks, sizeof(busy)));
+    } else {
+      busy = busy_ranks_host;
+    }
+    return busy == 0.0;
+  };
   // An attached trainer's state_dict() / load_state_dict(), served between steps.
   std::optional<int64_t> state_saved_at_step;   // the last save_state's step
   std::optional<int64_t> state_loaded_at_step;  // the last load_state's step
@@ -509,10 +565,25 @@ absl::Status EngineTrainingRun::Train() {
         checkpoint::StepDir(checkpoint::JobCheckpointDir(options_.checkpoint_root, policy.dir()),
                             step),
         error);
-    const std::string shard_path = absl::StrCat(
-        step_dir, "/",
-        checkpoint::ShardFileName(static_cast<int32_t>(rank), static_cast<int32_t>(world_size)));
-    if (std::filesystem::exists(shard_path, error)) {
+    // This rank's file and the manifest, looked at from the checkpoint root without following
+    // links (checkpoint/directory.h); only this job's manifest counts.
+    auto open_step_dir = [&]() -> absl::StatusOr<checkpoint::Directory> {
+      ZS_ASSIGN_OR_RETURN(const checkpoint::Directory root,
+                          checkpoint::Directory::OpenRoot(options_.checkpoint_root));
+      return checkpoint::OpenStepDirectory(root, policy.dir(), step);
+    };
+    auto committed = [&]() -> absl::Status {
+      ZS_ASSIGN_OR_RETURN(const checkpoint::Directory root,
+                          checkpoint::Directory::OpenRoot(options_.checkpoint_root));
+      return checkpoint::OpenCommittedCheckpoint(root, policy.dir(), step, assignment_.job_id())
+          .status();
+    };
+    const absl::StatusOr<checkpoint::Directory> existing_step_dir = open_step_dir();
+    const absl::StatusOr<struct stat> shard =
+        existing_step_dir.ok() ? existing_step_dir->Stat(checkpoint::ShardFileName(
+                                     static_cast<int32_t>(rank), static_cast<int32_t>(world_size)))
+                               : existing_step_dir.status();
+    if (shard.ok() && S_ISREG(shard->st_mode)) {
       // Written at this step already (a periodic checkpoint, an earlier state_dict()): it holds
       // this state unless a load came since.
       if (state_loaded_at_step == step) {
@@ -534,10 +605,10 @@ absl::Status EngineTrainingRun::Train() {
     // The coordinator writes the manifest once every rank committed its file.
     const absl::Time deadline = absl::Now() + kStateSaveTimeout;
     while (true) {
-      const absl::StatusOr<v1::CheckpointManifest> manifest = checkpoint::ReadManifest(step_dir);
+      const absl::Status manifest = committed();
       if (manifest.ok()) break;
-      if (!absl::IsNotFound(manifest.status())) {
-        saved.set_refused(manifest.status().ToString());
+      if (!absl::IsNotFound(manifest)) {
+        saved.set_refused(manifest.ToString());
         return saved;
       }
       if (const absl::Status commit = commit_failures.Find(step); !commit.ok()) {
@@ -565,20 +636,18 @@ absl::Status EngineTrainingRun::Train() {
     const std::string store_prefix = absl::StrCat("state-load-", ++state_loads, "/");
     absl::Status status;
     if (request.source_case() == v1::LoadState::kManifest) {
-      const std::filesystem::path manifest(request.manifest());
-      const std::filesystem::path step_dir = manifest.parent_path();
-      const std::optional<int64_t> saved_step =
-          checkpoint::ParseStepDirName(step_dir.filename().string());
-      if (!manifest.is_absolute() || manifest.filename() != checkpoint::kManifestFileName ||
-          !saved_step.has_value()) {
-        loaded.set_refused(absl::StrCat("manifest: \"", request.manifest(),
-                                        "\" is not the absolute path of a checkpoint's ",
-                                        checkpoint::kManifestFileName));
+      const absl::StatusOr<NamedCheckpoint> named =
+          LocateNamedCheckpoint(options_.checkpoint_root, request.manifest());
+      if (!named.ok()) {
+        loaded.set_refused(std::string(named.status().message()));
         return loaded;
       }
       CheckpointLoadOptions load;
-      load.job_dir = step_dir.parent_path().string();
-      load.min_step = load.max_step = *saved_step;
+      load.root = named->root;
+      load.job_dir = named->job_dir;
+      // Named explicitly by the trainer: it may be another job's (docs/pytorch.md).
+      load.job_id = std::nullopt;
+      load.min_step = load.max_step = named->step;
       load.rank = static_cast<int32_t>(rank);
       load.world_size = static_cast<int32_t>(world_size);
       load.optimizer = spec.optimizer().kind();
@@ -646,16 +715,22 @@ absl::Status EngineTrainingRun::Train() {
     if (device != nullptr) outside.kernel_tables_bytes = device->KernelTableBytes();
     if (writer != nullptr) outside.checkpoint_staging_bytes = writer->staging_bytes();
     last = MetricsFor(result, step + 1, times, outside, vmrss_at_start_bytes);
-    if (writer != nullptr && policy.every_steps() > 0 && (step + 1) % policy.every_steps() == 0 &&
-        step + 1 < last_step) {
-      ZS_RETURN_IF_ERROR(
-          writer
-              ->Save(step + 1,
-                     [&](absl::Span<char> staging) { return engine->CopyStateTo(staging); })
-              .status());
+    CheckpointDecision checkpoint;
+    if (schedule.NeedsAgreement(step + 1)) {
+      ZS_ASSIGN_OR_RETURN(const bool free, every_writer_free());
+      checkpoint = schedule.Decide(step + 1, free);
+      if (checkpoint.take && writer != nullptr) {
+        ZS_RETURN_IF_ERROR(writer->Save(
+            step + 1, [&](absl::Span<char> staging) { return engine->CopyStateTo(staging); }));
+      }
     }
     if ((rank == 0 || step == first_step) && step + 1 < last_step) {
-      ZS_ASSIGN_OR_RETURN(const bool keep_going, reporter->Post(last));
+      // At a checkpoint the report of this step goes next, ahead of any older ones still
+      // waiting (progress_reporter.h): the reported progress does not lag the checkpoints.
+      std::string notice = rank == 0 ? std::move(checkpoint.notice) : std::string();
+      ZS_ASSIGN_OR_RETURN(const bool keep_going, checkpoint.take
+                                                     ? reporter->PostLatest(last, std::move(notice))
+                                                     : reporter->Post(last, std::move(notice)));
       if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
     }
   }
@@ -670,8 +745,9 @@ absl::Status EngineTrainingRun::Train() {
     const CheckpointWriterStats written = writer->stats();
     ZS_LOG(INFO) << assignment_.job_id() << " rank " << rank << " checkpoints: " << written.written
                  << " written (" << written.bytes_written << " bytes in "
-                 << absl::FormatDuration(written.write_time) << "), " << written.skipped
-                 << " skipped, " << written.failed << " failed";
+                 << absl::FormatDuration(written.write_time) << "), " << schedule.merged()
+                 << " skipped, " << written.failed << " failed, " << schedule.deferred()
+                 << " deferred (by up to " << schedule.max_deferral() << " steps)";
   }
   ZS_RETURN_IF_ERROR(RetryRpc(
       "ReportProgress (finished)", [&] { return Report(last, /*finished=*/true).status(); },

@@ -1,13 +1,17 @@
-// ProgressReporter: reports sent in order, off the caller's thread, each retried through a
-// coordinator outage while Post() goes on returning at once; the oldest waiting reports are
-// dropped at the bound; other errors and the coordinator's "stop" reach the next Post/Flush and
-// end sending; Cancel and Flush's deadline bound the waits.
+// ProgressReporter: reports sent in order, off the caller's thread, while the coordinator keeps up;
+// reports lagging more than max_lag, older than a PostLatest() or out when an outage began are
+// superseded by the newest (their notices go with it), so the reports never fall far behind; the
+// oldest waiting reports are dropped at the bound; other errors and the coordinator's "stop" reach
+// the next Post/Flush and end sending; Cancel and Flush's deadline bound the waits.
 #include "worker/daemon/progress_reporter.h"
 
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "common/clock.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::worker {
@@ -19,9 +23,17 @@ v1::StepMetrics MetricsOfStep(int64_t step) {
   return metrics;
 }
 
-// Retries within milliseconds, so that outages in these tests cost no real time.
+// The reporters' clock: it only moves when a test advances it (max_lag).
+common::FakeClock* TestClock() {
+  static common::FakeClock* const clock = new common::FakeClock();
+  return clock;
+}
+
+// Retries within milliseconds, so that outages in these tests cost no real time; the posts'
+// times from TestClock().
 ProgressReporterOptions FastRetries(int64_t max_pending = 10000) {
   ProgressReporterOptions options;
+  options.clock = TestClock();
   options.max_pending = max_pending;
   options.retry.initial_backoff = absl::Milliseconds(1);
   options.retry.max_backoff = absl::Milliseconds(4);
@@ -36,7 +48,7 @@ class RecordingSender {
  public:
   explicit RecordingSender(bool hold = false) : hold_(hold) {}
 
-  absl::StatusOr<bool> Send(const v1::StepMetrics& metrics) {
+  absl::StatusOr<bool> Send(const v1::StepMetrics& metrics, const std::string& notice) {
     absl::MutexLock lock(&mu_);
     ++attempts_;
     mu_.Await(absl::Condition(
@@ -44,10 +56,13 @@ class RecordingSender {
     if (down_) return absl::UnavailableError("coordinator down");
     if (metrics.step() == error_at_) return error_;
     delivered_.push_back(metrics.step());
+    sends_.emplace_back(metrics.step(), notice);
     return stop_at_ < 0 || metrics.step() < stop_at_;
   }
   ProgressReporter::SendFn AsFn() {
-    return [this](const v1::StepMetrics& metrics) { return Send(metrics); };
+    return [this](const v1::StepMetrics& metrics, const std::string& notice) {
+      return Send(metrics, notice);
+    };
   }
   void Release() {
     absl::MutexLock lock(&mu_);
@@ -76,6 +91,11 @@ class RecordingSender {
     absl::MutexLock lock(&mu_);
     return delivered_;
   }
+  // Every delivered (step, notice).
+  std::vector<std::pair<int64_t, std::string>> sends() {
+    absl::MutexLock lock(&mu_);
+    return sends_;
+  }
   int attempts() {
     absl::MutexLock lock(&mu_);
     return attempts_;
@@ -90,6 +110,7 @@ class RecordingSender {
   int64_t stop_at_ ABSL_GUARDED_BY(mu_) = -1;
   int attempts_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<int64_t> delivered_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<int64_t, std::string>> sends_ ABSL_GUARDED_BY(mu_);
 };
 
 std::vector<int64_t> Steps(int64_t first, int64_t last) {
@@ -100,7 +121,7 @@ std::vector<int64_t> Steps(int64_t first, int64_t last) {
 
 TEST(ProgressReporterTest, PostReturnsWhileTheSendIsStillOut) {
   RecordingSender sender(/*hold=*/true);
-  ProgressReporter reporter(sender.AsFn());
+  ProgressReporter reporter(sender.AsFn(), FastRetries());
   ASSERT_TRUE(*reporter.Post(MetricsOfStep(1)));
   sender.WaitForAttempts(1);  // step 1 is out and held
   // The training thread goes on posting while the coordinator has not answered.
@@ -118,34 +139,89 @@ TEST(ProgressReporterTest, NothingIsLostWhileThePostsStayUnderTheBound) {
   for (int64_t step = 1; step <= 200; ++step) ASSERT_TRUE(*reporter.Post(MetricsOfStep(step)));
   ASSERT_TRUE(*reporter.Flush());
   EXPECT_EQ(sender.delivered(), Steps(1, 200));
-  EXPECT_EQ(reporter.dropped(), 0);
+  EXPECT_EQ(reporter.superseded(), 0);
 }
 
-TEST(ProgressReporterTest, AnOutageIsRetriedThroughAndEveryReportArrivesInOrder) {
+TEST(ProgressReporterTest, EveryStepGoesInOrderWhileTheReportsLagLessThanMaxLag) {
+  RecordingSender sender(/*hold=*/true);
+  ProgressReporterOptions options = FastRetries();
+  options.max_lag = absl::Seconds(1);
+  ProgressReporter reporter(sender.AsFn(), options);
+  ASSERT_TRUE(*reporter.Post(MetricsOfStep(1)));
+  sender.WaitForAttempts(1);  // step 1 is out and held
+  for (int64_t step = 2; step <= 50; ++step) {
+    TestClock()->Advance(absl::Milliseconds(10));  // step 2 waits 480 ms in the end
+    ASSERT_TRUE(*reporter.Post(MetricsOfStep(step)));
+  }
+  sender.Release();
+  ASSERT_TRUE(*reporter.Flush());
+  EXPECT_EQ(sender.delivered(), Steps(1, 50));
+  EXPECT_EQ(reporter.superseded(), 0);
+}
+
+TEST(ProgressReporterTest, ReportsLaggingMoreThanMaxLagAreSupersededByTheNewest) {
+  RecordingSender sender(/*hold=*/true);
+  ProgressReporterOptions options = FastRetries();
+  options.max_lag = absl::Seconds(1);
+  ProgressReporter reporter(sender.AsFn(), options);
+  ASSERT_TRUE(*reporter.Post(MetricsOfStep(1)));
+  sender.WaitForAttempts(1);  // step 1 is out and held: the coordinator is slow
+  for (int64_t step = 2; step <= 10; ++step) ASSERT_TRUE(*reporter.Post(MetricsOfStep(step)));
+  TestClock()->Advance(absl::Milliseconds(1001));
+  // Step 2 has waited longer than max_lag: the newest report takes the place of all.
+  ASSERT_TRUE(*reporter.Post(MetricsOfStep(11)));
+  EXPECT_EQ(reporter.superseded(), 9);
+  ASSERT_TRUE(*reporter.Post(MetricsOfStep(12)));  // waits behind 11, posted just now
+  sender.Release();
+  ASSERT_TRUE(*reporter.Flush());
+  EXPECT_EQ(sender.delivered(), (std::vector<int64_t>{1, 11, 12}));
+}
+
+TEST(ProgressReporterTest, PostLatestGoesNextAndCarriesTheNoticesOfTheReportsItSupersedes) {
+  RecordingSender sender(/*hold=*/true);
+  ProgressReporter reporter(sender.AsFn(), FastRetries());
+  ASSERT_TRUE(*reporter.Post(MetricsOfStep(1)));
+  sender.WaitForAttempts(1);
+  ASSERT_TRUE(*reporter.Post(MetricsOfStep(2), "deferred"));
+  ASSERT_TRUE(*reporter.Post(MetricsOfStep(3)));
+  ASSERT_TRUE(*reporter.PostLatest(MetricsOfStep(4), "taken"));
+  ASSERT_TRUE(*reporter.Post(MetricsOfStep(5)));
+  EXPECT_EQ(reporter.superseded(), 2);
+  sender.Release();
+  ASSERT_TRUE(*reporter.Flush());
+  // One send per notice, in the order they were posted.
+  const std::vector<std::pair<int64_t, std::string>> expected = {
+      {1, ""}, {4, "deferred"}, {4, "taken"}, {5, ""}};
+  EXPECT_EQ(sender.sends(), expected);
+}
+
+TEST(ProgressReporterTest, AnOutageIsRetriedThroughAndTheRetrySendsTheNewestReport) {
   RecordingSender sender;
   sender.SetDown(true);
   ProgressReporter reporter(sender.AsFn(), FastRetries());
-  ASSERT_TRUE(*reporter.Post(MetricsOfStep(1)));
+  ASSERT_TRUE(*reporter.Post(MetricsOfStep(1), "first"));
   sender.WaitForAttempts(3);  // step 1 failed and was retried twice
   // Training goes on while the coordinator is down: posts return at once, and OK.
   for (int64_t step = 2; step <= 50; ++step) ASSERT_TRUE(*reporter.Post(MetricsOfStep(step)));
+  ASSERT_TRUE(*reporter.Post(MetricsOfStep(51), "last"));
   EXPECT_TRUE(*reporter.outcome());
   EXPECT_TRUE(sender.delivered().empty());
   sender.SetDown(false);
   ASSERT_TRUE(*reporter.Flush());
-  EXPECT_EQ(sender.delivered(), Steps(1, 50));
-  EXPECT_EQ(reporter.dropped(), 0);
+  // Not 50 stale reports one by one: the newest, with every notice.
+  const std::vector<std::pair<int64_t, std::string>> expected = {{51, "first"}, {51, "last"}};
+  EXPECT_EQ(sender.sends(), expected);
+  EXPECT_EQ(reporter.superseded(), 50);
 }
 
 TEST(ProgressReporterTest, TheOldestWaitingReportsAreDroppedAtTheBound) {
-  RecordingSender sender;
-  sender.SetDown(true);
+  RecordingSender sender(/*hold=*/true);
   ProgressReporter reporter(sender.AsFn(), FastRetries(/*max_pending=*/10));
   ASSERT_TRUE(*reporter.Post(MetricsOfStep(1)));
-  sender.WaitForAttempts(1);  // step 1 is out: it is kept, and retried
+  sender.WaitForAttempts(1);  // step 1 is out and held
   for (int64_t step = 2; step <= 100; ++step) ASSERT_TRUE(*reporter.Post(MetricsOfStep(step)));
-  EXPECT_EQ(reporter.dropped(), 89);  // 99 waited; the newest 10 are kept
-  sender.SetDown(false);
+  EXPECT_EQ(reporter.superseded(), 89);  // 99 waited; the newest 10 are kept
+  sender.Release();
   ASSERT_TRUE(*reporter.Flush());
   std::vector<int64_t> expected = {1};
   for (int64_t step : Steps(91, 100)) expected.push_back(step);
@@ -159,10 +235,10 @@ TEST(ProgressReporterTest, DeadlineExceededIsRetriedToo) {
   ASSERT_TRUE(*reporter.Post(MetricsOfStep(1)));
   ASSERT_TRUE(*reporter.Post(MetricsOfStep(2)));
   sender.WaitForAttempts(4);  // step 1, then step 2 three times
-  sender.FailStepWith(-1, absl::OkStatus());
+  // The next retry sends step 3 instead, which goes through.
   ASSERT_TRUE(*reporter.Post(MetricsOfStep(3)));
   ASSERT_TRUE(*reporter.Flush());
-  EXPECT_EQ(sender.delivered(), Steps(1, 3));
+  EXPECT_EQ(sender.delivered(), (std::vector<int64_t>{1, 3}));
 }
 
 class AnsweredErrorTest : public ::testing::TestWithParam<absl::StatusCode> {};
@@ -236,7 +312,7 @@ TEST(ProgressReporterTest, DestroyingWithASendOutWaitsForItAndSendsNothingMore) 
   RecordingSender sender(/*hold=*/true);
   std::thread release;
   {
-    ProgressReporter reporter(sender.AsFn());
+    ProgressReporter reporter(sender.AsFn(), FastRetries());
     ASSERT_TRUE(*reporter.Post(MetricsOfStep(1)));
     ASSERT_TRUE(*reporter.Post(MetricsOfStep(2)));
     ASSERT_TRUE(*reporter.Post(MetricsOfStep(3)));
