@@ -49,12 +49,13 @@ http::testing::HttpReply GetOrDie(int port, const std::string& path) {
   return reply.ok() ? *reply : http::testing::HttpReply{};
 }
 
-std::unique_ptr<coordinator::CoordinatorServer> StartCoordinator(int port) {
+std::unique_ptr<coordinator::CoordinatorServer> StartCoordinator(
+    int port, absl::Duration heartbeat_period = absl::Milliseconds(50)) {
   coordinator::CoordinatorServerOptions options;
   options.listen_address = "127.0.0.1:" + std::to_string(port);
   options.metrics_port = -1;
   options.state_dir = std::string(std::getenv("TEST_TMPDIR")) + "/state-" + std::to_string(port);
-  options.manager.lease.heartbeat_period = absl::Milliseconds(50);
+  options.manager.lease.heartbeat_period = heartbeat_period;
   options.tick_period = absl::Milliseconds(10);
   absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> server =
       coordinator::CoordinatorServer::Start(options);
@@ -126,7 +127,9 @@ TEST(HealthServerTest, ReadyOnlyWhileRegisteredAndHeartbeatingLiveThroughout) {
 // and 200 again once it registers.
 TEST(HealthServerTest, UnhealthyOnlyWhileRefusedLongerThanTheBound) {
   const int coordinator_port = common::PickFreeLoopbackPortOrDie();
-  std::unique_ptr<coordinator::CoordinatorServer> coordinator = StartCoordinator(coordinator_port);
+  // Leases of 1.5 s: the test's renewals of the holder may be far apart on a loaded machine.
+  std::unique_ptr<coordinator::CoordinatorServer> coordinator =
+      StartCoordinator(coordinator_port, absl::Milliseconds(500));
   ASSERT_NE(coordinator, nullptr);
   v1::RegisterWorkerRequest holder_request;
   holder_request.set_name("w");
