@@ -241,9 +241,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
                        "); a name is bound to its worker until that worker is DEAD or LEFT"));
     }
     // That worker registers again while its registration is live: the old one is over.
-    const std::string replaced = holder->id();
-    ZS_RETURN_IF_ERROR(HandleLostWorkerLocked(replaced, "registered again"));
-    ZS_RETURN_IF_ERROR(workers_.Leave(replaced).status());
+    ZS_RETURN_IF_ERROR(LeaveLocked(holder->id(), "registered again"));
   }
   ZS_RETURN_IF_ERROR(CheckNameNotReservedLocked(request, proof));
   if (proven) {
@@ -268,15 +266,17 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   return response;
 }
 
-const RankIdentity* JobManager::FindUnadoptedRankLocked(const std::string& worker_id,
-                                                        const security::Sha256Digest& digest) {
+const RankIdentity* JobManager::FindUnadoptedRankLocked(
+    const std::function<bool(const RankIdentity&)>& matches) {
+  // Adoptions begin only when the coordinator starts: past their windows none is under way, and
+  // registrations (the load bench's thousands) skip the scan of every job.
+  if (clock_->Now() >= adoption_windows_end_) return nullptr;
   for (const auto& [id, record] : jobs_) {
     if (!record.adoption.has_value()) continue;
     for (int32_t rank = 0; rank < static_cast<int32_t>(record.rank_identities.size()); ++rank) {
       const RankIdentity& identity = record.rank_identities[rank];
-      if (!identity.worker_id.empty() && identity.secret_sha256 == digest &&
-          (worker_id.empty() || identity.worker_id == worker_id) &&
-          record.adoption->returned_ranks.count(rank) == 0) {
+      if (!identity.worker_id.empty() && record.adoption->returned_ranks.count(rank) == 0 &&
+          matches(identity)) {
         return &identity;
       }
     }
@@ -286,26 +286,19 @@ const RankIdentity* JobManager::FindUnadoptedRankLocked(const std::string& worke
 
 absl::Status JobManager::CheckNameNotReservedLocked(const v1::RegisterWorkerRequest& request,
                                                     const RegistrationProof& proof) {
-  const std::string& name = request.name();
-  for (const auto& [id, record] : jobs_) {
-    if (!record.adoption.has_value()) continue;
-    for (int32_t rank = 0; rank < static_cast<int32_t>(record.rank_identities.size()); ++rank) {
-      const RankIdentity& identity = record.rank_identities[rank];
-      if (identity.worker_name != name || record.adoption->returned_ranks.count(rank) > 0) {
-        continue;
-      }
-      // The reservation is that worker's own (its run could not be adopted): no one else's.
-      const bool is_holder = request.previous_worker_id() == identity.worker_id &&
-                             (proof.acts_for_any_worker ||
-                              identity.secret_sha256 == security::Sha256(proof.presented_secret));
-      if (is_holder) continue;
-      return absl::AlreadyExistsError(
-          absl::StrCat("name: worker name ", name, " is reserved for ", identity.worker_id,
-                       ", which held rank ", rank, " of ", id, " generation ", identity.generation,
-                       " and may re-register until the coordinator's adoption window ends"));
-    }
-  }
-  return absl::OkStatus();
+  const RankIdentity* reserved = FindUnadoptedRankLocked([&](const RankIdentity& identity) {
+    if (identity.worker_name != request.name()) return false;
+    // The reservation is that worker's own (its run could not be adopted): no one else's.
+    const bool is_holder = request.previous_worker_id() == identity.worker_id &&
+                           (proof.acts_for_any_worker ||
+                            identity.secret_sha256 == security::Sha256(proof.presented_secret));
+    return !is_holder;
+  });
+  if (reserved == nullptr) return absl::OkStatus();
+  return absl::AlreadyExistsError(absl::StrCat(
+      "name: worker name ", request.name(), " is reserved for ", reserved->worker_id,
+      ", which held rank ", reserved->rank, " of ", reserved->job_id, " generation ",
+      reserved->generation, " and may re-register until the coordinator's adoption window ends"));
 }
 
 std::string JobManager::NewWorkerSecretLocked(const std::string& worker_id) {
@@ -326,7 +319,10 @@ absl::Status JobManager::CheckWorkerSecret(const std::string& worker_id, absl::s
     // A rank of a generation being adopted calls before its daemon re-registered (rank 0's
     // reports, a checkpoint commit): it proves the rank with the secret stored for it, and is
     // served as it would be without tokens.
-    if (FindUnadoptedRankLocked(worker_id, security::Sha256(secret)) != nullptr) {
+    const security::Sha256Digest digest = security::Sha256(secret);
+    if (FindUnadoptedRankLocked([&](const RankIdentity& identity) {
+          return identity.worker_id == worker_id && identity.secret_sha256 == digest;
+        }) != nullptr) {
       return absl::OkStatus();
     }
     // Not a refusal: a restarted coordinator does not know the worker yet, which registers
@@ -355,8 +351,11 @@ absl::Status JobManager::CheckStoreSecret(absl::string_view secret, const std::s
   const v1::WorkerInfo* worker = workers_.FindBySecret(secret);
   if (worker == nullptr) {
     // As in CheckWorkerSecret: a rank being adopted, before its daemon re-registered.
-    const RankIdentity* rank = FindUnadoptedRankLocked("", security::Sha256(secret));
-    if (rank != nullptr && rank->job_id == job_id && rank->generation == generation) {
+    const security::Sha256Digest digest = security::Sha256(secret);
+    if (FindUnadoptedRankLocked([&](const RankIdentity& identity) {
+          return identity.secret_sha256 == digest && identity.job_id == job_id &&
+                 identity.generation == generation;
+        }) != nullptr) {
       return absl::OkStatus();
     }
     return absl::PermissionDeniedError(
@@ -403,11 +402,15 @@ absl::Status JobManager::LeaveWorker(const std::string& worker_id) {
   if (workers_.Find(worker_id) == nullptr) {
     return absl::NotFoundError(absl::StrCat("worker_id: ", worker_id, " is not registered"));
   }
-  // End its generation first: that reads the assignment Leave clears.
-  ZS_RETURN_IF_ERROR(HandleLostWorkerLocked(worker_id, "left"));
-  ZS_RETURN_IF_ERROR(workers_.Leave(worker_id).status());
+  ZS_RETURN_IF_ERROR(LeaveLocked(worker_id, "left"));
   ZS_LOG(INFO) << "worker " << worker_id << " left";
   return absl::OkStatus();
+}
+
+absl::Status JobManager::LeaveLocked(const std::string& worker_id, const std::string& why) {
+  // End its generation first: that reads the assignment Leave clears.
+  ZS_RETURN_IF_ERROR(HandleLostWorkerLocked(worker_id, why));
+  return workers_.Leave(worker_id).status();
 }
 
 std::vector<v1::WorkerInfo> JobManager::ListWorkers(v1::WorkerState state) {
@@ -1519,6 +1522,7 @@ absl::Status JobManager::BeginAdoptionLocked(JobRecord& record, const v1::Assign
   const absl::Duration window = options_.AdoptionWindow();
   record.adoption.emplace();
   record.adoption->deadline = clock_->Now() + window;
+  adoption_windows_end_ = std::max(adoption_windows_end_, record.adoption->deadline);
   // The ring is connected already and needs no store; the namespace lets the generation use it
   // again (what it held before the restart is gone).
   rendezvous_->OpenNamespace(job.id(), job.generation());

@@ -5,6 +5,7 @@
 #define ZEROSHARD_COORDINATOR_JOB_MANAGER_H_
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <map>
 #include <memory>
@@ -545,10 +546,12 @@ class JobManager {
   absl::Status CheckNameNotReservedLocked(const v1::RegisterWorkerRequest& request,
                                           const RegistrationProof& proof)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The rank of a generation being adopted, not back yet, whose stored secret digest is
-  // `digest` (and whose worker is `worker_id`, unless that is empty), or nullptr.
-  const RankIdentity* FindUnadoptedRankLocked(const std::string& worker_id,
-                                              const security::Sha256Digest& digest)
+  // The first rank of a generation being adopted, its worker not back yet, that `matches`, or
+  // nullptr.
+  const RankIdentity* FindUnadoptedRankLocked(
+      const std::function<bool(const RankIdentity&)>& matches) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // LeaveWorker's work: ends the worker's generation (`why`), then marks it LEFT.
+  absl::Status LeaveLocked(const std::string& worker_id, const std::string& why)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // StartGenerationLocked: records who holds each rank (to be stored with the generation).
   void RecordRankIdentitiesLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -581,6 +584,9 @@ class JobManager {
   // Every job's checkpoint directory, claimed when it was submitted (and again from the stored
   // jobs at start).
   CheckpointDirClaims checkpoint_dir_claims_ ABSL_GUARDED_BY(mu_);
+  // The latest end of an adoption window (adoptions begin only in Create); past it no generation
+  // is being adopted.
+  absl::Time adoption_windows_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Canonical job ids ordered by their number: a longer id has the larger number ("job-1000000"
   // after "job-999999"), and ids of one length compare as strings.
   struct JobIdOrder {
