@@ -234,15 +234,7 @@ TEST_P(CoordinatorOutageTest, ThreeKillNinesOfTheCoordinatorEndNoGeneration) {
     ASSERT_TRUE(restarted.ok()) << restarted;
     // The new coordinator started knowing no worker: once it lists the generation's two workers
     // BUSY under their old ids, both re-registered and the generation was adopted.
-    absl::Status adopted = cluster.WaitFor(
-        [&] {
-          absl::StatusOr<std::vector<v1::WorkerInfo>> busy = cluster.client().ListWorkers(v1::BUSY);
-          if (!busy.ok()) return false;
-          std::set<std::string> ids;
-          for (const v1::WorkerInfo& worker : *busy) ids.insert(worker.id());
-          return ids == ranks;
-        },
-        kStateDeadline, "the generation's workers back under their ids");
+    absl::Status adopted = cluster.WaitForBusyWorkerIds(ranks, kStateDeadline);
     ASSERT_TRUE(adopted.ok()) << adopted;
     absl::StatusOr<v1::Job> after = cluster.client().GetJob(job_id);
     ASSERT_TRUE(after.ok()) << after.status();

@@ -149,6 +149,15 @@ v1::Job Submit(v1::Coordinator::Stub& stub, const v1::JobSpec& spec) {
   return job;
 }
 
+// The registration of the test's one worker.
+v1::RegisterWorkerRequest RestartWorkerRequest() {
+  v1::RegisterWorkerRequest request;
+  request.set_name("restart-worker");
+  request.set_host("host-a");
+  request.set_device_kind(v1::CPU);
+  return request;
+}
+
 v1::RegisterWorkerResponse RegisterWorker(v1::Coordinator::Stub& stub,
                                           const v1::RegisterWorkerRequest& request) {
   v1::RegisterWorkerResponse response;
@@ -210,10 +219,7 @@ TEST(CoordinatorRestartTest, JobsAndHistorySurviveKillNineAndTheRunningJobIsAdop
   ASSERT_TRUE(coordinator.Start());
 
   // A worker registers and beats; the one-worker job runs on it.
-  v1::RegisterWorkerRequest register_request;
-  register_request.set_name("restart-worker");
-  register_request.set_host("host-a");
-  register_request.set_device_kind(v1::CPU);
+  const v1::RegisterWorkerRequest register_request = RestartWorkerRequest();
   v1::RegisterWorkerResponse registered;
   {
     grpc::ClientContext context;
@@ -339,10 +345,7 @@ TEST(CoordinatorRestartTest, ARunningJobWhoseWorkerDoesNotComeBackStartsANewGene
   CoordinatorProcess coordinator(state_dir, tmp + "/coordinator-not-back.ports",
                                  {"--adoption_window=1s"});
   ASSERT_TRUE(coordinator.Start());
-  v1::RegisterWorkerRequest register_request;
-  register_request.set_name("restart-worker");
-  register_request.set_host("host-a");
-  register_request.set_device_kind(v1::CPU);
+  const v1::RegisterWorkerRequest register_request = RestartWorkerRequest();
   const v1::RegisterWorkerResponse registered =
       RegisterWorker(coordinator.stub(), register_request);
   const v1::Job running = Submit(coordinator.stub(), Spec("runs", 1));
@@ -385,10 +388,7 @@ TEST(CoordinatorRestartTest, WithTokensOnlyTheRanksOwnWorkerAdoptsItAfterAKillNi
   coordinator.Secure(&*credentials);
   ASSERT_TRUE(coordinator.Start());
 
-  v1::RegisterWorkerRequest register_request;
-  register_request.set_name("restart-worker");
-  register_request.set_host("host-a");
-  register_request.set_device_kind(v1::CPU);
+  const v1::RegisterWorkerRequest register_request = RestartWorkerRequest();
   v1::RegisterWorkerResponse registered;
   {
     std::unique_ptr<v1::Coordinator::Stub> worker =

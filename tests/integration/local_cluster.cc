@@ -411,6 +411,20 @@ absl::Status LocalCluster::WaitFor(const std::function<bool()>& predicate, absl:
   return absl::OkStatus();
 }
 
+absl::Status LocalCluster::WaitForBusyWorkerIds(const std::set<std::string>& ids,
+                                                absl::Duration deadline) {
+  if (client_ == nullptr) return absl::FailedPreconditionError("no coordinator address yet");
+  return WaitFor(
+      [&] {
+        absl::StatusOr<std::vector<v1::WorkerInfo>> busy = client_->ListWorkers(v1::BUSY);
+        if (!busy.ok()) return false;
+        std::set<std::string> seen;
+        for (const v1::WorkerInfo& worker : *busy) seen.insert(worker.id());
+        return seen == ids;
+      },
+      deadline, absl::StrCat("exactly workers {", absl::StrJoin(ids, ","), "} BUSY"));
+}
+
 absl::Status LocalCluster::WaitForWorkerStates(const std::vector<std::string>& names,
                                                v1::WorkerState state, absl::Duration deadline) {
   if (client_ == nullptr) return absl::FailedPreconditionError("no coordinator address yet");

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -137,6 +138,9 @@ class LocalCluster {
   absl::Status WaitForWorkerStates(const std::vector<std::string>& names, v1::WorkerState state,
                                    absl::Duration deadline);
   absl::Status WaitForIdleWorkers(int count, absl::Duration deadline);
+  // Waits until the coordinator lists exactly the workers `ids` BUSY (e.g. a generation's, back
+  // under their ids after a coordinator restart: adopted).
+  absl::Status WaitForBusyWorkerIds(const std::set<std::string>& ids, absl::Duration deadline);
 
   // The coordinator's current view of the worker named `name` (NOT_FOUND if it has none).
   absl::StatusOr<v1::WorkerInfo> FindWorker(const std::string& name);

@@ -249,15 +249,7 @@ TEST_F(WorkerIdentityTest, ARestartWithTokensAdoptsTheRunOnlyFromItsOwnWorkers) 
   // secrets, and the generation is adopted; the job ends in it.
   for (int index : {0, 1}) ASSERT_TRUE(cluster.KillWorker(index, SIGCONT).ok());
   const std::set<std::string> rank_ids = {ranks[0].id(), ranks[1].id()};
-  absl::Status adopted = cluster.WaitFor(
-      [&] {
-        absl::StatusOr<std::vector<v1::WorkerInfo>> busy = cluster.client().ListWorkers(v1::BUSY);
-        if (!busy.ok()) return false;
-        std::set<std::string> ids;
-        for (const v1::WorkerInfo& worker : *busy) ids.insert(worker.id());
-        return ids == rank_ids;
-      },
-      kDeadline, "both ranks adopted under their ids");
+  absl::Status adopted = cluster.WaitForBusyWorkerIds(rank_ids, kDeadline);
   ASSERT_TRUE(adopted.ok()) << adopted;
   absl::StatusOr<v1::Job> ended = cluster.WaitForJob(
       submitted->id(), [](const v1::Job& job) { return IsFinalJobState(job.state()); }, kDeadline,

@@ -63,13 +63,16 @@ std::unique_ptr<coordinator::CoordinatorServer> StartCoordinator(
   return server.ok() ? *std::move(server) : nullptr;
 }
 
-TEST(HealthServerTest, ReadyOnlyWhileRegisteredAndHeartbeatingLiveThroughout) {
-  const int coordinator_port = common::PickFreeLoopbackPortOrDie();
+// A daemon named "w" of a coordinator on `coordinator_port` whose runs are never made, that
+// reconnects quickly after a coordinator restart, as zeroshard-worker does.
+std::unique_ptr<WorkerDaemon> MakeDaemon(
+    int coordinator_port, absl::Duration unregistered_unhealthy_after = absl::Minutes(5)) {
   WorkerDaemonOptions options;
   options.name = "w";
   options.host = "host-a";
   options.register_retry = absl::Milliseconds(20);
   options.rpc_timeout = absl::Milliseconds(500);
+  options.unregistered_unhealthy_after = unregistered_unhealthy_after;
   grpc::ChannelArguments channel_args;
   channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
   channel_args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20);
@@ -77,13 +80,24 @@ TEST(HealthServerTest, ReadyOnlyWhileRegisteredAndHeartbeatingLiveThroughout) {
   std::shared_ptr<v1::Coordinator::StubInterface> stub = v1::Coordinator::NewStub(
       grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(coordinator_port),
                                 grpc::InsecureChannelCredentials(), channel_args));
-  // No job is submitted, so no run is ever made.
-  WorkerDaemon daemon(options, stub, [](const v1::Assignment&) { return nullptr; });
+  return std::make_unique<WorkerDaemon>(options, stub,
+                                        [](const v1::Assignment&) { return nullptr; });
+}
 
+// The daemon's probes, as zeroshard-worker serves them.
+absl::StatusOr<std::unique_ptr<http::HttpServer>> StartProbes(WorkerDaemon& daemon) {
   HealthServerOptions health;
   health.readiness = [&daemon] { return daemon.Readiness(); };
   health.liveness = [&daemon] { return daemon.Liveness(); };
-  absl::StatusOr<std::unique_ptr<http::HttpServer>> server = StartHealthServer(health);
+  return StartHealthServer(health);
+}
+
+TEST(HealthServerTest, ReadyOnlyWhileRegisteredAndHeartbeatingLiveThroughout) {
+  const int coordinator_port = common::PickFreeLoopbackPortOrDie();
+  // No job is submitted, so no run is ever made.
+  std::unique_ptr<WorkerDaemon> daemon_holder = MakeDaemon(coordinator_port);
+  WorkerDaemon& daemon = *daemon_holder;
+  absl::StatusOr<std::unique_ptr<http::HttpServer>> server = StartProbes(daemon);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
 
@@ -141,20 +155,10 @@ TEST(HealthServerTest, UnhealthyOnlyWhileRefusedLongerThanTheBound) {
   v1::HeartbeatRequest renew;
   renew.set_worker_id(holder->worker_id());
 
-  WorkerDaemonOptions options;
-  options.name = "w";
-  options.host = "host-a";
-  options.register_retry = absl::Milliseconds(20);
-  options.rpc_timeout = absl::Milliseconds(500);
-  options.unregistered_unhealthy_after = absl::Milliseconds(200);
-  std::shared_ptr<v1::Coordinator::StubInterface> stub =
-      v1::Coordinator::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(coordinator_port),
-                                                   grpc::InsecureChannelCredentials()));
-  WorkerDaemon daemon(options, stub, [](const v1::Assignment&) { return nullptr; });
-  HealthServerOptions health;
-  health.readiness = [&daemon] { return daemon.Readiness(); };
-  health.liveness = [&daemon] { return daemon.Liveness(); };
-  absl::StatusOr<std::unique_ptr<http::HttpServer>> server = StartHealthServer(health);
+  std::unique_ptr<WorkerDaemon> daemon_holder =
+      MakeDaemon(coordinator_port, absl::Milliseconds(200));
+  WorkerDaemon& daemon = *daemon_holder;
+  absl::StatusOr<std::unique_ptr<http::HttpServer>> server = StartProbes(daemon);
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
   std::thread thread([&] { EXPECT_TRUE(daemon.Run().ok()); });
