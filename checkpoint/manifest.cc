@@ -144,6 +144,41 @@ absl::StatusOr<Directory> OpenStepDirectory(const Directory& root, absl::string_
   return job.OpenChild(StepDirName(step));
 }
 
+namespace {
+
+// Workers never write manifest.json: one already in the step directory is this checkpoint's own
+// (a commit retried after a coordinator restart: replaced) or was put there by someone else
+// (refused, so that the commit fails loudly instead of replacing or trusting it). A manifest
+// larger than the cap is refused from its size, unread.
+absl::Status CheckNoForeignManifest(const Directory& step_dir,
+                                    const v1::CheckpointManifest& manifest) {
+  const absl::StatusOr<struct stat> existing = step_dir.Stat(kManifestFileName);
+  if (absl::IsNotFound(existing.status())) return absl::OkStatus();
+  ZS_RETURN_IF_ERROR(existing.status());
+  const std::string path = step_dir.PathOf(kManifestFileName);
+  absl::Status foreign;
+  if (!S_ISREG(existing->st_mode)) {
+    foreign = RefusedEntry(path, existing->st_mode, EntryType::kRegularFile);
+  } else {
+    const absl::StatusOr<v1::CheckpointManifest> found = ReadManifest(step_dir);
+    if (!found.ok()) {
+      foreign = found.status();
+    } else if (found->job_id() != manifest.job_id() ||
+               found->generation() != manifest.generation() || found->step() != manifest.step()) {
+      foreign = absl::FailedPreconditionError(absl::StrCat(
+          path, " is the manifest of job ", found->job_id(), " generation ",
+          found->generation(), " step ", found->step()));
+    }
+  }
+  if (foreign.ok()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "cannot commit the checkpoint of step ", manifest.step(), ": the step directory already "
+      "holds a manifest.json the coordinator did not write (left in place; remove it): ",
+      foreign.message()));
+}
+
+}  // namespace
+
 absl::Status WriteManifest(const Directory& root, absl::string_view job_dir,
                            v1::CheckpointManifest manifest,
                            std::function<void()> before_rename_for_testing) {
@@ -181,6 +216,7 @@ absl::Status WriteManifest(const Directory& root, absl::string_view job_dir,
                                                         st->st_size, " bytes, not ", file.bytes()));
     }
   }
+  ZS_RETURN_IF_ERROR(CheckNoForeignManifest(*step_dir, manifest));
   return WriteFileDurably(*step_dir, kManifestFileName,
                           ToJson(manifest, JsonStyle::kIndented) + "\n",
                           std::move(before_rename_for_testing));

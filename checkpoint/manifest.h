@@ -70,7 +70,10 @@ absl::Status ValidateManifest(const v1::CheckpointManifest& manifest);
 // Commits the checkpoint of manifest.step() in <root>/<job_dir>: sets format_version, validates
 // (ValidateManifest), checks that every listed file is a regular file in the step directory with
 // the listed size (FAILED_PRECONDITION naming it otherwise: a shard the coordinator cannot see,
-// or a link, which is refused), then writes manifest.json durably: temporary file, fsync,
+// or a link, which is refused), refuses (FAILED_PRECONDITION naming it, nothing written) a
+// manifest.json already there that is not this checkpoint's (job, generation and step; one
+// larger than kMaxManifestBytes is refused from its size, unread), then writes manifest.json
+// durably: temporary file, fsync,
 // rename, fsync of the directory (WriteFileDurably). The job and step directories are reached
 // from `root` without following links: a link on the way is refused (FAILED_PRECONDITION
 // naming it) and nothing is written. Until the rename completes readers see no checkpoint;

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -263,6 +264,45 @@ TEST(ManifestTest, ASparse20GbManifestIsRefusedFromItsSizeAtBoundedCost) {
   EXPECT_EQ(CommittedSteps(*listing), std::vector<int64_t>{10});
   EXPECT_EQ(UncommittedSteps(*listing), std::vector<int64_t>{5});
   ::unlink(manifest_path.c_str());
+}
+
+// Workers never write manifest.json. Before, a commit renamed its manifest over whatever was
+// there; now one that is not this checkpoint's is refused and left, and a 20 GB sparse one is
+// refused from its size. A commit retried (the same checkpoint's manifest there) still succeeds.
+TEST(ManifestTest, ACommitRefusesAManifestItDidNotWriteAndRetriesItsOwn) {
+  const std::string root = MakeTestRoot("foreign_manifest");
+  const v1::CheckpointManifest manifest = MakeStep(root, 6, 1);
+  const std::string manifest_path = ManifestPath(StepDir(JobPath(root), 6));
+  constexpr int64_t kHuge = int64_t{20} << 30;
+  {
+    const int fd = ::open(manifest_path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::ftruncate(fd, kHuge), 0);
+    ::close(fd);
+  }
+  absl::Status status = WriteManifest(Root(root), kJobDir, manifest);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "did not write")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), absl::StrCat(" holds ", kHuge, " bytes")))
+      << status;
+  EXPECT_EQ(std::filesystem::file_size(manifest_path), static_cast<uintmax_t>(kHuge));
+
+  // Another job's manifest: refused too, naming it.
+  v1::CheckpointManifest other = manifest;
+  other.set_job_id("job-000099");
+  other.set_format_version(kManifestFormatVersion);
+  ASSERT_TRUE(WriteFileDurably(manifest_path, ToJson(other)).ok());
+  status = WriteManifest(Root(root), kJobDir, manifest);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "the manifest of job job-000099")) << status;
+
+  // Its own manifest (a retried commit): written again.
+  ASSERT_TRUE(::unlink(manifest_path.c_str()) == 0);
+  ASSERT_TRUE(WriteManifest(Root(root), kJobDir, manifest).ok());
+  status = WriteManifest(Root(root), kJobDir, manifest);
+  EXPECT_TRUE(status.ok()) << status;
+  ASSERT_TRUE(List(root).ok());
+  EXPECT_EQ(CommittedSteps(*List(root)), std::vector<int64_t>{6});
 }
 
 // The cap holds every manifest this code writes: the largest world size, with the largest

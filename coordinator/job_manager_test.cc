@@ -4,7 +4,10 @@
 // every edge of the job state machine, and attached jobs on their pinned workers.
 #include "coordinator/job_manager.h"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -930,6 +933,54 @@ TEST_F(JobManagerTest, StepLinksInAJobDirectoryMakeTheCoordinatorDeleteNothingOu
       << notices.back();
 }
 
+// Issue 24: a worker plants a sparse 20 GB manifest.json where the coordinator will commit.
+// Before, the commit renamed its manifest over it; a reader meeting such a file read it whole.
+// Now the commit fails, with a NOTICE naming the file, its size and the cap, at bounded cost
+// (the file is never read), and the job's later checkpoints commit as usual.
+TEST_F(JobManagerTest, ACommitMeetingASparse20GbManifestFailsWithANotice) {
+  Register("a");
+  auto job = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  const v1::CommitCheckpointRequest commit = WrittenCommit(running, 0, 4);
+  const std::string manifest_path = checkpoint::ManifestPath(checkpoint::StepDir(
+      checkpoint::JobCheckpointDir(checkpoint_root_, job->id()), 4));
+  constexpr int64_t kHuge = int64_t{20} << 30;
+  const int fd = ::open(manifest_path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::ftruncate(fd, kHuge), 0);
+  ::close(fd);
+
+  struct rusage before;
+  ::getrusage(RUSAGE_SELF, &before);
+  absl::StatusOr<v1::CommitCheckpointResponse> response = manager_->CommitCheckpoint(commit);
+  struct rusage after;
+  ::getrusage(RUSAGE_SELF, &after);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_FALSE(response->complete());
+  EXPECT_LT((after.ru_maxrss - before.ru_maxrss) * 1024,
+            static_cast<long>(checkpoint::kMaxManifestBytes));
+  EXPECT_FALSE(manager_->GetJob(job->id())->has_latest_checkpoint());
+  std::vector<std::string> notices;
+  for (const v1::JobEvent& event : Events(job->id())) {
+    if (event.type() == v1::NOTICE) notices.push_back(event.message());
+  }
+  ASSERT_EQ(notices.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(notices[0], "checkpoint at step 4 could not be committed"))
+      << notices[0];
+  EXPECT_TRUE(absl::StrContains(notices[0],
+                                absl::StrCat(manifest_path, " holds ", kHuge,
+                                             " bytes, more than the ", checkpoint::kMaxManifestBytes)))
+      << notices[0];
+  EXPECT_EQ(std::filesystem::file_size(manifest_path), static_cast<uintmax_t>(kHuge));
+
+  absl::StatusOr<v1::CommitCheckpointResponse> later =
+      manager_->CommitCheckpoint(WrittenCommit(running, 0, 6));
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_TRUE(later->complete());
+  EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 6);
+}
+
 TEST_F(JobManagerTest, ANoticeFromAnyRankBecomesAnEvent) {
   Register("a");
   Register("b");
@@ -1788,7 +1839,7 @@ TEST_F(JobManagerTest, ACheckpointDirectoryBelongsToTheFirstJobThatNamedIt) {
     return manager_->SubmitJob(other, submitter, admin).status();
   };
   // The same directory (one spec file submitted twice), one inside it, one above it.
-  for (const std::string& dir : {"team/run", "team/run/inner", "team"}) {
+  for (const char* dir : {"team/run", "team/run/inner", "team"}) {
     const absl::Status status = refused(dir, "alice", false);
     EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << dir << ": " << status;
     EXPECT_TRUE(absl::StartsWith(status.message(), "checkpoint.dir: ")) << status;
