@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "common/unique_fd.h"
 
 namespace zeroshard::checkpoint {
 namespace {
@@ -37,21 +38,6 @@ absl::string_view ExpectedName(EntryType type) {
   }
   return "something else";
 }
-
-// Closes `fd` when the scope ends, unless released.
-class FdCloser {
- public:
-  explicit FdCloser(int fd) : fd_(fd) {}
-  ~FdCloser() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  FdCloser(const FdCloser&) = delete;
-  FdCloser& operator=(const FdCloser&) = delete;
-  int Release() { return std::exchange(fd_, -1); }
-
- private:
-  int fd_;
-};
 
 }  // namespace
 
@@ -137,6 +123,25 @@ File& File::operator=(File&& other) noexcept {
   return *this;
 }
 
+absl::StatusOr<File> File::FromPassedDescriptor(int fd, std::string path) {
+  UniqueFd closer(fd);
+  struct stat st;
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the descriptor passed for it is not open"));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the descriptor passed for it is not a regular file"));
+  }
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_PATH) != 0 || (flags & O_ACCMODE) == O_WRONLY) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the descriptor passed for it is not open for reading"));
+  }
+  return File(closer.Release(), std::move(path));
+}
+
 absl::StatusOr<uint64_t> File::Size() const {
   struct stat st;
   if (::fstat(fd_, &st) != 0) return ErrnoError("fstat", path_, errno);
@@ -184,6 +189,20 @@ absl::StatusOr<Directory> Directory::OpenRoot(std::string path,
   const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoError("open directory", path, errno);
   return Directory(fd, std::move(path), std::move(hooks));
+}
+
+absl::StatusOr<Directory> Directory::FromPassedDescriptor(int fd, std::string path) {
+  UniqueFd closer(fd);
+  struct stat st;
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the descriptor passed for it is not open"));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the descriptor passed for it is not a directory"));
+  }
+  return Directory(closer.Release(), std::move(path), nullptr);
 }
 
 Directory::~Directory() {
@@ -288,7 +307,7 @@ absl::StatusOr<File> Directory::OpenFile(absl::string_view name) const {
   const int fd =
       ::openat(fd_, entry.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
   if (fd < 0) return OpenFailure(fd_, entry, path, EntryType::kRegularFile, "open", errno);
-  FdCloser closer(fd);
+  UniqueFd closer(fd);
   if (::fstat(fd, &st) != 0) return ErrnoError("fstat", path, errno);
   if (!S_ISREG(st.st_mode)) return RefusedEntry(path, st.st_mode, EntryType::kRegularFile);
   return File(closer.Release(), std::move(path));

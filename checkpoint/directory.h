@@ -87,6 +87,11 @@ class File {
   File(const File&) = delete;
   File& operator=(const File&) = delete;
 
+  // A regular file another process opened and passed to this one (SCM_RIGHTS), adopted:
+  // ownership of `fd` is taken (closed on error). INVALID_ARGUMENT naming `path` (for messages
+  // only: nothing is opened by it) when the descriptor is not a regular file open for reading.
+  static absl::StatusOr<File> FromPassedDescriptor(int fd, std::string path);
+
   bool is_open() const { return fd_ >= 0; }
   int fd() const { return fd_; }
   const std::string& path() const { return path_; }
@@ -120,6 +125,12 @@ class Directory {
   // every operation on it and on everything opened from it.
   static absl::StatusOr<Directory> OpenRoot(std::string path,
                                             std::shared_ptr<StorageHooks> hooks = nullptr);
+
+  // A directory another process opened and passed to this one (SCM_RIGHTS), adopted as a root:
+  // that process chose it, with its own permissions, and vouches for it; what is below it is
+  // still reached without following links. Ownership of `fd` is taken (closed on error).
+  // INVALID_ARGUMENT naming `path` (for messages only) when the descriptor is not a directory.
+  static absl::StatusOr<Directory> FromPassedDescriptor(int fd, std::string path);
 
   ~Directory();
   Directory(Directory&& other) noexcept;

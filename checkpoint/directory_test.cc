@@ -135,6 +135,37 @@ TEST(DirectoryTest, OpenFileRefusesLinksDirectoriesAndFifosWithoutBlocking) {
   EXPECT_TRUE(outside.Unchanged());
 }
 
+// What a trainer passes over the attach socket is adopted only as what it claims to be: a
+// directory, or a regular file open for reading (a FIFO could block the worker's reads).
+TEST(DirectoryTest, PassedDescriptorsAreAdoptedOnlyAsWhatTheyClaimToBe) {
+  const std::string root = MakeTempDir("passed");
+  const std::string file = root + "/file";
+  ASSERT_EQ(::close(::open(file.c_str(), O_WRONLY | O_CREAT, 0644)), 0);
+  ASSERT_EQ(::mkfifo((root + "/fifo").c_str(), 0644), 0);
+
+  absl::StatusOr<Directory> directory = Directory::FromPassedDescriptor(
+      ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), "/named/by/the/trainer");
+  ASSERT_TRUE(directory.ok()) << directory.status();
+  EXPECT_EQ(directory->path(), "/named/by/the/trainer");
+  EXPECT_TRUE(directory->OpenFile("file").ok());
+  const absl::Status not_a_directory =
+      Directory::FromPassedDescriptor(::open(file.c_str(), O_RDONLY | O_CLOEXEC), "/x").status();
+  EXPECT_TRUE(absl::IsInvalidArgument(not_a_directory)) << not_a_directory;
+  EXPECT_TRUE(absl::StrContains(not_a_directory.message(),
+                                "/x: the descriptor passed for it is "
+                                "not a directory"))
+      << not_a_directory;
+
+  EXPECT_TRUE(File::FromPassedDescriptor(::open(file.c_str(), O_RDONLY | O_CLOEXEC), "/f").ok());
+  for (const int fd :
+       {::open(file.c_str(), O_WRONLY | O_CLOEXEC), ::open(file.c_str(), O_PATH | O_CLOEXEC),
+        ::open((root + "/fifo").c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC),
+        ::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), -1}) {
+    const absl::Status refused = File::FromPassedDescriptor(fd, "/f").status();
+    EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  }
+}
+
 TEST(DirectoryTest, CreateFileNeverWritesThroughALink) {
   const std::string root = MakeTempDir("create_file");
   const OutsideDirectory outside("create_file_outside");

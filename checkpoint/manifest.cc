@@ -165,14 +165,15 @@ absl::Status CheckNoForeignManifest(const Directory& step_dir,
       foreign = found.status();
     } else if (found->job_id() != manifest.job_id() ||
                found->generation() != manifest.generation() || found->step() != manifest.step()) {
-      foreign = absl::FailedPreconditionError(absl::StrCat(
-          path, " is the manifest of job ", found->job_id(), " generation ",
-          found->generation(), " step ", found->step()));
+      foreign = absl::FailedPreconditionError(
+          absl::StrCat(path, " is the manifest of job ", found->job_id(), " generation ",
+                       found->generation(), " step ", found->step()));
     }
   }
   if (foreign.ok()) return absl::OkStatus();
   return absl::FailedPreconditionError(absl::StrCat(
-      "cannot commit the checkpoint of step ", manifest.step(), ": the step directory already "
+      "cannot commit the checkpoint of step ", manifest.step(),
+      ": the step directory already "
       "holds a manifest.json the coordinator did not write (left in place; remove it): ",
       foreign.message()));
 }
@@ -373,7 +374,16 @@ absl::StatusOr<CommittedCheckpoint> OpenCommittedCheckpoint(
     const Directory& root, absl::string_view job_dir, int64_t step,
     std::optional<absl::string_view> job_id) {
   ZS_ASSIGN_OR_RETURN(Directory step_dir, OpenStepDirectory(root, job_dir, step));
+  return ReadCommittedCheckpoint(std::move(step_dir), step, job_id);
+}
+
+absl::StatusOr<CommittedCheckpoint> ReadCommittedCheckpoint(
+    Directory step_dir, int64_t step, std::optional<absl::string_view> job_id) {
   ZS_ASSIGN_OR_RETURN(v1::CheckpointManifest manifest, ReadManifest(step_dir));
+  if (manifest.step() != step) {
+    return absl::DataLossError(absl::StrCat(step_dir.PathOf(kManifestFileName), ": step ",
+                                            manifest.step(), ", not ", step));
+  }
   if (job_id.has_value() && manifest.job_id() != *job_id) {
     return RefusedError(absl::StrCat(step_dir.PathOf(kManifestFileName), " belongs to job \"",
                                      absl::CHexEscape(manifest.job_id()), "\", not to ", *job_id));

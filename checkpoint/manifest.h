@@ -161,6 +161,13 @@ absl::StatusOr<CommittedCheckpoint> OpenCommittedCheckpoint(
     const Directory& root, absl::string_view job_dir, int64_t step,
     std::optional<absl::string_view> job_id);
 
+// The committed checkpoint in `step_dir` (a directory a trainer opened and passed: a copy
+// anywhere, FromPassedDescriptor), which must hold the checkpoint of `step`. ReadManifest's
+// errors (DATA_LOSS when its step is another), and FAILED_PRECONDITION naming the manifest when
+// it belongs to another job than `job_id` (std::nullopt: any job's).
+absl::StatusOr<CommittedCheckpoint> ReadCommittedCheckpoint(
+    Directory step_dir, int64_t step, std::optional<absl::string_view> job_id);
+
 struct PruneResult {
   std::vector<int64_t> deleted_committed;    // oldest first
   std::vector<int64_t> deleted_uncommitted;  // oldest first

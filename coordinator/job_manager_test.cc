@@ -943,8 +943,8 @@ TEST_F(JobManagerTest, ACommitMeetingASparse20GbManifestFailsWithANotice) {
   ASSERT_TRUE(job.ok()) << job.status();
   const v1::Job running = *manager_->GetJob(job->id());
   const v1::CommitCheckpointRequest commit = WrittenCommit(running, 0, 4);
-  const std::string manifest_path = checkpoint::ManifestPath(checkpoint::StepDir(
-      checkpoint::JobCheckpointDir(checkpoint_root_, job->id()), 4));
+  const std::string manifest_path = checkpoint::ManifestPath(
+      checkpoint::StepDir(checkpoint::JobCheckpointDir(checkpoint_root_, job->id()), 4));
   constexpr int64_t kHuge = int64_t{20} << 30;
   const int fd = ::open(manifest_path.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0644);
   ASSERT_GE(fd, 0);
@@ -968,9 +968,9 @@ TEST_F(JobManagerTest, ACommitMeetingASparse20GbManifestFailsWithANotice) {
   ASSERT_EQ(notices.size(), 1u);
   EXPECT_TRUE(absl::StrContains(notices[0], "checkpoint at step 4 could not be committed"))
       << notices[0];
-  EXPECT_TRUE(absl::StrContains(notices[0],
-                                absl::StrCat(manifest_path, " holds ", kHuge,
-                                             " bytes, more than the ", checkpoint::kMaxManifestBytes)))
+  EXPECT_TRUE(absl::StrContains(
+      notices[0], absl::StrCat(manifest_path, " holds ", kHuge, " bytes, more than the ",
+                               checkpoint::kMaxManifestBytes)))
       << notices[0];
   EXPECT_EQ(std::filesystem::file_size(manifest_path), static_cast<uintmax_t>(kHuge));
 

@@ -38,6 +38,10 @@ ABSL_FLAG(std::string, cert, "",
 ABSL_FLAG(std::string, key, "", "PEM private key of --cert.");
 ABSL_FLAG(std::string, token_file, "",
           "File whose first line is this worker's token (default: $ZEROSHARD_TOKEN, if set).");
+ABSL_FLAG(bool, insecure, false,
+          "Send the token even without TLS (no --ca) to a --coordinator that is not loopback "
+          "(trusted networks only; also $ZEROSHARD_INSECURE=1). Without it such a token is "
+          "refused.");
 ABSL_FLAG(std::string, device, "cpu",
           "The device this worker owns: cpu, or cuda:N (CUDA device N; needs a build with "
           "--config=cuda).");
@@ -63,6 +67,10 @@ ABSL_FLAG(int, threads, 1, "Threads of the optimizer kernels.");
 ABSL_FLAG(std::string, attach_socket, "",
           "Unix socket (absolute path) on which attached PyTorch trainers connect to this worker "
           "(docs/pytorch.md); empty: attached jobs cannot run here.");
+ABSL_FLAG(std::string, attach_group, "",
+          "A group (name or number) whose processes may attach too: the attach socket is then "
+          "mode 0660 and owned by it. Default: only this worker's user (mode 0600), checked "
+          "with SO_PEERCRED on every connection.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory checkpoints are written to and resumed from: the coordinator's "
           "--checkpoint_root, the same path on every worker (e.g. a shared volume). Empty: no "
@@ -143,7 +151,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<zeroshard::attach::AttachListener> attach_listener;
   if (!absl::GetFlag(FLAGS_attach_socket).empty()) {
     absl::StatusOr<std::unique_ptr<zeroshard::attach::AttachListener>> listener =
-        zeroshard::attach::AttachListener::Create(absl::GetFlag(FLAGS_attach_socket));
+        zeroshard::attach::AttachListener::Create(absl::GetFlag(FLAGS_attach_socket),
+                                                  absl::GetFlag(FLAGS_attach_group));
     if (!listener.ok()) {
       ZS_LOG(ERROR) << "--" << listener.status().message();
       return 2;
@@ -187,6 +196,7 @@ int main(int argc, char** argv) {
     ZS_LOG(ERROR) << credentials.status().message();
     return 2;
   }
+  credentials->insecure |= absl::GetFlag(FLAGS_insecure);
   // One secret per daemon: heartbeats, progress reports, checkpoint commits and the rendezvous
   // store all use this one channel, so all of them present the current registration's secret.
   options.worker_secret = std::make_shared<zeroshard::security::WorkerSecret>();
@@ -213,6 +223,7 @@ int main(int argc, char** argv) {
         run_options.gloo = gloo;
         run_options.pinning = *pinning;
         run_options.attach_listen_fd = attach_listener != nullptr ? attach_listener->fd() : -1;
+        if (attach_listener != nullptr) run_options.attach_peers = attach_listener->peers();
         return zeroshard::worker::EngineTrainingRun::Start(assignment, std::move(run_options));
       });
   daemon_ptr = &daemon;

@@ -3,12 +3,15 @@ must raise an exception whose text names the parameter (issue 13). Prints one JS
 exits 1 when a case does not raise as expected.
 """
 
+import errno
 import json
+import os
 import sys
 
 import torch
 
 import zeroshard.torch as zt
+from zeroshard._proto.zeroshard.v1 import attach_pb2
 
 
 def linear_model():
@@ -90,6 +93,33 @@ def frozen_parameters_are_left_alone():
     return torch.equal(model[0].weight, frozen) and not torch.equal(model[2].weight, trained)
 
 
+def a_trainer_cannot_shrink_its_workers_blocks():
+    """Issue 25, item 1: a trainer that truncates a shared block it was given (ftruncate to 0)
+    used to make the worker's next access raise SIGBUS, killing the daemon with every run on it.
+    The blocks' sizes are sealed now: EPERM, and the job trains on."""
+    model = linear_model()
+    optimizer = zt.ShardedOptimizer(model, "sgd", lr=0.1)
+    try:
+        request = attach_pb2.AttachRequest()
+        request.map_block.block = optimizer._layouts[0].param_block
+        _, fd = optimizer._connection.call(request, with_fd=True)
+        try:
+            os.ftruncate(fd, 0)
+            refused = None
+        except OSError as e:
+            refused = e.errno
+        finally:
+            os.close(fd)
+        for _ in range(3):
+            model(torch.randn(5, 4)).pow(2).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        trained = optimizer.last_step is not None and optimizer.last_step.optimizer_step == 3
+    finally:
+        zt.finish(optimizer)
+    return refused == errno.EPERM and trained
+
+
 def main():
     zt.init()
     failures = 0
@@ -106,6 +136,10 @@ def main():
     ok = frozen_parameters_are_left_alone()
     failures += 0 if ok else 1
     print(json.dumps({"case": "frozen_parameters_are_left_alone", "ok": ok}), flush=True)
+    ok = a_trainer_cannot_shrink_its_workers_blocks()
+    failures += 0 if ok else 1
+    print(json.dumps({"case": "a_trainer_cannot_shrink_its_workers_blocks", "ok": ok}),
+          flush=True)
     return 1 if failures else 0
 
 

@@ -24,6 +24,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import attach_equivalence_script as eq
 import zeroshard.torch as zt
+from zeroshard._proto.zeroshard.v1 import attach_pb2
 
 TOLERANCE = 1e-6
 STEPS_BEFORE_SAVE = 5
@@ -261,6 +262,22 @@ def check_bad_inputs():
             message = str(e)
         ok = message is not None and expected_text in message
         report("bad_input", ok, case=case, message=message)
+    # A trainer speaking the protocol itself: a path outside the worker's checkpoint root, or a
+    # full state file, without the descriptor it must come as, is refused (issue 24: the worker
+    # opens no path on a trainer's word).
+    outside = attach_pb2.AttachRequest()
+    outside.load_state.manifest = "/tmp/zeroshard-elsewhere/step-000000000003/manifest.json"
+    full = attach_pb2.AttachRequest()
+    full.load_state.full_state_file = "/tmp/zeroshard-elsewhere/full_state.safetensors"
+    raw_cases = [
+        ("raw_manifest_outside_root_without_descriptor", outside,
+         "outside the worker's checkpoint root"),
+        ("raw_full_state_without_descriptor", full, "came without its descriptor"),
+    ]
+    for case, request, expected_text in raw_cases:
+        response, _ = optimizer._connection.call(request)
+        message = response.state_loaded.refused
+        report("bad_input", expected_text in message, case=case, message=message)
     unchanged = same_parameters(parameters(model), at_start) and \
         compare_states(optimizer.state_dict(consolidated=True), before) == 0.0
     run_steps(model, optimizer, 3, 1)

@@ -211,10 +211,15 @@ class AttachConnection:
             data.extend(chunk)
         return bytes(data), fds
 
-    def _send_frame(self, request):
+    def _send_frame(self, request, pass_fd=None):
         body = request.SerializeToString()
+        frame = struct.pack("<I", len(body)) + body
         try:
-            self._socket.sendall(struct.pack("<I", len(body)) + body)
+            if pass_fd is not None:
+                # The descriptor travels with the frame's first bytes (SCM_RIGHTS).
+                sent = socket.send_fds(self._socket, [frame], [pass_fd])
+                frame = frame[sent:]
+            self._socket.sendall(frame)
         except OSError as e:
             raise WorkerLost(f"the worker's connection broke: {e}") from e
 
@@ -222,10 +227,11 @@ class AttachConnection:
         """A request without an answer (ready, written)."""
         self._send_frame(request)
 
-    def call(self, request, with_fd=False):
-        """Sends `request` and returns (its AttachResponse, the descriptor it carried or None).
-        Raises AttachError when the worker answers with an error."""
-        self._send_frame(request)
+    def call(self, request, with_fd=False, pass_fd=None):
+        """Sends `request` (with `pass_fd`, a descriptor this process opened, when given: the
+        worker gets its own copy) and returns (its AttachResponse, the descriptor it carried or
+        None). Raises AttachError when the worker answers with an error."""
+        self._send_frame(request, pass_fd)
         return self.receive(with_fd=with_fd)
 
     def wait_readable(self, timeout):

@@ -807,7 +807,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._check_groups(state_dict["param_groups"])
         request = attach_pb2.AttachRequest()
         request.load_state.manifest = manifest
-        response, _ = self._connection.call(request)
+        # The worker reads the checkpoint through the step directory this process opens (with
+        # its own permissions): it opens no path outside its checkpoint root on our word.
+        step_dir = os.path.dirname(manifest)
+        try:
+            step_dir_fd = os.open(step_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError as e:
+            raise ValueError(f"manifest: cannot open the checkpoint's directory {step_dir}: "
+                             f"{e}") from e
+        try:
+            response, _ = self._connection.call(request, pass_fd=step_dir_fd)
+        finally:
+            os.close(step_dir_fd)
         if response.state_loaded.refused:
             raise ValueError(f"manifest: the workers refused {manifest}: "
                              f"{response.state_loaded.refused}")
@@ -873,7 +884,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
             request = attach_pb2.AttachRequest()
             request.load_state.full_state_file = path
             request.load_state.optimizer_step = optimizer_step
-            response, _ = self._connection.call(request)
+            # Passed open: the worker never opens a path a trainer names.
+            state_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                response, _ = self._connection.call(request, pass_fd=state_fd)
+            finally:
+                os.close(state_fd)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
         if response.state_loaded.refused:

@@ -11,9 +11,11 @@
 #include <cmath>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace zeroshard::attach {
@@ -21,8 +23,12 @@ namespace {
 
 // Waits for the listener are cut into slices this long, so that Abort() is seen in time.
 constexpr absl::Duration kAcceptSlice = absl::Milliseconds(50);
-// A connected trainer must say hello within this (a stray connection must not hold the worker).
-constexpr int kHelloTimeoutSeconds = 30;
+// A connected trainer must say hello within this; meanwhile other connections are served.
+constexpr absl::Duration kHelloTimeout = absl::Seconds(30);
+// Once a hello frame starts arriving, its whole frame must within this.
+constexpr int kHelloFrameTimeoutSeconds = 2;
+// Connections waiting for their hello at once; the oldest is dropped for a new one.
+constexpr size_t kMaxPendingConnections = 16;
 
 void SetReceiveTimeout(int fd, int seconds) {
   timeval timeout{seconds, 0};
@@ -49,69 +55,121 @@ void AttachedTrainer::Abort() {
   if (socket_ != nullptr) socket_->Shutdown();
 }
 
+namespace {
+
+// A connection that has not said hello yet.
+struct PendingConnection {
+  std::unique_ptr<FrameSocket> socket;
+  int fd = -1;
+  absl::Time hello_deadline;
+};
+
+}  // namespace
+
 absl::Status AttachedTrainer::Accept() {
+  // Connections are served side by side, each with its own hello deadline: a stray one that
+  // sends nothing neither holds back this rank's trainer nor hides Abort().
+  std::vector<PendingConnection> pending;
+  // Why the last trainer of this job was refused (for the deadline's error).
+  std::string last_refusal;
+  auto refuse = [](FrameSocket& connection, const std::string& why) {
+    v1::AttachResponse refusal;
+    refusal.set_error(why);
+    (void)connection.Write(refusal);
+  };
   while (true) {
     {
       absl::MutexLock lock(&abort_mu_);
       if (aborted_) return absl::CancelledError("aborted while waiting for the trainer");
     }
-    const absl::Duration remaining = options_.attach_deadline - absl::Now();
+    const absl::Time now = absl::Now();
+    const absl::Duration remaining = options_.attach_deadline - now;
     if (remaining <= absl::ZeroDuration()) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("no trainer of ", options_.job_id, " rank ", options_.rank,
-                       " attached in time (its launcher must start it and call zt.init())"));
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no trainer of ", options_.job_id, " rank ", options_.rank,
+          " attached in time (its launcher must start it and call zt.init())",
+          last_refusal.empty() ? "" : absl::StrCat("; the last one was refused: ", last_refusal)));
     }
-    pollfd listener{options_.listen_fd, POLLIN, 0};
-    const int ready = ::poll(&listener, 1,
+    pending.erase(
+        std::remove_if(pending.begin(), pending.end(),
+                       [&](const PendingConnection& c) { return c.hello_deadline <= now; }),
+        pending.end());
+    std::vector<pollfd> polled;
+    polled.push_back({options_.listen_fd, POLLIN, 0});
+    for (const PendingConnection& connection : pending)
+      polled.push_back({connection.fd, POLLIN, 0});
+    const int ready = ::poll(polled.data(), polled.size(),
                              static_cast<int>(absl::ToInt64Milliseconds(std::max(
                                  absl::Milliseconds(1), std::min(remaining, kAcceptSlice)))));
     if (ready <= 0) continue;
+    // Hellos first (polled[k + 1] is pending[k]), then new connections.
+    std::vector<PendingConnection> still_pending;
+    for (size_t k = 0; k < pending.size(); ++k) {
+      if (polled[k + 1].revents == 0) {
+        still_pending.push_back(std::move(pending[k]));
+        continue;
+      }
+      PendingConnection connection = std::move(pending[k]);
+      v1::AttachRequest request;
+      if (!connection.socket->Read(request).ok() || !request.has_hello()) continue;
+      // A trainer that connected and died before any generation accepted it (its launcher
+      // restarted the script) left its hello in the backlog; welcoming it would fail this
+      // generation.
+      if (PeerHungUp(connection.fd)) continue;
+      const v1::AttachHello& hello = request.hello();
+      if (hello.job_id() != options_.job_id) {
+        refuse(*connection.socket, absl::StrCat("this worker runs ", options_.job_id, " rank ",
+                                                options_.rank, ", not ", hello.job_id()));
+        continue;
+      }
+      std::string mismatch;
+      const std::string device_kind = backing_->device().kind;
+      const std::string trainer_device_kind =
+          hello.device_kind().empty() ? "cpu" : hello.device_kind();
+      if (hello.rank() != options_.rank || hello.world_size() != options_.world_size) {
+        mismatch =
+            absl::StrCat("the trainer is rank ", hello.rank(), " of ", hello.world_size(),
+                         ", this worker runs rank ", options_.rank, " of ", options_.world_size);
+      } else if (hello.layout_hash() != 0 && hello.layout_hash() != options_.layout_hash) {
+        mismatch = absl::StrCat("the trainer's model has layout hash ", hello.layout_hash(),
+                                ", the job's plan ", options_.layout_hash,
+                                " (a parameter differs in name, shape or group between ranks, "
+                                "or the model changed after the job was submitted)");
+      } else if (trainer_device_kind != device_kind) {
+        mismatch = absl::StrCat("the trainer's parameters are on ", trainer_device_kind,
+                                ", this worker's buffers on ", device_kind,
+                                " (the job's device_kind must match where the model is)");
+      }
+      if (!mismatch.empty()) {
+        // Only this connection is refused: anyone who can read the job id could otherwise fail
+        // the run. This rank's own trainer may still come.
+        refuse(*connection.socket, mismatch);
+        ZS_LOG(WARNING) << options_.job_id << " rank " << options_.rank
+                        << ": refused a trainer: " << mismatch;
+        last_refusal = mismatch;
+        continue;
+      }
+      SetReceiveTimeout(connection.fd, 0);
+      absl::MutexLock lock(&abort_mu_);
+      if (aborted_) return absl::CancelledError("aborted while the trainer attached");
+      socket_ = std::move(connection.socket);
+      return absl::OkStatus();
+    }
+    pending = std::move(still_pending);
+    if ((polled[0].revents & POLLIN) == 0) continue;
     const int fd = ::accept4(options_.listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) continue;
-    SetReceiveTimeout(fd, kHelloTimeoutSeconds);
     auto connection = std::make_unique<FrameSocket>(fd);
-    v1::AttachRequest request;
-    if (!connection->Read(request).ok() || !request.has_hello()) continue;
-    // A trainer that connected and died before any generation accepted it (its launcher
-    // restarted the script) left its hello in the backlog; welcoming it would fail this
-    // generation.
-    if (PeerHungUp(fd)) continue;
-    const v1::AttachHello& hello = request.hello();
-    v1::AttachResponse refusal;
-    if (hello.job_id() != options_.job_id) {
-      refusal.set_error(absl::StrCat("this worker runs ", options_.job_id, " rank ", options_.rank,
-                                     ", not ", hello.job_id()));
-      (void)connection->Write(refusal);
+    if (absl::Status allowed = options_.peers.Check(fd); !allowed.ok()) {
+      ZS_LOG(WARNING) << "attach socket: " << allowed.message();
+      refuse(*connection, std::string(allowed.message()));
       continue;
     }
-    std::string mismatch;
-    const std::string device_kind = backing_->device().kind;
-    const std::string trainer_device_kind =
-        hello.device_kind().empty() ? "cpu" : hello.device_kind();
-    if (hello.rank() != options_.rank || hello.world_size() != options_.world_size) {
-      mismatch =
-          absl::StrCat("the trainer is rank ", hello.rank(), " of ", hello.world_size(),
-                       ", this worker runs rank ", options_.rank, " of ", options_.world_size);
-    } else if (hello.layout_hash() != 0 && hello.layout_hash() != options_.layout_hash) {
-      mismatch = absl::StrCat("the trainer's model has layout hash ", hello.layout_hash(),
-                              ", the job's plan ", options_.layout_hash,
-                              " (a parameter differs in name, shape or group between ranks, "
-                              "or the model changed after the job was submitted)");
-    } else if (trainer_device_kind != device_kind) {
-      mismatch = absl::StrCat("the trainer's parameters are on ", trainer_device_kind,
-                              ", this worker's buffers on ", device_kind,
-                              " (the job's device_kind must match where the model is)");
-    }
-    if (!mismatch.empty()) {
-      refusal.set_error(mismatch);
-      (void)connection->Write(refusal);
-      return absl::FailedPreconditionError(mismatch);
-    }
-    SetReceiveTimeout(fd, 0);
-    absl::MutexLock lock(&abort_mu_);
-    if (aborted_) return absl::CancelledError("aborted while the trainer attached");
-    socket_ = std::move(connection);
-    return absl::OkStatus();
+    // Once its hello starts arriving, the rest of the frame may take this long (a trainer
+    // writes it whole).
+    SetReceiveTimeout(fd, kHelloFrameTimeoutSeconds);
+    if (pending.size() >= kMaxPendingConnections) pending.erase(pending.begin());
+    pending.push_back({std::move(connection), fd, absl::Now() + kHelloTimeout});
   }
 }
 
@@ -136,12 +194,24 @@ absl::Status AttachedTrainer::Fail(absl::Status status) {
 
 absl::Status AttachedTrainer::ReadRequest() {
   v1::AttachRequest request;
-  ZS_RETURN_IF_ERROR(socket_->Read(request));
+  // Only load_state may pass a descriptor (the checkpoint the trainer opened); any other is
+  // closed here.
+  UniqueFd passed;
+  ZS_RETURN_IF_ERROR(socket_->Read(request, &passed));
+  pending_fd_ = request.has_load_state() ? std::move(passed) : UniqueFd();
   pending_ = std::move(request);
   return absl::OkStatus();
 }
 
 absl::Status AttachedTrainer::MapBlock(const v1::MapBlock& request) {
+  // Only what the protocol hands this trainer: never the optimizer state, the masters or
+  // another bucket.
+  if (mappable_blocks_.count(request.block()) == 0) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "map_block: block ", request.block(),
+        " is not one a trainer maps (its parameters, its gradients, and the bucket buffers "
+        "`place` named)"));
+  }
   const std::optional<SharedBlock> block = backing_->FindById(request.block());
   if (!block.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat("map_block: no block ", request.block()));
@@ -199,6 +269,7 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
       return Fail(absl::InternalError("the engine's parameters are not in shared memory"));
     }
     layout.set_param_block(param_block->id);
+    mappable_blocks_.insert(param_block->id);
     layout.set_param_offset(static_cast<const char*>(params.data) - param_block->data);
     layout.set_grad_block(-1);
     if (zero2_) {
@@ -214,6 +285,7 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
       }
       full_gradients_[t] = gradient;
       layout.set_grad_block(grad_block->id);
+      mappable_blocks_.insert(grad_block->id);
       layout.set_grad_offset(reinterpret_cast<char*>(gradient) - grad_block->data);
     }
   }
@@ -296,7 +368,8 @@ absl::Status AttachedTrainer::ServeStateRequest(const v1::AttachRequest& request
     if (!state_handlers_.load) {
       response.mutable_state_loaded()->set_refused("this worker cannot load attached state");
     } else {
-      absl::StatusOr<v1::StateLoaded> loaded = state_handlers_.load(request.load_state());
+      absl::StatusOr<v1::StateLoaded> loaded =
+          state_handlers_.load(request.load_state(), std::move(pending_fd_));
       if (!loaded.ok()) return Fail(loaded.status());
       *response.mutable_state_loaded() = *std::move(loaded);
     }
@@ -418,6 +491,7 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
         if (!served.ok()) break;
         open_segment_ = segment;
         v1::AttachResponse response;
+        mappable_blocks_.insert(block->id);
         response.mutable_place()->set_block(block->id);
         response.mutable_place()->set_offset(reinterpret_cast<char*>(place.data()) - block->data);
         served = Reply(response);

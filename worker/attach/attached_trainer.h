@@ -8,6 +8,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -15,6 +16,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/unique_fd.h"
+#include "worker/attach/attach_listener.h"
 #include "worker/attach/frame_socket.h"
 #include "worker/attach/shared_blocks.h"
 #include "worker/engine/device_ops.h"
@@ -25,8 +28,10 @@
 namespace zeroshard::attach {
 
 struct AttachedTrainerOptions {
-  // The worker's listening unix socket (not owned): the trainer's connection is accepted here.
+  // The worker's listening unix socket (not owned): the trainer's connection is accepted here,
+  // from a peer `peers` allows (AttachListener::peers()).
   int listen_fd = -1;
+  AttachPeerPolicy peers;
   std::string job_id;
   int64_t generation = 0;
   int32_t rank = 0;
@@ -43,10 +48,11 @@ struct AttachedTrainerOptions {
 
 // What the run does for the trainer's state requests between steps (state_dict() and
 // load_state_dict()). Each answers with its response message; a refusal (nothing changed) is
-// its `refused` text, an error ends the run.
+// its `refused` text, an error ends the run. `load` gets the descriptor the load_state frame
+// carried (attach.proto: the source the trainer opened), empty when none came.
 struct AttachedStateHandlers {
   std::function<absl::StatusOr<v1::StateSaved>()> save;
-  std::function<absl::StatusOr<v1::StateLoaded>(const v1::LoadState&)> load;
+  std::function<absl::StatusOr<v1::StateLoaded>(const v1::LoadState&, UniqueFd source)> load;
 };
 
 // The protocol (proto/zeroshard/v1/attach.proto), from the worker's side:
@@ -83,6 +89,9 @@ class AttachedTrainer final : public workloads::Workload {
   void Abort();
   // Serves save_state / load_state from now on (without them, they are refused).
   void SetStateHandlers(AttachedStateHandlers handlers);
+  // Lets map_block serve `block` as if the welcome or a `place` had named it (protocol tests
+  // without an engine).
+  void AllowMapBlockForTesting(int32_t block) { mappable_blocks_.insert(block); }
 
   // workloads::Workload.
   absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const override;
@@ -123,9 +132,14 @@ class AttachedTrainer final : public workloads::Workload {
   std::vector<int64_t> tensor_elements_;
   std::vector<float*> full_gradients_;  // ddp/zero1: each tensor's gradient view
   std::vector<std::vector<float>> initial_;
+  // The blocks map_block serves: the welcome's parameter and gradient blocks, and each bucket
+  // buffer's once `place` named it.
+  std::set<int32_t> mappable_blocks_;
 
-  // The request being served, if read but not yet handled.
+  // The request being served, if read but not yet handled, and the descriptor a pending
+  // load_state carried.
   std::optional<v1::AttachRequest> pending_;
+  UniqueFd pending_fd_;
   // This step: tensors marked ready (ddp/zero1), the next tensor to hand over, the open zero2
   // segment.
   std::vector<bool> ready_;

@@ -7,6 +7,8 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -21,29 +23,64 @@ void FrameSocket::Shutdown() {
   ::shutdown(fd_, SHUT_RDWR);
 }
 
-absl::Status FrameSocket::ReadExactly(char* data, size_t size, bool frame_started) {
+namespace {
+
+// Room for a few descriptors, so that a frame carrying more than one is seen (and refused) rather
+// than silently truncated.
+constexpr int kMaxReceivedFds = 4;
+
+}  // namespace
+
+absl::Status FrameSocket::ReadExactly(char* data, size_t size, bool frame_started,
+                                      std::vector<UniqueFd>& passed) {
   size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::recv(fd_, data + done, size - done, 0);
+    iovec io{data + done, size - done};
+    msghdr header{};
+    header.msg_iov = &io;
+    header.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxReceivedFds)];
+    header.msg_control = control;
+    header.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd_, &header, MSG_CMSG_CLOEXEC);
+    const int error = errno;
+    if (n > 0) {
+      for (cmsghdr* c = CMSG_FIRSTHDR(&header); c != nullptr; c = CMSG_NXTHDR(&header, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t k = 0; k < count; ++k) {
+          int fd = -1;
+          std::memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+          passed.emplace_back(fd);
+        }
+      }
+    }
     if (shut_down_.load()) return absl::CancelledError("the attach connection was shut down");
     if (n > 0) {
+      if ((header.msg_flags & MSG_CTRUNC) != 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("an attach frame carried more than ", kMaxReceivedFds, " descriptors"));
+      }
       done += static_cast<size_t>(n);
       continue;
     }
-    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && error == EINTR) continue;
     if (n == 0 && done == 0 && !frame_started) {
       return absl::UnavailableError("the trainer closed its connection");
     }
     return absl::UnavailableError(
         absl::StrCat("the trainer's connection broke: ",
-                     n == 0 ? "end of stream inside a frame" : std::strerror(errno)));
+                     n == 0 ? "end of stream inside a frame" : std::strerror(error)));
   }
   return absl::OkStatus();
 }
 
-absl::Status FrameSocket::Read(google::protobuf::MessageLite& message) {
+absl::Status FrameSocket::Read(google::protobuf::MessageLite& message, UniqueFd* passed_fd) {
+  if (passed_fd != nullptr) passed_fd->Reset();
+  std::vector<UniqueFd> passed;
   unsigned char header[4];
-  if (absl::Status read = ReadExactly(reinterpret_cast<char*>(header), 4, false); !read.ok()) {
+  if (absl::Status read = ReadExactly(reinterpret_cast<char*>(header), 4, false, passed);
+      !read.ok()) {
     return read;
   }
   const uint32_t length = uint32_t{header[0]} | uint32_t{header[1]} << 8 |
@@ -53,10 +90,15 @@ absl::Status FrameSocket::Read(google::protobuf::MessageLite& message) {
         absl::StrCat("attach frame of ", length, " bytes (at most ", kMaxFrameBytes, ")"));
   }
   std::string body(length, '\0');
-  if (absl::Status read = ReadExactly(body.data(), length, true); !read.ok()) return read;
+  if (absl::Status read = ReadExactly(body.data(), length, true, passed); !read.ok()) return read;
+  if (passed.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("an attach frame carried ", passed.size(), " descriptors (at most one)"));
+  }
   if (!message.ParseFromString(body)) {
     return absl::InvalidArgumentError(absl::StrCat("unparsable attach frame (", length, " bytes)"));
   }
+  if (passed_fd != nullptr && !passed.empty()) *passed_fd = std::move(passed.front());
   return absl::OkStatus();
 }
 

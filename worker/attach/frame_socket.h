@@ -6,8 +6,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "common/unique_fd.h"
 #include "google/protobuf/message_lite.h"
 
 namespace zeroshard::attach {
@@ -27,15 +29,20 @@ class FrameSocket {
 
   // Blocks for the next frame. UNAVAILABLE when the peer closed the connection (between frames
   // or inside one), CANCELLED after Shutdown(), INVALID_ARGUMENT for an oversized or unparsable
-  // frame.
-  absl::Status Read(google::protobuf::MessageLite& message);
+  // frame, or one that carried more than one descriptor (all are closed). The descriptor a
+  // frame carried goes to `passed_fd` (left empty when none came); without `passed_fd` it is
+  // closed, so a peer cannot fill this process's descriptor table.
+  absl::Status Read(google::protobuf::MessageLite& message, UniqueFd* passed_fd = nullptr);
   // Sends one frame, with `pass_fd` as SCM_RIGHTS when >= 0 (the descriptor stays open here).
   absl::Status Write(const google::protobuf::MessageLite& message, int pass_fd = -1);
   // Ends a blocked Read (CANCELLED) and every later call.
   void Shutdown();
 
  private:
-  absl::Status ReadExactly(char* data, size_t size, bool frame_started);
+  // Reads `size` bytes; descriptors that come with them are appended to `passed` (a truncated
+  // control message, more than fit, is INVALID_ARGUMENT).
+  absl::Status ReadExactly(char* data, size_t size, bool frame_started,
+                           std::vector<UniqueFd>& passed);
 
   const int fd_;
   std::atomic<bool> shut_down_{false};

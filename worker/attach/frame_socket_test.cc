@@ -2,6 +2,7 @@
 // closed peer, an oversized frame and Shutdown() end a Read with the documented codes.
 #include "worker/attach/frame_socket.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -80,6 +81,79 @@ TEST(FrameSocketTest, ClosedPeerOversizedFrameAndShutdownEndARead) {
   worker.Shutdown();
   reader.join();
   EXPECT_TRUE(absl::IsCancelled(status)) << status;
+  close(fds[1]);
+}
+
+// Sends one frame holding `message` from `fd` with `count` copies of `pass_fd` (SCM_RIGHTS), in
+// one sendmsg, as a trainer does.
+void SendWithDescriptors(int fd, const v1::AttachRequest& message, int pass_fd, int count) {
+  std::string frame(4, '\0');
+  ASSERT_TRUE(message.AppendToString(&frame));
+  const uint32_t length = static_cast<uint32_t>(frame.size() - 4);
+  for (int k = 0; k < 4; ++k) frame[k] = static_cast<char>((length >> (8 * k)) & 0xff);
+  iovec io{frame.data(), frame.size()};
+  msghdr header{};
+  header.msg_iov = &io;
+  header.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 8)];
+  std::memset(control, 0, sizeof(control));
+  header.msg_control = control;
+  header.msg_controllen = CMSG_SPACE(sizeof(int) * count);
+  cmsghdr* rights = CMSG_FIRSTHDR(&header);
+  rights->cmsg_level = SOL_SOCKET;
+  rights->cmsg_type = SCM_RIGHTS;
+  rights->cmsg_len = CMSG_LEN(sizeof(int) * count);
+  for (int k = 0; k < count; ++k) {
+    std::memcpy(CMSG_DATA(rights) + k * sizeof(int), &pass_fd, sizeof(int));
+  }
+  ASSERT_EQ(sendmsg(fd, &header, 0), static_cast<ssize_t>(frame.size()));
+}
+
+// Whether the pipe whose read end is `read_fd` still has a writer: false once every copy of its
+// write end is closed (a read then sees end of file).
+bool PipeHasWriter(int read_fd) {
+  pollfd poll_fd{read_fd, POLLIN, 0};
+  return poll(&poll_fd, 1, 0) == 0;
+}
+
+// A trainer passes the descriptor of what it opened with load_state: it reaches the reader. A
+// descriptor the reader did not ask for is closed, and a frame with more than one is refused
+// with every copy closed: a trainer cannot fill the worker's descriptor table.
+TEST(FrameSocketTest, AReadTakesTheFramesDescriptorAndClosesWhatItDidNotAskFor) {
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  FrameSocket worker(fds[0]);
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  v1::AttachRequest request;
+  request.mutable_load_state()->set_full_state_file("/tmp/x.safetensors");
+
+  SendWithDescriptors(fds[1], request, pipe_fds[1], 1);
+  v1::AttachRequest received;
+  UniqueFd passed;
+  ASSERT_TRUE(worker.Read(received, &passed).ok());
+  EXPECT_EQ(received.load_state().full_state_file(), "/tmp/x.safetensors");
+  ASSERT_TRUE(passed.valid());
+  ASSERT_EQ(write(passed.get(), "y", 1), 1);
+  char byte = 0;
+  ASSERT_EQ(read(pipe_fds[0], &byte, 1), 1);
+  EXPECT_EQ(byte, 'y');
+
+  // A frame without one leaves `passed` empty.
+  ASSERT_TRUE(FrameSocket(dup(fds[1])).Write(request).ok());
+  ASSERT_TRUE(worker.Read(received, &passed).ok());
+  EXPECT_FALSE(passed.valid());
+
+  // Unasked for, and three at once: closed.
+  SendWithDescriptors(fds[1], request, pipe_fds[1], 1);
+  ASSERT_TRUE(worker.Read(received).ok());
+  SendWithDescriptors(fds[1], request, pipe_fds[1], 3);
+  const absl::Status three = worker.Read(received, &passed);
+  EXPECT_TRUE(absl::IsInvalidArgument(three)) << three;
+  EXPECT_FALSE(passed.valid());
+  close(pipe_fds[1]);
+  EXPECT_FALSE(PipeHasWriter(pipe_fds[0]));
+  close(pipe_fds[0]);
   close(fds[1]);
 }
 

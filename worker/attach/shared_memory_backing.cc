@@ -1,6 +1,7 @@
-// SharedMemoryBacking: one memfd per block.
+// SharedMemoryBacking: one memfd per block, its size sealed.
 #include "worker/attach/shared_memory_backing.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -19,9 +20,13 @@ SharedMemoryBacking::~SharedMemoryBacking() {
 void* SharedMemoryBacking::AllocateZeroed(int64_t bytes) {
   // mmap refuses 0 bytes; an empty block still gets its own page.
   const int64_t size = std::max<int64_t>(bytes, 1);
-  const int fd = ::memfd_create("zeroshard-engine", MFD_CLOEXEC);
+  const int fd = ::memfd_create("zeroshard-engine", MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return nullptr;
-  if (::ftruncate(fd, size) != 0) {
+  // The size sealed: a trainer holding the descriptor cannot shrink the block under the worker's
+  // mapping (its next access would be SIGBUS, killing the daemon and every run on it), nor grow
+  // it, nor change the seals.
+  if (::ftruncate(fd, size) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
     ::close(fd);
     return nullptr;
   }

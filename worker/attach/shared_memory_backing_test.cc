@@ -2,8 +2,11 @@
 // descriptor (a second mapping of the fd sees the same bytes, as a trainer's does).
 #include "worker/attach/shared_memory_backing.h"
 
+#include <fcntl.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 #include "gtest/gtest.h"
@@ -42,6 +45,25 @@ TEST(SharedMemoryBackingTest, BlocksAreZeroedFoundAndSharedThroughTheirDescripto
   EXPECT_FALSE(backing.FindById(0).has_value());
   EXPECT_FALSE(backing.Find(first).has_value());
   EXPECT_TRUE(backing.FindById(1).has_value());
+}
+
+// Issue 25, item 1: a trainer holding a block's descriptor could ftruncate it to 0, and the
+// worker's next access raised SIGBUS, killing the daemon (before, memfds were not sealable).
+// Now the size is sealed: the truncation fails with EPERM and the worker's memory stays.
+TEST(SharedMemoryBackingTest, ATrainerCannotShrinkGrowOrUnsealABlock) {
+  SharedMemoryBacking backing;
+  char* block = static_cast<char*>(backing.AllocateZeroed(8192));
+  ASSERT_NE(block, nullptr);
+  const int fd = backing.Find(block)->fd;
+  errno = 0;
+  EXPECT_EQ(::ftruncate(fd, 0), -1);
+  EXPECT_EQ(errno, EPERM);
+  EXPECT_EQ(::ftruncate(fd, 1 << 20), -1);
+  EXPECT_EQ(::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE), -1);
+  EXPECT_EQ(::fcntl(fd, F_GET_SEALS) & (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL),
+            F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL);
+  block[8191] = 7;  // still mapped, still backed: no SIGBUS
+  EXPECT_EQ(block[8191], 7);
 }
 
 }  // namespace

@@ -86,11 +86,68 @@ absl::Status VerifyRanges(const checkpoint::CheckpointReader& reader,
   return absl::OkStatus();
 }
 
+// One candidate: this rank's verdict (the files open, hold this model, and every range it needs
+// reads back with its checksum), every rank's agreement, and the restore when all can read it.
+// False when it was passed over (reported in loaded.passed_over).
+absl::StatusOr<bool> TryCheckpoint(absl::StatusOr<checkpoint::CommittedCheckpoint> candidate,
+                                   int64_t step, const std::string& directory,
+                                   const CheckpointLoadOptions& options,
+                                   const sharding::ShardPlan& plan, engine::Engine& engine,
+                                   comm::Store& store, LoadedCheckpoint& loaded) {
+  absl::StatusOr<std::unique_ptr<checkpoint::CheckpointReader>> reader =
+      candidate.ok()
+          ? checkpoint::CheckpointReader::Open(*std::move(candidate))
+          : absl::StatusOr<std::unique_ptr<checkpoint::CheckpointReader>>(candidate.status());
+  absl::Status verdict = reader.status();
+  if (verdict.ok()) {
+    ZS_RETURN_IF_ERROR(CheckSameModel((*reader)->header(), plan, options, directory));
+    verdict = VerifyRanges(**reader, plan, engine);
+  }
+  // Every rank's verdict, so that all load the same checkpoint.
+  ZS_ASSIGN_OR_RETURN(const std::vector<std::string> refusals,
+                      Agree(store, options.store_prefix, step, options.rank, options.world_size,
+                            verdict, options.agreement_timeout));
+  if (!refusals.empty()) {
+    loaded.passed_over.push_back(absl::StrCat("checkpoint at step ", step, " (", directory,
+                                              ") unusable: ", absl::StrJoin(refusals, "; ")));
+    ZS_LOG(WARNING) << loaded.passed_over.back();
+    return false;
+  }
+  const v1::ShardHeader& header = (*reader)->header();
+  engine::Engine::SavedScalars scalars;
+  scalars.optimizer_step = header.optimizer_step();
+  scalars.loss_scale = header.loss_scale();
+  scalars.good_steps = header.loss_scale_good_steps();
+  ZS_RETURN_IF_ERROR(engine.RestoreState(
+      scalars, [&](const engine::Engine::SavedFragment& range, absl::Span<char> out) {
+        return (*reader)->Read(range.state, plan.tensors()[range.tensor].name, range.begin,
+                               range.end, out.data(), out.size());
+      }));
+  loaded.step = step;
+  loaded.directory = directory;
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& options,
                                                 const sharding::ShardPlan& plan,
                                                 engine::Engine& engine, comm::Store& store) {
+  LoadedCheckpoint loaded;
+  if (options.named_step_dir != nullptr) {
+    // The one checkpoint the trainer opened: every rank considers it, readable here or not.
+    const std::string& directory = options.named_step_dir->path();
+    absl::StatusOr<checkpoint::Directory> step_dir = options.named_step_dir->Duplicate();
+    absl::StatusOr<checkpoint::CommittedCheckpoint> candidate =
+        step_dir.ok() ? checkpoint::ReadCommittedCheckpoint(*std::move(step_dir), options.max_step,
+                                                            options.job_id)
+                      : step_dir.status();
+    ZS_ASSIGN_OR_RETURN(const bool restored,
+                        TryCheckpoint(std::move(candidate), options.max_step, directory, options,
+                                      plan, engine, store, loaded));
+    if (restored) return loaded;
+    return absl::DataLossError(absl::StrJoin(loaded.passed_over, "; "));
+  }
   const std::string job_path = options.job_dir.empty()
                                    ? options.root
                                    : checkpoint::JobCheckpointDir(options.root, options.job_dir);
@@ -98,7 +155,6 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& opt
                       checkpoint::Directory::OpenRoot(options.root));
   ZS_ASSIGN_OR_RETURN(checkpoint::CheckpointListing listing,
                       checkpoint::ListCheckpoints(root, options.job_dir, options.job_id));
-  LoadedCheckpoint loaded;
   // Links and other jobs' checkpoints in range: never loaded, reported.
   for (const checkpoint::RefusedStep& refused : listing.refused) {
     if (refused.step > options.max_step || refused.step < options.min_step) continue;
@@ -111,38 +167,9 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& opt
     if (candidate.step > options.max_step || candidate.step < options.min_step) continue;
     const int64_t step = candidate.step;
     const std::string directory = candidate.directory;
-    // This rank's verdict: the files open, hold this model, and every range it needs reads back
-    // with its checksum.
-    absl::StatusOr<std::unique_ptr<checkpoint::CheckpointReader>> reader =
-        checkpoint::CheckpointReader::Open(std::move(candidate));
-    absl::Status verdict = reader.status();
-    if (verdict.ok()) {
-      ZS_RETURN_IF_ERROR(CheckSameModel((*reader)->header(), plan, options, directory));
-      verdict = VerifyRanges(**reader, plan, engine);
-    }
-    // Every rank's verdict, so that all load the same checkpoint.
-    ZS_ASSIGN_OR_RETURN(const std::vector<std::string> refusals,
-                        Agree(store, options.store_prefix, step, options.rank, options.world_size,
-                              verdict, options.agreement_timeout));
-    if (!refusals.empty()) {
-      loaded.passed_over.push_back(absl::StrCat("checkpoint at step ", step, " (", directory,
-                                                ") unusable: ", absl::StrJoin(refusals, "; ")));
-      ZS_LOG(WARNING) << loaded.passed_over.back();
-      continue;
-    }
-    const v1::ShardHeader& header = (*reader)->header();
-    engine::Engine::SavedScalars scalars;
-    scalars.optimizer_step = header.optimizer_step();
-    scalars.loss_scale = header.loss_scale();
-    scalars.good_steps = header.loss_scale_good_steps();
-    ZS_RETURN_IF_ERROR(engine.RestoreState(
-        scalars, [&](const engine::Engine::SavedFragment& range, absl::Span<char> out) {
-          return (*reader)->Read(range.state, plan.tensors()[range.tensor].name, range.begin,
-                                 range.end, out.data(), out.size());
-        }));
-    loaded.step = step;
-    loaded.directory = directory;
-    return loaded;
+    ZS_ASSIGN_OR_RETURN(const bool restored, TryCheckpoint(std::move(candidate), step, directory,
+                                                           options, plan, engine, store, loaded));
+    if (restored) return loaded;
   }
   return absl::DataLossError(absl::StrCat(
       "no usable checkpoint at or before step ", options.max_step,
@@ -153,7 +180,8 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& opt
 }
 
 absl::StatusOr<NamedCheckpoint> LocateNamedCheckpoint(absl::string_view checkpoint_root,
-                                                      absl::string_view manifest_path) {
+                                                      absl::string_view manifest_path,
+                                                      UniqueFd passed_step_dir) {
   const std::filesystem::path manifest(std::string{manifest_path});
   const std::filesystem::path step_dir = manifest.parent_path();
   const std::optional<int64_t> step = checkpoint::ParseStepDirName(step_dir.filename().string());
@@ -163,9 +191,16 @@ absl::StatusOr<NamedCheckpoint> LocateNamedCheckpoint(absl::string_view checkpoi
                                                    "\" is not the absolute path of a checkpoint's ",
                                                    checkpoint::kManifestFileName));
   }
-  const std::filesystem::path job_dir = step_dir.parent_path().lexically_normal();
   NamedCheckpoint named;
   named.step = *step;
+  if (passed_step_dir.valid()) {
+    ZS_ASSIGN_OR_RETURN(checkpoint::Directory opened,
+                        checkpoint::Directory::FromPassedDescriptor(
+                            passed_step_dir.Release(), step_dir.lexically_normal().string()));
+    named.step_dir = std::make_shared<const checkpoint::Directory>(std::move(opened));
+    return named;
+  }
+  const std::filesystem::path job_dir = step_dir.parent_path().lexically_normal();
   if (!checkpoint_root.empty()) {
     std::error_code error;
     const std::filesystem::path root =
@@ -178,15 +213,20 @@ absl::StatusOr<NamedCheckpoint> LocateNamedCheckpoint(absl::string_view checkpoi
       return named;
     }
   }
-  named.root = job_dir.string();
-  return named;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "manifest: \"", manifest_path, "\" is outside the worker's checkpoint root",
+      checkpoint_root.empty() ? "" : absl::StrCat(" ", checkpoint_root),
+      ": a checkpoint elsewhere must come as the descriptor of its step directory, opened by the "
+      "trainer and passed with load_state (zeroshard.torch does; the worker opens no path outside "
+      "its root on a trainer's word)"));
 }
 
-absl::Status LoadFullState(const FullStateLoadOptions& options, const sharding::ShardPlan& plan,
-                           engine::Engine& engine, comm::Store& store) {
+absl::Status LoadFullState(const FullStateLoadOptions& options, checkpoint::File file,
+                           const sharding::ShardPlan& plan, engine::Engine& engine,
+                           comm::Store& store) {
   const std::vector<engine::Engine::SavedFragment> ranges = engine.RestoredRanges();
   absl::StatusOr<std::unique_ptr<checkpoint::SafetensorsReader>> reader =
-      checkpoint::SafetensorsReader::Open(options.path);
+      checkpoint::SafetensorsReader::Open(std::move(file));
   absl::Status verdict = reader.status();
   // Each range's tensor, checked before any rank changes its engine.
   std::vector<const checkpoint::TensorInfo*> sources;

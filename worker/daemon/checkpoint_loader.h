@@ -7,6 +7,7 @@
 #define ZEROSHARD_WORKER_DAEMON_CHECKPOINT_LOADER_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,6 +15,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "checkpoint/directory.h"
+#include "common/unique_fd.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/store.h"
 #include "worker/engine/engine.h"
@@ -32,6 +35,10 @@ struct CheckpointLoadOptions {
   // reported, never loaded. std::nullopt: any job's, only for a checkpoint a trainer names
   // explicitly (load_state_dict of another job's state dict, LocateNamedCheckpoint).
   std::optional<std::string> job_id;
+  // A step directory the trainer opened and passed over the attach socket (a checkpoint it named
+  // explicitly, LocateNamedCheckpoint): the only candidate, of step max_step; root and job_dir
+  // are unused. Null: the checkpoints of root/job_dir.
+  std::shared_ptr<const checkpoint::Directory> named_step_dir;
   // The newest step to consider: the generation's resume_from.
   int64_t max_step = 0;
   // The oldest step to consider (an attached trainer's load_state_dict names one checkpoint:
@@ -72,22 +79,27 @@ absl::StatusOr<LoadedCheckpoint> LoadCheckpoint(const CheckpointLoadOptions& opt
 // Where an attached trainer's load_state_dict finds the checkpoint it names by the absolute path
 // of its manifest.json.
 struct NamedCheckpoint {
-  std::string root;     // opened as a trusted root
+  std::string root;     // opened as a trusted root (when step_dir is null)
   std::string job_dir;  // below root, walked without following links ("" for root itself)
   int64_t step = 0;
+  // The step directory the trainer passed, when it did: read through it, never by path.
+  std::shared_ptr<const checkpoint::Directory> step_dir;
 };
 
-// A manifest path under `checkpoint_root` (lexically) is walked from that root, one component at
-// a time without following links, like the job's own checkpoints. Elsewhere (a copy the trainer
-// made) the step directory's parent is the root: the trainer named it, and vouches for it; the
-// files in the step directory are still opened without following links. INVALID_ARGUMENT naming
-// the path when it is not the absolute path of a step directory's manifest.json.
+// With `passed_step_dir` (the descriptor of the step directory the trainer opened and passed
+// with its request), the checkpoint is read through it: the trainer opened it with its own
+// permissions, and the path only names it in messages. Without one, a manifest path under
+// `checkpoint_root` (lexically) is walked from that root, one component at a time without
+// following links, like the job's own checkpoints; a path elsewhere is refused: the worker
+// opens nothing outside its checkpoint root on a trainer's word (issue 24). INVALID_ARGUMENT
+// naming the path when it is not the absolute path of a step directory's manifest.json, is
+// outside the root without a descriptor, or the descriptor is not a directory.
 absl::StatusOr<NamedCheckpoint> LocateNamedCheckpoint(absl::string_view checkpoint_root,
-                                                      absl::string_view manifest_path);
+                                                      absl::string_view manifest_path,
+                                                      UniqueFd passed_step_dir);
 
 struct FullStateLoadOptions {
-  // A safetensors file of whole F32 tensors named "<state>/<tensor>" (SavedFragment's state,
-  // the plan's tensor name): "param" and every state array the engine saves.
+  // The file's path, for messages (the file itself comes open: LoadFullState's `file`).
   std::string path;
   int64_t optimizer_step = 0;
   int32_t rank = 0;
@@ -97,13 +109,16 @@ struct FullStateLoadOptions {
   absl::Duration agreement_timeout = absl::Minutes(2);
 };
 
-// Restores `engine` (between steps) from a full state file, each rank reading the ranges it
-// restores. Every rank checks its ranges first (the file opens, each tensor is there, F32, of
-// the tensor's size) and the ranks agree through `store`: FAILED_PRECONDITION naming the rank,
-// tensor and state when any refuses, with the engine unchanged. Every rank of the generation
-// must call it with the same file contents and options but its own rank.
-absl::Status LoadFullState(const FullStateLoadOptions& options, const sharding::ShardPlan& plan,
-                           engine::Engine& engine, comm::Store& store);
+// Restores `engine` (between steps) from a full state file: `file` is a safetensors file of
+// whole F32 tensors named "<state>/<tensor>" (SavedFragment's state, the plan's tensor name),
+// "param" and every state array the engine saves; attached trainers pass it open. Each rank
+// reads the ranges it restores. Every rank checks its ranges first (the file opens, each tensor is
+// there, F32, of the tensor's size) and the ranks agree through `store`: FAILED_PRECONDITION naming
+// the rank, tensor and state when any refuses, with the engine unchanged. Every rank of the
+// generation must call it with the same file contents and options but its own rank.
+absl::Status LoadFullState(const FullStateLoadOptions& options, checkpoint::File file,
+                           const sharding::ShardPlan& plan, engine::Engine& engine,
+                           comm::Store& store);
 
 }  // namespace zeroshard::worker
 

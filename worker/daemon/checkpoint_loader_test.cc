@@ -5,8 +5,11 @@
 // Gloo (TCP loopback).
 #include "worker/daemon/checkpoint_loader.h"
 
+#include <fcntl.h>
+
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
@@ -153,17 +156,21 @@ std::vector<RankOutcome> RunOnTwoRanks(const LoadFn& load_fn) {
 
 // Two ranks: initialise, take one step, then LoadFullState(path) between steps.
 std::vector<RankOutcome> LoadOnTwoRanks(const std::string& path, int64_t optimizer_step) {
-  return RunOnTwoRanks(
-      [&](int rank, const sharding::ShardPlan& plan, engine::Engine& engine, comm::Store& store) {
-        FullStateLoadOptions load;
-        load.path = path;
-        load.optimizer_step = optimizer_step;
-        load.rank = rank;
-        load.world_size = kWorldSize;
-        load.store_prefix = "test-load/";
-        load.agreement_timeout = absl::Seconds(30);
-        return LoadFullState(load, plan, engine, store);
-      });
+  return RunOnTwoRanks([&](int rank, const sharding::ShardPlan& plan, engine::Engine& engine,
+                           comm::Store& store) {
+    // Each rank's trainer opens the file and passes it.
+    absl::StatusOr<checkpoint::File> file =
+        checkpoint::File::FromPassedDescriptor(::open(path.c_str(), O_RDONLY | O_CLOEXEC), path);
+    if (!file.ok()) return file.status();
+    FullStateLoadOptions load;
+    load.path = path;
+    load.optimizer_step = optimizer_step;
+    load.rank = rank;
+    load.world_size = kWorldSize;
+    load.store_prefix = "test-load/";
+    load.agreement_timeout = absl::Seconds(30);
+    return LoadFullState(load, *std::move(file), plan, engine, store);
+  });
 }
 
 int ArrayIndex(const std::string& state) {
@@ -346,8 +353,10 @@ TEST(LoadCheckpointTest, OnlyTheJobsOwnCheckpointsUnlessOneIsNamed) {
       << passed_over;
 
   absl::StatusOr<NamedCheckpoint> named =
-      LocateNamedCheckpoint(root, checkpoint::ManifestPath(checkpoint::StepDir(
-                                      checkpoint::JobCheckpointDir(root, kJobDir), 20)));
+      LocateNamedCheckpoint(root,
+                            checkpoint::ManifestPath(checkpoint::StepDir(
+                                checkpoint::JobCheckpointDir(root, kJobDir), 20)),
+                            UniqueFd());
   ASSERT_TRUE(named.ok()) << named.status();
   CheckpointLoadOptions load;
   load.root = named->root;
@@ -418,30 +427,85 @@ TEST(LoadCheckpointTest, NewestIsByGenerationThenStep) {
   ExpectLoaded(LoadCheckpointOnTwoRanks(JobLoad(root, 40)), 30);
 }
 
-TEST(LoadCheckpointTest, LocateNamedCheckpointWalksTheRootOrTrustsWhatTheTrainerNamed) {
-  absl::StatusOr<NamedCheckpoint> under =
-      LocateNamedCheckpoint("/ckpt", "/ckpt/team/job-1/step-000000000020/manifest.json");
+TEST(LoadCheckpointTest, LocateNamedCheckpointWalksTheRootOrReadsThroughThePassedDescriptor) {
+  absl::StatusOr<NamedCheckpoint> under = LocateNamedCheckpoint(
+      "/ckpt", "/ckpt/team/job-1/step-000000000020/manifest.json", UniqueFd());
   ASSERT_TRUE(under.ok()) << under.status();
   EXPECT_EQ(under->root, "/ckpt");
   EXPECT_EQ(under->job_dir, "team/job-1");
   EXPECT_EQ(under->step, 20);
-  absl::StatusOr<NamedCheckpoint> elsewhere =
-      LocateNamedCheckpoint("/ckpt", "/home/me/copy/step-000000000020/manifest.json");
-  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status();
-  EXPECT_EQ(elsewhere->root, "/home/me/copy");
-  EXPECT_EQ(elsewhere->job_dir, "");
-  // Lexically outside the root, however it is spelled.
-  absl::StatusOr<NamedCheckpoint> escaping =
-      LocateNamedCheckpoint("/ckpt", "/ckpt/../etc/step-000000000020/manifest.json");
-  ASSERT_TRUE(escaping.ok()) << escaping.status();
-  EXPECT_EQ(escaping->root, "/etc");
-  EXPECT_EQ(escaping->job_dir, "");
+  EXPECT_EQ(under->step_dir, nullptr);
+  // Outside the root, however it is spelled, a path alone is refused: the worker opens nothing
+  // there on a trainer's word (before issue 24 it opened /home/me/copy and /etc).
+  for (const char* outside : {"/home/me/copy/step-000000000020/manifest.json",
+                              "/ckpt/../etc/step-000000000020/manifest.json"}) {
+    const absl::Status refused = LocateNamedCheckpoint("/ckpt", outside, UniqueFd()).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+    EXPECT_TRUE(absl::StrContains(refused.message(), "outside the worker's checkpoint root"))
+        << refused;
+  }
+  // With the step directory's descriptor, the path only names it.
+  const std::string copy = checkpoint::testing::MakeTempDir("named_copy");
+  const absl::StatusOr<NamedCheckpoint> passed =
+      LocateNamedCheckpoint("/ckpt", "/home/me/copy/step-000000000020/manifest.json",
+                            UniqueFd(::open(copy.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+  ASSERT_TRUE(passed.ok()) << passed.status();
+  ASSERT_NE(passed->step_dir, nullptr);
+  EXPECT_EQ(passed->step_dir->path(), "/home/me/copy/step-000000000020");
+  EXPECT_EQ(passed->step, 20);
+  // A descriptor of something else than a directory is refused.
+  const std::string file = copy + "/not-a-directory";
+  std::ofstream(file) << "x";
+  const absl::Status not_a_directory =
+      LocateNamedCheckpoint("/ckpt", "/home/me/copy/step-000000000020/manifest.json",
+                            UniqueFd(::open(file.c_str(), O_RDONLY | O_CLOEXEC)))
+          .status();
+  EXPECT_EQ(not_a_directory.code(), absl::StatusCode::kInvalidArgument) << not_a_directory;
+  EXPECT_TRUE(absl::StrContains(not_a_directory.message(), "not a directory")) << not_a_directory;
   for (const char* bad :
        {"relative/step-000000000020/manifest.json", "/ckpt/job/step-20/manifest.json",
         "/ckpt/job/step-000000000020/x.json"}) {
-    EXPECT_EQ(LocateNamedCheckpoint("/ckpt", bad).status().code(),
+    EXPECT_EQ(LocateNamedCheckpoint("/ckpt", bad, UniqueFd()).status().code(),
               absl::StatusCode::kInvalidArgument)
         << bad;
+  }
+}
+
+// Issue 24, decided detail: a checkpoint outside the root (a copy the trainer made) reaches the
+// worker as the descriptor of its step directory, opened by the trainer; every rank reads
+// through its own, and a link inside it is still refused, never followed.
+TEST(LoadCheckpointTest, ACopyOutsideTheRootLoadsThroughThePassedDescriptor) {
+  const std::string outside = checkpoint::testing::MakeTempDir("passed_copy");
+  ASSERT_TRUE(checkpoint::WriteManifest(
+                  Root(outside), "",
+                  WriteCheckpointFiles(checkpoint::StepDir(outside, 30), 30, 1, "job-000007"))
+                  .ok());
+  auto load_passed = [&](const std::string& step_dir) {
+    CheckpointLoadOptions load;
+    load.named_step_dir =
+        std::make_shared<const checkpoint::Directory>(*checkpoint::Directory::FromPassedDescriptor(
+            ::open(step_dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC), step_dir));
+    load.job_id = std::nullopt;  // named explicitly: another job's
+    load.min_step = load.max_step = 30;
+    load.store_prefix = absl::StrCat("passed-", step_dir.size(), "/");
+    return LoadCheckpointOnTwoRanks(load);
+  };
+  ExpectLoaded(load_passed(checkpoint::StepDir(outside, 30)), 30);
+
+  // The shard file a link to a copy of itself: refused by every rank, named.
+  const std::string linked = checkpoint::testing::MakeTempDir("passed_link");
+  const std::string step_dir = checkpoint::StepDir(linked, 30);
+  std::filesystem::copy(checkpoint::StepDir(outside, 30), step_dir);
+  const std::string shard = step_dir + "/" + checkpoint::ShardFileName(0, 1);
+  std::filesystem::remove(shard);
+  std::filesystem::create_symlink(
+      checkpoint::StepDir(outside, 30) + "/" + checkpoint::ShardFileName(0, 1), shard);
+  const CheckpointLoadOutcome refused = load_passed(step_dir);
+  for (int rank = 0; rank < kWorldSize; ++rank) {
+    EXPECT_TRUE(absl::IsDataLoss(refused.loaded[rank].status())) << refused.loaded[rank].status();
+    EXPECT_TRUE(
+        absl::StrContains(refused.loaded[rank].status().message(), shard + " is a symbolic link"))
+        << refused.loaded[rank].status();
   }
 }
 

@@ -376,6 +376,7 @@ absl::Status EngineTrainingRun::Train() {
   if (attached) {
     attach::AttachedTrainerOptions trainer_options;
     trainer_options.listen_fd = options_.attach_listen_fd;
+    trainer_options.peers = options_.attach_peers;
     trainer_options.job_id = assignment_.job_id();
     trainer_options.generation = assignment_.generation();
     trainer_options.rank = static_cast<int32_t>(rank);
@@ -630,14 +631,15 @@ absl::Status EngineTrainingRun::Train() {
     saved.set_world_size(static_cast<int32_t>(world_size));
     return saved;
   };
-  auto load_state = [&](const v1::LoadState& request) -> absl::StatusOr<v1::StateLoaded> {
+  auto load_state = [&](const v1::LoadState& request,
+                        UniqueFd source) -> absl::StatusOr<v1::StateLoaded> {
     v1::StateLoaded loaded;
     // Every rank counts its loads alike, so a load's verdicts have keys of their own.
     const std::string store_prefix = absl::StrCat("state-load-", ++state_loads, "/");
     absl::Status status;
     if (request.source_case() == v1::LoadState::kManifest) {
       const absl::StatusOr<NamedCheckpoint> named =
-          LocateNamedCheckpoint(options_.checkpoint_root, request.manifest());
+          LocateNamedCheckpoint(options_.checkpoint_root, request.manifest(), std::move(source));
       if (!named.ok()) {
         loaded.set_refused(std::string(named.status().message()));
         return loaded;
@@ -645,6 +647,7 @@ absl::Status EngineTrainingRun::Train() {
       CheckpointLoadOptions load;
       load.root = named->root;
       load.job_dir = named->job_dir;
+      load.named_step_dir = named->step_dir;
       // Named explicitly by the trainer: it may be another job's (docs/pytorch.md).
       load.job_id = std::nullopt;
       load.min_step = load.max_step = named->step;
@@ -659,13 +662,27 @@ absl::Status EngineTrainingRun::Train() {
         loaded.set_refused(absl::StrCat("optimizer_step: ", request.optimizer_step(), " < 0"));
         return loaded;
       }
+      // Never opened by path: the trainer wrote it where the worker may not (issue 24).
+      if (!source.valid()) {
+        loaded.set_refused(absl::StrCat(
+            "full_state_file: \"", request.full_state_file(),
+            "\" came without its descriptor: the trainer must open the file and pass it with "
+            "load_state (zeroshard.torch does; the worker opens no path on a trainer's word)"));
+        return loaded;
+      }
+      absl::StatusOr<checkpoint::File> file =
+          checkpoint::File::FromPassedDescriptor(source.Release(), request.full_state_file());
+      if (!file.ok()) {
+        loaded.set_refused(absl::StrCat("full_state_file: ", file.status().message()));
+        return loaded;
+      }
       FullStateLoadOptions load;
       load.path = request.full_state_file();
       load.optimizer_step = request.optimizer_step();
       load.rank = static_cast<int32_t>(rank);
       load.world_size = static_cast<int32_t>(world_size);
       load.store_prefix = store_prefix;
-      status = LoadFullState(load, plan, *engine, store);
+      status = LoadFullState(load, *std::move(file), plan, *engine, store);
     } else {
       loaded.set_refused("load_state: names no source");
       return loaded;

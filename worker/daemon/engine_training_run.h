@@ -13,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "sharding/shard_planner.h"
+#include "worker/attach/attach_listener.h"
 #include "worker/comm/abort_signal.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo_communicator.h"
@@ -50,6 +51,8 @@ struct EngineTrainingRunOptions {
   // The worker's listening attach socket (docs/pytorch.md), not owned; -1: none, and attached
   // jobs fail. An attached run accepts its trainer here.
   int attach_listen_fd = -1;
+  // Who may attach there (AttachListener::peers()).
+  attach::AttachPeerPolicy attach_peers;
   // How long an attached run waits for its trainer to connect and say hello.
   absl::Duration attach_timeout = absl::Minutes(2);
 };
