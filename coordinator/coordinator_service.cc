@@ -659,7 +659,7 @@ grpc::ServerUnaryReactor* CoordinatorService::GetJob(grpc::CallbackServerContext
       context, Method::kGetJob, raw_request, raw_response,
       [&](const security::Identity& caller, const v1::GetJobRequest* request,
           v1::Job* response) -> absl::Status {
-        ZS_ASSIGN_OR_RETURN(*response, coordinator::GetJob(*manager_, *request));
+        ZS_ASSIGN_OR_RETURN(*response, coordinator::GetJob(*manager_, *request, caller.name));
         return absl::OkStatus();
       });
 }

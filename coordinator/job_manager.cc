@@ -142,6 +142,10 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
     record.job = std::move(job);
     // In id order, so a directory two old jobs named stays the first one's.
     manager->checkpoint_dir_claims_.Claim(record.job.spec().checkpoint().dir(), id);
+    if (!record.job.spec().run_key().empty()) {
+      manager->jobs_by_run_key_.emplace(
+          std::make_pair(record.job.submitter(), record.job.spec().run_key()), id);
+    }
     record.last_sequence = stored.last_sequence;
     record.stored_events = stored.events;
     record.thin_above = manager->options_.max_events_per_job;
@@ -457,6 +461,13 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
   // planner's own limits).
   ZS_RETURN_IF_ERROR(jobspec::PlanForJob(spec, spec.min_workers()).status());
   ZS_RETURN_IF_ERROR(CheckCheckpointDirLocked(submitted, spec, submitter, may_name_any_job));
+  if (!spec.run_key().empty()) {
+    const auto taken = jobs_by_run_key_.find(std::make_pair(submitter, spec.run_key()));
+    if (taken != jobs_by_run_key_.end()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "run_key: \"", spec.run_key(), "\" is already the key of your job ", taken->second));
+    }
+  }
 
   JobRecord record;
   record.job.set_id(id);
@@ -483,6 +494,9 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
   record.thin_above = options_.max_events_per_job;
   ++next_job_number_;
   checkpoint_dir_claims_.Claim(record.job.spec().checkpoint().dir(), id);
+  if (!record.job.spec().run_key().empty()) {
+    jobs_by_run_key_.emplace(std::make_pair(submitter, record.job.spec().run_key()), id);
+  }
   if (!submitter.empty()) ++pending_jobs_by_submitter_[submitter];
   jobs_.emplace(id, std::move(record));
   ZS_LOG(INFO) << "job " << id << " submitted";
@@ -520,6 +534,18 @@ absl::Status JobManager::CheckCheckpointDirLocked(const v1::JobSpec& submitted,
 absl::StatusOr<v1::Job> JobManager::GetJob(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(job_id));
+  return record->job;
+}
+
+absl::StatusOr<v1::Job> JobManager::FindJobByRunKey(const std::string& submitter,
+                                                    const std::string& run_key) {
+  absl::MutexLock lock(&mu_);
+  const auto found = jobs_by_run_key_.find(std::make_pair(submitter, run_key));
+  if (found == jobs_by_run_key_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("run_key: you submitted no job with run key \"", run_key, "\""));
+  }
+  ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(found->second));
   return record->job;
 }
 

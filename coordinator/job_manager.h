@@ -278,6 +278,9 @@ class JobManager {
   absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec, const std::string& submitter = "",
                                     bool may_name_any_job = true);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
+  // The job `submitter` submitted with JobSpec.run_key `run_key`: an exact lookup. NOT_FOUND
+  // naming the key when there is none (another submitter's job with the key is not found).
+  absl::StatusOr<v1::Job> FindJobByRunKey(const std::string& submitter, const std::string& run_key);
   // Jobs (only those in `state` unless it is unspecified), newest first: a page after job N
   // holds jobs older than N.
   Page<v1::Job> ListJobs(v1::JobState state, const PageRequest& page);
@@ -584,6 +587,9 @@ class JobManager {
   // Every job's checkpoint directory, claimed when it was submitted (and again from the stored
   // jobs at start).
   CheckpointDirClaims checkpoint_dir_claims_ ABSL_GUARDED_BY(mu_);
+  // (submitter, JobSpec.run_key) -> job id, for every job that has a run key.
+  absl::flat_hash_map<std::pair<std::string, std::string>, std::string> jobs_by_run_key_
+      ABSL_GUARDED_BY(mu_);
   // The latest end of an adoption window (adoptions begin only in Create); past it no generation
   // is being adopted.
   absl::Time adoption_windows_end_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

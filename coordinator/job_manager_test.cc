@@ -981,6 +981,36 @@ TEST_F(JobManagerTest, ACommitMeetingASparse20GbManifestFailsWithANotice) {
   EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 6);
 }
 
+// Issue 25, item 8: trainers found their job by name, which anyone may reuse. A run key is an
+// exact lookup scoped to its submitter: another submitter's job with the same key (or name) is
+// never found, a second job of the same submitter with the key is ALREADY_EXISTS, and the index
+// survives a coordinator restart.
+TEST_F(JobManagerTest, ARunKeyFindsOnlyItsSubmittersJob) {
+  Register("a");
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_run_key("3f9a-1");
+  absl::StatusOr<v1::Job> mine = manager_->SubmitJob(spec, "alice", false);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  absl::StatusOr<v1::Job> theirs = manager_->SubmitJob(spec, "mallory", false);
+  ASSERT_TRUE(theirs.ok()) << theirs.status();  // a key of its own submitter: no clash
+  const absl::Status again = manager_->SubmitJob(spec, "alice", false).status();
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists) << again;
+  EXPECT_TRUE(absl::StartsWith(again.message(), "run_key: ")) << again;
+  spec.set_run_key("Not_A_Key");
+  EXPECT_EQ(manager_->SubmitJob(spec, "alice", false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  EXPECT_EQ(manager_->FindJobByRunKey("alice", "3f9a-1")->id(), mine->id());
+  EXPECT_EQ(manager_->FindJobByRunKey("mallory", "3f9a-1")->id(), theirs->id());
+  EXPECT_EQ(manager_->FindJobByRunKey("bob", "3f9a-1").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(manager_->FindJobByRunKey("alice", "3f9a-2").status().code(),
+            absl::StatusCode::kNotFound);
+  Start(dir_);  // a coordinator restart on the same state
+  EXPECT_EQ(manager_->FindJobByRunKey("alice", "3f9a-1")->id(), mine->id());
+  EXPECT_EQ(manager_->FindJobByRunKey("mallory", "3f9a-1")->id(), theirs->id());
+}
+
 TEST_F(JobManagerTest, ANoticeFromAnyRankBecomesAnEvent) {
   Register("a");
   Register("b");

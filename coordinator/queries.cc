@@ -86,8 +86,10 @@ absl::StatusOr<v1::ListJobsResponse> ListJobs(JobManager& manager,
   return response;
 }
 
-absl::StatusOr<v1::Job> GetJob(JobManager& manager, const v1::GetJobRequest& request) {
+absl::StatusOr<v1::Job> GetJob(JobManager& manager, const v1::GetJobRequest& request,
+                               const std::string& caller) {
   ZS_RETURN_IF_ERROR(ValidateGetJobRequest(request));
+  if (!request.run_key().empty()) return manager.FindJobByRunKey(caller, request.run_key());
   return manager.GetJob(request.job_id());
 }
 

@@ -23,7 +23,10 @@ absl::StatusOr<v1::ListWorkersResponse> ListWorkers(JobManager& manager,
                                                     const v1::ListWorkersRequest& request);
 absl::StatusOr<v1::ListJobsResponse> ListJobs(JobManager& manager,
                                               const v1::ListJobsRequest& request);
-absl::StatusOr<v1::Job> GetJob(JobManager& manager, const v1::GetJobRequest& request);
+// By id, or the `caller`'s job with request.run_key (the caller's name, as SubmitJob records
+// its submitter).
+absl::StatusOr<v1::Job> GetJob(JobManager& manager, const v1::GetJobRequest& request,
+                               const std::string& caller);
 absl::StatusOr<v1::ShardPlan> GetShardPlan(JobManager& manager,
                                            const v1::GetShardPlanRequest& request);
 

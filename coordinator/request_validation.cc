@@ -291,6 +291,12 @@ absl::Status ValidateSubmitJobRequest(const v1::SubmitJobRequest& request) {
 }
 
 absl::Status ValidateGetJobRequest(const v1::GetJobRequest& request) {
+  if (!request.run_key().empty()) {
+    if (!request.job_id().empty()) {
+      return absl::InvalidArgumentError("job_id, run_key: set one of them, not both");
+    }
+    return jobspec::CheckName("run_key", request.run_key());
+  }
   return CheckJobId("job_id", request.job_id());
 }
 

@@ -210,6 +210,9 @@ TEST(RequestValidationTest, ValidRequestsPass) {
   EXPECT_TRUE(ValidateListWorkersRequest(ValidListWorkers()).ok());
   EXPECT_TRUE(ValidateSubmitJobRequest(ValidSubmit()).ok());
   EXPECT_TRUE(ValidateGetJobRequest(ValidGetJob()).ok());
+  v1::GetJobRequest by_run_key;
+  by_run_key.set_run_key("0123abcd-1");
+  EXPECT_TRUE(ValidateGetJobRequest(by_run_key).ok());
   EXPECT_TRUE(ValidateListJobsRequest(ValidListJobs()).ok());
   v1::ListJobsRequest paged = ValidListJobs();
   paged.clear_limit();
@@ -569,6 +572,17 @@ INSTANTIATE_TEST_SUITE_P(
             "ShortJobId", ValidGetJob, ValidateGetJobRequest,
             [](v1::GetJobRequest& r) { r.set_job_id("job-42"); }, "job_id",
             "\"job-42\" is not a valid id (like \"job-000042\""),
+        Bad<v1::GetJobRequest>(
+            "JobIdAndRunKey", ValidGetJob, ValidateGetJobRequest,
+            [](v1::GetJobRequest& r) { r.set_run_key("abc-1"); }, "job_id, run_key",
+            "set one of them, not both"),
+        Bad<v1::GetJobRequest>(
+            "RunKeyNotAName", ValidGetJob, ValidateGetJobRequest,
+            [](v1::GetJobRequest& r) {
+              r.clear_job_id();
+              r.set_run_key("Abc/1");
+            },
+            "run_key", "characters of [a-z0-9-]"),
         Bad<v1::GetJobRequest>(
             "JobIdWithNul", ValidGetJob, ValidateGetJobRequest,
             [](v1::GetJobRequest& r) { r.set_job_id(std::string("job-000042\0", 11)); }, "job_id",

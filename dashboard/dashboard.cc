@@ -428,7 +428,7 @@ HttpResponse Dashboard::Api(const HttpRequest& request) {
       ZS_RETURN_IF_ERROR(CheckKnownParameters(request, {}));
       v1::GetJobRequest get;
       get.set_job_id(job_id);
-      ZS_ASSIGN_OR_RETURN(const v1::Job job, coordinator::GetJob(manager, get));
+      ZS_ASSIGN_OR_RETURN(const v1::Job job, coordinator::GetJob(manager, get, /*caller=*/""));
       ZS_RETURN_IF_ERROR(CheckReplySize(job.ByteSizeLong(), limit));
       return ToJson(job);
     });

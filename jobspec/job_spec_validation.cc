@@ -364,6 +364,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   const bool attached = spec.workload().has_attached();
   const int pinned = spec.workload().attached().workers_size();
   ZS_RETURN_IF_ERROR(jobspec::CheckName("name", spec.name()));
+  if (!spec.run_key().empty()) ZS_RETURN_IF_ERROR(jobspec::CheckName("run_key", spec.run_key()));
   ZS_RETURN_IF_ERROR(ValidateWorkload(spec.workload()));
   ZS_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
   ZS_RETURN_IF_ERROR(ValidateMode(spec.mode()));

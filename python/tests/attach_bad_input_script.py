@@ -11,7 +11,8 @@ import sys
 import torch
 
 import zeroshard.torch as zt
-from zeroshard._proto.zeroshard.v1 import attach_pb2
+from zeroshard._proto.zeroshard.v1 import attach_pb2, job_pb2
+from zeroshard.client import Client
 
 
 def linear_model():
@@ -120,6 +121,35 @@ def a_trainer_cannot_shrink_its_workers_blocks():
     return refused == errno.EPERM and trained
 
 
+def a_same_named_job_is_never_joined():
+    """Issue 25, item 8: rank 0 looked for a running job by its name before submitting (a
+    restarted script joins its job), and joined any job so named: here a decoy submitted just
+    before, with the name the next ShardedOptimizer's job gets. Ranks now find their job by the
+    launcher's random run key, so the decoy is left alone and the run trains in its own job."""
+    env = zt.init()
+    name = f"{env.run_id}-{zt._jobs_submitted + 1}"
+    with Client(env.coordinator) as client:
+        decoy = client.submit({"name": name, "workload": {"preset": "seed"},
+                               "optimizer": {"kind": "SGD", "lr": 0.1}, "mode": "ZERO2",
+                               "steps": 10, "minWorkers": 64})
+        try:
+            model = linear_model()
+            optimizer = zt.ShardedOptimizer(model, "sgd", lr=0.1)
+            try:
+                own_job = optimizer._job_id != decoy.id
+                for _ in range(2):
+                    model(torch.randn(5, 4)).pow(2).sum().backward()
+                    optimizer.step()
+                    optimizer.zero_grad()
+                trained = optimizer.last_step.optimizer_step == 2
+            finally:
+                zt.finish(optimizer)
+            decoy_untouched = client.get(decoy.id).state == job_pb2.PENDING
+        finally:
+            client.cancel(decoy.id, reason="test decoy")
+    return own_job and trained and decoy_untouched
+
+
 def main():
     zt.init()
     failures = 0
@@ -136,6 +166,9 @@ def main():
     ok = frozen_parameters_are_left_alone()
     failures += 0 if ok else 1
     print(json.dumps({"case": "frozen_parameters_are_left_alone", "ok": ok}), flush=True)
+    ok = a_same_named_job_is_never_joined()
+    failures += 0 if ok else 1
+    print(json.dumps({"case": "a_same_named_job_is_never_joined", "ok": ok}), flush=True)
     ok = a_trainer_cannot_shrink_its_workers_blocks()
     failures += 0 if ok else 1
     print(json.dumps({"case": "a_trainer_cannot_shrink_its_workers_blocks", "ok": ok}),

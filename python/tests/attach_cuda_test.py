@@ -164,6 +164,7 @@ class ParameterDeviceTest(unittest.TestCase):
         os.environ.update({"ZEROSHARD_COORDINATOR": "127.0.0.1:1", "ZEROSHARD_RANK": "0",
                            "ZEROSHARD_WORLD_SIZE": "1", "ZEROSHARD_WORKERS": "w0",
                            "ZEROSHARD_RUN_ID": "attach-cuda-test",
+                           "ZEROSHARD_RUN_KEY": "attach-cuda-test",
                            "ZEROSHARD_ATTACH_SOCKET": "/nonexistent"})
         import zeroshard.torch as zt
         self.zt = zt

@@ -32,6 +32,7 @@ class Trainer:
             "ZEROSHARD_WORLD_SIZE": str(len(workers)),
             "ZEROSHARD_WORKERS": ",".join(w.name for w in workers),
             "ZEROSHARD_RUN_ID": run_id,
+            "ZEROSHARD_RUN_KEY": run_id,
             "ZEROSHARD_ATTACH_SOCKET": workers[rank].attach_socket,
             "PYTHONPATH": os.path.join(runfiles_workspace(), "python"),
             "OMP_NUM_THREADS": "1",

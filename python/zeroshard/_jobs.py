@@ -1,18 +1,17 @@
-"""Finding a job by its spec name (zeroshard.launch's run id makes the names unique), for
-zeroshard.torch and zeroshard.launch."""
+"""Finding a job by its run key (JobSpec.run_key: zeroshard.launch gives every run a random one),
+for zeroshard.torch and zeroshard.launch. An exact lookup, scoped by the coordinator to the
+caller's own jobs: a job someone else submitted with the same name or key is never found."""
+
+import grpc
 
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2
 
 
-def find_job(stub, name):
-    """The job named `name` among the coordinator's (a CoordinatorStub), or None. Reads the
-    jobs newest first, page by page, until it finds it."""
-    request = coordinator_pb2.ListJobsRequest(page_size=1000)
-    while True:
-        response = stub.ListJobs(request, timeout=30)
-        for job in response.jobs:
-            if job.spec.name == name:
-                return job
-        if not response.next_page_token:
+def find_job(stub, run_key):
+    """The caller's job submitted with `run_key` (a CoordinatorStub asks), or None."""
+    try:
+        return stub.GetJob(coordinator_pb2.GetJobRequest(run_key=run_key), timeout=30)
+    except grpc.RpcError as e:
+        if e.code() == grpc.StatusCode.NOT_FOUND:
             return None
-        request.page_token = response.next_page_token
+        raise

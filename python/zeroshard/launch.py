@@ -9,7 +9,8 @@ workers on this host that serve attached trainers (their --attach_socket), since
 memory with its worker.
 
 It starts one trainer process per rank with ZEROSHARD_RANK, ZEROSHARD_WORLD_SIZE,
-ZEROSHARD_WORKERS (the workers' names in rank order), ZEROSHARD_RUN_ID (the job's name) and
+ZEROSHARD_WORKERS (the workers' names in rank order), ZEROSHARD_RUN_ID (the job's name),
+ZEROSHARD_RUN_KEY (a random key the ranks find the job by: JobSpec.run_key) and
 ZEROSHARD_ATTACH_SOCKET (its worker's socket) and ZEROSHARD_RESTART_COUNT (0, then 1, 2, ...
 after restarts) set; rank 0's ShardedOptimizer submits the job. torchrun's variables are set too
 (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT), so the same script can also run
@@ -28,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+import secrets
 import uuid
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -161,7 +163,7 @@ def exit_status(returncode):
     return returncode if returncode >= 0 else 128 - returncode
 
 
-def run_attempt(args, workers, run_id, restart_count):
+def run_attempt(args, workers, run_id, run_key, restart_count):
     """Runs one trainer per rank until all exit; when one fails, stops the others (their
     worker's run is over anyway). Returns 0 or the first failure's (rank, exit status)."""
     names = ",".join(w.name for w in workers)
@@ -174,6 +176,7 @@ def run_attempt(args, workers, run_id, restart_count):
             "ZEROSHARD_WORLD_SIZE": str(args.workers),
             "ZEROSHARD_WORKERS": names,
             "ZEROSHARD_RUN_ID": run_id,
+            "ZEROSHARD_RUN_KEY": run_key,
             "ZEROSHARD_ATTACH_SOCKET": worker.attach_socket,
             "ZEROSHARD_RESTART_COUNT": str(restart_count),
             "RANK": str(rank),
@@ -213,8 +216,9 @@ def stop_trainers(trainers, grace_s=10.0):
             trainer.wait()
 
 
-def generation_after_failure(coordinator, job_name, failed_generation, wait_s):
-    """After every trainer of `failed_generation` of job `job_name` is gone: the generation the
+def generation_after_failure(coordinator, job_name, job_key, failed_generation, wait_s):
+    """After every trainer of `failed_generation` of job `job_name` (found by its run key
+    `job_key`) is gone: the generation the
     restarted trainers will join, or None when the job will not run again (it ended, or the
     coordinator did not end the failed generation within `wait_s`)."""
     import grpc
@@ -226,7 +230,7 @@ def generation_after_failure(coordinator, job_name, failed_generation, wait_s):
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         while True:
             try:
-                job = find_job(stub, job_name)
+                job = find_job(stub, job_key)
             except grpc.RpcError as e:
                 job = None
                 if time.monotonic() >= deadline:
@@ -259,13 +263,16 @@ def run_trainers(args):
     coordinator = os.environ["ZEROSHARD_COORDINATOR"]
     workers = idle_attach_workers(coordinator, args.workers, args.wait_s)
     run_id = f"attached-{uuid.uuid4().hex[:12]}"
-    # zeroshard.torch names the script's first ShardedOptimizer's job so; the restarted
-    # script joins it.
+    # The ranks find their job by this key (JobSpec.run_key), not by its name.
+    run_key = secrets.token_hex(16)
+    # zeroshard.torch names the script's first ShardedOptimizer's job so, with this key; the
+    # restarted script joins it.
     job_name = f"{run_id}-1"
+    job_key = f"{run_key}-1"
     generation = 1  # the one the trainers join: a new job's first
     restarts = 0
     while True:
-        failure = run_attempt(args, workers, run_id, restarts)
+        failure = run_attempt(args, workers, run_id, run_key, restarts)
         if failure is None:
             return 0
         rank, status = failure
@@ -273,7 +280,7 @@ def run_trainers(args):
         if restarts >= args.max_restarts:
             log(f"not restarting: --max_restarts {args.max_restarts} reached")
             return status
-        generation = generation_after_failure(coordinator, job_name, generation,
+        generation = generation_after_failure(coordinator, job_name, job_key, generation,
                                               args.restart_wait_s)
         if generation is None:
             return status

@@ -81,6 +81,9 @@ class _Environment:
         self.world_size = int(required("ZEROSHARD_WORLD_SIZE"))
         self.workers = required("ZEROSHARD_WORKERS").split(",")
         self.run_id = required("ZEROSHARD_RUN_ID")
+        # Random, so that the ranks find the job rank 0 submitted by an exact lookup, and never
+        # a job someone else named alike.
+        self.run_key = required("ZEROSHARD_RUN_KEY")
         self.attach_socket = required("ZEROSHARD_ATTACH_SOCKET")
         if len(self.workers) != self.world_size or not 0 <= self.rank < self.world_size:
             raise RuntimeError(
@@ -229,6 +232,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         global _jobs_submitted
         _jobs_submitted += 1
         spec.name = f"{env.run_id}-{_jobs_submitted}"
+        spec.run_key = f"{env.run_key}-{_jobs_submitted}"
         for name, p in zip(self._names, self._params):
             tensor = spec.workload.attached.tensors.add()
             tensor.name = name
@@ -277,13 +281,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
     # ---- Joining the job and attaching ----
 
     def _join_job(self, spec):
-        """The id of the job named spec.name: rank 0 submits it unless a restarted script finds
-        it still running (then every rank joins it); the other ranks wait for it."""
+        """The id of this run's job (spec.run_key, an exact lookup among the caller's jobs):
+        rank 0 submits it unless a restarted script finds it still running (then every rank
+        joins it); the other ranks wait for it."""
         channel = _channel.coordinator_channel(self._env.coordinator)
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         try:
             if self._env.rank == 0:
-                existing = find_job(stub, spec.name)
+                existing = find_job(stub, spec.run_key)
                 if existing is None:
                     job = stub.SubmitJob(coordinator_pb2.SubmitJobRequest(spec=spec), timeout=30)
                     return job.id
@@ -295,7 +300,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 return existing.id
             deadline = time.monotonic() + _JOB_TIMEOUT_S
             while time.monotonic() < deadline:
-                job = find_job(stub, spec.name)
+                job = find_job(stub, spec.run_key)
                 if job is not None and job.state not in _FINAL_STATES:
                     return job.id
                 time.sleep(0.05)
