@@ -3,9 +3,9 @@ coordinator and workers from this test's runfiles): zt.ShardedOptimizer agrees w
 ZeroRedundancyOptimizer within 1e-6 after 30 steps for W = 1, 2, 3 (attach_equivalence_script.py
 says what it trains), also in zero2 with one bucket buffer per worker and small buckets (segments
 deferred while a reduction holds the buffer), zero2 leaves no .grad after any backward, parameters
-used twice (tied weights) train like torch's, and bad input raises an exception naming the
-parameter
-(attach_bad_input_script.py).
+used twice (tied weights) train like torch's, bad input raises an exception naming the
+parameter (attach_bad_input_script.py), and a trainer cannot map what the protocol did not name
+nor truncate its worker's blocks, nor join a same-named job (issue 25).
 """
 
 import json
@@ -47,6 +47,20 @@ class AttachEquivalenceTest(unittest.TestCase):
         # 1024-element buckets split the model in two, and one buffer holds one bucket at a time.
         self.check_world_size(2, cases=3, script_args=("--bucket_elems", "1024", "--mode", "zero2"),
                               launcher_args=("--worker_flag=--bucket_pool_size=1",))
+
+
+class HostileTrainerTest(unittest.TestCase):
+    """A real trainer asking a real worker for a block the protocol never named gets refused
+    (attach_hostile_trainer_script.py); before, the worker mapped its optimizer state for it."""
+
+    def test_map_block_of_an_unnamed_block_is_refused(self):
+        status, out = launch(1, os.path.join(HERE, "attach_hostile_trainer_script.py"))
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for line in lines:
+            print(json.dumps(line))
+        self.assertEqual(len(lines), 1, out)
+        self.assertTrue(lines[0]["ok"], lines[0])
+        self.assertEqual(status, 0, out)
 
 
 class SeedExampleTest(unittest.TestCase):
