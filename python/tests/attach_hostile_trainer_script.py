@@ -16,7 +16,11 @@ from zeroshard._proto.zeroshard.v1 import attach_pb2
 
 
 def main():
-    zt.init()
+    env = zt.init()
+    # Issue 25, item 3: the worker's socket is its user's alone (it followed the umask).
+    mode = os.stat(env.attach_socket).st_mode & 0o7777
+    print(json.dumps({"case": "attach_socket_mode", "ok": mode == 0o600, "mode": oct(mode)}),
+          flush=True)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     optimizer = zt.ShardedOptimizer(model, "adamw", lr=1e-3, mode="zero1")
@@ -36,7 +40,7 @@ def main():
                       "asked": unnamed, "error": error}), flush=True)
     # The run is over (the worker ended it): skip the exit-time finish.
     sys.stdout.flush()
-    os._exit(0 if ok else 1)
+    os._exit(0 if ok and mode == 0o600 else 1)
 
 
 if __name__ == "__main__":

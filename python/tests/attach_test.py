@@ -53,13 +53,14 @@ class HostileTrainerTest(unittest.TestCase):
     """A real trainer asking a real worker for a block the protocol never named gets refused
     (attach_hostile_trainer_script.py); before, the worker mapped its optimizer state for it."""
 
-    def test_map_block_of_an_unnamed_block_is_refused(self):
+    def test_socket_is_private_and_unnamed_blocks_are_refused(self):
         status, out = launch(1, os.path.join(HERE, "attach_hostile_trainer_script.py"))
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         for line in lines:
             print(json.dumps(line))
-        self.assertEqual(len(lines), 1, out)
-        self.assertTrue(lines[0]["ok"], lines[0])
+        self.assertEqual([line["case"] for line in lines],
+                         ["attach_socket_mode", "map_block_of_an_unnamed_block"], out)
+        self.assertEqual([line for line in lines if not line["ok"]], [])
         self.assertEqual(status, 0, out)
 
 
