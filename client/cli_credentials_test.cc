@@ -1,6 +1,10 @@
 // The CLI's credential flags against an in-process coordinator serving TLS (with optional and with
 // required client certificates): the right CA connects, a wrong CA or plaintext is refused with
-// exit 4, unusable credential flags exit 2 naming the flag, each as one line on stderr.
+// exit 4, unusable credential flags exit 2 naming the flag, each as one line on stderr. And a
+// plaintext coordinator: a token goes to it only over loopback or with --insecure.
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <sys/wait.h>
 
 #include <algorithm>
@@ -23,6 +27,22 @@ namespace {
 
 constexpr int kExitUsage = 2;
 constexpr int kExitUnreachable = 4;
+
+// An IPv4 address of this machine that is not loopback (e.g. eth0's), or "" when it has none.
+std::string NonLoopbackLocalAddress() {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string found;
+  for (ifaddrs* entry = list; entry != nullptr && found.empty(); entry = entry->ifa_next) {
+    if (entry->ifa_addr == nullptr || entry->ifa_addr->sa_family != AF_INET) continue;
+    const in_addr address = reinterpret_cast<sockaddr_in*>(entry->ifa_addr)->sin_addr;
+    if ((ntohl(address.s_addr) >> 24) == 127) continue;
+    char text[INET_ADDRSTRLEN];
+    if (inet_ntop(AF_INET, &address, text, sizeof(text)) != nullptr) found = text;
+  }
+  freeifaddrs(list);
+  return found;
+}
 
 struct CliResult {
   int exit_code = -1;
@@ -65,6 +85,20 @@ class CliCredentialsTest : public ::testing::Test {
     server_tokens_ = base_ + "/tokens";
     std::ofstream(server_tokens_) << "0123456789abcdef0123456789abcdef admin cli-admin\n"
                                   << "cert:cli-user viewer cli-user\n";
+  }
+
+  // A coordinator with our token table on `listen_address`, in plaintext.
+  std::unique_ptr<coordinator::CoordinatorServer> StartPlaintextServer(
+      const std::string& listen_address) {
+    coordinator::CoordinatorServerOptions options;
+    options.listen_address = listen_address;
+    options.metrics_port = -1;
+    options.state_dir = absl::StrCat(base_, "/state-plaintext");
+    options.token_file = server_tokens_;
+    absl::StatusOr<std::unique_ptr<coordinator::CoordinatorServer>> server =
+        coordinator::CoordinatorServer::Start(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    return server.ok() ? *std::move(server) : nullptr;
   }
 
   std::unique_ptr<coordinator::CoordinatorServer> StartServer(bool require_client_cert) {
@@ -160,6 +194,50 @@ TEST_F(CliCredentialsTest, UnusableCredentialFlagsNameTheFlag) {
     EXPECT_TRUE(absl::StrContains(result.err, bad.names)) << result.err;
     ExpectOneLine(result);
   }
+}
+
+// Fails on the code before issue 25 item 5, which sent the token in plaintext to any address: the
+// first call below was not refused (it dialled 192.0.2.1, exit 4, not 2), and the call without
+// --insecure to this machine's own non-loopback address listed the jobs (exit 0).
+TEST_F(CliCredentialsTest, ATokenGoesInPlaintextOnlyToLoopbackOrWithInsecure) {
+  const std::string token = absl::StrCat(" --token_file=", token_file_, " jobs");
+  // Refused before any connection: nothing needs to listen there (TEST-NET-1).
+  CliResult refused = Run("192.0.2.1:1", token);
+  EXPECT_EQ(refused.exit_code, kExitUsage) << refused.err;
+  EXPECT_TRUE(
+      absl::StrContains(refused.err, "refusing to send a token in plaintext to 192.0.2.1:1"))
+      << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "--insecure")) << refused.err;
+  EXPECT_TRUE(absl::StrContains(refused.err, "ZEROSHARD_INSECURE=1")) << refused.err;
+  ExpectOneLine(refused);
+  CliResult from_env =
+      Run("192.0.2.1:1", "jobs", "ZEROSHARD_TOKEN=0123456789abcdef0123456789abcdef");
+  EXPECT_EQ(from_env.exit_code, kExitUsage) << from_env.err;
+
+  // A real coordinator on every address: over loopback the token is sent as before.
+  std::unique_ptr<coordinator::CoordinatorServer> server = StartPlaintextServer("0.0.0.0:0");
+  ASSERT_NE(server, nullptr);
+  const std::string port = server->grpc_target().substr(server->grpc_target().rfind(':') + 1);
+  for (const std::string& loopback : {"127.0.0.1:", "localhost:"}) {
+    CliResult listed = Run(loopback + port, token);
+    EXPECT_EQ(listed.exit_code, 0) << loopback << ": " << listed.err;
+  }
+  const std::string address = NonLoopbackLocalAddress();
+  if (address.empty()) {
+    GTEST_SKIP() << "this machine has no non-loopback IPv4 address: --insecure over the network "
+                    "not exercised (the refusal above was)";
+  }
+  const std::string target = absl::StrCat(address, ":", port);
+  CliResult plain = Run(target, token);
+  EXPECT_EQ(plain.exit_code, kExitUsage) << plain.err;
+  EXPECT_TRUE(absl::StrContains(plain.err, "--insecure")) << plain.err;
+  // Without a token nothing secret is sent: the call goes out and is unauthenticated (exit 3).
+  EXPECT_EQ(Run(target, "jobs").exit_code, 3);
+  CliResult insecure = Run(target, "--insecure" + token);
+  EXPECT_EQ(insecure.exit_code, 0) << insecure.err;
+  EXPECT_TRUE(absl::StrContains(insecure.out, "SUBMITTER")) << insecure.out;
+  CliResult insecure_env = Run(target, token, "ZEROSHARD_INSECURE=1");
+  EXPECT_EQ(insecure_env.exit_code, 0) << insecure_env.err;
 }
 
 }  // namespace

@@ -43,6 +43,10 @@ ABSL_FLAG(std::string, cert, "", "PEM client certificate for mTLS (with --key an
 ABSL_FLAG(std::string, key, "", "PEM private key of --cert.");
 ABSL_FLAG(std::string, token_file, "",
           "File whose first line is your token (default: $ZEROSHARD_TOKEN, if set).");
+ABSL_FLAG(bool, insecure, false,
+          "Send the token even without TLS (no --ca) to a --coordinator that is not loopback "
+          "(trusted networks only; also $ZEROSHARD_INSECURE=1). Without it such a token is "
+          "refused.");
 // submit: each flag that is set overrides the spec file's field.
 ABSL_FLAG(std::optional<std::string>, name, std::nullopt, "submit: job name ([a-z0-9-]).");
 ABSL_FLAG(std::optional<std::string>, preset, std::nullopt,
@@ -97,7 +101,7 @@ namespace {
 
 constexpr char kUsage[] =
     R"(zeroshard [--coordinator=HOST:PORT] [--ca=CA.pem [--cert=C.pem --key=K.pem]]
-          [--token_file=FILE] COMMAND [ARGS]
+          [--token_file=FILE] [--insecure] COMMAND [ARGS]
 
 Commands:
   submit [SPEC_FILE] [flags]   submit a job (JSON or YAML spec file, and/or flags); --watch to follow it
@@ -386,6 +390,7 @@ int Run(std::vector<char*> args) {
       absl::GetFlag(FLAGS_ca), absl::GetFlag(FLAGS_cert), absl::GetFlag(FLAGS_key),
       absl::GetFlag(FLAGS_token_file));
   if (!credentials.ok()) return BadFlag(credentials.status());
+  credentials->insecure |= absl::GetFlag(FLAGS_insecure);
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> created =
       CoordinatorClient::Create(absl::GetFlag(FLAGS_coordinator), *credentials);
   if (!created.ok()) return BadFlag(created.status());

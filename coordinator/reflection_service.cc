@@ -9,6 +9,7 @@
 #include "common/log_escape.h"
 #include "coordinator/authorization.h"
 #include "google/protobuf/descriptor.pb.h"
+#include "grpc/health/v1/health.pb.h"
 #include "grpcpp/impl/server_builder_option.h"
 #include "grpcpp/impl/server_builder_plugin.h"
 #include "grpcpp/impl/server_initializer.h"
@@ -267,7 +268,12 @@ ReflectionService::ReflectionService(const security::Authenticator* authenticato
       options_(options),
       pool_(pool),
       v1alpha_(std::make_unique<V1AlphaService>(this)),
-      v1_(std::make_unique<V1Service>(this)) {}
+      v1_(std::make_unique<V1Service>(this)) {
+  // gRPC's own health service (EnableDefaultHealthCheckService) is upb code that puts no
+  // descriptors in the generated pool; naming ours links proto/grpc/health/v1 in, so reflection
+  // describes grpc.health.v1.Health and grpcurl can call it.
+  (void)grpc::health::v1::HealthCheckRequest::descriptor();
+}
 
 ReflectionService::~ReflectionService() = default;
 

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <map>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/client_interceptor.h"
 #include "security/identity.h"
+#include "security/loopback.h"
 #include "security/metadata.h"
 
 namespace zeroshard::security {
@@ -84,6 +86,8 @@ absl::StatusOr<ClientCredentials> ClientCredentialsFromFlags(const std::string& 
     credentials.token = std::string(absl::StripAsciiWhitespace(env));
     ZS_RETURN_IF_ERROR(CheckTokenSyntax("ZEROSHARD_TOKEN: ", credentials.token));
   }
+  const char* insecure = std::getenv(kInsecureEnv);
+  credentials.insecure = insecure != nullptr && std::string_view(insecure) == "1";
   return credentials;
 }
 
@@ -100,6 +104,13 @@ std::string WorkerSecret::Get() const {
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateCoordinatorChannel(
     const std::string& target, const ClientCredentials& credentials,
     const grpc::ChannelArguments& args, std::shared_ptr<const WorkerSecret> worker_secret) {
+  if (!credentials.token.empty() && !credentials.tls.enabled() && !credentials.insecure &&
+      !IsLoopbackTarget(target)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "refusing to send a token in plaintext to ", target,
+        ", which is not a loopback address: connect with TLS (--ca), or pass --insecure (or set ",
+        kInsecureEnv, "=1) to send it unencrypted as before (trusted networks only)"));
+  }
   ZS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> channel_credentials,
                       MakeChannelCredentials(credentials.tls));
   if (credentials.token.empty() && worker_secret == nullptr) {

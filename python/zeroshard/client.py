@@ -116,12 +116,15 @@ class Client:
     """
 
     def __init__(self, address=None, credentials=None, token=None, ca=None, cert=None,
-                 key=None, token_file=None):
+                 key=None, token_file=None, insecure=None):
         """Connects to `address` ("host:port"), by default $ZEROSHARD_COORDINATOR.
 
         Credentials, for a coordinator with TLS and a token file (docs/operations.md):
-        - `token`: sent as "authorization: Bearer <token>" on every call (also over plaintext);
-          default $ZEROSHARD_TOKEN. `token_file`: a file whose first line is the token.
+        - `token`: sent as "authorization: Bearer <token>" on every call; default
+          $ZEROSHARD_TOKEN. `token_file`: a file whose first line is the token. Without TLS the
+          token goes only to a loopback address (127.0.0.0/8, ::1, localhost, unix:), unless
+          `insecure` is true (default: $ZEROSHARD_INSECURE is "1"); otherwise
+          Error(INVALID_ARGUMENT) on field "token".
         - `ca`: PEM file of the CA that signed the coordinator's certificate: TLS (default
           $ZEROSHARD_CA); `cert` and `key`: PEM client certificate and key for mTLS (default
           $ZEROSHARD_CERT, $ZEROSHARD_KEY).
@@ -141,7 +144,8 @@ class Client:
                     raise ValueError("token_file: give token or token_file, not both")
                 token = _channel.read_token_file(token_file)
             self._channel = _channel.coordinator_channel(address, token=token, ca=ca, cert=cert,
-                                                         key=key, credentials=credentials)
+                                                         key=key, credentials=credentials,
+                                                         insecure=insecure)
         except ValueError as e:
             field = str(e).split(":", 1)[0].split(" ", 1)[0]
             raise _invalid(field, str(e).split(": ", 1)[-1]) from None
