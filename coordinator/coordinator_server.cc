@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -92,6 +93,13 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     http_options.port = options.metrics_port;
     http_options.max_connections = options.metrics_max_connections;
     http_options.idle_timeout = options.metrics_idle_timeout;
+    http_options.allowed_hosts = options.http_allowed_hosts.empty()
+                                     ? http::DefaultAllowedHosts(server->host_)
+                                     : options.http_allowed_hosts;
+    http_options.allowed_hosts_flag = "--http_allowed_hosts";
+    // Probes (a load balancer's, Kubernetes') and Prometheus ask by address; neither answer
+    // holds job data or needs credentials (the counts of /metrics are anyone's who can connect).
+    http_options.any_host_paths = {"/healthz", "/metrics"};
     CoordinatorServer* raw = server.get();
     http_options.handlers["/metrics"] = [raw] {
       return http::HttpResponse{200, "text/plain; version=0.0.4",
@@ -113,7 +121,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
     absl::StatusOr<std::unique_ptr<http::HttpServer>> started =
         http::HttpServer::Start(std::move(http_options));
     if (!started.ok()) {
-      // "port: ..." becomes "metrics_port: ...": the option (and flag) names.
+      // "port: ..." becomes "metrics_port: ...": the option (and flag) names. Errors of
+      // --http_allowed_hosts name it already.
+      if (absl::StartsWith(started.status().message(), "--")) return started.status();
       return absl::Status(started.status().code(),
                           absl::StrCat("metrics_", started.status().message()));
     }
@@ -136,7 +146,23 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
   return server;
 }
 
-absl::Status CoordinatorServer::ReloadTokens() { return authenticator_->Reload(); }
+absl::Status CoordinatorServer::ReloadTokens() {
+  ZS_RETURN_IF_ERROR(authenticator_->Reload());
+  const int64_t streams = service_->EndRevokedWatches();
+  size_t sessions = 0;
+  if (dashboard_ != nullptr) {
+    const security::Authenticator* authenticator = authenticator_.get();
+    sessions = dashboard_->sessions().RemoveRevoked(
+        [authenticator](const security::Identity& identity, const std::string& credential) {
+          return authenticator->Revoked(credential, identity);
+        });
+  }
+  if (streams > 0 || sessions > 0) {
+    ZS_LOG(INFO) << "token reload: ended " << streams << " WatchJob streams and " << sessions
+                 << " dashboard sessions of revoked tokens";
+  }
+  return absl::OkStatus();
+}
 
 std::string CoordinatorServer::grpc_target() const { return absl::StrCat(host_, ":", grpc_port_); }
 

@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
@@ -43,6 +44,10 @@ struct CoordinatorServerOptions {
   // The web dashboard and its JSON API on the metrics port (flag --dashboard); off: neither is
   // served (404). Needs metrics_port >= 0.
   bool dashboard = true;
+  // The Host header values the metrics port answers (flag --http_allowed_hosts; entries as
+  // http::HttpServerOptions::allowed_hosts, {"*"} for any Host); empty: the listen address's
+  // host, localhost, 127.0.0.1 and [::1], any port. /healthz and /metrics answer any Host.
+  std::vector<std::string> http_allowed_hosts;
   std::string state_dir;
   JobManagerOptions manager;
   ServiceOptions service;
@@ -83,7 +88,9 @@ class CoordinatorServer {
   const security::Authenticator* authenticator() const { return authenticator_.get(); }
   bool tls_enabled() const { return options_.tls.enabled(); }
 
-  // Re-reads the token file (SIGHUP). On error the table in use stays; the error says why.
+  // Re-reads the token file (SIGHUP), then ends the WatchJob streams and dashboard sessions
+  // whose tokens it revoked (removed, or given another identity or role). On error the table in
+  // use stays and nothing ends; the error says why.
   absl::Status ReloadTokens();
 
   // Blocks until Shutdown is called from another thread (or a signal handler's helper).
@@ -102,7 +109,7 @@ class CoordinatorServer {
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<ReflectionService> reflection_;
   std::unique_ptr<grpc::Server> server_;
-  // Before http_, whose handlers use it, so that it goes after it.
+  // Before http_, whose handlers use it, so that it goes after it. Null without the dashboard.
   std::unique_ptr<dashboard::Dashboard> dashboard_;
   std::unique_ptr<http::HttpServer> http_;
   std::thread ticker_;

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -107,6 +108,9 @@ class WatchSink final : public JobEventSink, public std::enable_shared_from_this
   void OnWriteDone(bool ok);
   // The client went away.
   void OnCancel();
+  // The credential the stream was opened with was revoked: ends it UNAUTHENTICATED (once; not
+  // after it ended).
+  void Revoke();
   // The reactor is about to be deleted.
   void Detach();
 
@@ -260,6 +264,18 @@ void WatchSink::OnWriteDone(bool ok) {
 void WatchSink::OnCancel() {
   absl::MutexLock lock(&mu_);
   if (!finished_) FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "watch: cancelled"));
+}
+
+void WatchSink::Revoke() {
+  absl::MutexLock lock(&mu_);
+  if (finished_) return;
+  FinishLocked(grpc::Status(
+      grpc::StatusCode::UNAUTHENTICATED,
+      absl::StrCat("watch: token revoked: the token (or client certificate) this stream was opened "
+                   "with left the coordinator's token file, or now names another identity or "
+                   "role, at its reload (SIGHUP); watch again with a current token and "
+                   "after_sequence=",
+                   last_written_sequence_)));
 }
 
 void WatchSink::Detach() {
@@ -527,8 +543,9 @@ CoordinatorService::CoordinatorService(JobManager* manager, RendezvousStore* ren
       options_(options) {}
 
 absl::StatusOr<security::Identity> CoordinatorService::Admit(const grpc::ServerContextBase& context,
-                                                             Method method) const {
-  ZS_ASSIGN_OR_RETURN(security::Identity caller, authenticator_->Authenticate(context));
+                                                             Method method,
+                                                             std::string* credential) const {
+  ZS_ASSIGN_OR_RETURN(security::Identity caller, authenticator_->Authenticate(context, credential));
   ZS_RETURN_IF_ERROR(Authorize(caller, method));
   return caller;
 }
@@ -698,7 +715,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::WatchJob(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw_request) {
   const absl::Time start = absl::Now();
   v1::WatchJobRequest request;
-  absl::Status status = Admit(*context, Method::kWatchJob).status();
+  std::string credential;
+  absl::StatusOr<security::Identity> caller = Admit(*context, Method::kWatchJob, &credential);
+  absl::Status status = caller.status();
   if (status.ok()) status = ParseRequest(*raw_request, &request);
   if (status.ok()) status = ValidateWatchJobRequest(request);
   auto* reactor = new WatchReactor(manager_, request.job_id(), options_.max_watch_backlog,
@@ -708,20 +727,30 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::WatchJob(
     status = manager_->GetJob(request.job_id()).status();
   }
   const std::string peer_host = security::PeerHost(context->peer());
-  if (status.ok()) status = AdmitWatch(peer_host);
+  // The reactor may be deleted once the stream finishes, which can happen within Start.
+  const std::shared_ptr<WatchSink> sink = reactor->sink();
+  uint64_t serial = 0;
+  if (status.ok()) {
+    OpenWatch watch{*caller, credential, [weak = std::weak_ptr<WatchSink>(sink)] {
+                      if (const std::shared_ptr<WatchSink> open = weak.lock()) open->Revoke();
+                    }};
+    status = AdmitWatch(peer_host, std::move(watch), &serial);
+  }
   metrics_->RecordRpc("WatchJob", status.code(), absl::Now() - start);
   if (!status.ok()) {
     reactor->Finish(common::ToGrpcStatus(status));
     return reactor;
   }
-  reactor->set_released([this, peer_host] { ReleaseWatch(peer_host); });
-  // The reactor may be deleted once the stream finishes, which can happen within Start.
-  const std::shared_ptr<WatchSink> sink = reactor->sink();
+  reactor->set_released([this, peer_host, serial] { ReleaseWatch(peer_host, serial); });
+  // A reload between Admit and AdmitWatch found no stream to end: the table it swapped in is
+  // the one in use now, so asking again here leaves no gap.
+  if (authenticator_->Revoked(credential, *caller)) sink->Revoke();
   sink->Start(request.after_sequence());
   return reactor;
 }
 
-absl::Status CoordinatorService::AdmitWatch(const std::string& peer_host) {
+absl::Status CoordinatorService::AdmitWatch(const std::string& peer_host, OpenWatch watch,
+                                            uint64_t* serial) {
   absl::MutexLock lock(&watches_mu_);
   if (watch_streams_ >= options_.max_watch_streams) {
     return absl::ResourceExhaustedError(
@@ -738,7 +767,22 @@ absl::Status CoordinatorService::AdmitWatch(const std::string& peer_host) {
   }
   ++watch_streams_by_peer_[peer_host];
   ++watch_streams_;
+  *serial = next_watch_serial_++;
+  open_watches_[*serial] = std::move(watch);
   return absl::OkStatus();
+}
+
+int64_t CoordinatorService::EndRevokedWatches() {
+  std::vector<std::function<void()>> revoked;
+  {
+    absl::MutexLock lock(&watches_mu_);
+    for (const auto& [serial, watch] : open_watches_) {
+      if (authenticator_->Revoked(watch.credential, watch.caller)) revoked.push_back(watch.revoke);
+    }
+  }
+  // Outside watches_mu_: ending a stream takes its own lock (never the other way round).
+  for (const std::function<void()>& revoke : revoked) revoke();
+  return static_cast<int64_t>(revoked.size());
 }
 
 int64_t CoordinatorService::OpenWatchStreams() {
@@ -753,9 +797,10 @@ bool CoordinatorService::AwaitOpenWatchStreams(int64_t count, absl::Duration tim
   return watches_mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
 }
 
-void CoordinatorService::ReleaseWatch(const std::string& peer_host) {
+void CoordinatorService::ReleaseWatch(const std::string& peer_host, uint64_t serial) {
   absl::MutexLock lock(&watches_mu_);
   --watch_streams_;
+  open_watches_.erase(serial);
   auto it = watch_streams_by_peer_.find(peer_host);
   if (it != watch_streams_by_peer_.end() && --it->second <= 0) watch_streams_by_peer_.erase(it);
 }

@@ -152,6 +152,10 @@ class CoordinatorService final : public CoordinatorServiceBase {
 
   // WatchJob streams admitted and not yet done.
   int64_t OpenWatchStreams() ABSL_LOCKS_EXCLUDED(watches_mu_);
+  // Ends each open WatchJob stream whose credential the authenticator no longer grants the
+  // identity it was opened as (call after Authenticator::Reload): UNAUTHENTICATED, "token
+  // revoked", with the after_sequence to resume from. Returns how many it ended.
+  int64_t EndRevokedWatches() ABSL_LOCKS_EXCLUDED(watches_mu_);
   // Blocks until exactly `count` streams are open or `timeout` (real time) passes; returns
   // whether they are. Lets a test wait for the server to notice a cancelled stream.
   bool AwaitOpenWatchStreams(int64_t count, absl::Duration timeout)
@@ -169,9 +173,10 @@ class CoordinatorService final : public CoordinatorServiceBase {
   // Records the call's outcome and finishes it with `status`.
   grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context, Method method,
                                         absl::Time start, const absl::Status& status);
-  // The caller, authenticated and allowed to call `method` by its role.
-  absl::StatusOr<security::Identity> Admit(const grpc::ServerContextBase& context,
-                                           Method method) const;
+  // The caller, authenticated and allowed to call `method` by its role; with `credential`, the
+  // credential it authenticated with (security::Authenticator::Authenticate).
+  absl::StatusOr<security::Identity> Admit(const grpc::ServerContextBase& context, Method method,
+                                           std::string* credential = nullptr) const;
   // A worker-role caller must present the secret of `worker_id`'s registration.
   absl::Status CheckWorkerCaller(const grpc::ServerContextBase& context,
                                  const security::Identity& caller, const std::string& worker_id);
@@ -186,13 +191,24 @@ class CoordinatorService final : public CoordinatorServiceBase {
   const security::Authenticator* const authenticator_;
   const ServiceOptions options_;
 
+  // One open WatchJob stream: who opened it, with which credential, and how to end it once
+  // that credential is revoked (safe to call after the stream ended).
+  struct OpenWatch {
+    security::Identity caller;
+    std::string credential;
+    std::function<void()> revoke;
+  };
   // Admits a WatchJob stream from `peer_host` (or says which limit it is over) and counts it
-  // until ReleaseWatch.
-  absl::Status AdmitWatch(const std::string& peer_host) ABSL_LOCKS_EXCLUDED(watches_mu_);
-  void ReleaseWatch(const std::string& peer_host) ABSL_LOCKS_EXCLUDED(watches_mu_);
+  // and keeps `watch` until ReleaseWatch; `serial` names it there.
+  absl::Status AdmitWatch(const std::string& peer_host, OpenWatch watch, uint64_t* serial)
+      ABSL_LOCKS_EXCLUDED(watches_mu_);
+  void ReleaseWatch(const std::string& peer_host, uint64_t serial) ABSL_LOCKS_EXCLUDED(watches_mu_);
 
   absl::Mutex watches_mu_;
   int64_t watch_streams_ ABSL_GUARDED_BY(watches_mu_) = 0;
+  // The streams counted by watch_streams_, by serial.
+  absl::flat_hash_map<uint64_t, OpenWatch> open_watches_ ABSL_GUARDED_BY(watches_mu_);
+  uint64_t next_watch_serial_ ABSL_GUARDED_BY(watches_mu_) = 0;
   // Open streams per peer host; a host with none has no entry.
   absl::flat_hash_map<std::string, int64_t> watch_streams_by_peer_ ABSL_GUARDED_BY(watches_mu_);
 

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
@@ -17,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "coordinator/coordinator_server.h"
+#include "http/http_server.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC listen address host:port (port 0 picks one). Loopback by default; a non-loopback "
@@ -53,6 +55,12 @@ ABSL_FLAG(absl::Duration, metrics_idle_timeout, absl::Seconds(10),
 ABSL_FLAG(bool, dashboard, true,
           "Serve the web dashboard and its JSON API (/api/v1/...) on the --metrics_port HTTP port; "
           "with --token_file they need a viewer, submitter or admin token (docs/api.md).");
+ABSL_FLAG(std::string, http_allowed_hosts, "",
+          "Host header values the --metrics_port HTTP port answers, comma separated: host or "
+          "host:port (without a port any port matches; [v6] for IPv6). Others get 421, which "
+          "stops DNS-rebinding pages from reading the dashboard. Empty: the --listen host, "
+          "localhost, 127.0.0.1 and [::1]. '*' answers any Host (the behaviour before this flag). "
+          "/healthz and /metrics answer any Host.");
 ABSL_FLAG(std::string, state_dir, "", "Directory of the durable job state (SQLite). Required.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory the workers write checkpoints into (the same path on every worker and "
@@ -139,6 +147,15 @@ int main(int argc, char** argv) {
   options.metrics_max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
   options.metrics_idle_timeout = absl::GetFlag(FLAGS_metrics_idle_timeout);
   options.dashboard = absl::GetFlag(FLAGS_dashboard);
+  if (const std::string hosts = absl::GetFlag(FLAGS_http_allowed_hosts); !hosts.empty()) {
+    absl::StatusOr<std::vector<std::string>> parsed =
+        zeroshard::http::ParseAllowedHosts(hosts, "--http_allowed_hosts");
+    if (!parsed.ok()) {
+      ZS_LOG(ERROR) << parsed.status().message();
+      return 2;
+    }
+    options.http_allowed_hosts = *std::move(parsed);
+  }
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   options.manager.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.manager.lease.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);

@@ -175,5 +175,19 @@ TEST(CoordinatorMainTest, NonLoopbackWithoutTlsIsRefusedUnlessInsecure) {
   EXPECT_EQ(AwaitExit(served), 0) << ReadFile(insecure_log);
 }
 
+// Issue 25, item 4: a bad --http_allowed_hosts entry stops the start (exit 2) with an error that
+// names the flag and the entry (the flag did not exist before).
+TEST(CoordinatorMainTest, ABadHttpAllowedHostIsRefusedNamingTheFlag) {
+  const std::string dir = TestDir();
+  const std::string log = dir + "/refused.log";
+  const pid_t refused = Spawn(
+      {"--listen=127.0.0.1:0", "--state_dir=" + dir, "--http_allowed_hosts=dash.example,bad host"},
+      log);
+  ASSERT_GT(refused, 0);
+  EXPECT_EQ(AwaitExit(refused), 2);
+  EXPECT_TRUE(absl::StrContains(ReadFile(log), "--http_allowed_hosts: 'bad host'"))
+      << ReadFile(log);
+}
+
 }  // namespace
 }  // namespace zeroshard::coordinator

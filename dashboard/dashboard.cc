@@ -33,7 +33,9 @@ constexpr char kBearerPrefix[] = "Bearer ";
 void AddCommonHeaders(HttpResponse& response, absl::string_view cache_control) {
   response.headers.emplace_back("Content-Security-Policy", kContentSecurityPolicy);
   response.headers.emplace_back("X-Content-Type-Options", "nosniff");
-  response.headers.emplace_back("Referrer-Policy", "no-referrer");
+  // Not no-referrer: with it browsers send `Origin: null` on the login form's POST, which
+  // CheckSameOrigin must refuse. Other sites still learn nothing.
+  response.headers.emplace_back("Referrer-Policy", "same-origin");
   response.headers.emplace_back("Cache-Control", std::string(cache_control));
 }
 
@@ -236,16 +238,44 @@ HttpResponse Redirect(absl::string_view location) {
   return response;
 }
 
-// A POST from another origin (its Origin header names another host) is refused: the session
-// cookie is SameSite=Strict already; this also covers browsers that ignore that.
-bool CrossOrigin(const HttpRequest& request) {
-  const std::string origin = request.Header("origin");
-  if (origin.empty() || origin == "null") return !origin.empty();
-  absl::string_view host = origin;
-  if (!absl::ConsumePrefix(&host, "http://") && !absl::ConsumePrefix(&host, "https://")) {
-    return true;
+// The host:port of an Origin ("http://host:port") or a Referer ("http://host:port/path?query"),
+// parsed; an error for anything else ("null", another scheme).
+absl::StatusOr<http::HostAndPort> AuthorityOf(absl::string_view url, bool origin) {
+  absl::string_view rest = url;
+  if (!absl::ConsumePrefix(&rest, "http://") && !absl::ConsumePrefix(&rest, "https://")) {
+    return absl::InvalidArgumentError("not an http or https URL");
   }
-  return host != request.Header("host");
+  const size_t end = rest.find_first_of("/?#");
+  if (origin && end != absl::string_view::npos) {
+    return absl::InvalidArgumentError("an origin has no path");
+  }
+  return http::ParseHostAndPort(rest.substr(0, end));
+}
+
+// A POST must say which page sent it, and that page must be on this host: its Origin header,
+// or without one its Referer, names the request's own Host (which the HTTP server has checked
+// against --http_allowed_hosts). This refuses cross-site POSTs in browsers that ignore the
+// cookie's SameSite=Strict and requests that hide where they come from. The dashboard's
+// Referrer-Policy (same-origin) keeps browsers sending both for its own pages.
+absl::Status CheckSameOrigin(const HttpRequest& request) {
+  const std::string origin = request.Header("origin");
+  const std::string referer = request.Header("referer");
+  const bool by_origin = !origin.empty();
+  const std::string& source = by_origin ? origin : referer;
+  if (source.empty()) {
+    return absl::PermissionDeniedError(
+        "origin: a POST must carry an Origin or Referer header naming this host (browsers send "
+        "them; a script sends `Origin: http://<the Host it connects to>`)");
+  }
+  const absl::string_view header = by_origin ? "origin" : "referer";
+  absl::StatusOr<http::HostAndPort> from = AuthorityOf(source, by_origin);
+  absl::StatusOr<http::HostAndPort> host = http::ParseHostAndPort(request.Header("host"));
+  if (!from.ok() || !host.ok() || !(*from == *host)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        header, ": refused from another origin (the ", header,
+        " header must name this page's own host and port, http://", request.Header("host"), ")"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -309,11 +339,19 @@ absl::StatusOr<security::Identity> Dashboard::Caller(const HttpRequest& request)
   }
   const std::string session = CookieValue(request, kSessionCookie);
   if (!session.empty()) {
-    std::optional<security::Identity> identity = sessions_.Find(session);
+    std::string credential;
+    std::optional<security::Identity> identity = sessions_.Find(session, &credential);
     if (!identity.has_value()) {
       return absl::UnauthenticatedError(
-          "session: unknown or expired (sessions end after their lifetime, at logout and when "
-          "the coordinator restarts); log in again at /login");
+          "session: unknown or expired (sessions end after their lifetime, at logout, when their "
+          "token is revoked and when the coordinator restarts); log in again at /login");
+    }
+    // A reload ends the sessions of revoked tokens; this covers a login racing with it.
+    if (options_.authenticator->Revoked(credential, *identity)) {
+      sessions_.Remove(session);
+      return absl::UnauthenticatedError(
+          "session: token revoked (the token that logged in left the coordinator's token file); "
+          "log in again at /login");
     }
     return *std::move(identity);
   }
@@ -351,7 +389,9 @@ HttpResponse Dashboard::Login(const HttpRequest& request) {
     if (!options_.authenticator->enabled()) return Redirect("/");
     return LoginPage(200, "");
   }
-  if (CrossOrigin(request)) return LoginPage(403, "login: refused from another origin");
+  if (absl::Status same = CheckSameOrigin(request); !same.ok()) {
+    return LoginPage(403, absl::StrCat("login: ", same.message()));
+  }
   if (!options_.authenticator->enabled()) return Redirect("/");
   absl::StatusOr<std::map<std::string, std::string>> form = http::ParseFormBody(request.body);
   if (!form.ok()) return LoginPage(400, form.status().message());
@@ -359,21 +399,25 @@ HttpResponse Dashboard::Login(const HttpRequest& request) {
   if (token == form->end() || token->second.empty()) {
     return LoginPage(400, "token: required (the form field `token`)");
   }
+  std::string credential;
   absl::StatusOr<security::Identity> identity =
-      options_.authenticator->AuthenticateToken(token->second);
+      options_.authenticator->AuthenticateToken(token->second, &credential);
   if (!identity.ok()) return LoginPage(401, "token: not accepted by this coordinator");
   if (absl::Status allowed = coordinator::Authorize(*identity, coordinator::Method::kListJobs);
       !allowed.ok()) {
     return LoginPage(403, allowed.message());
   }
   HttpResponse response = Redirect("/");
-  response.headers.emplace_back(
-      "Set-Cookie", SessionCookie(sessions_.Create(*identity), sessions_.options().lifetime));
+  response.headers.emplace_back("Set-Cookie",
+                                SessionCookie(sessions_.Create(*identity, std::move(credential)),
+                                              sessions_.options().lifetime));
   return response;
 }
 
 HttpResponse Dashboard::Logout(const HttpRequest& request) {
-  if (CrossOrigin(request)) return LoginPage(403, "logout: refused from another origin");
+  if (absl::Status same = CheckSameOrigin(request); !same.ok()) {
+    return LoginPage(403, absl::StrCat("logout: ", same.message()));
+  }
   const std::string session = CookieValue(request, kSessionCookie);
   if (!session.empty()) sessions_.Remove(session);
   HttpResponse response = Redirect("/login");

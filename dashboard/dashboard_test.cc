@@ -41,6 +41,10 @@ using coordinator::SetDeadline;
 
 constexpr char kViewerToken[] = "viewer-token-0123456789";
 constexpr char kWorkerToken[] = "worker-token-0123456789";
+constexpr char kAdminToken[] = "admin-token-0123456789";
+// What a browser sends with a POST from the dashboard's own pages (Fetch's Host is 127.0.0.1).
+constexpr char kSameOrigin[] = "Origin: http://127.0.0.1";
+constexpr char kFormType[] = "Content-Type: application/x-www-form-urlencoded";
 
 // An answer with its raw headers (Set-Cookie, Location, Content-Security-Policy...).
 struct Answer {
@@ -57,8 +61,14 @@ Answer Fetch(int port, const std::string& method, const std::string& target,
       http::testing::RawConnection::Open(port);
   EXPECT_TRUE(connection.ok()) << connection.status();
   if (!connection.ok()) return answer;
+  // Host: 127.0.0.1 unless `headers` name another.
+  bool has_host = false;
+  for (const std::string& header : headers) {
+    has_host = has_host || absl::StartsWithIgnoreCase(header, "host:");
+  }
   std::string request =
-      absl::StrCat(method, " ", target, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n");
+      absl::StrCat(method, " ", target, " HTTP/1.1\r\n", has_host ? "" : "Host: 127.0.0.1\r\n",
+                   "Connection: close\r\n");
   for (const std::string& header : headers) absl::StrAppend(&request, header, "\r\n");
   if (!body.empty()) absl::StrAppend(&request, "Content-Length: ", body.size(), "\r\n");
   absl::StrAppend(&request, "\r\n", body);
@@ -116,18 +126,18 @@ class DashboardTest : public ::testing::Test {
     std::filesystem::create_directories(dir_);
   }
 
-  void StartServer(bool with_tokens, bool dashboard = true) {
+  void StartServer(bool with_tokens, bool dashboard = true,
+                   std::vector<std::string> http_allowed_hosts = {}) {
     CoordinatorServerOptions options;
     options.listen_address = "127.0.0.1:0";
     options.metrics_port = 0;
     options.dashboard = dashboard;
     options.state_dir = dir_ + "/state";
+    options.http_allowed_hosts = std::move(http_allowed_hosts);
     if (with_tokens) {
       options.token_file = dir_ + "/tokens.txt";
-      std::FILE* f = std::fopen(options.token_file.c_str(), "w");
-      ASSERT_NE(f, nullptr);
-      std::fprintf(f, "%s viewer vera\n%s worker node\n", kViewerToken, kWorkerToken);
-      ASSERT_EQ(std::fclose(f), 0);
+      WriteTokens(absl::StrCat(kViewerToken, " viewer vera\n", kWorkerToken, " worker node\n",
+                               kAdminToken, " admin ada\n"));
     }
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
         CoordinatorServer::Start(options, &clock_);
@@ -176,6 +186,25 @@ class DashboardTest : public ::testing::Test {
       EXPECT_TRUE(stub_->ReportProgress(&context, request, &response).ok());
     }
     return GetJob(running.id());
+  }
+
+  // Replaces the token file whole (rename), as an operator's editor would.
+  void WriteTokens(const std::string& text) {
+    const std::string path = dir_ + "/tokens.txt";
+    std::FILE* f = std::fopen((path + ".tmp").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text.c_str(), f);
+    ASSERT_EQ(std::fclose(f), 0);
+    std::filesystem::rename(path + ".tmp", path);
+  }
+
+  // Logs in with `token` from the dashboard's own origin; returns the Cookie header to send.
+  std::string LogIn(const std::string& token) {
+    Answer login =
+        Fetch(port_, "POST", "/login", {kFormType, kSameOrigin}, absl::StrCat("token=", token));
+    EXPECT_EQ(login.status, 303) << login.body;
+    return absl::StrCat(
+        "Cookie: ", std::vector<std::string>(absl::StrSplit(login.headers["set-cookie"], ';'))[0]);
   }
 
   v1::Job GetJob(const std::string& id) {
@@ -418,17 +447,20 @@ TEST_F(DashboardTest, WithTokensCallersNeedAViewerTokenOrASession) {
   EXPECT_EQ(form.status, 200);
   EXPECT_TRUE(absl::StrContains(form.body, "name=\"token\"")) << form.body;
 
-  const std::string form_type = "Content-Type: application/x-www-form-urlencoded";
-  EXPECT_EQ(Fetch(port_, "POST", "/login", {form_type}, "token=wrong-token-0123456789").status,
+  const std::string form_type = kFormType;
+  EXPECT_EQ(Fetch(port_, "POST", "/login", {form_type, kSameOrigin}, "token=wrong-token-0123456789")
+                .status,
             401);
   EXPECT_EQ(
-      Fetch(port_, "POST", "/login", {form_type}, absl::StrCat("token=", kWorkerToken)).status,
+      Fetch(port_, "POST", "/login", {form_type, kSameOrigin}, absl::StrCat("token=", kWorkerToken))
+          .status,
       403);
   EXPECT_EQ(Fetch(port_, "POST", "/login", {form_type, "Origin: http://elsewhere.example"},
                   absl::StrCat("token=", kViewerToken))
                 .status,
             403);
-  Answer login = Fetch(port_, "POST", "/login", {form_type}, absl::StrCat("token=", kViewerToken));
+  Answer login = Fetch(port_, "POST", "/login", {form_type, kSameOrigin},
+                       absl::StrCat("token=", kViewerToken));
   ASSERT_EQ(login.status, 303) << login.body;
   EXPECT_EQ(login.headers["location"], "/");
   const std::string set_cookie = login.headers["set-cookie"];
@@ -454,7 +486,7 @@ TEST_F(DashboardTest, WithTokensCallersNeedAViewerTokenOrASession) {
             401);
 
   // Logout ends the session and clears the cookie.
-  Answer logout = Fetch(port_, "POST", "/logout", {cookie});
+  Answer logout = Fetch(port_, "POST", "/logout", {cookie, kSameOrigin});
   EXPECT_EQ(logout.status, 303);
   EXPECT_EQ(logout.headers["location"], "/login");
   EXPECT_TRUE(absl::StartsWith(logout.headers["set-cookie"], "zeroshard_session=;"))
@@ -463,7 +495,8 @@ TEST_F(DashboardTest, WithTokensCallersNeedAViewerTokenOrASession) {
   EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {cookie}).status, 401);
 
   // A session expires after its lifetime.
-  Answer again = Fetch(port_, "POST", "/login", {form_type}, absl::StrCat("token=", kViewerToken));
+  Answer again = Fetch(port_, "POST", "/login", {form_type, kSameOrigin},
+                       absl::StrCat("token=", kViewerToken));
   ASSERT_EQ(again.status, 303);
   const std::string second_cookie = absl::StrCat(
       "Cookie: ", std::vector<std::string>(absl::StrSplit(again.headers["set-cookie"], ';'))[0]);
@@ -472,6 +505,140 @@ TEST_F(DashboardTest, WithTokensCallersNeedAViewerTokenOrASession) {
   Answer expired = Fetch(port_, "GET", "/api/v1/jobs", {second_cookie});
   EXPECT_EQ(expired.status, 401);
   EXPECT_TRUE(absl::StartsWith(ErrorOf(expired).second, "session:")) << expired.body;
+}
+
+// Issue 25, item 4. Fails on the code before it: there was no Host allow-list, so a
+// DNS-rebinding page (Host and Origin both evil.example) logged in (303 with a session cookie)
+// and, without a token file, read the JSON API (200).
+TEST_F(DashboardTest, ARebindingHostIsRefused) {
+  StartServer(/*with_tokens=*/false);
+  const std::vector<std::string> rebound = {"Host: evil.example:8080",
+                                            "Origin: http://evil.example:8080"};
+  for (const std::string target : {"/api/v1/jobs", "/", "/static/app.js", "/login"}) {
+    Answer refused = Fetch(port_, "GET", target, rebound);
+    EXPECT_EQ(refused.status, 421) << target << ": " << refused.body;
+    EXPECT_TRUE(absl::StrContains(refused.body, "--http_allowed_hosts")) << refused.body;
+  }
+  // Probes and Prometheus (no job data, no credentials) answer whatever the Host; the allowed
+  // Hosts are answered as before.
+  EXPECT_EQ(Fetch(port_, "GET", "/healthz", rebound).status, 200);
+  EXPECT_EQ(Fetch(port_, "GET", "/metrics", rebound).status, 200);
+  for (const std::string host : {"Host: 127.0.0.1", "Host: localhost:1", "Host: [::1]:80"}) {
+    EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {host}).status, 200) << host;
+  }
+  server_.reset();
+
+  StartServer(/*with_tokens=*/true);
+  Answer login = Fetch(port_, "POST", "/login",
+                       {kFormType, "Host: evil.example", "Origin: http://evil.example"},
+                       absl::StrCat("token=", kViewerToken));
+  EXPECT_EQ(login.status, 421) << login.body;
+  EXPECT_EQ(login.headers.count("set-cookie"), 0u);
+  server_.reset();
+
+  // --http_allowed_hosts names the hosts clients use: then only those (and /healthz).
+  StartServer(/*with_tokens=*/false, /*dashboard=*/true, {"dash.example"});
+  EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {"Host: dash.example:443"}).status, 200);
+  Answer local = Fetch(port_, "GET", "/api/v1/jobs");
+  EXPECT_EQ(local.status, 421);
+  EXPECT_TRUE(absl::StrContains(local.body, "allowed: dash.example)")) << local.body;
+  server_.reset();
+  // '*' answers any Host, as before the allow-list.
+  StartServer(/*with_tokens=*/false, /*dashboard=*/true, {"*"});
+  EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", rebound).status, 200);
+}
+
+TEST_F(DashboardTest, ABadAllowedHostIsRefusedAtStartNamingTheFlag) {
+  CoordinatorServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.state_dir = dir_ + "/state";
+  options.http_allowed_hosts = {"dash.example", "not a host"};
+  absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
+      CoordinatorServer::Start(options, &clock_);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(server.status().message(), "--http_allowed_hosts: 'not a host'"))
+      << server.status();
+}
+
+// Issue 25, item 4. Fails on the code before it: a POST without Origin was taken for a
+// same-origin one (login 303), and so was one whose only Referer named another site.
+TEST_F(DashboardTest, APostMustSayItComesFromThisOrigin) {
+  StartServer(/*with_tokens=*/true);
+  const std::string token = absl::StrCat("token=", kViewerToken);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{kFormType}, "origin: a POST must carry an Origin or Referer"},
+      {{kFormType, "Origin: null"}, "origin: refused from another origin"},
+      {{kFormType, "Origin: http://elsewhere.example"}, "origin: refused"},
+      {{kFormType, "Origin: http://127.0.0.1:1"}, "origin: refused"},
+      {{kFormType, "Origin: http://127.0.0.1/login"}, "origin: refused"},
+      {{kFormType, "Referer: http://elsewhere.example/login"}, "referer: refused"},
+      // Origin wins over Referer.
+      {{kFormType, "Origin: http://elsewhere.example", "Referer: http://127.0.0.1/login"},
+       "origin: refused"},
+  };
+  for (const auto& [headers, message] : refused) {
+    Answer answer = Fetch(port_, "POST", "/login", headers, token);
+    EXPECT_EQ(answer.status, 403) << headers.back() << ": " << answer.body;
+    EXPECT_TRUE(absl::StrContains(answer.body, "login: " + message))
+        << headers.back() << ": " << answer.body;
+    EXPECT_EQ(answer.headers.count("set-cookie"), 0u);
+  }
+  // The dashboard's pages ask browsers to send the Referer (and a real Origin) to this origin.
+  EXPECT_EQ(Fetch(port_, "GET", "/login").headers["referrer-policy"], "same-origin");
+  EXPECT_EQ(
+      Fetch(port_, "POST", "/login", {kFormType, "Referer: http://127.0.0.1/login?x=1"}, token)
+          .status,
+      303);
+  EXPECT_EQ(Fetch(port_, "POST", "/login", {kFormType, "Origin: http://127.0.0.1"}, token).status,
+            303);
+  // Logout too: without an Origin it ends nothing.
+  const std::string cookie = LogIn(kViewerToken);
+  EXPECT_EQ(Fetch(port_, "POST", "/logout", {cookie}).status, 403);
+  EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {cookie}).status, 200);
+  EXPECT_EQ(Fetch(port_, "POST", "/logout", {cookie, "Referer: http://127.0.0.1/"}).status, 303);
+  EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {cookie}).status, 401);
+}
+
+// Issue 25, item 4. Fails on the code before it: past 1024 sessions a login ended the session
+// that expired first, whoever's it was, so a viewer's 1040 logins ended the admin's session.
+TEST_F(DashboardTest, ManyLoginsOfOneIdentityEndOnlyItsOwnSessions) {
+  StartServer(/*with_tokens=*/true);
+  const std::string admin = LogIn(kAdminToken);
+  clock_.Advance(absl::Seconds(1));
+  const size_t logins = SessionOptions().max_sessions + 16;
+  std::vector<std::string> viewer;
+  for (size_t i = 0; i < logins; ++i) viewer.push_back(LogIn(kViewerToken));
+  EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {admin}).status, 200);
+  const size_t cap = SessionOptions().max_sessions_per_identity;
+  // The viewer keeps its newest `cap` sessions; its older ones ended.
+  EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {viewer.back()}).status, 200);
+  EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {viewer[logins - cap]}).status, 200);
+  EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {viewer[logins - cap - 1]}).status, 401);
+  EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {viewer.front()}).status, 401);
+}
+
+// Issue 25, item 7. Fails on the code before it: a reload that removed a token left the sessions
+// it had logged in until they expired (12 hours), so the removed viewer still read the API.
+TEST_F(DashboardTest, AReloadEndsTheSessionsOfRevokedTokens) {
+  StartServer(/*with_tokens=*/true);
+  const std::string viewer = LogIn(kViewerToken);
+  const std::string admin = LogIn(kAdminToken);
+  ASSERT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {viewer}).status, 200);
+  WriteTokens(absl::StrCat(kAdminToken, " admin ada\n"));
+  ASSERT_TRUE(server_->ReloadTokens().ok());
+  Answer revoked = Fetch(port_, "GET", "/api/v1/jobs", {viewer});
+  EXPECT_EQ(revoked.status, 401) << revoked.body;
+  // Ended at the reload, not found revoked at this use.
+  EXPECT_TRUE(absl::StartsWith(ErrorOf(revoked).second, "session: unknown or expired"))
+      << revoked.body;
+  EXPECT_EQ(Fetch(port_, "GET", "/", {viewer}).status, 401);
+  EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {admin}).status, 200);
+  // The admin's token now names a viewer: its session, made as an admin, ends too.
+  WriteTokens(absl::StrCat(kAdminToken, " viewer ada\n"));
+  ASSERT_TRUE(server_->ReloadTokens().ok());
+  Answer demoted = Fetch(port_, "GET", "/api/v1/jobs", {admin});
+  EXPECT_EQ(demoted.status, 401);
+  EXPECT_EQ(Fetch(port_, "GET", "/api/v1/jobs", {LogIn(kAdminToken)}).status, 200);
 }
 
 }  // namespace

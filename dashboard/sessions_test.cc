@@ -55,5 +55,52 @@ TEST(SessionStoreTest, PastTheBoundTheSessionThatExpiresFirstEnds) {
   EXPECT_EQ(sessions.Find(newest)->name, "w");
 }
 
+// Issue 25, item 4: one identity's logins end only its own sessions (before, past the bound the
+// session that expired first ended, whoever's it was: here the admin's).
+TEST(SessionStoreTest, OneIdentityPastItsCapEndsOnlyItsOwnOldest) {
+  common::FakeClock clock;
+  SessionStore sessions(&clock, SessionOptions{absl::Hours(1), 8, 3});
+  const std::string admin = sessions.Create(security::Identity{"ada", security::Role::kAdmin});
+  clock.Advance(absl::Seconds(1));
+  std::vector<std::string> viewer;
+  for (int i = 0; i < 20; ++i) viewer.push_back(sessions.Create(Viewer("vera")));
+  EXPECT_EQ(sessions.size(), 4u);
+  EXPECT_TRUE(sessions.Find(admin).has_value());
+  for (int i = 0; i < 20; ++i) EXPECT_EQ(sessions.Find(viewer[i]).has_value(), i >= 17) << i;
+  // The same name with another role is another identity.
+  const std::string vera_admin =
+      sessions.Create(security::Identity{"vera", security::Role::kAdmin});
+  EXPECT_TRUE(sessions.Find(viewer[17]).has_value());
+  EXPECT_TRUE(sessions.Find(vera_admin).has_value());
+
+  // Past the store's bound, the identity holding the most loses its oldest.
+  std::vector<std::string> others;
+  for (const char* name : {"a", "b", "c"}) others.push_back(sessions.Create(Viewer(name)));
+  EXPECT_EQ(sessions.size(), 8u);
+  const std::string last = sessions.Create(Viewer("d"));
+  EXPECT_EQ(sessions.size(), 8u);
+  EXPECT_FALSE(sessions.Find(viewer[17]).has_value());
+  EXPECT_TRUE(sessions.Find(admin).has_value());
+  EXPECT_TRUE(sessions.Find(last).has_value());
+  for (const std::string& other : others) EXPECT_TRUE(sessions.Find(other).has_value());
+}
+
+TEST(SessionStoreTest, RemoveRevokedEndsTheSessionsItNames) {
+  common::FakeClock clock;
+  SessionStore sessions(&clock);
+  const std::string kept = sessions.Create(Viewer("vera"), "token:kept");
+  const std::string revoked = sessions.Create(Viewer("vera"), "token:gone");
+  std::string credential;
+  ASSERT_TRUE(sessions.Find(revoked, &credential).has_value());
+  EXPECT_EQ(credential, "token:gone");
+  EXPECT_EQ(sessions.RemoveRevoked([](const security::Identity&, const std::string& used) {
+    return used == "token:gone";
+  }),
+            1u);
+  EXPECT_FALSE(sessions.Find(revoked).has_value());
+  EXPECT_TRUE(sessions.Find(kept).has_value());
+  EXPECT_EQ(sessions.size(), 1u);
+}
+
 }  // namespace
 }  // namespace zeroshard::dashboard

@@ -6,13 +6,16 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace zeroshard::http {
 namespace {
@@ -132,7 +135,118 @@ std::string Unbracket(const std::string& host) {
   return host;
 }
 
+// `text` for an error message: printable ASCII only (others as '?'), at most 100 characters.
+std::string Printable(absl::string_view text) {
+  std::string out(text.substr(0, 100));
+  for (char& c : out) {
+    if (c < 0x20 || c > 0x7e) c = '?';
+  }
+  if (text.size() > 100) out += "...";
+  return out;
+}
+
+bool IsNameCharacter(char c) { return absl::ascii_isalnum(c) || c == '-' || c == '.' || c == '_'; }
+
+bool IsIpv6Character(char c) { return absl::ascii_isxdigit(c) || c == ':' || c == '.'; }
+
 }  // namespace
+
+absl::StatusOr<HostAndPort> ParseHostAndPort(absl::string_view text) {
+  auto invalid = [text](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", Printable(text), "' is not host or host:port (", why, ")"));
+  };
+  absl::string_view host = text;
+  absl::string_view port;
+  bool has_port = false;
+  bool ipv6 = false;
+  if (absl::StartsWith(text, "[")) {
+    const size_t close = text.find(']');
+    if (close == absl::string_view::npos) return invalid("no ']' after the IPv6 address");
+    host = text.substr(1, close - 1);
+    absl::string_view rest = text.substr(close + 1);
+    if (!rest.empty()) {
+      if (!absl::ConsumePrefix(&rest, ":")) return invalid("only ':port' may follow ']'");
+      port = rest;
+      has_port = true;
+    }
+    ipv6 = true;
+  } else if (std::count(text.begin(), text.end(), ':') > 1) {
+    // A bare IPv6 address; its port could not be told apart, so it has none.
+    ipv6 = true;
+  } else if (const size_t colon = text.find(':'); colon != absl::string_view::npos) {
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+    has_port = true;
+  }
+  if (host.empty()) return invalid("no host");
+  for (const char c : host) {
+    if (ipv6 ? !IsIpv6Character(c) : !IsNameCharacter(c)) {
+      return invalid(ipv6 ? "an IPv6 address has only hex digits, ':' and '.'"
+                          : "a host name has only letters, digits, '-', '_' and '.'");
+    }
+  }
+  HostAndPort parsed;
+  if (has_port) {
+    int number = 0;
+    if (port.empty() || port.size() > 5 ||
+        !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+        !absl::SimpleAtoi(port, &number) || number < 1 || number > 65535) {
+      return invalid("the port is a number from 1 to 65535");
+    }
+    parsed.port = number;
+  }
+  if (ipv6) {
+    parsed.host = absl::StrCat("[", absl::AsciiStrToLower(host), "]");
+  } else {
+    absl::ConsumeSuffix(&host, ".");
+    if (host.empty()) return invalid("no host");
+    parsed.host = absl::AsciiStrToLower(host);
+  }
+  return parsed;
+}
+
+std::vector<std::string> DefaultAllowedHosts(absl::string_view listen_host) {
+  std::vector<std::string> hosts;
+  std::vector<HostAndPort> seen;
+  for (absl::string_view candidate : {listen_host, absl::string_view("localhost"),
+                                      absl::string_view("127.0.0.1"), absl::string_view("[::1]")}) {
+    absl::StatusOr<HostAndPort> parsed = ParseHostAndPort(candidate);
+    if (!parsed.ok() || parsed->port != 0 ||
+        std::find(seen.begin(), seen.end(), *parsed) != seen.end()) {
+      continue;
+    }
+    seen.push_back(*parsed);
+    hosts.push_back(parsed->host);
+  }
+  return hosts;
+}
+
+absl::StatusOr<std::vector<std::string>> ParseAllowedHosts(absl::string_view value,
+                                                           absl::string_view flag) {
+  std::vector<std::string> hosts;
+  for (absl::string_view entry : absl::StrSplit(value, ',')) {
+    entry = absl::StripAsciiWhitespace(entry);
+    if (entry.empty()) continue;
+    if (entry != "*") {
+      if (absl::Status valid = ParseHostAndPort(entry).status(); !valid.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(flag, ": ", valid.message()));
+      }
+    }
+    hosts.emplace_back(entry);
+  }
+  if (hosts.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag,
+                     ": empty; list the Host names clients use (host or host:port, comma "
+                     "separated), or '*' for any Host"));
+  }
+  if (hosts.size() > 1 && std::find(hosts.begin(), hosts.end(), "*") != hosts.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": '*' (any Host) goes alone, not with other hosts"));
+  }
+  return hosts;
+}
 
 std::string HttpRequest::Header(absl::string_view lower_case_name) const {
   const auto it = headers.find(std::string(lower_case_name));
@@ -189,8 +303,22 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(HttpServerOptions 
     reinterpret_cast<sockaddr_in*>(&address)->sin_port = port;
   }
 
+  std::vector<HostAndPort> allowed_hosts;
+  if (!(options.allowed_hosts.size() == 1 && options.allowed_hosts[0] == "*")) {
+    for (const std::string& entry : options.allowed_hosts) {
+      absl::StatusOr<HostAndPort> parsed = ParseHostAndPort(entry);
+      if (!parsed.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(options.allowed_hosts_flag, ": ", parsed.status().message(),
+                         entry == "*" ? "; '*' (any Host) goes alone" : ""));
+      }
+      allowed_hosts.push_back(*std::move(parsed));
+    }
+  }
+
   std::unique_ptr<HttpServer> server(new HttpServer());
   server->options_ = std::move(options);
+  server->allowed_hosts_ = std::move(allowed_hosts);
   server->daemon_ = MHD_start_daemon(
       flags, /*port, taken from the address*/ 0, /*accept_policy*/ nullptr, nullptr, &Answer,
       server.get(), MHD_OPTION_SOCK_ADDR, &address, MHD_OPTION_CONNECTION_LIMIT,
@@ -213,7 +341,34 @@ HttpServer::~HttpServer() {
   if (daemon_ != nullptr) MHD_stop_daemon(daemon_);
 }
 
+std::optional<HttpResponse> HttpServer::RefuseHost(const HttpRequest& request) const {
+  if (allowed_hosts_.empty()) return std::nullopt;
+  const std::vector<std::string>& exempt = options_.any_host_paths;
+  if (std::find(exempt.begin(), exempt.end(), request.path) != exempt.end()) return std::nullopt;
+  const std::string host = request.Header("host");
+  if (absl::StatusOr<HostAndPort> parsed = ParseHostAndPort(host); parsed.ok()) {
+    for (const HostAndPort& allowed : allowed_hosts_) {
+      if (allowed.host == parsed->host && (allowed.port == 0 || allowed.port == parsed->port)) {
+        return std::nullopt;
+      }
+    }
+  }
+  std::vector<std::string> allowed;
+  for (const HostAndPort& entry : allowed_hosts_) {
+    allowed.push_back(entry.port == 0 ? entry.host : absl::StrCat(entry.host, ":", entry.port));
+  }
+  const std::string& flag = options_.allowed_hosts_flag;
+  return HttpResponse{
+      421, "text/plain",
+      absl::StrCat(
+          "host: ", host.empty() ? "no Host header" : absl::StrCat("'", Printable(host), "'"),
+          " is not an allowed Host of this port (allowed: ", absl::StrJoin(allowed, ", "),
+          "); add the name clients use to ", flag, ", or pass ", flag,
+          "='*' to answer any Host as before (no protection against DNS rebinding)\n")};
+}
+
 HttpResponse HttpServer::Respond(const HttpRequest& request) const {
+  if (std::optional<HttpResponse> refused = RefuseHost(request)) return *std::move(refused);
   const bool get_or_head =
       request.method == MHD_HTTP_METHOD_GET || request.method == MHD_HTTP_METHOD_HEAD;
   if (const auto handler = options_.handlers.find(request.path);

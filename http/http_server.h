@@ -6,6 +6,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -61,6 +62,32 @@ struct HttpRoute {
 // repeated name keeps its last value. INVALID_ARGUMENT for a bad percent escape.
 absl::StatusOr<std::map<std::string, std::string>> ParseFormBody(absl::string_view body);
 
+// One entry of an allow-list of Host header values, or a Host header (or an Origin's authority)
+// parsed: a name or address in lower case without a trailing dot, an IPv6 address in brackets,
+// and the port, 0 when none is given.
+struct HostAndPort {
+  std::string host;
+  int port = 0;
+
+  bool operator==(const HostAndPort& other) const {
+    return host == other.host && port == other.port;
+  }
+};
+
+// "Example.COM:8080" -> {"example.com", 8080}; "::1" and "[::1]" -> {"[::1]", 0}; "[::1]:80" ->
+// {"[::1]", 80}. INVALID_ARGUMENT for an empty host, a bad port or stray characters.
+absl::StatusOr<HostAndPort> ParseHostAndPort(absl::string_view text);
+
+// The allow-list a port listening on `listen_host` answers by default: that host, localhost,
+// 127.0.0.1 and [::1] (duplicates removed), any port.
+std::vector<std::string> DefaultAllowedHosts(absl::string_view listen_host);
+
+// A comma list of allowed hosts (the flag's value) -> its entries, each checked: "*" alone
+// means any Host; INVALID_ARGUMENT names `flag` and the bad entry. An empty value is an error
+// too (say "*" to answer any Host).
+absl::StatusOr<std::vector<std::string>> ParseAllowedHosts(absl::string_view value,
+                                                           absl::string_view flag);
+
 struct HttpServerOptions {
   // Host name or address to listen on; the first address it resolves to is used.
   std::string host = "127.0.0.1";
@@ -77,6 +104,16 @@ struct HttpServerOptions {
   std::vector<HttpRoute> routes;
   // Largest request body read (a POST form); a longer one gets 413 and is never buffered whole.
   size_t max_body_bytes = 8 << 10;
+  // The Host header values answered, against DNS rebinding (a page of another site whose name
+  // now resolves to this address): entries `name`, `name:port`, `[v6]` or `[v6]:port`; one
+  // without a port matches any port; names compare case-insensitively, a trailing dot ignored.
+  // Empty, or the one entry "*": every Host is answered. Any other request, one without a Host
+  // header included, gets 421 naming `allowed_hosts_flag`.
+  std::vector<std::string> allowed_hosts;
+  // What sets allowed_hosts (a flag, "--http_allowed_hosts"), named in its errors and refusals.
+  std::string allowed_hosts_flag = "allowed_hosts";
+  // Paths answered whatever the Host: probes that return no data (/healthz).
+  std::vector<std::string> any_host_paths;
 };
 
 // Thread contract: Start, then port() from any thread; destruction stops the server and waits
@@ -99,7 +136,12 @@ class HttpServer {
  private:
   HttpServer() = default;
 
+  // The 421 answer for a request whose Host is not allowed; nullopt when it is.
+  std::optional<HttpResponse> RefuseHost(const HttpRequest& request) const;
+
   HttpServerOptions options_;
+  // options_.allowed_hosts parsed; empty: every Host is answered.
+  std::vector<HostAndPort> allowed_hosts_;
   MHD_Daemon* daemon_ = nullptr;
   int port_ = 0;
 };

@@ -181,6 +181,99 @@ TEST(HttpServerTest, RefusesBadOptionsAndAPortInUse) {
   EXPECT_TRUE(absl::StartsWith(in_use.message(), "port: cannot listen on")) << in_use;
 }
 
+// Issue 25, item 4. Fails on the code before it: the server answered every Host (there was no
+// allow-list), so a DNS-rebinding page (Host: evil.example) was answered like the real one.
+TEST(HttpServerTest, AnswersOnlyAllowedHosts) {
+  std::atomic<int> answered{0};
+  HttpServerOptions options = CountingOptions(&answered);
+  options.allowed_hosts = {"127.0.0.1", "localhost", "[::1]", "App.Example:8080"};
+  options.allowed_hosts_flag = "--http_allowed_hosts";
+  options.any_host_paths = {"/healthz"};
+  std::unique_ptr<HttpServer> server = StartOrDie(options);
+  ASSERT_NE(server, nullptr);
+  const int port = server->port();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  auto get = [&](const std::string& path, const std::string& host_line) {
+    absl::StatusOr<HttpReply> reply = testing::Exchange(
+        port, absl::StrCat("GET ", path, " HTTP/1.0\r\n", host_line, "\r\n"), deadline);
+    EXPECT_TRUE(reply.ok()) << reply.status();
+    return reply.ok() ? *reply : HttpReply{};
+  };
+
+  // An entry without a port matches any port; names compare case-insensitively, a trailing dot
+  // ignored; an entry with a port matches only that port.
+  for (const std::string host :
+       {"127.0.0.1", "127.0.0.1:9", "localhost", "LocalHost:1234", "localhost.", "[::1]:80",
+        "app.example:8080", "APP.EXAMPLE.:8080"}) {
+    EXPECT_EQ(get("/count", absl::StrCat("Host: ", host, "\r\n")).status, 200) << host;
+  }
+  const int answered_allowed = answered.load();
+  for (const std::string host :
+       {"evil.example", "evil.example:8080", "app.example", "app.example:9090",
+        "localhost.evil.example", "127.0.0.2", "[::2]", "local host", "a:b:c:"}) {
+    const HttpReply refused = get("/count", absl::StrCat("Host: ", host, "\r\n"));
+    EXPECT_EQ(refused.status, 421) << host;
+    EXPECT_TRUE(absl::StrContains(refused.body, "--http_allowed_hosts")) << refused.body;
+    EXPECT_TRUE(absl::StrContains(refused.body, "'*'")) << refused.body;
+  }
+  const HttpReply evil = get("/count", "Host: evil.example\r\n");
+  EXPECT_TRUE(absl::StartsWith(evil.body, "host: 'evil.example' is not an allowed Host"))
+      << evil.body;
+  EXPECT_TRUE(absl::StrContains(evil.body, "127.0.0.1, localhost, [::1], app.example:8080"))
+      << evil.body;
+  // No Host header at all (HTTP/1.0 allows that) is refused too.
+  const HttpReply no_host = get("/count", "");
+  EXPECT_EQ(no_host.status, 421);
+  EXPECT_TRUE(absl::StrContains(no_host.body, "no Host header")) << no_host.body;
+  // The refused requests never reached the handler; the exempt probe answers any Host.
+  EXPECT_EQ(answered.load(), answered_allowed);
+  EXPECT_EQ(get("/healthz", "Host: evil.example\r\n").status, 200);
+
+  // "*" answers any Host, as the server did before the allow-list.
+  options.allowed_hosts = {"*"};
+  std::unique_ptr<HttpServer> open = StartOrDie(options);
+  ASSERT_NE(open, nullptr);
+  absl::StatusOr<HttpReply> anywhere = testing::Exchange(
+      open->port(), "GET /count HTTP/1.0\r\nHost: evil.example\r\n\r\n", deadline);
+  ASSERT_TRUE(anywhere.ok()) << anywhere.status();
+  EXPECT_EQ(anywhere->status, 200);
+}
+
+TEST(HttpServerTest, AllowedHostsAreCheckedAndErrorsNameTheFlag) {
+  absl::StatusOr<std::vector<std::string>> parsed =
+      ParseAllowedHosts(" dash.example, 10.0.0.5:8080 ,[fe80::1]:9,::1", "--http_allowed_hosts");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed,
+            (std::vector<std::string>{"dash.example", "10.0.0.5:8080", "[fe80::1]:9", "::1"}));
+  EXPECT_EQ(*ParseAllowedHosts("*", "--http_allowed_hosts"), std::vector<std::string>{"*"});
+  for (const std::string bad :
+       {"", " , ", "dash.example:0", "dash.example:65536", "dash.example:http", "[::1", "[::1]x",
+        "dash example", "*,localhost", "ho/st", ":8080"}) {
+    absl::StatusOr<std::vector<std::string>> refused =
+        ParseAllowedHosts(bad, "--http_allowed_hosts");
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StartsWith(refused.status().message(), "--http_allowed_hosts: "))
+        << bad << ": " << refused.status();
+  }
+  EXPECT_EQ(ParseHostAndPort("Dash.Example.:80")->host, "dash.example");
+  EXPECT_EQ(ParseHostAndPort("Dash.Example.:80")->port, 80);
+  EXPECT_EQ(ParseHostAndPort("::1")->host, "[::1]");
+  EXPECT_EQ(ParseHostAndPort("[::1]:5")->port, 5);
+  EXPECT_EQ(DefaultAllowedHosts("10.1.2.3"),
+            (std::vector<std::string>{"10.1.2.3", "localhost", "127.0.0.1", "[::1]"}));
+  EXPECT_EQ(DefaultAllowedHosts("127.0.0.1"),
+            (std::vector<std::string>{"127.0.0.1", "localhost", "[::1]"}));
+
+  // The server refuses a bad entry, naming what set it.
+  HttpServerOptions options;
+  options.allowed_hosts = {"localhost", "bad host"};
+  options.allowed_hosts_flag = "--http_allowed_hosts";
+  absl::StatusOr<std::unique_ptr<HttpServer>> server = HttpServer::Start(options);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(server.status().message(), "--http_allowed_hosts: 'bad host'"))
+      << server.status();
+}
+
 TEST(HttpServerTest, ClosesAConnectionIdleForTheTimeout) {
   std::atomic<int> answered{0};
   HttpServerOptions options = CountingOptions(&answered);

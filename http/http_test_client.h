@@ -137,17 +137,26 @@ inline absl::StatusOr<HttpReply> ParseReply(absl::string_view raw) {
   return reply;
 }
 
-// One request on a fresh connection ("Connection: close"), answered by `deadline`.
-inline absl::StatusOr<HttpReply> Request(int port, absl::string_view method, absl::string_view path,
-                                         absl::Time deadline) {
+// Sends `request` (whole, as written: its own Host header, or none) on a fresh connection and
+// reads the answer until the server closes it, by `deadline`.
+inline absl::StatusOr<HttpReply> Exchange(int port, absl::string_view request,
+                                          absl::Time deadline) {
   absl::StatusOr<RawConnection> connection = RawConnection::Open(port);
   if (!connection.ok()) return connection.status();
-  absl::Status sent = connection->Send(
-      absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"));
+  absl::Status sent = connection->Send(request);
   if (!sent.ok()) return sent;
   absl::StatusOr<std::string> raw = connection->ReadUntilClosed(deadline);
   if (!raw.ok()) return raw.status();
   return ParseReply(*raw);
+}
+
+// One request on a fresh connection ("Connection: close"), answered by `deadline`.
+inline absl::StatusOr<HttpReply> Request(int port, absl::string_view method, absl::string_view path,
+                                         absl::Time deadline) {
+  return Exchange(
+      port,
+      absl::StrCat(method, " ", path, " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"),
+      deadline);
 }
 
 inline absl::StatusOr<HttpReply> Get(int port, absl::string_view path, absl::Time deadline) {

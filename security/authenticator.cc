@@ -1,17 +1,27 @@
 #include "security/authenticator.h"
 
+#include <algorithm>
 #include <string_view>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/log_escape.h"
 #include "common/status_macros.h"
 #include "grpcpp/security/auth_context.h"
 #include "security/metadata.h"
 
 namespace zeroshard::security {
+namespace {
+
+// The two kinds of credential Authenticate names (see Revoked).
+constexpr char kTokenCredentialPrefix[] = "token:";
+constexpr char kCertificateCredentialPrefix[] = "cert:";
+
+}  // namespace
 
 std::string PeerHost(const std::string& peer) {
   const size_t scheme = peer.find(':');
@@ -62,29 +72,56 @@ size_t Authenticator::entries() const {
   return table_->size();
 }
 
-absl::StatusOr<Identity> Authenticator::AuthenticateToken(absl::string_view token) const {
-  if (!enabled_) return Identity{"anonymous", Role::kAdmin};
-  std::shared_ptr<const TokenTable> table;
-  {
-    absl::MutexLock lock(&mu_);
-    table = table_;
+std::shared_ptr<const TokenTable> Authenticator::table() const {
+  absl::MutexLock lock(&mu_);
+  return table_;
+}
+
+absl::StatusOr<Identity> Authenticator::AuthenticateToken(absl::string_view token,
+                                                          std::string* credential) const {
+  if (!enabled_) {
+    if (credential != nullptr) credential->clear();
+    return Identity{"anonymous", Role::kAdmin};
   }
-  std::optional<Identity> identity = table->FindToken(token);
+  const Sha256Digest digest = Sha256(token);
+  std::optional<Identity> identity = table()->FindTokenDigest(digest);
   if (!identity.has_value()) {
     return absl::UnauthenticatedError(
         "authorization: this token is not in the coordinator's token file (or was removed from "
         "it)");
   }
+  if (credential != nullptr) {
+    *credential = absl::StrCat(kTokenCredentialPrefix,
+                               absl::BytesToHexString(absl::string_view(
+                                   reinterpret_cast<const char*>(digest.data()), digest.size())));
+  }
   return *std::move(identity);
 }
 
-absl::StatusOr<Identity> Authenticator::Authenticate(const grpc::ServerContextBase& context) const {
-  if (!enabled_) return Identity{PeerHost(context.peer()), Role::kAdmin};
-  std::shared_ptr<const TokenTable> table;
-  {
-    absl::MutexLock lock(&mu_);
-    table = table_;
+bool Authenticator::Revoked(const std::string& credential, const Identity& identity) const {
+  if (!enabled_) return false;
+  const std::shared_ptr<const TokenTable> current = table();
+  std::optional<Identity> now;
+  absl::string_view rest = credential;
+  if (absl::ConsumePrefix(&rest, kTokenCredentialPrefix)) {
+    const std::string bytes = absl::HexStringToBytes(rest);
+    Sha256Digest digest;
+    if (rest.size() != 2 * digest.size() || bytes.size() != digest.size()) return true;
+    std::copy(bytes.begin(), bytes.end(), digest.begin());
+    now = current->FindTokenDigest(digest);
+  } else if (absl::ConsumePrefix(&rest, kCertificateCredentialPrefix)) {
+    now = current->FindCertificate(rest);
   }
+  return !now.has_value() || now->name != identity.name || now->role != identity.role;
+}
+
+absl::StatusOr<Identity> Authenticator::Authenticate(const grpc::ServerContextBase& context,
+                                                     std::string* credential) const {
+  if (!enabled_) {
+    if (credential != nullptr) credential->clear();
+    return Identity{PeerHost(context.peer()), Role::kAdmin};
+  }
+  const std::shared_ptr<const TokenTable> table = this->table();
   const auto& metadata = context.client_metadata();
   if (auto it = metadata.find(kAuthorizationKey); it != metadata.end()) {
     const absl::string_view value(it->second.data(), it->second.size());
@@ -92,14 +129,7 @@ absl::StatusOr<Identity> Authenticator::Authenticate(const grpc::ServerContextBa
       return absl::UnauthenticatedError(
           "authorization: expected 'Bearer <token>' (the token is never quoted)");
     }
-    std::optional<Identity> identity =
-        table->FindToken(value.substr(absl::string_view(kBearerPrefix).size()));
-    if (!identity.has_value()) {
-      return absl::UnauthenticatedError(
-          "authorization: this token is not in the coordinator's token file (or was removed "
-          "from it)");
-    }
-    return *std::move(identity);
+    return AuthenticateToken(value.substr(absl::string_view(kBearerPrefix).size()), credential);
   }
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   if (auth != nullptr && auth->IsPeerAuthenticated()) {
@@ -107,6 +137,8 @@ absl::StatusOr<Identity> Authenticator::Authenticate(const grpc::ServerContextBa
     for (const grpc::string_ref& name : auth->FindPropertyValues("x509_common_name")) {
       const std::string common_name(name.data(), name.size());
       if (std::optional<Identity> identity = table->FindCertificate(common_name)) {
+        if (credential != nullptr)
+          *credential = absl::StrCat(kCertificateCredentialPrefix, common_name);
         return *std::move(identity);
       }
       return absl::UnauthenticatedError(absl::StrCat(

@@ -39,16 +39,27 @@ class Authenticator {
   //     lists as `cert:<CN>`;
   //   - else UNAUTHENTICATED saying what to send. A token that is not in the table is
   //     UNAUTHENTICATED too, and so is a malformed authorization header.
-  absl::StatusOr<Identity> Authenticate(const grpc::ServerContextBase& context) const
+  // With `credential`, sets it to the credential that authenticated the caller, as Revoked
+  // takes it: "token:<SHA-256 hex>" or "cert:<CN>"; "" with authentication off.
+  absl::StatusOr<Identity> Authenticate(const grpc::ServerContextBase& context,
+                                        std::string* credential = nullptr) const
       ABSL_LOCKS_EXCLUDED(mu_);
   // The identity of a bearer token that came another way (the dashboard's HTTP port): the same
   // table and the same UNAUTHENTICATED error for a token that is not in it. With
-  // authentication off, an admin named "anonymous".
-  absl::StatusOr<Identity> AuthenticateToken(absl::string_view token) const
+  // authentication off, an admin named "anonymous". `credential` as for Authenticate.
+  absl::StatusOr<Identity> AuthenticateToken(absl::string_view token,
+                                             std::string* credential = nullptr) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the table in use no longer gives `identity` (name and role) to `credential` (from
+  // Authenticate): its line was removed, or now names another identity or role. Long calls and
+  // dashboard sessions ask this after a Reload. Never with authentication off.
+  bool Revoked(const std::string& credential, const Identity& identity) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   Authenticator(bool enabled, std::string token_file, TokenTable table);
+
+  std::shared_ptr<const TokenTable> table() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const bool enabled_;
   const std::string token_file_;

@@ -177,6 +177,12 @@ std::optional<Identity> TokenTable::FindToken(absl::string_view token) const {
   return it->second;
 }
 
+std::optional<Identity> TokenTable::FindTokenDigest(const Sha256Digest& digest) const {
+  auto it = tokens_.find(digest);
+  if (it == tokens_.end()) return std::nullopt;
+  return it->second;
+}
+
 std::optional<Identity> TokenTable::FindCertificate(absl::string_view common_name) const {
   auto it = certificates_.find(common_name);
   if (it == certificates_.end()) return std::nullopt;

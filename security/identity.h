@@ -56,6 +56,8 @@ class TokenTable {
   // The identity whose token this is. Tokens are compared by their SHA-256 digests only: a
   // lookup's timing depends on the digest, which tells nothing about the token.
   std::optional<Identity> FindToken(absl::string_view token) const;
+  // The identity of the token whose SHA-256 is `digest`.
+  std::optional<Identity> FindTokenDigest(const Sha256Digest& digest) const;
   std::optional<Identity> FindCertificate(absl::string_view common_name) const;
 
   size_t size() const { return tokens_.size() + certificates_.size(); }
