@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 
 namespace zeroshard::kernels {
@@ -121,6 +122,36 @@ int StateArraysPerParam(const OptimizerConfig& config) {
   return 0;
 }
 
+OptimizerConfig WithGroup(const OptimizerConfig& config, const GroupHyperparameters& group) {
+  OptimizerConfig with = config;
+  with.lr = group.lr;
+  with.beta1 = group.beta1;
+  with.beta2 = group.beta2;
+  with.eps = group.eps;
+  with.momentum = group.momentum;
+  with.dampening = group.dampening;
+  return with;
+}
+
+absl::Status ValidateGroup(const OptimizerConfig& config, const GroupHyperparameters& group) {
+  const OptimizerConfig with = WithGroup(config, group);
+  if (absl::Status valid = ValidateConfig(with); !valid.ok()) {
+    // "config.beta1 must be ..." -> "beta1 must be ...": the caller names the group.
+    return absl::InvalidArgumentError(absl::StripPrefix(valid.message(), "config."));
+  }
+  if (!IsFiniteNonNegative(group.weight_decay)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight_decay must be >= 0, got ", group.weight_decay));
+  }
+  if (StateArraysPerParam(with) != StateArraysPerParam(config)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("momentum ", group.momentum, ": the job's optimizer state was made ",
+                     config.momentum == 0.0 ? "without" : "with", " a momentum buffer (momentum ",
+                     config.momentum, "); momentum may change, but not to or from 0"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateUpdate(const OptimizerConfig& config, int64_t step, float grad_scale,
                             absl::Span<const UpdatePiece> pieces) {
   ZS_RETURN_IF_ERROR(ValidateConfig(config));
@@ -148,6 +179,11 @@ absl::Status ValidateUpdate(const OptimizerConfig& config, int64_t step, float g
     if (!IsFiniteNonNegative(piece.weight_decay)) {
       return absl::InvalidArgumentError(
           absl::StrCat("pieces[", i, "].weight_decay must be >= 0, got ", piece.weight_decay));
+    }
+    if (piece.group != nullptr) {
+      if (absl::Status valid = ValidateGroup(config, *piece.group); !valid.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("pieces[", i, "].group: ", valid.message()));
+      }
     }
     if (piece.length == 0) continue;
     if (piece.grad == nullptr) {
@@ -184,10 +220,12 @@ absl::Status ValidateGradPieces(absl::Span<const GradPiece> pieces) {
   return absl::OkStatus();
 }
 
-ElementScalars MakeElementScalars(const OptimizerConfig& config, int64_t step, float grad_scale,
+ElementScalars MakeElementScalars(const OptimizerConfig& base, int64_t step, float grad_scale,
                                   const UpdatePiece& piece) {
-  const double lr = config.lr * piece.lr_scale;
-  const double weight_decay = piece.weight_decay;
+  const OptimizerConfig config = piece.group != nullptr ? WithGroup(base, *piece.group) : base;
+  const double lr = piece.group != nullptr ? piece.group->lr : config.lr * piece.lr_scale;
+  const double weight_decay =
+      piece.group != nullptr ? piece.group->weight_decay : piece.weight_decay;
   const double step_d = static_cast<double>(step);
   ElementScalars s;
   s.grad_scale = grad_scale;

@@ -34,6 +34,25 @@ struct OptimizerConfig {
   double initial_accumulator_value = 0.0;  // Adagrad
 };
 
+// One parameter group's hyperparameters as torch.optim reads them at every step (an attached
+// trainer's param_groups, which schedulers and scripts may change between steps). A piece that
+// points at one takes lr, weight_decay, betas, eps, momentum and dampening from it instead of
+// from the configuration, its own weight_decay and its lr_scale. The flags (nesterov, amsgrad,
+// maximize) and Adagrad's lr_decay and initial_accumulator_value stay the configuration's: the
+// first two decide the state's shape.
+struct GroupHyperparameters {
+  double lr = 1e-3;
+  double weight_decay = 0.0;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double momentum = 0.0;
+  double dampening = 0.0;
+};
+
+// `config` with `group`'s values in place of its own (lr, betas, eps, momentum, dampening).
+OptimizerConfig WithGroup(const OptimizerConfig& config, const GroupHyperparameters& group);
+
 // The most fp32 state arrays any optimizer needs per parameter.
 inline constexpr int kMaxStateArrays = 3;
 
@@ -62,6 +81,9 @@ struct UpdatePiece {
   // Adagrad, decoupled for AdamW and Lion (torch.optim's weight_decay). 0: not decayed.
   double weight_decay = 0.0;
   double lr_scale = 1.0;  // this piece's learning rate is lr * lr_scale
+  // Not null: the piece's group, whose values replace lr * lr_scale, weight_decay and the
+  // configuration's betas, eps, momentum and dampening (GroupHyperparameters). Not owned.
+  const GroupHyperparameters* group = nullptr;
 };
 
 // One flat piece of gradients whose statistics are wanted.
@@ -84,11 +106,16 @@ struct GradStatsChunk {
   int64_t length = 0;
 };
 
-// Checks the configuration, the step (counted from 1, as torch.optim counts) and every piece:
-// InvalidArgument naming the field otherwise.
+// Checks the configuration, the step (counted from 1, as torch.optim counts) and every piece
+// (with its group's values, when it has a group): InvalidArgument naming the field otherwise.
 absl::Status ValidateUpdate(const OptimizerConfig& config, int64_t step, float grad_scale,
                             absl::Span<const UpdatePiece> pieces);
 absl::Status ValidateGradPieces(absl::Span<const GradPiece> pieces);
+
+// OK when `config` with `group`'s values is a valid configuration; InvalidArgument naming the
+// field ("beta1 must be in [0, 1), ...") otherwise, and when the group would change the state's
+// shape: SGD's momentum to or from 0 (the momentum buffer exists only with momentum).
+absl::Status ValidateGroup(const OptimizerConfig& config, const GroupHyperparameters& group);
 
 // The constants the element arithmetic of `piece` uses at `step` (1-based).
 ElementScalars MakeElementScalars(const OptimizerConfig& config, int64_t step, float grad_scale,

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::kernels {
@@ -114,6 +115,62 @@ TEST(OptimizerTest, AdagradLearningRateDecays) {
   config.lr_decay = 0.5;
   const ElementScalars s = MakeElementScalars(config, 5, 1.0f, UpdatePiece());
   EXPECT_EQ(s.neg_step_size, static_cast<float>(-(0.1 / (1.0 + 4 * 0.5))));
+}
+
+// Issue 26: a piece of a group takes the group's values (read at every step, as torch.optim
+// does), not the configuration's: the same scalars as a configuration holding those values.
+TEST(OptimizerTest, AGroupsValuesReplaceTheConfigurations) {
+  OptimizerConfig config = Config(OptimizerKind::kAdamW);
+  config.lr = 0.01;
+  GroupHyperparameters group;
+  group.lr = 0.003;
+  group.weight_decay = 0.2;
+  group.beta1 = 0.85;
+  group.beta2 = 0.99;
+  group.eps = 1e-6;
+  UpdatePiece piece;
+  piece.weight_decay = 0.1;  // replaced
+  piece.lr_scale = 0.5;      // replaced
+  piece.group = &group;
+  OptimizerConfig same = config;
+  same.lr = group.lr;
+  same.beta1 = group.beta1;
+  same.beta2 = group.beta2;
+  same.eps = group.eps;
+  UpdatePiece plain;
+  plain.weight_decay = group.weight_decay;
+  const ElementScalars a = MakeElementScalars(config, 4, 1.0f, piece);
+  const ElementScalars b = MakeElementScalars(same, 4, 1.0f, plain);
+  EXPECT_EQ(a.neg_step_size, b.neg_step_size);
+  EXPECT_EQ(a.bias_correction2_sqrt, b.bias_correction2_sqrt);
+  EXPECT_EQ(a.decay_factor, b.decay_factor);
+  EXPECT_EQ(a.beta1, b.beta1);
+  EXPECT_EQ(a.one_minus_beta2, b.one_minus_beta2);
+  EXPECT_EQ(a.eps, b.eps);
+  EXPECT_EQ(a.decay_factor, static_cast<float>(1.0 - 0.003 * 0.2));
+  EXPECT_TRUE(ValidateUpdate(config, 4, 1.0f, {&piece, 1}).ok());
+  group.beta2 = 1.0;
+  const absl::Status bad = ValidateUpdate(config, 4, 1.0f, {&piece, 1});
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad.message(), "pieces[0].group: beta2 must be in [0, 1), got 1");
+}
+
+TEST(OptimizerTest, AGroupMayNotAddOrDropTheMomentumBuffer) {
+  OptimizerConfig sgd = Config(OptimizerKind::kSgd);
+  sgd.momentum = 0.9;
+  GroupHyperparameters group;
+  group.momentum = 0.5;
+  EXPECT_TRUE(ValidateGroup(sgd, group).ok());
+  group.momentum = 0.0;
+  const absl::Status dropped = ValidateGroup(sgd, group);
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(dropped.message(), "not to or from 0")) << dropped;
+  sgd.momentum = 0.0;
+  group.momentum = 0.9;
+  EXPECT_FALSE(ValidateGroup(sgd, group).ok());
+  group.momentum = 0.0;
+  group.weight_decay = -1;
+  EXPECT_TRUE(absl::StrContains(ValidateGroup(sgd, group).message(), "weight_decay"));
 }
 
 }  // namespace

@@ -49,13 +49,13 @@ def replaced_after_building():
         zt.finish(optimizer)
 
 
-def group_lr_ratio_broken():
+def group_lr_negative():
     model = linear_model()
     biases = [model[0].bias, model[2].bias]
     optimizer = zt.ShardedOptimizer(model, "sgd", lr=0.1,
                                     param_groups=[{"params": biases, "lr": 0.05}])
     try:
-        optimizer.param_groups[1]["lr"] = 0.07  # no longer half of group 0's
+        optimizer.param_groups[1]["lr"] = -0.07  # any value torch takes goes; this one not
         model(torch.randn(5, 4)).sum().backward()
         optimizer.step()
     finally:
@@ -65,7 +65,7 @@ def group_lr_ratio_broken():
 def unknown_group_key():
     model = linear_model()
     zt.ShardedOptimizer(model, "adam", lr=0.1,
-                        param_groups=[{"params": [model[0].bias], "betas": (0.8, 0.9)}])
+                        param_groups=[{"params": [model[0].bias], "momentum": 0.9}])
 
 
 # (case, the exception type, text it must contain)
@@ -74,8 +74,8 @@ CASES = [
     (sparse, ValueError, "parameter 2.bias: sparse"),
     (half_precision, ValueError, "parameter 2.weight: dtype torch.float16"),
     (replaced_after_building, ValueError, "parameter 2.weight: its data was replaced"),
-    (group_lr_ratio_broken, ValueError, "param_groups[1]: lr 0.07"),
-    (unknown_group_key, ValueError, "param_groups[0]: keys ['betas']"),
+    (group_lr_negative, ValueError, "param_groups[1]: lr -0.07 must be >= 0"),
+    (unknown_group_key, ValueError, "param_groups[0]: keys ['momentum']"),
 ]
 
 

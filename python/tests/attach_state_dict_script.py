@@ -239,8 +239,9 @@ def check_bad_inputs():
     sgd.step()
     wrong_shape = {"state": dict(before["state"]), "param_groups": before["param_groups"]}
     wrong_shape["state"][0] = dict(before["state"][0], exp_avg=torch.zeros(3, 3))
+    # torch.optim takes any group values at a load; one the workers cannot take is refused.
     other_decay = {"state": before["state"],
-                   "param_groups": [dict(before["param_groups"][0], weight_decay=0.5),
+                   "param_groups": [dict(before["param_groups"][0], weight_decay=-0.5),
                                     before["param_groups"][1]]}
     missing = dict(sharded, manifest="/nonexistent-zeroshard/job/step-000000000003/manifest.json")
     cases = [
@@ -252,7 +253,7 @@ def check_bad_inputs():
         ("torch_sgd_state", sgd.state_dict(), "['momentum_buffer'] are not adamw's state"),
         ("one_group_instead_of_two", plain_adamw_single(), "param_groups: the state dict has 1"),
         ("wrong_state_shape", wrong_shape, "parameter 0.weight): exp_avg has shape [3, 3]"),
-        ("other_weight_decay", other_decay, "param_groups[0]: weight_decay 0.5"),
+        ("negative_weight_decay", other_decay, "param_groups[0]: weight_decay -0.5 must be"),
     ]
     for case, state_dict, expected_text in cases:
         try:

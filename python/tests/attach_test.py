@@ -49,6 +49,27 @@ class AttachEquivalenceTest(unittest.TestCase):
                               launcher_args=("--worker_flag=--bucket_pool_size=1",))
 
 
+class HyperparameterTest(unittest.TestCase):
+    """Every param group's values reach the workers at every step, as torch.optim reads them
+    (attach_hyperparameters_script.py: against torch.optim in the same process, in zero1, zero2
+    and ddp; issue 26, item 1)."""
+
+    def check(self, workers):
+        status, out = launch(workers, os.path.join(HERE, "attach_hyperparameters_script.py"))
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for line in lines:
+            print(json.dumps(line))
+        self.assertEqual(len(lines), 4 * 3 + 3, out)
+        self.assertEqual([line for line in lines if not line["ok"]], [])
+        self.assertEqual(status, 0, out)
+
+    def test_one_worker(self):
+        self.check(1)
+
+    def test_two_workers(self):
+        self.check(2)
+
+
 class HostileTrainerTest(unittest.TestCase):
     """A real trainer asking a real worker for a block the protocol never named gets refused
     (attach_hostile_trainer_script.py); before, the worker mapped its optimizer state for it."""

@@ -50,6 +50,16 @@ _OPTIMIZERS = {
     "lion": job_pb2.LION,
 }
 _MODES = {"ddp": job_pb2.DDP, "zero1": job_pb2.ZERO1, "zero2": job_pb2.ZERO2}
+# The numeric hyperparameters each optimizer reads from its param groups at every step, as
+# torch.optim does (besides lr and weight_decay): scripts and schedulers may change them.
+_GROUP_KEYS = {"sgd": ("momentum", "dampening"), "adam": ("betas", "eps"),
+               "adamw": ("betas", "eps"), "adagrad": ("eps",), "lion": ("betas",)}
+# Hyperparameters a group holds that the job fixes when it is submitted (they decide the state's
+# shape or are not read per group by the workers): changing one raises, naming it.
+_FIXED_KEYS = {"sgd": ("nesterov", "maximize"), "adam": ("amsgrad", "maximize"),
+               "adamw": ("amsgrad", "maximize"),
+               "adagrad": ("lr_decay", "initial_accumulator_value", "maximize"),
+               "lion": ("maximize",)}
 # torch.optim's default weight decay per optimizer (AdamW decays by default).
 _DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "adam": 0.0, "adamw": 1e-2, "adagrad": 0.0, "lion": 0.0}
 # How long a rank waits for rank 0's job to appear, and for its worker to take it.
@@ -194,11 +204,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # Groups: the user's, then the default group with everything else.
         groups = []
         grouped = set()
+        per_group = {"params", "lr", "weight_decay", *_GROUP_KEYS[optimizer]}
         for index, group in enumerate(param_groups or []):
-            unknown = set(group) - {"params", "lr", "weight_decay"}
+            unknown = set(group) - per_group
             if unknown:
                 raise ValueError(f"param_groups[{index}]: keys {sorted(unknown)} are not "
-                                 "supported (only params, lr, weight_decay may differ per group)")
+                                 f"supported (only {sorted(per_group)} may differ per group "
+                                 f"for {optimizer})")
             members = list(group.get("params", []))
             for p in members:
                 if id(p) not in name_of:
@@ -207,8 +219,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 if id(p) in grouped:
                     raise ValueError(f"parameter {name_of[id(p)]}: in two param_groups")
                 grouped.add(id(p))
-            groups.append({"params": members, "lr": float(group.get("lr", lr)),
-                           "weight_decay": float(group.get("weight_decay", weight_decay))})
+            entry = {key: value for key, value in group.items() if key != "params"}
+            entry.update({"params": members, "lr": float(group.get("lr", lr)),
+                          "weight_decay": float(group.get("weight_decay", weight_decay))})
+            groups.append(entry)
         rest = [p for _, p in named if id(p) not in grouped]
         if rest:
             groups.insert(0, {"params": rest, "lr": float(lr),
@@ -216,9 +230,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
             self._default_group = 0
         else:
             self._default_group = None
-        super().__init__(groups, {"lr": float(lr), "weight_decay": float(weight_decay)})
+        # As torch.optim's optimizer of this kind holds them: every group gets every key (the
+        # constructor's value unless the group set its own), so schedulers find them
+        # (OneCycleLR cycles betas or momentum).
+        defaults = {"lr": float(lr), "weight_decay": float(weight_decay)}
+        for key in _GROUP_KEYS[optimizer] + _FIXED_KEYS[optimizer]:
+            defaults[key] = self._hyper[key]
+        super().__init__(groups, defaults)
         base_lr = self.param_groups[0]["lr"]
-        self._lr_scales = [g["lr"] / base_lr if base_lr > 0 else 1.0 for g in self.param_groups]
+        # The spec's lr_scale (within its range): the groups' own values come with every step.
+        self._lr_scales = [min(g["lr"] / base_lr, 1000.0) if base_lr > 0 else 1.0
+                           for g in self.param_groups]
+        # StepRequest.param_groups' order: the default group, then the spec's groups.
+        self._spec_groups = [i for i in range(len(self.param_groups)) if i != self._default_group]
 
         # The tensor list in gradient-ready order: the reverse of model.parameters().
         self._params = [p for _, p in reversed(named)]
@@ -548,16 +572,54 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # ---- torch.optim.Optimizer ----
 
-    def _base_lr(self):
-        base = self.param_groups[0]["lr"] / self._lr_scales[0]
-        for index, group in enumerate(self.param_groups):
-            expected = base * self._lr_scales[index]
-            if not math.isclose(group["lr"], expected, rel_tol=1e-9, abs_tol=1e-15):
+    def _group_values(self, index, group):
+        """attach_pb2.GroupValues of param group `index` as it is now; ValueError naming the
+        group and key for a value the workers cannot take."""
+        def number(key, value, low=0.0, high=math.inf, high_open=False):
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise ValueError(f"param_groups[{index}]: {key} {value!r} is not a number") \
+                    from None
+            if not (math.isfinite(value) and low <= value and
+                    (value < high if high_open else value <= high)):
+                bound = f"[{low}, {high})" if high_open else f">= {low}"
+                raise ValueError(f"param_groups[{index}]: {key} {value} must be {bound}")
+            return value
+
+        for key in _FIXED_KEYS[self._optimizer_kind]:
+            if key in group and group[key] != self._hyper[key]:
+                raise ValueError(f"param_groups[{index}]: {key} {group[key]!r} differs from the "
+                                 f"job's {self._hyper[key]!r}; it cannot change during training "
+                                 "(it decides the optimizer state's shape or is job-wide)")
+        values = attach_pb2.GroupValues()
+        values.lr = number("lr", group["lr"])
+        values.weight_decay = number("weight_decay", group["weight_decay"])
+        keys = _GROUP_KEYS[self._optimizer_kind]
+        if "betas" in keys:
+            betas = group.get("betas", self._hyper["betas"])
+            if not isinstance(betas, (tuple, list)) or len(betas) != 2:
+                raise ValueError(f"param_groups[{index}]: betas {betas!r} is not a pair")
+            values.beta1 = number("betas[0]", betas[0], 0.0, 1.0, high_open=True)
+            values.beta2 = number("betas[1]", betas[1], 0.0, 1.0, high_open=True)
+        else:
+            values.beta1, values.beta2 = self._hyper["betas"]
+        values.eps = number("eps", group.get("eps", self._hyper["eps"]))
+        if "momentum" in keys:
+            momentum = number("momentum", group.get("momentum", self._hyper["momentum"]))
+            if (momentum == 0.0) != (self._hyper["momentum"] == 0.0):
                 raise ValueError(
-                    f"param_groups[{index}]: lr {group['lr']} breaks the ratio to group 0's lr "
-                    f"it had when the optimizer was built ({self._lr_scales[index]}); groups' lrs "
-                    "may change only by the same factor (as LR schedulers do)")
-        return base
+                    f"param_groups[{index}]: momentum {momentum}: the job's optimizer state was "
+                    f"made {'without' if self._hyper['momentum'] == 0.0 else 'with'} a momentum "
+                    f"buffer (momentum {self._hyper['momentum']}); momentum may change, but not "
+                    "to or from 0")
+            values.momentum = momentum
+            values.dampening = number("dampening",
+                                      group.get("dampening", self._hyper["dampening"]), high=1.0)
+            if self._hyper["nesterov"] and values.dampening != 0.0:
+                raise ValueError(f"param_groups[{index}]: dampening {values.dampening}: nesterov "
+                                 "needs dampening 0")
+        return values
 
     def _check_parameters(self):
         for name, p, view in zip(self._names, self._params, self._param_views):
@@ -573,7 +635,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_parameters()
-        lr = self._base_lr()
+        # Every group's values as they are now (torch.optim reads them at every step).
+        values = [self._group_values(index, self.param_groups[index])
+                  for index in self._spec_groups]
+        if self._default_group is not None:
+            default = self._group_values(self._default_group,
+                                         self.param_groups[self._default_group])
+        else:
+            # No tensor is in the default group: its entry is read by nobody.
+            default = attach_pb2.GroupValues()
+            default.CopyFrom(values[0])
+        lr = self.param_groups[0]["lr"]
         if self._mode == "zero2":
             begun = self._next > 0 or self._next_segment > 0 or any(self._ready)
             if begun or self._micro_batches == 0:
@@ -587,6 +659,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         request = attach_pb2.AttachRequest()
         request.step.loss = float(loss) if loss is not None else 0.0
         request.step.lr = lr
+        request.step.param_groups.append(default)
+        request.step.param_groups.extend(values)
         response, _ = self._connection.call(request)
         self.last_step = response.step_result
         self._begin_step()
@@ -648,7 +722,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             groups = []
             first = 0
             for group in self.param_groups:
-                groups.append({"lr": group["lr"], "betas": self._hyper["betas"],
+                groups.append({"lr": group["lr"], "betas": group["betas"],
                                "weight_decay": group["weight_decay"],
                                "maximize": self._hyper["maximize"],
                                "params": list(range(first, first + len(group["params"])))})
@@ -732,30 +806,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
                                  f"the state dict, {len(group['params'])} in this optimizer")
 
     def _check_group_hyperparameters(self, saved_groups):
-        lrs = []
-        for index, (saved, group) in enumerate(zip(saved_groups, self.param_groups)):
-            fixed = dict(self._hyper, weight_decay=group["weight_decay"])
-            for key, ours in fixed.items():
-                if key not in saved:
-                    continue
-                theirs = saved[key]
-                try:
-                    same = (len(theirs) == len(ours) and
-                            all(math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=1e-15)
-                                for a, b in zip(theirs, ours)) if isinstance(ours, tuple)
-                            else math.isclose(float(theirs), float(ours), rel_tol=1e-9,
-                                              abs_tol=1e-15))
-                except (TypeError, ValueError):
-                    same = False
-                if not same:
-                    raise ValueError(f"param_groups[{index}]: {key} {theirs} differs from this "
-                                     f"optimizer's {ours} (the job fixes it when it is submitted)")
-            lrs.append(float(saved.get("lr", group["lr"])))
-        base = lrs[0] / self._lr_scales[0]
-        for index, lr in enumerate(lrs):
-            if not math.isclose(lr, base * self._lr_scales[index], rel_tol=1e-9, abs_tol=1e-15):
-                raise ValueError(f"param_groups[{index}]: lr {lr} breaks the ratio to group 0's "
-                                 f"lr this optimizer was built with ({self._lr_scales[index]})")
+        """The saved groups' values replace this optimizer's at the load, as torch.optim's
+        load_state_dict does: ValueError naming the group and key for one the job cannot take
+        (a fixed key that differs, momentum to or from 0, a value out of range)."""
+        for index, saved in enumerate(saved_groups):
+            merged = dict(self.param_groups[index])
+            merged.update({key: value for key, value in saved.items() if key != "params"})
+            self._group_values(index, merged)
 
     def _apply_groups(self, saved_groups):
         for saved, group in zip(saved_groups, self.param_groups):

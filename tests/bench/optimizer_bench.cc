@@ -30,6 +30,9 @@ ABSL_FLAG(int, threads, 0, "the 'all threads' count; 0: the machine's hardware t
 ABSL_FLAG(std::string, isa, "auto",
           "instruction set of the kernel and the baselines: auto (the best this processor has), "
           "avx2 or avx512");
+ABSL_FLAG(int64_t, pieces, 1,
+          "pieces the parameters are cut into (a model's tensors): each carries its own scalars, "
+          "and `grouped` runs them with per-group values (an attached trainer's param_groups)");
 ABSL_FLAG(std::string, cases, "all",
           "comma-separated cases to run: sgd, adam, adamw, adagrad, lion, adamw_bf16; or all");
 
@@ -470,10 +473,40 @@ void RunCase(const Case& c, SimdLevel isa, int threads, Arrays& a, int reps) {
                                        c.bf16_copy ? a.copy16.get() : nullptr};
   const std::vector<Pass> passes = TorchForeachPasses(c, a);
 
+  // The same elements cut into pieces; `grouped` points each at group values equal to the
+  // configuration's, as an attached trainer's step does (the arithmetic is the same).
+  const int64_t num_pieces = std::max<int64_t>(1, std::min(absl::GetFlag(FLAGS_pieces), a.n));
+  std::vector<UpdatePiece> pieces;
+  for (int64_t k = 0; k < num_pieces; ++k) {
+    const int64_t begin = a.n * k / num_pieces;
+    const int64_t end = a.n * (k + 1) / num_pieces;
+    UpdatePiece part = piece;
+    part.grad = static_cast<const char*>(piece.grad) + begin * DTypeSize(c.grad_dtype);
+    part.master = piece.master + begin;
+    for (int i = 0; i < states; ++i) part.state[i] = piece.state[i] + begin;
+    if (c.bf16_copy) part.param_copy = a.copy16.get() + begin;
+    part.length = end - begin;
+    pieces.push_back(part);
+  }
+  GroupHyperparameters group;
+  group.lr = config.lr;
+  group.weight_decay = piece.weight_decay;
+  group.beta1 = config.beta1;
+  group.beta2 = config.beta2;
+  group.eps = config.eps;
+  group.momentum = config.momentum;
+  group.dampening = config.dampening;
+  std::vector<UpdatePiece> grouped_pieces = pieces;
+  for (UpdatePiece& part : grouped_pieces) part.group = &group;
+
   ThreadPool pool(threads);
   int64_t step = 1;
   auto fused = [&] {
-    const absl::Status status = ApplyUpdateCpu(config, step++, 0.5f, {piece}, &pool, isa);
+    const absl::Status status = ApplyUpdateCpu(config, step++, 0.5f, pieces, &pool, isa);
+    if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
+  };
+  auto grouped = [&] {
+    const absl::Status status = ApplyUpdateCpu(config, step++, 0.5f, grouped_pieces, &pool, isa);
     if (!status.ok()) std::fprintf(stderr, "%s\n", status.ToString().c_str());
   };
   auto baseline = [&] {
@@ -488,9 +521,11 @@ void RunCase(const Case& c, SimdLevel isa, int threads, Arrays& a, int reps) {
   fused();  // step 1 initialises the state
   baseline();
   multipass();
-  std::vector<double> fused_s, baseline_s, multipass_s;
+  grouped();
+  std::vector<double> fused_s, grouped_s, baseline_s, multipass_s;
   for (int r = 0; r < reps; ++r) {
     fused_s.push_back(Seconds(fused));
+    grouped_s.push_back(Seconds(grouped));
     baseline_s.push_back(Seconds(baseline));
     multipass_s.push_back(Seconds(multipass));
   }
@@ -503,11 +538,14 @@ void RunCase(const Case& c, SimdLevel isa, int threads, Arrays& a, int reps) {
       "{\"bench\":\"optimizer\",\"optimizer\":\"%s\",\"grad_dtype\":\"%s\",\"param_dtype\":\"%s\","
       "\"threads\":%d,\"params\":%lld,\"simd\":\"%s\",\"isa\":\"%s\",\"bytes_per_param\":%lld,"
       "\"seconds\":%.5f,\"gbps\":%.2f,\"baseline_gbps\":%.2f,\"ratio\":%.3f,"
-      "\"multipass_gbps\":%.2f,\"vs_multipass\":%.2f,\"multipass_passes\":%d}\n",
+      "\"multipass_gbps\":%.2f,\"vs_multipass\":%.2f,\"multipass_passes\":%d,"
+      "\"pieces\":%lld,\"grouped_gbps\":%.2f,\"grouped_vs_plain\":%.3f}\n",
       OptimizerKindName(c.kind), DTypeName(c.grad_dtype), c.bf16_copy ? "bf16" : "none", threads,
       static_cast<long long>(a.n), SimdLevelName(isa), SimdLevelName(isa),
       static_cast<long long>(bytes_per_param), Median(fused_s), gbps, baseline_gbps,
-      gbps / baseline_gbps, multipass_gbps, gbps / multipass_gbps, static_cast<int>(passes.size()));
+      gbps / baseline_gbps, multipass_gbps, gbps / multipass_gbps, static_cast<int>(passes.size()),
+      static_cast<long long>(num_pieces), bytes / Median(grouped_s) / 1e9,
+      Median(fused_s) / Median(grouped_s));
   std::fflush(stdout);
 }
 

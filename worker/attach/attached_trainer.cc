@@ -549,6 +549,17 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
               absl::StrCat("step: tensor ", next_tensor_, "'s gradient was not handed over")));
         }
         lr_ = lr;
+        group_values_.clear();
+        for (const v1::GroupValues& values : request.step().param_groups()) {
+          kernels::GroupHyperparameters& group = group_values_.emplace_back();
+          group.lr = values.lr();
+          group.weight_decay = values.weight_decay();
+          group.beta1 = values.beta1();
+          group.beta2 = values.beta2();
+          group.eps = values.eps();
+          group.momentum = values.momentum();
+          group.dampening = values.dampening();
+        }
         return request.step().loss();
       }
       case v1::AttachRequest::kFinish:

@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/unique_fd.h"
+#include "kernels/optimizer.h"
 #include "worker/attach/attach_listener.h"
 #include "worker/attach/frame_socket.h"
 #include "worker/attach/shared_blocks.h"
@@ -100,6 +101,9 @@ class AttachedTrainer final : public workloads::Workload {
   int64_t BufferBytes() const override;
   absl::StatusOr<bool> AwaitNextStep() override;
   std::optional<double> LearningRate() const override { return lr_; }
+  // The groups' values the last step request carried (StepRequest.param_groups), in its order;
+  // empty when it carried none. The run hands them to Engine::SetGroupHyperparameters.
+  const std::vector<kernels::GroupHyperparameters>& group_values() const { return group_values_; }
   absl::Status StepApplied(const workloads::StepOutcome& outcome,
                            workloads::ParameterSource& params) override;
 
@@ -150,6 +154,7 @@ class AttachedTrainer final : public workloads::Workload {
   int32_t micro_batches_ended_ = 0;
   bool micro_batch_begun_ = false;
   std::optional<double> lr_;
+  std::vector<kernels::GroupHyperparameters> group_values_;
   AttachedStateHandlers state_handlers_;
 };
 

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
+#include "jobspec/job_plan.h"
 #include "kernels/dtype.h"
 #include "kernels/optimizer.h"
 
@@ -98,6 +99,20 @@ absl::StatusOr<engine::EngineConfig> EngineConfigForJob(const v1::JobSpec& spec,
   config.clip_grad_norm = spec.clip_grad_norm();
   config.threads = threads;
   return config;
+}
+
+std::vector<int32_t> TensorGroupsForPlan(const v1::JobSpec& spec, const sharding::ShardPlan& plan) {
+  std::vector<int32_t> groups;
+  groups.reserve(plan.num_tensors());
+  for (const sharding::TensorSpec& tensor : plan.tensors()) {
+    const v1::ParamGroup* group = jobspec::GroupOf(spec, tensor.name);
+    int32_t index = 0;
+    for (int g = 0; group != nullptr && g < spec.param_groups_size(); ++g) {
+      if (&spec.param_groups(g) == group) index = g + 1;
+    }
+    groups.push_back(index);
+  }
+  return groups;
 }
 
 }  // namespace zeroshard::worker

@@ -397,6 +397,8 @@ absl::Status EngineTrainingRun::Train() {
   }
 
   ZS_ASSIGN_OR_RETURN(engine::EngineConfig config, EngineConfigForJob(spec, options_.threads));
+  // An attached trainer sends its groups' values with every step (torch.optim's param_groups).
+  if (attached) config.tensor_groups = TensorGroupsForPlan(spec, plan);
   config.device = device.get();
   config.bucket_pool_size = options_.bucket_pool_size;
   ZS_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> engine,
@@ -714,6 +716,9 @@ absl::Status EngineTrainingRun::Train() {
     const absl::Time computed = absl::Now();
     if (const std::optional<double> lr = workload->LearningRate(); lr.has_value()) {
       ZS_RETURN_IF_ERROR(engine->SetLearningRate(*lr));
+    }
+    if (trainer != nullptr && !trainer->group_values().empty()) {
+      ZS_RETURN_IF_ERROR(engine->SetGroupHyperparameters(trainer->group_values()));
     }
     ZS_ASSIGN_OR_RETURN(const engine::StepResult result, engine->Step(local_loss));
     ZS_RETURN_IF_ERROR(workload->StepApplied(

@@ -100,6 +100,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const sharding::ShardPlan
     return absl::InvalidArgumentError(
         absl::StrCat("rank: ", rank, " but the communicator is rank ", communicator->rank()));
   }
+  if (!config.tensor_groups.empty() &&
+      static_cast<int64_t>(config.tensor_groups.size()) != plan.num_tensors()) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor_groups: ", config.tensor_groups.size(),
+                                                   " entries, the plan has ", plan.num_tensors(),
+                                                   " tensors"));
+  }
   ZS_ASSIGN_OR_RETURN(sharding::RankView view, plan.ViewForRank(rank));
   std::unique_ptr<Engine> engine(new Engine(plan, std::move(view), config, communicator));
   ZS_RETURN_IF_ERROR(engine->AllocateBuffers());
@@ -275,6 +281,7 @@ void Engine::BuildPieces() {
       piece.weight_decay = spec.weight_decay;
       piece.lr_scale = spec.lr_scale;
       update_pieces_.push_back(piece);
+      update_piece_tensors_.push_back(t);
     }
     return;
   }
@@ -293,6 +300,7 @@ void Engine::BuildPieces() {
       piece.weight_decay = spec.weight_decay;
       piece.lr_scale = spec.lr_scale;
       update_pieces_.push_back(piece);
+      update_piece_tensors_.push_back(fragment.tensor);
     }
   }
 }
@@ -329,6 +337,29 @@ absl::Status Engine::SetLearningRate(double lr) {
     return absl::InvalidArgumentError(absl::StrCat("lr: must be finite and >= 0, got ", lr));
   }
   optimizer_.lr = lr;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::SetGroupHyperparameters(std::vector<kernels::GroupHyperparameters> groups) {
+  if (config_.tensor_groups.empty()) {
+    return absl::FailedPreconditionError(
+        "param_groups: this engine's tensors have no groups (EngineConfig.tensor_groups)");
+  }
+  for (const int32_t group : config_.tensor_groups) {
+    if (group < 0 || static_cast<size_t>(group) >= groups.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "param_groups: ", groups.size(), " groups given, the tensors name group ", group));
+    }
+  }
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (absl::Status valid = kernels::ValidateGroup(config_.optimizer, groups[g]); !valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("param_groups[", g, "]: ", valid.message()));
+    }
+  }
+  groups_ = std::move(groups);
+  for (size_t i = 0; i < update_pieces_.size(); ++i) {
+    update_pieces_[i].group = &groups_[config_.tensor_groups[update_piece_tensors_[i]]];
+  }
   return absl::OkStatus();
 }
 

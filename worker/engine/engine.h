@@ -64,6 +64,10 @@ struct EngineConfig {
   // also for bf16/fp16 gradients).
   kernels::DType reduce_dtype = kernels::DType::kFloat32;
   LossScaleConfig loss_scale;
+  // The parameter group of each plan tensor: an index into SetGroupHyperparameters' list. Empty:
+  // the job has no per-step group values (built-in workloads: each tensor's weight_decay and
+  // lr_scale, the optimizer's lr).
+  std::vector<int32_t> tensor_groups;
   // Global-norm clipping as torch.nn.utils.clip_grad_norm_ (max_norm); 0 turns it off.
   double clip_grad_norm = 0.0;
   // Threads of the optimizer kernels (results do not depend on it). Used only when `device` is
@@ -253,6 +257,14 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // an attached trainer's scheduler sets it every step. InvalidArgument unless finite and >= 0.
   absl::Status SetLearningRate(double lr);
   double learning_rate() const { return optimizer_.lr; }
+  // From the next Step() on, tensor t's update takes the values of
+  // groups[config.tensor_groups[t]] (lr, weight_decay, betas, eps, momentum, dampening), as
+  // torch.optim reads its param_groups at every step; they replace SetLearningRate's lr and the
+  // tensors' weight_decay and lr_scale. FailedPrecondition when config.tensor_groups is empty;
+  // InvalidArgument naming "param_groups[g]" when `groups` lacks a group the tensors name or a
+  // group is not valid for the job's optimizer (kernels::ValidateGroup: the state's shape is
+  // fixed). Nothing changes on an error.
+  absl::Status SetGroupHyperparameters(std::vector<kernels::GroupHyperparameters> groups);
 
   // ddp/zero1 with fp32 gradients stored unstaged: where `tensor`'s gradient lives in the
   // full-size gradient buffer, the memory GradBuffer hands out for its segments (an attached
@@ -494,6 +506,10 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // The update's pieces (one per owned fragment; one per tensor in ddp): fixed after
   // construction.
   std::vector<kernels::UpdatePiece> update_pieces_;
+  // The plan tensor of each update piece, and the group values they point at
+  // (SetGroupHyperparameters; empty until then).
+  std::vector<int64_t> update_piece_tensors_;
+  std::vector<kernels::GroupHyperparameters> groups_;
 
   // Step state. Invariants: a bucket's reduction is set iff the bucket is in in_flight_
   // (launched) or in awaiting_check_ (retired, its outcome not yet seen on the host); both are

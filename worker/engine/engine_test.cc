@@ -461,6 +461,74 @@ TEST(EngineTest, RefusesBadSegmentsAndIncompleteSteps) {
   EXPECT_EQ(result->global_loss, 1.0);
 }
 
+// Issue 26: per-group values set for a step (an attached trainer's param_groups) give the same
+// bits as a configuration holding them; a group that would change the state's shape, or a group
+// list too short, is refused and changes nothing.
+TEST(EngineTest, GroupValuesReplaceTheConfigurationsBitwise) {
+  const sharding::ShardPlan plan = TestPlan(1);
+  comm::GlooCommunicatorOptions options;
+  auto grouped_comm = comm::GlooCommunicator::Create(options);
+  auto plain_comm = comm::GlooCommunicator::Create(options);
+  ASSERT_TRUE(grouped_comm.ok() && plain_comm.ok());
+  kernels::GroupHyperparameters decayed;
+  decayed.lr = 0.02;
+  decayed.weight_decay = 0.0;
+  decayed.beta1 = 0.8;
+  decayed.beta2 = 0.95;
+  decayed.eps = 1e-6;
+  // One group per (weight_decay, lr_scale) of the test tensors, holding the same values.
+  EngineConfig grouped_config = AdamConfig();
+  std::vector<kernels::GroupHyperparameters> groups;
+  for (const sharding::TensorSpec& spec : plan.tensors()) {
+    kernels::GroupHyperparameters group = decayed;
+    group.lr = decayed.lr * spec.lr_scale;
+    group.weight_decay = spec.weight_decay;
+    int32_t index = 0;
+    while (index < static_cast<int32_t>(groups.size()) &&
+           (groups[index].lr != group.lr || groups[index].weight_decay != group.weight_decay)) {
+      ++index;
+    }
+    if (index == static_cast<int32_t>(groups.size())) groups.push_back(group);
+    grouped_config.tensor_groups.push_back(index);
+  }
+  ASSERT_GT(groups.size(), 2u);
+  EngineConfig plain_config = AdamConfig();
+  plain_config.optimizer.lr = decayed.lr;
+  plain_config.optimizer.beta1 = decayed.beta1;
+  plain_config.optimizer.beta2 = decayed.beta2;
+  plain_config.optimizer.eps = decayed.eps;
+  auto grouped = Engine::Create(plan, 0, grouped_config, grouped_comm->get());
+  auto plain = Engine::Create(plan, 0, plain_config, plain_comm->get());
+  ASSERT_TRUE(grouped.ok() && plain.ok());
+  EXPECT_EQ((*plain)->SetGroupHyperparameters(groups).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*grouped)->SetGroupHyperparameters({decayed}).code(),
+            absl::StatusCode::kInvalidArgument);  // too few groups
+  std::vector<kernels::GroupHyperparameters> bad = groups;
+  bad[1].beta1 = 1.5;
+  const absl::Status refused = (*grouped)->SetGroupHyperparameters(bad);
+  EXPECT_EQ(refused.message(), "param_groups[1]: beta1 must be in [0, 1), got 1.5");
+  ASSERT_TRUE((*grouped)->SetGroupHyperparameters(groups).ok());
+  for (Engine* e : {grouped->get(), plain->get()}) {
+    ASSERT_TRUE(e->InitializeParameters([&](int64_t t, absl::Span<float> out) {
+                   for (size_t i = 0; i < out.size(); ++i) out[i] = 0.01f * (t + 1) + 0.001f * i;
+                   return absl::OkStatus();
+                 }).ok());
+    for (int step = 0; step < 3; ++step) {
+      for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+        std::vector<float> gradient(plan.tensors()[t].num_elements);
+        for (size_t i = 0; i < gradient.size(); ++i) gradient[i] = 0.1f * (step + 1) - 0.003f * i;
+        ASSERT_TRUE(workloads::CopyGradientToSink(*e, t, gradient).ok());
+      }
+      ASSERT_TRUE(e->Step(1.0).ok());
+    }
+  }
+  for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+    EXPECT_TRUE(BitwiseEqual(*(*grouped)->ParametersOnHost(t), *(*plain)->ParametersOnHost(t)))
+        << t;
+  }
+}
+
 // Segments end at bucket boundaries: a tensor spanning buckets is handed over in several.
 TEST(EngineTest, SegmentsFollowTheBuckets) {
   const sharding::ShardPlan plan = TestPlan(1);
