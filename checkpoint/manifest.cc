@@ -146,8 +146,9 @@ absl::StatusOr<Directory> OpenStepDirectory(const Directory& root, absl::string_
 
 namespace {
 
-// Workers never write manifest.json: one already in the step directory is this checkpoint's own
-// (a commit retried after a coordinator restart: replaced) or was put there by someone else
+// Workers never write manifest.json: one already in the step directory is the job's own for
+// this step (a commit retried after a coordinator restart, or a later generation checkpointing a
+// step again after resuming from an earlier one: replaced) or was put there by someone else
 // (refused, so that the commit fails loudly instead of replacing or trusting it). A manifest
 // larger than the cap is refused from its size, unread.
 absl::Status CheckNoForeignManifest(const Directory& step_dir,
@@ -163,11 +164,9 @@ absl::Status CheckNoForeignManifest(const Directory& step_dir,
     const absl::StatusOr<v1::CheckpointManifest> found = ReadManifest(step_dir);
     if (!found.ok()) {
       foreign = found.status();
-    } else if (found->job_id() != manifest.job_id() ||
-               found->generation() != manifest.generation() || found->step() != manifest.step()) {
+    } else if (found->job_id() != manifest.job_id() || found->step() != manifest.step()) {
       foreign = absl::FailedPreconditionError(
-          absl::StrCat(path, " is the manifest of job ", found->job_id(), " generation ",
-                       found->generation(), " step ", found->step()));
+          absl::StrCat(path, " is the manifest of job ", found->job_id(), " step ", found->step()));
     }
   }
   if (foreign.ok()) return absl::OkStatus();

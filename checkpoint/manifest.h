@@ -71,7 +71,7 @@ absl::Status ValidateManifest(const v1::CheckpointManifest& manifest);
 // (ValidateManifest), checks that every listed file is a regular file in the step directory with
 // the listed size (FAILED_PRECONDITION naming it otherwise: a shard the coordinator cannot see,
 // or a link, which is refused), refuses (FAILED_PRECONDITION naming it, nothing written) a
-// manifest.json already there that is not this checkpoint's (job, generation and step; one
+// manifest.json already there that is not the job's own for this step (job and step; one
 // larger than kMaxManifestBytes is refused from its size, unread), then writes manifest.json
 // durably: temporary file, fsync,
 // rename, fsync of the directory (WriteFileDurably). The job and step directories are reached

@@ -296,11 +296,18 @@ TEST(ManifestTest, ACommitRefusesAManifestItDidNotWriteAndRetriesItsOwn) {
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "the manifest of job job-000099")) << status;
 
-  // Its own manifest (a retried commit): written again.
+  // Its own manifest (a retried commit), or the job's of an earlier generation at this step (a
+  // later generation checkpointing the step again after resuming from an earlier one): written
+  // again.
   ASSERT_TRUE(::unlink(manifest_path.c_str()) == 0);
   ASSERT_TRUE(WriteManifest(Root(root), kJobDir, manifest).ok());
   status = WriteManifest(Root(root), kJobDir, manifest);
   EXPECT_TRUE(status.ok()) << status;
+  v1::CheckpointManifest later = manifest;
+  later.set_generation(manifest.generation() + 1);
+  status = WriteManifest(Root(root), kJobDir, later);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(ReadManifest(StepDirectory(root, 6))->generation(), later.generation());
   ASSERT_TRUE(List(root).ok());
   EXPECT_EQ(CommittedSteps(*List(root)), std::vector<int64_t>{6});
 }
