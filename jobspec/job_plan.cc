@@ -5,6 +5,7 @@
 
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -20,6 +21,39 @@ const v1::ParamGroup* GroupOf(const v1::JobSpec& spec, absl::string_view tensor_
     }
   }
   return nullptr;
+}
+
+std::vector<int> GroupIndexOfEachTensor(const v1::JobSpec& spec,
+                                        const std::vector<std::string>& names) {
+  const int num_tensors = static_cast<int>(names.size());
+  // The first group listing each tensor by index (validated specs list each at most once).
+  std::vector<int> listed(names.size(), -1);
+  for (int g = spec.param_groups_size() - 1; g >= 0; --g) {
+    for (const int32_t t : spec.param_groups(g).tensors()) {
+      if (t >= 0 && t < num_tensors) listed[t] = g;
+    }
+  }
+  std::vector<int> groups(names.size(), -1);
+  for (int t = 0; t < num_tensors; ++t) {
+    for (int g = 0; g < spec.param_groups_size(); ++g) {
+      if (listed[t] == g) {
+        groups[t] = g;
+        break;
+      }
+      bool matched = false;
+      for (const std::string& pattern : spec.param_groups(g).patterns()) {
+        if (fnmatch(pattern.c_str(), names[t].c_str(), 0) == 0) {
+          matched = true;
+          break;
+        }
+      }
+      if (matched) {
+        groups[t] = g;
+        break;
+      }
+    }
+  }
+  return groups;
 }
 
 namespace {
@@ -63,13 +97,18 @@ absl::StatusOr<std::vector<sharding::TensorSpec>> ModelTensors(const v1::Workloa
 
 absl::StatusOr<std::vector<sharding::TensorSpec>> TensorsForJob(const v1::JobSpec& spec) {
   ZS_ASSIGN_OR_RETURN(std::vector<sharding::TensorSpec> tensors, ModelTensors(spec.workload()));
-  for (sharding::TensorSpec& tensor : tensors) {
+  std::vector<std::string> names;
+  names.reserve(tensors.size());
+  for (const sharding::TensorSpec& tensor : tensors) names.push_back(tensor.name);
+  const std::vector<int> groups = GroupIndexOfEachTensor(spec, names);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    sharding::TensorSpec& tensor = tensors[t];
     tensor.weight_decay = spec.optimizer().weight_decay();
     tensor.lr_scale = 1.0f;
-    const v1::ParamGroup* group = GroupOf(spec, tensor.name);
-    if (group == nullptr) continue;
-    if (group->has_weight_decay()) tensor.weight_decay = group->weight_decay();
-    if (group->has_lr_scale()) tensor.lr_scale = static_cast<float>(group->lr_scale());
+    if (groups[t] < 0) continue;
+    const v1::ParamGroup& group = spec.param_groups(groups[t]);
+    if (group.has_weight_decay()) tensor.weight_decay = group.weight_decay();
+    if (group.has_lr_scale()) tensor.lr_scale = static_cast<float>(group.lr_scale());
   }
   return tensors;
 }

@@ -23,8 +23,16 @@ inline constexpr int32_t kShardPlanVersion = 2;
 inline constexpr int kMaxReportedBuckets = 4096;
 
 // The parameter group `tensor_name` belongs to: the first of spec.param_groups with a pattern
-// that matches it (fnmatch), or null for the default group.
+// that matches it (fnmatch), or null for the default group. Groups that list tensors by index
+// (ParamGroup.tensors) are not seen here: GroupIndexOfEachTensor sees both.
 const v1::ParamGroup* GroupOf(const v1::JobSpec& spec, absl::string_view tensor_name);
+
+// For each of the model's tensors (`names`, in the model's order: workload.attached.tensors'
+// for an attached model), the index in spec.param_groups of its group, or -1 for the default
+// group: the first group that lists the tensor's index (ParamGroup.tensors) or has a pattern
+// matching its name. Costs one pass over the listed indices, plus the patterns per tensor.
+std::vector<int> GroupIndexOfEachTensor(const v1::JobSpec& spec,
+                                        const std::vector<std::string>& names);
 
 // The model's tensors in gradient-ready order, each with its parameter group's weight decay and lr
 // scale: the built-in model's from the catalog (its errors name the `workload` field), or an

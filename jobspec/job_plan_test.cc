@@ -238,5 +238,17 @@ TEST(JobPlanTest, ErrorsNameTheField) {
   EXPECT_FALSE(PlanToProto(*PlanForJob(SeedSpec(), 2), 2, false).ok());
 }
 
+// Issue 26: an attached model's groups list their tensors by index; patterns still match names,
+// and the first group that claims a tensor wins.
+TEST(JobPlanTest, GroupsByIndexAndByPattern) {
+  v1::JobSpec spec;
+  v1::ParamGroup& by_index = *spec.add_param_groups();
+  by_index.add_tensors(2);
+  by_index.add_tensors(0);
+  spec.add_param_groups()->add_patterns("*.bias");
+  EXPECT_EQ(GroupIndexOfEachTensor(spec, {"0.weight", "0.bias", "2.bias", "2.weight"}),
+            (std::vector<int>{0, 1, 0, -1}));
+}
+
 }  // namespace
 }  // namespace zeroshard::jobspec

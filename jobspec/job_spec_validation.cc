@@ -3,6 +3,7 @@
 // batch/world-size rule.
 #include "jobspec/job_spec_validation.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -281,17 +282,56 @@ absl::Status ValidatePrecision(const PrecisionSpec& precision, bool attached) {
 }
 
 absl::Status ValidateParamGroups(const JobSpec& spec) {
-  if (spec.param_groups_size() > kMaxParamGroups) {
-    return absl::InvalidArgumentError(absl::StrCat("param_groups: ", spec.param_groups_size(),
-                                                   " groups; at most ", kMaxParamGroups));
+  // Groups listing tensors by index cost one entry per tensor: as many as the model has tensors.
+  // Pattern groups are matched against every name: at most kMaxParamGroups of them.
+  const bool attached = spec.workload().has_attached();
+  const int num_tensors = attached ? spec.workload().attached().tensors_size() : 0;
+  const int max_groups = attached ? std::max(kMaxParamGroups, num_tensors) : kMaxParamGroups;
+  if (spec.param_groups_size() > max_groups) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("param_groups: ", spec.param_groups_size(), " groups; at most ", max_groups));
   }
+  int pattern_groups = 0;
+  // The group listing each tensor, to refuse a tensor listed twice.
+  std::vector<int> listed_by(static_cast<size_t>(num_tensors), -1);
   for (int g = 0; g < spec.param_groups_size(); ++g) {
     const v1::ParamGroup& group = spec.param_groups(g);
     const std::string field = absl::StrCat("param_groups[", g, "]");
-    if (group.patterns_size() < 1 || group.patterns_size() > kMaxGroupPatterns) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".patterns: ", group.patterns_size(),
-                                                     " patterns; 1 to ", kMaxGroupPatterns,
-                                                     " are allowed"));
+    if (group.tensors_size() > 0) {
+      if (!attached) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field,
+                         ".tensors: only attached models list tensors by index; use "
+                         "patterns"));
+      }
+      if (group.patterns_size() > 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": has both patterns and tensors; set one"));
+      }
+      for (int i = 0; i < group.tensors_size(); ++i) {
+        const int32_t t = group.tensors(i);
+        if (t < 0 || t >= num_tensors) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              field, ".tensors[", i, "]: ", t, " is not a tensor index in [0, ", num_tensors, ")"));
+        }
+        if (listed_by[t] >= 0) {
+          return absl::InvalidArgumentError(absl::StrCat(field, ".tensors[", i, "]: tensor ", t,
+                                                         " is already in param_groups[",
+                                                         listed_by[t], "]"));
+        }
+        listed_by[t] = g;
+      }
+    } else {
+      if (++pattern_groups > kMaxParamGroups) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ".patterns: more than ", kMaxParamGroups,
+            " groups with patterns (list an attached model's tensors by index instead)"));
+      }
+      if (group.patterns_size() < 1 || group.patterns_size() > kMaxGroupPatterns) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ".patterns: ", group.patterns_size(),
+                                                       " patterns; 1 to ", kMaxGroupPatterns,
+                                                       " are allowed"));
+      }
     }
     for (int p = 0; p < group.patterns_size(); ++p) {
       const std::string& pattern = group.patterns(p);

@@ -446,6 +446,9 @@ INSTANTIATE_TEST_SUITE_P(
                       for (int g = 0; g < 65; ++g) s.add_param_groups()->add_patterns("*.bias");
                     },
                     "param_groups", "65 groups; at most 64"},
+        InvalidCase{"TensorIndicesForABuiltInModel",
+                    [](JobSpec& s) { s.add_param_groups()->add_tensors(0); },
+                    "param_groups[0].tensors", "only attached models list tensors by index"},
         InvalidCase{"ParamGroupWithoutPatterns",
                     [](JobSpec& s) {
                       s.add_param_groups()->add_patterns("*.bias");
@@ -632,6 +635,27 @@ INSTANTIATE_TEST_SUITE_P(
                       Attached(s).add_tensors()->set_name(absl::StrCat("p", t));
                     }
                   }},
+        // Issue 26: groups by identity, any size: one group of 100,000 tensors, or a group per
+        // tensor (before, each tensor was a pattern: at most 64 per group and 64 groups).
+        ValidCase{"OneGroupOfEveryTensor",
+                  [](JobSpec& s) {
+                    Attached(s).clear_tensors();
+                    v1::ParamGroup& group = *s.add_param_groups();
+                    for (int t = 0; t < 100000; ++t) {
+                      Attached(s).add_tensors()->set_name(absl::StrCat("p", t));
+                      group.add_tensors(t);
+                    }
+                  }},
+        ValidCase{"AGroupPerTensor",
+                  [](JobSpec& s) {
+                    Attached(s).clear_tensors();
+                    for (int t = 0; t < 1000; ++t) {
+                      Attached(s).add_tensors()->set_name(absl::StrCat("p", t));
+                      v1::ParamGroup& group = *s.add_param_groups();
+                      group.add_tensors(t);
+                      group.set_weight_decay(t % 2 == 0 ? 0 : 0.1);
+                    }
+                  }},
         ValidCase{
             "LongestName",
             [](JobSpec& s) { Attached(s).mutable_tensors(0)->set_name(std::string(256, 'n')); }},
@@ -692,6 +716,27 @@ INSTANTIATE_TEST_SUITE_P(
                     "workload.dataset_size",
                     "does not apply to attached models (their trainers load the data); leave it "
                     "unset, got 1024"},
+        InvalidCase{"GroupTensorOutOfRange",
+                    [](JobSpec& s) { s.add_param_groups()->add_tensors(2); },
+                    "param_groups[0].tensors[0]", "2 is not a tensor index in [0, 2)"},
+        InvalidCase{"GroupTensorListedTwice",
+                    [](JobSpec& s) {
+                      s.add_param_groups()->add_tensors(1);
+                      s.add_param_groups()->add_tensors(1);
+                    },
+                    "param_groups[1].tensors[0]", "tensor 1 is already in param_groups[0]"},
+        InvalidCase{"GroupWithPatternsAndTensors",
+                    [](JobSpec& s) {
+                      v1::ParamGroup& group = *s.add_param_groups();
+                      group.add_tensors(0);
+                      group.add_patterns("*");
+                    },
+                    "param_groups[0]", "has both patterns and tensors"},
+        InvalidCase{"MoreGroupsThanTensors",
+                    [](JobSpec& s) {
+                      for (int g = 0; g < 65; ++g) s.add_param_groups()->add_tensors(g % 2);
+                    },
+                    "param_groups", "65 groups; at most 64"},
         InvalidCase{"NoTensors", [](JobSpec& s) { Attached(s).clear_tensors(); },
                     "workload.attached.tensors", "0 tensors; 1 to 100000 are allowed"},
         InvalidCase{"TooManyTensors",

@@ -151,12 +151,71 @@ def check_refusals():
     return results
 
 
+class Many(torch.nn.Module):
+    """`count` small parameters: a model with as many tensors as a large transformer."""
+
+    def __init__(self, count, size):
+        super().__init__()
+        torch.manual_seed(count)
+        self.params = torch.nn.ParameterList(
+            [torch.nn.Parameter(torch.randn(size)) for _ in range(count)])
+
+    def forward(self, x):
+        return sum((p * x[i % x.shape[0]]).sum() for i, p in enumerate(self.params))
+
+
+def check_groups_by_identity(case, count, size, groups_of_model, kind, torch_class, hyper, mode):
+    """Groups go to the job as tensor index lists (issue 26, item 2): a group per tensor, or one
+    group of every tensor, costs nothing and trains as torch.optim does. Before, each tensor was
+    one fnmatch pattern (at most 64 per group, 64 groups): SubmitJob refused both."""
+    rank, world = zt.rank(), zt.world_size()
+
+    def steps(model, optimizer, per_rank):
+        for step in range(3):
+            ranks = [rank] if per_rank else range(world)
+            loss = sum(model(torch.randn(size, generator=torch.Generator().manual_seed(
+                100 * step + r))).pow(2) for r in ranks) / len(ranks)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+    reference_model = Many(count, size)
+    expected = steps(reference_model, torch_class(groups_of_model(reference_model), **hyper),
+                     per_rank=False)
+    model = Many(count, size)
+    optimizer = zt.ShardedOptimizer(model, kind, mode=mode, param_groups=groups_of_model(model),
+                                    **hyper)
+    try:
+        got = steps(model, optimizer, per_rank=True)
+    finally:
+        zt.finish(optimizer)
+    worst = worst_relative(got, expected)
+    return {"case": case, "mode": mode, "world_size": world, "tensors": count,
+            "groups": len(groups_of_model(model)), "worst_relative": worst,
+            "ok": worst <= TOLERANCE}
+
+
+def a_group_per_tensor(model):
+    return [{"params": [p], "lr": 1e-3 * (1 + i % 7), "weight_decay": 0.01 * (i % 3)}
+            for i, p in enumerate(model.params)]
+
+
+def one_group_of_every_tensor(model):
+    return [{"params": list(model.params), "lr": 0.02}]
+
+
 def main():
     zt.init()
     results = []
     for case, kind, torch_class, hyper, edit, make_scheduler in CASES:
         for mode in MODES:
             results.append(check_case(case, kind, torch_class, hyper, edit, make_scheduler, mode))
+    results.append(check_groups_by_identity("a_group_per_tensor", 1000, 4, a_group_per_tensor,
+                                            "adamw", torch.optim.AdamW, {"lr": 1e-3}, "ddp"))
+    results.append(check_groups_by_identity("one_group_of_10000_tensors", 10000, 2,
+                                            one_group_of_every_tensor, "sgd", torch.optim.SGD,
+                                            {"lr": 0.01, "momentum": 0.9}, "zero1"))
     results.extend(check_refusals())
     if zt.rank() == 0:
         for result in results:

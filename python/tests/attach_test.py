@@ -59,7 +59,7 @@ class HyperparameterTest(unittest.TestCase):
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         for line in lines:
             print(json.dumps(line))
-        self.assertEqual(len(lines), 4 * 3 + 3, out)
+        self.assertEqual(len(lines), 4 * 3 + 2 + 3, out)
         self.assertEqual([line for line in lines if not line["ok"]], [])
         self.assertEqual(status, 0, out)
 

@@ -118,11 +118,6 @@ def world_size():
     return init().world_size
 
 
-def _fnmatch_literal(name):
-    """A pattern that matches exactly `name` (param groups are fnmatch patterns)."""
-    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
-
-
 class ShardedOptimizer(torch.optim.Optimizer):
     """A torch.optim.Optimizer whose state and update live in ZeroShard's workers.
 
@@ -289,11 +284,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
             spec.checkpoint.dir = spec.name
             if checkpoint_keep is not None:
                 spec.checkpoint.keep = int(checkpoint_keep)
+        position = {id(p): t for t, p in enumerate(self._params)}
         for index, group in enumerate(self.param_groups):
             if index == self._default_group:
                 continue
             proto_group = spec.param_groups.add()
-            proto_group.patterns.extend(_fnmatch_literal(name_of[id(p)]) for p in group["params"])
+            # By identity: the tensors' indices in workload.attached.tensors (any group size).
+            proto_group.tensors.extend(position[id(p)] for p in group["params"])
             proto_group.weight_decay = group["weight_decay"]
             proto_group.lr_scale = self._lr_scales[index]
 

@@ -102,16 +102,12 @@ absl::StatusOr<engine::EngineConfig> EngineConfigForJob(const v1::JobSpec& spec,
 }
 
 std::vector<int32_t> TensorGroupsForPlan(const v1::JobSpec& spec, const sharding::ShardPlan& plan) {
+  std::vector<std::string> names;
+  names.reserve(plan.num_tensors());
+  for (const sharding::TensorSpec& tensor : plan.tensors()) names.push_back(tensor.name);
   std::vector<int32_t> groups;
-  groups.reserve(plan.num_tensors());
-  for (const sharding::TensorSpec& tensor : plan.tensors()) {
-    const v1::ParamGroup* group = jobspec::GroupOf(spec, tensor.name);
-    int32_t index = 0;
-    for (int g = 0; group != nullptr && g < spec.param_groups_size(); ++g) {
-      if (&spec.param_groups(g) == group) index = g + 1;
-    }
-    groups.push_back(index);
-  }
+  groups.reserve(names.size());
+  for (const int group : jobspec::GroupIndexOfEachTensor(spec, names)) groups.push_back(group + 1);
   return groups;
 }
 

@@ -15,6 +15,25 @@
 namespace zeroshard::engine {
 namespace {
 
+// The values of the statistics all-reduce: sum of squares, non-finite flag, loss, group digest,
+// its square.
+constexpr int kStatsValues = 5;
+
+// 20 bits of an FNV-1a hash of the groups' values (their bytes): small enough that the sums of
+// digests and of their squares over 4,096 ranks stay exact in a double.
+uint32_t GroupDigest(const std::vector<kernels::GroupHyperparameters>& groups) {
+  uint64_t hash = 1469598103934665603ull;
+  for (const kernels::GroupHyperparameters& group : groups) {
+    for (const double value : {group.lr, group.weight_decay, group.beta1, group.beta2, group.eps,
+                               group.momentum, group.dampening}) {
+      unsigned char bytes[sizeof(double)];
+      std::memcpy(bytes, &value, sizeof(double));
+      for (const unsigned char byte : bytes) hash = (hash ^ byte) * 1099511628211ull;
+    }
+  }
+  return static_cast<uint32_t>((hash ^ (hash >> 20) ^ (hash >> 40)) & 0xFFFFF);
+}
+
 using kernels::DType;
 
 double Milliseconds(absl::Duration duration) { return absl::ToDoubleMilliseconds(duration); }
@@ -238,8 +257,8 @@ absl::Status Engine::AllocateBuffers() {
     ZS_ASSIGN_OR_RETURN(grad_staging_, allocator_.TryAllocate(MemoryCategory::kBuckets,
                                                               LargestBucket() * int64_t{4}));
   }
-  ZS_ASSIGN_OR_RETURN(stats_buffer_,
-                      allocator_.TryAllocate(MemoryCategory::kCommScratch, 3 * sizeof(double)));
+  ZS_ASSIGN_OR_RETURN(stats_buffer_, allocator_.TryAllocate(MemoryCategory::kCommScratch,
+                                                            kStatsValues * sizeof(double)));
   return absl::OkStatus();
 }
 
@@ -357,6 +376,7 @@ absl::Status Engine::SetGroupHyperparameters(std::vector<kernels::GroupHyperpara
     }
   }
   groups_ = std::move(groups);
+  groups_digest_ = GroupDigest(groups_);
   for (size_t i = 0; i < update_pieces_.size(); ++i) {
     update_pieces_[i].group = &groups_[config_.tensor_groups[update_piece_tensors_[i]]];
   }
@@ -847,21 +867,34 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   double* const stats = stats_buffer_.as<double>();
   absl::Status status =
       device_->CombineGradStats(stats_partials_.as<double>(), stats_chunk_begin_.back(), stats);
-  if (status.ok()) status = device_->CopyFromHost(stats + 2, &local_loss, sizeof(local_loss));
+  // The loss, and the digest of the group values this step uses and its square: the sums tell
+  // every rank whether all ranks use the same values (GroupDigest).
+  const double digest = static_cast<double>(groups_digest_);
+  const double local_values[3] = {local_loss, digest, digest * digest};
+  if (status.ok()) status = device_->CopyFromHost(stats + 2, local_values, sizeof(local_values));
   comm::CollectiveOptions options;
   options.timeout = config_.collective_timeout;
   if (status.ok()) {
     status = communicator_
-                 ->AllReduce(stats_buffer_.data(), 3, comm::ElementType::kFloat64,
+                 ->AllReduce(stats_buffer_.data(), kStatsValues, comm::ElementType::kFloat64,
                              comm::ReduceOp::kSum, options)
                  ->Wait();
   }
-  double totals[3] = {0.0, 0.0, 0.0};
+  double totals[kStatsValues] = {};
   if (status.ok()) status = device_->CopyToHost(totals, stats, sizeof(totals));
   if (!status.ok()) return RecordFailure(status);
+  // The mean digest is this rank's and the mean square its square only when every rank's digest
+  // is this rank's (no variance); the sums are exact (digests < 2^20, world sizes < 2^12), so
+  // every rank sees a disagreement, and none updates.
+  const double world = static_cast<double>(world_size_);
+  if (totals[3] != world * digest || totals[4] != world * digest * digest) {
+    return RecordFailure(absl::FailedPreconditionError(
+        "param_groups: the ranks' trainers sent different group values for this step (every "
+        "rank's param_groups must hold the same lr, weight_decay, betas, eps, momentum and "
+        "dampening at each step)"));
+  }
   const absl::Time stats_done = absl::Now();
   result.timings.grad_stats_ms = Milliseconds(stats_done - reduced);
-  const double world = static_cast<double>(world_size_);
   result.global_loss = totals[2] / world;
   result.loss_scale = loss_scale_;
   result.grad_norm = std::sqrt(totals[0]) / (world * loss_scale_);

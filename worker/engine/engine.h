@@ -492,7 +492,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // fp32, the largest bucket's size: a segment on its way to a non-fp32 buffer (when
   // StagesGradients()).
   CountedBuffer grad_staging_;
-  // 3 doubles: sum of squares, non-finite flag (0 or 1), loss; all-reduced.
+  // 5 doubles: sum of squares, non-finite flag (0 or 1), loss, the group values' digest and its
+  // square (0 without groups); all-reduced.
   CountedBuffer stats_buffer_;
   // The gradient statistics' chunks (kernels::GradStatsChunk, offsets in the bucket's owned
   // piece) and one fp64 partial sum of squares per chunk, in device memory; bucket b's are
@@ -510,6 +511,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // (SetGroupHyperparameters; empty until then).
   std::vector<int64_t> update_piece_tensors_;
   std::vector<kernels::GroupHyperparameters> groups_;
+  // Their digest (20 bits), all-reduced with the step's statistics: ranks whose trainers sent
+  // different values fail the step rather than update differently.
+  uint32_t groups_digest_ = 0;
 
   // Step state. Invariants: a bucket's reduction is set iff the bucket is in in_flight_
   // (launched) or in awaiting_check_ (retired, its outcome not yet seen on the host); both are

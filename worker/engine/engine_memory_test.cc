@@ -58,7 +58,7 @@ int64_t StatisticsScratchBytes(const sharding::ShardPlan& plan, int64_t rank) {
   for (const sharding::TensorFragment& fragment : view->fragments()) {
     chunks += (fragment.size() + chunk_elems - 1) / chunk_elems;
   }
-  return 3 * 8 + chunks * static_cast<int64_t>(sizeof(kernels::GradStatsChunk) + sizeof(double));
+  return 5 * 8 + chunks * static_cast<int64_t>(sizeof(kernels::GradStatsChunk) + sizeof(double));
 }
 
 int64_t LargestBucket(const sharding::ShardPlan& plan) {

@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
@@ -526,6 +527,51 @@ TEST(EngineTest, GroupValuesReplaceTheConfigurationsBitwise) {
   for (int64_t t = 0; t < plan.num_tensors(); ++t) {
     EXPECT_TRUE(BitwiseEqual(*(*grouped)->ParametersOnHost(t), *(*plain)->ParametersOnHost(t)))
         << t;
+  }
+}
+
+// Issue 26, item 2: every rank checks that its group values agree with the others', on the
+// step's statistics all-reduce. Two ranks whose trainers sent different betas both fail the step
+// (none updates); the same values step on.
+TEST(EngineTest, RanksWithDifferentGroupValuesFailTheStepTogether) {
+  constexpr int kRanks = 2;
+  const sharding::ShardPlan plan = TestPlan(kRanks);
+  comm::InMemoryStore store;
+  std::vector<absl::Status> agreed(kRanks), differed(kRanks);
+  std::vector<int64_t> steps_after(kRanks, -1);
+  const absl::Status status = RunOnRankThreads(kRanks, [&](int rank) -> absl::Status {
+    comm::GlooCommunicatorOptions options;
+    options.rank = rank;
+    options.world_size = kRanks;
+    options.store = &store;
+    options.rendezvous_timeout = absl::Seconds(30);
+    ZS_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> communicator,
+                        comm::GlooCommunicator::Create(options));
+    EngineConfig config = AdamConfig();
+    config.tensor_groups.assign(plan.num_tensors(), 0);
+    ZS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                        Engine::Create(plan, rank, config, communicator.get()));
+    LeastSquaresWorkload workload(TestTensors(), kGlobalBatch, rank, kRanks, kSeed);
+    ZS_RETURN_IF_ERROR(engine->InitializeParameters(
+        [&](int64_t t, absl::Span<float> out) { return workload.InitialParameters(t, out); }));
+    kernels::GroupHyperparameters group;
+    ZS_RETURN_IF_ERROR(engine->SetGroupHyperparameters({group}));
+    ZS_ASSIGN_OR_RETURN(double loss, workload.ForwardBackward(0, *engine, *engine));
+    agreed[rank] = engine->Step(loss).status();
+    if (rank == 1) group.beta1 = 0.8;  // this rank's trainer changed betas, rank 0's did not
+    ZS_RETURN_IF_ERROR(engine->SetGroupHyperparameters({group}));
+    ZS_ASSIGN_OR_RETURN(loss, workload.ForwardBackward(1, *engine, *engine));
+    differed[rank] = engine->Step(loss).status();
+    steps_after[rank] = engine->optimizer_step();
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(status.ok()) << status;
+  for (int rank = 0; rank < kRanks; ++rank) {
+    EXPECT_TRUE(agreed[rank].ok()) << agreed[rank];
+    EXPECT_TRUE(absl::IsFailedPrecondition(differed[rank])) << differed[rank];
+    EXPECT_TRUE(absl::StrContains(differed[rank].message(), "param_groups: the ranks' trainers"))
+        << differed[rank];
+    EXPECT_EQ(steps_after[rank], 1);  // the second step updated nothing
   }
 }
 
