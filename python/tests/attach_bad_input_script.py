@@ -68,6 +68,21 @@ def unknown_group_key():
                         param_groups=[{"params": [model[0].bias], "momentum": 0.9}])
 
 
+def sparse_embedding():
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2))
+    zt.ShardedOptimizer(model, "sgd", lr=0.1)
+
+
+def param_group_added():
+    model = linear_model()
+    extra = torch.nn.Linear(2, 2)
+    optimizer = zt.ShardedOptimizer(model, "sgd", lr=0.1)
+    try:
+        optimizer.add_param_group({"params": list(extra.parameters())})
+    finally:
+        zt.finish(optimizer)
+
+
 # (case, the exception type, text it must contain)
 CASES = [
     (non_contiguous, ValueError, "parameter 0.weight: it is not contiguous"),
@@ -76,6 +91,10 @@ CASES = [
     (replaced_after_building, ValueError, "parameter 2.weight: its data was replaced"),
     (group_lr_negative, ValueError, "param_groups[1]: lr -0.07 must be >= 0"),
     (unknown_group_key, ValueError, "param_groups[0]: keys ['momentum']"),
+    # Issue 26: before, backward's hook raised "reshape is not implemented for sparse tensors".
+    (sparse_embedding, ValueError, "module 0: Embedding(sparse=True) makes sparse gradients"),
+    # Issue 26: before, accepted, then step() raised IndexError.
+    (param_group_added, NotImplementedError, "add_param_group: a ShardedOptimizer's parameters"),
 ]
 
 

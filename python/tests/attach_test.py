@@ -128,7 +128,7 @@ class AttachBadInputTest(unittest.TestCase):
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         for line in lines:
             print(json.dumps(line))
-        self.assertEqual(len(lines), 9, out)
+        self.assertEqual(len(lines), 11, out)
         self.assertEqual([line["case"] for line in lines if not line["ok"]], [])
         self.assertEqual(status, 0)
 

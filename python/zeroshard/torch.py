@@ -172,6 +172,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
                        "initial_accumulator_value": float(initial_accumulator_value)}
         self._mode = mode
         self._model = model
+        # Sparse gradients cannot be handed over (the workers reduce dense buckets): refused here
+        # rather than failing inside backward's hooks.
+        for module_name, module in model.named_modules():
+            if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
+                raise ValueError(f"module {module_name or type(module).__name__}: "
+                                 f"{type(module).__name__}(sparse=True) makes sparse gradients, "
+                                 "which ZeroShard does not support; use sparse=False")
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("model: it has no parameter that requires grad")
@@ -449,6 +456,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._ready = [False] * len(self._params)
         self._next = 0
         self._next_segment = 0  # of tensor self._next (zero2)
+
+    def add_param_group(self, param_group):
+        """Not supported: the job's plan, submitted when the optimizer was built, fixes which
+        tensors the workers hold and how they are grouped. Build the optimizer with every group
+        (param_groups=...) instead."""
+        if not hasattr(self, "_job_id"):
+            # torch.optim.Optimizer.__init__ adds the constructor's groups through here.
+            return super().add_param_group(param_group)
+        raise NotImplementedError(
+            "add_param_group: a ShardedOptimizer's parameters and groups are fixed when it is "
+            "built (the workers' shard plan covers exactly those tensors); pass every group to "
+            "zt.ShardedOptimizer(..., param_groups=[...]) instead")
 
     # ---- Backward: gradients to the worker ----
 
