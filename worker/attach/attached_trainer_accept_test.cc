@@ -56,6 +56,7 @@ class AttachedTrainerAcceptTest : public ::testing::Test {
     std::memcpy(address.sun_path, listener_->path().c_str(), listener_->path().size());
     EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0)
         << std::strerror(errno);
+    // The test's bound on waiting for the worker's side: no read here may hang.
     timeval timeout{10, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
     return std::make_unique<FrameSocket>(fd);
@@ -63,17 +64,7 @@ class AttachedTrainerAcceptTest : public ::testing::Test {
 
   // A trainer's connection that has said hello as rank 0 of 1 of kJobId.
   std::unique_ptr<FrameSocket> ConnectAndSayHello() {
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    EXPECT_GE(fd, 0);
-    sockaddr_un address{};
-    address.sun_family = AF_UNIX;
-    std::memcpy(address.sun_path, listener_->path().c_str(), listener_->path().size());
-    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0)
-        << std::strerror(errno);
-    // The test's bound on waiting for the worker's side: no read here may hang.
-    timeval timeout{10, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-    auto connection = std::make_unique<FrameSocket>(fd);
+    std::unique_ptr<FrameSocket> connection = Connect();
     v1::AttachRequest hello;
     hello.mutable_hello()->set_job_id(kJobId);
     hello.mutable_hello()->set_rank(0);
