@@ -149,6 +149,7 @@ absl::StatusOr<std::unique_ptr<CoordinatorServer>> CoordinatorServer::Start(
 absl::Status CoordinatorServer::ReloadTokens() {
   ZS_RETURN_IF_ERROR(authenticator_->Reload());
   const int64_t streams = service_->EndRevokedWatches();
+  const int64_t exports = service_->EndRevokedExports();
   size_t sessions = 0;
   if (dashboard_ != nullptr) {
     const security::Authenticator* authenticator = authenticator_.get();
@@ -157,8 +158,9 @@ absl::Status CoordinatorServer::ReloadTokens() {
           return authenticator->Revoked(credential, identity);
         });
   }
-  if (streams > 0 || sessions > 0) {
-    ZS_LOG(INFO) << "token reload: ended " << streams << " WatchJob streams and " << sessions
+  if (streams > 0 || exports > 0 || sessions > 0) {
+    ZS_LOG(INFO) << "token reload: ended " << streams << " WatchJob streams, " << exports
+                 << " ExportCheckpoint streams and " << sessions
                  << " dashboard sessions of revoked tokens";
   }
   return absl::OkStatus();

@@ -357,11 +357,36 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   }
 
   void OnDone() override {
+    // Nothing reaches this reactor through its handle from now on.
+    {
+      absl::MutexLock lock(&handle_->mu);
+      handle_->reactor = nullptr;
+    }
     // Start() assigns thread_ under mu_.
     { absl::MutexLock lock(&mu_); }
     if (thread_.joinable()) thread_.join();
+    if (done_) done_();
     delete this;
   }
+
+  // The credential the stream was opened with was revoked: it stops reading and ends
+  // UNAUTHENTICATED (once the write in flight, if any, is done; not after it ended).
+  void Revoke() {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    revoked_ = true;
+    gone_ = true;
+    FinishIfDoneLocked();
+  }
+
+  // How a token reload reaches this reactor while it lives (OnDone detaches it first).
+  struct Handle {
+    absl::Mutex mu;
+    ExportReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+  };
+  std::shared_ptr<Handle> handle() const { return handle_; }
+  // Runs in OnDone, before the reactor is deleted. Set before Start().
+  void set_done(std::function<void()> done) { done_ = std::move(done); }
 
  private:
   // The thread's work: everything but the writes.
@@ -426,7 +451,13 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     if (finished_ || !read_done_ || writing_) return;
     finished_ = true;
     const absl::Status status =
-        gone_ ? absl::CancelledError("export: the client went away") : read_status_;
+        revoked_ ? absl::UnauthenticatedError(
+                       "export: token revoked: the token (or client certificate) this stream was "
+                       "opened with left the coordinator's token file, or now names another "
+                       "identity or role, at its reload (SIGHUP); export again with a current "
+                       "token")
+        : gone_ ? absl::CancelledError("export: the client went away")
+                : read_status_;
     metrics_->RecordRpc("ExportCheckpoint", status.code(), absl::Now() - start_);
     Finish(common::ToGrpcStatus(status));
   }
@@ -451,6 +482,15 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool read_done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status read_status_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Its credential was revoked (Revoke): it ends UNAUTHENTICATED.
+  bool revoked_ ABSL_GUARDED_BY(mu_) = false;
+  const std::shared_ptr<Handle> handle_ = [this] {
+    auto handle = std::make_shared<Handle>();
+    absl::MutexLock lock(&handle->mu);
+    handle->reactor = this;
+    return handle;
+  }();
+  std::function<void()> done_;
 };
 
 // One VerifyCheckpoint call. A thread of its own finds the checkpoint and reads every file of it
@@ -918,7 +958,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::ExportCheckpoint
   auto* reactor = new ExportReactor(
       manager_, metrics_, [this] { ReleaseCheckpointReader(); }, options_.export_waits_for_testing);
   v1::ExportCheckpointRequest request;
-  absl::Status valid = Admit(*context, Method::kExportCheckpoint).status();
+  std::string credential;
+  absl::StatusOr<security::Identity> caller =
+      Admit(*context, Method::kExportCheckpoint, &credential);
+  absl::Status valid = caller.status();
   if (valid.ok()) valid = ParseRequest(*raw_request, &request);
   if (valid.ok()) valid = ValidateExportCheckpointRequest(request);
   if (valid.ok()) valid = AdmitCheckpointReader("export");
@@ -926,6 +969,16 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* CoordinatorService::ExportCheckpoint
     reactor->Refuse(valid);
     return reactor;
   }
+  // Kept while the stream lives, so that a token reload can end it (EndRevokedExports).
+  std::shared_ptr<ExportReactor::Handle> handle = reactor->handle();
+  const uint64_t serial = TrackExport(OpenWatch{*caller, credential, [handle] {
+                                                  absl::MutexLock lock(&handle->mu);
+                                                  if (handle->reactor != nullptr)
+                                                    handle->reactor->Revoke();
+                                                }});
+  reactor->set_done([this, serial] { UntrackExport(serial); });
+  // A reload between Admit and TrackExport found no stream to end.
+  if (authenticator_->Revoked(credential, *caller)) reactor->Revoke();
   reactor->Start(request.job_id(),
                  request.has_step() ? std::optional<int64_t>(request.step()) : std::nullopt);
   return reactor;
@@ -949,6 +1002,33 @@ grpc::ServerUnaryReactor* CoordinatorService::VerifyCheckpoint(grpc::CallbackSer
   reactor->Start(request.job_id(),
                  request.has_step() ? std::optional<int64_t>(request.step()) : std::nullopt);
   return reactor;
+}
+
+uint64_t CoordinatorService::TrackExport(OpenWatch stream) {
+  absl::MutexLock lock(&exports_mu_);
+  const uint64_t serial = next_export_serial_++;
+  open_exports_[serial] = std::move(stream);
+  return serial;
+}
+
+void CoordinatorService::UntrackExport(uint64_t serial) {
+  absl::MutexLock lock(&exports_mu_);
+  open_exports_.erase(serial);
+}
+
+int64_t CoordinatorService::EndRevokedExports() {
+  std::vector<std::function<void()>> revoked;
+  {
+    absl::MutexLock lock(&exports_mu_);
+    for (const auto& [serial, stream] : open_exports_) {
+      if (authenticator_->Revoked(stream.credential, stream.caller)) {
+        revoked.push_back(stream.revoke);
+      }
+    }
+  }
+  // Outside exports_mu_: ending a stream takes its reactor's lock (never the other way round).
+  for (const std::function<void()>& revoke : revoked) revoke();
+  return static_cast<int64_t>(revoked.size());
 }
 
 absl::Status CoordinatorService::AdmitCheckpointReader(absl::string_view method) {

@@ -156,6 +156,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
   // identity it was opened as (call after Authenticator::Reload): UNAUTHENTICATED, "token
   // revoked", with the after_sequence to resume from. Returns how many it ended.
   int64_t EndRevokedWatches() ABSL_LOCKS_EXCLUDED(watches_mu_);
+  // The same for open ExportCheckpoint streams: each stops reading and ends UNAUTHENTICATED,
+  // "token revoked". Returns how many it ended.
+  int64_t EndRevokedExports() ABSL_LOCKS_EXCLUDED(exports_mu_);
   // Blocks until exactly `count` streams are open or `timeout` (real time) passes; returns
   // whether they are. Lets a test wait for the server to notice a cancelled stream.
   bool AwaitOpenWatchStreams(int64_t count, absl::Duration timeout)
@@ -191,8 +194,8 @@ class CoordinatorService final : public CoordinatorServiceBase {
   const security::Authenticator* const authenticator_;
   const ServiceOptions options_;
 
-  // One open WatchJob stream: who opened it, with which credential, and how to end it once
-  // that credential is revoked (safe to call after the stream ended).
+  // One open WatchJob or ExportCheckpoint stream: who opened it, with which credential, and how
+  // to end it once that credential is revoked (safe to call after the stream ended).
   struct OpenWatch {
     security::Identity caller;
     std::string credential;
@@ -218,9 +221,17 @@ class CoordinatorService final : public CoordinatorServiceBase {
   absl::Status AdmitCheckpointReader(absl::string_view method) ABSL_LOCKS_EXCLUDED(exports_mu_);
   void ReleaseCheckpointReader() ABSL_LOCKS_EXCLUDED(exports_mu_);
 
+  // Keeps an open ExportCheckpoint stream (its caller, credential and how to end it) until
+  // UntrackExport; returns its serial.
+  uint64_t TrackExport(OpenWatch stream) ABSL_LOCKS_EXCLUDED(exports_mu_);
+  void UntrackExport(uint64_t serial) ABSL_LOCKS_EXCLUDED(exports_mu_);
+
   absl::Mutex exports_mu_;
   // ExportCheckpoint streams and VerifyCheckpoint calls whose reading thread has not ended.
   int exports_reading_ ABSL_GUARDED_BY(exports_mu_) = 0;
+  // Open ExportCheckpoint streams, by serial.
+  absl::flat_hash_map<uint64_t, OpenWatch> open_exports_ ABSL_GUARDED_BY(exports_mu_);
+  uint64_t next_export_serial_ ABSL_GUARDED_BY(exports_mu_) = 0;
 };
 
 }  // namespace zeroshard::coordinator

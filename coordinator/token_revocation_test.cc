@@ -1,11 +1,12 @@
 // Revoked tokens over real gRPC: a token reload (SIGHUP's ReloadTokens) ends the open WatchJob
-// streams whose token left the token file or now names another identity or role, and keeps the
-// others open.
+// and ExportCheckpoint streams whose token left the token file or now names another identity or
+// role, and keeps the others open.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -13,8 +14,10 @@
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "coordinator/coordinator_server.h"
+#include "coordinator/test_checkpointed_job.h"
 #include "coordinator/test_rpc_support.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/support/client_interceptor.h"
 #include "gtest/gtest.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
@@ -50,6 +53,9 @@ class TokenRevocationTest : public ::testing::Test {
     options.metrics_port = -1;
     options.state_dir = dir_ + "/state";
     options.token_file = token_file_;
+    checkpoint_root_ = dir_ + "/checkpoints";
+    std::filesystem::create_directories(checkpoint_root_);
+    options.manager.checkpoint_root = checkpoint_root_;
     absl::StatusOr<std::unique_ptr<CoordinatorServer>> server =
         CoordinatorServer::Start(options, &clock_);
     ASSERT_TRUE(server.ok()) << server.status();
@@ -97,6 +103,7 @@ class TokenRevocationTest : public ::testing::Test {
 
   std::string dir_;
   std::string token_file_;
+  std::string checkpoint_root_;
   common::FakeClock clock_;
   std::unique_ptr<CoordinatorServer> server_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
@@ -168,6 +175,100 @@ TEST_F(TokenRevocationTest, AReloadEndsTheWatchStreamsOfRevokedTokens) {
   std::unique_ptr<grpc::ClientReader<v1::JobEvent>> refused = stub_->WatchJob(&context, request);
   EXPECT_FALSE(refused->Read(&event));
   EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
+}
+
+// Adds "authorization: Bearer <token>" to every call of a channel (the test's stand-in for a
+// client with a token file, on plaintext loopback).
+class BearerInterceptor final : public grpc::experimental::Interceptor {
+ public:
+  explicit BearerInterceptor(std::string token) : token_(std::move(token)) {}
+  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
+    if (methods->QueryInterceptionHookPoint(
+            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
+      methods->GetSendInitialMetadata()->insert({"authorization", "Bearer " + token_});
+    }
+    methods->Proceed();
+  }
+
+ private:
+  const std::string token_;
+};
+
+class BearerInterceptorFactory final
+    : public grpc::experimental::ClientInterceptorFactoryInterface {
+ public:
+  explicit BearerInterceptorFactory(std::string token) : token_(std::move(token)) {}
+  grpc::experimental::Interceptor* CreateClientInterceptor(
+      grpc::experimental::ClientRpcInfo*) override {
+    return new BearerInterceptor(token_);
+  }
+
+ private:
+  const std::string token_;
+};
+
+// A stub whose every call carries `token`; `slow` gives it a connection of its own with a fixed
+// 64 KiB flow-control window, so that a stream it stops reading stalls on the server.
+std::unique_ptr<v1::Coordinator::Stub> StubWithToken(const std::string& target,
+                                                     const std::string& token, bool slow) {
+  grpc::ChannelArguments args;
+  if (slow) {
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetInt("zeroshard.test_channel", 1);
+  }
+  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
+  factories.push_back(std::make_unique<BearerInterceptorFactory>(token));
+  return v1::Coordinator::NewStub(grpc::experimental::CreateCustomChannelWithInterceptors(
+      target, grpc::InsecureChannelCredentials(), args, std::move(factories)));
+}
+
+// Issue 25, item 7, for the other long stream: an ExportCheckpoint stream whose client stopped
+// reading (the server's reading thread waits for it) ends UNAUTHENTICATED at the reload that
+// revokes its token. Before, it held its export slot until the client's deadline.
+TEST_F(TokenRevocationTest, AReloadEndsTheExportStreamsOfRevokedTokens) {
+  std::unique_ptr<v1::Coordinator::Stub> admin =
+      StubWithToken(server_->grpc_target(), kAdminToken, /*slow=*/false);
+  testing::CheckpointedJobOptions options;
+  options.name = "large";
+  options.layer_sizes = {2048, 2048, 16};  // 16.8 MB exported
+  options.checkpoint_steps = {4};
+  options.states = {{"param", v1::FLOAT32}};
+  absl::StatusOr<v1::Job> job = testing::RunCheckpointedJob(*admin, checkpoint_root_, options);
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  std::unique_ptr<v1::Coordinator::Stub> vera =
+      StubWithToken(server_->grpc_target(), kViewerToken, /*slow=*/true);
+  v1::ExportCheckpointRequest request;
+  request.set_job_id(job->id());
+  grpc::ClientContext context;
+  SetDeadline(context, kWatchDeadline);
+  std::unique_ptr<grpc::ClientReader<v1::ExportCheckpointChunk>> stalled =
+      vera->ExportCheckpoint(&context, request);
+  v1::ExportCheckpointChunk chunk;
+  ASSERT_TRUE(stalled->Read(&chunk));  // open, and now not read
+
+  WriteTokens(absl::StrCat(kAdminToken, " admin ada\n"));
+  const absl::Time reloaded = absl::Now();
+  ASSERT_TRUE(server_->ReloadTokens().ok());
+  int64_t chunks = 1;
+  while (stalled->Read(&chunk)) ++chunks;  // what was already on its way
+  const grpc::Status status = stalled->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+  EXPECT_TRUE(absl::StartsWith(status.error_message(), "export: token revoked"))
+      << status.error_message();
+  EXPECT_LT(chunks, 16);  // the 17 chunks were not all sent
+  EXPECT_LT(absl::Now() - reloaded, kWatchDeadline / 2);
+
+  // The admin's export still runs to its end.
+  grpc::ClientContext admin_context;
+  SetDeadline(admin_context, kWatchDeadline);
+  std::unique_ptr<grpc::ClientReader<v1::ExportCheckpointChunk>> whole =
+      admin->ExportCheckpoint(&admin_context, request);
+  int64_t bytes = 0;
+  while (whole->Read(&chunk)) bytes += static_cast<int64_t>(chunk.data().size());
+  const grpc::Status whole_status = whole->Finish();
+  EXPECT_TRUE(whole_status.ok()) << whole_status.error_message();
+  EXPECT_GT(bytes, 16 << 20);
 }
 
 }  // namespace
