@@ -12,13 +12,13 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/logging.h"
 #include "coordinator/coordinator_server.h"
 #include "http/http_server.h"
+#include "security/loopback.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:50051",
           "gRPC listen address host:port (port 0 picks one). Loopback by default; a non-loopback "
@@ -121,17 +121,6 @@ ABSL_FLAG(absl::Duration, grpc_max_connection_idle, absl::Minutes(10),
 ABSL_FLAG(std::string, port_file, "",
           "If set, the chosen gRPC and metrics ports are written here (\"grpc metrics\") once "
           "serving.");
-
-namespace {
-
-bool IsLoopback(const std::string& address) {
-  return absl::StartsWith(address, "127.") || absl::StartsWith(address, "localhost:") ||
-         absl::StartsWith(address, "[::1]:");
-}
-
-// How often a plaintext coordinator on a non-loopback address says so.
-
-}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage("zeroshard-coordinator --state_dir=DIR [--listen=HOST:PORT]");
@@ -244,7 +233,8 @@ int main(int argc, char** argv) {
     ZS_LOG(WARNING) << "--insecure_bind_any is deprecated; use --insecure";
     insecure = true;
   }
-  const bool exposed = !IsLoopback(options.listen_address);
+  // The same rule as the clients' for sending a token in plaintext (security/loopback.h).
+  const bool exposed = !zeroshard::security::IsLoopbackTarget(options.listen_address);
   if (exposed && !options.tls.enabled() && !insecure) {
     ZS_LOG(ERROR) << "--listen=" << options.listen_address
                   << " is not loopback; serve it with TLS (--tls_cert_file, --tls_key_file), or "
