@@ -39,6 +39,23 @@ absl::string_view ExpectedName(EntryType type) {
   return "something else";
 }
 
+// INVALID_ARGUMENT naming `path` unless `fd`, a descriptor another process passed, is open and
+// of `expected` type (a directory or a regular file).
+absl::Status CheckPassedDescriptor(int fd, const std::string& path, EntryType expected) {
+  struct stat st;
+  if (fd < 0 || ::fstat(fd, &st) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the descriptor passed for it is not open"));
+  }
+  const bool is_expected =
+      expected == EntryType::kDirectory ? S_ISDIR(st.st_mode) : S_ISREG(st.st_mode);
+  if (!is_expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the descriptor passed for it is not ", ExpectedName(expected)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ErrnoError(absl::string_view operation, absl::string_view path, int error_number) {
@@ -125,15 +142,7 @@ File& File::operator=(File&& other) noexcept {
 
 absl::StatusOr<File> File::FromPassedDescriptor(int fd, std::string path) {
   UniqueFd closer(fd);
-  struct stat st;
-  if (fd < 0 || ::fstat(fd, &st) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": the descriptor passed for it is not open"));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": the descriptor passed for it is not a regular file"));
-  }
+  ZS_RETURN_IF_ERROR(CheckPassedDescriptor(fd, path, EntryType::kRegularFile));
   const int flags = ::fcntl(fd, F_GETFL);
   if (flags < 0 || (flags & O_PATH) != 0 || (flags & O_ACCMODE) == O_WRONLY) {
     return absl::InvalidArgumentError(
@@ -193,15 +202,7 @@ absl::StatusOr<Directory> Directory::OpenRoot(std::string path,
 
 absl::StatusOr<Directory> Directory::FromPassedDescriptor(int fd, std::string path) {
   UniqueFd closer(fd);
-  struct stat st;
-  if (fd < 0 || ::fstat(fd, &st) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": the descriptor passed for it is not open"));
-  }
-  if (!S_ISDIR(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": the descriptor passed for it is not a directory"));
-  }
+  ZS_RETURN_IF_ERROR(CheckPassedDescriptor(fd, path, EntryType::kDirectory));
   return Directory(closer.Release(), std::move(path), nullptr);
 }
 

@@ -812,17 +812,33 @@ absl::Status CoordinatorService::AdmitWatch(const std::string& peer_host, OpenWa
   return absl::OkStatus();
 }
 
+std::vector<std::function<void()>> CoordinatorService::RevokedOf(
+    const absl::flat_hash_map<uint64_t, OpenWatch>& streams) const {
+  std::vector<std::function<void()>> revoked;
+  for (const auto& [serial, stream] : streams) {
+    if (authenticator_->Revoked(stream.credential, stream.caller)) revoked.push_back(stream.revoke);
+  }
+  return revoked;
+}
+
+namespace {
+
+// Ends what RevokedOf found, outside the registry's lock: ending a stream takes the stream's
+// own lock (never the other way round). Returns how many.
+int64_t EndStreams(const std::vector<std::function<void()>>& revoked) {
+  for (const std::function<void()>& revoke : revoked) revoke();
+  return static_cast<int64_t>(revoked.size());
+}
+
+}  // namespace
+
 int64_t CoordinatorService::EndRevokedWatches() {
   std::vector<std::function<void()>> revoked;
   {
     absl::MutexLock lock(&watches_mu_);
-    for (const auto& [serial, watch] : open_watches_) {
-      if (authenticator_->Revoked(watch.credential, watch.caller)) revoked.push_back(watch.revoke);
-    }
+    revoked = RevokedOf(open_watches_);
   }
-  // Outside watches_mu_: ending a stream takes its own lock (never the other way round).
-  for (const std::function<void()>& revoke : revoked) revoke();
-  return static_cast<int64_t>(revoked.size());
+  return EndStreams(revoked);
 }
 
 int64_t CoordinatorService::OpenWatchStreams() {
@@ -1020,15 +1036,9 @@ int64_t CoordinatorService::EndRevokedExports() {
   std::vector<std::function<void()>> revoked;
   {
     absl::MutexLock lock(&exports_mu_);
-    for (const auto& [serial, stream] : open_exports_) {
-      if (authenticator_->Revoked(stream.credential, stream.caller)) {
-        revoked.push_back(stream.revoke);
-      }
-    }
+    revoked = RevokedOf(open_exports_);
   }
-  // Outside exports_mu_: ending a stream takes its reactor's lock (never the other way round).
-  for (const std::function<void()>& revoke : revoked) revoke();
-  return static_cast<int64_t>(revoked.size());
+  return EndStreams(revoked);
 }
 
 absl::Status CoordinatorService::AdmitCheckpointReader(absl::string_view method) {

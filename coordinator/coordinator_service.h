@@ -201,6 +201,10 @@ class CoordinatorService final : public CoordinatorServiceBase {
     std::string credential;
     std::function<void()> revoke;
   };
+  // The revoke callbacks of `streams` whose credential the authenticator no longer grants
+  // (call with the lock guarding `streams` held; run them after releasing it).
+  std::vector<std::function<void()>> RevokedOf(
+      const absl::flat_hash_map<uint64_t, OpenWatch>& streams) const;
   // Admits a WatchJob stream from `peer_host` (or says which limit it is over) and counts it
   // and keeps `watch` until ReleaseWatch; `serial` names it there.
   absl::Status AdmitWatch(const std::string& peer_host, OpenWatch watch, uint64_t* serial)

@@ -1582,14 +1582,7 @@ ExportRead ReadExport(Stub& stub, const std::string& job_id, std::optional<int64
 }
 
 // An empty checkpoint root named after the test.
-std::string FreshCheckpointRoot() {
-  const std::string root =
-      absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
-                   ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-checkpoints");
-  std::filesystem::remove_all(root);
-  std::filesystem::create_directories(root);
-  return root;
-}
+std::string FreshCheckpointRoot() { return FreshTestDir("-checkpoints"); }
 
 // Issue 24, item 4. Before it CommitCheckpoint wrote the manifest (and pruned) holding the
 // JobManager's only lock, so on a slow volume every heartbeat, registration and query waited

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "coordinator/test_rpc_support.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
@@ -26,15 +27,6 @@ namespace {
 constexpr absl::Duration kDeadline = absl::Seconds(20);
 constexpr char kOldToken[] = "old-admin-token-0123456789";
 constexpr char kNewToken[] = "new-admin-token-0123456789";
-
-std::string TestDir() {
-  const std::string dir =
-      absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
-                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
 
 std::string Binary() {
   return absl::StrCat(std::getenv("TEST_SRCDIR"), "/zeroshard/coordinator/zeroshard-coordinator");
@@ -91,7 +83,7 @@ grpc::StatusCode ListJobsWith(v1::Coordinator::Stub& stub, const std::string& to
 }
 
 TEST(CoordinatorMainTest, SighupReloadsTheTokenFile) {
-  const std::string dir = TestDir();
+  const std::string dir = FreshTestDir();
   const std::string tokens = dir + "/tokens.txt";
   WriteFile(tokens, absl::StrCat(kOldToken, " admin ops\n"));
   const std::string port_file = dir + "/ports";
@@ -149,7 +141,7 @@ int CountWarnings(const std::string& log) {
 }
 
 TEST(CoordinatorMainTest, NonLoopbackWithoutTlsIsRefusedUnlessInsecure) {
-  const std::string dir = TestDir();
+  const std::string dir = FreshTestDir();
   const std::string log = dir + "/refused.log";
   const pid_t refused =
       Spawn({"--listen=0.0.0.0:0", "--metrics_port=-1", "--state_dir=" + dir}, log);
@@ -178,7 +170,7 @@ TEST(CoordinatorMainTest, NonLoopbackWithoutTlsIsRefusedUnlessInsecure) {
 // Issue 25, item 4: a bad --http_allowed_hosts entry stops the start (exit 2) with an error that
 // names the flag and the entry (the flag did not exist before).
 TEST(CoordinatorMainTest, ABadHttpAllowedHostIsRefusedNamingTheFlag) {
-  const std::string dir = TestDir();
+  const std::string dir = FreshTestDir();
   const std::string log = dir + "/refused.log";
   const pid_t refused = Spawn(
       {"--listen=127.0.0.1:0", "--state_dir=" + dir, "--http_allowed_hosts=dash.example,bad host"},

@@ -77,10 +77,7 @@ class ReflectionServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_NE(CoordinatorDescriptor(), nullptr);
-    dir_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+    dir_ = FreshTestDir();
   }
 
   void StartServer(bool authenticate, ReflectionOptions reflection = {}) {

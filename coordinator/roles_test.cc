@@ -71,10 +71,7 @@ const std::map<std::string, std::set<std::string>>& DocumentedRoles() {
 class RolesTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+    dir_ = FreshTestDir();
     token_file_ = dir_ + "/tokens.txt";
     FILE* f = std::fopen(token_file_.c_str(), "w");
     ASSERT_NE(f, nullptr);

@@ -17,8 +17,8 @@
 #include "coordinator/test_checkpointed_job.h"
 #include "coordinator/test_rpc_support.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/support/client_interceptor.h"
 #include "gtest/gtest.h"
+#include "security/coordinator_channel.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::coordinator {
@@ -41,10 +41,7 @@ struct Watch {
 class TokenRevocationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
-                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+    dir_ = FreshTestDir();
     token_file_ = dir_ + "/tokens.txt";
     WriteTokens(absl::StrCat(kViewerToken, " viewer vera\n", kDemotedToken, " viewer vic\n",
                              kAdminToken, " admin ada\n"));
@@ -177,38 +174,9 @@ TEST_F(TokenRevocationTest, AReloadEndsTheWatchStreamsOfRevokedTokens) {
   EXPECT_EQ(refused->Finish().error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
 
-// Adds "authorization: Bearer <token>" to every call of a channel (the test's stand-in for a
-// client with a token file, on plaintext loopback).
-class BearerInterceptor final : public grpc::experimental::Interceptor {
- public:
-  explicit BearerInterceptor(std::string token) : token_(std::move(token)) {}
-  void Intercept(grpc::experimental::InterceptorBatchMethods* methods) override {
-    if (methods->QueryInterceptionHookPoint(
-            grpc::experimental::InterceptionHookPoints::PRE_SEND_INITIAL_METADATA)) {
-      methods->GetSendInitialMetadata()->insert({"authorization", "Bearer " + token_});
-    }
-    methods->Proceed();
-  }
-
- private:
-  const std::string token_;
-};
-
-class BearerInterceptorFactory final
-    : public grpc::experimental::ClientInterceptorFactoryInterface {
- public:
-  explicit BearerInterceptorFactory(std::string token) : token_(std::move(token)) {}
-  grpc::experimental::Interceptor* CreateClientInterceptor(
-      grpc::experimental::ClientRpcInfo*) override {
-    return new BearerInterceptor(token_);
-  }
-
- private:
-  const std::string token_;
-};
-
-// A stub whose every call carries `token`; `slow` gives it a connection of its own with a fixed
-// 64 KiB flow-control window, so that a stream it stops reading stalls on the server.
+// A stub whose every call carries `token` (the clients' own channel, on plaintext loopback);
+// `slow` gives it a connection of its own with a fixed 64 KiB flow-control window, so that a
+// stream it stops reading stalls on the server.
 std::unique_ptr<v1::Coordinator::Stub> StubWithToken(const std::string& target,
                                                      const std::string& token, bool slow) {
   grpc::ChannelArguments args;
@@ -216,10 +184,12 @@ std::unique_ptr<v1::Coordinator::Stub> StubWithToken(const std::string& target,
     args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
     args.SetInt("zeroshard.test_channel", 1);
   }
-  std::vector<std::unique_ptr<grpc::experimental::ClientInterceptorFactoryInterface>> factories;
-  factories.push_back(std::make_unique<BearerInterceptorFactory>(token));
-  return v1::Coordinator::NewStub(grpc::experimental::CreateCustomChannelWithInterceptors(
-      target, grpc::InsecureChannelCredentials(), args, std::move(factories)));
+  security::ClientCredentials credentials;
+  credentials.token = token;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+      security::CreateCoordinatorChannel(target, credentials, args);
+  EXPECT_TRUE(channel.ok()) << channel.status();
+  return channel.ok() ? v1::Coordinator::NewStub(*channel) : nullptr;
 }
 
 // Issue 25, item 7, for the other long stream: an ExportCheckpoint stream whose client stopped

@@ -69,10 +69,7 @@ void WriteAll(const std::string& path, const std::string& bytes) {
 class VerifyCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string base =
-        absl::StrCat(std::getenv("TEST_TMPDIR"), "/",
-                     ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(base);
+    const std::string base = FreshTestDir();
     root_ = base + "/checkpoints";
     outside_ = base + "/outside";
     state_dir_ = base + "/state";

@@ -3,6 +3,7 @@
 
 #include <fnmatch.h>
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,16 +13,6 @@
 #include "sharding/model_catalog.h"
 
 namespace zeroshard::jobspec {
-
-const v1::ParamGroup* GroupOf(const v1::JobSpec& spec, absl::string_view tensor_name) {
-  const std::string name(tensor_name);
-  for (const v1::ParamGroup& group : spec.param_groups()) {
-    for (const std::string& pattern : group.patterns()) {
-      if (fnmatch(pattern.c_str(), name.c_str(), 0) == 0) return &group;
-    }
-  }
-  return nullptr;
-}
 
 std::vector<int> GroupIndexOfEachTensor(const v1::JobSpec& spec,
                                         const std::vector<std::string>& names) {
@@ -33,25 +24,19 @@ std::vector<int> GroupIndexOfEachTensor(const v1::JobSpec& spec,
       if (t >= 0 && t < num_tensors) listed[t] = g;
     }
   }
+  auto matches = [&](const v1::ParamGroup& group, const std::string& name) {
+    return std::any_of(
+        group.patterns().begin(), group.patterns().end(),
+        [&](const std::string& pattern) { return fnmatch(pattern.c_str(), name.c_str(), 0) == 0; });
+  };
   std::vector<int> groups(names.size(), -1);
   for (int t = 0; t < num_tensors; ++t) {
-    for (int g = 0; g < spec.param_groups_size(); ++g) {
-      if (listed[t] == g) {
-        groups[t] = g;
-        break;
-      }
-      bool matched = false;
-      for (const std::string& pattern : spec.param_groups(g).patterns()) {
-        if (fnmatch(pattern.c_str(), names[t].c_str(), 0) == 0) {
-          matched = true;
-          break;
-        }
-      }
-      if (matched) {
-        groups[t] = g;
-        break;
-      }
+    // Groups before the one listing the tensor may still claim it by a pattern.
+    const int last = listed[t] >= 0 ? listed[t] : spec.param_groups_size();
+    for (int g = 0; g < last && groups[t] < 0; ++g) {
+      if (matches(spec.param_groups(g), names[t])) groups[t] = g;
     }
+    if (groups[t] < 0) groups[t] = listed[t];
   }
   return groups;
 }

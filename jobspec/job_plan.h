@@ -4,10 +4,10 @@
 #define ZEROSHARD_JOBSPEC_JOB_PLAN_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "sharding/shard_planner.h"
 #include "sharding/tensor_spec.h"
 #include "zeroshard/v1/job.pb.h"
@@ -21,11 +21,6 @@ inline constexpr int32_t kShardPlanVersion = 2;
 // The most buckets a progress report gives figures for one by one (StepMetrics'
 // bucket_exposed_ms): workers whose plan has more leave them out, the coordinator refuses more.
 inline constexpr int kMaxReportedBuckets = 4096;
-
-// The parameter group `tensor_name` belongs to: the first of spec.param_groups with a pattern
-// that matches it (fnmatch), or null for the default group. Groups that list tensors by index
-// (ParamGroup.tensors) are not seen here: GroupIndexOfEachTensor sees both.
-const v1::ParamGroup* GroupOf(const v1::JobSpec& spec, absl::string_view tensor_name);
 
 // For each of the model's tensors (`names`, in the model's order: workload.attached.tensors'
 // for an attached model), the index in spec.param_groups of its group, or -1 for the default

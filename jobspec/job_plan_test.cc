@@ -160,9 +160,9 @@ TEST(JobPlanTest, TensorsHaveTorchNamesAndTheDefaultGroupDecaysEveryTensor) {
   ASSERT_TRUE(tensors.ok()) << tensors.status();
   ASSERT_EQ(tensors->size(), 4u);
   const char* const names[] = {"2.bias", "2.weight", "0.bias", "0.weight"};
+  EXPECT_EQ(GroupIndexOfEachTensor(spec, {names, names + 4}), (std::vector<int>(4, -1)));
   for (size_t t = 0; t < tensors->size(); ++t) {
     EXPECT_EQ((*tensors)[t].name, names[t]);
-    EXPECT_EQ(GroupOf(spec, (*tensors)[t].name), nullptr);
     EXPECT_EQ((*tensors)[t].weight_decay, 0.05) << names[t];
     EXPECT_EQ((*tensors)[t].lr_scale, 1.0f) << names[t];
   }
@@ -183,21 +183,20 @@ TEST(JobPlanTest, FirstMatchingGroupWinsAndUnsetFieldsTakeTheOptimizers) {
   ASSERT_EQ(tensors->size(), 4u);
   // 2.bias and 0.bias: the no-decay group, which comes first, though 0.bias matches both.
   for (size_t t : {0u, 2u}) {
-    EXPECT_EQ(GroupOf(spec, (*tensors)[t].name), &spec.param_groups(0)) << (*tensors)[t].name;
     EXPECT_EQ((*tensors)[t].weight_decay, 0.0) << (*tensors)[t].name;
     EXPECT_EQ((*tensors)[t].lr_scale, 1.0f) << (*tensors)[t].name;
   }
+  EXPECT_EQ(GroupIndexOfEachTensor(spec, {"2.bias", "2.weight", "0.bias", "0.weight"}),
+            (std::vector<int>{0, -1, 0, 1}));
   // 2.weight: no group, the optimizer's values.
-  EXPECT_EQ(GroupOf(spec, "2.weight"), nullptr);
   EXPECT_EQ((*tensors)[1].weight_decay, 0.05);
   EXPECT_EQ((*tensors)[1].lr_scale, 1.0f);
   // 0.weight: the second group, which leaves weight decay unset.
-  EXPECT_EQ(GroupOf(spec, "0.weight"), &spec.param_groups(1));
   EXPECT_EQ((*tensors)[3].weight_decay, 0.05);
   EXPECT_EQ((*tensors)[3].lr_scale, 0.25f);
   // Patterns match whole names: "*.bias" does not match "2.bias.extra", nor "0.[bw]*" "10.weight".
-  EXPECT_EQ(GroupOf(spec, "2.bias.extra"), nullptr);
-  EXPECT_EQ(GroupOf(spec, "10.weight"), nullptr);
+  EXPECT_EQ(GroupIndexOfEachTensor(spec, {"2.bias.extra", "10.weight"}),
+            (std::vector<int>{-1, -1}));
 }
 
 TEST(JobPlanTest, LayoutHashCoversTheGroups) {

@@ -180,7 +180,8 @@ absl::Status ValidateUpdate(const OptimizerConfig& config, int64_t step, float g
       return absl::InvalidArgumentError(
           absl::StrCat("pieces[", i, "].weight_decay must be >= 0, got ", piece.weight_decay));
     }
-    if (piece.group != nullptr) {
+    // Pieces of one group are consecutive: each group is checked once per run of them.
+    if (piece.group != nullptr && (i == 0 || pieces[i - 1].group != piece.group)) {
       if (absl::Status valid = ValidateGroup(config, *piece.group); !valid.ok()) {
         return absl::InvalidArgumentError(absl::StrCat("pieces[", i, "].group: ", valid.message()));
       }

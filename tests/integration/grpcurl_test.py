@@ -71,11 +71,16 @@ class Coordinator:
                 [COORDINATOR, "--listen=127.0.0.1:0", "--metrics_port=-1",
                  f"--state_dir={directory}/state", f"--port_file={port_file}", *flags],
                 stdout=log, stderr=subprocess.STDOUT)
+        # Polled with a deadline; each wait on the process also notices it ending.
         deadline = time.monotonic() + 60
         while not (os.path.exists(port_file) and os.path.getsize(port_file) > 0):
-            if self.process.poll() is not None or time.monotonic() > deadline:
+            if time.monotonic() > deadline:
                 raise AssertionError(f"the coordinator did not start:\n{self.logged()}")
-            time.sleep(0.05)
+            try:
+                self.process.wait(timeout=0.05)
+                raise AssertionError(f"the coordinator exited:\n{self.logged()}")
+            except subprocess.TimeoutExpired:
+                pass
         with open(port_file) as f:
             self.address = f"127.0.0.1:{f.read().split()[0]}"
 

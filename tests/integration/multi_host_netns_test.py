@@ -713,6 +713,8 @@ class MultiHostNetnsTest(unittest.TestCase):
         except Skipped as e:
             print(f"SKIPPED: multi_host_netns_test: {e}", flush=True)
             self.skipTest(str(e))
+        except CheckFailed as e:
+            self.fail(str(e))
         log(f"PASS in {time.monotonic() - started:.1f}s")
 
 

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -147,6 +148,45 @@ TEST(AttachedTrainerTest, CudaWorkerRefusesATrainerWithCpuParameters) {
   EXPECT_TRUE(absl::StrContains(refusal.error(), "buffers on cuda")) << refusal.error();
 }
 
+// What a CUDA trainer that asks for two blocks in turn got, and how the worker's side ended.
+struct TwoMaps {
+  absl::Status accepted;
+  absl::Status served;  // ForwardBackward: the map_block requests are served there
+  absl::Status trainer_side;
+  v1::AttachResponse first;
+  v1::AttachResponse second;
+};
+
+// A CUDA trainer connects to `listener`, says hello and asks for `first`, then `second`, while
+// `trainer` accepts it and serves the step's requests.
+TwoMaps MapTwoBlocks(const Listener& listener, AttachedTrainer& trainer, int first, int second) {
+  TwoMaps result;
+  std::thread cuda_trainer([&] {
+    std::unique_ptr<FrameSocket> socket = listener.Connect();
+    if (socket == nullptr) {
+      result.trainer_side = absl::InternalError("connect failed");
+      return;
+    }
+    result.trainer_side = socket->Write(Hello("cuda"));
+    v1::AttachRequest map;
+    for (const auto& [block, answer] :
+         {std::pair{first, &result.first}, {second, &result.second}}) {
+      map.mutable_map_block()->set_block(block);
+      if (result.trainer_side.ok()) result.trainer_side = socket->Write(map);
+      if (result.trainer_side.ok()) result.trainer_side = socket->Read(*answer);
+    }
+  });
+  result.accepted = trainer.Accept();
+  result.served = result.accepted;
+  if (result.accepted.ok()) {
+    NoParameters params;
+    NoGradients sink;
+    result.served = trainer.ForwardBackward(0, params, sink).status();
+  }
+  cuda_trainer.join();
+  return result;
+}
+
 TEST(AttachedTrainerTest, MapBlockAnswersTheCudaIpcHandleAndBusId) {
   Listener listener(UniqueName("maps"));
   ASSERT_TRUE(listener.bound());
@@ -159,52 +199,22 @@ TEST(AttachedTrainerTest, MapBlockAnswersTheCudaIpcHandleAndBusId) {
   block.bytes = static_cast<int64_t>(memory.size());
   block.cuda_ipc_handle = handle;
   const int id = blocks.table.Add(block);
-  std::vector<char> other_memory(256);
-  SharedBlock other = block;
-  other.data = other_memory.data();
-  const int optimizer_state = blocks.table.Add(other);
   AttachedTrainer trainer(OptionsFor(listener), &blocks);
   trainer.AllowMapBlockForTesting(id);
-  trainer.AllowMapBlockForTesting(id + 2);  // named, but no such block
+  trainer.AllowMapBlockForTesting(id + 1);  // named, but no such block
 
-  v1::AttachResponse mapped;
-  v1::AttachResponse missing;
-  absl::Status trainer_side;
-  std::thread cuda_trainer([&] {
-    std::unique_ptr<FrameSocket> socket = listener.Connect();
-    if (socket == nullptr) {
-      trainer_side = absl::InternalError("connect failed");
-      return;
-    }
-    trainer_side = socket->Write(Hello("cuda"));
-    v1::AttachRequest map;
-    map.mutable_map_block()->set_block(id);
-    if (trainer_side.ok()) trainer_side = socket->Write(map);
-    if (trainer_side.ok()) trainer_side = socket->Read(mapped);
-    // A block that does not exist ends the run with an answer naming it.
-    map.mutable_map_block()->set_block(id + 2);
-    if (trainer_side.ok()) trainer_side = socket->Write(map);
-    if (trainer_side.ok()) trainer_side = socket->Read(missing);
-  });
-  const absl::Status accepted = trainer.Accept();
-  absl::Status served = accepted;
-  if (accepted.ok()) {
-    NoParameters params;
-    NoGradients sink;
-    served = trainer.ForwardBackward(0, params, sink).status();
-  }
-  cuda_trainer.join();
-  ASSERT_TRUE(accepted.ok()) << accepted;
-  ASSERT_TRUE(trainer_side.ok()) << trainer_side;
-  EXPECT_TRUE(mapped.error().empty()) << mapped.error();
-  EXPECT_EQ(mapped.mapped().block(), id);
-  EXPECT_EQ(mapped.mapped().bytes(), 256);
-  EXPECT_EQ(mapped.mapped().cuda_ipc_handle(), handle);
-  EXPECT_EQ(mapped.mapped().cuda_pci_bus_id(), kBusId);
-  EXPECT_TRUE(absl::IsInvalidArgument(served)) << served;
-  EXPECT_TRUE(absl::StrContains(missing.error(), absl::StrCat("no block ", id + 2)))
-      << missing.error();
-  EXPECT_EQ(optimizer_state, id + 1);
+  // A block that does not exist ends the run with an answer naming it.
+  const TwoMaps maps = MapTwoBlocks(listener, trainer, id, id + 1);
+  ASSERT_TRUE(maps.accepted.ok()) << maps.accepted;
+  ASSERT_TRUE(maps.trainer_side.ok()) << maps.trainer_side;
+  EXPECT_TRUE(maps.first.error().empty()) << maps.first.error();
+  EXPECT_EQ(maps.first.mapped().block(), id);
+  EXPECT_EQ(maps.first.mapped().bytes(), 256);
+  EXPECT_EQ(maps.first.mapped().cuda_ipc_handle(), handle);
+  EXPECT_EQ(maps.first.mapped().cuda_pci_bus_id(), kBusId);
+  EXPECT_TRUE(absl::IsInvalidArgument(maps.served)) << maps.served;
+  EXPECT_TRUE(absl::StrContains(maps.second.error(), absl::StrCat("no block ", id + 1)))
+      << maps.second.error();
 }
 
 // Issue 25, item 2: map_block handed out any block by id, the optimizer state and masters
@@ -227,40 +237,15 @@ TEST(AttachedTrainerTest, MapBlockServesOnlyTheBlocksTheProtocolNamed) {
   AttachedTrainer trainer(OptionsFor(listener), &blocks);
   trainer.AllowMapBlockForTesting(parameters);
 
-  v1::AttachResponse mapped;
-  v1::AttachResponse refused;
-  absl::Status trainer_side;
-  std::thread cuda_trainer([&] {
-    std::unique_ptr<FrameSocket> socket = listener.Connect();
-    if (socket == nullptr) {
-      trainer_side = absl::InternalError("connect failed");
-      return;
-    }
-    trainer_side = socket->Write(Hello("cuda"));
-    v1::AttachRequest map;
-    map.mutable_map_block()->set_block(parameters);
-    if (trainer_side.ok()) trainer_side = socket->Write(map);
-    if (trainer_side.ok()) trainer_side = socket->Read(mapped);
-    map.mutable_map_block()->set_block(optimizer_state);
-    if (trainer_side.ok()) trainer_side = socket->Write(map);
-    if (trainer_side.ok()) trainer_side = socket->Read(refused);
-  });
-  const absl::Status accepted = trainer.Accept();
-  absl::Status served = accepted;
-  if (accepted.ok()) {
-    NoParameters params;
-    NoGradients sink;
-    served = trainer.ForwardBackward(0, params, sink).status();
-  }
-  cuda_trainer.join();
-  ASSERT_TRUE(accepted.ok()) << accepted;
-  ASSERT_TRUE(trainer_side.ok()) << trainer_side;
-  EXPECT_EQ(mapped.mapped().block(), parameters);
-  EXPECT_TRUE(absl::IsPermissionDenied(served)) << served;
-  EXPECT_FALSE(refused.has_mapped());
+  const TwoMaps maps = MapTwoBlocks(listener, trainer, parameters, optimizer_state);
+  ASSERT_TRUE(maps.accepted.ok()) << maps.accepted;
+  ASSERT_TRUE(maps.trainer_side.ok()) << maps.trainer_side;
+  EXPECT_EQ(maps.first.mapped().block(), parameters);
+  EXPECT_TRUE(absl::IsPermissionDenied(maps.served)) << maps.served;
+  EXPECT_FALSE(maps.second.has_mapped());
   EXPECT_TRUE(absl::StrContains(
-      refused.error(), absl::StrCat("block ", optimizer_state, " is not one a trainer maps")))
-      << refused.error();
+      maps.second.error(), absl::StrCat("block ", optimizer_state, " is not one a trainer maps")))
+      << maps.second.error();
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <optional>
 #include <utility>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "common/dcheck.h"
 #include "common/status_macros.h"
@@ -125,8 +126,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const sharding::ShardPlan
                                                    " entries, the plan has ", plan.num_tensors(),
                                                    " tensors"));
   }
+  if (absl::c_any_of(config.tensor_groups, [](int32_t group) { return group < 0; })) {
+    return absl::InvalidArgumentError("tensor_groups: a group index is negative");
+  }
   ZS_ASSIGN_OR_RETURN(sharding::RankView view, plan.ViewForRank(rank));
   std::unique_ptr<Engine> engine(new Engine(plan, std::move(view), config, communicator));
+  for (const int32_t group : config.tensor_groups) {
+    engine->groups_named_ = std::max(engine->groups_named_, static_cast<size_t>(group) + 1);
+  }
   ZS_RETURN_IF_ERROR(engine->AllocateBuffers());
   engine->BuildPieces();
   engine->BuildSavedFragments();
@@ -364,19 +371,24 @@ absl::Status Engine::SetGroupHyperparameters(std::vector<kernels::GroupHyperpara
     return absl::FailedPreconditionError(
         "param_groups: this engine's tensors have no groups (EngineConfig.tensor_groups)");
   }
-  for (const int32_t group : config_.tensor_groups) {
-    if (group < 0 || static_cast<size_t>(group) >= groups.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "param_groups: ", groups.size(), " groups given, the tensors name group ", group));
-    }
+  if (groups.size() < groups_named_) {
+    return absl::InvalidArgumentError(absl::StrCat("param_groups: ", groups.size(),
+                                                   " groups given, the tensors name group ",
+                                                   groups_named_ - 1));
   }
   for (size_t g = 0; g < groups.size(); ++g) {
     if (absl::Status valid = kernels::ValidateGroup(config_.optimizer, groups[g]); !valid.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("param_groups[", g, "]: ", valid.message()));
     }
   }
+  groups_digest_ = GroupDigest(groups);
+  // Every step sends the groups again: as many as before, the values change in place and the
+  // pieces keep pointing at them.
+  if (groups.size() == groups_.size()) {
+    std::copy(groups.begin(), groups.end(), groups_.begin());
+    return absl::OkStatus();
+  }
   groups_ = std::move(groups);
-  groups_digest_ = GroupDigest(groups_);
   for (size_t i = 0; i < update_pieces_.size(); ++i) {
     update_pieces_[i].group = &groups_[config_.tensor_groups[update_piece_tensors_[i]]];
   }

@@ -511,6 +511,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // (SetGroupHyperparameters; empty until then).
   std::vector<int64_t> update_piece_tensors_;
   std::vector<kernels::GroupHyperparameters> groups_;
+  // How many groups config_.tensor_groups names (its largest index + 1).
+  size_t groups_named_ = 0;
   // Their digest (20 bits), all-reduced with the step's statistics: ranks whose trainers sent
   // different values fail the step rather than update differently.
   uint32_t groups_digest_ = 0;
