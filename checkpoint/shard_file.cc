@@ -95,6 +95,18 @@ absl::Status ValidateHeader(const v1::ShardHeader& header) {
       }
     }
   }
+  if (header.tensor_steps_size() != 0 && header.tensor_steps_size() != header.tensors_size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("header.tensor_steps: ", header.tensor_steps_size(), " entries for ",
+                     header.tensors_size(), " tensors"));
+  }
+  for (int i = 0; i < header.tensor_steps_size(); ++i) {
+    if (header.tensor_steps(i) < 0 || header.tensor_steps(i) > header.optimizer_step()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("header.tensor_steps[", i, "]: ", header.tensor_steps(i),
+                       " outside [0, optimizer_step ", header.optimizer_step(), "]"));
+    }
+  }
   absl::flat_hash_set<absl::string_view> states;
   for (int i = 0; i < header.states_size(); ++i) {
     absl::Status valid = ValidateStateName(header.states(i));

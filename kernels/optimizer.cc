@@ -172,6 +172,10 @@ absl::Status ValidateUpdate(const OptimizerConfig& config, int64_t step, float g
     if (!IsValidDType(piece.param_dtype)) {
       return absl::InvalidArgumentError(absl::StrCat("pieces[", i, "].param_dtype is invalid"));
     }
+    if (piece.step < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pieces[", i, "].step must be >= 0 (0: the call's), got ", piece.step));
+    }
     if (!IsFiniteNonNegative(piece.lr_scale)) {
       return absl::InvalidArgumentError(
           absl::StrCat("pieces[", i, "].lr_scale must be >= 0, got ", piece.lr_scale));
@@ -221,8 +225,9 @@ absl::Status ValidateGradPieces(absl::Span<const GradPiece> pieces) {
   return absl::OkStatus();
 }
 
-ElementScalars MakeElementScalars(const OptimizerConfig& base, int64_t step, float grad_scale,
+ElementScalars MakeElementScalars(const OptimizerConfig& base, int64_t call_step, float grad_scale,
                                   const UpdatePiece& piece) {
+  const int64_t step = piece.step > 0 ? piece.step : call_step;
   const OptimizerConfig config = piece.group != nullptr ? WithGroup(base, *piece.group) : base;
   const double lr = piece.group != nullptr ? piece.group->lr : config.lr * piece.lr_scale;
   const double weight_decay =

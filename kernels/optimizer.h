@@ -84,6 +84,11 @@ struct UpdatePiece {
   // Not null: the piece's group, whose values replace lr * lr_scale, weight_decay and the
   // configuration's betas, eps, momentum and dampening (GroupHyperparameters). Not owned.
   const GroupHyperparameters* group = nullptr;
+  // > 0: this piece's own step count (1-based), replacing the call's step. A tensor that had no
+  // gradient in some steps is not updated in them, as torch.optim skips a parameter whose .grad
+  // is None, so it counts its own steps: its Adam bias correction, Adagrad lr decay and state
+  // initialisation (at its own step 1) follow its count, not the job's.
+  int64_t step = 0;
 };
 
 // One flat piece of gradients whose statistics are wanted.
@@ -117,7 +122,8 @@ absl::Status ValidateGradPieces(absl::Span<const GradPiece> pieces);
 // shape: SGD's momentum to or from 0 (the momentum buffer exists only with momentum).
 absl::Status ValidateGroup(const OptimizerConfig& config, const GroupHyperparameters& group);
 
-// The constants the element arithmetic of `piece` uses at `step` (1-based).
+// The constants the element arithmetic of `piece` uses at `step` (1-based; the piece's own step
+// when it has one).
 ElementScalars MakeElementScalars(const OptimizerConfig& config, int64_t step, float grad_scale,
                                   const UpdatePiece& piece);
 

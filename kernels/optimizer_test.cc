@@ -72,6 +72,11 @@ TEST(OptimizerTest, RejectsBadInput) {
   bad = piece;
   bad.lr_scale = -1.0;
   EXPECT_EQ(ValidateUpdate(lion, 1, 1.0f, {bad}).code(), absl::StatusCode::kInvalidArgument);
+  bad = piece;
+  bad.step = -1;
+  status = ValidateUpdate(lion, 1, 1.0f, {bad});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("pieces[0].step"), std::string::npos) << status;
 
   OptimizerConfig config = Config(OptimizerKind::kSgd);
   config.nesterov = true;
@@ -107,6 +112,24 @@ TEST(OptimizerTest, AdamScalarsFollowTorch) {
   piece.weight_decay = 0.0;
   EXPECT_EQ(MakeElementScalars(config, 1, 1.0f, piece).decay_factor, 1.0f);
   EXPECT_TRUE(MakeElementScalars(config, 1, 1.0f, piece).first_step);
+}
+
+// Issue 26: a tensor skipped in the steps it had no gradient counts its own steps, as torch.optim
+// keeps a step per parameter: its piece's step replaces the call's in the bias correction and
+// the state's initialisation.
+TEST(OptimizerTest, APiecesOwnStepReplacesTheCalls) {
+  OptimizerConfig config = Config(OptimizerKind::kAdam);
+  config.lr = 0.01;
+  UpdatePiece own;
+  own.step = 1;
+  const ElementScalars first = MakeElementScalars(config, 7, 1.0f, own);
+  EXPECT_TRUE(first.first_step);
+  EXPECT_EQ(first.neg_step_size, MakeElementScalars(config, 1, 1.0f, UpdatePiece()).neg_step_size);
+  own.step = 3;
+  const ElementScalars third = MakeElementScalars(config, 7, 1.0f, own);
+  EXPECT_FALSE(third.first_step);
+  EXPECT_EQ(third.neg_step_size, static_cast<float>(-(0.01 / (1.0 - std::pow(0.9, 3.0)))));
+  EXPECT_EQ(third.bias_correction2_sqrt, static_cast<float>(std::sqrt(1.0 - std::pow(0.999, 3.0))));
 }
 
 TEST(OptimizerTest, AdagradLearningRateDecays) {

@@ -514,6 +514,13 @@ def _validate_header(header):
         for dim in tensor.shape:
             if dim < 0:
                 return f"header.tensors[{i}] {_quoted(tensor.name)}: negative dimension {dim}"
+    if header.tensor_steps and len(header.tensor_steps) != len(header.tensors):
+        return (f"header.tensor_steps: {len(header.tensor_steps)} entries for "
+                f"{len(header.tensors)} tensors")
+    for i, step in enumerate(header.tensor_steps):
+        if not 0 <= step <= header.optimizer_step:
+            return (f"header.tensor_steps[{i}]: {step} outside [0, optimizer_step "
+                    f"{header.optimizer_step}]")
     states = set()
     for i, state in enumerate(header.states):
         invalid = _validate_state_name(state)

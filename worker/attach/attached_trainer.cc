@@ -234,6 +234,7 @@ absl::Status AttachedTrainer::WaitForDevice() {
 absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step,
                                       bool needs_initial_parameters) {
   const sharding::ShardPlan& plan = engine.plan();
+  engine_ = &engine;
   zero2_ = engine.config().mode == engine::EngineMode::kZero2;
   num_tensors_ = static_cast<int32_t>(plan.num_tensors());
   tensor_elements_.assign(num_tensors_, 0);
@@ -418,6 +419,21 @@ absl::Status AttachedTrainer::HandOverReady(workloads::GradientSink& sink) {
   return absl::OkStatus();
 }
 
+absl::Status AttachedTrainer::HandOverRest(workloads::GradientSink& sink, const char* what) {
+  if (!zero2_) {
+    // Tensors never marked ready take their buffer as it is (zeros, or what accumulated).
+    for (; next_tensor_ < num_tensors_; ++next_tensor_)
+      ZS_RETURN_IF_ERROR(HandOver(sink, next_tensor_));
+    return absl::OkStatus();
+  }
+  if (open_segment_.has_value() ||
+      (next_tensor_ != num_tensors_ && !(micro_batches_ended_ > 0 && !micro_batch_begun_))) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, ": tensor ", next_tensor_, "'s gradient was not handed over"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
                                                         workloads::ParameterSource& params,
                                                         workloads::GradientSink& sink) {
@@ -530,27 +546,54 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
         micro_batch_begun_ = false;
         ++micro_batches_ended_;
         break;
+      case v1::AttachRequest::kAverageGradients:
+        if (engine_ == nullptr || engine_->config().mode != engine::EngineMode::kDdp) {
+          served = absl::FailedPreconditionError(
+              "average_gradients: only ddp keeps the whole reduced gradient");
+          break;
+        }
+        served = HandOverRest(sink, "average_gradients");
+        if (served.ok()) served = engine_->AverageGradients();
+        // The trainer reads the averaged buffer next: the device is done with it first.
+        if (served.ok()) served = WaitForDevice();
+        if (served.ok()) served = Ack();
+        break;
+      case v1::AttachRequest::kClipGradNorm: {
+        if (engine_ == nullptr) {
+          served = absl::FailedPreconditionError("clip_grad_norm: no engine");
+          break;
+        }
+        served = HandOverRest(sink, "clip_grad_norm");
+        if (!served.ok()) break;
+        absl::StatusOr<double> norm = engine_->ClipGradNorm(request.clip_grad_norm().max_norm(),
+                                                            request.clip_grad_norm().norm_type());
+        if (!norm.ok()) {
+          served = norm.status();
+          break;
+        }
+        v1::AttachResponse response;
+        response.mutable_grad_norm()->set_total_norm(*norm);
+        served = Reply(response);
+        break;
+      }
       case v1::AttachRequest::kStep: {
-        const double lr = request.step().lr();
+        const v1::StepRequest& step_request = request.step();
+        const double lr = step_request.lr();
         if (!std::isfinite(lr) || lr < 0) {
           return Fail(absl::InvalidArgumentError(absl::StrCat("step: lr ", lr, " is not >= 0")));
         }
-        if (!zero2_) {
-          // Tensors never marked ready take their buffer as it is (zeros, or what accumulated).
-          for (; next_tensor_ < num_tensors_; ++next_tensor_) {
-            if (absl::Status handed = HandOver(sink, next_tensor_); !handed.ok()) {
-              return Fail(handed);
-            }
+        if (absl::Status handed = HandOverRest(sink, "step"); !handed.ok()) return Fail(handed);
+        const std::vector<int64_t> without_gradient(step_request.tensors_without_gradient().begin(),
+                                                    step_request.tensors_without_gradient().end());
+        if (engine_ != nullptr) {
+          if (absl::Status marked = engine_->SetTensorsWithoutGradient(without_gradient);
+              !marked.ok()) {
+            return Fail(marked);
           }
-        } else if (open_segment_.has_value() ||
-                   (next_tensor_ != num_tensors_ &&
-                    !(micro_batches_ended_ > 0 && !micro_batch_begun_))) {
-          return Fail(absl::FailedPreconditionError(
-              absl::StrCat("step: tensor ", next_tensor_, "'s gradient was not handed over")));
         }
         lr_ = lr;
         group_values_.clear();
-        for (const v1::GroupValues& values : request.step().param_groups()) {
+        for (const v1::GroupValues& values : step_request.param_groups()) {
           kernels::GroupHyperparameters& group = group_values_.emplace_back();
           group.lr = values.lr();
           group.weight_decay = values.weight_decay();
@@ -560,7 +603,7 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
           group.momentum = values.momentum();
           group.dampening = values.dampening();
         }
-        return request.step().loss();
+        return step_request.loss();
       }
       case v1::AttachRequest::kFinish:
         // The trainer gave up on this step (an exception between backward and step()): its

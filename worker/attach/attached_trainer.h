@@ -64,11 +64,12 @@ struct AttachedStateHandlers {
 //   per step:   AwaitNextStep() takes the trainer's first request of the step (finish ends the
 //               run; save_state and load_state are served there, through the run's
 //               AttachedStateHandlers); ForwardBackward() serves map_block / ready / segment /
-//               written / micro_batch_done until the step request, handing the gradients to the
-//               engine in plan order (zero2: a segment is answered at once, placed or deferred,
-//               unless the trainer asks to wait; each micro-batch is reduced and accumulated); the
-//               run calls Engine::Step with LearningRate(); StepApplied() waits for the
-//               all-gathers and answers the step request.
+//               written / micro_batch_done / average_gradients / clip_grad_norm until the step
+//               request, handing the gradients to the engine in plan order (zero2: a segment is
+//               answered at once, placed or deferred, unless the trainer asks to wait; each
+//               micro-batch is reduced and accumulated); the run calls Engine::Step with
+//               LearningRate(); StepApplied() waits for the all-gathers and answers the step
+//               request.
 // Any error is answered to the trainer (AttachResponse.error) and ends the run.
 //
 // Thread contract: everything on the run's thread, except Abort() (any thread).
@@ -123,6 +124,10 @@ class AttachedTrainer final : public workloads::Workload {
   // ddp/zero1: hands tensors to the engine in plan order while the next one is ready.
   absl::Status HandOverReady(workloads::GradientSink& sink);
   absl::Status HandOver(workloads::GradientSink& sink, int32_t tensor);
+  // Before average_gradients, clip_grad_norm and step: ddp/zero1 hand over the tensors not yet
+  // marked ready as their buffers are; zero2 requires every tensor handed over (FailedPrecondition
+  // naming `what` otherwise).
+  absl::Status HandOverRest(workloads::GradientSink& sink, const char* what);
 
   const AttachedTrainerOptions options_;
   SharedBlocks* const backing_;
@@ -130,7 +135,10 @@ class AttachedTrainer final : public workloads::Workload {
   absl::Mutex abort_mu_;
   bool aborted_ ABSL_GUARDED_BY(abort_mu_) = false;
 
-  // From the engine, at Welcome.
+  // From the engine, at Welcome (the engine outlives the run's use of this trainer): the
+  // requests on the reduced gradients (average_gradients, clip_grad_norm) and the step's
+  // tensors without a gradient go to it.
+  engine::Engine* engine_ = nullptr;
   bool zero2_ = false;
   int32_t num_tensors_ = 0;
   std::vector<int64_t> tensor_elements_;

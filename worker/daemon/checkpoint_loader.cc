@@ -118,6 +118,7 @@ absl::StatusOr<bool> TryCheckpoint(absl::StatusOr<checkpoint::CommittedCheckpoin
   scalars.optimizer_step = header.optimizer_step();
   scalars.loss_scale = header.loss_scale();
   scalars.good_steps = header.loss_scale_good_steps();
+  scalars.tensor_steps.assign(header.tensor_steps().begin(), header.tensor_steps().end());
   ZS_RETURN_IF_ERROR(engine.RestoreState(
       scalars, [&](const engine::Engine::SavedFragment& range, absl::Span<char> out) {
         return (*reader)->Read(range.state, plan.tensors()[range.tensor].name, range.begin,
@@ -257,6 +258,7 @@ absl::Status LoadFullState(const FullStateLoadOptions& options, checkpoint::File
   }
   engine::Engine::SavedScalars scalars = engine.scalars();
   scalars.optimizer_step = options.optimizer_step;
+  scalars.tensor_steps = options.tensor_steps;
   // RestoreState reads the ranges in RestoredRanges() order: the same as `sources`.
   size_t next = 0;
   return engine.RestoreState(

@@ -102,6 +102,8 @@ struct FullStateLoadOptions {
   // The file's path, for messages (the file itself comes open: LoadFullState's `file`).
   std::string path;
   int64_t optimizer_step = 0;
+  // Each tensor's own step (plan order), or empty: every tensor at optimizer_step.
+  std::vector<int64_t> tensor_steps;
   int32_t rank = 0;
   int32_t world_size = 1;
   // Prepended to the rendezvous store's keys (one load's verdicts).

@@ -64,6 +64,7 @@ v1::ShardHeader CheckpointWriter::HeaderFor(int64_t step,
   header.set_optimizer_step(scalars.optimizer_step);
   header.set_loss_scale(scalars.loss_scale);
   header.set_loss_scale_good_steps(scalars.good_steps);
+  header.mutable_tensor_steps()->Assign(scalars.tensor_steps.begin(), scalars.tensor_steps.end());
   return header;
 }
 

@@ -664,6 +664,19 @@ absl::Status EngineTrainingRun::Train() {
         loaded.set_refused(absl::StrCat("optimizer_step: ", request.optimizer_step(), " < 0"));
         return loaded;
       }
+      if (request.tensor_steps_size() != 0 && request.tensor_steps_size() != plan.num_tensors()) {
+        loaded.set_refused(absl::StrCat("tensor_steps: ", request.tensor_steps_size(),
+                                        " entries, the job has ", plan.num_tensors(), " tensors"));
+        return loaded;
+      }
+      for (int t = 0; t < request.tensor_steps_size(); ++t) {
+        if (request.tensor_steps(t) < 0 || request.tensor_steps(t) > request.optimizer_step()) {
+          loaded.set_refused(absl::StrCat("tensor_steps[", t, "]: ", request.tensor_steps(t),
+                                          " is not in [0, optimizer_step ",
+                                          request.optimizer_step(), "]"));
+          return loaded;
+        }
+      }
       // Never opened by path: the trainer wrote it where the worker may not (issue 24).
       if (!source.valid()) {
         loaded.set_refused(absl::StrCat(
@@ -681,6 +694,7 @@ absl::Status EngineTrainingRun::Train() {
       FullStateLoadOptions load;
       load.path = request.full_state_file();
       load.optimizer_step = request.optimizer_step();
+      load.tensor_steps.assign(request.tensor_steps().begin(), request.tensor_steps().end());
       load.rank = static_cast<int32_t>(rank);
       load.world_size = static_cast<int32_t>(world_size);
       load.store_prefix = store_prefix;

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -192,6 +193,34 @@ absl::Status CudaDeviceOps::CombineGradStats(const double* partials, int64_t cou
   return common::CudaStatus(
       cuda_internal::LaunchCombineGradStats(partials, count, result, AsStream(stream_)),
       "CombineGradStats kernel");
+}
+
+absl::StatusOr<double> CudaDeviceOps::MaxAbs(absl::Span<const kernels::GradPiece> pieces) {
+  ZS_RETURN_IF_ERROR(kernels::ValidateGradPieces(pieces));
+  // A rare call (opt.clip_grad_norm_ with the infinity norm): its own 4 bytes of scratch.
+  unsigned int* largest = nullptr;
+  ZS_CUDA_RETURN_IF_ERROR(cudaMalloc(&largest, sizeof(unsigned int)));
+  absl::Status status = common::CudaStatus(
+      cudaMemsetAsync(largest, 0, sizeof(unsigned int), AsStream(stream_)), "cudaMemsetAsync");
+  for (const kernels::GradPiece& piece : pieces) {
+    if (!status.ok()) break;
+    status = common::CudaStatus(
+        cuda_internal::LaunchMaxAbs(piece.data, static_cast<int32_t>(piece.dtype), piece.length,
+                                    largest, AsStream(stream_)),
+        "MaxAbs kernel");
+  }
+  unsigned int bits = 0;
+  if (status.ok()) {
+    status = common::CudaStatus(
+        cudaMemcpyAsync(&bits, largest, sizeof(bits), cudaMemcpyDeviceToHost, AsStream(stream_)),
+        "cudaMemcpyAsync");
+  }
+  if (status.ok()) status = Synchronize();
+  cudaFree(largest);
+  ZS_RETURN_IF_ERROR(status);
+  float value = 0.0f;
+  std::memcpy(&value, &bits, sizeof(value));
+  return static_cast<double>(value);
 }
 
 absl::Status CudaDeviceOps::Synchronize() {

@@ -70,6 +70,7 @@ class CudaDeviceOps final : public DeviceOps {
   absl::Status ConvertWithGradStats(const void* src, kernels::DType src_dtype, void* dst,
                                     kernels::DType dst_dtype, const kernels::GradStatsChunk* chunks,
                                     int64_t num_chunks, double* partials) override;
+  absl::StatusOr<double> MaxAbs(absl::Span<const kernels::GradPiece> pieces) override;
   absl::Status CombineGradStats(const double* partials, int64_t count, double* result) override;
   absl::Status Synchronize() override;
   int64_t KernelTableBytes() const override { return kernels_->TableBytes(); }

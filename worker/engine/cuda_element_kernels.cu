@@ -141,6 +141,18 @@ int BlocksFor(int64_t count) {
   return static_cast<int>(blocks < kMaxBlocks ? blocks : kMaxBlocks);
 }
 
+__global__ void MaxAbsKernel(const void* src, int32_t src_dtype, int64_t count,
+                             unsigned int* result) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  unsigned int largest = 0;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    const unsigned int bits = __float_as_uint(fabsf(LoadElement(src, src_dtype, i)));
+    if (bits > largest) largest = bits;
+  }
+  atomicMax(result, largest);
+}
+
 }  // namespace
 
 cudaError_t LaunchStoreScaledGradient(const float* grad, float scale, int64_t count,
@@ -182,6 +194,13 @@ cudaError_t LaunchConvertWithGradStats(const void* src, int32_t src_dtype, void*
 cudaError_t LaunchCombineGradStats(const double* partials, int64_t count, double* result,
                                    cudaStream_t stream) {
   CombineGradStatsKernel<<<1, kThreadsPerBlock, 0, stream>>>(partials, count, result);
+  return cudaGetLastError();
+}
+
+cudaError_t LaunchMaxAbs(const void* src, int32_t src_dtype, int64_t count, unsigned int* result,
+                         cudaStream_t stream) {
+  if (count <= 0) return cudaSuccess;
+  MaxAbsKernel<<<BlocksFor(count), kThreadsPerBlock, 0, stream>>>(src, src_dtype, count, result);
   return cudaGetLastError();
 }
 

@@ -51,6 +51,12 @@ cudaError_t LaunchConvertWithGradStats(const void* src, int32_t src_dtype, void*
 cudaError_t LaunchCombineGradStats(const double* partials, int64_t count, double* result,
                                    cudaStream_t stream);
 
+// result[0] (device memory, the bits of a non-negative float or NaN) = the largest of itself and
+// |src[i]| over [0, count), compared as unsigned bits (which order non-negative floats, and put
+// NaN above infinity). Set result[0] to 0 before the first piece.
+cudaError_t LaunchMaxAbs(const void* src, int32_t src_dtype, int64_t count, unsigned int* result,
+                         cudaStream_t stream);
+
 }  // namespace cuda_internal
 }  // namespace zeroshard::engine
 

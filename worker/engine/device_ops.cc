@@ -1,9 +1,13 @@
 // HostDeviceOps: the engine's host path (element_convert.h loops and the CPU kernels).
 #include "worker/engine/device_ops.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cpu_optimizer.h"
 #include "worker/engine/element_convert.h"
 
@@ -14,6 +18,11 @@ absl::Status DeviceOps::AddElements(const void* /*src*/, kernels::DType /*src_dt
                                     int64_t /*count*/) {
   return absl::UnimplementedError(
       absl::StrCat("AddElements (zero2 gradient accumulation) is not implemented on ", name()));
+}
+
+absl::StatusOr<double> DeviceOps::MaxAbs(absl::Span<const kernels::GradPiece> /*pieces*/) {
+  return absl::UnimplementedError(
+      absl::StrCat("MaxAbs (the infinity norm of clip_grad_norm_) is not implemented on ", name()));
 }
 
 HostDeviceOps::HostDeviceOps(int threads, MemoryBacking* memory)
@@ -76,6 +85,27 @@ absl::Status HostDeviceOps::ConvertWithGradStats(const void* src, kernels::DType
   return kernels::ConvertWithGradStatsCpu(src, src_dtype, dst, dst_dtype,
                                           absl::MakeConstSpan(chunks, num_chunks), partials,
                                           &thread_pool_);
+}
+
+absl::StatusOr<double> HostDeviceOps::MaxAbs(absl::Span<const kernels::GradPiece> pieces) {
+  ZS_RETURN_IF_ERROR(kernels::ValidateGradPieces(pieces));
+  float largest = 0.0f;
+  std::vector<float> widened;
+  for (const kernels::GradPiece& piece : pieces) {
+    const float* values = static_cast<const float*>(piece.data);
+    if (piece.dtype != kernels::DType::kFloat32) {
+      widened.resize(piece.length);
+      engine::ConvertElements(piece.data, piece.dtype, widened.data(), kernels::DType::kFloat32,
+                              piece.length);
+      values = widened.data();
+    }
+    for (int64_t i = 0; i < piece.length; ++i) {
+      const float magnitude = std::fabs(values[i]);
+      if (std::isnan(magnitude)) return static_cast<double>(magnitude);
+      largest = std::max(largest, magnitude);
+    }
+  }
+  return static_cast<double>(largest);
 }
 
 absl::Status HostDeviceOps::CombineGradStats(const double* partials, int64_t count,

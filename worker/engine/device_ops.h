@@ -40,7 +40,8 @@ class DeviceOps : public MemoryBacking {
   // Copies `bytes` bytes of device memory into host memory, after everything queued before.
   virtual absl::Status CopyToHost(void* host_dst, const void* src, int64_t bytes) = 0;
 
-  // As element_convert.h's functions of the same names, on device memory.
+  // As element_convert.h's functions of the same names, on device memory. StoreScaledGradient
+  // may scale fp32 in place (grad == dst with fp32 storage and destination).
   virtual absl::Status StoreScaledGradient(const float* grad, float scale, int64_t count,
                                            kernels::DType storage_dtype, void* dst,
                                            kernels::DType dst_dtype) = 0;
@@ -77,6 +78,11 @@ class DeviceOps : public MemoryBacking {
                                             kernels::DType dst_dtype,
                                             const kernels::GradStatsChunk* chunks,
                                             int64_t num_chunks, double* partials) = 0;
+  // The largest |element| over the pieces (opt.clip_grad_norm_'s infinity norm), NaN when one is
+  // NaN; 0 for no elements. Waits for everything queued before it. The host and CUDA implement
+  // it; the default answers Unimplemented.
+  virtual absl::StatusOr<double> MaxAbs(absl::Span<const kernels::GradPiece> pieces);
+
   // Adds partials[0, count) in a fixed order into result[0] (device memory) and sets result[1] to
   // 1 when that sum is NaN or +-Inf (some converted value was), else 0: with one ComputeGradStats
   // chunk per partial, in its order, the numbers ComputeGradStats gives.
@@ -121,6 +127,7 @@ class HostDeviceOps final : public DeviceOps {
   absl::Status ConvertWithGradStats(const void* src, kernels::DType src_dtype, void* dst,
                                     kernels::DType dst_dtype, const kernels::GradStatsChunk* chunks,
                                     int64_t num_chunks, double* partials) override;
+  absl::StatusOr<double> MaxAbs(absl::Span<const kernels::GradPiece> pieces) override;
   absl::Status CombineGradStats(const double* partials, int64_t count, double* result) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
 

@@ -17,8 +17,8 @@ namespace zeroshard::engine {
 namespace {
 
 // The values of the statistics all-reduce: sum of squares, non-finite flag, loss, group digest,
-// its square.
-constexpr int kStatsValues = 5;
+// its square, and the count of tensors without a gradient (SetTensorsWithoutGradient).
+constexpr int kStatsValues = 6;
 
 // 20 bits of an FNV-1a hash of the groups' values (their bytes): small enough that the sums of
 // digests and of their squares over 4,096 ranks stay exact in a double.
@@ -136,6 +136,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const sharding::ShardPlan
   }
   ZS_RETURN_IF_ERROR(engine->AllocateBuffers());
   engine->BuildPieces();
+  const size_t tensors = static_cast<size_t>(plan.num_tensors());
+  engine->tensor_steps_.assign(tensors, 0);
+  engine->without_gradient_.assign(tensors, 0);
+  engine->skipped_tensors_.assign(tensors, 0);
+  engine->host_gradient_mask_.assign(tensors, 0.0f);
+  engine->step_pieces_.reserve(engine->update_pieces_.size());
   engine->BuildSavedFragments();
   ZS_RETURN_IF_ERROR(engine->BuildGradStatsChunks());
   return engine;
@@ -266,6 +272,10 @@ absl::Status Engine::AllocateBuffers() {
   }
   ZS_ASSIGN_OR_RETURN(stats_buffer_, allocator_.TryAllocate(MemoryCategory::kCommScratch,
                                                             kStatsValues * sizeof(double)));
+  // One float per tensor: which ranks have a gradient for it, in steps where some rank lacks one.
+  ZS_ASSIGN_OR_RETURN(gradient_mask_,
+                      allocator_.TryAllocate(MemoryCategory::kCommScratch,
+                                             plan_.num_tensors() * int64_t{sizeof(float)}));
   return absl::OkStatus();
 }
 
@@ -828,49 +838,202 @@ void Engine::RecordReductionWait(int64_t bucket, absl::Duration waited) {
   (in_step_ ? share.step_ms : share.backward_ms) += Milliseconds(waited);
 }
 
-absl::StatusOr<StepResult> Engine::Step(double local_loss) {
-  ZS_RETURN_IF_ERROR(failure_);
+absl::Status Engine::CheckHandedOver(absl::string_view what) const {
   // After EndMicroBatch() the step may end with no further hand-over.
   const bool micro_batches_ended =
       accumulating_ && next_tensor_ == 0 && next_element_ == 0 && !open_segment_.has_value();
   if (next_tensor_ != plan_.num_tensors() && !micro_batches_ended) {
-    return absl::FailedPreconditionError(absl::StrCat("Step: only ", next_tensor_, " of ",
+    return absl::FailedPreconditionError(absl::StrCat(what, ": only ", next_tensor_, " of ",
                                                       plan_.num_tensors(),
                                                       " tensors' gradients were handed over"));
   }
-  StepResult result;
-  const absl::Time step_start = absl::Now();
-  in_step_ = true;
+  return absl::OkStatus();
+}
 
-  // 0. The previous step's all-gathers that forward did not wait for: the update below writes
-  //    the parameters they fill, and the step reports how they went.
+absl::Status Engine::SetTensorsWithoutGradient(absl::Span<const int64_t> tensors) {
+  for (const int64_t t : tensors) {
+    if (t < 0 || t >= plan_.num_tensors()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensors_without_gradient: tensor ", t, " is outside the plan's ", plan_.num_tensors()));
+    }
+  }
+  std::fill(without_gradient_.begin(), without_gradient_.end(), 0);
+  for (const int64_t t : tensors) without_gradient_[t] = 1;
+  without_gradient_count_ = absl::c_count(without_gradient_, 1);
+  return absl::OkStatus();
+}
+
+absl::Status Engine::CompleteReductions() {
+  if (reductions_complete_) return absl::OkStatus();
+  in_step_ = true;
+  StepTimings& timings = reduction_timings_;
+  timings = StepTimings{};
+
+  // 0. The previous step's all-gathers that forward did not wait for: the update writes the
+  //    parameters they fill, and the step reports how they went.
   ZS_RETURN_IF_ERROR(AwaitGathers(0, plan_.num_buckets(), /*on_host=*/true));
   if (gathers_issued_ != absl::InfinitePast()) {
-    result.timings.allgather_run_ms = Milliseconds(
+    timings.allgather_run_ms = Milliseconds(
         gather_run_times_recorded_ ? gather_run_time_ : last_gathered_ - gathers_issued_);
   }
-  result.timings.param_wait_ms = Milliseconds(param_wait_);
+  timings.param_wait_ms = Milliseconds(param_wait_);
   gathers_issued_ = absl::InfinitePast();
   gather_run_time_ = absl::ZeroDuration();
   gather_run_times_recorded_ = true;
   param_wait_ = absl::ZeroDuration();
 
   // 1. Order every bucket's move into grads_ (and its statistics) after its reduction, then wait
-  //    on the host for the reductions: the statistics below hand values to the host, so the
-  //    reductions must have succeeded. This rank's pieces of the summed gradients are then in
-  //    grads_ (and in ddp, every piece).
+  //    on the host for the reductions: the statistics hand values to the host, so the reductions
+  //    must have succeeded. This rank's pieces of the summed gradients are then in grads_ (and in
+  //    ddp, every piece).
   while (!in_flight_.empty()) ZS_RETURN_IF_ERROR(RetireOldest());
   ZS_RETURN_IF_ERROR(CheckReductions());
   ZS_DCHECK(BucketsAreIdle())
       << "a bucket still holds a slot or a reduction after the last retired";
-  const absl::Time reduced = absl::Now();
-  result.timings.exposed_comm_ms = Milliseconds(exposed_wait_);
-  result.timings.bucket_waits = bucket_waits_[current_bucket_waits_];
-  result.timings.comm_ms =
+  timings.exposed_comm_ms = Milliseconds(exposed_wait_);
+  timings.bucket_waits = bucket_waits_[current_bucket_waits_];
+  timings.comm_ms =
       Milliseconds(run_times_recorded_ ? reduce_run_time_ : last_reduced_ - first_launch_);
-  result.timings.overlapped_comm_ms =
-      std::max(0.0, result.timings.comm_ms - result.timings.exposed_comm_ms);
-  result.timings.reduce_wall_ms = Milliseconds(last_reduced_ - first_launch_);
+  timings.overlapped_comm_ms = std::max(0.0, timings.comm_ms - timings.exposed_comm_ms);
+  timings.reduce_wall_ms = Milliseconds(last_reduced_ - first_launch_);
+  reductions_complete_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::AverageGradients() {
+  ZS_RETURN_IF_ERROR(failure_);
+  if (config_.mode != EngineMode::kDdp || StagesGradients()) {
+    return absl::FailedPreconditionError(
+        "AverageGradients: only ddp with fp32 gradients keeps the whole reduced gradient");
+  }
+  if (averaged_) {
+    return absl::FailedPreconditionError("AverageGradients: the gradients are averaged already");
+  }
+  ZS_RETURN_IF_ERROR(CheckHandedOver("AverageGradients"));
+  ZS_RETURN_IF_ERROR(CompleteReductions());
+  if (world_size_ > 1) {
+    // torch's DDP divides the sum by W, as a float: so does the update otherwise (grad_scale).
+    const float inverse = static_cast<float>(1.0 / static_cast<double>(world_size_));
+    ZS_RETURN_IF_ERROR(RecordFailure(
+        device_->StoreScaledGradient(grads_.as<float>(), inverse, plan_.padded_elems(),
+                                     DType::kFloat32, grads_.data(), DType::kFloat32)));
+  }
+  // The trainer reads the buffer next: the device's writes must be complete.
+  ZS_RETURN_IF_ERROR(RecordFailure(device_->Synchronize()));
+  averaged_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status Engine::RecomputeGradStats() {
+  const bool zero2 = config_.mode == EngineMode::kZero2;
+  for (int64_t b = 0; b < plan_.num_buckets(); ++b) {
+    const sharding::BucketLayout& layout = plan_.buckets()[b];
+    char* owned = zero2 ? grads_.as<char>() + OwnedOffset(b) * grad_size_
+                        : GradsAt(layout.flat_begin + rank_ * layout.piece_elems);
+    const int64_t first_chunk = stats_chunk_begin_[b];
+    ZS_RETURN_IF_ERROR(RecordFailure(device_->ConvertWithGradStats(
+        owned, config_.grad_dtype, owned, config_.grad_dtype,
+        stats_chunks_.as<kernels::GradStatsChunk>() + first_chunk,
+        stats_chunk_begin_[b + 1] - first_chunk, stats_partials_.as<double>() + first_chunk)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> Engine::OwnedMaxAbs() {
+  const bool zero2 = config_.mode == EngineMode::kZero2;
+  std::vector<kernels::GradPiece> pieces;
+  for (const sharding::OwnedPiece& owned : view_.pieces()) {
+    for (const sharding::TensorFragment& fragment : view_.FragmentsOf(owned)) {
+      kernels::GradPiece piece;
+      piece.data = zero2 ? grads_.as<char>() + (OwnedOffset(owned.bucket) + fragment.flat_begin -
+                                                owned.flat_begin) *
+                                                   grad_size_
+                         : GradsAt(fragment.flat_begin);
+      piece.dtype = config_.grad_dtype;
+      piece.length = fragment.size();
+      pieces.push_back(piece);
+    }
+  }
+  return device_->MaxAbs(pieces);
+}
+
+absl::StatusOr<double> Engine::ClipGradNorm(double max_norm, double norm_type) {
+  ZS_RETURN_IF_ERROR(failure_);
+  if (!std::isfinite(max_norm) || max_norm < 0.0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_norm: must be finite and >= 0, got ", max_norm));
+  }
+  const bool infinity_norm = std::isinf(norm_type) && norm_type > 0;
+  if (norm_type != 2.0 && !infinity_norm) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("norm_type: ", norm_type, " is not supported (2 or inf)"));
+  }
+  ZS_RETURN_IF_ERROR(CheckHandedOver("ClipGradNorm"));
+  ZS_RETURN_IF_ERROR(CompleteReductions());
+  if (averaged_) ZS_RETURN_IF_ERROR(RecomputeGradStats());
+  double* const stats = stats_buffer_.as<double>();
+  absl::Status status;
+  if (infinity_norm) {
+    absl::StatusOr<double> largest = OwnedMaxAbs();
+    status = largest.status();
+    if (status.ok()) status = device_->CopyFromHost(stats, &*largest, sizeof(double));
+  } else {
+    status =
+        device_->CombineGradStats(stats_partials_.as<double>(), stats_chunk_begin_.back(), stats);
+  }
+  comm::CollectiveOptions options;
+  options.timeout = config_.collective_timeout;
+  if (status.ok()) {
+    status = communicator_
+                 ->AllReduce(stats, 1, comm::ElementType::kFloat64,
+                             infinity_norm ? comm::ReduceOp::kMax : comm::ReduceOp::kSum, options)
+                 ->Wait();
+  }
+  double total = 0.0;
+  if (status.ok()) status = device_->CopyToHost(&total, stats, sizeof(total));
+  if (!status.ok()) return RecordFailure(status);
+  const double divisor = (averaged_ ? 1.0 : static_cast<double>(world_size_)) * loss_scale_;
+  clip_norm_ = (infinity_norm ? total : std::sqrt(total)) / divisor;
+  clip_max_norm_ = max_norm;
+  return clip_norm_;
+}
+
+absl::Status Engine::AgreeOnSkippedTensors(double missing) {
+  if (missing == 0.0) return absl::OkStatus();
+  // Each rank adds 1 for every tensor it has a gradient for: 0 in the sum means no rank has.
+  for (size_t t = 0; t < without_gradient_.size(); ++t) {
+    host_gradient_mask_[t] = without_gradient_[t] ? 0.0f : 1.0f;
+  }
+  const int64_t bytes = plan_.num_tensors() * int64_t{sizeof(float)};
+  absl::Status status =
+      device_->CopyFromHost(gradient_mask_.data(), host_gradient_mask_.data(), bytes);
+  comm::CollectiveOptions options;
+  options.timeout = config_.collective_timeout;
+  if (status.ok()) {
+    status = communicator_
+                 ->AllReduce(gradient_mask_.data(), plan_.num_tensors(),
+                             comm::ElementType::kFloat32, comm::ReduceOp::kSum, options)
+                 ->Wait();
+  }
+  if (status.ok())
+    status = device_->CopyToHost(host_gradient_mask_.data(), gradient_mask_.data(), bytes);
+  if (!status.ok()) return RecordFailure(status);
+  for (size_t t = 0; t < skipped_tensors_.size(); ++t) {
+    skipped_tensors_[t] = host_gradient_mask_[t] == 0.0f ? 1 : 0;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Engine::Step(double local_loss) {
+  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(CheckHandedOver("Step"));
+  StepResult result;
+  const absl::Time step_start = absl::Now();
+  ZS_RETURN_IF_ERROR(CompleteReductions());
+  result.timings = reduction_timings_;
+  const absl::Time reduced = absl::Now();
+  // The trainer may have changed the averaged gradients (clipped them): their statistics anew.
+  if (averaged_) ZS_RETURN_IF_ERROR(RecomputeGradStats());
 
   // 2. One small all-reduce: sum of squares of the owned gradients, non-finite flag, loss. The
   //    squares were summed per chunk as each bucket retired; their partials are added here in
@@ -879,10 +1042,12 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   double* const stats = stats_buffer_.as<double>();
   absl::Status status =
       device_->CombineGradStats(stats_partials_.as<double>(), stats_chunk_begin_.back(), stats);
-  // The loss, and the digest of the group values this step uses and its square: the sums tell
-  // every rank whether all ranks use the same values (GroupDigest).
+  // The loss, the digest of the group values this step uses and its square (the sums tell every
+  // rank whether all ranks use the same values: GroupDigest), and how many tensors this rank
+  // has no gradient for.
   const double digest = static_cast<double>(groups_digest_);
-  const double local_values[3] = {local_loss, digest, digest * digest};
+  const double local_values[4] = {local_loss, digest, digest * digest,
+                                  static_cast<double>(without_gradient_count_)};
   if (status.ok()) status = device_->CopyFromHost(stats + 2, local_values, sizeof(local_values));
   comm::CollectiveOptions options;
   options.timeout = config_.collective_timeout;
@@ -905,24 +1070,46 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
         "rank's param_groups must hold the same lr, weight_decay, betas, eps, momentum and "
         "dampening at each step)"));
   }
+  ZS_RETURN_IF_ERROR(AgreeOnSkippedTensors(totals[5]));
   const absl::Time stats_done = absl::Now();
   result.timings.grad_stats_ms = Milliseconds(stats_done - reduced);
   result.global_loss = totals[2] / world;
   result.loss_scale = loss_scale_;
-  result.grad_norm = std::sqrt(totals[0]) / (world * loss_scale_);
+  // Averaged in place (AverageGradients): no further division by W.
+  const double averaging = averaged_ ? 1.0 : world;
+  result.grad_norm = std::sqrt(totals[0]) / (averaging * loss_scale_);
   result.skipped = totals[1] != 0.0 || !std::isfinite(result.grad_norm);
 
-  // 3. The fused update of the owned pieces (all of them in ddp), unless the step overflowed.
+  // 3. The fused update of the owned pieces (all of them in ddp), unless the step overflowed,
+  //    less the pieces of tensors no rank has a gradient for (torch.optim skips them).
   if (!result.skipped) {
-    if (config_.clip_grad_norm > 0.0) {
+    if (clip_max_norm_.has_value()) {
+      result.clip_coef = std::min(1.0, *clip_max_norm_ / (clip_norm_ + kClipEpsilon));
+    } else if (config_.clip_grad_norm > 0.0) {
       result.clip_coef = std::min(1.0, config_.clip_grad_norm / (result.grad_norm + kClipEpsilon));
     }
-    const float grad_scale = static_cast<float>(result.clip_coef / (world * loss_scale_));
-    status = device_->ApplyUpdate(optimizer_, optimizer_step_ + 1, grad_scale, update_pieces_);
+    const float grad_scale = static_cast<float>(result.clip_coef / (averaging * loss_scale_));
+    step_pieces_.clear();
+    for (size_t i = 0; i < update_pieces_.size(); ++i) {
+      const int64_t t = update_piece_tensors_[i];
+      if (skipped_tensors_[t]) continue;
+      step_pieces_.push_back(update_pieces_[i]);
+      step_pieces_.back().step = tensor_steps_[t] + 1;
+    }
+    status = step_pieces_.empty()
+                 ? absl::OkStatus()
+                 : device_->ApplyUpdate(optimizer_, optimizer_step_ + 1, grad_scale, step_pieces_);
     // Asynchronous devices: update_ms then covers the update's run time.
     if (status.ok()) status = device_->Synchronize();
     if (!status.ok()) return RecordFailure(status);
     ++optimizer_step_;
+    for (size_t t = 0; t < tensor_steps_.size(); ++t) {
+      if (skipped_tensors_[t]) {
+        tensor_skipped_ever_ = true;
+      } else {
+        ++tensor_steps_[t];
+      }
+    }
   }
   UpdateLossScale(result.skipped);
   const absl::Time updated = absl::Now();
@@ -1002,6 +1189,14 @@ void Engine::ResetStepState() {
             bucket_waits_[current_bucket_waits_].end(), BucketWait{});
   reduce_run_time_ = absl::ZeroDuration();
   run_times_recorded_ = true;
+  averaged_ = false;
+  reductions_complete_ = false;
+  clip_max_norm_.reset();
+  if (without_gradient_count_ > 0) {
+    std::fill(without_gradient_.begin(), without_gradient_.end(), 0);
+    std::fill(skipped_tensors_.begin(), skipped_tensors_.end(), 0);
+    without_gradient_count_ = 0;
+  }
 }
 
 }  // namespace zeroshard::engine

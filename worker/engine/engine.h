@@ -272,6 +272,32 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // InvalidArgument for a tensor outside the plan.
   absl::StatusOr<float*> FullGradient(int64_t tensor) const;
 
+  // Before Step(): the tensors this rank saw no gradient for in this step (an attached trainer's
+  // `.grad is None`, as torch.optim sees it; their handed-over gradients are zeros). Step() ORs
+  // the sets of all ranks, as DDP does for unused parameters: a tensor no rank has a gradient for
+  // is not updated and its state and step count do not advance (torch.optim skips it). For the
+  // next Step() only. InvalidArgument for a tensor outside the plan (nothing changes then).
+  absl::Status SetTensorsWithoutGradient(absl::Span<const int64_t> tensors);
+
+  // ddp, an attached trainer's end of backward (as torch's DDP leaves .grad): waits for every
+  // bucket's all-reduce and divides the full gradient buffer by W in place, so that the
+  // trainer's .grad views hold the averaged gradient, which it may read and change (clip) before
+  // Step(). Step() then takes the buffer as it is: its statistics are summed anew from it, and it
+  // divides by W no more. Collective (every rank calls it). FailedPrecondition outside ddp, with
+  // gradients stored in another dtype than fp32, before every tensor was handed over, or twice in
+  // one step.
+  absl::Status AverageGradients();
+
+  // opt.clip_grad_norm_(max_norm, norm_type), as FSDP's clip_grad_norm_: the total norm of the
+  // gradient Step() would apply (averaged over ranks, unscaled), over every tensor across all
+  // ranks' shards: L2 for norm_type 2, the largest |element| for norm_type infinity. The next
+  // Step() multiplies the gradients by min(1, max_norm / (norm + 1e-6)) instead of
+  // EngineConfig.clip_grad_norm's coefficient; StepResult::grad_norm stays the L2 norm.
+  // Collective: every rank calls it with the same arguments after handing every tensor over.
+  // InvalidArgument for a max_norm that is not finite and >= 0 or another norm_type;
+  // FailedPrecondition before every tensor was handed over.
+  absl::StatusOr<double> ClipGradNorm(double max_norm, double norm_type);
+
   // Finishes the step: waits for the previous step's all-gathers still outstanding and for the
   // reductions, checks the global norm and overflow, updates the owned pieces and issues the
   // parameters' all-gathers without waiting for them (see above). Every tensor must have been
@@ -301,6 +327,10 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
     int64_t optimizer_step = 0;
     double loss_scale = 1.0;
     int64_t good_steps = 0;  // consecutive good steps since the loss scale last changed
+    // Each tensor's own step count (plan order), which differs from optimizer_step for a tensor
+    // skipped in steps it had no gradient (SetTensorsWithoutGradient). Empty: every tensor is at
+    // optimizer_step (what CopyStateTo returns while none was ever skipped).
+    std::vector<int64_t> tensor_steps;
   };
   // What this rank saves: fixed for the engine's life, back to back in this order (by state,
   // then tensor and element), totalling SavedBytes().
@@ -316,7 +346,7 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // engine, a bounded chunk at a time, when training is over. InvalidArgument for a range
   // outside the fragment or a size that is not whole elements.
   absl::Status CopyFragmentTo(size_t index, int64_t first, absl::Span<char> out);
-  SavedScalars scalars() const { return {optimizer_step_, loss_scale_, good_steps_}; }
+  SavedScalars scalars() const;
 
   // Reads the values of one range of one array for RestoreState: (state, tensor, [begin, end),
   // dtype) as in SavedFragment (staging_offset unused); `out` has exactly its bytes.
@@ -336,6 +366,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   MemoryReport Memory() const { return allocator_.Report(); }
 
   int64_t optimizer_step() const { return optimizer_step_; }
+  // Tensor t's own step count: optimizer_step() less the steps it was skipped in.
+  int64_t tensor_step(int64_t t) const { return tensor_steps_[t]; }
   const EngineConfig& config() const { return config_; }
   const sharding::ShardPlan& plan() const { return plan_; }
   const sharding::RankView& view() const { return view_; }
@@ -442,6 +474,21 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   void UpdateLossScale(bool overflow);
   // REQUIRES: no reduction is in flight.
   void ResetStepState();
+  // FailedPrecondition naming `what` unless every tensor was handed over this step.
+  absl::Status CheckHandedOver(absl::string_view what) const;
+  // Steps 0 and 1 of Step(): waits for the previous step's all-gathers and for every reduction
+  // (retiring them), and records their timings in reduction_timings_. Idempotent within a step
+  // (AverageGradients and ClipGradNorm run it before Step()).
+  absl::Status CompleteReductions();
+  // Sums the owned gradients' statistics anew into stats_partials_ from the gradient storage as
+  // it is (after AverageGradients the trainer may have changed it).
+  absl::Status RecomputeGradStats();
+  // The largest |element| of this rank's owned gradients, in the device's stats scratch.
+  absl::StatusOr<double> OwnedMaxAbs();
+  // Which tensors Step() updates: OR-s the ranks' SetTensorsWithoutGradient sets (one more small
+  // all-reduce, only when some rank named one; `missing` is the all-reduced count) into
+  // skipped_tensors_.
+  absl::Status AgreeOnSkippedTensors(double missing);
   // Issues every bucket's parameter all-gather, the last bucket first (Step(), RestoreState()).
   void IssueGathers();
   // Lists what CopyStateTo saves (saved_fragments_, saved_bytes_).
@@ -564,6 +611,26 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   absl::Duration param_wait_ = absl::ZeroDuration();
 
   int64_t optimizer_step_ = 0;
+  // Each tensor's own step count (SavedScalars::tensor_steps), and whether one was ever skipped.
+  std::vector<int64_t> tensor_steps_;
+  bool tensor_skipped_ever_ = false;
+  // This step's SetTensorsWithoutGradient (1: no gradient here) and, once the ranks agreed in
+  // Step(), the tensors no rank has a gradient for; a host buffer for the mask's all-reduce
+  // (float per tensor) and its device twin. All num_tensors long, allocated at creation.
+  std::vector<char> without_gradient_;
+  int64_t without_gradient_count_ = 0;
+  std::vector<char> skipped_tensors_;
+  std::vector<float> host_gradient_mask_;
+  CountedBuffer gradient_mask_;
+  // The pieces this step updates (update_pieces_ less the skipped tensors', each with its
+  // tensor's step), reserved at creation so a step allocates nothing.
+  std::vector<kernels::UpdatePiece> step_pieces_;
+  // What this step's AverageGradients / CompleteReductions / ClipGradNorm did.
+  bool averaged_ = false;
+  bool reductions_complete_ = false;
+  StepTimings reduction_timings_;
+  std::optional<double> clip_max_norm_;  // ClipGradNorm's max_norm, for this step
+  double clip_norm_ = 0.0;               // ... and the norm it measured
   double loss_scale_ = 1.0;
   int64_t good_steps_ = 0;  // consecutive non-skipped steps since the scale last changed
   // The first failure of a collective or of the device (RecordFailure); the engine is then

@@ -1,9 +1,11 @@
 // The engine's side of checkpoints: which fragments a rank saves, copying them to a staging
 // buffer at a step boundary, and loading a checkpoint written at any world size.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
+#include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
 #include "common/dcheck.h"
 #include "common/status_macros.h"
@@ -83,7 +85,14 @@ absl::StatusOr<Engine::SavedScalars> Engine::CopyStateTo(absl::Span<char> stagin
     ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyToHost(staging.data() + saved.staging_offset,
                                                          SavedAt(i, saved.begin), saved.bytes())));
   }
-  return SavedScalars{optimizer_step_, loss_scale_, good_steps_};
+  return scalars();
+}
+
+Engine::SavedScalars Engine::scalars() const {
+  SavedScalars saved{optimizer_step_, loss_scale_, good_steps_, {}};
+  // Listed only once they differ from optimizer_step: checkpoints stay as before otherwise.
+  if (tensor_skipped_ever_) saved.tensor_steps = tensor_steps_;
+  return saved;
 }
 
 absl::Status Engine::CopyFragmentTo(size_t index, int64_t first, absl::Span<char> out) {
@@ -133,6 +142,20 @@ absl::Status Engine::RestoreState(const SavedScalars& scalars, StateReader read)
     return absl::InvalidArgumentError(
         absl::StrCat("good_steps: must be >= 0, got ", scalars.good_steps));
   }
+  if (!scalars.tensor_steps.empty()) {
+    if (static_cast<int64_t>(scalars.tensor_steps.size()) != plan_.num_tensors()) {
+      return absl::InvalidArgumentError(absl::StrCat("tensor_steps: ", scalars.tensor_steps.size(),
+                                                     " entries, the plan has ", plan_.num_tensors(),
+                                                     " tensors"));
+    }
+    for (size_t t = 0; t < scalars.tensor_steps.size(); ++t) {
+      if (scalars.tensor_steps[t] < 0 || scalars.tensor_steps[t] > scalars.optimizer_step) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor_steps[", t, "]: ", scalars.tensor_steps[t], ", must be in [0, ",
+                         scalars.optimizer_step, "] (the optimizer's step)"));
+      }
+    }
+  }
   // The arrays are about to be overwritten: no all-gather may still write into them.
   ZS_RETURN_IF_ERROR(AwaitGathers(0, plan_.num_buckets(), /*on_host=*/true));
   const bool ddp = config_.mode == EngineMode::kDdp;
@@ -161,6 +184,15 @@ absl::Status Engine::RestoreState(const SavedScalars& scalars, StateReader read)
   optimizer_step_ = scalars.optimizer_step;
   loss_scale_ = scalars.loss_scale;
   good_steps_ = scalars.good_steps;
+  // Without a list (older checkpoints, or none ever skipped) every tensor is at the job's step.
+  if (scalars.tensor_steps.empty()) {
+    std::fill(tensor_steps_.begin(), tensor_steps_.end(), optimizer_step_);
+    tensor_skipped_ever_ = false;
+  } else {
+    std::copy(scalars.tensor_steps.begin(), scalars.tensor_steps.end(), tensor_steps_.begin());
+    tensor_skipped_ever_ =
+        absl::c_any_of(tensor_steps_, [this](int64_t step) { return step != optimizer_step_; });
+  }
   // Each rank loaded its own pieces of the parameters; the all-gathers give everyone the rest.
   if (!ddp) IssueGathers();
   return absl::OkStatus();

@@ -306,10 +306,64 @@ TEST(EngineCheckpointTest, RefusesBadStagingScalarsAndPassesReaderErrorsOn) {
   bad = {};
   bad.optimizer_step = -1;
   EXPECT_EQ((*engine)->RestoreState(bad, never).code(), absl::StatusCode::kInvalidArgument);
+  // Per-tensor steps (issue 26): one per tensor, none past the optimizer's step.
+  bad = {};
+  bad.optimizer_step = 3;
+  bad.tensor_steps.assign(plan.num_tensors() - 1, 3);
+  status = (*engine)->RestoreState(bad, never);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("tensor_steps"), absl::string_view::npos) << status;
+  bad.tensor_steps.assign(plan.num_tensors(), 3);
+  bad.tensor_steps[1] = 4;
+  status = (*engine)->RestoreState(bad, never);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("tensor_steps[1]"), absl::string_view::npos) << status;
   status = (*engine)->RestoreState({}, [](const Engine::SavedFragment&, absl::Span<char>) {
     return absl::DataLossError("checksum mismatch");
   });
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+}
+
+// Issue 26: each tensor's own step count is a scalar of the checkpoint, the same at any world
+// size (it is per tensor, not per shard); a checkpoint without the list (every one before)
+// loads with every tensor at the optimizer's step.
+TEST(EngineCheckpointTest, TensorStepsAreRestoredAtAnyWorldSizeAndDefaultToTheJobsStep) {
+  for (const int64_t world_size : {1, 3}) {
+    const sharding::ShardPlan plan = TestPlan(world_size);
+    comm::InMemoryStore store;
+    const absl::Status status = comm::testing::RunOnRankThreads(
+        static_cast<int>(world_size), [&](int rank) -> absl::Status {
+          comm::GlooCommunicatorOptions options;
+          options.rank = rank;
+          options.world_size = static_cast<int>(world_size);
+          options.store = &store;
+          ZS_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> communicator,
+                              comm::GlooCommunicator::Create(options));
+          ZS_ASSIGN_OR_RETURN(
+              std::unique_ptr<Engine> engine,
+              Engine::Create(plan, rank, AdamWConfig(EngineMode::kZero2), communicator.get()));
+          auto zeros = [](const Engine::SavedFragment&, absl::Span<char> out) {
+            std::fill(out.begin(), out.end(), 0);
+            return absl::OkStatus();
+          };
+          Engine::SavedScalars scalars;
+          scalars.optimizer_step = 9;
+          for (int64_t t = 0; t < plan.num_tensors(); ++t)
+            scalars.tensor_steps.push_back(9 - t % 3);
+          ZS_RETURN_IF_ERROR(engine->RestoreState(scalars, zeros));
+          for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+            EXPECT_EQ(engine->tensor_step(t), 9 - t % 3) << "tensor " << t;
+          }
+          // Saved again as they are.
+          EXPECT_EQ(engine->scalars().tensor_steps, scalars.tensor_steps);
+          scalars.tensor_steps.clear();
+          ZS_RETURN_IF_ERROR(engine->RestoreState(scalars, zeros));
+          for (int64_t t = 0; t < plan.num_tensors(); ++t) EXPECT_EQ(engine->tensor_step(t), 9);
+          EXPECT_TRUE(engine->scalars().tensor_steps.empty());
+          return absl::OkStatus();
+        });
+    EXPECT_TRUE(status.ok()) << status;
+  }
 }
 
 }  // namespace

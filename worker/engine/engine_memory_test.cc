@@ -46,9 +46,10 @@ EngineConfig AdamBf16Config(EngineMode mode) {
   return config;
 }
 
-// The engine's own communication scratch on the host device: the 3-double statistics buffer,
-// and for every statistics chunk (each owned fragment cut into chunks of the CPU's
-// GradStatsChunkElements()) one table entry and one fp64 partial sum.
+// The engine's own communication scratch on the host device: the 6-double statistics buffer, one
+// float per tensor (which ranks have a gradient for it), and for every statistics chunk (each owned
+// fragment cut into chunks of the CPU's GradStatsChunkElements()) one table entry and one fp64
+// partial sum.
 int64_t StatisticsScratchBytes(const sharding::ShardPlan& plan, int64_t rank) {
   const absl::StatusOr<sharding::RankView> view = plan.ViewForRank(rank);
   EXPECT_TRUE(view.ok()) << view.status();
@@ -58,7 +59,8 @@ int64_t StatisticsScratchBytes(const sharding::ShardPlan& plan, int64_t rank) {
   for (const sharding::TensorFragment& fragment : view->fragments()) {
     chunks += (fragment.size() + chunk_elems - 1) / chunk_elems;
   }
-  return 5 * 8 + chunks * static_cast<int64_t>(sizeof(kernels::GradStatsChunk) + sizeof(double));
+  return 6 * 8 + plan.num_tensors() * 4 +
+         chunks * static_cast<int64_t>(sizeof(kernels::GradStatsChunk) + sizeof(double));
 }
 
 int64_t LargestBucket(const sharding::ShardPlan& plan) {
