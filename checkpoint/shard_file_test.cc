@@ -294,6 +294,14 @@ TEST(ShardFileTest, WriterRefusesBadHeadersAndFragments) {
   header = shard.header;
   header.add_states("exp_avg");
   EXPECT_EQ(message_of(header, shard.specs), "header.states[4]: duplicate \"exp_avg\"");
+  // Per-tensor steps (issue 26): one per tensor, each within the optimizer's step.
+  header = shard.header;
+  header.add_tensor_steps(1);
+  EXPECT_TRUE(absl::StrContains(message_of(header, shard.specs), "header.tensor_steps: 1 entries"));
+  header.clear_tensor_steps();
+  for (int i = 0; i < header.tensors_size(); ++i) header.add_tensor_steps(header.optimizer_step());
+  header.set_tensor_steps(1, header.optimizer_step() + 1);
+  EXPECT_TRUE(absl::StrContains(message_of(header, shard.specs), "header.tensor_steps[1]"));
 
   std::vector<FragmentSpec> specs = shard.specs;
   specs.push_back(specs[0]);
