@@ -1,7 +1,8 @@
 // The CLI's credential flags against an in-process coordinator serving TLS (with optional and with
 // required client certificates): the right CA connects, a wrong CA or plaintext is refused with
 // exit 4, unusable credential flags exit 2 naming the flag, each as one line on stderr. And a
-// plaintext coordinator: a token goes to it only over loopback or with --insecure.
+// plaintext coordinator: a token goes to it only over loopback or with --insecure. The TLS files
+// may come from ZEROSHARD_CA, ZEROSHARD_CERT and ZEROSHARD_KEY instead (issue 27).
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
@@ -117,13 +118,15 @@ class CliCredentialsTest : public ::testing::Test {
     return server.ok() ? *std::move(server) : nullptr;
   }
 
-  // `zeroshard --coordinator=<target> <args>`, with `env` ("NAME=value ") before it.
+  // `zeroshard --coordinator=<target> <args>`, with `env` ("NAME=value ") before it and no other
+  // variable the CLI reads.
   CliResult Run(const std::string& target, const std::string& args, const std::string& env = "") {
     const std::string out = base_ + "/stdout";
     const std::string err = base_ + "/stderr";
-    const std::string command =
-        absl::StrCat("env -u ZEROSHARD_TOKEN ", env, " client/zeroshard --coordinator=", target,
-                     " ", args, " > '", out, "' 2> '", err, "'");
+    const std::string command = absl::StrCat(
+        "env -u ZEROSHARD_TOKEN -u ZEROSHARD_CA -u ZEROSHARD_CERT -u ZEROSHARD_KEY ",
+        "-u ZEROSHARD_COORDINATOR -u ZEROSHARD_INSECURE ", env,
+        " client/zeroshard --coordinator=", target, " ", args, " > '", out, "' 2> '", err, "'");
     const int status = std::system(command.c_str());
     return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, ReadWhole(out), ReadWhole(err)};
   }
@@ -171,6 +174,24 @@ TEST_F(CliCredentialsTest, RequiredClientCertificates) {
   CliResult without = Run(server->grpc_target(), absl::StrCat("--ca=", ca_, " workers"));
   EXPECT_EQ(without.exit_code, kExitUnreachable) << without.err;
   ExpectOneLine(without);
+}
+
+// Issue 27: the variables the Python client reads stand in for --ca, --cert and --key, and a
+// flag given wins over its variable: --cert= --key= present no certificate, another --ca is used.
+TEST_F(CliCredentialsTest, TheEnvironmentStandsInForTheTlsFlags) {
+  std::unique_ptr<coordinator::CoordinatorServer> server = StartServer(true);
+  ASSERT_NE(server, nullptr);
+  const std::string env = absl::StrCat("ZEROSHARD_CA=", ca_, " ZEROSHARD_CERT=", client_files_.cert,
+                                       " ZEROSHARD_KEY=", client_files_.key);
+  CliResult from_env = Run(server->grpc_target(), "workers", env);
+  EXPECT_EQ(from_env.exit_code, 0) << from_env.err;
+  CliResult no_cert = Run(server->grpc_target(), "--cert= --key= workers", env);
+  EXPECT_EQ(no_cert.exit_code, kExitUnreachable) << no_cert.err;
+  ExpectOneLine(no_cert);
+  CliResult other_ca =
+      Run(server->grpc_target(), absl::StrCat("--ca=", other_ca_, " workers"), env);
+  EXPECT_EQ(other_ca.exit_code, kExitUnreachable) << other_ca.err;
+  ExpectOneLine(other_ca);
 }
 
 TEST_F(CliCredentialsTest, UnusableCredentialFlagsNameTheFlag) {

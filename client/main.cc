@@ -3,10 +3,13 @@
 // exit. Exit codes: 0 done; 1 the coordinator refused or the job did not succeed; 2 bad usage or
 // flags; 3 not authenticated or not allowed; 4 coordinator unreachable (incl. a failed TLS
 // handshake); 5 a checkpoint is damaged (fsck found a damaged file, or DATA_LOSS).
+// The coordinator's address and the credentials may come from the environment the Python client
+// and zeroshard-launch read (ZEROSHARD_COORDINATOR, ZEROSHARD_CA, ...); a flag given wins.
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <map>
 #include <optional>
@@ -23,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -35,14 +39,36 @@
 #include "grpc/support/log.h"
 #include "security/coordinator_channel.h"
 
-ABSL_FLAG(std::string, coordinator, "127.0.0.1:50051", "Coordinator address host:port.");
-ABSL_FLAG(std::string, ca, "",
+namespace zeroshard::client {
+
+// A string flag that knows whether it was given on the command line (even empty), so that an
+// absent one can take its environment variable's value instead.
+struct GivenString {
+  std::optional<std::string> value;  // nullopt: not given
+};
+
+bool AbslParseFlag(absl::string_view text, GivenString* flag, std::string* /*error*/) {
+  flag->value = std::string(text);
+  return true;
+}
+
+std::string AbslUnparseFlag(const GivenString& flag) { return flag.value.value_or(""); }
+
+}  // namespace zeroshard::client
+
+ABSL_FLAG(zeroshard::client::GivenString, coordinator, zeroshard::client::GivenString(),
+          "Coordinator address host:port (default: $ZEROSHARD_COORDINATOR, else "
+          "127.0.0.1:50051).");
+ABSL_FLAG(zeroshard::client::GivenString, ca, zeroshard::client::GivenString(),
           "PEM file of the CA that signed the coordinator's certificate: connect with TLS. Empty: "
-          "plaintext.");
-ABSL_FLAG(std::string, cert, "", "PEM client certificate for mTLS (with --key and --ca).");
-ABSL_FLAG(std::string, key, "", "PEM private key of --cert.");
-ABSL_FLAG(std::string, token_file, "",
-          "File whose first line is your token (default: $ZEROSHARD_TOKEN, if set).");
+          "plaintext. Default: $ZEROSHARD_CA.");
+ABSL_FLAG(zeroshard::client::GivenString, cert, zeroshard::client::GivenString(),
+          "PEM client certificate for mTLS (with --key and --ca; default: $ZEROSHARD_CERT).");
+ABSL_FLAG(zeroshard::client::GivenString, key, zeroshard::client::GivenString(),
+          "PEM private key of --cert (default: $ZEROSHARD_KEY).");
+ABSL_FLAG(zeroshard::client::GivenString, token_file, zeroshard::client::GivenString(),
+          "File whose first line is your token (default: $ZEROSHARD_TOKEN, the token itself; "
+          "--token_file= sends none).");
 ABSL_FLAG(bool, insecure, false,
           "Send the token even without TLS (no --ca) to a --coordinator that is not loopback "
           "(trusted networks only; also $ZEROSHARD_INSECURE=1). Without it such a token is "
@@ -119,10 +145,44 @@ Commands:
                                committed checkpoint (or checkpoint N's) and checks its size and
                                CRC32C against the manifest; one line per file, then a summary
 
+Environment (as the Python client and zeroshard-launch read it; a flag given on the command
+line wins, even empty: --ca= is plaintext; an empty variable counts as unset):
+  ZEROSHARD_COORDINATOR        --coordinator (else 127.0.0.1:50051)
+  ZEROSHARD_CA, ZEROSHARD_CERT, ZEROSHARD_KEY
+                               --ca, --cert, --key
+  ZEROSHARD_TOKEN              the token itself (--token_file names a file holding it)
+  ZEROSHARD_INSECURE=1         --insecure
+
 Exit codes: 0 done (fsck: every file OK); 1 the coordinator refused, or the job did not
 succeed; 2 bad usage or flags; 3 not authenticated or not allowed; 4 the coordinator is
 unreachable; 5 a checkpoint is damaged (fsck found a file that is not OK, or DATA_LOSS).
 )";
+
+// The variables that stand in for the flags of the same meaning (python/zeroshard/_channel.py).
+constexpr char kCoordinatorEnv[] = "ZEROSHARD_COORDINATOR";
+constexpr char kCaEnv[] = "ZEROSHARD_CA";
+constexpr char kCertEnv[] = "ZEROSHARD_CERT";
+constexpr char kKeyEnv[] = "ZEROSHARD_KEY";
+constexpr char kTokenEnv[] = "ZEROSHARD_TOKEN";
+
+constexpr char kDefaultCoordinator[] = "127.0.0.1:50051";
+
+// `flag`'s value when it is on the command line (empty included), else $`env` when set and not
+// empty (appending `env` to `*from_environment` when given), else `fallback`.
+std::string FlagOrEnv(const absl::Flag<GivenString>& flag, const char* env,
+                      std::vector<std::string>* from_environment = nullptr,
+                      const std::string& fallback = "") {
+  const std::optional<std::string> given = absl::GetFlag(flag).value;
+  if (given.has_value()) return *given;
+  const char* value = std::getenv(env);
+  if (value == nullptr || *value == '\0') return fallback;
+  if (from_environment != nullptr) from_environment->push_back(env);
+  return value;
+}
+
+std::string CoordinatorAddress(std::vector<std::string>* from_environment = nullptr) {
+  return FlagOrEnv(FLAGS_coordinator, kCoordinatorEnv, from_environment, kDefaultCoordinator);
+}
 
 constexpr int kExitFailed = 1;
 constexpr int kExitUsage = 2;
@@ -143,7 +203,7 @@ int Fail(const absl::Status& status) {
       exit_code = kExitNotAllowed;
       break;
     case absl::StatusCode::kUnavailable:
-      hint = absl::StrCat(" (is the coordinator at ", absl::GetFlag(FLAGS_coordinator),
+      hint = absl::StrCat(" (is the coordinator at ", CoordinatorAddress(),
                           " up, and does --ca match its certificate?)");
       exit_code = kExitUnreachable;
       break;
@@ -386,14 +446,29 @@ int Fsck(CoordinatorClient& client, const std::string& job_id) {
 int Run(std::vector<char*> args) {
   if (args.size() < 2) return Usage("no command");
   const std::string command = args[1];
-  absl::StatusOr<security::ClientCredentials> credentials = security::ClientCredentialsFromFlags(
-      absl::GetFlag(FLAGS_ca), absl::GetFlag(FLAGS_cert), absl::GetFlag(FLAGS_key),
-      absl::GetFlag(FLAGS_token_file));
-  if (!credentials.ok()) return BadFlag(credentials.status());
+  // An empty --token_file on the command line sends no token: $ZEROSHARD_TOKEN is ignored.
+  // (Still one thread: nothing reads the environment concurrently.)
+  const std::optional<std::string> token_file = absl::GetFlag(FLAGS_token_file).value;
+  if (token_file.has_value() && token_file->empty()) unsetenv(kTokenEnv);
+  // Which settings came from the environment: an unusable one is named as such.
+  std::vector<std::string> from_environment;
+  const std::string ca = FlagOrEnv(FLAGS_ca, kCaEnv, &from_environment);
+  const std::string cert = FlagOrEnv(FLAGS_cert, kCertEnv, &from_environment);
+  const std::string key = FlagOrEnv(FLAGS_key, kKeyEnv, &from_environment);
+  const std::string coordinator = CoordinatorAddress(&from_environment);
+  auto bad_setting = [&](const absl::Status& status) {
+    if (from_environment.empty()) return BadFlag(status);
+    return BadFlag(
+        absl::Status(status.code(), absl::StrCat(status.message(), " (from the environment: ",
+                                                 absl::StrJoin(from_environment, ", "), ")")));
+  };
+  absl::StatusOr<security::ClientCredentials> credentials =
+      security::ClientCredentialsFromFlags(ca, cert, key, token_file.value_or(""));
+  if (!credentials.ok()) return bad_setting(credentials.status());
   credentials->insecure |= absl::GetFlag(FLAGS_insecure);
   absl::StatusOr<std::unique_ptr<CoordinatorClient>> created =
-      CoordinatorClient::Create(absl::GetFlag(FLAGS_coordinator), *credentials);
-  if (!created.ok()) return BadFlag(created.status());
+      CoordinatorClient::Create(coordinator, *credentials);
+  if (!created.ok()) return bad_setting(created.status());
   CoordinatorClient& client = **created;
   auto need_id = [&]() -> std::optional<std::string> {
     if (args.size() != 3) return std::nullopt;

@@ -4,10 +4,11 @@ warm-up then cosine LR schedule, weight decay on matrices only, global-norm clip
 samples its own batches. Rank 0 prints the loss, saves the model as safetensors (plus its sizes
 and vocabulary beside it, for examples/torch_char_sample.py) and ends with one JSON line.
 
-    PYTHONPATH=$PWD/python /usr/bin/python3 -m zeroshard.launch --workers 2 \\
-        --bin_dir "$(bazel info -c opt bazel-bin)" \\
+    zeroshard-launch --workers 2 --bin_dir "$(bazel info -c opt bazel-bin)" \\
         examples/torch_char_transformer.py --steps 300 --out /tmp/char.safetensors
-    /usr/bin/python3 examples/torch_char_sample.py /tmp/char.safetensors --length 300
+    python3 examples/torch_char_sample.py /tmp/char.safetensors --length 300
+
+(the zeroshard package installed with pip: docs/pytorch.md, "Install").
 
 --small trains a reduced model for fewer steps (CI: //python:char_transformer_test).
 --checkpoint_every N --max_attempts K survive a dead trainer: the launcher restarts the script,

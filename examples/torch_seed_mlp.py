@@ -3,10 +3,10 @@ torch AdamW/SGD + DDP, torch ZeroRedundancyOptimizer + DDP, and zt.ShardedOptimi
 from the same initial weights on the same data. Prints the loss every 10 steps and the largest
 |Δparam| between the three, relative to each tensor's largest value.
 
-    python3 -m zeroshard.launch --workers 2 examples/torch_seed_mlp.py [--optimizer adamw|sgd]
+    zeroshard-launch --workers 2 examples/torch_seed_mlp.py [--optimizer adamw|sgd]
 
-(PYTHONPATH=$PWD/python, after python/generate_stubs.sh python/zeroshard/_proto; see
-docs/pytorch.md.) Expected: every difference <= 1e-6 over 80 steps.
+(the zeroshard package installed with pip, the binaries from $ZEROSHARD_BIN_DIR or PATH:
+docs/pytorch.md, "Install".) Expected: every difference <= 1e-6 over 80 steps.
 """
 
 import argparse

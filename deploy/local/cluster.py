@@ -45,6 +45,12 @@ BINARIES = {
 }
 
 
+# The credentials the CLI and the Python client read from the environment (the coordinator's
+# address is ZEROSHARD_COORDINATOR).
+CREDENTIAL_ENV = ("ZEROSHARD_CA", "ZEROSHARD_CERT", "ZEROSHARD_KEY", "ZEROSHARD_TOKEN",
+                  "ZEROSHARD_TOKEN_DIR")
+
+
 class ClusterError(Exception):
     """An expected failure: printed as one line (plus log tails), never as a traceback."""
 
@@ -74,8 +80,10 @@ def parse_args(argv):
     parser.add_argument(
         "--bin_dir",
         default=None,
-        help="directory holding coordinator/, client/ and worker/ binaries (default: this "
-        "checkout's .bazel/bin, else bazel-bin; `bazel info -c opt bazel-bin` names the -c opt one)",
+        help="directory holding the binaries: coordinator/, client/ and worker/ as Bazel lays "
+        "them out, or zeroshard-coordinator, zeroshard and zeroshard-worker side by side (default: "
+        "this checkout's .bazel/bin, else bazel-bin; `bazel info -c opt bazel-bin` names the -c "
+        "opt one)",
     )
     parser.add_argument(
         "--log_dir", default=None, help="where logs and state go (default: a new dir under /tmp)"
@@ -237,6 +245,10 @@ class Credentials:
         return self.client_flags("worker")
 
     def command_env(self, env):
+        """This cluster's credentials in `env`, and none of the environment's own (they would be
+        another cluster's: the CLI and the Python client read them)."""
+        for name in CREDENTIAL_ENV:
+            env.pop(name, None)
         if self.ca:
             env["ZEROSHARD_CA"] = self.ca
         if self.token_files:
@@ -269,17 +281,22 @@ def default_bin_dir():
 
 
 def find_binaries(bin_dir):
+    """The binaries in `bin_dir`, laid out as Bazel builds them (BINARIES: bazel-bin, a test's
+    runfiles) or side by side (an install prefix's bin/, tools/install_binaries.sh)."""
     paths = {}
     missing = []
     for key, relative in BINARIES.items():
-        path = os.path.join(bin_dir, relative)
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            paths[key] = path
+        for path in (os.path.join(bin_dir, relative),
+                     os.path.join(bin_dir, os.path.basename(relative))):
+            if os.path.isfile(path) and os.access(path, os.X_OK):
+                paths[key] = path
+                break
         else:
-            missing.append(path)
+            missing.append(os.path.join(bin_dir, relative))
     if missing:
         raise ClusterError(
-            f"missing binaries: {', '.join(missing)}; build them with: {BUILD_COMMAND}"
+            f"missing binaries: {', '.join(missing)} (or side by side in {bin_dir}); build them "
+            f"with: {BUILD_COMMAND}"
         )
     return paths
 
@@ -439,7 +456,10 @@ class Cluster:
         return process
 
     def idle_worker_names(self):
-        """Names in `zeroshard workers --state=idle`, or None when the CLI fails."""
+        """Names in `zeroshard workers --state=idle`, or None when the CLI fails. The CLI gets
+        only flags: no address or credentials from the environment."""
+        env = {name: value for name, value in os.environ.items()
+               if name not in CREDENTIAL_ENV + ("ZEROSHARD_COORDINATOR",)}
         try:
             result = subprocess.run(
                 [
@@ -453,6 +473,7 @@ class Cluster:
                 capture_output=True,
                 text=True,
                 timeout=15,
+                env=env,
             )
         except subprocess.TimeoutExpired:
             return None

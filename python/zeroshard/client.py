@@ -34,6 +34,14 @@ def _invalid(field, detail):
     return Error(grpc.StatusCode.INVALID_ARGUMENT, f"{field}: {detail}", field=field)
 
 
+def _is_repeated(field):
+    """Whether a FieldDescriptor is repeated: protobuf 7 has only is_repeated, 4.21 only label."""
+    is_repeated = getattr(field, "is_repeated", None)
+    if is_repeated is not None:
+        return is_repeated
+    return field.label == field.LABEL_REPEATED
+
+
 def _check_keys(value, descriptor, path):
     """Raises Error naming the first key of `value` (a dict in the JSON form of `descriptor`'s
     message) that is no field of it. ParseDict names only the message, not where it sits."""
@@ -53,7 +61,7 @@ def _check_keys(value, descriptor, path):
             if value_type is not None and isinstance(item, collections.abc.Mapping):
                 for map_key, map_value in item.items():
                     _check_keys(map_value, value_type, f"{path}.{field.name}[{map_key}]")
-        elif field.label == field.LABEL_REPEATED:
+        elif _is_repeated(field):
             if isinstance(item, list):
                 for index, element in enumerate(item):
                     _check_keys(element, message, f"{path}.{field.name}[{index}]")

@@ -1,12 +1,20 @@
 """Start a PyTorch training script on ZeroShard workers, like torchrun:
 
-    python3 -m zeroshard.launch --workers 2 train.py [script args...]
+    zeroshard-launch --workers 2 train.py [script args...]
+    python3 -m zeroshard.launch --workers 2 train.py [script args...]   (the same)
 
 Without ZEROSHARD_COORDINATOR in the environment it starts a local cluster first (a coordinator
-and --workers CPU workers, deploy/local/cluster.py in this checkout) and stops it afterwards.
-With ZEROSHARD_COORDINATOR=host:port it uses that cluster: the script's ranks attach to IDLE
-workers on this host that serve attached trainers (their --attach_socket), since a trainer shares
-memory with its worker.
+and --workers CPU workers: deploy/local/cluster.py, which the installed package carries as
+zeroshard/_local_cluster.py) and stops it afterwards. pip does not install the C++ binaries: the
+launcher takes them from --bin_dir, else $ZEROSHARD_BIN_DIR, else the first PATH directory that
+holds zeroshard-coordinator, zeroshard-worker and zeroshard (run from a checkout: lastly that
+checkout's build), and says which it used. A directory may hold them side by side or as Bazel lays
+them out (bazel-bin). With ZEROSHARD_COORDINATOR=host:port it uses that cluster: the script's
+ranks attach to IDLE workers on this host that serve attached trainers (their --attach_socket),
+since a trainer shares memory with its worker.
+
+With more than one rank, OMP_NUM_THREADS=1 is set for the trainers (and a local cluster's
+workers) unless the environment sets it, as torchrun does.
 
 It starts one trainer process per rank with ZEROSHARD_RANK, ZEROSHARD_WORLD_SIZE,
 ZEROSHARD_WORKERS (the workers' names in rank order), ZEROSHARD_RUN_ID (the job's name),
@@ -23,6 +31,7 @@ checkpoint. Otherwise the exit status is the first failure's.
 """
 
 import argparse
+import importlib.util
 import os
 import signal
 import socket
@@ -32,16 +41,20 @@ import time
 import secrets
 import uuid
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(os.path.dirname(PACKAGE_DIR))
+BIN_DIR_ENV = "ZEROSHARD_BIN_DIR"
+# torchrun's default for several ranks per node.
+OMP_THREADS_ENV = "OMP_NUM_THREADS"
 
 
-def parse_args(argv):
-    parser = argparse.ArgumentParser(prog="python3 -m zeroshard.launch",
-                                     description=__doc__.split("\n\n")[0])
+def parse_args(argv, prog="python3 -m zeroshard.launch"):
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, required=True, help="ranks (trainers) to run")
     parser.add_argument("--bin_dir", default=None,
-                        help="local cluster only: where the coordinator and worker binaries are "
-                        "(deploy/local/cluster.py's --bin_dir)")
+                        help="local cluster only: the directory of zeroshard-coordinator, "
+                        "zeroshard-worker and zeroshard, side by side or as Bazel lays them out "
+                        f"(default: ${BIN_DIR_ENV}, else PATH)")
     parser.add_argument("--log_dir", default=None,
                         help="local cluster only: logs, state and checkpoints")
     parser.add_argument("--worker_threads", type=int, default=None,
@@ -97,15 +110,74 @@ def export_credentials(args, env):
             env[name] = os.path.abspath(value)
 
 
+def local_cluster_script():
+    """The local-cluster starter: the installed package's copy of deploy/local/cluster.py, else
+    (run from a checkout or Bazel's runfiles) the checkout's."""
+    for path in (os.path.join(PACKAGE_DIR, "_local_cluster.py"),
+                 os.path.join(REPO_ROOT, "deploy", "local", "cluster.py")):
+        if os.path.isfile(path):
+            return path
+    sys.exit("zeroshard.launch: ZEROSHARD_COORDINATOR is not set and this zeroshard package has "
+             "no local-cluster starter (zeroshard/_local_cluster.py): install it with pip "
+             "(docs/pytorch.md), or set ZEROSHARD_COORDINATOR to a running cluster")
+
+
+def load_cluster_module(path):
+    spec = importlib.util.spec_from_file_location("zeroshard_local_cluster", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def find_bin_dir(bin_dir_flag, cluster, environ=None):
+    """(directory, where it came from) of the binaries a local cluster runs: --bin_dir, else
+    $ZEROSHARD_BIN_DIR, else the first PATH directory holding all of them, else (from a checkout)
+    its build. `cluster` is the cluster.py module (its find_binaries says what a
+    directory must hold). Exits with what to do when none has them."""
+    environ = os.environ if environ is None else environ
+
+    def holds_binaries(directory):
+        try:
+            cluster.find_binaries(directory)
+            return True
+        except cluster.ClusterError:
+            return False
+
+    for directory, source in ((bin_dir_flag, "--bin_dir"),
+                              (environ.get(BIN_DIR_ENV), f"${BIN_DIR_ENV}")):
+        if directory:
+            try:
+                cluster.find_binaries(directory)
+            except cluster.ClusterError as e:
+                sys.exit(f"zeroshard.launch: {source} {directory}: {e}")
+            return os.path.abspath(directory), source
+    for directory in environ.get("PATH", "").split(os.pathsep):
+        if directory and holds_binaries(directory):
+            return os.path.abspath(directory), "PATH"
+    checkout_build = cluster.default_bin_dir()
+    if os.path.isdir(os.path.join(REPO_ROOT, "proto")) and holds_binaries(checkout_build):
+        return checkout_build, "this checkout's build"
+    names = ", ".join(os.path.basename(path) for path in cluster.BINARIES.values())
+    sys.exit(f"zeroshard.launch: no ZeroShard binaries ({names}) to start a local cluster with: "
+             f"pass --bin_dir, set {BIN_DIR_ENV}, or put them on PATH (a checkout builds them "
+             f"with: {cluster.BUILD_COMMAND}; tools/install_binaries.sh copies them to "
+             "PREFIX/bin; the container image has them in /usr/local/bin)")
+
+
+def package_on_default_path():
+    """Whether a child interpreter imports this package without PYTHONPATH (it is installed)."""
+    import site
+    installed = site.getsitepackages() + [site.getusersitepackages()]
+    root = os.path.realpath(os.path.dirname(PACKAGE_DIR))
+    return any(os.path.realpath(path) == root for path in installed)
+
+
 def run_local_cluster(args):
     """Re-runs this launcher inside a local cluster (which sets ZEROSHARD_COORDINATOR)."""
-    cluster = os.path.join(REPO_ROOT, "deploy", "local", "cluster.py")
-    if not os.path.exists(cluster):
-        sys.exit("zeroshard.launch: ZEROSHARD_COORDINATOR is not set and there is no "
-                 f"{cluster} to start a local cluster with")
-    command = [sys.executable, cluster, "--workers", str(args.workers)]
-    if args.bin_dir:
-        command += ["--bin_dir", args.bin_dir]
+    cluster = local_cluster_script()
+    bin_dir, source = find_bin_dir(args.bin_dir, load_cluster_module(cluster))
+    log(f"local cluster by {cluster}, binaries from {source}: {bin_dir}")
+    command = [sys.executable, cluster, "--workers", str(args.workers), "--bin_dir", bin_dir]
     if args.log_dir:
         command += ["--log_dir", args.log_dir]
     if args.worker_threads:
@@ -115,9 +187,10 @@ def run_local_cluster(args):
                 "--wait_s", str(args.wait_s), "--max_restarts", str(args.max_restarts),
                 "--restart_wait_s", str(args.restart_wait_s), args.script] + args.script_args
     env = dict(os.environ)
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(
-        p for p in [package_root, env.get("PYTHONPATH", "")] if p)
+    if not package_on_default_path():  # run from a checkout (PYTHONPATH=python)
+        package_root = os.path.dirname(PACKAGE_DIR)
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in [package_root, env.get("PYTHONPATH", "")] if p)
     return subprocess.call(command, env=env)
 
 
@@ -289,12 +362,27 @@ def run_trainers(args):
             f"ZEROSHARD_RESTART_COUNT={restarts})")
 
 
-def main(argv):
-    args = parse_args(argv)
+def limit_omp_threads(workers, env):
+    """torchrun's rule: with several ranks, OMP_NUM_THREADS=1 unless `env` sets it (to anything,
+    empty included), so that the ranks (and the local workers) do not oversubscribe the cores."""
+    if workers > 1 and OMP_THREADS_ENV not in env:
+        env[OMP_THREADS_ENV] = "1"
+        log(f"{OMP_THREADS_ENV}=1 for every rank and local worker, as torchrun sets it for several "
+            "ranks (set it yourself to tune)")
+
+
+def main(argv, prog="python3 -m zeroshard.launch"):
+    args = parse_args(argv, prog)
     export_credentials(args, os.environ)
+    limit_omp_threads(args.workers, os.environ)
     if not os.environ.get("ZEROSHARD_COORDINATOR"):
         return run_local_cluster(args)
     return run_trainers(args)
+
+
+def cli():
+    """The zeroshard-launch console script."""
+    sys.exit(main(sys.argv[1:], prog="zeroshard-launch"))
 
 
 if __name__ == "__main__":

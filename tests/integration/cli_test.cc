@@ -2,7 +2,10 @@
 // with one line on stderr naming the field and a non-zero exit, and nothing else is disturbed.
 // Issue 14: `zeroshard workers` lists more workers than one gRPC message holds.
 // Issue 24: `zeroshard fsck` reports each checkpoint file's state and exits 5 on damage.
+// Issue 27: the CLI reads the coordinator's address and the credentials from the environment
+// (ZEROSHARD_COORDINATOR, ZEROSHARD_CA, ZEROSHARD_TOKEN), and its flags win.
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -20,6 +23,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "tests/integration/cluster_credentials.h"
 #include "tests/integration/local_cluster.h"
 #include "tests/integration/subprocess.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
@@ -39,6 +43,21 @@ std::string WriteFile(const LocalCluster& cluster, const std::string& name,
 absl::StatusOr<CommandResult> RunCli(const LocalCluster& cluster, std::vector<std::string> args) {
   std::vector<std::string> argv = {LocalCluster::RunfilePath("client/zeroshard"),
                                    "--coordinator=" + cluster.coordinator_target()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return RunCommand(argv, kCommandDeadline);
+}
+
+// `zeroshard ARGS` with the environment variables `env` ("NAME=value") and none of the others
+// the CLI reads: no --coordinator unless ARGS has one.
+absl::StatusOr<CommandResult> RunCliWithEnv(std::vector<std::string> env,
+                                            std::vector<std::string> args) {
+  std::vector<std::string> argv = {"/usr/bin/env"};
+  for (const char* name : {"ZEROSHARD_COORDINATOR", "ZEROSHARD_CA", "ZEROSHARD_CERT",
+                           "ZEROSHARD_KEY", "ZEROSHARD_TOKEN", "ZEROSHARD_INSECURE"}) {
+    argv.insert(argv.end(), {"-u", name});
+  }
+  argv.insert(argv.end(), env.begin(), env.end());
+  argv.push_back(LocalCluster::RunfilePath("client/zeroshard"));
   argv.insert(argv.end(), args.begin(), args.end());
   return RunCommand(argv, kCommandDeadline);
 }
@@ -324,6 +343,97 @@ TEST(CliTest, FsckReportsEveryFileAndExitsFiveOnDamage) {
               absl::StrContains(run->stderr_text, checkpoint::ShardFileName(1, 2)))
       << run->stderr_text;
   EXPECT_FALSE(std::filesystem::exists(exported));
+
+  absl::Status stopped = cluster.StopAll();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// Issue 27: inside a local cluster's command (where cluster.py and zeroshard-launch set
+// ZEROSHARD_COORDINATOR) the CLI finds the coordinator as the Python client does; a flag given
+// wins over a wrong value, and without the flag the environment's address is the one used.
+TEST(CliTest, TheCoordinatorComesFromTheEnvironmentUnlessTheFlagIsGiven) {
+  LocalClusterOptions options;
+  options.heartbeat_period = absl::Milliseconds(200);
+  LocalCluster cluster(options);
+  LogTailsOnFailure log_tails(cluster);
+  absl::Status started = cluster.Start(1);
+  ASSERT_TRUE(started.ok()) << started;
+  const std::string from_env = "ZEROSHARD_COORDINATOR=" + cluster.coordinator_target();
+
+  absl::StatusOr<CommandResult> run = RunCliWithEnv({from_env}, {"workers"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 0) << run->stderr_text;
+  EXPECT_EQ(FirstColumn(run->stdout_text).size(), 1u) << run->stdout_text;
+  run = RunCliWithEnv({from_env}, {"jobs"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 0) << run->stderr_text;
+  EXPECT_TRUE(absl::StartsWith(run->stdout_text, "ID ")) << run->stdout_text;
+
+  const std::string wrong = "ZEROSHARD_COORDINATOR=127.0.0.1:1";
+  run = RunCliWithEnv({wrong}, {"--coordinator=" + cluster.coordinator_target(), "workers"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 0) << run->stderr_text;
+  EXPECT_EQ(FirstColumn(run->stdout_text).size(), 1u) << run->stdout_text;
+  run = RunCliWithEnv({wrong}, {"jobs"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 4) << run->stderr_text;
+  EXPECT_TRUE(absl::StrContains(run->stderr_text, "is the coordinator at 127.0.0.1:1 up"))
+      << run->stderr_text;
+
+  absl::Status stopped = cluster.StopAll();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+// Issue 27: against a cluster with TLS and tokens, ZEROSHARD_CA and ZEROSHARD_TOKEN (what a
+// secured local cluster's command gets) are enough; each flag given wins over its variable:
+// --ca= is plaintext (refused by the TLS port), --token_file= sends no token, and a --ca or
+// --token_file replaces an unusable or unknown value from the environment.
+TEST(CliTest, TlsAndTheTokenComeFromTheEnvironmentUnlessFlagsAreGiven) {
+  absl::StatusOr<ClusterCredentials> credentials =
+      MakeClusterCredentials(absl::StrCat(std::getenv("TEST_TMPDIR"), "/cli-env-pki"));
+  ASSERT_TRUE(credentials.ok()) << credentials.status();
+  LocalClusterOptions options;
+  options.security = credentials->security;
+  LocalCluster cluster(options);
+  LogTailsOnFailure log_tails(cluster);
+  absl::Status started = cluster.StartCoordinator();
+  ASSERT_TRUE(started.ok()) << started;
+  const std::string coordinator = "ZEROSHARD_COORDINATOR=" + cluster.coordinator_target();
+  const std::string ca = "ZEROSHARD_CA=" + credentials->ca_file;
+  const std::string token = "ZEROSHARD_TOKEN=" + credentials->submitter_token;
+  const std::string token_file =
+      WriteFile(cluster, "submitter.token", credentials->submitter_token + "\n");
+
+  absl::StatusOr<CommandResult> run = RunCliWithEnv({coordinator, ca, token}, {"jobs"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 0) << run->stderr_text;
+  EXPECT_TRUE(absl::StartsWith(run->stdout_text, "ID ")) << run->stdout_text;
+
+  run = RunCliWithEnv({coordinator, ca, token}, {"--ca=", "jobs"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 4) << run->stderr_text;
+  run = RunCliWithEnv({coordinator, ca, token}, {"--token_file=", "jobs"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 3) << run->stderr_text;
+  EXPECT_TRUE(absl::StrContains(run->stderr_text, "UNAUTHENTICATED")) << run->stderr_text;
+
+  const std::string missing_ca = "ZEROSHARD_CA=/nonexistent/ca.pem";
+  run = RunCliWithEnv({coordinator, missing_ca, token}, {"jobs"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 2) << run->stderr_text;
+  EXPECT_TRUE(absl::StrContains(run->stderr_text, "/nonexistent/ca.pem") &&
+              absl::StrContains(run->stderr_text, "from the environment: ZEROSHARD_CA"))
+      << run->stderr_text;
+  run = RunCliWithEnv({coordinator, missing_ca, token}, {"--ca=" + credentials->ca_file, "jobs"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 0) << run->stderr_text;
+  const std::string unknown_token = "ZEROSHARD_TOKEN=" + std::string(32, 'u');
+  run = RunCliWithEnv({coordinator, ca, unknown_token}, {"jobs"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 3) << run->stderr_text;
+  run = RunCliWithEnv({coordinator, ca, unknown_token}, {"--token_file=" + token_file, "jobs"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code(), 0) << run->stderr_text;
 
   absl::Status stopped = cluster.StopAll();
   EXPECT_TRUE(stopped.ok()) << stopped;
