@@ -38,10 +38,14 @@ def half_precision():
     zt.ShardedOptimizer(model, "sgd", lr=0.1)
 
 
-def replaced_after_building():
+def replaced_after_attaching():
+    """The first forward attaches (the parameters become the worker's); replacing .data before
+    it is allowed."""
     model = linear_model()
     optimizer = zt.ShardedOptimizer(model, "sgd", lr=0.1)
     try:
+        model(torch.randn(5, 4)).sum().backward()
+        optimizer.step()
         model[2].weight.data = torch.zeros(2, 3)
         model(torch.randn(5, 4)).sum().backward()
         optimizer.step()
@@ -73,12 +77,14 @@ def sparse_embedding():
     zt.ShardedOptimizer(model, "sgd", lr=0.1)
 
 
-def param_group_added():
+def param_group_added_after_a_step():
+    """add_param_group works until the job is submitted (the model's first forward)."""
     model = linear_model()
-    extra = torch.nn.Linear(2, 2)
     optimizer = zt.ShardedOptimizer(model, "sgd", lr=0.1)
     try:
-        optimizer.add_param_group({"params": list(extra.parameters())})
+        model(torch.randn(5, 4)).sum().backward()
+        optimizer.step()
+        optimizer.add_param_group({"params": [model[0].bias], "lr": 0.01})
     finally:
         zt.finish(optimizer)
 
@@ -88,13 +94,15 @@ CASES = [
     (non_contiguous, ValueError, "parameter 0.weight: it is not contiguous"),
     (sparse, ValueError, "parameter 2.bias: sparse"),
     (half_precision, ValueError, "parameter 2.weight: dtype torch.float16"),
-    (replaced_after_building, ValueError, "parameter 2.weight: its data was replaced"),
+    (replaced_after_attaching, ValueError, "parameter 2.weight: its data was replaced"),
     (group_lr_negative, ValueError, "param_groups[1]: lr -0.07 must be >= 0"),
     (unknown_group_key, ValueError, "param_groups[0]: keys ['momentum']"),
     # Issue 26: before, backward's hook raised "reshape is not implemented for sparse tensors".
     (sparse_embedding, ValueError, "module 0: Embedding(sparse=True) makes sparse gradients"),
-    # Issue 26: before, accepted, then step() raised IndexError.
-    (param_group_added, NotImplementedError, "add_param_group: a ShardedOptimizer's parameters"),
+    # Issue 26: before, accepted, then step() raised IndexError. Item 3: before the job is
+    # submitted add_param_group works (attach_torch_contract_script.py), after it raises.
+    (param_group_added_after_a_step, NotImplementedError,
+     "add_param_group: the job was submitted at the model's first forward"),
 ]
 
 

@@ -19,12 +19,15 @@ all-gathered the parameters. The optimizer state never enters this process.
 
 import atexit
 import contextlib
+import inspect
 import math
 import os
 import shutil
 import tempfile
 import time
+import types
 import warnings
+import weakref
 
 import grpc
 import torch
@@ -39,8 +42,8 @@ from zeroshard._proto.zeroshard.v1 import coordinator_pb2_grpc
 from zeroshard._proto.zeroshard.v1 import job_pb2
 from zeroshard._proto.zeroshard.v1 import types_pb2
 
-__all__ = ["init", "rank", "world_size", "ShardedOptimizer", "save", "finish", "WorkerLost",
-           "AttachError"]
+__all__ = ["init", "rank", "world_size", "ShardedOptimizer", "HandedOverGradient", "save",
+           "finish", "WorkerLost", "AttachError"]
 
 _OPTIMIZERS = {
     "sgd": job_pb2.SGD,
@@ -69,9 +72,20 @@ _JOB_TIMEOUT_S = 120.0
 _WELCOME_POLL_S = 1.0
 _FINAL_STATES = (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED)
 
+# zero_grad's default for set_to_none, as the installed torch has it (1.13: False, 2.x: True):
+# opt.zero_grad() follows torch.optim.Optimizer's, model.zero_grad() nn.Module's.
+_OPTIMIZER_SET_TO_NONE = inspect.signature(torch.optim.Optimizer.zero_grad).parameters[
+    "set_to_none"].default
+_MODULE_SET_TO_NONE = inspect.signature(torch.nn.Module.zero_grad).parameters[
+    "set_to_none"].default
+
 _environment = None
 _optimizers = []
 _jobs_submitted = 0
+# model -> the ShardedOptimizer that trains it, which its forward pre-hook and its zero_grad
+# (installed on the instance) find here: they hold no reference to the optimizer, so that a copy
+# of the model (copy.deepcopy, pickle) copies no optimizer and is plain torch.
+_model_optimizers = weakref.WeakKeyDictionary()
 
 
 class _Environment:
@@ -118,6 +132,130 @@ def world_size():
     return init().world_size
 
 
+class HandedOverGradient(torch.Tensor):
+    """What a parameter's .grad holds in zero1 and zero2 once backward handed its gradient over to
+    the worker, until the next forward, step() or zero_grad(): a tensor of the parameter's shape,
+    dtype and device without storage. Its shape, dtype, device and the like can be read; any other
+    use (torch.nn.utils.clip_grad_norm_, arithmetic, accumulating into it) raises a RuntimeError
+    that names the parameter and opt.clip_grad_norm_. `isinstance(p.grad, zt.HandedOverGradient)`
+    tells it from a gradient that holds values. Thread contract: immutable."""
+
+    @staticmethod
+    def __new__(cls, parameter, name, mode):
+        handed_over = torch.Tensor._make_wrapper_subclass(
+            cls, parameter.shape, dtype=parameter.dtype, device=parameter.device)
+        handed_over.parameter_name = name
+        handed_over.mode = mode
+        return handed_over
+
+    def __repr__(self):
+        return (f"HandedOverGradient(parameter={self.parameter_name}, shape={list(self.shape)}, "
+                f"mode={self.mode})")
+
+    def refusal(self, what):
+        where = ("zero2 reduces it into the owning rank's shard" if self.mode == "zero2" else
+                 "zero1 reduces it in the worker, which keeps only its shard")
+        return RuntimeError(
+            f"parameter {self.parameter_name}: its gradient was handed over to the ZeroShard "
+            f"worker ({where}), so .grad holds no values here ({what} was called on it); clip "
+            "with opt.clip_grad_norm_(max_norm) (global across shards) instead of "
+            "torch.nn.utils.clip_grad_norm_, or use mode='ddp' to keep full gradients in .grad")
+
+    @classmethod
+    def __torch_function__(cls, func, classes, args=(), kwargs=None):
+        if func in _METADATA:
+            with torch._C.DisableTorchFunction():
+                return func(*args, **(kwargs or {}))
+        raise _first_handed_over(args, kwargs).refusal(getattr(func, "__name__", str(func)))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, classes, args=(), kwargs=None):
+        # What reaches the dispatcher without passing __torch_function__ (autograd's C++).
+        raise _first_handed_over(args, kwargs).refusal(str(func))
+
+
+def _first_handed_over(args, kwargs):
+    for value in list(args) + list((kwargs or {}).values()):
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, HandedOverGradient):
+                return item
+    raise AssertionError("no HandedOverGradient among the arguments")
+
+
+# What a HandedOverGradient answers: its metadata, which code that skips or groups gradients reads.
+_METADATA = {getattr(torch.Tensor, name).__get__
+             for name in ("shape", "dtype", "device", "layout", "ndim", "requires_grad",
+                          "grad_fn", "is_leaf", "is_sparse", "is_cuda")}
+_METADATA |= {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Tensor.__hash__}
+
+
+def _handed_over(grad):
+    return isinstance(grad, HandedOverGradient)
+
+
+def _torch_zero_grad(p, set_to_none):
+    """What torch.optim's zero_grad does to one parameter's .grad (a handed-over one goes)."""
+    if p.grad is None:
+        return
+    if set_to_none or _handed_over(p.grad):
+        p.grad = None
+        return
+    if p.grad.grad_fn is not None:
+        p.grad.detach_()
+    else:
+        p.grad.requires_grad_(False)
+    p.grad.zero_()
+
+
+def _model_zero_grad(module, set_to_none=_MODULE_SET_TO_NONE):
+    """model.zero_grad() of a model a ShardedOptimizer trains (installed on the instance, bound
+    to it): the optimizer's zero_grad for its parameters, torch's for the model's others. A copy
+    of the model (copy.deepcopy) gets torch's own."""
+    optimizer = _model_optimizers.get(module)
+    if optimizer is None:
+        return type(module).zero_grad(module, set_to_none)
+    return optimizer._zero_model_grad(set_to_none)
+
+
+# A pickled model binds torch's zero_grad instead (a bound method pickles as getattr(model, name)).
+_model_zero_grad.__name__ = _model_zero_grad.__qualname__ = "zero_grad"
+
+
+def _before_forward(module, inputs):
+    """The forward pre-hook of a model a ShardedOptimizer trains (a no-op on a copy of it)."""
+    optimizer = _model_optimizers.get(module)
+    if optimizer is not None:
+        optimizer._before_forward()
+
+
+def _check_parameter(name, p):
+    if p.is_sparse or p.layout != torch.strided:
+        raise ValueError(f"parameter {name}: sparse parameters are not supported")
+    if not p.is_contiguous():
+        raise ValueError(f"parameter {name}: it is not contiguous")
+    if p.dtype != torch.float32:
+        raise ValueError(f"parameter {name}: dtype {p.dtype}, only torch.float32 is supported")
+
+
+def _common_device(named):
+    """The device of every (name, parameter): the CPU (CPU workers) or one GPU (CUDA workers of
+    the same GPU); ValueError naming a parameter that does not fit."""
+    for name, p in named:
+        _check_parameter(name, p)
+    first_name, first = named[0]
+    device = first.device
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"parameter {first_name}: on {device}, only CPU and CUDA parameters can "
+                         "attach to workers")
+    for name, p in named:
+        if p.device != device:
+            raise ValueError(f"parameter {name}: on {p.device}, but {first_name} is on {device}: "
+                             "every parameter must be on one device")
+    return device
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     """A torch.optim.Optimizer whose state and update live in ZeroShard's workers.
 
@@ -132,10 +270,21 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     bucket_elems: the job's gradient bucket size in elements (default: the planner's).
 
-    LR schedulers work: step() sends the groups' current lr. Gradient accumulation: run the
+    The job is submitted, and this rank attaches to its worker, at the first need: the model's
+    first forward (a forward pre-hook on it), else its first backward, step(), state_dict(),
+    load_state_dict() or reading start_step. Until then add_param_group(...) works as on torch's
+    ZeroRedundancyOptimizer before its first step: it takes trainable parameters of the model (one
+    in the default group moves to the new group; one frozen when the optimizer was built may be
+    added once it requires grad); afterwards it raises NotImplementedError (the job's shard plan
+    is fixed).
+
+    LR schedulers work: step() sends the groups' current values. Gradient accumulation: run the
     micro-batches but the last inside `with opt.no_sync():` (ddp/zero1 accumulate in the shared
     gradient buffer and reduce once per step; zero2 reduces every micro-batch into the owned
-    shard, as DeepSpeed stage 2 does, so .grad never holds the full gradient).
+    shard, as DeepSpeed stage 2 does, so .grad never holds the full gradient). In zero1 and zero2
+    a gradient handed over to the worker leaves a HandedOverGradient in .grad (no values; using it
+    raises, naming opt.clip_grad_norm_) until the next forward, step() or zero_grad().
+    model.zero_grad() is routed to this optimizer's zero_grad().
 
     Faults: checkpoint_every=N has the workers checkpoint every N steps (sharded, kept:
     checkpoint_keep, default the job's 2); max_attempts=K lets the job start K generations. A
@@ -143,7 +292,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
     job has attempts left. The restarted script joins the job (rank 0 does not submit it again)
     and resumes where `opt.start_step` says: the latest checkpoint's step (the parameters are
     the checkpoint's), or 0 with the script's own initial parameters when there is none. The
-    script starts its loop at opt.start_step and advances its data and LR schedule to it.
+    script reads opt.start_step before its first forward, starts its loop there and advances its
+    data and LR schedule to it.
+
+    Thread contract: the training thread only (backward's hooks run on it).
     """
 
     def __init__(self, model, optimizer="adamw", lr=1e-3, weight_decay=None, mode="zero2",
@@ -170,6 +322,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
                        "nesterov": bool(nesterov), "amsgrad": bool(amsgrad),
                        "maximize": bool(maximize), "lr_decay": float(lr_decay),
                        "initial_accumulator_value": float(initial_accumulator_value)}
+        # The rest of the job spec, written when the job is submitted.
+        self._job_options = {"clip_grad_norm": clip_grad_norm, "bucket_elems": bucket_elems,
+                             "checkpoint_every": int(checkpoint_every),
+                             "checkpoint_keep": checkpoint_keep, "max_attempts": int(max_attempts)}
         self._mode = mode
         self._model = model
         # Sparse gradients cannot be handed over (the workers reduce dense buckets): refused here
@@ -182,31 +338,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("model: it has no parameter that requires grad")
-        for name, p in named:
-            if p.is_sparse or p.layout != torch.strided:
-                raise ValueError(f"parameter {name}: sparse parameters are not supported")
-            if not p.is_contiguous():
-                raise ValueError(f"parameter {name}: it is not contiguous")
-            if p.dtype != torch.float32:
-                raise ValueError(f"parameter {name}: dtype {p.dtype}, only torch.float32 is "
-                                 "supported")
-        # Every parameter on the CPU (CPU workers) or on one GPU (CUDA workers of the same GPU).
-        self._device = named[0][1].device
-        if self._device.type == "cuda" and self._device.index is None:
-            self._device = torch.device("cuda", torch.cuda.current_device())
-        if self._device.type not in ("cpu", "cuda"):
-            raise ValueError(f"parameter {named[0][0]}: on {self._device}, only CPU and CUDA "
-                             "parameters can attach to workers")
-        for name, p in named:
-            if p.device != self._device:
-                raise ValueError(f"parameter {name}: on {p.device}, but {named[0][0]} is on "
-                                 f"{self._device}: every parameter must be on one device")
+        self._device = _common_device(named)
         name_of = {id(p): name for name, p in named}
 
         # Groups: the user's, then the default group with everything else.
         groups = []
         grouped = set()
-        per_group = {"params", "lr", "weight_decay", *_GROUP_KEYS[optimizer]}
+        per_group = self._per_group_keys()
         for index, group in enumerate(param_groups or []):
             unknown = set(group) - per_group
             if unknown:
@@ -238,75 +376,166 @@ class ShardedOptimizer(torch.optim.Optimizer):
         defaults = {"lr": float(lr), "weight_decay": float(weight_decay)}
         for key in _GROUP_KEYS[optimizer] + _FIXED_KEYS[optimizer]:
             defaults[key] = self._hyper[key]
+        # One job per optimizer a script builds: numbered in construction order, the same on
+        # every rank.
+        global _jobs_submitted
+        _jobs_submitted += 1
+        self._sequence = _jobs_submitted
+        # Each group's (lr, weight_decay) as it was added: the job spec's values (lr_scale
+        # included), whatever a scheduler set before the job is submitted (LambdaLR's warm-up
+        # may set lr 0, which a spec cannot hold); step() sends the groups' current values.
+        self._spec_values = []
+        # "constructing" (torch's __init__ adds the groups), "built" (no job yet), "attaching",
+        # "attached", "failed" (the job was joined, attaching failed) or "finished".
+        self._state = "constructing"
         super().__init__(groups, defaults)
-        base_lr = self.param_groups[0]["lr"]
+        self._state = "built"
+        self._failure = None
+        self._attach_connection = None
+        self._no_sync = False
+        # zero2: segments the worker deferred (no free bucket buffer when backward asked).
+        self.deferred_segments = 0
+        self._warned_replaced_grad = False
+        self.last_step = None
+        # id(p) -> its gradient hooks' handles (and torch 1.13's AccumulateGrad node, kept alive).
+        self._hooks = {}
+        for _, p in named:
+            self._hook_gradients(p)
+        _model_optimizers[model] = self
+        self._forward_hook = model.register_forward_pre_hook(_before_forward)
+        model.zero_grad = types.MethodType(_model_zero_grad, model)
+        _optimizers.append(self)
+
+    def _per_group_keys(self):
+        return {"params", "lr", "weight_decay", *_GROUP_KEYS[self._optimizer_kind]}
+
+    # ---- Submitting the job and attaching, at the first need ----
+
+    @property
+    def start_step(self):
+        """The step this attachment starts at: 0, or after a restart the checkpoint's (reading
+        it attaches)."""
+        return self._attached_value("_start_step")
+
+    # What exists once attached; reading one attaches first (tests and benchmarks read them).
+    @property
+    def _job_id(self):
+        return self._attached_value("_submitted_job_id")
+
+    @property
+    def _layouts(self):
+        return self._attached_value("_tensor_layouts")
+
+    @property
+    def _connection(self):
+        """The attach connection; None once finished."""
+        if self._state == "finished":
+            return None
+        return self._attached_value("_attach_connection")
+
+    def _attached_value(self, name):
+        if self._state != "finished":
+            self._ensure_attached()
+        return self.__dict__.get(name)
+
+    def _ensure_attached(self, from_backward=False):
+        """Submits or joins the job and attaches, unless done. A spec the job cannot take raises
+        with nothing submitted (the optimizer stays as built); a failure after the job was
+        joined is final: every later need raises it again."""
+        if self._state in ("attached", "attaching"):
+            return
+        if self._state == "finished":
+            raise RuntimeError("this ShardedOptimizer has finished (zt.finish)")
+        if self._state == "failed":
+            raise RuntimeError(f"this ShardedOptimizer could not attach to its worker: "
+                               f"{self._failure}")
+        spec = self._job_spec()
+        self._state = "attaching"
+        try:
+            self._submitted_job_id = self._join_job(spec)
+            self._attach_connection = AttachConnection(self._env.attach_socket)
+            self._attach(from_backward)
+        except BaseException as e:
+            self._state = "failed"
+            self._failure = f"{type(e).__name__}: {e}"
+            if self._attach_connection is not None:
+                self._attach_connection.close()
+                self._attach_connection = None
+            raise
+        self._state = "attached"
+
+    def _before_forward(self):
+        self._ensure_attached()
+        self._clear_handed_over()
+
+    def _job_spec(self):
+        """The job spec of the groups as they are now: the tensor list in gradient-ready order
+        (the reverse of model.parameters(), as DDP orders them), each group's tensors by index.
+        Sets the plan: self._params, self._names, self._device."""
+        named = list(self._model.named_parameters())
+        name_of = {id(p): name for name, p in named}
+        for index, group in enumerate(self.param_groups):
+            self._group_values(index, group)  # ValueError naming the group and key
+            for p in group["params"]:
+                if id(p) not in name_of:
+                    raise ValueError(f"param_groups[{index}]: holds a tensor that is no longer "
+                                     "a parameter of the model")
+        grouped = {id(p) for group in self.param_groups for p in group["params"]}
+        planned = [(name, p) for name, p in reversed(named) if id(p) in grouped]
+        self._device = _common_device(planned)
+        self._params = [p for _, p in planned]
+        self._names = [name for name, _ in planned]
+        base_lr = self._spec_values[0][0]
         # The spec's lr_scale (within its range): the groups' own values come with every step.
-        self._lr_scales = [min(g["lr"] / base_lr, 1000.0) if base_lr > 0 else 1.0
-                           for g in self.param_groups]
+        lr_scales = [min(lr / base_lr, 1000.0) if base_lr > 0 else 1.0
+                     for lr, _ in self._spec_values]
         # StepRequest.param_groups' order: the default group, then the spec's groups.
         self._spec_groups = [i for i in range(len(self.param_groups)) if i != self._default_group]
 
-        # The tensor list in gradient-ready order: the reverse of model.parameters().
-        self._params = [p for _, p in reversed(named)]
-        self._names = [name_of[id(p)] for p in self._params]
-        group_of = {}
-        for index, group in enumerate(self.param_groups):
-            for p in group["params"]:
-                group_of[id(p)] = index
+        env, options, hyper = self._env, self._job_options, self._hyper
         spec = job_pb2.JobSpec()
-        # One job per optimizer a script builds: the same sequence number on every rank.
-        global _jobs_submitted
-        _jobs_submitted += 1
-        spec.name = f"{env.run_id}-{_jobs_submitted}"
-        spec.run_key = f"{env.run_key}-{_jobs_submitted}"
+        spec.name = f"{env.run_id}-{self._sequence}"
+        spec.run_key = f"{env.run_key}-{self._sequence}"
         for name, p in zip(self._names, self._params):
             tensor = spec.workload.attached.tensors.add()
             tensor.name = name
             tensor.shape.extend(list(p.shape))
         spec.workload.attached.workers.extend(env.workers)
         spec.device_kind = types_pb2.CUDA if self._device.type == "cuda" else types_pb2.CPU
-        spec.mode = _MODES[mode]
-        spec.optimizer.kind = _OPTIMIZERS[optimizer]
+        spec.mode = _MODES[self._mode]
+        spec.optimizer.kind = _OPTIMIZERS[self._optimizer_kind]
         spec.optimizer.lr = base_lr
-        default_decay = (self.param_groups[self._default_group]["weight_decay"]
-                         if self._default_group is not None else weight_decay)
-        spec.optimizer.weight_decay = default_decay
-        spec.optimizer.beta1, spec.optimizer.beta2 = float(betas[0]), float(betas[1])
-        spec.optimizer.eps = float(eps)
-        spec.optimizer.momentum = float(momentum)
-        spec.optimizer.dampening = float(dampening)
-        spec.optimizer.nesterov = bool(nesterov)
-        spec.optimizer.amsgrad = bool(amsgrad)
-        spec.optimizer.maximize = bool(maximize)
-        spec.optimizer.lr_decay = float(lr_decay)
-        spec.optimizer.initial_accumulator_value = float(initial_accumulator_value)
-        if clip_grad_norm:
-            spec.clip_grad_norm = float(clip_grad_norm)
-        if bucket_elems is not None:
-            spec.bucket_elems = int(bucket_elems)
-        spec.max_attempts = int(max_attempts)
-        if checkpoint_every:
-            spec.checkpoint.every_steps = int(checkpoint_every)
+        spec.optimizer.weight_decay = (self._spec_values[self._default_group][1]
+                                       if self._default_group is not None
+                                       else self.defaults["weight_decay"])
+        spec.optimizer.beta1, spec.optimizer.beta2 = hyper["betas"]
+        spec.optimizer.eps = hyper["eps"]
+        spec.optimizer.momentum = hyper["momentum"]
+        spec.optimizer.dampening = hyper["dampening"]
+        spec.optimizer.nesterov = hyper["nesterov"]
+        spec.optimizer.amsgrad = hyper["amsgrad"]
+        spec.optimizer.maximize = hyper["maximize"]
+        spec.optimizer.lr_decay = hyper["lr_decay"]
+        spec.optimizer.initial_accumulator_value = hyper["initial_accumulator_value"]
+        if options["clip_grad_norm"]:
+            spec.clip_grad_norm = float(options["clip_grad_norm"])
+        if options["bucket_elems"] is not None:
+            spec.bucket_elems = int(options["bucket_elems"])
+        spec.max_attempts = options["max_attempts"]
+        if options["checkpoint_every"]:
+            spec.checkpoint.every_steps = options["checkpoint_every"]
             # Under the job's name, which the launcher's run id makes unique.
             spec.checkpoint.dir = spec.name
-            if checkpoint_keep is not None:
-                spec.checkpoint.keep = int(checkpoint_keep)
+            if options["checkpoint_keep"] is not None:
+                spec.checkpoint.keep = int(options["checkpoint_keep"])
         position = {id(p): t for t, p in enumerate(self._params)}
-        for index, group in enumerate(self.param_groups):
-            if index == self._default_group:
-                continue
+        for index in self._spec_groups:
             proto_group = spec.param_groups.add()
             # By identity: the tensors' indices in workload.attached.tensors (any group size).
-            proto_group.tensors.extend(position[id(p)] for p in group["params"])
-            proto_group.weight_decay = group["weight_decay"]
-            proto_group.lr_scale = self._lr_scales[index]
-
-        self._job_id = self._join_job(spec)
-        self._connection = AttachConnection(env.attach_socket)
-        self._attach()
-        _optimizers.append(self)
-
-    # ---- Joining the job and attaching ----
+            proto_group.tensors.extend(position[id(p)] for p in self.param_groups[index]["params"])
+            proto_group.weight_decay = self._spec_values[index][1]
+            proto_group.lr_scale = lr_scales[index]
+        return spec
 
     def _join_job(self, spec):
         """The id of this run's job (spec.run_key, an exact lookup among the caller's jobs):
@@ -361,7 +590,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         response, _ = self._connection.receive()
         return response.welcome
 
-    def _attach(self):
+    def _attach(self, from_backward):
+        """Hello, welcome, the parameters onto the worker's shared blocks. `from_backward`: the
+        first need is a backward whose forward did not go through the model's forward pre-hook
+        (it called model.forward or a submodule): it ran on the model's own parameters, which
+        must then be the job's."""
         hello = attach_pb2.AttachRequest()
         hello.hello.job_id = self._job_id
         hello.hello.rank = self._env.rank
@@ -370,11 +603,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._connection.send(hello)
         welcome = self._await_welcome()
         self._check_worker_device(welcome)
-        self.start_step = welcome.start_step
+        self._start_step = welcome.start_step
         if len(welcome.tensors) != len(self._params):
             raise ValueError(f"the job has {len(welcome.tensors)} parameters, this model "
                              f"{len(self._params)}: the ranks' models differ")
-        self._layouts = list(welcome.tensors)
+        self._tensor_layouts = list(welcome.tensors)
         self._param_views = []
         self._grad_views = []
         for name, p, layout in zip(self._names, self._params, self._layouts):
@@ -385,6 +618,12 @@ class ShardedOptimizer(torch.optim.Optimizer):
             view = self._view(layout.param_block, layout.param_offset, layout.elements, p.shape)
             if welcome.needs_initial_parameters:
                 view.copy_(p.detach())
+            elif from_backward and not torch.equal(view, p.detach()):
+                raise RuntimeError(
+                    f"parameter {name}: the job resumed at step {welcome.start_step} with the "
+                    "checkpoint's parameters, but this backward ran on the model's own: its "
+                    "forward did not go through the model (the ShardedOptimizer attaches at the "
+                    "model's first forward); read opt.start_step before the first forward")
             self._param_views.append(view)
             if layout.grad_block >= 0:
                 self._grad_views.append(
@@ -396,27 +635,42 @@ class ShardedOptimizer(torch.optim.Optimizer):
             request = attach_pb2.AttachRequest()
             request.initial_parameters.SetInParent()
             self._connection.call(request)
+        # _pointed[t]: this optimizer set .grad to tensor t's shared gradient view (ddp/zero1),
+        # so another tensor there was put by user code (warned once), not made by a backward
+        # after .grad was None.
+        self._pointed = [False] * len(self._params)
         with torch.no_grad():
-            for p, view, grad in zip(self._params, self._param_views, self._grad_views):
+            for t, (p, view, grad) in enumerate(zip(self._params, self._param_views,
+                                                    self._grad_views)):
                 p.data = view
-                p.grad = grad
+                if grad is not None and p.grad is not None:
+                    grad.copy_(p.grad)
+                    p.grad = grad
+                    self._pointed[t] = True
+        # _has_grad[t]: tensor t has a gradient, as torch's `p.grad is not None` says: set when
+        # backward accumulates one (or a .grad is handed over), cleared by zero_grad(
+        # set_to_none=True) only. The workers leave a tensor without one alone.
+        self._has_grad = [p.grad is not None for p in self._params]
+        # Whether some .grad may hold a HandedOverGradient (a forward need not look otherwise).
+        self._some_handed_over = False
         self._index = {id(p): t for t, p in enumerate(self._params)}
-        self._no_sync = False
-        # zero2: segments the worker deferred (no free bucket buffer when backward asked).
-        self.deferred_segments = 0
-        self._warned_replaced_grad = False
-        self.last_step = None
         self._begin_step()
-        self._hooks = []
-        for p in self._params:
-            if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
-                self._hooks.append(p.register_post_accumulate_grad_hook(self._on_gradient))
-            else:
-                # torch 1.13: the AccumulateGrad node's hook, as DDP does (kept alive here).
-                accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
-                handle = accumulator.register_hook(
-                    lambda *unused, p=p: self._on_gradient(p))
-                self._hooks.append((accumulator, handle))
+
+    def _hook_gradients(self, p):
+        """Registered when the parameter joins the optimizer (before the job exists): a hook
+        before each accumulation into .grad (a HandedOverGradient there goes first: the new
+        gradient starts a fresh .grad) and one after it (_on_gradient)."""
+        parameter = weakref.ref(p)
+        handles = [p.register_hook(lambda grad: self._before_accumulation(parameter()))]
+        if hasattr(p, "register_post_accumulate_grad_hook"):  # torch >= 2.1
+            handles.append(p.register_post_accumulate_grad_hook(self._on_gradient))
+        else:
+            # torch 1.13: the AccumulateGrad node's hook, as DDP does (the node kept alive here;
+            # it outlives p.data's replacement at the attach: same dtype and device).
+            accumulator = p.expand_as(p).grad_fn.next_functions[0][0]
+            handles.append(accumulator.register_hook(lambda *unused, p=p: self._on_gradient(p)))
+            handles.append(accumulator)
+        self._hooks[id(p)] = handles
 
     def _check_worker_device(self, welcome):
         worker_kind = welcome.device_kind or "cpu"
@@ -458,26 +712,101 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._next_segment = 0  # of tensor self._next (zero2)
 
     def add_param_group(self, param_group):
-        """Not supported: the job's plan, submitted when the optimizer was built, fixes which
-        tensors the workers hold and how they are grouped. Build the optimizer with every group
-        (param_groups=...) instead."""
-        if not hasattr(self, "_job_id"):
-            # torch.optim.Optimizer.__init__ adds the constructor's groups through here.
-            return super().add_param_group(param_group)
-        raise NotImplementedError(
-            "add_param_group: a ShardedOptimizer's parameters and groups are fixed when it is "
-            "built (the workers' shard plan covers exactly those tensors); pass every group to "
-            "zt.ShardedOptimizer(..., param_groups=[...]) instead")
+        """Before the job is submitted (the model's first forward, or the first step(),
+        state_dict(), load_state_dict() or start_step), as torch's ZeroRedundancyOptimizer takes
+        it before its first step: `params` are trainable parameters of the model (a tensor, or
+        an ordered collection); keys missing take the constructor's values. A parameter of the
+        default group (every trainable parameter that no constructor group named) moves to the
+        new group; one frozen when the optimizer was built joins once it requires grad; one
+        already in another group raises ValueError, as torch does. Tensors that are not the
+        model's parameters are refused: the job names each tensor by its name in the model.
+        After the job is submitted: NotImplementedError."""
+        if self._state == "constructing":  # torch.optim.Optimizer.__init__ adds our groups
+            super().add_param_group(param_group)
+            self._spec_values.append((param_group["lr"], param_group["weight_decay"]))
+            return
+        if self._state != "built":
+            raise NotImplementedError(
+                "add_param_group: the job was submitted at the model's first forward (or the "
+                "first step(), state_dict(), load_state_dict() or start_step), and its shard "
+                "plan fixes which tensors the workers hold and how they are grouped; add groups "
+                "before that, or pass them as zt.ShardedOptimizer(..., param_groups=[...])")
+        if not isinstance(param_group, dict):
+            raise TypeError(f"add_param_group: a dict expected, got {type(param_group).__name__}")
+        per_group = self._per_group_keys()
+        unknown = set(param_group) - per_group
+        if unknown:
+            raise ValueError(f"add_param_group: keys {sorted(unknown)} are not supported (only "
+                             f"{sorted(per_group)} may differ per group for "
+                             f"{self._optimizer_kind})")
+        if "params" not in param_group:
+            raise ValueError("add_param_group: the group has no 'params'")
+        params = param_group["params"]
+        if isinstance(params, torch.Tensor):
+            params = [params]
+        elif isinstance(params, set):
+            raise TypeError("add_param_group: params must be an ordered collection (a set's "
+                            "order changes between runs); use a list")
+        else:
+            params = list(params)
+        if not params:
+            raise ValueError("add_param_group: the group has no parameters")
+        name_of = {id(p): name for name, p in self._model.named_parameters()}
+        group_of = {id(p): index for index, group in enumerate(self.param_groups)
+                    for p in group["params"]}
+        added = set()
+        for p in params:
+            if not isinstance(p, torch.Tensor) or id(p) not in name_of:
+                raise ValueError("add_param_group: holds a tensor that is not a parameter of the "
+                                 "model (a ShardedOptimizer trains its model's parameters only)")
+            name = name_of[id(p)]
+            if not p.requires_grad:
+                raise ValueError(f"add_param_group: parameter {name} does not require grad")
+            _check_parameter(name, p)
+            if p.device != self._device:
+                raise ValueError(f"add_param_group: parameter {name} is on {p.device}, the "
+                                 f"others on {self._device}: every parameter must be on one "
+                                 "device")
+            if id(p) in added:
+                raise ValueError(f"add_param_group: parameter {name} is in the group twice")
+            added.add(id(p))
+            index = group_of.get(id(p))
+            if index is not None and index != self._default_group:
+                raise ValueError("some parameters appear in more than one parameter group "
+                                 f"(parameter {name} is in param_groups[{index}])")
+        entry = {key: value for key, value in param_group.items() if key != "params"}
+        merged = dict(self.defaults)
+        merged.update(entry)
+        self._group_values(len(self.param_groups), merged)  # ValueError naming the key
+        entry.update({"params": params, "lr": float(merged["lr"]),
+                      "weight_decay": float(merged["weight_decay"])})
+        if self._default_group is not None:
+            default = self.param_groups[self._default_group]["params"]
+            default[:] = [p for p in default if id(p) not in added]
+        super().add_param_group(entry)
+        self._spec_values.append((entry["lr"], entry["weight_decay"]))
+        for p in params:
+            if id(p) not in self._hooks:
+                self._hook_gradients(p)
 
     # ---- Backward: gradients to the worker ----
 
+    def _before_accumulation(self, p):
+        if p is not None and _handed_over(p.grad):
+            p.grad = None
+            self._pointed[self._index[id(p)]] = False
+
     def _on_gradient(self, p):
+        if self._state != "attached":
+            # The forward did not attach (it did not go through the model): attach now.
+            self._ensure_attached(from_backward=True)
         if self._mode == "zero2":
             self._on_gradient_zero2(p)
             return
+        t = self._index[id(p)]
+        self._has_grad[t] = True
         if self._no_sync:
             return
-        t = self._index[id(p)]
         self._check_first_accumulation(t)
         self._ready[t] = True
         self._adopt_gradient(t)
@@ -485,6 +814,24 @@ class ShardedOptimizer(torch.optim.Optimizer):
         request = attach_pb2.AttachRequest()
         request.ready.tensors.append(t)
         self._connection.send(request)
+        if self._mode == "zero1":
+            self._hand_over(t)
+
+    def _hand_over(self, t):
+        """zero1/zero2: tensor t's gradient is the worker's now: .grad holds a HandedOverGradient
+        if the tensor has a gradient, else stays None."""
+        p = self._params[t]
+        if self._has_grad[t]:
+            p.grad = HandedOverGradient(p, self._names[t], self._mode)
+            self._some_handed_over = True
+        else:
+            p.grad = None
+        self._pointed[t] = False
+
+    def _tensors_without_gradient(self):
+        """Plan indices of the tensors that have no gradient (torch.optim skips them): what
+        StepRequest.tensors_without_gradient tells the workers."""
+        return [t for t, has in enumerate(self.__dict__.get("_has_grad", [])) if not has]
 
     def _check_first_accumulation(self, t):
         """A parameter's hook fires once per backward, unless the backward runs in pieces that
@@ -498,23 +845,32 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 "worker already. Use torch.utils.checkpoint(..., use_reentrant=False)")
 
     def _adopt_gradient(self, t):
-        """ddp/zero1: makes sure tensor t's gradient is in the shared buffer."""
+        """ddp/zero1: tensor t's gradient into the shared buffer, .grad pointing there. None (no
+        gradient this step) counts as zero and stays None, as torch leaves it; a gradient handed
+        over in this step's backward is the worker's already."""
         p, grad = self._params[t], self._grad_views[t]
-        if p.grad is None:
+        current = p.grad
+        if _handed_over(current):
+            return
+        if current is None:
             grad.zero_()
-        elif p.grad.data_ptr() != grad.data_ptr():
-            if not self._warned_replaced_grad:
+            return
+        self._has_grad[t] = True
+        if current.data_ptr() != grad.data_ptr():
+            if self._pointed[t] and not self._warned_replaced_grad:
                 warnings.warn("a parameter's .grad was replaced (not accumulated in place): it is "
                               "copied into the shared buffer; keep .grad as the optimizer set it "
                               "to avoid the copy")
                 self._warned_replaced_grad = True
-            grad.copy_(p.grad)
+            grad.copy_(current)
         p.grad = grad
+        self._pointed[t] = True
 
     def _on_gradient_zero2(self, p):
         """zero2, inside no_sync or not: hands over what is ready without blocking; the end of
         this backward hands over the rest and ends the micro-batch."""
         t = self._index[id(p)]
+        self._has_grad[t] = True
         self._check_first_accumulation(t)
         self._ready[t] = True
         if not self._end_of_backward_queued:
@@ -545,11 +901,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 return
             self._next += 1
             self._next_segment = 0
-
     def _send_segments(self, t, wait):
         """Tensor t's segments from self._next_segment on; False when one was deferred."""
         p, layout = self._params[t], self._layouts[t]
-        source = p.grad.reshape(-1) if p.grad is not None else None
+        if p.grad is None or _handed_over(p.grad):
+            source = None  # no gradient in this micro-batch: zero
+        else:
+            source = p.grad.reshape(-1)
+            self._has_grad[t] = True
         ends = layout.segment_ends
         while self._next_segment < len(ends):
             begin = ends[self._next_segment - 1] if self._next_segment > 0 else 0
@@ -572,7 +931,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             written.written.tensor, written.written.begin, written.written.end = t, begin, end
             self._connection.send(written)
             self._next_segment += 1
-        p.grad = None  # the worker has it; the trainer never holds every gradient at once
+        self._hand_over(t)  # the trainer never holds every gradient at once
         return True
 
     @contextlib.contextmanager
@@ -641,12 +1000,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
         for name, p, view in zip(self._names, self._params, self._param_views):
             if p.data_ptr() != view.data_ptr():
                 raise ValueError(f"parameter {name}: its data was replaced after the "
-                                 "ShardedOptimizer was built (the model changed)")
+                                 "ShardedOptimizer attached (at the model's first forward; the "
+                                 "model changed)")
 
     @torch.no_grad()
     def step(self, closure=None, loss=None):
         """Hands over what backward has not, then waits for the worker's reduction, update and
         all-gather. `loss` (or the closure's) is reported to the job as this rank's loss."""
+        self._ensure_attached()
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
@@ -679,18 +1040,62 @@ class ShardedOptimizer(torch.optim.Optimizer):
         request.step.param_groups.extend(values)
         response, _ = self._connection.call(request)
         self.last_step = response.step_result
+        if self._mode == "zero1":
+            # Every gradient is the worker's now; the shared buffer holds the reduction's pieces.
+            for t, p in enumerate(self._params):
+                p.grad = None
+                self._pointed[t] = False
+        self._clear_handed_over()
         self._begin_step()
         return loss
 
-    def zero_grad(self, set_to_none=None):
-        """Zeroes the gradients in place (the shared buffer in ddp/zero1), whatever set_to_none
-        says: the worker reads them from there."""
-        for p, grad in zip(self._params, self._grad_views):
-            if grad is None:
-                p.grad = None
-            else:
+    def zero_grad(self, set_to_none=_OPTIMIZER_SET_TO_NONE):
+        """As torch.optim's (the default of set_to_none is the installed torch's): True sets each
+        .grad to None (the tensor has no gradient until a backward gives it one); False zeroes
+        the gradients of the tensors that have one, in place: in ddp/zero1 .grad is then the
+        shared gradient buffer's view (backward accumulates there, no copy), in zero2, and in
+        zero1 for a gradient handed over since the last step, None (the worker has it)."""
+        if self._state != "attached":
+            for group in self.param_groups:
+                for p in group["params"]:
+                    _torch_zero_grad(p, set_to_none)
+            return
+        for t, (p, grad) in enumerate(zip(self._params, self._grad_views)):
+            if set_to_none:
+                self._has_grad[t] = False
+            elif grad is not None and not _handed_over(p.grad) and (
+                    self._has_grad[t] or p.grad is not None):
                 grad.zero_()
                 p.grad = grad
+                self._pointed[t] = True
+                continue
+            p.grad = None
+            self._pointed[t] = False
+
+    def _zero_model_grad(self, set_to_none):
+        """model.zero_grad(set_to_none): this optimizer's zero_grad, torch's for the model's
+        parameters that it does not train."""
+        ours = {id(p) for group in self.param_groups for p in group["params"]}
+        for p in self._model.parameters():
+            if id(p) not in ours:
+                _torch_zero_grad(p, set_to_none)
+        self.zero_grad(set_to_none)
+
+    def _clear_handed_over(self):
+        """HandedOverGradients go (at the next forward, step(), zero_grad()): .grad None."""
+        if self._state != "attached" or not self._some_handed_over:
+            return
+        for t, p in enumerate(self._params):
+            if _handed_over(p.grad):
+                p.grad = None
+                self._pointed[t] = False
+        self._some_handed_over = False
+
+    def clip_grad_norm_(self, max_norm, norm_type=2.0):
+        """Global-norm clipping across the shards, for zero1/zero2 where .grad holds no values."""
+        raise NotImplementedError(
+            "coming: opt.clip_grad_norm_ is not implemented yet; meanwhile build the optimizer "
+            "with zt.ShardedOptimizer(..., clip_grad_norm=max_norm)")
 
     # ---- state_dict / load_state_dict ----
 
@@ -975,15 +1380,39 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._apply_groups(saved_groups)
 
     def _finish(self):
-        if self._connection is None:
+        state, self._state = self._state, "finished"
+        self._detach_from_model()
+        connection, self._attach_connection = self._attach_connection, None
+        if connection is None:
+            return
+        if state != "attached":
+            connection.close()
             return
         request = attach_pb2.AttachRequest()
         request.finish.SetInParent()
         try:
-            self._connection.call(request)
+            connection.call(request)
         finally:
-            self._connection.close()
-            self._connection = None
+            connection.close()
+
+    def _detach_from_model(self):
+        """Removes the hooks and model.zero_grad that the constructor installed, and the
+        HandedOverGradients: the model is plain torch again."""
+        self._forward_hook.remove()
+        for handles in self._hooks.values():
+            for handle in handles:
+                if isinstance(handle, torch.utils.hooks.RemovableHandle):
+                    handle.remove()
+        self._hooks = {}
+        if _model_optimizers.get(self._model) is self:
+            del _model_optimizers[self._model]
+            installed = self._model.__dict__.get("zero_grad")
+            if getattr(installed, "__func__", None) is _model_zero_grad:
+                del self._model.__dict__["zero_grad"]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if _handed_over(p.grad):
+                    p.grad = None
 
 
 def finish(optimizer=None):
