@@ -1,7 +1,8 @@
 """torch.optim's contract around the optimizer (issue 26, items 3-5), run by `python3 -m
 zeroshard.launch --workers W` (W = 1, 2): what scripts do besides step() - add_param_group before
-the first step, torch.nn.utils.clip_grad_norm_, model.zero_grad(), zero_grad(set_to_none=True) -
-in zero1, zero2 and ddp. Every case that trains compares with torch.optim's optimizer of the same
+the first step, torch.nn.utils.clip_grad_norm_ and opt.clip_grad_norm_, model.zero_grad(),
+zero_grad(set_to_none=True), parameters without gradients, step() without any - in zero1, zero2
+and ddp. Every case that trains compares with torch.optim's optimizer of the same
 kind in the same process, on every rank's batch (the mean over ranks of the ranks' mean losses:
 what the workers reduce); after the steps every parameter must agree with torch's within 1e-6 of
 its tensor's largest value. Rank 0 prints one JSON line per case and mode; the script exits 1
@@ -13,6 +14,7 @@ import argparse
 import contextlib
 import copy
 import json
+import math
 import sys
 import traceback
 import warnings
@@ -266,6 +268,206 @@ def zero_grad_set_to_none(mode):
             "ok": worst <= TOLERANCE and not replaced and all(seen.values())}
 
 
+class Branchy(torch.nn.Module):
+    """Parameters that get no gradient in some steps, as ordinary models have them: `unused` is
+    never called (pytorch/examples' Transformer has unused decoder layers), `sometimes` only in
+    even steps, `rank0` only in rank 0's loss (at W = 2 the other rank has no gradient for it:
+    the ranks' sets are OR-ed and the gradient averaged with zero, as DDP does)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(97)
+        self.body = torch.nn.Linear(12, 24)
+        self.sometimes = torch.nn.Linear(24, 24)
+        self.rank0 = torch.nn.Linear(24, 3)
+        self.unused = torch.nn.Linear(24, 24)
+        self.head = torch.nn.Linear(24, 3)
+
+    def forward(self, x, step, rank):
+        h = torch.tanh(self.body(x))
+        if step % 2 == 0:
+            h = h + torch.tanh(self.sometimes(h))
+        out = self.head(h)
+        if rank == 0:
+            out = out + self.rank0(h)
+        return out
+
+
+def train_branchy(model, optimizer, rank, world, steps, set_to_none, first_step=0,
+                  clip=None):
+    """rank None: torch on every rank's loss, averaged over ranks as the workers average."""
+    norms = []
+    for step in range(first_step, first_step + steps):
+        ranks = range(world) if rank is None else [rank]
+        loss = sum(torch.nn.functional.mse_loss(model(x, step, r), y)
+                   for r, (x, y) in ((r, batch(step, 0, r)) for r in ranks)) / len(ranks)
+        loss.backward()
+        if clip is not None:
+            norms.append(float(clip()))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=set_to_none)
+    return {name: p.detach().clone() for name, p in model.named_parameters()}, norms
+
+
+def steps_of(torch_state_dict):
+    """{parameter index: its step} of a torch-format state dict (None: no step kept)."""
+    steps = {}
+    for index, entry in torch_state_dict["state"].items():
+        step = entry.get("step")
+        steps[index] = None if step is None else int(float(step))
+    return steps
+
+
+NO_GRADIENT_OPTIMIZERS = [
+    ("adamw", torch.optim.AdamW, {"lr": 3e-3, "weight_decay": 0.1}),
+    ("sgd", torch.optim.SGD, {"lr": 0.05, "momentum": 0.9, "weight_decay": 0.01}),
+    ("adagrad", torch.optim.Adagrad, {"lr": 0.05, "weight_decay": 0.01}),
+]
+
+
+def parameters_without_gradients(mode):
+    """torch.optim skips a parameter whose .grad is None: not updated, its state and step do
+    not advance (issue 26 item 4). With zero_grad(set_to_none=True) `sometimes` has no gradient
+    in odd steps, `unused` never: AdamW, SGD with momentum and Adagrad (all with weight decay,
+    which would move them) match torch.optim in the same process, `unused` stays bitwise what it
+    was, and the consolidated state dict holds torch's per-parameter steps (no state for
+    `unused`). With set_to_none=False (torch 1.13's default) a gradient, once made, stays as
+    zeros and torch updates it: matched too. Then torch's own state dict (steps differing per
+    parameter) loads into a new optimizer and 3 more steps match torch's. Before issue 26, weight
+    decay and momentum moved every parameter in every step."""
+    rank, world = zt.rank(), zt.world_size()
+    results = {}
+    ok = True
+    for kind, torch_class, hyper in NO_GRADIENT_OPTIMIZERS:
+        for set_to_none in (True, False):
+            if kind != "adamw" and not set_to_none:
+                continue
+            reference_model = Branchy()
+            reference = torch_class(reference_model.parameters(), **hyper)
+            expected, _ = train_branchy(reference_model, reference, None, world, STEPS,
+                                        set_to_none)
+            model = Branchy()
+            unused_before = model.unused.weight.detach().clone()
+            optimizer = zt.ShardedOptimizer(model, kind, mode=mode, **hyper)
+            try:
+                got, _ = train_branchy(model, optimizer, rank, world, STEPS, set_to_none)
+                ours = steps_of(optimizer.state_dict(consolidated=True))
+            finally:
+                zt.finish(optimizer)
+            theirs = steps_of(reference.state_dict())
+            worst = worst_relative(got, expected)
+            unused_kept = torch.equal(got["unused.weight"], unused_before)
+            # `unused` never enters a graph: its .grad stays None whatever set_to_none says.
+            case_ok = worst <= TOLERANCE and ours == theirs and unused_kept
+            results[f"{kind}_set_to_none_{set_to_none}"] = {
+                "worst_relative": worst, "steps_like_torch": ours == theirs,
+                "unused_kept": unused_kept, "ok": case_ok}
+            ok = ok and case_ok
+
+    # torch's state dict, steps differing per parameter, into a new optimizer.
+    kind, torch_class, hyper = NO_GRADIENT_OPTIMIZERS[0]
+    reference_model = Branchy()
+    reference = torch_class(reference_model.parameters(), **hyper)
+    train_branchy(reference_model, reference, None, world, STEPS, True)
+    model = Branchy()
+    model.load_state_dict(reference_model.state_dict())
+    optimizer = zt.ShardedOptimizer(model, kind, mode=mode, **hyper)
+    try:
+        optimizer.load_state_dict(reference.state_dict())
+        got, _ = train_branchy(model, optimizer, rank, world, 3, True, first_step=STEPS)
+        ours = steps_of(optimizer.state_dict(consolidated=True))
+    finally:
+        zt.finish(optimizer)
+    expected, _ = train_branchy(reference_model, reference, None, world, 3, True,
+                                first_step=STEPS)
+    worst = worst_relative(got, expected)
+    loaded_ok = worst <= TOLERANCE and ours == steps_of(reference.state_dict())
+    results["torch_state_dict_loaded"] = {"worst_relative": worst, "ok": loaded_ok}
+    return {"optimizers": results, "ok": ok and loaded_ok}
+
+
+def step_without_gradients(mode):
+    """step() with no gradient at all is a no-op, as torch.optim's: first thing after building
+    the optimizer, and after zero_grad(set_to_none=True); every parameter stays bitwise, and the
+    run goes on to match torch.optim.AdamW. Before issue 26, weight decay moved every parameter."""
+    rank, world = zt.rank(), zt.world_size()
+    hyper = {"lr": 3e-3, "weight_decay": 0.1}
+    reference_model = Branchy()
+    reference = torch.optim.AdamW(reference_model.parameters(), **hyper)
+    reference.step()
+    train_branchy(reference_model, reference, None, world, 2, True)
+    reference.step()
+    expected, _ = train_branchy(reference_model, reference, None, world, 2, True, first_step=2)
+    model = Branchy()
+    optimizer = zt.ShardedOptimizer(model, "adamw", mode=mode, **hyper)
+    try:
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        optimizer.step()
+        first_kept = all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+        train_branchy(model, optimizer, rank, world, 2, True)
+        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        optimizer.step()
+        later_kept = all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+        got, _ = train_branchy(model, optimizer, rank, world, 2, True, first_step=2)
+    finally:
+        zt.finish(optimizer)
+    worst = worst_relative(got, expected)
+    return {"worst_relative": worst, "first_step_kept": first_kept,
+            "later_step_kept": later_kept,
+            "ok": worst <= TOLERANCE and first_kept and later_kept}
+
+
+def clip_grad_norm(mode):
+    """Clipping the user's way after backward, against torch.nn.utils.clip_grad_norm_ on
+    torch.optim.AdamW in the same process (max_norm small enough to clip every step): ddp with
+    torch's own clip_grad_norm_ (.grad holds the averaged gradient once backward returns, as
+    with torch's DDP) and with opt.clip_grad_norm_; zero1/zero2 with opt.clip_grad_norm_ (global
+    across the shards); norm_type 2 and inf. The norms returned and the parameters match torch.
+    Before issue 26 item 5, zero2's .grad was None (torch's clip clipped nothing and returned 0)
+    and ddp/zero1's raced the reduction; opt.clip_grad_norm_ did not exist."""
+    rank, world = zt.rank(), zt.world_size()
+    results = {}
+    ok = True
+    ways = [("opt", 2.0), ("opt", math.inf)]
+    if mode == "ddp":
+        ways += [("torch", 2.0), ("torch", math.inf)]
+    for way, norm_type in ways:
+        max_norm = 0.05
+        reference_model = Branchy()
+        reference = torch.optim.AdamW(reference_model.parameters(), lr=3e-3)
+        expected, expected_norms = train_branchy(
+            reference_model, reference, None, world, STEPS, False,
+            clip=lambda: torch.nn.utils.clip_grad_norm_(reference_model.parameters(), max_norm,
+                                                        norm_type))
+        model = Branchy()
+        optimizer = zt.ShardedOptimizer(model, "adamw", mode=mode, lr=3e-3)
+        if way == "opt":
+            clip = lambda: optimizer.clip_grad_norm_(max_norm, norm_type)  # noqa: E731
+        else:
+            clip = lambda: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm,  # noqa
+                                                          norm_type)
+        try:
+            got, norms = train_branchy(model, optimizer, rank, world, STEPS, False, clip=clip)
+            # Bad arguments raise, naming the field, before anything reaches the workers.
+            refusals = [raises(ValueError, "norm_type: 1.0 is not supported",
+                               lambda: optimizer.clip_grad_norm_(1.0, 1)),
+                        raises(ValueError, "max_norm: -1.0 must be finite and >= 0",
+                               lambda: optimizer.clip_grad_norm_(-1.0))]
+        finally:
+            zt.finish(optimizer)
+        worst = worst_relative(got, expected)
+        norm_error = max(abs(a - b) / max(abs(b), 1e-12) for a, b in zip(norms, expected_norms))
+        clipped = all(norm > max_norm for norm in expected_norms)
+        case_ok = (worst <= TOLERANCE and norm_error <= TOLERANCE and clipped and
+                   None not in refusals)
+        results[f"{way}_{norm_type}"] = {"worst_relative": worst, "norm_error": norm_error,
+                                         "clipped_every_step": clipped,
+                                         "bad_arguments_refused": None not in refusals,
+                                         "ok": case_ok}
+        ok = ok and case_ok
+    return {"ways": results, "ok": ok}
+
+
 CASES = [
     ("add_param_group_before_first_step", add_param_group_before_first_step, MODES),
     ("add_param_group_unfrozen", add_param_group_unfrozen, MODES),
@@ -273,6 +475,9 @@ CASES = [
     ("torch_clip_grad_norm_refused", torch_clip_grad_norm_refused, ("zero1", "zero2")),
     ("model_zero_grad", model_zero_grad, MODES),
     ("zero_grad_set_to_none", zero_grad_set_to_none, MODES),
+    ("parameters_without_gradients", parameters_without_gradients, MODES),
+    ("step_without_gradients", step_without_gradients, MODES),
+    ("clip_grad_norm", clip_grad_norm, MODES),
 ]
 
 

@@ -2,7 +2,10 @@
 attach_torch_contract_script.py under `python3 -m zeroshard.launch`, W = 1 and 2, one cluster per
 W - add_param_group before the first step (and NotImplementedError after it), torch's
 clip_grad_norm_ refused on handed-over gradients, model.zero_grad(), zero_grad(set_to_none=True),
-each against torch.optim in the same process in zero1, zero2 and ddp.
+parameters without gradients skipped with their own step counts (AdamW, SGD, Adagrad; torch's
+state dict loaded), step() without gradients a no-op, opt.clip_grad_norm_ (2 and inf) and ddp's
+averaged .grad under torch's clip_grad_norm_, each against torch.optim in the same process in
+zero1, zero2 and ddp.
 """
 
 import json

@@ -65,6 +65,18 @@ _FIXED_KEYS = {"sgd": ("nesterov", "maximize"), "adam": ("amsgrad", "maximize"),
                "lion": ("maximize",)}
 # torch.optim's default weight decay per optimizer (AdamW decays by default).
 _DEFAULT_WEIGHT_DECAY = {"sgd": 0.0, "adam": 0.0, "adamw": 1e-2, "adagrad": 0.0, "lion": 0.0}
+_TORCH_CLASSES = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW", "adagrad": "Adagrad"}
+
+
+def _default_eps(kind):
+    """The installed torch.optim class's default eps for `kind` (Adagrad's is 1e-10, Adam's
+    1e-8); 1e-8 where it has none (sgd and lion do not read it)."""
+    class_name = _TORCH_CLASSES.get(kind)
+    if class_name is not None:
+        parameter = inspect.signature(getattr(torch.optim, class_name)).parameters.get("eps")
+        if parameter is not None and isinstance(parameter.default, float):
+            return parameter.default
+    return 1e-8
 # How long a rank waits for rank 0's job to appear, and for its worker to take it.
 _JOB_TIMEOUT_S = 120.0
 # While a trainer waits for its welcome, it asks the coordinator this often whether the job
@@ -264,9 +276,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
       them, only the owned shard kept), "zero1" or "ddp" (full gradients all-reduced, full state).
     param_groups: optional list of {"params": [...], "lr": ..., "weight_decay": ...} for
       subsets of the model's parameters; the rest form the default group (lr, weight_decay).
-    clip_grad_norm: global-norm clipping across all shards (torch.nn.utils.clip_grad_norm_).
-    Other keywords: betas, eps, momentum, dampening, nesterov, amsgrad, maximize, lr_decay,
-      initial_accumulator_value, as torch.optim names them.
+    clip_grad_norm: global-norm clipping across all shards in every step (as calling
+      opt.clip_grad_norm_(clip_grad_norm) after each backward).
+    Other keywords: betas, eps (default: the torch.optim class's, Adagrad's 1e-10), momentum,
+      dampening, nesterov, amsgrad, maximize, lr_decay, initial_accumulator_value, as
+      torch.optim names them.
 
     bucket_elems: the job's gradient bucket size in elements (default: the planner's).
 
@@ -284,7 +298,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
     shard, as DeepSpeed stage 2 does, so .grad never holds the full gradient). In zero1 and zero2
     a gradient handed over to the worker leaves a HandedOverGradient in .grad (no values; using it
     raises, naming opt.clip_grad_norm_) until the next forward, step() or zero_grad().
-    model.zero_grad() is routed to this optimizer's zero_grad().
+    model.zero_grad() is routed to this optimizer's zero_grad(). In ddp, backward ends once the
+    gradients are averaged over the ranks (as torch's DDP): .grad then holds them, and
+    torch.nn.utils.clip_grad_norm_ works on it. opt.clip_grad_norm_(max_norm, norm_type) clips
+    across every shard in every mode, as FSDP's.
+
+    Gradients as torch.optim sees them: a parameter whose .grad is None in a step (never used,
+    or unused since zero_grad(set_to_none=True)) on every rank is not updated, and its state and
+    step count stay (a step() without any gradient changes nothing).
 
     Faults: checkpoint_every=N has the workers checkpoint every N steps (sharded, kept:
     checkpoint_keep, default the job's 2); max_attempts=K lets the job start K generations. A
@@ -299,7 +320,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, model, optimizer="adamw", lr=1e-3, weight_decay=None, mode="zero2",
-                 param_groups=None, clip_grad_norm=None, betas=(0.9, 0.999), eps=1e-8,
+                 param_groups=None, clip_grad_norm=None, betas=(0.9, 0.999), eps=None,
                  momentum=0.0, dampening=0.0, nesterov=False, amsgrad=False, maximize=False,
                  lr_decay=0.0, initial_accumulator_value=0.0, bucket_elems=None,
                  checkpoint_every=0, checkpoint_keep=None, max_attempts=1):
@@ -310,6 +331,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"mode: '{mode}' is not one of {sorted(_MODES)}")
         if weight_decay is None:
             weight_decay = _DEFAULT_WEIGHT_DECAY[optimizer]
+        if eps is None:
+            eps = _default_eps(optimizer)
         if checkpoint_every < 0:
             raise ValueError(f"checkpoint_every: {checkpoint_every}, must be >= 0 (0: none)")
         if max_attempts < 1:
@@ -705,6 +728,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._begin_micro_batch()
         self._micro_batches = 0
         self._end_of_backward_queued = False
+        # ddp: the shared gradient buffer holds the average over ranks (_average_gradients).
+        self._averaged = False
 
     def _begin_micro_batch(self):
         self._ready = [False] * len(self._params)
@@ -816,6 +841,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._connection.send(request)
         if self._mode == "zero1":
             self._hand_over(t)
+        elif not self._end_of_backward_queued:
+            # ddp: backward ends by waiting for the averaged gradient, as torch's DDP does.
+            torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward_ddp)
+            self._end_of_backward_queued = True
 
     def _hand_over(self, t):
         """zero1/zero2: tensor t's gradient is the worker's now: .grad holds a HandedOverGradient
@@ -865,6 +894,36 @@ class ShardedOptimizer(torch.optim.Optimizer):
             grad.copy_(current)
         p.grad = grad
         self._pointed[t] = True
+
+    @torch.no_grad()
+    def _end_of_backward_ddp(self):
+        self._end_of_backward_queued = False
+        self._average_gradients()
+
+    def _average_gradients(self):
+        """ddp: the rest of this step's gradients to the worker, which all-reduces them and
+        leaves their average over ranks in the shared buffer. As torch's DDP leaves .grad after
+        backward: a parameter some rank has a gradient for gets the buffer's view as .grad (also
+        where this rank used it not: the others' gradients averaged with its zeros), one no
+        rank has keeps None. The script may read and change them
+        (torch.nn.utils.clip_grad_norm_) before step(), which applies them as they are."""
+        for t in range(len(self._params)):
+            if not self._ready[t]:
+                self._adopt_gradient(t)
+        self._synchronize()
+        request = attach_pb2.AttachRequest()
+        request.average_gradients.tensors_without_gradient.extend(
+            self._tensors_without_gradient())
+        response, _ = self._connection.call(request)
+        unused = set(response.averaged.tensors_without_gradient)
+        for t, (p, grad) in enumerate(zip(self._params, self._grad_views)):
+            if t in unused:
+                continue
+            p.grad = grad
+            self._pointed[t] = True
+            self._has_grad[t] = True
+        self._ready = [True] * len(self._params)
+        self._averaged = True
 
     def _on_gradient_zero2(self, p):
         """zero2, inside no_sync or not: hands over what is ready without blocking; the end of
@@ -1023,21 +1082,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
             default = attach_pb2.GroupValues()
             default.CopyFrom(values[0])
         lr = self.param_groups[0]["lr"]
-        if self._mode == "zero2":
-            begun = self._next > 0 or self._next_segment > 0 or any(self._ready)
-            if begun or self._micro_batches == 0:
-                # A backward whose end went unseen, or none this step: the rest counts as zero.
-                self._ready = [True] * len(self._params)
-                self._hand_over_zero2(wait=True)
-        else:
-            for t in range(len(self._params)):
-                self._adopt_gradient(t)
-        self._synchronize()
+        self._hand_over_rest()
         request = attach_pb2.AttachRequest()
         request.step.loss = float(loss) if loss is not None else 0.0
         request.step.lr = lr
         request.step.param_groups.append(default)
         request.step.param_groups.extend(values)
+        # torch.optim skips a parameter whose .grad is None: the workers skip a tensor no rank
+        # has a gradient for (its state and step count stay).
+        request.step.tensors_without_gradient.extend(self._tensors_without_gradient())
         response, _ = self._connection.call(request)
         self.last_step = response.step_result
         if self._mode == "zero1":
@@ -1048,6 +1101,29 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._clear_handed_over()
         self._begin_step()
         return loss
+
+    def _hand_over_rest(self):
+        """Before step() and clip_grad_norm_: what backward has not handed over goes to the
+        worker (a tensor without a gradient as zeros). zero2: the rest of a backward whose end went
+        unseen, or every tensor when no backward ran this step. ddp after the averaging: a .grad
+        the script replaced (not changed in place) is copied into the shared buffer. Otherwise
+        (ddp/zero1) each tensor's gradient into the shared buffer."""
+        if self._mode == "zero2":
+            begun = self._next > 0 or self._next_segment > 0 or any(self._ready)
+            if begun or self._micro_batches == 0:
+                self._ready = [True] * len(self._params)
+                self._hand_over_zero2(wait=True)
+        elif self._averaged:
+            # The buffers are the same on every rank now: a .grad set to None stays as the
+            # average (zeroing it on one rank would make the ranks' updates differ).
+            for t, (p, grad) in enumerate(zip(self._params, self._grad_views)):
+                if p.grad is not None and p.grad.data_ptr() != grad.data_ptr():
+                    grad.copy_(p.grad)
+                    p.grad = grad
+        else:
+            for t in range(len(self._params)):
+                self._adopt_gradient(t)
+        self._synchronize()
 
     def zero_grad(self, set_to_none=_OPTIMIZER_SET_TO_NONE):
         """As torch.optim's (the default of set_to_none is the installed torch's): True sets each
@@ -1091,11 +1167,47 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self._pointed[t] = False
         self._some_handed_over = False
 
+    @torch.no_grad()
     def clip_grad_norm_(self, max_norm, norm_type=2.0):
-        """Global-norm clipping across the shards, for zero1/zero2 where .grad holds no values."""
-        raise NotImplementedError(
-            "coming: opt.clip_grad_norm_ is not implemented yet; meanwhile build the optimizer "
-            "with zt.ShardedOptimizer(..., clip_grad_norm=max_norm)")
+        """torch.nn.utils.clip_grad_norm_ over every parameter of this optimizer, across all
+        ranks' shards, as FSDP's clip_grad_norm_: returns the total norm of the gradient step()
+        applies (averaged over ranks) as a tensor, and step() scales the gradients by
+        min(1, max_norm / (total_norm + 1e-6)). norm_type: 2 or inf. Collective: every rank calls
+        it with the same values, after the step's backward and before step().
+
+        zero1/zero2: the workers compute the norm over their shards (.grad holds no values here)
+        and apply the coefficient in step(). ddp: .grad holds the averaged gradient (as after
+        torch's DDP backward), clipped in place by torch.nn.utils.clip_grad_norm_ itself."""
+        try:
+            norm_type = float(norm_type)
+        except (TypeError, ValueError):
+            raise ValueError(f"norm_type: {norm_type!r} is not a number") from None
+        if norm_type not in (2.0, math.inf):
+            raise ValueError(f"norm_type: {norm_type} is not supported (2.0 or inf: the norms the "
+                             "workers compute over their shards)")
+        try:
+            max_norm = float(max_norm)
+        except (TypeError, ValueError):
+            raise ValueError(f"max_norm: {max_norm!r} is not a number") from None
+        if not (math.isfinite(max_norm) and max_norm >= 0):
+            raise ValueError(f"max_norm: {max_norm} must be finite and >= 0")
+        self._ensure_attached()
+        if self._mode == "ddp":
+            if not self._averaged:
+                self._average_gradients()
+            return torch.nn.utils.clip_grad_norm_(self._params, max_norm, norm_type)
+        self._hand_over_rest()
+        request = attach_pb2.AttachRequest()
+        request.clip_grad_norm.max_norm = max_norm
+        request.clip_grad_norm.norm_type = norm_type
+        response, _ = self._connection.call(request)
+        if self._mode == "zero1":
+            # The worker took every gradient left in the shared buffer.
+            for t, p in enumerate(self._params):
+                if p.grad is not None and not _handed_over(p.grad):
+                    self._hand_over(t)
+        return torch.tensor(response.grad_norm.total_norm, dtype=torch.float32,
+                            device=self._device)
 
     # ---- state_dict / load_state_dict ----
 
@@ -1133,8 +1245,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """What torch.optim's optimizer of this kind would put in its state_dict(), found by
         running one (features, not versions): the param_groups (every hyperparameter this torch
         has, this optimizer's lr and weight_decay and scheduler keys, params as indices in this
-        optimizer's group order) and one parameter's state after a step (its keys in torch's
-        order, "step" as torch stores it, None where torch keeps None)."""
+        optimizer's group order), one parameter's state after a step (its keys in torch's
+        order, "step" as torch stores it, None where torch keeps None), and the state torch
+        makes for a parameter before its first step (Adagrad's: step 0 and the initial sum; {}
+        for the optimizers that make it at the first step)."""
         dummies = [{"params": [torch.zeros(1, requires_grad=True) for _ in group["params"]],
                     "lr": group["lr"], "weight_decay": group["weight_decay"]}
                    for group in self.param_groups]
@@ -1149,16 +1263,19 @@ class ShardedOptimizer(torch.optim.Optimizer):
                                "params": list(range(first, first + len(group["params"])))})
                 first += len(group["params"])
             template = {"step": torch.tensor(0.0), "exp_avg": torch.zeros(1)}
+            initial = {}
         else:
             groups = reference.state_dict()["param_groups"]
             probe = torch.zeros(1, requires_grad=True)
             probe_optimizer = self._torch_optimizer([{"params": [probe]}])
+            initial = {key: value.clone() if torch.is_tensor(value) else value for key, value
+                       in probe_optimizer.state_dict()["state"].get(0, {}).items()}
             probe.grad = torch.ones(1)
             probe_optimizer.step()
             template = probe_optimizer.state_dict()["state"].get(0, {})
         for ours, theirs in zip(self.param_groups, groups):
             theirs.update({key: value for key, value in ours.items() if key != "params"})
-        return groups, template
+        return groups, template, initial
 
     def state_dict(self, consolidated=False):
         """Collective: every rank calls it at the same step, between steps.
@@ -1179,20 +1296,32 @@ class ShardedOptimizer(torch.optim.Optimizer):
         saved = response.state_saved
         if saved.refused:
             raise RuntimeError(f"state_dict: the worker could not save the state: {saved.refused}")
-        groups, template = self._torch_layout()
+        groups, template, initial = self._torch_layout()
         if not consolidated:
             return {"zeroshard_checkpoint": 1, "job_id": self._job_id, "step": saved.step,
                     "optimizer_step": saved.optimizer_step, "optimizer": self._optimizer_kind,
                     "mode": self._mode, "manifest": saved.manifest,
                     "world_size": saved.world_size, "param_groups": groups}
         header, full = _checkpoint.read_full_state(saved.manifest, expected_job_id=self._job_id)
-        step = header.optimizer_step
+        # Each tensor's own step (a tensor skipped in steps without a gradient counts fewer);
+        # torch.optim holds no state for a parameter it never updated.
+        steps = {tensor.name: header.optimizer_step for tensor in header.tensors}
+        if header.tensor_steps:
+            steps = {tensor.name: step
+                     for tensor, step in zip(header.tensors, header.tensor_steps)}
         state = {}
         index = 0
         for group in self.param_groups:
             for p in group["params"]:
                 name = self._names[self._index[id(p)]]
-                if step > 0 and template:
+                step = steps[name]
+                if step == 0 and initial:
+                    # Never updated, with an optimizer that makes its state before the first
+                    # step (Adagrad): torch's initial state.
+                    state[index] = {key: value if not torch.is_tensor(value) or key == "step"
+                                    else torch.full(p.shape, float(value.reshape(-1)[0]))
+                                    for key, value in initial.items()}
+                elif step > 0 and template:
                     entry = {}
                     for key, value in template.items():
                         if key == "step":
@@ -1312,7 +1441,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if not isinstance(saved_state, dict):
             raise ValueError(f"state: a dict expected, got {type(saved_state).__name__}")
         self._check_group_layout(saved_groups)
-        _, template = self._torch_layout()
+        _, template, _ = self._torch_layout()
         arrays_needed = [key for key, value in template.items()
                          if key != "step" and value is not None]
         # The saved indices name this optimizer's parameters group by group, as torch maps them.
@@ -1322,7 +1451,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if index not in param_of:
                 raise ValueError(f"state: parameter index {index} is in no param group")
         arrays = {}
-        steps = set()
+        steps = {}
         has_state = any(saved_state.values())
         for index, p in param_of.items():
             name = self._names[self._index[id(p)]]
@@ -1334,11 +1463,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 raise ValueError(f"state[{index}] (parameter {name}): {sorted(unknown)} are not "
                                  f"{self._optimizer_kind}'s state (another optimizer's dict?)")
             if not entry:
-                if has_state and arrays_needed:
-                    raise ValueError(f"state[{index}] (parameter {name}): no state, while other "
-                                     "parameters have some")
+                # Never updated (torch.optim skipped it every step): its own step is 0, and its
+                # first update initialises its state.
                 for key in arrays_needed:
                     arrays[f"{key}/{name}"] = torch.zeros(p.numel())
+                steps[name] = 0
                 continue
             for key in arrays_needed:
                 value = entry.get(key)
@@ -1352,12 +1481,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
             if "step" in template:
                 if "step" not in entry:
                     raise ValueError(f"state[{index}] (parameter {name}): no step")
-                steps.add(int(float(entry["step"])))
-        if len(steps) > 1:
-            raise ValueError(f"state: the parameters' step counts differ ({sorted(steps)}); "
-                             "ZeroShard keeps one count for all")
+                step = int(float(entry["step"]))
+                if step < 0:
+                    raise ValueError(f"state[{index}] (parameter {name}): step {step} < 0")
+                steps[name] = step
+            else:
+                steps[name] = None  # SGD keeps no step: the optimizer's
         self._check_group_hyperparameters(saved_groups)
-        optimizer_step = steps.pop() if steps else (1 if has_state else 0)
+        counted = [step for step in steps.values() if step is not None]
+        optimizer_step = max(counted) if counted else (1 if has_state else 0)
+        # Each tensor's own step, sent only when one differs from the optimizer's.
+        tensor_steps = [optimizer_step if steps.get(name) is None else steps[name]
+                        for name in self._names]
         for name, p in zip(self._names, self._params):
             arrays[f"param/{name}"] = p.detach()
         directory = tempfile.mkdtemp(prefix="zeroshard-state-")
@@ -1367,6 +1502,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             request = attach_pb2.AttachRequest()
             request.load_state.full_state_file = path
             request.load_state.optimizer_step = optimizer_step
+            if any(step != optimizer_step for step in tensor_steps):
+                request.load_state.tensor_steps.extend(tensor_steps)
             # Passed open: the worker never opens a path a trainer names.
             state_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:

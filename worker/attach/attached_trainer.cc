@@ -553,10 +553,25 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
           break;
         }
         served = HandOverRest(sink, "average_gradients");
-        if (served.ok()) served = engine_->AverageGradients();
-        // The trainer reads the averaged buffer next: the device is done with it first.
-        if (served.ok()) served = WaitForDevice();
-        if (served.ok()) served = Ack();
+        if (served.ok()) {
+          const auto& named = request.average_gradients().tensors_without_gradient();
+          served =
+              engine_->SetTensorsWithoutGradient(std::vector<int64_t>(named.begin(), named.end()));
+        }
+        if (served.ok()) {
+          absl::StatusOr<std::vector<int64_t>> without_gradient = engine_->AverageGradients();
+          served = without_gradient.status();
+          // The trainer reads the averaged buffer next: the device is done with it first.
+          if (served.ok()) served = WaitForDevice();
+          if (served.ok()) {
+            v1::AttachResponse response;
+            for (const int64_t t : *without_gradient) {
+              response.mutable_averaged()->add_tensors_without_gradient(static_cast<int32_t>(t));
+            }
+            response.mutable_averaged();
+            served = Reply(response);
+          }
+        }
         break;
       case v1::AttachRequest::kClipGradNorm: {
         if (engine_ == nullptr) {

@@ -900,7 +900,7 @@ absl::Status Engine::CompleteReductions() {
   return absl::OkStatus();
 }
 
-absl::Status Engine::AverageGradients() {
+absl::StatusOr<std::vector<int64_t>> Engine::AverageGradients() {
   ZS_RETURN_IF_ERROR(failure_);
   if (config_.mode != EngineMode::kDdp || StagesGradients()) {
     return absl::FailedPreconditionError(
@@ -921,7 +921,12 @@ absl::Status Engine::AverageGradients() {
   // The trainer reads the buffer next: the device's writes must be complete.
   ZS_RETURN_IF_ERROR(RecordFailure(device_->Synchronize()));
   averaged_ = true;
-  return absl::OkStatus();
+  ZS_RETURN_IF_ERROR(AllReduceGradientMask());
+  std::vector<int64_t> without_gradient;
+  for (size_t t = 0; t < skipped_tensors_.size(); ++t) {
+    if (skipped_tensors_[t]) without_gradient.push_back(static_cast<int64_t>(t));
+  }
+  return without_gradient;
 }
 
 absl::Status Engine::RecomputeGradStats() {
@@ -999,7 +1004,14 @@ absl::StatusOr<double> Engine::ClipGradNorm(double max_norm, double norm_type) {
 }
 
 absl::Status Engine::AgreeOnSkippedTensors(double missing) {
-  if (missing == 0.0) return absl::OkStatus();
+  if (missing == 0.0) {
+    std::fill(skipped_tensors_.begin(), skipped_tensors_.end(), 0);
+    return absl::OkStatus();
+  }
+  return AllReduceGradientMask();
+}
+
+absl::Status Engine::AllReduceGradientMask() {
   // Each rank adds 1 for every tensor it has a gradient for: 0 in the sum means no rank has.
   for (size_t t = 0; t < without_gradient_.size(); ++t) {
     host_gradient_mask_[t] = without_gradient_[t] ? 0.0f : 1.0f;
@@ -1194,7 +1206,6 @@ void Engine::ResetStepState() {
   clip_max_norm_.reset();
   if (without_gradient_count_ > 0) {
     std::fill(without_gradient_.begin(), without_gradient_.end(), 0);
-    std::fill(skipped_tensors_.begin(), skipped_tensors_.end(), 0);
     without_gradient_count_ = 0;
   }
 }

@@ -283,10 +283,11 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // bucket's all-reduce and divides the full gradient buffer by W in place, so that the
   // trainer's .grad views hold the averaged gradient, which it may read and change (clip) before
   // Step(). Step() then takes the buffer as it is: its statistics are summed anew from it, and it
-  // divides by W no more. Collective (every rank calls it). FailedPrecondition outside ddp, with
-  // gradients stored in another dtype than fp32, before every tensor was handed over, or twice in
-  // one step.
-  absl::Status AverageGradients();
+  // divides by W no more. Also OR-s the ranks' SetTensorsWithoutGradient sets (one small
+  // all-reduce) and returns the tensors no rank has a gradient for (DDP leaves their .grad None).
+  // Collective (every rank calls it). FailedPrecondition outside ddp, with gradients stored in
+  // another dtype than fp32, before every tensor was handed over, or twice in one step.
+  absl::StatusOr<std::vector<int64_t>> AverageGradients();
 
   // opt.clip_grad_norm_(max_norm, norm_type), as FSDP's clip_grad_norm_: the total norm of the
   // gradient Step() would apply (averaged over ranks, unscaled), over every tensor across all
@@ -489,6 +490,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // all-reduce, only when some rank named one; `missing` is the all-reduced count) into
   // skipped_tensors_.
   absl::Status AgreeOnSkippedTensors(double missing);
+  // The all-reduce of AgreeOnSkippedTensors, unconditionally.
+  absl::Status AllReduceGradientMask();
   // Issues every bucket's parameter all-gather, the last bucket first (Step(), RestoreState()).
   void IssueGathers();
   // Lists what CopyStateTo saves (saved_fragments_, saved_bytes_).
