@@ -291,10 +291,22 @@ def plain_adamw_single():
     return torch.optim.AdamW(model.parameters(), lr=1e-3).state_dict()
 
 
+def step_of_last_layer_only(model, optimizer, step):
+    """One step in which only the model's last Linear gets a gradient (set_to_none=True before):
+    the other parameters are skipped and keep their step counts (issue 26), so the checkpoint's
+    per-tensor steps differ and must survive the resharding."""
+    optimizer.zero_grad(set_to_none=True)
+    x, y = eq.batch(step, 0, zt.rank())
+    torch.nn.functional.mse_loss(model[-1](torch.tanh(x.repeat(1, 2))), y).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def save_for_other_world_size(directory):
     model = eq.build_model()
     optimizer = sharded_optimizer(model, "adamw", lr=1e-3)
     run_steps(model, optimizer, 0, STEPS_BEFORE_SAVE)
+    step_of_last_layer_only(model, optimizer, STEPS_BEFORE_SAVE)
     sharded = optimizer.state_dict()
     consolidated = optimizer.state_dict(consolidated=True)  # the same step: the same checkpoint
     same_checkpoint = sharded == {k: v for k, v in optimizer.state_dict().items()}
@@ -320,14 +332,25 @@ def load_from_other_world_size(directory):
     optimizer = sharded_optimizer(model, "adamw", lr=1e-3)
     optimizer.load_state_dict(saved["sharded"])
     restored = same_parameters(parameters(model), saved["parameters"])
+    # Each parameter's own step, as saved (the last layer's one more than the others').
+    steps = [int(entry["step"]) for _, entry in sorted(saved["consolidated"]["state"].items())]
     state = compare_states(optimizer.state_dict(consolidated=True), saved["consolidated"])
-    run_steps(model, optimizer, STEPS_BEFORE_SAVE, 1)
+    run_steps(model, optimizer, STEPS_BEFORE_SAVE + 1, 1)
     count = optimizer.last_step.optimizer_step
+    steps_after = [int(entry["step"])
+                   for _, entry in sorted(optimizer.state_dict(consolidated=True)["state"].items())]
     zt.finish(optimizer)
+    # The state's indices count the optimizer's parameters group by group; the last Linear
+    # ("4.") was stepped once more.
+    name_of = {id(p): name for name, p in model.named_parameters()}
+    expected_steps = [STEPS_BEFORE_SAVE + (1 if name_of[id(p)].startswith("4.") else 0)
+                      for group in optimizer.param_groups for p in group["params"]]
     report("loaded_from_other_world_size", restored and state == 0.0 and
-           count == STEPS_BEFORE_SAVE + 1, world_size=zt.world_size(),
+           count == STEPS_BEFORE_SAVE + 2 and steps == expected_steps and
+           steps_after == [step + 1 for step in steps], world_size=zt.world_size(),
            saved_world_size=saved["sharded"]["world_size"], parameters_restored=restored,
-           state_difference=state, optimizer_step=count)
+           state_difference=state, optimizer_step=count, tensor_steps=steps,
+           tensor_steps_after=steps_after)
 
 
 def main():

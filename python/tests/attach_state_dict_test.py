@@ -1,7 +1,8 @@
 """ShardedOptimizer.state_dict() / load_state_dict() on real local clusters (python3 -m
 zeroshard.launch): attach_state_dict_script.py's checks at W = 2 (the consolidated state against
 torch's ZeroRedundancyOptimizer, bitwise replay after a load, round trips with torch.optim.AdamW,
-bad inputs), and a sharded state dict saved at W = 2 loaded at W = 3 (resharded by the workers).
+bad inputs), and a sharded state dict saved at W = 2 loaded at W = 3 (resharded by the workers,
+with each tensor's own step count: the last layer was stepped once alone, issue 26).
 """
 
 import json
