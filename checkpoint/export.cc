@@ -46,7 +46,7 @@ absl::Status SinkInPieces(const char* data, size_t n, size_t chunk_bytes, const 
 }  // namespace
 
 absl::StatusOr<CheckpointExport> CheckpointExport::Create(const CheckpointReader* reader,
-                                                          bool is_final) {
+                                                          bool is_final, const Aliases& aliases) {
   const v1::ShardHeader& header = reader->header();
   std::string state;
   if (HasState(header, kMasterState)) {
@@ -68,10 +68,29 @@ absl::StatusOr<CheckpointExport> CheckpointExport::Create(const CheckpointReader
     }
   }
   std::vector<TensorDecl> tensors;
+  std::vector<std::string> sources;
   tensors.reserve(header.tensors_size());
+  size_t aliased = 0;
   for (const v1::CheckpointTensor& tensor : header.tensors()) {
-    tensors.push_back({tensor.name(), SafetensorsDType::kF32,
-                       std::vector<int64_t>(tensor.shape().begin(), tensor.shape().end())});
+    std::vector<int64_t> shape(tensor.shape().begin(), tensor.shape().end());
+    tensors.push_back({tensor.name(), SafetensorsDType::kF32, shape});
+    sources.push_back(tensor.name());
+    const auto found = aliases.find(tensor.name());
+    if (found == aliases.end()) continue;
+    ++aliased;
+    for (const std::string& alias : found->second) {
+      tensors.push_back({alias, SafetensorsDType::kF32, shape});
+      sources.push_back(tensor.name());
+    }
+  }
+  if (aliased != aliases.size()) {
+    for (const auto& [name, unused] : aliases) {
+      if (std::find(sources.begin(), sources.end(), name) == sources.end()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("aliases: checkpoint ", reader->checkpoint().directory,
+                         " holds no tensor \"", absl::CHexEscape(name), "\" to export them of"));
+      }
+    }
   }
   SafetensorsMetadata metadata = {
       {kExportFormatKey, kExportFormat},
@@ -80,26 +99,26 @@ absl::StatusOr<CheckpointExport> CheckpointExport::Create(const CheckpointReader
       {kExportSourceKey, is_final ? "final" : absl::StrCat("step ", header.step())},
   };
   ZS_ASSIGN_OR_RETURN(SafetensorsHead head, EncodeSafetensorsHead(tensors, metadata));
-  return CheckpointExport(reader, std::move(state), std::move(tensors), std::move(metadata),
-                          std::move(head));
+  return CheckpointExport(reader, std::move(state), std::move(tensors), std::move(sources),
+                          std::move(metadata), std::move(head));
 }
 
 absl::Status CheckpointExport::Stream(const ByteSink& sink, size_t chunk_bytes) const {
   if (chunk_bytes == 0) return absl::InvalidArgumentError("chunk_bytes: must be > 0");
   ZS_RETURN_IF_ERROR(SinkInPieces(head_.bytes.data(), head_.bytes.size(), chunk_bytes, sink));
-  for (const TensorDecl& tensor : tensors_) {
-    ZS_RETURN_IF_ERROR(StreamTensor(tensor, sink, chunk_bytes));
+  for (size_t i = 0; i < tensors_.size(); ++i) {
+    ZS_RETURN_IF_ERROR(StreamTensor(tensors_[i], sources_[i], sink, chunk_bytes));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckpointExport::StreamTensor(const TensorDecl& tensor, const ByteSink& sink,
-                                            size_t chunk_bytes) const {
+absl::Status CheckpointExport::StreamTensor(const TensorDecl& tensor, const std::string& source,
+                                            const ByteSink& sink, size_t chunk_bytes) const {
   int64_t elements = 1;
   for (int64_t dim : tensor.shape) elements *= dim;
   if (elements == 0) return absl::OkStatus();
   ZS_ASSIGN_OR_RETURN(const std::vector<FragmentOverlap> overlaps,
-                      reader_->FindFragments(source_state_, tensor.name, 0, elements));
+                      reader_->FindFragments(source_state_, source, 0, elements));
   // The whole tensor is asked for, so each overlap is one whole fragment.
   std::string stored;
   const size_t widen_elements = std::max<size_t>(1, chunk_bytes / sizeof(float));

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -38,17 +39,25 @@ inline constexpr size_t kDefaultExportChunkBytes = size_t{1} << 20;
 // The reader must outlive the export.
 class CheckpointExport {
  public:
+  // Other names of a checkpoint tensor (tied weights: AttachedTensor.aliases), by its name.
+  using Aliases = absl::flat_hash_map<std::string, std::vector<std::string>>;
+
   // Plans the file: one F32 tensor per tensor of the checkpoint's header, with its name and
-  // shape, in the header's order. `is_final`: the checkpoint is the job's final state (the
-  // metadata's source is "final", else "step <step>"). FAILED_PRECONDITION naming the fragment
-  // when a fragment of the chosen state is stored in a dtype that does not widen to fp32 exactly
-  // (FLOAT64), or naming the states when the checkpoint holds neither "master" nor "param";
-  // INVALID_ARGUMENT when the head cannot be encoded (EncodeSafetensorsHead).
-  static absl::StatusOr<CheckpointExport> Create(const CheckpointReader* reader, bool is_final);
+  // shape, in the header's order, each followed by a copy of its data under each of its
+  // `aliases` (safetensors has no aliasing: a strict torch load of a model with tied weights
+  // wants every name). `is_final`: the checkpoint is the job's final state (the metadata's
+  // source is "final", else "step <step>"). FAILED_PRECONDITION naming the fragment when a
+  // fragment of the chosen state is stored in a dtype that does not widen to fp32 exactly
+  // (FLOAT64), or naming the states when the checkpoint holds neither "master" nor "param", or
+  // naming the tensor when `aliases` names one the checkpoint does not hold; INVALID_ARGUMENT
+  // when the head cannot be encoded (EncodeSafetensorsHead: an alias that repeats a name).
+  static absl::StatusOr<CheckpointExport> Create(const CheckpointReader* reader, bool is_final,
+                                                 const Aliases& aliases = {});
 
   int64_t step() const { return reader_->header().step(); }
   // kMasterState or kParamState.
   absl::string_view source_state() const { return source_state_; }
+  // The file's tensors, in file order (aliases included).
   const std::vector<TensorDecl>& tensors() const { return tensors_; }
   const SafetensorsMetadata& metadata() const { return metadata_; }
   // The whole file, head included.
@@ -64,21 +73,25 @@ class CheckpointExport {
 
  private:
   CheckpointExport(const CheckpointReader* reader, std::string source_state,
-                   std::vector<TensorDecl> tensors, SafetensorsMetadata metadata,
-                   SafetensorsHead head)
+                   std::vector<TensorDecl> tensors, std::vector<std::string> sources,
+                   SafetensorsMetadata metadata, SafetensorsHead head)
       : reader_(reader),
         source_state_(std::move(source_state)),
         tensors_(std::move(tensors)),
+        sources_(std::move(sources)),
         metadata_(std::move(metadata)),
         head_(std::move(head)) {}
 
-  // Streams one tensor's fp32 values.
-  absl::Status StreamTensor(const TensorDecl& tensor, const ByteSink& sink,
-                            size_t chunk_bytes) const;
+  // Streams the fp32 values of the checkpoint's tensor `source` (of `tensor`'s shape).
+  absl::Status StreamTensor(const TensorDecl& tensor, const std::string& source,
+                            const ByteSink& sink, size_t chunk_bytes) const;
 
   const CheckpointReader* reader_;
   std::string source_state_;
   std::vector<TensorDecl> tensors_;
+  // sources_[i]: the checkpoint tensor whose data tensors_[i] holds (its own name, or the
+  // tensor it is an alias of).
+  std::vector<std::string> sources_;
   SafetensorsMetadata metadata_;
   SafetensorsHead head_;
 };

@@ -207,6 +207,61 @@ TEST_F(ExportTest, FinalStateSaysSoInTheMetadata) {
   EXPECT_EQ(*contents, StreamToString(*plan, 1 << 20).bytes);
 }
 
+// Issue 27: a tied weight is written under each of its names (safetensors has no aliasing), so
+// that a strict torch load of the model finds every name of its state_dict().
+TEST_F(ExportTest, AliasesGetACopyOfTheirTensorsData) {
+  TestCheckpointSpec spec;
+  spec.world_size = 2;
+  spec.tensors = SequentialTensors({40, 64, 10});
+  spec.states = {{"param", v1::FLOAT32}, {"exp_avg", v1::FLOAT32}};
+  ASSERT_NO_FATAL_FAILURE(Open("aliases", spec));
+  const CheckpointExport::Aliases aliases = {{"0.weight", {"decoder.weight"}},
+                                             {"2.bias", {"head.bias", "tied.bias"}}};
+  absl::StatusOr<CheckpointExport> plan = CheckpointExport::Create(reader_.get(), false, aliases);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  std::vector<std::string> names;
+  for (const TensorDecl& tensor : plan->tensors()) names.push_back(tensor.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "decoder.weight", "0.bias", "2.weight",
+                                             "2.bias", "head.bias", "tied.bias"}));
+  const std::string path = job_dir_ + "/aliases.safetensors";
+  absl::StatusOr<WrittenFile> written = WriteExportFile(*plan, path);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(written->bytes, plan->total_bytes());
+  absl::StatusOr<std::unique_ptr<SafetensorsReader>> file = SafetensorsReader::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_EQ((*file)->tensors().size(), 7u);
+  auto read = [&](const std::string& name) {
+    const TensorInfo* info = (*file)->Find(name);
+    EXPECT_NE(info, nullptr) << name;
+    if (info == nullptr) return std::string();
+    std::string bytes(info->num_bytes(), '\0');
+    EXPECT_TRUE((*file)->ReadTensorBytes(*info, 0, bytes.data(), bytes.size()).ok());
+    return bytes;
+  };
+  for (const auto& [source, names_of] : aliases) {
+    const sharding::TensorSpec& tensor = source == "0.weight" ? spec.tensors[0] : spec.tensors[3];
+    ASSERT_EQ(tensor.name, source);
+    const std::string expected = ExpectedTensorBytes(tensor, "param", v1::FLOAT32);
+    EXPECT_TRUE(read(source) == expected) << source;
+    for (const std::string& alias : names_of) {
+      EXPECT_EQ((*file)->Find(alias)->shape, tensor.shape) << alias;
+      EXPECT_TRUE(read(alias) == expected) << alias;
+    }
+  }
+  EXPECT_TRUE(read("2.weight") == ExpectedTensorBytes(spec.tensors[2], "param", v1::FLOAT32));
+
+  // An alias of a tensor the checkpoint does not hold, or one that repeats a name, is refused.
+  absl::Status refused =
+      CheckpointExport::Create(reader_.get(), false, {{"encoder.weight", {"decoder.weight"}}})
+          .status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "holds no tensor \"encoder.weight\""))
+      << refused;
+  refused = CheckpointExport::Create(reader_.get(), false, {{"0.weight", {"2.bias"}}}).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "duplicate name")) << refused;
+}
+
 TEST_F(ExportTest, CorruptFragmentIsDataLossAndLeavesNoFile) {
   TestCheckpointSpec spec;
   spec.world_size = 2;

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -27,6 +28,9 @@ namespace {
 
 constexpr absl::string_view kStepDirPrefix = "step-";
 constexpr int kStepDigits = 12;
+constexpr absl::string_view kSupersededDirPrefix = "superseded-";
+// The most checkpoints of one step SupersedeCheckpoint keeps apart.
+constexpr int kMaxSupersededCopies = 99999;
 
 // What a listing leaves alone: a refused entry, and any manifest this code may not judge (another
 // job's, a newer format's, or one an errno of that code kept it from reading).
@@ -77,6 +81,23 @@ std::optional<int64_t> ParseStepDirName(absl::string_view name) {
   // One spelling per step: "step-0000000000012" (13 digits) is not step 12's directory.
   if (StepDirName(step) != absl::StrCat(kStepDirPrefix, name)) return std::nullopt;
   return step;
+}
+
+std::string SupersededDirName(int64_t step, int copy) {
+  return absl::StrCat(kSupersededDirPrefix, StepDirName(step), "-", copy);
+}
+
+std::optional<int64_t> ParseSupersededDirName(absl::string_view name) {
+  if (!absl::ConsumePrefix(&name, kSupersededDirPrefix)) return std::nullopt;
+  const size_t dash = name.rfind('-');
+  if (dash == absl::string_view::npos) return std::nullopt;
+  const absl::string_view copy = name.substr(dash + 1);
+  int parsed_copy = 0;
+  if (copy.empty() || copy.size() > 5 || !absl::SimpleAtoi(copy, &parsed_copy) || parsed_copy < 1 ||
+      absl::StrCat(parsed_copy) != copy) {
+    return std::nullopt;
+  }
+  return ParseStepDirName(name.substr(0, dash));
 }
 
 std::string StepDir(absl::string_view job_dir, int64_t step) {
@@ -314,8 +335,36 @@ absl::Status VerifyCheckpointFile(const Directory& step_dir, const v1::Checkpoin
 }
 
 bool IsNewerCheckpoint(const CommittedCheckpoint& a, const CommittedCheckpoint& b) {
-  return std::make_pair(a.generation(), a.step) > std::make_pair(b.generation(), b.step);
+  return CheckpointOrder(a.generation(), a.step) > CheckpointOrder(b.generation(), b.step);
 }
+
+namespace {
+
+// Adds the superseded checkpoint in `name` of `job` to the listing, unless it is not the job's
+// own (a link or not a directory, another job's or a newer format's manifest) or holds no
+// manifest that reads (a crash between its rename and its mark is not one: that manifest reads):
+// those are left out, untouched. I/O errors are returned.
+absl::Status ListSuperseded(const Directory& job, const std::string& name, int64_t step,
+                            std::optional<absl::string_view> job_id, CheckpointListing* listing) {
+  absl::StatusOr<Directory> dir = job.OpenChild(name);
+  if (NotOursToTouch(dir.status()) || absl::IsNotFound(dir.status())) return absl::OkStatus();
+  ZS_RETURN_IF_ERROR(dir.status());
+  auto held = std::make_shared<const Directory>(*std::move(dir));
+  absl::StatusOr<v1::CheckpointManifest> manifest = ReadManifest(*held);
+  if (NotOursToTouch(manifest.status()) || absl::IsNotFound(manifest.status()) ||
+      absl::IsDataLoss(manifest.status())) {
+    return absl::OkStatus();
+  }
+  ZS_RETURN_IF_ERROR(manifest.status());
+  if (manifest->step() != step || (job_id.has_value() && manifest->job_id() != *job_id)) {
+    return absl::OkStatus();
+  }
+  listing->superseded.push_back(
+      {step, name, job.PathOf(name), *std::move(manifest), std::move(held)});
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<CheckpointListing> ListCheckpoints(const Directory& root, absl::string_view job_dir,
                                                   std::optional<absl::string_view> job_id) {
@@ -328,6 +377,10 @@ absl::StatusOr<CheckpointListing> ListCheckpoints(const Directory& root, absl::s
   if (!job.ok()) return job.status();
   ZS_ASSIGN_OR_RETURN(const std::vector<DirectoryEntry> entries, job->List());
   for (const DirectoryEntry& entry : entries) {
+    if (const std::optional<int64_t> retired = ParseSupersededDirName(entry.name)) {
+      ZS_RETURN_IF_ERROR(ListSuperseded(*job, entry.name, *retired, job_id, &listing));
+      continue;
+    }
     const std::optional<int64_t> step = ParseStepDirName(entry.name);
     if (!step.has_value()) continue;
     const std::string directory = job->PathOf(entry.name);
@@ -344,6 +397,11 @@ absl::StatusOr<CheckpointListing> ListCheckpoints(const Directory& root, absl::s
       manifest = RefusedError(absl::StrCat(held->PathOf(kManifestFileName), " belongs to job \"",
                                            absl::CHexEscape(manifest->job_id()), "\", not to ",
                                            *job_id, ": not this job's checkpoint, left alone"));
+    }
+    if (manifest.ok() && manifest->has_superseded()) {
+      listing.superseded.push_back(
+          {*step, entry.name, directory, *std::move(manifest), std::move(held)});
+      continue;
     }
     if (manifest.ok()) {
       listing.committed.push_back({*step, directory, *std::move(manifest), std::move(held)});
@@ -366,6 +424,14 @@ absl::StatusOr<CheckpointListing> ListCheckpoints(const Directory& root, absl::s
             [](const UncommittedStep& a, const UncommittedStep& b) { return a.step > b.step; });
   std::sort(listing.refused.begin(), listing.refused.end(),
             [](const RefusedStep& a, const RefusedStep& b) { return a.step > b.step; });
+  std::sort(listing.superseded.begin(), listing.superseded.end(),
+            [](const SupersededCheckpoint& a, const SupersededCheckpoint& b) {
+              const auto when = [](const SupersededCheckpoint& c) {
+                const google::protobuf::Timestamp& time = c.manifest.superseded().time();
+                return std::make_tuple(c.step, time.seconds(), time.nanos(), c.name);
+              };
+              return when(a) > when(b);
+            });
   return listing;
 }
 
@@ -387,9 +453,56 @@ absl::StatusOr<CommittedCheckpoint> ReadCommittedCheckpoint(
     return RefusedError(absl::StrCat(step_dir.PathOf(kManifestFileName), " belongs to job \"",
                                      absl::CHexEscape(manifest.job_id()), "\", not to ", *job_id));
   }
+  if (manifest.has_superseded()) {
+    return RefusedError(absl::StrCat(
+        step_dir.PathOf(kManifestFileName), " was superseded: job ", manifest.job_id(),
+        " went back to step ", manifest.superseded().loaded_step(), " in generation ",
+        manifest.superseded().generation(), " (", manifest.superseded().reason(), ")"));
+  }
   std::string directory = step_dir.path();
   return CommittedCheckpoint{step, std::move(directory), std::move(manifest),
                              std::make_shared<const Directory>(std::move(step_dir))};
+}
+
+absl::StatusOr<std::string> SupersedeCheckpoint(const Directory& root, absl::string_view job_dir,
+                                                const CommittedCheckpoint& checkpoint,
+                                                const v1::CheckpointSupersession& why) {
+  if (checkpoint.step_dir == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(checkpoint.directory, ": not opened (ListCheckpoints opens checkpoints)"));
+  }
+  ZS_ASSIGN_OR_RETURN(const Directory job, root.OpenPath(job_dir));
+  std::string to;
+  for (int copy = 1;; ++copy) {
+    if (copy > kMaxSupersededCopies) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot retire ", checkpoint.directory, ": ", kMaxSupersededCopies,
+                       " superseded checkpoints of step ", checkpoint.step, " are there already"));
+    }
+    to = SupersededDirName(checkpoint.step, copy);
+    const absl::StatusOr<struct stat> taken = job.Stat(to);
+    if (absl::IsNotFound(taken.status())) break;
+    ZS_RETURN_IF_ERROR(taken.status());
+  }
+  ZS_RETURN_IF_ERROR(job.Rename(StepDirName(checkpoint.step), to));
+  ZS_RETURN_IF_ERROR(job.Sync());
+  // The directory renamed must be the one the checkpoint was read from: the mark goes through
+  // the descriptor held since then.
+  struct stat held;
+  if (::fstat(checkpoint.step_dir->fd(), &held) != 0) {
+    return ErrnoError("fstat", checkpoint.directory, errno);
+  }
+  ZS_ASSIGN_OR_RETURN(const struct stat renamed, job.Stat(to));
+  if (held.st_dev != renamed.st_dev || held.st_ino != renamed.st_ino) {
+    return RefusedError(absl::StrCat(job.PathOf(to), " (renamed from ", checkpoint.directory,
+                                     ") is not the directory the checkpoint was read from: it "
+                                     "changed since it was listed; its manifest is left unmarked"));
+  }
+  v1::CheckpointManifest marked = checkpoint.manifest;
+  *marked.mutable_superseded() = why;
+  ZS_RETURN_IF_ERROR(WriteFileDurably(*checkpoint.step_dir, kManifestFileName,
+                                      ToJson(marked, JsonStyle::kIndented) + "\n"));
+  return job.PathOf(to);
 }
 
 absl::StatusOr<PruneResult> PruneCheckpoints(const Directory& root, absl::string_view job_dir,
@@ -426,6 +539,20 @@ absl::StatusOr<PruneResult> PruneCheckpoints(const Directory& root, absl::string
     if (it->step >= newest) break;
     ZS_ASSIGN_OR_RETURN(const bool gone, remove(it->step, it->directory, *it->step_dir));
     if (gone) result.deleted_uncommitted.push_back(it->step);
+  }
+  // The oldest committed checkpoint kept.
+  const size_t kept = std::min(listing.committed.size(), static_cast<size_t>(keep));
+  const int64_t oldest_kept = listing.committed[kept - 1].step;
+  for (auto it = listing.superseded.rbegin(); it != listing.superseded.rend(); ++it) {
+    if (it->step >= oldest_kept) break;
+    absl::Status status = RemoveStepDirectory(job, it->name, *it->step_dir);
+    if (IsRefusal(status)) {
+      result.refused.push_back({it->step, it->directory, std::move(status)});
+      continue;
+    }
+    ZS_RETURN_IF_ERROR(status);
+    removed = true;
+    result.deleted_superseded.push_back(it->step);
   }
   if (removed) ZS_RETURN_IF_ERROR(job.Sync());
   return result;

@@ -4,7 +4,9 @@
 // Layout: <checkpoint root>/<policy dir>/step-<12-digit step>/ holds one
 // rank-<5-digit rank>-of-<5-digit world size>.safetensors per rank (shard_file.h) and then
 // manifest.json. A step directory without a valid manifest is not a checkpoint: readers skip
-// it, and pruning deletes it once a newer checkpoint is committed.
+// it, and pruning deletes it once a newer checkpoint is committed. A checkpoint retired because
+// the job went back to an earlier step is renamed to superseded-step-<12-digit step>-<n>/ and its
+// manifest marked so (SupersedeCheckpoint): a committed manifest is never overwritten.
 //
 // The volume is shared with every worker, so it is hostile ground: everything below the trusted
 // root is reached through directory descriptors without following links (directory.h), a link
@@ -18,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -49,6 +52,12 @@ std::string StepDir(absl::string_view job_dir, int64_t step);
 std::string ShardFileName(int32_t rank, int32_t world_size);
 // "<step_dir>/manifest.json".
 std::string ManifestPath(absl::string_view step_dir);
+// "superseded-step-000000001200-<copy>": where SupersedeCheckpoint moves a retired checkpoint of
+// `step` (`copy` >= 1 tells apart the checkpoints of one step retired one after another). Listings
+// do not take it for a step directory. REQUIRES: step >= 0, copy >= 1.
+std::string SupersededDirName(int64_t step, int copy);
+// The step a superseded checkpoint's directory name stands for; nullopt for any other name.
+std::optional<int64_t> ParseSupersededDirName(absl::string_view name);
 
 // The job directory <root>/<job_dir> (job_dir relative: CheckpointPolicy.dir) walked from the
 // trusted root without following links (Directory::OpenPath), then its step directory.
@@ -101,9 +110,16 @@ absl::Status VerifyCheckpointFile(const Directory& step_dir, const v1::Checkpoin
 
 // ---- Listing and pruning. ----
 
-// A committed checkpoint of the job. Checkpoints are ordered by (generation, step), as the
-// coordinator's latest_checkpoint is: a generation that resumed from an older step is newer than
-// every checkpoint of the generations before it, whatever their steps.
+// The order of a job's checkpoints, the one key every reader and the coordinator use (listings,
+// loads, the latest checkpoint, exports, pruning, the Python reader): (generation, step). A
+// generation that resumed from an older step is newer than every checkpoint of the generations
+// before it, whatever their steps; within a generation steps only grow, because a job that goes
+// back to an earlier step first retires every checkpoint after it (SupersedeCheckpoint).
+inline std::pair<int64_t, int64_t> CheckpointOrder(int64_t generation, int64_t step) {
+  return {generation, step};
+}
+
+// A committed checkpoint of the job, ordered by CheckpointOrder.
 struct CommittedCheckpoint {
   int64_t step = 0;
   std::string directory;  // the step directory's path, for messages
@@ -115,7 +131,7 @@ struct CommittedCheckpoint {
   int64_t generation() const { return manifest.generation(); }
 };
 
-// True when `a` is newer than `b`: (generation, step) ordering.
+// True when `a` is newer than `b` by CheckpointOrder.
 bool IsNewerCheckpoint(const CommittedCheckpoint& a, const CommittedCheckpoint& b);
 
 // A step directory that is not a checkpoint yet, and why (NOT_FOUND: no manifest yet, or the
@@ -137,19 +153,35 @@ struct RefusedStep {
   absl::Status reason;
 };
 
-struct CheckpointListing {
-  std::vector<CommittedCheckpoint> committed;  // newest first: (generation, step)
-  std::vector<UncommittedStep> uncommitted;    // highest step first
-  std::vector<RefusedStep> refused;            // highest step first
+// A checkpoint retired by SupersedeCheckpoint: its directory renamed aside, its manifest marked
+// (manifest.superseded; unmarked when a crash came between the rename and the mark). Never
+// loaded, exported or resumed from; pruning removes it once it is older than every kept
+// committed checkpoint.
+struct SupersededCheckpoint {
+  int64_t step = 0;
+  std::string name;       // its directory's name in the job directory
+  std::string directory;  // its path, for messages
+  v1::CheckpointManifest manifest;
+  std::shared_ptr<const Directory> step_dir;  // held open, for pruning
 };
 
-// The step directories of <root>/<job_dir> (entries not named like one are ignored), the job
-// directory reached from `root` without following links (a link or file on the way: the
-// FAILED_PRECONDITION refusal naming it). A missing job directory lists nothing. A manifest whose
-// job_id is not `job_id` is refused (RefusedStep), never listed as committed; std::nullopt
-// accepts any job's (an attached trainer's load of a checkpoint it names explicitly). An I/O
-// error reading a directory or a manifest (other than a missing manifest) fails the listing
-// rather than passing a checkpoint off as uncommitted. Root's StorageHooks see every operation.
+struct CheckpointListing {
+  std::vector<CommittedCheckpoint> committed;    // newest first: CheckpointOrder
+  std::vector<UncommittedStep> uncommitted;      // highest step first
+  std::vector<RefusedStep> refused;              // highest step first
+  std::vector<SupersededCheckpoint> superseded;  // highest step first, then latest retired
+};
+
+// The step directories of <root>/<job_dir> (entries not named like one, or like a superseded
+// checkpoint's, are ignored), the job directory reached from `root` without following links (a
+// link or file on the way: the FAILED_PRECONDITION refusal naming it). A missing job directory
+// lists nothing. A manifest whose job_id is not `job_id` is refused (RefusedStep), never listed
+// as committed; std::nullopt accepts any job's (an attached trainer's load of a checkpoint it
+// names explicitly). A manifest marked superseded is listed as such wherever it is. Superseded
+// checkpoints' directories that are not this job's (a link, another job's manifest) or hold no
+// readable manifest are left out. An I/O error reading a directory or a manifest (other than a
+// missing manifest) fails the listing rather than passing a checkpoint off as uncommitted.
+// Root's StorageHooks see every operation.
 // Thread contract: safe to call concurrently with writers and other readers.
 absl::StatusOr<CheckpointListing> ListCheckpoints(const Directory& root, absl::string_view job_dir,
                                                   std::optional<absl::string_view> job_id);
@@ -164,23 +196,39 @@ absl::StatusOr<CommittedCheckpoint> OpenCommittedCheckpoint(
 // The committed checkpoint in `step_dir` (a directory a trainer opened and passed: a copy
 // anywhere, FromPassedDescriptor), which must hold the checkpoint of `step`. ReadManifest's
 // errors (DATA_LOSS when its step is another), and FAILED_PRECONDITION naming the manifest when
-// it belongs to another job than `job_id` (std::nullopt: any job's).
+// it belongs to another job than `job_id` (std::nullopt: any job's) or was superseded.
 absl::StatusOr<CommittedCheckpoint> ReadCommittedCheckpoint(
     Directory step_dir, int64_t step, std::optional<absl::string_view> job_id);
+
+// Retires the committed checkpoint `checkpoint` (listed or opened from <root>/<job_dir>, the
+// job's own): renames its step directory to SupersededDirName(step, n), n the first free copy
+// number, so that the step can be checkpointed again without touching it, then writes its
+// manifest again, marked `why` (CheckpointManifest.superseded), durably (WriteFileDurably; the
+// job directory is synced after the rename). From the rename on, no listing takes it for
+// committed. Returns the new directory's path. FAILED_PRECONDITION naming it when the entry
+// renamed is not the checkpoint's directory (it changed since it was listed: the mark is not
+// written), or when every copy number up to 99999 is taken; errno statuses otherwise.
+// Thread contract: one writer per job directory (the coordinator, under the job's volume lock).
+absl::StatusOr<std::string> SupersedeCheckpoint(const Directory& root, absl::string_view job_dir,
+                                                const CommittedCheckpoint& checkpoint,
+                                                const v1::CheckpointSupersession& why);
 
 struct PruneResult {
   std::vector<int64_t> deleted_committed;    // oldest first
   std::vector<int64_t> deleted_uncommitted;  // oldest first
+  std::vector<int64_t> deleted_superseded;   // oldest first
   // The listing's refusals, and step directories pruning would have removed but left because
   // they hold something other than regular files (a link, which is never followed): each
   // FAILED_PRECONDITION naming the path. Left in place, for the caller to report.
   std::vector<RefusedStep> refused;
 };
 
-// Keeps the `keep` newest committed checkpoints of `job_id` in (generation, step) order: deletes
-// the older committed ones (manifest first, so each stops being a checkpoint before its files
-// go) and every uncommitted step directory whose step is below the newest committed checkpoint's
-// (abandoned attempts; only the newest generation writes, past its last commit). Refused entries
+// Keeps the `keep` newest committed checkpoints of `job_id` in CheckpointOrder: deletes the
+// older committed ones (manifest first, so each stops being a checkpoint before its files go),
+// every uncommitted step directory whose step is below the newest committed checkpoint's
+// (abandoned attempts; only the newest generation writes, past its last commit), and every
+// superseded checkpoint whose step is below the oldest kept committed checkpoint's (it lives as
+// long as the one that replaced it would). Refused entries
 // (RefusedStep: links, other jobs' manifests, newer formats) are never touched, and in a step
 // directory only regular files are removed: a link in it is left, with the directory, and
 // reported in `refused`. Stops at the first I/O error, returning it. INVALID_ARGUMENT for

@@ -136,6 +136,24 @@ TEST(ManifestTest, Names) {
   }
 }
 
+TEST(ManifestTest, SupersededNames) {
+  EXPECT_EQ(SupersededDirName(50, 1), "superseded-step-000000000050-1");
+  for (int64_t step : {int64_t{0}, int64_t{50}, int64_t{1234567890123}}) {
+    for (int copy : {1, 7, 99999}) {
+      EXPECT_EQ(ParseSupersededDirName(SupersededDirName(step, copy)), step) << step << copy;
+    }
+  }
+  for (const char* name :
+       {"superseded-step-000000000050", "superseded-step-000000000050-", "superseded-step-50-1",
+        "superseded-step-000000000050-0", "superseded-step-000000000050-01",
+        "superseded-step-000000000050-100000", "superseded-step-000000000050-x",
+        "step-000000000050-1", "superseded-000000000050-1"}) {
+    EXPECT_EQ(ParseSupersededDirName(name), std::nullopt) << name;
+  }
+  // Neither kind of name is taken for the other.
+  EXPECT_EQ(ParseStepDirName(SupersededDirName(50, 1)), std::nullopt);
+}
+
 TEST(ManifestTest, WrittenManifestReadsBackAndIsIndentedJson) {
   const std::string root = MakeTestRoot("roundtrip");
   v1::CheckpointManifest manifest = MakeStep(root, 40, 3);
@@ -587,6 +605,128 @@ TEST(ManifestTest, AnotherJobsManifestIsRefusedNeverListedNorPruned) {
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(ListCheckpoints(Root(root), kJobDir, "").status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 27: a job that goes back to an earlier step retires the checkpoints after it: each step
+// directory is renamed aside and its manifest marked, everything else in it as committed, so that
+// the step can be checkpointed again and no committed manifest is ever overwritten.
+TEST(ManifestTest, ASupersededCheckpointIsMovedAsideAndMarked) {
+  const std::string root = MakeTestRoot("supersede");
+  for (int64_t step : {10, 20, 30}) Commit(root, step, 2, /*generation=*/1);
+  const std::string committed_json = *ReadFileToString(ManifestPath(StepDir(JobPath(root), 30)));
+  absl::StatusOr<CheckpointListing> listing = List(root);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  ASSERT_EQ(CommittedSteps(*listing), (std::vector<int64_t>{30, 20, 10}));
+  v1::CheckpointSupersession why;
+  why.set_loaded_step(10);
+  why.set_generation(1);
+  why.mutable_time()->set_seconds(1800000000);
+  why.set_reason("rank 0 loaded step 10 at step 30");
+  absl::StatusOr<std::string> moved =
+      SupersedeCheckpoint(Root(root), kJobDir, listing->committed[0], why);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(*moved, absl::StrCat(JobPath(root), "/superseded-step-000000000030-1"));
+  EXPECT_FALSE(Exists(StepDir(JobPath(root), 30)));
+  // The mark is the committed manifest plus `superseded`; the files are as committed.
+  v1::CheckpointManifest committed;
+  ASSERT_TRUE(FromJson(committed_json, "committed", &committed).ok());
+  absl::StatusOr<std::string> marked_json = ReadFileToString(ManifestPath(*moved));
+  ASSERT_TRUE(marked_json.ok()) << marked_json.status();
+  v1::CheckpointManifest marked;
+  ASSERT_TRUE(FromJson(*marked_json, "marked", &marked).ok());
+  EXPECT_EQ(marked.superseded().loaded_step(), 10);
+  EXPECT_EQ(marked.superseded().reason(), "rank 0 loaded step 10 at step 30");
+  marked.clear_superseded();
+  EXPECT_EQ(marked.SerializeAsString(), committed.SerializeAsString());
+  for (const v1::CheckpointFile& file : committed.files()) {
+    absl::StatusOr<Directory> dir =
+        Root(root).OpenPath(absl::StrCat(kJobDir, "/", SupersededDirName(30, 1)));
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    EXPECT_TRUE(VerifyCheckpointFile(*dir, file).ok()) << file.path();
+  }
+
+  // The step is checkpointed again; its old checkpoint, and the step's next retirement, stay
+  // apart.
+  Commit(root, 30, 2, /*generation=*/1);
+  listing = List(root);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_EQ(CommittedSteps(*listing), (std::vector<int64_t>{30, 20, 10}));
+  ASSERT_EQ(listing->superseded.size(), 1u);
+  EXPECT_EQ(listing->superseded[0].step, 30);
+  EXPECT_EQ(listing->superseded[0].name, SupersededDirName(30, 1));
+  EXPECT_TRUE(listing->superseded[0].manifest.has_superseded());
+  why.mutable_time()->set_seconds(1800000100);
+  moved = SupersedeCheckpoint(Root(root), kJobDir, listing->committed[0], why);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(*moved, absl::StrCat(JobPath(root), "/superseded-step-000000000030-2"));
+  listing = List(root);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_EQ(CommittedSteps(*listing), (std::vector<int64_t>{20, 10}));
+  ASSERT_EQ(listing->superseded.size(), 2u);
+  EXPECT_EQ(listing->superseded[0].name, SupersededDirName(30, 2));  // latest retired first
+
+  // Nothing loads a superseded checkpoint, wherever its manifest is.
+  absl::StatusOr<Directory> aside =
+      Root(root).OpenPath(absl::StrCat(kJobDir, "/", SupersededDirName(30, 1)));
+  ASSERT_TRUE(aside.ok()) << aside.status();
+  const absl::Status refused =
+      ReadCommittedCheckpoint(*std::move(aside), 30, std::nullopt).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "was superseded: job job-000042 went back to "
+                                "step 10 in generation 1"))
+      << refused;
+}
+
+TEST(ManifestTest, SupersedeRefusesADirectoryThatChangedSinceTheListing) {
+  const std::string root = MakeTestRoot("supersede_changed");
+  Commit(root, 10);
+  Commit(root, 20);
+  absl::StatusOr<CheckpointListing> listing = List(root);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  // Someone swapped step 20's directory for step 10's since the listing.
+  std::filesystem::rename(StepDir(JobPath(root), 20), JobPath(root) + "/old-20");
+  std::filesystem::rename(StepDir(JobPath(root), 10), StepDir(JobPath(root), 20));
+  const absl::Status refused =
+      SupersedeCheckpoint(Root(root), kJobDir, listing->committed[0], v1::CheckpointSupersession())
+          .status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "left unmarked")) << refused;
+  absl::StatusOr<v1::CheckpointManifest> left =
+      ReadManifest(*Root(root).OpenPath(absl::StrCat(kJobDir, "/", SupersededDirName(20, 1))));
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_FALSE(left->has_superseded());
+}
+
+TEST(ManifestTest, PruneDropsASupersededCheckpointOnceOlderThanEveryKeptOne) {
+  const std::string root = MakeTestRoot("prune_superseded");
+  for (int64_t step : {10, 20, 30, 40}) Commit(root, step);
+  absl::StatusOr<CheckpointListing> listing = List(root);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  // Back to step 20: 40 and 30 retired, then checkpointed again.
+  for (int i : {0, 1}) {
+    ASSERT_TRUE(SupersedeCheckpoint(Root(root), kJobDir, listing->committed[i],
+                                    v1::CheckpointSupersession())
+                    .ok());
+  }
+  Commit(root, 30);
+  Commit(root, 40);
+  absl::StatusOr<PruneResult> pruned = Prune(root, 2);
+  ASSERT_TRUE(pruned.ok()) << pruned.status();
+  EXPECT_EQ(pruned->deleted_committed, (std::vector<int64_t>{10, 20}));
+  // Kept: 30 and 40; the superseded 30 is not older than the oldest kept.
+  EXPECT_TRUE(pruned->deleted_superseded.empty());
+  Commit(root, 50);
+  pruned = Prune(root, 2);
+  ASSERT_TRUE(pruned.ok()) << pruned.status();
+  EXPECT_EQ(pruned->deleted_committed, (std::vector<int64_t>{30}));
+  EXPECT_EQ(pruned->deleted_superseded, (std::vector<int64_t>{30}));
+  EXPECT_FALSE(Exists(absl::StrCat(JobPath(root), "/", SupersededDirName(30, 1))));
+  EXPECT_TRUE(Exists(absl::StrCat(JobPath(root), "/", SupersededDirName(40, 1))));
+  listing = List(root);
+  ASSERT_TRUE(listing.ok()) << listing.status();
+  EXPECT_EQ(CommittedSteps(*listing), (std::vector<int64_t>{50, 40}));
+  ASSERT_EQ(listing->superseded.size(), 1u);
 }
 
 }  // namespace

@@ -119,7 +119,8 @@ ABSL_FLAG(std::string, output, "",
           "export: the file to write (safetensors), or '-' for stdout; fsck: 'json' prints the "
           "report as JSON.");
 ABSL_FLAG(std::optional<int64_t>, step, std::nullopt,
-          "export: the committed checkpoint's step (default: the job's final state); fsck: the "
+          "export: the committed checkpoint's step (default: the job's final state; an attached "
+          "job's latest committed checkpoint); fsck: the "
           "committed checkpoint's step (default: the job's latest committed checkpoint).");
 
 namespace zeroshard::client {
@@ -138,8 +139,9 @@ Commands:
   workers [--state=S]          list workers
   plan JOB_ID                  show the shard map (the running generation, or an ended job's last)
   export JOB_ID --output=PATH|- [--step=N]
-                               write the job's final weights (or checkpoint N's) as fp32
-                               safetensors that torch loads, to PATH or stdout
+                               write the job's final weights (or checkpoint N's; an attached
+                               job's latest checkpoint) as fp32 safetensors that torch loads,
+                               tied weights under each name, to PATH or stdout
   fsck JOB_ID [--step=N] [--output=json]
                                admin: the coordinator reads every file of the job's latest
                                committed checkpoint (or checkpoint N's) and checks its size and
@@ -588,9 +590,13 @@ int Run(std::vector<char*> args) {
       summary = ExportToFile(client, *id, step, output);
     }
     if (!summary.ok()) return Fail(summary.status());
+    // Without --step an attached job's export is its latest committed checkpoint: the step says
+    // which.
+    const char* which = summary->final_state ? "final"
+                        : step.has_value()   ? "checkpoint"
+                                             : "latest checkpoint";
     std::fprintf(stderr, "zeroshard: exported %s step %lld (%s): %d tensors, %lld bytes to %s\n",
-                 id->c_str(), static_cast<long long>(summary->step),
-                 summary->final_state ? "final" : "checkpoint", summary->tensor_count,
+                 id->c_str(), static_cast<long long>(summary->step), which, summary->tensor_count,
                  static_cast<long long>(summary->bytes), output == "-" ? "stdout" : output.c_str());
     return 0;
   }

@@ -48,6 +48,7 @@ Grant GrantOf(Method method) {
     case Method::kStoreDelete:
     case Method::kReportProgress:
     case Method::kCommitCheckpoint:
+    case Method::kRewindJob:
       return kWorker;
     // Reads whole checkpoints from the volume: an operator's tool, not a reader's.
     case Method::kVerifyCheckpoint:
@@ -107,6 +108,8 @@ absl::string_view MethodName(Method method) {
       return "ReportProgress";
     case Method::kCommitCheckpoint:
       return "CommitCheckpoint";
+    case Method::kRewindJob:
+      return "RewindJob";
     case Method::kExportCheckpoint:
       return "ExportCheckpoint";
     case Method::kReflection:

@@ -29,6 +29,7 @@ enum class Method {
   kStoreDelete,
   kReportProgress,
   kCommitCheckpoint,
+  kRewindJob,
   kExportCheckpoint,
   kReflection,
   kVerifyCheckpoint,

@@ -28,9 +28,10 @@ TEST(AuthorizationTest, AdminMayCallEveryMethod) {
 
 TEST(AuthorizationTest, WorkerMayCallOnlyTheDaemonsRpcs) {
   const Identity worker{"node-1", Role::kWorker};
-  for (Method method : {Method::kRegisterWorker, Method::kHeartbeat, Method::kLeaveWorker,
-                        Method::kStoreSet, Method::kStoreGet, Method::kStoreAdd,
-                        Method::kStoreDelete, Method::kReportProgress, Method::kCommitCheckpoint}) {
+  for (Method method :
+       {Method::kRegisterWorker, Method::kHeartbeat, Method::kLeaveWorker, Method::kStoreSet,
+        Method::kStoreGet, Method::kStoreAdd, Method::kStoreDelete, Method::kReportProgress,
+        Method::kCommitCheckpoint, Method::kRewindJob}) {
     EXPECT_TRUE(Authorize(worker, method).ok()) << MethodName(method);
   }
   for (Method method :

@@ -397,8 +397,9 @@ class ExportReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
     ZS_RETURN_IF_ERROR(FirstDamagedFile(checkpoint::VerifyCheckpoint(source.checkpoint)));
     ZS_ASSIGN_OR_RETURN(const std::unique_ptr<checkpoint::CheckpointReader> reader,
                         checkpoint::CheckpointReader::Open(std::move(source.checkpoint)));
-    ZS_ASSIGN_OR_RETURN(const checkpoint::CheckpointExport file,
-                        checkpoint::CheckpointExport::Create(reader.get(), source.is_final));
+    ZS_ASSIGN_OR_RETURN(
+        const checkpoint::CheckpointExport file,
+        checkpoint::CheckpointExport::Create(reader.get(), source.is_final, source.aliases));
     v1::ExportCheckpointChunk chunk;
     chunk.set_step(file.step());
     chunk.set_final_state(source.is_final);
@@ -965,6 +966,20 @@ grpc::ServerUnaryReactor* CoordinatorService::CommitCheckpoint(grpc::CallbackSer
         ZS_RETURN_IF_ERROR(CheckWorkerCaller(*context, caller, request->worker_id()));
         ZS_RETURN_IF_ERROR(ValidateCommitCheckpointRequest(*request));
         ZS_ASSIGN_OR_RETURN(*response, manager_->CommitCheckpoint(*request));
+        return absl::OkStatus();
+      });
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::RewindJob(grpc::CallbackServerContext* context,
+                                                        const grpc::ByteBuffer* raw_request,
+                                                        grpc::ByteBuffer* raw_response) {
+  return Unary<v1::RewindJobRequest, v1::RewindJobResponse>(
+      context, Method::kRewindJob, raw_request, raw_response,
+      [&](const security::Identity& caller, const v1::RewindJobRequest* request,
+          v1::RewindJobResponse* response) -> absl::Status {
+        ZS_RETURN_IF_ERROR(CheckWorkerCaller(*context, caller, request->worker_id()));
+        ZS_RETURN_IF_ERROR(ValidateRewindJobRequest(*request));
+        ZS_ASSIGN_OR_RETURN(*response, manager_->RewindJob(*request));
         return absl::OkStatus();
       });
 }

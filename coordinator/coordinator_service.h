@@ -79,6 +79,7 @@ using CoordinatorServiceBase = service_internal::WithMethods<
     v1::Coordinator::WithRawCallbackMethod_StoreDelete,
     v1::Coordinator::WithRawCallbackMethod_ReportProgress,
     v1::Coordinator::WithRawCallbackMethod_CommitCheckpoint,
+    v1::Coordinator::WithRawCallbackMethod_RewindJob,
     v1::Coordinator::WithRawCallbackMethod_WatchJob,
     v1::Coordinator::WithRawCallbackMethod_ExportCheckpoint,
     v1::Coordinator::WithRawCallbackMethod_VerifyCheckpoint>::type;
@@ -144,6 +145,9 @@ class CoordinatorService final : public CoordinatorServiceBase {
   grpc::ServerUnaryReactor* CommitCheckpoint(grpc::CallbackServerContext* context,
                                              const grpc::ByteBuffer* request,
                                              grpc::ByteBuffer* response) override;
+  grpc::ServerUnaryReactor* RewindJob(grpc::CallbackServerContext* context,
+                                      const grpc::ByteBuffer* request,
+                                      grpc::ByteBuffer* response) override;
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ExportCheckpoint(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* VerifyCheckpoint(grpc::CallbackServerContext* context,

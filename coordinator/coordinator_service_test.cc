@@ -755,7 +755,7 @@ TEST_F(CoordinatorServiceTest, UnparseableUnaryRequestsAreInvalidArgumentWithARe
   for (const char* method :
        {"RegisterWorker", "Heartbeat", "LeaveWorker", "ListWorkers", "SubmitJob", "GetJob",
         "ListJobs", "CancelJob", "GetShardPlan", "StoreSet", "StoreGet", "StoreAdd", "StoreDelete",
-        "ReportProgress", "CommitCheckpoint", "VerifyCheckpoint"}) {
+        "ReportProgress", "CommitCheckpoint", "RewindJob", "VerifyCheckpoint"}) {
     const grpc::Status status = CallRaw(channel_, method, garbage);
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << method;
     EXPECT_EQ(status.error_message(),

@@ -828,6 +828,127 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
   return response;
 }
 
+namespace {
+
+// The CheckpointRecord a job keeps of a committed checkpoint in its directory `policy_dir`.
+v1::CheckpointRecord RecordOf(const checkpoint::CommittedCheckpoint& committed,
+                              const std::string& policy_dir) {
+  v1::CheckpointRecord record;
+  record.set_step(committed.step);
+  record.set_generation(committed.generation());
+  record.set_world_size(committed.manifest.world_size());
+  record.set_manifest_path(absl::StrCat(policy_dir, "/", checkpoint::StepDirName(committed.step),
+                                        "/", checkpoint::kManifestFileName));
+  *record.mutable_commit_time() = committed.manifest.commit_time();
+  return record;
+}
+
+// Whether `manifest` is the checkpoint a rewind's state was loaded from.
+bool IsLoadedCheckpoint(const v1::CheckpointManifest& manifest,
+                        const v1::RewindJobRequest& request) {
+  if (!request.has_loaded_checkpoint()) return false;
+  const v1::CheckpointRecord& loaded = request.loaded_checkpoint();
+  return manifest.job_id() == request.loaded_job_id() && manifest.step() == loaded.step() &&
+         manifest.generation() == loaded.generation() &&
+         manifest.commit_time().seconds() == loaded.commit_time().seconds() &&
+         manifest.commit_time().nanos() == loaded.commit_time().nanos();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::RewindJobResponse> JobManager::RewindJob(const v1::RewindJobRequest& request) {
+  const int64_t step = request.step();
+  std::string policy_dir;
+  std::shared_ptr<absl::Mutex> volume_mu;
+  {
+    absl::MutexLock lock(&mu_);
+    ZS_ASSIGN_OR_RETURN(JobRecord * record, FindRankLocked(request.worker_id(), request.job_id(),
+                                                           request.generation(), request.rank()));
+    if (absl::Status forgotten =
+            store_->DeleteCheckpointCommits(request.job_id(), request.generation(), step).status();
+        !forgotten.ok()) {
+      return absl::UnavailableError(absl::StrCat("state store: ", forgotten.message()));
+    }
+    policy_dir = record->job.spec().checkpoint().dir();
+    volume_mu = record->volume_mu;
+  }
+  v1::RewindJobResponse response;
+  std::optional<v1::CheckpointRecord> latest;
+  if (!options_.checkpoint_root.empty()) {
+    absl::MutexLock volume(volume_mu.get());
+    ZS_ASSIGN_OR_RETURN(const checkpoint::Directory root,
+                        checkpoint::Directory::OpenRoot(options_.checkpoint_root,
+                                                        options_.storage_hooks_for_testing));
+    ZS_ASSIGN_OR_RETURN(checkpoint::CheckpointListing listing,
+                        checkpoint::ListCheckpoints(root, policy_dir, request.job_id()));
+    v1::CheckpointSupersession why;
+    why.set_loaded_step(step);
+    why.set_generation(request.generation());
+    *why.mutable_time() = ToTimestamp(clock_->Now());
+    why.set_reason(request.reason());
+    // Newest first (CheckpointOrder): a failure part-way leaves the older ones committed.
+    for (const checkpoint::CommittedCheckpoint& committed : listing.committed) {
+      const bool retire =
+          committed.step > step ||
+          (committed.step == step && !IsLoadedCheckpoint(committed.manifest, request));
+      if (!retire) {
+        if (!latest.has_value()) latest = RecordOf(committed, policy_dir);
+        continue;
+      }
+      absl::StatusOr<std::string> moved =
+          checkpoint::SupersedeCheckpoint(root, policy_dir, committed, why);
+      if (!moved.ok()) {
+        return absl::Status(
+            moved.status().code(),
+            absl::StrCat("retiring the checkpoint of step ", committed.step,
+                         " (the job went back to step ", step, "): ", moved.status().message()));
+      }
+      ZS_LOG(INFO) << request.job_id() << ": the checkpoint of step " << committed.step
+                   << " is superseded (the job went back to step " << step << "), moved to "
+                   << *moved;
+      response.add_superseded_steps(committed.step);
+    }
+    std::reverse(response.mutable_superseded_steps()->begin(),
+                 response.mutable_superseded_steps()->end());
+  }
+  absl::MutexLock lock(&mu_);
+  ZS_ASSIGN_OR_RETURN(JobRecord * record, FindRankLocked(request.worker_id(), request.job_id(),
+                                                         request.generation(), request.rank()));
+  if (latest.has_value()) {
+    *record->job.mutable_latest_checkpoint() = *latest;
+    *response.mutable_latest_checkpoint() = *latest;
+  } else if (!options_.checkpoint_root.empty()) {
+    record->job.clear_latest_checkpoint();
+  }
+  // The reports of the steps after `step` come again, and are taken.
+  if (record->job.progress().step() > step) {
+    record->job.clear_progress();
+    record->job.mutable_progress()->set_step(step);
+  }
+  for (v1::StepMetrics& progress : *record->job.mutable_rank_progress()) {
+    if (progress.step() <= step) continue;
+    progress.Clear();
+    progress.set_step(step);
+  }
+  for (auto& [rank, reported] : record->rank_steps) reported = std::min(reported, step);
+  v1::JobEvent event;
+  event.set_type(v1::NOTICE);
+  event.set_generation(request.generation());
+  std::string retired = "no checkpoint was superseded";
+  if (response.superseded_steps_size() > 0) {
+    retired =
+        absl::StrCat("the checkpoints of steps ", absl::StrJoin(response.superseded_steps(), ", "),
+                     " are superseded (kept aside, marked so)");
+  }
+  event.set_message(absl::StrCat("rank ", request.rank(), ": the job went back to step ", step,
+                                 request.reason().empty() ? "" : " (", request.reason(),
+                                 request.reason().empty() ? "" : ")", "; ", retired));
+  AddWorkerNoticeLocked(*record, std::move(event));
+  JobRecord* changed[] = {record};
+  PersistLocked(changed);
+  return response;
+}
+
 absl::StatusOr<std::optional<JobManager::ManifestToWrite>> JobManager::BeginCommitLocked(
     const v1::CommitCheckpointRequest& request, v1::CommitCheckpointResponse* response) {
   ZS_ASSIGN_OR_RETURN(JobRecord * record, FindRankLocked(request.worker_id(), request.job_id(),
@@ -909,7 +1030,8 @@ bool JobManager::IsRecordedLocked(const JobRecord& record, int64_t generation, i
                                   v1::CommitCheckpointResponse* response) const {
   const v1::CheckpointRecord& latest = record.job.latest_checkpoint();
   if (!record.job.has_latest_checkpoint() ||
-      std::make_pair(latest.generation(), latest.step()) < std::make_pair(generation, step)) {
+      checkpoint::CheckpointOrder(latest.generation(), latest.step()) <
+          checkpoint::CheckpointOrder(generation, step)) {
     return false;
   }
   if (latest.generation() == generation && latest.step() == step) {
@@ -995,15 +1117,38 @@ absl::StatusOr<ExportSource> JobManager::FindExportCheckpoint(const std::string&
       steps.empty() ? "no checkpoint is committed"
                     : absl::StrCat("committed steps: ", absl::StrJoin(steps, ", "),
                                    " (pass one as step to export it)");
-  // An attached job (steps 0) has no fixed last step, so no checkpoint is known to be final.
-  const bool has_final = job.state() == v1::SUCCEEDED && job.has_latest_checkpoint() &&
-                         job.spec().steps() > 0 &&
-                         job.latest_checkpoint().step() == job.spec().steps();
-  if (!step.has_value() && job.spec().steps() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job_id: ", job_id, " has no final checkpoint (an attached job has no fixed last step); ",
-        committed_steps));
+  ExportSource source;
+  for (const v1::AttachedTensor& tensor : job.spec().workload().attached().tensors()) {
+    if (tensor.aliases_size() == 0) continue;
+    source.aliases[tensor.name()].assign(tensor.aliases().begin(), tensor.aliases().end());
   }
+  // An attached job (steps 0) has no fixed last step: without `step` it exports its latest
+  // committed checkpoint, which is its final state once it SUCCEEDED (its trainers finished and
+  // their workers wrote it).
+  if (job.spec().steps() == 0) {
+    if (!step.has_value()) {
+      if (listing.committed.empty()) {
+        return absl::NotFoundError(
+            absl::StrCat("job_id: ", job_id, " has no committed checkpoint yet (it is ",
+                         v1::JobState_Name(job.state()), "); ", committed_steps));
+      }
+      source.checkpoint = std::move(listing.committed.front());
+      source.is_final = job.state() == v1::SUCCEEDED;
+      return source;
+    }
+    const int64_t newest = listing.committed.empty() ? -1 : listing.committed.front().step;
+    for (checkpoint::CommittedCheckpoint& committed : listing.committed) {
+      if (committed.step != *step) continue;
+      source.is_final = job.state() == v1::SUCCEEDED && *step == newest;
+      source.checkpoint = std::move(committed);
+      return source;
+    }
+    return absl::NotFoundError(absl::StrCat("step: ", job_id,
+                                            " has no committed checkpoint at step ", *step, " in ",
+                                            job_dir, "; ", committed_steps));
+  }
+  const bool has_final = job.state() == v1::SUCCEEDED && job.has_latest_checkpoint() &&
+                         job.latest_checkpoint().step() == job.spec().steps();
   if (!step.has_value() && !has_final) {
     std::string state = absl::StrCat("it is ", v1::JobState_Name(job.state()));
     if (job.has_latest_checkpoint()) {
@@ -1017,7 +1162,6 @@ absl::StatusOr<ExportSource> JobManager::FindExportCheckpoint(const std::string&
   const int64_t wanted = step.value_or(job.latest_checkpoint().step());
   for (checkpoint::CommittedCheckpoint& committed : listing.committed) {
     if (committed.step != wanted) continue;
-    ExportSource source;
     source.is_final = has_final && wanted == job.latest_checkpoint().step();
     source.checkpoint = std::move(committed);
     return source;
@@ -1047,11 +1191,12 @@ absl::StatusOr<CommittedCheckpointSource> JobManager::FindCommittedCheckpoint(
     if (!listing.ok()) {
       return absl::StrCat("its checkpoints could not be listed: ", listing.status().message());
     }
+    // Oldest first, in the listing's order (checkpoint::CheckpointOrder), as exports list them.
     std::vector<int64_t> steps;
     for (const checkpoint::CommittedCheckpoint& committed : listing->committed) {
       steps.push_back(committed.step);
     }
-    std::sort(steps.begin(), steps.end());
+    std::reverse(steps.begin(), steps.end());
     return steps.empty() ? "no checkpoint is committed"
                          : absl::StrCat("committed steps: ", absl::StrJoin(steps, ", "),
                                         " (pass one as step to verify it)");

@@ -21,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "checkpoint/directory.h"
+#include "checkpoint/export.h"
 #include "checkpoint/manifest.h"
 #include "common/clock.h"
 #include "coordinator/checkpoint_dir_claims.h"
@@ -120,8 +121,12 @@ struct Page {
 // The committed checkpoint an export reads (JobManager::FindExportCheckpoint).
 struct ExportSource {
   checkpoint::CommittedCheckpoint checkpoint;
-  // It is the job's final state: the job SUCCEEDED and this is its checkpoint at spec.steps.
+  // It is the job's final state: the job SUCCEEDED and this is its checkpoint at spec.steps (an
+  // attached job's: its latest, written when its trainers finished).
   bool is_final = false;
+  // An attached model's tied weights: each tensor's other names in the trainer's state_dict()
+  // (AttachedTensor.aliases), which the export writes too.
+  checkpoint::CheckpointExport::Aliases aliases;
 };
 
 // A committed checkpoint of a job, opened for a full read (JobManager::FindCommittedCheckpoint).
@@ -339,14 +344,32 @@ class JobManager {
   absl::StatusOr<v1::CommitCheckpointResponse> CommitCheckpoint(
       const v1::CommitCheckpointRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // RewindJob (coordinator.proto): the job went back to request.step (an attached trainer loaded
+  // a state). Checks the rank as CommitCheckpoint does and forgets the generation's commits from
+  // that step on (JobStore::DeleteCheckpointCommits: an old rank's commit must not complete a new
+  // checkpoint); then, outside the lock under the job's volume lock, retires
+  // (checkpoint::SupersedeCheckpoint, newest first) every committed checkpoint of the job after
+  // the step, and the one at the step unless it is the checkpoint loaded (request's
+  // loaded_job_id and loaded_checkpoint: job, step, generation and commit time); then the job's
+  // latest checkpoint becomes the newest one left (or none), and its progress and every rank's
+  // reported step go back to the step, so that the steps' reports are taken again; a NOTICE says
+  // so (bounded as the workers' notices are). Without a checkpoint root nothing is retired. A
+  // retirement that fails is returned as it is (the job keeps its older checkpoints; the ones
+  // retired before stay retired, and the latest checkpoint is left as it was).
+  absl::StatusOr<v1::RewindJobResponse> RewindJob(const v1::RewindJobRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // Checkpoints, for people.
   // The committed checkpoint of the job at `step`, or without one its final checkpoint: the job
-  // SUCCEEDED and its latest checkpoint is at spec.steps (an attached job, with no fixed step
-  // count, has none: `step` is required). Lists the job's checkpoint directory
-  // (checkpoint::ListCheckpoints) after releasing the lock, so slow storage delays no other call.
+  // SUCCEEDED and its latest checkpoint is at spec.steps. An attached job, with no fixed step
+  // count, exports its latest committed checkpoint (the newest of the listing, ordered as
+  // checkpoint::IsNewerCheckpoint orders them), final once the job SUCCEEDED. Lists the job's
+  // checkpoint directory (checkpoint::ListCheckpoints) after releasing the lock, so slow storage
+  // delays no other call.
   // NOT_FOUND for an unknown job, or no committed checkpoint at `step` (listing the committed
-  // steps); FAILED_PRECONDITION without a checkpoint root ("checkpoint_root: ..."), or without
-  // `step` when the job has no final checkpoint (listing the committed steps); the listing's
+  // steps) or, for an attached job, none at all; FAILED_PRECONDITION without a checkpoint root
+  // ("checkpoint_root: ..."), or without `step` when a built-in job has no final checkpoint
+  // (listing the committed steps); the listing's
   // I/O errors.
   absl::StatusOr<ExportSource> FindExportCheckpoint(const std::string& job_id,
                                                     std::optional<int64_t> step);

@@ -12,6 +12,8 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <map>
 #include <optional>
 #include <set>
 #include <tuple>
@@ -22,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/manifest.h"
+#include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 
@@ -2302,23 +2305,164 @@ TEST_F(JobManagerTest, AdoptedAttachedRanksKeepTheirSockets) {
   }
 }
 
-TEST_F(JobManagerTest, AnAttachedJobHasNoFinalCheckpointButExportsACommittedStep) {
+// Issue 27: an attached job has no fixed last step; without a step it exports its latest
+// committed checkpoint (its final state once it SUCCEEDED), with its tied weights' aliases.
+TEST_F(JobManagerTest, AnAttachedJobExportsItsLatestCommittedCheckpointWithoutAStep) {
   RegisterAttachable("node-a");
-  auto job = manager_->SubmitJob(AttachedSpec({"node-a"}));
+  v1::JobSpec spec = AttachedSpec({"node-a"});
+  spec.mutable_workload()->mutable_attached()->mutable_tensors(1)->add_aliases("decoder.weight");
+  auto job = manager_->SubmitJob(spec);
   ASSERT_TRUE(job.ok()) << job.status();
   const v1::Job running = *manager_->GetJob(job->id());
   ASSERT_EQ(running.state(), v1::RUNNING);
+  std::filesystem::create_directories(checkpoint_root_);
+  const absl::Status none = manager_->FindExportCheckpoint(job->id(), std::nullopt).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kNotFound) << none;
+  EXPECT_TRUE(absl::StrContains(none.message(), "has no committed checkpoint yet (it is RUNNING)"))
+      << none;
+  ASSERT_TRUE(Commit(running, 0, 20).ok());
   ASSERT_TRUE(Commit(running, 0, 40).ok());
+  absl::StatusOr<ExportSource> latest = manager_->FindExportCheckpoint(job->id(), std::nullopt);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->checkpoint.step, 40);
+  EXPECT_FALSE(latest->is_final);
+  EXPECT_EQ(latest->aliases,
+            (checkpoint::CheckpointExport::Aliases{{"fc2.weight", {"decoder.weight"}}}));
   ASSERT_TRUE(Finish(running, 0).ok());
   ASSERT_EQ(manager_->GetJob(job->id())->state(), v1::SUCCEEDED);
-  const absl::Status refused = manager_->FindExportCheckpoint(job->id(), std::nullopt).status();
-  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_TRUE(absl::StrContains(refused.message(), "an attached job has no fixed last step"))
-      << refused;
-  EXPECT_TRUE(absl::StrContains(refused.message(), "committed steps: 40")) << refused;
-  absl::StatusOr<ExportSource> step40 = manager_->FindExportCheckpoint(job->id(), 40);
-  ASSERT_TRUE(step40.ok()) << step40.status();
-  EXPECT_FALSE(step40->is_final);
+  latest = manager_->FindExportCheckpoint(job->id(), std::nullopt);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->checkpoint.step, 40);
+  EXPECT_TRUE(latest->is_final);
+  absl::StatusOr<ExportSource> step20 = manager_->FindExportCheckpoint(job->id(), 20);
+  ASSERT_TRUE(step20.ok()) << step20.status();
+  EXPECT_FALSE(step20->is_final);
+  const absl::Status missing = manager_->FindExportCheckpoint(job->id(), 30).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_TRUE(absl::StrContains(missing.message(), "committed steps: 20, 40")) << missing;
+}
+
+// Issue 27, item 4: an attached trainer loads the state of step 30 at step 50. The checkpoints
+// after step 30 are retired (moved aside, marked superseded) before the steps run again, so no
+// committed manifest is overwritten; a commit one rank made before the load does not complete
+// the step's new checkpoint; the job's latest checkpoint, progress and reports follow the step.
+TEST_F(JobManagerTest, RewindRetiresTheCheckpointsAfterTheStepAndTheJobsStepFollows) {
+  RegisterAttachable("node-a");
+  RegisterAttachable("node-b");
+  v1::JobSpec spec = AttachedSpec({"node-a", "node-b"});
+  spec.mutable_checkpoint()->set_keep(10);
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const std::string job_dir =
+      checkpoint::JobCheckpointDir(checkpoint_root_, running.spec().checkpoint().dir());
+  auto manifest_of = [&](int64_t step) {
+    std::ifstream in(checkpoint::ManifestPath(checkpoint::StepDir(job_dir, step)));
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  std::map<int64_t, std::string> committed;
+  for (int64_t step = 10; step <= 50; step += 10) {
+    clock_.Advance(absl::Seconds(1));
+    for (int rank : {0, 1}) ASSERT_TRUE(Commit(running, rank, step).ok());
+    committed[step] = manifest_of(step);
+    ASSERT_TRUE(Report(running, 0, step).ok());
+  }
+  // Rank 1 committed step 60 and rank 0 never will: the load came first.
+  ASSERT_TRUE(Commit(running, 1, 60).ok());
+  ASSERT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 50);
+
+  v1::RewindJobRequest rewind;
+  rewind.set_worker_id(running.worker_ids(0));
+  rewind.set_job_id(running.id());
+  rewind.set_generation(running.generation());
+  rewind.set_rank(0);
+  rewind.set_step(30);
+  rewind.set_loaded_job_id(running.id());
+  v1::CheckpointManifest loaded;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(committed[30], &loaded).ok());
+  rewind.mutable_loaded_checkpoint()->set_step(30);
+  rewind.mutable_loaded_checkpoint()->set_generation(loaded.generation());
+  *rewind.mutable_loaded_checkpoint()->mutable_commit_time() = loaded.commit_time();
+  rewind.set_reason("rank 0 loaded the state of step 30 at step 50");
+  clock_.Advance(absl::Seconds(1));
+  absl::StatusOr<v1::RewindJobResponse> rewound = manager_->RewindJob(rewind);
+  ASSERT_TRUE(rewound.ok()) << rewound.status();
+  EXPECT_EQ(
+      std::vector<int64_t>(rewound->superseded_steps().begin(), rewound->superseded_steps().end()),
+      (std::vector<int64_t>{40, 50}));
+  EXPECT_EQ(rewound->latest_checkpoint().step(), 30);
+  v1::Job after = *manager_->GetJob(job->id());
+  EXPECT_EQ(after.latest_checkpoint().step(), 30);
+  EXPECT_EQ(after.progress().step(), 30);
+  EXPECT_EQ(after.rank_progress(0).step(), 30);
+  // The retired manifests are aside, as committed but for the mark.
+  for (int64_t step : {40, 50}) {
+    EXPECT_FALSE(std::filesystem::exists(checkpoint::StepDir(job_dir, step))) << step;
+    std::ifstream in(checkpoint::ManifestPath(
+        absl::StrCat(job_dir, "/", checkpoint::SupersededDirName(step, 1))));
+    const std::string marked_json((std::istreambuf_iterator<char>(in)),
+                                  std::istreambuf_iterator<char>());
+    v1::CheckpointManifest marked, original;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(marked_json, &marked).ok()) << step;
+    ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(committed[step], &original).ok());
+    EXPECT_EQ(marked.superseded().loaded_step(), 30);
+    EXPECT_EQ(marked.superseded().reason(), "rank 0 loaded the state of step 30 at step 50");
+    marked.clear_superseded();
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(marked, original)) << step;
+  }
+  for (int64_t step : {10, 20, 30}) EXPECT_EQ(manifest_of(step), committed[step]) << step;
+
+  // The steps run again: their reports are taken, and step 40's new checkpoint needs both ranks
+  // again.
+  for (int64_t step = 31; step <= 40; ++step) ASSERT_TRUE(Report(running, 0, step).ok()) << step;
+  EXPECT_EQ(manager_->GetJob(job->id())->progress().step(), 40);
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(Commit(running, 1, 40).ok());
+  EXPECT_FALSE(std::filesystem::exists(checkpoint::ManifestPath(checkpoint::StepDir(job_dir, 40))));
+  ASSERT_TRUE(Commit(running, 0, 40).ok());
+  after = *manager_->GetJob(job->id());
+  EXPECT_EQ(after.latest_checkpoint().step(), 40);
+  v1::CheckpointManifest again;
+  ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(manifest_of(40), &again).ok());
+  EXPECT_GT(again.commit_time().seconds(), loaded.commit_time().seconds());
+  EXPECT_FALSE(again.has_superseded());
+  // Rank 1's old commit of step 60 was forgotten: rank 0's alone does not complete it.
+  for (int64_t step = 41; step <= 60; ++step) ASSERT_TRUE(Report(running, 0, step).ok());
+  ASSERT_TRUE(Commit(running, 0, 60).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 40);
+
+  // A state from elsewhere (a torch-format dict) at step 20: the job's own step-20 checkpoint
+  // holds another state and goes too.
+  rewind.clear_loaded_job_id();
+  rewind.clear_loaded_checkpoint();
+  rewind.set_step(20);
+  rewound = manager_->RewindJob(rewind);
+  ASSERT_TRUE(rewound.ok()) << rewound.status();
+  EXPECT_EQ(
+      std::vector<int64_t>(rewound->superseded_steps().begin(), rewound->superseded_steps().end()),
+      (std::vector<int64_t>{20, 30, 40}));
+  EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 10);
+  EXPECT_TRUE(
+      std::filesystem::exists(absl::StrCat(job_dir, "/", checkpoint::SupersededDirName(40, 2))));
+  // Each rewind left a NOTICE.
+  std::vector<std::string> notices;
+  for (const v1::JobEvent& event : Events(job->id())) {
+    if (event.type() == v1::NOTICE && absl::StrContains(event.message(), "went back")) {
+      notices.push_back(event.message());
+    }
+  }
+  EXPECT_EQ(notices,
+            (std::vector<std::string>{
+                "rank 0: the job went back to step 30 (rank 0 loaded the state of step 30 at "
+                "step 50); the checkpoints of steps 40, 50 are superseded (kept aside, marked so)",
+                "rank 0: the job went back to step 20 (rank 0 loaded the state of step 30 at "
+                "step 50); the checkpoints of steps 20, 30, 40 are superseded (kept aside, marked "
+                "so)"}));
+
+  // Only the current generation's ranks rewind.
+  rewind.set_generation(running.generation() + 1);
+  EXPECT_EQ(manager_->RewindJob(rewind).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(JobManagerTest, SetStateRefusesEveryChangeOutsideTheTableAndChangesNothing) {

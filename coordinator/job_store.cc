@@ -377,4 +377,17 @@ absl::StatusOr<std::vector<v1::CommitCheckpointRequest>> JobStore::LoadCheckpoin
   return LoadRows<v1::CommitCheckpointRequest>(statement, "checkpoint commit");
 }
 
+absl::StatusOr<int64_t> JobStore::DeleteCheckpointCommits(const std::string& job_id,
+                                                          int64_t generation, int64_t from_step) {
+  Statement statement(db_,
+                      "DELETE FROM checkpoint_commits WHERE job_id = ? AND generation = ? AND "
+                      "step >= ?;");
+  ZS_RETURN_IF_ERROR(statement.Prepared());
+  statement.BindText(1, job_id);
+  statement.BindInt(2, generation);
+  statement.BindInt(3, from_step);
+  ZS_RETURN_IF_ERROR(statement.StepDone());
+  return static_cast<int64_t>(sqlite3_changes(db_));
+}
+
 }  // namespace zeroshard::coordinator

@@ -83,6 +83,11 @@ class JobStore {
   // The ranks that committed `step` of `generation`.
   absl::StatusOr<std::vector<v1::CommitCheckpointRequest>> LoadCheckpointCommits(
       const std::string& job_id, int64_t generation, int64_t step);
+  // Forgets the commits of `generation`'s steps at or after `from_step` (the job went back: those
+  // steps will be checkpointed again, and an old commit must not complete a new checkpoint).
+  // Returns how many it deleted.
+  absl::StatusOr<int64_t> DeleteCheckpointCommits(const std::string& job_id, int64_t generation,
+                                                  int64_t from_step);
 
  private:
   explicit JobStore(sqlite3* db);

@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -179,6 +181,33 @@ TEST(JobStoreTest, CheckpointCommitsAreIdempotentPerRank) {
   ASSERT_EQ(commits->size(), 2u);
   EXPECT_EQ((*commits)[0].rank(), 0);
   EXPECT_EQ((*store)->LoadCheckpointCommits("job-000001", 1, 11)->size(), 0u);
+}
+
+// Issue 27: a job that went back forgets its commits of the steps it will checkpoint again (of
+// its generation only), so that an old rank's commit cannot complete a new checkpoint.
+TEST(JobStoreTest, DeletedCheckpointCommitsAreThoseOfTheGenerationFromTheStep) {
+  auto store = JobStore::Open(TempDir("commits-deleted"));
+  ASSERT_TRUE(store.ok());
+  v1::CommitCheckpointRequest commit;
+  commit.set_job_id("job-000001");
+  for (const auto& [generation, step] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 20}, {1, 30}, {1, 40}, {1, 50}, {2, 40}}) {
+    commit.set_generation(generation);
+    commit.set_step(step);
+    commit.set_rank(0);
+    ASSERT_TRUE((*store)->SaveCheckpointCommit(commit).ok());
+  }
+  commit.set_job_id("job-000002");
+  commit.set_generation(1);
+  ASSERT_TRUE((*store)->SaveCheckpointCommit(commit).ok());
+  absl::StatusOr<int64_t> deleted = (*store)->DeleteCheckpointCommits("job-000001", 1, 40);
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  EXPECT_EQ(*deleted, 2);
+  EXPECT_EQ((*store)->LoadCheckpointCommits("job-000001", 1, 30)->size(), 1u);
+  EXPECT_EQ((*store)->LoadCheckpointCommits("job-000001", 1, 40)->size(), 0u);
+  EXPECT_EQ((*store)->LoadCheckpointCommits("job-000001", 1, 50)->size(), 0u);
+  EXPECT_EQ((*store)->LoadCheckpointCommits("job-000001", 2, 40)->size(), 1u);
+  EXPECT_EQ((*store)->LoadCheckpointCommits("job-000002", 1, 40)->size(), 1u);
 }
 
 TEST(JobStoreTest, ReservedWorkerNumbersNeverRepeatAcrossReopening) {

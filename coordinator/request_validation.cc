@@ -25,6 +25,10 @@ namespace {
 constexpr size_t kMaxCheckpointMessageBytes = 1024;
 // ReportProgressRequest.notice: a few lines for the job's owner.
 constexpr size_t kMaxNoticeBytes = 4096;
+// RewindJobRequest: a step a checkpoint directory name holds in 12 digits; a job id another
+// job's checkpoint names (not necessarily this coordinator's format).
+constexpr int64_t kMaxRewindStep = int64_t{1000000000000};
+constexpr size_t kMaxLoadedJobIdBytes = 256;
 
 absl::Status Required(absl::string_view field) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": required"));
@@ -388,6 +392,28 @@ absl::Status ValidateCommitCheckpointRequest(const v1::CommitCheckpointRequest& 
   if (request.outcome() != v1::CHECKPOINT_WRITTEN) return absl::OkStatus();
   ZS_RETURN_IF_ERROR(jobspec::ValidateCheckpointPath(request.path(), "path"));
   return CheckNonNegative("bytes", request.bytes());
+}
+
+absl::Status ValidateRewindJobRequest(const v1::RewindJobRequest& request) {
+  ZS_RETURN_IF_ERROR(CheckWorkerId("worker_id", request.worker_id()));
+  ZS_RETURN_IF_ERROR(CheckJobId("job_id", request.job_id()));
+  ZS_RETURN_IF_ERROR(CheckAtLeast("generation", request.generation(), 1));
+  ZS_RETURN_IF_ERROR(CheckRank(request.rank()));
+  ZS_RETURN_IF_ERROR(CheckNonNegative("step", request.step()));
+  if (request.step() >= kMaxRewindStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", request.step(), " must be < ", kMaxRewindStep));
+  }
+  ZS_RETURN_IF_ERROR(
+      jobspec::CheckMaxBytes("loaded_job_id", request.loaded_job_id(), kMaxLoadedJobIdBytes));
+  if (request.has_loaded_checkpoint()) {
+    if (request.loaded_job_id().empty()) return Required("loaded_job_id");
+    ZS_RETURN_IF_ERROR(
+        CheckNonNegative("loaded_checkpoint.step", request.loaded_checkpoint().step()));
+    ZS_RETURN_IF_ERROR(
+        CheckNonNegative("loaded_checkpoint.generation", request.loaded_checkpoint().generation()));
+  }
+  return jobspec::CheckMaxBytes("reason", request.reason(), kMaxCheckpointMessageBytes);
 }
 
 absl::Status ValidateExportCheckpointRequest(const v1::ExportCheckpointRequest& request) {

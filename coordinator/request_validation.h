@@ -76,6 +76,7 @@ absl::Status ValidateStoreDeleteRequest(const v1::StoreDeleteRequest& request);
 absl::Status ValidateReportProgressRequest(const v1::ReportProgressRequest& request);
 // `path` is checked with ValidateCheckpointPath.
 absl::Status ValidateCommitCheckpointRequest(const v1::CommitCheckpointRequest& request);
+absl::Status ValidateRewindJobRequest(const v1::RewindJobRequest& request);
 
 // Checkpoints, for people. `step`, when set, is >= 0.
 absl::Status ValidateExportCheckpointRequest(const v1::ExportCheckpointRequest& request);

@@ -188,6 +188,20 @@ v1::CommitCheckpointRequest ValidCommit() {
   return r;
 }
 
+v1::RewindJobRequest ValidRewind() {
+  v1::RewindJobRequest r;
+  r.set_worker_id("worker-000007");
+  r.set_job_id("job-000042");
+  r.set_generation(1);
+  r.set_rank(0);
+  r.set_step(30);
+  r.set_loaded_job_id("job-000042");
+  r.mutable_loaded_checkpoint()->set_step(30);
+  r.mutable_loaded_checkpoint()->set_generation(1);
+  r.set_reason("rank 0 loaded /ckpt/job-000042/step-000000000030/manifest.json at step 50");
+  return r;
+}
+
 v1::ExportCheckpointRequest ValidExport() {
   v1::ExportCheckpointRequest r;
   r.set_job_id("job-000042");
@@ -227,6 +241,12 @@ TEST(RequestValidationTest, ValidRequestsPass) {
   EXPECT_TRUE(ValidateStoreDeleteRequest(ValidStoreDelete()).ok());
   EXPECT_TRUE(ValidateReportProgressRequest(ValidProgress()).ok());
   EXPECT_TRUE(ValidateCommitCheckpointRequest(ValidCommit()).ok());
+  EXPECT_TRUE(ValidateRewindJobRequest(ValidRewind()).ok());
+  v1::RewindJobRequest torch_format = ValidRewind();
+  torch_format.clear_loaded_job_id();
+  torch_format.clear_loaded_checkpoint();
+  torch_format.set_step(0);
+  EXPECT_TRUE(ValidateRewindJobRequest(torch_format).ok());
   EXPECT_TRUE(ValidateExportCheckpointRequest(ValidExport()).ok());
   EXPECT_TRUE(ValidateVerifyCheckpointRequest(ValidVerify()).ok());
 }
@@ -888,6 +908,34 @@ INSTANTIATE_TEST_SUITE_P(
             "control character"),
         BadCommit(
             "CommitNegativeBytes", [](Commit& r) { r.set_bytes(-1); }, "bytes", "-1 must be >= 0"),
+        Bad<v1::RewindJobRequest>(
+            "RewindNoWorkerId", ValidRewind, ValidateRewindJobRequest,
+            [](v1::RewindJobRequest& r) { r.clear_worker_id(); }, "worker_id", "required"),
+        Bad<v1::RewindJobRequest>(
+            "RewindZeroGeneration", ValidRewind, ValidateRewindJobRequest,
+            [](v1::RewindJobRequest& r) { r.set_generation(0); }, "generation", "must be >= 1"),
+        Bad<v1::RewindJobRequest>(
+            "RewindNegativeStep", ValidRewind, ValidateRewindJobRequest,
+            [](v1::RewindJobRequest& r) { r.set_step(-1); }, "step", "-1 must be >= 0"),
+        Bad<v1::RewindJobRequest>(
+            "RewindHugeStep", ValidRewind, ValidateRewindJobRequest,
+            [](v1::RewindJobRequest& r) { r.set_step(int64_t{1000000000000}); }, "step",
+            "must be < 1000000000000"),
+        Bad<v1::RewindJobRequest>(
+            "RewindLoadedCheckpointWithoutJob", ValidRewind, ValidateRewindJobRequest,
+            [](v1::RewindJobRequest& r) { r.clear_loaded_job_id(); }, "loaded_job_id", "required"),
+        Bad<v1::RewindJobRequest>(
+            "RewindLongLoadedJobId", ValidRewind, ValidateRewindJobRequest,
+            [](v1::RewindJobRequest& r) { r.set_loaded_job_id(std::string(257, 'j')); },
+            "loaded_job_id", "257 bytes is longer than the limit of 256"),
+        Bad<v1::RewindJobRequest>(
+            "RewindNegativeLoadedStep", ValidRewind, ValidateRewindJobRequest,
+            [](v1::RewindJobRequest& r) { r.mutable_loaded_checkpoint()->set_step(-3); },
+            "loaded_checkpoint.step", "-3 must be >= 0"),
+        Bad<v1::RewindJobRequest>(
+            "RewindLongReason", ValidRewind, ValidateRewindJobRequest,
+            [](v1::RewindJobRequest& r) { r.set_reason(std::string(1025, 'r')); }, "reason",
+            "1024"),
         Bad<v1::ExportCheckpointRequest>(
             "ExportNoJobId", ValidExport, ValidateExportCheckpointRequest,
             [](v1::ExportCheckpointRequest& r) { r.clear_job_id(); }, "job_id", "required"),

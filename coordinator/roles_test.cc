@@ -61,6 +61,7 @@ const std::map<std::string, std::set<std::string>>& DocumentedRoles() {
       {"StoreDelete", {"admin", "worker"}},
       {"ReportProgress", {"admin", "worker"}},
       {"CommitCheckpoint", {"admin", "worker"}},
+      {"RewindJob", {"admin", "worker"}},
       {"ExportCheckpoint", {"viewer", "submitter", "admin"}},
       {"VerifyCheckpoint", {"admin"}},
       {"ServerReflectionInfo", {"viewer", "submitter", "admin"}},
@@ -329,6 +330,16 @@ class RolesTest : public ::testing::Test {
       request.set_message("matrix test");
       v1::CommitCheckpointResponse response;
       return stub_->CommitCheckpoint(&context, request, &response);
+    });
+    call("RewindJob", [&](grpc::ClientContext& context) {
+      v1::RewindJobRequest request;
+      request.set_worker_id(running.worker_id);
+      request.set_job_id(job_id);
+      request.set_generation(generation);
+      request.set_step(0);
+      request.set_reason("matrix test");
+      v1::RewindJobResponse response;
+      return stub_->RewindJob(&context, request, &response);
     });
     // No checkpoint root: FAILED_PRECONDITION where it is allowed.
     call("ExportCheckpoint", [&](grpc::ClientContext& context) {

@@ -100,6 +100,38 @@ absl::Status ValidateAttachedTensors(const v1::AttachedModel& attached) {
                        " elements in all (the limit is passed at tensors[", t, "])"));
     }
   }
+  // Aliases after every name, so that an alias naming a later tensor is refused as such.
+  int aliases = 0;
+  // The tensor each alias belongs to, for the message when another one repeats it.
+  absl::flat_hash_map<absl::string_view, int> tensor_of_alias;
+  for (int t = 0; t < count; ++t) {
+    const v1::AttachedTensor& tensor = attached.tensors(t);
+    aliases += tensor.aliases_size();
+    if (aliases > kMaxAttachedAliases) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("workload.attached.tensors: more than ", kMaxAttachedAliases,
+                       " aliases in all (the limit is passed at tensors[", t, "])"));
+    }
+    for (int a = 0; a < tensor.aliases_size(); ++a) {
+      const std::string& alias = tensor.aliases(a);
+      const std::string field = absl::StrCat("workload.attached.tensors[", t, "].aliases[", a, "]");
+      if (alias.empty() || alias.size() > kMaxAttachedTensorNameLength) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": ", Quote(alias), " must be 1 to ",
+                                                       kMaxAttachedTensorNameLength,
+                                                       " characters"));
+      }
+      if (const auto named = index_by_name.find(alias); named != index_by_name.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": ", Quote(alias),
+                                                       " is the name of tensors[", named->second,
+                                                       "]; names and aliases must be unique"));
+      }
+      if (const auto [it, inserted] = tensor_of_alias.emplace(alias, t); !inserted) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": ", Quote(alias),
+                                                       " is also an alias of tensors[", it->second,
+                                                       "]; names and aliases must be unique"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

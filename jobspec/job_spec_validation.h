@@ -22,6 +22,8 @@ inline constexpr size_t kMaxPresetBytes = 64;
 // Bounds on an attached model (workload.attached, job.proto).
 inline constexpr int kMaxAttachedTensors = 100000;
 inline constexpr size_t kMaxAttachedTensorNameLength = 256;
+// Aliases (AttachedTensor.aliases) of all tensors together.
+inline constexpr int kMaxAttachedAliases = 100000;
 inline constexpr int64_t kMaxAttachedElements = int64_t{1} << 34;
 
 // Validates `spec` as WithDefaults returns it: unset optional fields already hold their

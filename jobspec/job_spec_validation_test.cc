@@ -667,6 +667,19 @@ INSTANTIATE_TEST_SUITE_P(
                     SetShape(s, 0, {int64_t{1} << 20, int64_t{1} << 13});
                     SetShape(s, 1, {int64_t{1} << 33});
                   }},
+        // Issue 27: tied weights' other names, for exports.
+        ValidCase{"TiedAliases",
+                  [](JobSpec& s) {
+                    Attached(s).mutable_tensors(1)->add_aliases("decoder.weight");
+                    Attached(s).mutable_tensors(1)->add_aliases("lm_head.weight");
+                    Attached(s).mutable_tensors(0)->add_aliases(std::string(256, 'a'));
+                  }},
+        ValidCase{"MostAliases",
+                  [](JobSpec& s) {
+                    for (int a = 0; a < 100000; ++a) {
+                      Attached(s).mutable_tensors(a % 2)->add_aliases(absl::StrCat("alias.", a));
+                    }
+                  }},
         ValidCase{"OneWorker", [](JobSpec& s) { Attached(s).mutable_workers()->RemoveLast(); }},
         ValidCase{"ExplicitWorkerCounts",
                   [](JobSpec& s) {
@@ -737,6 +750,43 @@ INSTANTIATE_TEST_SUITE_P(
                       for (int g = 0; g < 65; ++g) s.add_param_groups()->add_tensors(g % 2);
                     },
                     "param_groups", "65 groups; at most 64"},
+        InvalidCase{"EmptyAlias",
+                    [](JobSpec& s) { Attached(s).mutable_tensors(1)->add_aliases(""); },
+                    "workload.attached.tensors[1].aliases[0]", "\"\" must be 1 to 256 characters"},
+        InvalidCase{"LongAlias",
+                    [](JobSpec& s) {
+                      Attached(s).mutable_tensors(0)->add_aliases("ok");
+                      Attached(s).mutable_tensors(0)->add_aliases(std::string(257, 'a'));
+                    },
+                    "workload.attached.tensors[0].aliases[1]", "must be 1 to 256 characters"},
+        InvalidCase{"AliasIsALaterName",
+                    [](JobSpec& s) { Attached(s).mutable_tensors(0)->add_aliases("fc.weight"); },
+                    "workload.attached.tensors[0].aliases[0]",
+                    "\"fc.weight\" is the name of tensors[1]; names and aliases must be unique"},
+        InvalidCase{"AliasIsItsOwnName",
+                    [](JobSpec& s) { Attached(s).mutable_tensors(1)->add_aliases("fc.weight"); },
+                    "workload.attached.tensors[1].aliases[0]", "is the name of tensors[1]"},
+        InvalidCase{"AliasOfTwoTensors",
+                    [](JobSpec& s) {
+                      Attached(s).mutable_tensors(0)->add_aliases("tied");
+                      Attached(s).mutable_tensors(1)->add_aliases("tied");
+                    },
+                    "workload.attached.tensors[1].aliases[0]",
+                    "\"tied\" is also an alias of tensors[0]; names and aliases must be unique"},
+        InvalidCase{"AliasTwice",
+                    [](JobSpec& s) {
+                      Attached(s).mutable_tensors(1)->add_aliases("tied");
+                      Attached(s).mutable_tensors(1)->add_aliases("tied");
+                    },
+                    "workload.attached.tensors[1].aliases[1]", "is also an alias of tensors[1]"},
+        InvalidCase{"TooManyAliases",
+                    [](JobSpec& s) {
+                      for (int a = 0; a < 100001; ++a) {
+                        Attached(s).mutable_tensors(a % 2)->add_aliases(absl::StrCat("alias.", a));
+                      }
+                    },
+                    "workload.attached.tensors",
+                    "more than 100000 aliases in all (the limit is passed at tensors[1])"},
         InvalidCase{"NoTensors", [](JobSpec& s) { Attached(s).clear_tensors(); },
                     "workload.attached.tensors", "0 tensors; 1 to 100000 are allowed"},
         InvalidCase{"TooManyTensors",

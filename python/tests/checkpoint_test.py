@@ -218,6 +218,20 @@ class CheckpointReaderTest(unittest.TestCase):
         self.assert_refused(step_dir, f"checkpoint file {re.escape(path)}: job_id job-000008, "
                                       f"but the manifest says {JOB_ID}")
 
+    def test_a_superseded_checkpoint_is_refused(self):
+        # Issue 27: a checkpoint retired because its job went back to an earlier step is never
+        # read, even where its manifest is copied to a step directory's name.
+        step_dir = self.copy_case("tiny")
+        self.edit_manifest(step_dir, lambda m: m.update(superseded={
+            "loadedStep": "4", "generation": "1", "reason": "the trainers loaded step 4"}))
+        message = self.assert_refused(
+            step_dir, "was superseded: job job-000007 went back to step 4 in generation 1 "
+                      r"\(the trainers loaded step 4\)", read=_checkpoint.read_header)
+        self.assertIn("was superseded", self.cpp_verdict(step_dir), message)
+        # The manifest itself still reads (a listing shows what was retired).
+        self.assertEqual(_checkpoint.read_manifest(self.manifest_path(step_dir))
+                         .superseded.loaded_step, 4)
+
     # ---- files[].path and links ----
 
     def test_a_path_that_leaves_the_step_directory_is_refused(self):

@@ -672,6 +672,13 @@ class _Checkpoint:
         try:
             self.manifest = _read_manifest_at(self._dir_fd, self.step_dir, manifest_path,
                                               expected_job_id)
+            if self.manifest.HasField("superseded"):
+                # checkpoint/manifest.cc ReadCommittedCheckpoint: a retired checkpoint is never
+                # read, wherever its manifest is.
+                why = self.manifest.superseded
+                raise ValueError(f"manifest: {manifest_path} was superseded: job "
+                                 f"{self.manifest.job_id} went back to step {why.loaded_step} "
+                                 f"in generation {why.generation} ({why.reason})")
             for index, listed in sorted(enumerate(self.manifest.files),
                                         key=lambda item: item[1].rank):
                 if ranks is not None and listed.rank not in ranks:

@@ -519,10 +519,13 @@ class ShardedOptimizer(torch.optim.Optimizer):
         spec = job_pb2.JobSpec()
         spec.name = f"{env.run_id}-{self._sequence}"
         spec.run_key = f"{env.run_key}-{self._sequence}"
+        aliases = _tied_aliases(self._model, dict(zip(map(id, self._params), self._names)))
         for name, p in zip(self._names, self._params):
             tensor = spec.workload.attached.tensors.add()
             tensor.name = name
             tensor.shape.extend(list(p.shape))
+            # Tied weights' other names: `zeroshard export` writes the data under each.
+            tensor.aliases.extend(aliases.get(name, []))
         spec.workload.attached.workers.extend(env.workers)
         spec.device_kind = types_pb2.CUDA if self._device.type == "cuda" else types_pb2.CPU
         spec.mode = _MODES[self._mode]
@@ -1283,7 +1286,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         Sharded (default): each worker writes its shard of the current step's checkpoint (the
         job's checkpoint directory, docs/pytorch.md); returns a small picklable dict naming it:
         {"zeroshard_checkpoint": 1, "job_id", "step", "optimizer_step", "optimizer", "mode",
-        "manifest" (absolute path of its manifest.json), "world_size", "param_groups"}.
+        "manifest" (absolute path of its manifest.json), "commit_time" (the manifest's, RFC 3339:
+        which checkpoint of that step it is), "world_size", "param_groups"}.
 
         consolidated=True: the same checkpoint read back whole, as torch.optim's optimizer of this
         kind would return it: {"state": {index: {"step", "exp_avg", ...}}, "param_groups"}, the
@@ -1298,9 +1302,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise RuntimeError(f"state_dict: the worker could not save the state: {saved.refused}")
         groups, template, initial = self._torch_layout()
         if not consolidated:
+            manifest = _checkpoint.read_manifest(saved.manifest, expected_job_id=self._job_id)
             return {"zeroshard_checkpoint": 1, "job_id": self._job_id, "step": saved.step,
                     "optimizer_step": saved.optimizer_step, "optimizer": self._optimizer_kind,
                     "mode": self._mode, "manifest": saved.manifest,
+                    "commit_time": manifest.commit_time.ToJsonString(),
                     "world_size": saved.world_size, "param_groups": groups}
         header, full = _checkpoint.read_full_state(saved.manifest, expected_job_id=self._job_id)
         # Each tensor's own step (a tensor skipped in steps without a gradient counts fewer);
@@ -1403,7 +1409,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise ValueError(f"manifest: {manifest!r} is not an absolute path")
         # The manifest must be the one of the job the state dict names (it may be another job
         # than this one: loading another job's checkpoint is allowed when named so).
-        _, header = _checkpoint.read_header(manifest, expected_job_id=state_dict.get("job_id"))
+        committed, header = _checkpoint.read_header(manifest,
+                                                     expected_job_id=state_dict.get("job_id"))
+        # A job that went back past this step and ran it again retired the state dict's checkpoint
+        # (superseded, moved aside) and committed another one under the same name.
+        saved_time = state_dict.get("commit_time")
+        if saved_time is not None and committed.commit_time.ToJsonString() != saved_time:
+            raise ValueError(f"manifest: {manifest} now holds another checkpoint of step "
+                             f"{committed.step} (committed {committed.commit_time.ToJsonString()})"
+                             f" than this state dict's (committed {saved_time}): its job went "
+                             "back past that step and ran it again; the state dict's checkpoint "
+                             "was superseded (kept beside it as superseded-step-*)")
         if len(header.tensors) != len(self._params):
             raise ValueError(f"manifest: the checkpoint {manifest} holds {len(header.tensors)} "
                              f"tensors, this model {len(self._params)} (another model)")
@@ -1502,6 +1518,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
             request = attach_pb2.AttachRequest()
             request.load_state.full_state_file = path
             request.load_state.optimizer_step = optimizer_step
+            if counted:
+                # The job's step follows the state's (none: SGD, or no step taken yet).
+                request.load_state.step = max(counted)
             if any(step != optimizer_step for step in tensor_steps):
                 request.load_state.tensor_steps.extend(tensor_steps)
             # Passed open: the worker never opens a path a trainer names.
@@ -1564,15 +1583,40 @@ def finish(optimizer=None):
         _optimizers.pop()._finish()
 
 
+def _parameter_names(model):
+    """(name, parameter) for every name model.state_dict() gives a parameter, tied weights
+    included (pytorch/examples' LSTM has decoder.weight and encoder.weight, one Parameter), then
+    any parameter state_dict() leaves out, under named_parameters()'s name."""
+    named = [(name, value) for name, value in model.state_dict(keep_vars=True).items()
+             if isinstance(value, torch.nn.Parameter)]
+    seen = {name for name, _ in named}
+    named += [(name, p) for name, p in model.named_parameters() if name not in seen]
+    return named
+
+
+def _tied_aliases(model, name_of):
+    """{plan name: [its other names in model.state_dict()]} for the parameters `name_of` ({id:
+    name}) holds: tied weights' aliases, in state_dict() order."""
+    aliases = {}
+    for name, p in _parameter_names(model):
+        own = name_of.get(id(p))
+        if own is not None and name != own:
+            aliases.setdefault(own, []).append(name)
+    return aliases
+
+
 def save(model, path):
-    """Rank 0 writes the model's parameters (fp32, torch's names and shapes) as safetensors;
-    the other ranks do nothing. Every rank holds the full parameters after step()."""
+    """Rank 0 writes the model's parameters (fp32, torch's names and shapes) as safetensors:
+    every name model.state_dict() has for a parameter, tied weights included (their data written
+    under each name: safetensors has no aliasing), so that a strict load_state_dict of a plain
+    torch model takes the file; the other ranks do nothing. Every rank holds the full parameters
+    after step()."""
     if init().rank != 0:
         return
     import json
     import struct
     tensors = {name: p.detach().to("cpu", torch.float32).contiguous()
-               for name, p in model.named_parameters()}
+               for name, p in _parameter_names(model)}
     header = {}
     offset = 0
     for name, tensor in tensors.items():

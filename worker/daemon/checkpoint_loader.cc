@@ -126,6 +126,7 @@ absl::StatusOr<bool> TryCheckpoint(absl::StatusOr<checkpoint::CommittedCheckpoin
       }));
   loaded.step = step;
   loaded.directory = directory;
+  loaded.manifest = (*reader)->checkpoint().manifest;
   return true;
 }
 

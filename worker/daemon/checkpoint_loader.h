@@ -20,6 +20,7 @@
 #include "sharding/shard_planner.h"
 #include "worker/comm/store.h"
 #include "worker/engine/engine.h"
+#include "zeroshard/v1/checkpoint.pb.h"
 #include "zeroshard/v1/job.pb.h"
 #include "zeroshard/v1/types.pb.h"
 
@@ -59,6 +60,8 @@ struct CheckpointLoadOptions {
 struct LoadedCheckpoint {
   int64_t step = 0;  // the data position: the next step to run
   std::string directory;
+  // Its manifest (which checkpoint it was: job, step, generation, commit time).
+  v1::CheckpointManifest manifest;
   // One line per checkpoint passed over, naming the rank and why, and per step entry refused
   // (a link, another job's manifest), naming it (for a NOTICE event).
   std::vector<std::string> passed_over;

@@ -53,6 +53,9 @@ constexpr absl::Duration kCommitMaxBackoff = absl::Milliseconds(500);
 // it at the same step, seconds apart at most), and how often it looks for the manifest.
 constexpr absl::Duration kStateSaveTimeout = absl::Minutes(2);
 constexpr absl::Duration kManifestPollInterval = absl::Milliseconds(10);
+// The largest step a load may move the job to, exclusive (checkpoint directory names hold 12
+// digits; RewindJob's bound).
+constexpr int64_t kMaxLoadedStep = int64_t{1000000000000};
 
 // The commits the coordinator refused, by step: a state_dict() waiting for a manifest that will
 // not come says why instead of timing out.
@@ -250,6 +253,26 @@ absl::Status EngineTrainingRun::CommitOnce(const v1::CommitCheckpointRequest& re
       abort_signal_.OnAbort([&context] { context.TryCancel(); });
   v1::CommitCheckpointResponse response;
   return common::FromGrpcStatus(options_.stub->CommitCheckpoint(&context, request, &response));
+}
+
+absl::StatusOr<v1::RewindJobResponse> EngineTrainingRun::Rewind(
+    const v1::RewindJobRequest& request) {
+  v1::RewindJobResponse response;
+  RetryPolicy retry;
+  retry.max_backoff = kCommitMaxBackoff;
+  ZS_RETURN_IF_ERROR(RetryRpc(
+      "RewindJob",
+      [&]() -> absl::Status {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + options_.rpc_timeout));
+        const comm::AbortSignal::Registration cancel =
+            abort_signal_.OnAbort([&context] { context.TryCancel(); });
+        response.Clear();
+        return common::FromGrpcStatus(options_.stub->RewindJob(&context, request, &response));
+      },
+      absl::Now() + kCoordinatorOutageDeadline,
+      [this](absl::Duration delay) { return WaitUnlessAborted(delay); }, retry));
+  return response;
 }
 
 absl::StatusOr<bool> EngineTrainingRun::Report(const v1::StepMetrics& metrics, bool finished,
@@ -513,7 +536,9 @@ absl::Status EngineTrainingRun::Train() {
   // writer is free; when one is still busy with the previous checkpoint, every rank defers the
   // checkpoint to the first step at which all are free. Every rank takes part, with a writer or
   // not (a worker without --checkpoint_root counts as free and writes nothing).
-  CheckpointSchedule schedule(policy.every_steps(), first_step, last_step);
+  // Made again when an attached trainer's load moves the job's step.
+  std::optional<CheckpointSchedule> schedule;
+  schedule.emplace(policy.every_steps(), first_step, last_step);
   // The agreement's flag: one fp64 per rank, summed (the ranks whose writer is busy). A CUDA
   // communicator reduces device memory.
   double busy_ranks_host = 0.0;
@@ -548,8 +573,10 @@ absl::Status EngineTrainingRun::Train() {
     return busy == 0.0;
   };
   // An attached trainer's state_dict() / load_state_dict(), served between steps.
-  std::optional<int64_t> state_saved_at_step;   // the last save_state's step
-  std::optional<int64_t> state_loaded_at_step;  // the last load_state's step
+  std::optional<int64_t> state_saved_at_step;  // the last save_state's step
+  // The step of the last load_state whose state the job's checkpoint of that step (if any) does
+  // not hold; unset when the job's checkpoint of the step is the one loaded.
+  std::optional<int64_t> state_loaded_at_step;
   int64_t state_loads = 0;
   auto copy_fragment = [&](size_t index, int64_t first, absl::Span<char> out) {
     return engine->CopyFragmentTo(index, first, out);
@@ -633,12 +660,79 @@ absl::Status EngineTrainingRun::Train() {
     saved.set_world_size(static_cast<int32_t>(world_size));
     return saved;
   };
+  // After a load: the job's step becomes the loaded state's. Rank 0 has the coordinator retire
+  // the checkpoints after it (RewindJob) and tells the others the outcome through the store, so
+  // that no rank writes a checkpoint of a later step before they are out of the way.
+  auto move_to_loaded_step =
+      [&](int64_t loaded_step, const std::optional<v1::CheckpointManifest>& loaded_checkpoint,
+          const std::string& source, const std::string& store_prefix) -> absl::Status {
+    const std::string key = absl::StrCat(store_prefix, "rewound");
+    // "kept": the job's checkpoint of loaded_step is the one loaded; "": it has none (any more);
+    // anything else: why the rewind failed.
+    std::string outcome;
+    if (rank == 0) {
+      v1::RewindJobRequest rewind;
+      rewind.set_worker_id(options_.worker_id);
+      rewind.set_job_id(assignment_.job_id());
+      rewind.set_generation(assignment_.generation());
+      rewind.set_rank(0);
+      rewind.set_step(loaded_step);
+      if (loaded_checkpoint.has_value()) {
+        rewind.set_loaded_job_id(loaded_checkpoint->job_id());
+        v1::CheckpointRecord& record = *rewind.mutable_loaded_checkpoint();
+        record.set_step(loaded_checkpoint->step());
+        record.set_generation(loaded_checkpoint->generation());
+        record.set_world_size(loaded_checkpoint->world_size());
+        *record.mutable_commit_time() = loaded_checkpoint->commit_time();
+      }
+      std::string reason = absl::StrCat("the trainers loaded ", source, " at step ", step);
+      if (reason.size() > 1000) reason = absl::StrCat(reason.substr(0, 997), "...");
+      rewind.set_reason(std::move(reason));
+      const absl::StatusOr<v1::RewindJobResponse> rewound = Rewind(rewind);
+      if (!rewound.ok()) {
+        outcome = absl::StrCat("the coordinator could not move the job to step ", loaded_step, ": ",
+                               rewound.status().ToString());
+      } else if (rewound->has_latest_checkpoint() &&
+                 rewound->latest_checkpoint().step() == loaded_step) {
+        outcome = "kept";
+      }
+      ZS_RETURN_IF_ERROR(store.Set(key, outcome));
+    } else {
+      ZS_ASSIGN_OR_RETURN(outcome, store.Get(key, kCoordinatorOutageDeadline));
+    }
+    if (outcome != "kept" && !outcome.empty()) return absl::UnavailableError(outcome);
+    ZS_LOG(INFO) << assignment_.job_id() << " rank " << rank << ": the job's step goes from "
+                 << step << " to " << loaded_step << " (the loaded state's)";
+    step = loaded_step;
+    step_.store(step);
+    schedule.emplace(policy.every_steps(), step, last_step);
+    const bool kept = outcome == "kept";
+    // The job's checkpoint of this step, if kept, holds this state: the final checkpoint need not
+    // be written again, and state_dict() names it.
+    state_saved_at_step.reset();
+    if (kept) state_saved_at_step = step;
+    state_loaded_at_step.reset();
+    if (!kept) state_loaded_at_step = step;
+    return absl::OkStatus();
+  };
   auto load_state = [&](const v1::LoadState& request,
                         UniqueFd source) -> absl::StatusOr<v1::StateLoaded> {
     v1::StateLoaded loaded;
     // Every rank counts its loads alike, so a load's verdicts have keys of their own.
     const std::string store_prefix = absl::StrCat("state-load-", ++state_loads, "/");
+    // What the job did so far is settled before its step moves: every rank's checkpoint in
+    // flight is committed (or failed), and this rank's reports are in, so none of a step after
+    // the loaded one reaches the coordinator after it took the job back.
+    if (writer != nullptr) writer->Flush();
+    {
+      ZS_ASSIGN_OR_RETURN(const bool keep_going,
+                          reporter->Flush(absl::Now() + kCoordinatorOutageDeadline));
+      if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
+    }
     absl::Status status;
+    std::optional<v1::CheckpointManifest> loaded_checkpoint;
+    // The loaded state's step, which the job's follows; unset: the state holds none.
+    std::optional<int64_t> loaded_step;
     if (request.source_case() == v1::LoadState::kManifest) {
       const absl::StatusOr<NamedCheckpoint> named =
           LocateNamedCheckpoint(options_.checkpoint_root, request.manifest(), std::move(source));
@@ -658,7 +752,12 @@ absl::Status EngineTrainingRun::Train() {
       load.optimizer = spec.optimizer().kind();
       load.param_dtype = spec.precision().param_dtype();
       load.store_prefix = store_prefix;
-      status = LoadCheckpoint(load, plan, *engine, store).status();
+      absl::StatusOr<LoadedCheckpoint> restored = LoadCheckpoint(load, plan, *engine, store);
+      status = restored.status();
+      if (restored.ok()) {
+        loaded_step = restored->step;
+        loaded_checkpoint = restored->manifest;
+      }
     } else if (request.source_case() == v1::LoadState::kFullStateFile) {
       if (request.optimizer_step() < 0) {
         loaded.set_refused(absl::StrCat("optimizer_step: ", request.optimizer_step(), " < 0"));
@@ -667,6 +766,11 @@ absl::Status EngineTrainingRun::Train() {
       if (request.tensor_steps_size() != 0 && request.tensor_steps_size() != plan.num_tensors()) {
         loaded.set_refused(absl::StrCat("tensor_steps: ", request.tensor_steps_size(),
                                         " entries, the job has ", plan.num_tensors(), " tensors"));
+        return loaded;
+      }
+      if (request.has_step() && (request.step() < 0 || request.step() >= kMaxLoadedStep)) {
+        loaded.set_refused(
+            absl::StrCat("step: ", request.step(), " is not in [0, ", kMaxLoadedStep, ")"));
         return loaded;
       }
       for (int t = 0; t < request.tensor_steps_size(); ++t) {
@@ -699,6 +803,8 @@ absl::Status EngineTrainingRun::Train() {
       load.world_size = static_cast<int32_t>(world_size);
       load.store_prefix = store_prefix;
       status = LoadFullState(load, *std::move(file), plan, *engine, store);
+      // torch.optim's state has no data position: its step (when it has one) is the model's.
+      if (request.has_step()) loaded_step = request.step();
     } else {
       loaded.set_refused("load_state: names no source");
       return loaded;
@@ -712,11 +818,16 @@ absl::Status EngineTrainingRun::Train() {
     for (int64_t t = 0; t < plan.num_tensors(); ++t) {
       ZS_RETURN_IF_ERROR(engine->Parameters(t).status());
     }
-    state_loaded_at_step = step;
+    const std::string& named =
+        request.has_manifest() ? request.manifest() : request.full_state_file();
+    ZS_LOG(INFO) << assignment_.job_id() << " rank " << rank << " loaded " << named << " at step "
+                 << step << " (optimizer step " << engine->optimizer_step() << ")";
+    // The job's step follows the model's (issue 27).
+    if (loaded_step.has_value()) {
+      ZS_RETURN_IF_ERROR(move_to_loaded_step(*loaded_step, loaded_checkpoint, named, store_prefix));
+    }
     loaded.set_optimizer_step(engine->optimizer_step());
-    ZS_LOG(INFO) << assignment_.job_id() << " rank " << rank << " loaded "
-                 << (request.has_manifest() ? request.manifest() : request.full_state_file())
-                 << " at step " << step << " (optimizer step " << engine->optimizer_step() << ")";
+    loaded.set_step(step);
     return loaded;
   };
   if (trainer != nullptr) trainer->SetStateHandlers({save_state, load_state});
@@ -752,9 +863,9 @@ absl::Status EngineTrainingRun::Train() {
     if (writer != nullptr) outside.checkpoint_staging_bytes = writer->staging_bytes();
     last = MetricsFor(result, step + 1, times, outside, vmrss_at_start_bytes);
     CheckpointDecision checkpoint;
-    if (schedule.NeedsAgreement(step + 1)) {
+    if (schedule->NeedsAgreement(step + 1)) {
       ZS_ASSIGN_OR_RETURN(const bool free, every_writer_free());
-      checkpoint = schedule.Decide(step + 1, free);
+      checkpoint = schedule->Decide(step + 1, free);
       if (checkpoint.take && writer != nullptr) {
         ZS_RETURN_IF_ERROR(writer->Save(
             step + 1, [&](absl::Span<char> staging) { return engine->CopyStateTo(staging); }));
@@ -781,9 +892,9 @@ absl::Status EngineTrainingRun::Train() {
     const CheckpointWriterStats written = writer->stats();
     ZS_LOG(INFO) << assignment_.job_id() << " rank " << rank << " checkpoints: " << written.written
                  << " written (" << written.bytes_written << " bytes in "
-                 << absl::FormatDuration(written.write_time) << "), " << schedule.merged()
-                 << " skipped, " << written.failed << " failed, " << schedule.deferred()
-                 << " deferred (by up to " << schedule.max_deferral() << " steps)";
+                 << absl::FormatDuration(written.write_time) << "), " << schedule->merged()
+                 << " skipped, " << written.failed << " failed, " << schedule->deferred()
+                 << " deferred (by up to " << schedule->max_deferral() << " steps)";
   }
   ZS_RETURN_IF_ERROR(RetryRpc(
       "ReportProgress (finished)", [&] { return Report(last, /*finished=*/true).status(); },

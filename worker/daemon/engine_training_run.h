@@ -82,6 +82,9 @@ class EngineTrainingRun final : public TrainingRun {
   // outage until a deadline or Abort().
   absl::Status Commit(const v1::CommitCheckpointRequest& request);
   absl::Status CommitOnce(const v1::CommitCheckpointRequest& request);
+  // Tells the coordinator the job went back to request.step (an attached trainer's load), which
+  // retires the checkpoints after it; retried through a coordinator outage like a commit.
+  absl::StatusOr<v1::RewindJobResponse> Rewind(const v1::RewindJobRequest& request);
   // Waits `delay` unless Abort() comes first; true when the whole delay passed (RetryRpc's wait).
   bool WaitUnlessAborted(absl::Duration delay);
 
