@@ -14,7 +14,7 @@ import torch.nn.functional as F
 DEFAULT_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data",
                             "kjv_genesis_exodus.txt")
 
-# issue 13's model, and a reduced one for CI (the same code, fewer and narrower layers).
+# the example's model, and a reduced one for CI (the same code, fewer and narrower layers).
 FULL_CONFIG = {"layers": 2, "d_model": 128, "heads": 4, "context": 64}
 SMALL_CONFIG = {"layers": 2, "d_model": 48, "heads": 2, "context": 32}
 
