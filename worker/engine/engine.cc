@@ -56,21 +56,7 @@ absl::Status ValidateConfig(const EngineConfig& config) {
   if (!kernels::IsValidDType(config.reduce_dtype)) {
     return absl::InvalidArgumentError("reduce_dtype: invalid");
   }
-  const LossScaleConfig& scale = config.loss_scale;
-  if (!(scale.initial_scale > 0.0) || !std::isfinite(scale.initial_scale)) {
-    return absl::InvalidArgumentError("loss_scale.initial_scale: must be finite and > 0");
-  }
-  if (scale.dynamic) {
-    if (scale.growth_interval < 1) {
-      return absl::InvalidArgumentError("loss_scale.growth_interval: must be >= 1");
-    }
-    if (!(scale.backoff_factor > 0.0 && scale.backoff_factor < 1.0)) {
-      return absl::InvalidArgumentError("loss_scale.backoff_factor: must be in (0, 1)");
-    }
-    if (!(scale.growth_factor > 1.0) || !std::isfinite(scale.growth_factor)) {
-      return absl::InvalidArgumentError("loss_scale.growth_factor: must be finite and > 1");
-    }
-  }
+  ZS_RETURN_IF_ERROR(ValidateLossScaleConfig(config.loss_scale));
   if (!(config.clip_grad_norm >= 0.0) || !std::isfinite(config.clip_grad_norm)) {
     return absl::InvalidArgumentError("clip_grad_norm: must be finite and >= 0");
   }
@@ -82,6 +68,17 @@ absl::Status ValidateConfig(const EngineConfig& config) {
     return absl::InvalidArgumentError("collective_timeout: must be > 0");
   }
   return kernels::ValidateUpdate(config.optimizer, /*step=*/1, /*grad_scale=*/1.0f, {});
+}
+
+BucketPipeline::Options PipelineOptions(const EngineConfig& config) {
+  BucketPipeline::Options options;
+  options.ddp = config.mode == EngineMode::kDdp;
+  options.zero2 = config.mode == EngineMode::kZero2;
+  options.grad_dtype = config.grad_dtype;
+  options.reduce_dtype = config.reduce_dtype;
+  options.bucket_pool_size = config.bucket_pool_size;
+  options.collective_timeout = config.collective_timeout;
+  return options;
 }
 
 }  // namespace
@@ -164,12 +161,12 @@ Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const E
                                              : nullptr),
       device_(config.device == nullptr ? owned_device_.get() : config.device),
       allocator_(device_),
-      buckets_(plan.num_buckets()),
-      in_flight_(plan.num_buckets()),
-      awaiting_check_(plan.num_buckets()),
-      bucket_waits_{std::vector<BucketWait>(plan.num_buckets()),
-                    std::vector<BucketWait>(plan.num_buckets())},
-      loss_scale_(config.loss_scale.initial_scale) {
+      timer_(plan.num_buckets()),
+      pipeline_(plan_, view_.rank(), PipelineOptions(config),
+                {grads_, owned_offsets_, stats_chunks_, stats_partials_, stats_chunk_begin_},
+                device_, communicator, &timer_, &failure_),
+      gathers_(plan.num_buckets()),
+      loss_scaler_(config.loss_scale) {
   owned_offsets_.reserve(plan_.num_buckets());
   int64_t offset = 0;
   for (const sharding::BucketLayout& bucket : plan_.buckets()) {
@@ -178,47 +175,14 @@ Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const E
   }
   // The owned layout holds exactly the view's pieces, one per bucket.
   ZS_DCHECK_EQ(offset, view_.owned_elems());
-  gap_begin_.reserve(plan_.num_buckets() + 1);
-  for (const sharding::BucketLayout& bucket : plan_.buckets()) {
-    gap_begin_.push_back(static_cast<int64_t>(gaps_.size()));
-    int64_t covered_to = bucket.flat_begin;
-    for (int64_t t = bucket.first_tensor; t < bucket.first_tensor + bucket.num_tensors; ++t) {
-      const sharding::TensorPlacement& placement = plan_.placement(t);
-      // A tensor may start before the bucket or go on after it (buckets span tensors).
-      const int64_t begin = std::max(placement.flat_offset, bucket.flat_begin);
-      if (begin > covered_to) gaps_.push_back({covered_to, begin});
-      covered_to = std::min(placement.flat_end(), bucket.flat_end());
-    }
-    if (bucket.flat_end() > covered_to) gaps_.push_back({covered_to, bucket.flat_end()});
-  }
-  gap_begin_.push_back(static_cast<int64_t>(gaps_.size()));
 }
 
 Engine::~Engine() {
-  // The communicator may still write into our buffers until each reduction and all-gather is
-  // done.
-  for (BucketState& bucket : buckets_) {
-    if (bucket.gather != nullptr) bucket.gather->Wait().IgnoreError();
-    if (bucket.reduction != nullptr) bucket.reduction->Wait().IgnoreError();
+  // The communicator may still write into the parameters until each all-gather is done (the
+  // pipeline, destroyed next, waits for the reductions).
+  for (BucketGather& gather : gathers_) {
+    if (gather.work != nullptr) gather.work->Wait().IgnoreError();
   }
-}
-
-void Engine::BucketQueue::push_back(int64_t bucket) {
-  ZS_DCHECK_LT(buckets_.size(), buckets_.capacity()) << "a bucket entered the queue twice";
-  buckets_.push_back(bucket);
-}
-
-void Engine::BucketQueue::pop_front() {
-  ZS_DCHECK(!empty());
-  // Emptied: start over at the front, so the reserved room is enough for the next step.
-  if (++head_ == buckets_.size()) {
-    buckets_.clear();
-    head_ = 0;
-  }
-}
-
-bool Engine::UsesBucketPool() const {
-  return config_.mode == EngineMode::kZero2 || config_.grad_dtype != config_.reduce_dtype;
 }
 
 bool Engine::HasMaster() const { return config_.param_dtype != DType::kFloat32; }
@@ -252,18 +216,8 @@ absl::Status Engine::AllocateBuffers() {
                                                                     state_elems * int64_t{4}));
     state_.push_back(std::move(state));
   }
-  if (UsesBucketPool()) {
-    // Buckets are fixed ranges of bucket_elems (the last one shorter), so the pool is bounded by
-    // the bucket size whatever the tensor sizes.
-    const int slots =
-        static_cast<int>(std::min<int64_t>(config_.bucket_pool_size, plan_.num_buckets()));
-    for (int slot = 0; slot < slots; ++slot) {
-      ZS_ASSIGN_OR_RETURN(
-          CountedBuffer buffer,
-          allocator_.TryAllocate(MemoryCategory::kBuckets, LargestBucket() * reduce_size_));
-      pool_.push_back(std::move(buffer));
-      free_slots_.push_back(slots - 1 - slot);  // slot 0 is taken first
-    }
+  if (pipeline_.uses_pool()) {
+    ZS_RETURN_IF_ERROR(pipeline_.AllocatePool(allocator_, LargestBucket() * reduce_size_));
   }
   if (StagesGradients()) {
     // One segment at a time: a segment never passes its bucket.
@@ -420,11 +374,9 @@ char* Engine::ParamsAt(int64_t flat) const { return params_.as<char>() + flat * 
 
 char* Engine::GradsAt(int64_t flat) const { return grads_.as<char>() + flat * grad_size_; }
 
-char* Engine::SlotData(int slot) const { return pool_[slot].as<char>(); }
-
 absl::Status Engine::InitializeParameters(
     absl::FunctionRef<absl::Status(int64_t tensor, absl::Span<float> out)> initial) {
-  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(failure_.status());
   if (StepInProgress()) {
     return absl::FailedPreconditionError("InitializeParameters during a step");
   }
@@ -488,7 +440,7 @@ absl::Status Engine::InitializeParameters(
 }
 
 absl::StatusOr<workloads::StoredParameters> Engine::Parameters(int64_t tensor) {
-  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(failure_.status());
   if (tensor < 0 || tensor >= plan_.num_tensors()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor: ", tensor, " is not in [0, ", plan_.num_tensors(), ")"));
@@ -545,7 +497,7 @@ absl::StatusOr<std::optional<absl::Span<float>>> Engine::TryGradBuffer(int64_t t
 absl::StatusOr<std::optional<absl::Span<float>>> Engine::OpenGradSegment(int64_t tensor,
                                                                          int64_t begin, int64_t end,
                                                                          bool wait) {
-  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(failure_.status());
   if (tensor < 0 || tensor >= plan_.num_tensors()) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor: ", tensor, " is not in [0, ", plan_.num_tensors(), ")"));
@@ -572,15 +524,9 @@ absl::StatusOr<std::optional<absl::Span<float>>> Engine::OpenGradSegment(int64_t
   char* destination;
   if (config_.mode == EngineMode::kZero2) {
     // zero2 keeps no full gradient buffer: backward writes into the bucket's pool buffer.
-    BucketState& bucket = buckets_[bucket_index];
-    if (bucket.slot < 0 && !wait) {
-      ZS_RETURN_IF_ERROR(RetireFinished());
-      // AcquireSlot would wait for the oldest reduction (with none in flight it fails instead).
-      if (free_slots_.empty() && !in_flight_.empty()) return std::nullopt;
-    }
-    if (bucket.slot < 0) ZS_RETURN_IF_ERROR(AcquireSlot(bucket_index));
-    destination =
-        SlotData(bucket.slot) + (flat - plan_.buckets()[bucket_index].flat_begin) * reduce_size_;
+    ZS_ASSIGN_OR_RETURN(char* const buffer, pipeline_.BucketBuffer(bucket_index, wait));
+    if (buffer == nullptr) return std::nullopt;  // every buffer in flight, and no wait
+    destination = buffer + (flat - plan_.buckets()[bucket_index].flat_begin) * reduce_size_;
   } else {
     destination = GradsAt(flat);
   }
@@ -591,7 +537,7 @@ absl::StatusOr<std::optional<absl::Span<float>>> Engine::OpenGradSegment(int64_t
 }
 
 absl::Status Engine::GradWritten(int64_t tensor, int64_t begin, int64_t end) {
-  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(failure_.status());
   if (!open_segment_.has_value() || open_segment_->tensor != tensor ||
       open_segment_->begin != begin || open_segment_->end != end) {
     return absl::FailedPreconditionError(
@@ -612,17 +558,12 @@ absl::Status Engine::GradWritten(int64_t tensor, int64_t begin, int64_t end) {
     ++next_tensor_;
     next_element_ = 0;
   }
-  BucketState& bucket = buckets_[segment.bucket];
-  bucket.elems_arrived += count;
-  ZS_DCHECK_LE(bucket.elems_arrived, plan_.buckets()[segment.bucket].tensor_elems);
-  if (bucket.elems_arrived == plan_.buckets()[segment.bucket].tensor_elems) {
-    ZS_RETURN_IF_ERROR(LaunchBucket(segment.bucket));
-  }
-  return RetireFinished();
+  ZS_RETURN_IF_ERROR(pipeline_.ElementsWritten(segment.bucket, count));
+  return pipeline_.RetireFinished();
 }
 
 absl::Status Engine::EndMicroBatch() {
-  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(failure_.status());
   if (config_.mode != EngineMode::kZero2) {
     return absl::FailedPreconditionError(absl::StrCat(
         "EndMicroBatch: ", EngineModeName(config_.mode),
@@ -634,141 +575,11 @@ absl::Status Engine::EndMicroBatch() {
                      " tensors' gradients of the micro-batch were handed over"));
   }
   // Every bucket's reduced piece must be in grads_ before the next micro-batch's can be added.
-  while (!in_flight_.empty()) ZS_RETURN_IF_ERROR(RetireOldest());
-  ZS_RETURN_IF_ERROR(CheckReductions());
-  for (BucketState& bucket : buckets_) bucket.elems_arrived = 0;
+  ZS_RETURN_IF_ERROR(pipeline_.RetireAll());
+  pipeline_.ResetArrivals();
   next_tensor_ = 0;
   next_element_ = 0;
-  accumulating_ = true;
-  return absl::OkStatus();
-}
-
-absl::Status Engine::AcquireSlot(int64_t bucket) {
-  ZS_DCHECK(UsesBucketPool());
-  ZS_DCHECK_LT(buckets_[bucket].slot, 0) << "bucket " << bucket << " already holds a slot";
-  if (free_slots_.empty()) {
-    if (in_flight_.empty()) {
-      return absl::FailedPreconditionError(
-          "every bucket buffer holds an incomplete bucket: gradients must arrive in "
-          "tensor-list order");
-    }
-    ZS_RETURN_IF_ERROR(RetireOldest());
-    // Every in-flight bucket holds a slot, so retiring one frees one.
-    ZS_DCHECK(!free_slots_.empty());
-  }
-  buckets_[bucket].slot = free_slots_.back();
-  free_slots_.pop_back();
-  return absl::OkStatus();
-}
-
-absl::Status Engine::LaunchBucket(int64_t bucket_index) {
-  BucketState& bucket = buckets_[bucket_index];
-  const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
-  ZS_DCHECK_EQ(bucket.elems_arrived, layout.tensor_elems) << "bucket " << bucket_index;
-  ZS_DCHECK(bucket.reduction == nullptr) << "bucket " << bucket_index << " is already in flight";
-  ZS_DCHECK(config_.mode != EngineMode::kZero2 || bucket.slot >= 0)
-      << "zero2 bucket " << bucket_index << " has no reduce buffer";
-  char* reduce_buffer;
-  if (config_.mode == EngineMode::kZero2) {
-    reduce_buffer = SlotData(bucket.slot);
-  } else if (UsesBucketPool()) {
-    ZS_RETURN_IF_ERROR(AcquireSlot(bucket_index));
-    reduce_buffer = SlotData(bucket.slot);
-    ZS_RETURN_IF_ERROR(RecordFailure(
-        device_->ConvertElements(GradsAt(layout.flat_begin), config_.grad_dtype, reduce_buffer,
-                                 config_.reduce_dtype, layout.padded_elems)));
-  } else {
-    reduce_buffer = GradsAt(layout.flat_begin);  // reduced in place
-  }
-  for (int64_t g = gap_begin_[bucket_index]; g < gap_begin_[bucket_index + 1]; ++g) {
-    ZS_RETURN_IF_ERROR(RecordFailure(
-        device_->ZeroElements(reduce_buffer + (gaps_[g].first - layout.flat_begin) * reduce_size_,
-                              config_.reduce_dtype, gaps_[g].second - gaps_[g].first)));
-  }
-  comm::CollectiveOptions options;
-  options.timeout = config_.collective_timeout;
-  const comm::ElementType type = ToElementType(config_.reduce_dtype);
-  if (first_launch_ == absl::InfiniteFuture()) first_launch_ = absl::Now();
-  bucket.reduction = config_.mode == EngineMode::kDdp
-                         ? communicator_->AllReduce(reduce_buffer, layout.padded_elems, type,
-                                                    comm::ReduceOp::kSum, options)
-                         : communicator_->ReduceScatterInPlace(reduce_buffer, layout.piece_elems,
-                                                               type, comm::ReduceOp::kSum, options);
-  in_flight_.push_back(bucket_index);
-  ZS_DCHECK(bucket.reduction != nullptr);
-  ZS_DCHECK(!UsesBucketPool() || in_flight_.size() + free_slots_.size() <= pool_.size())
-      << in_flight_.size() << " buckets in flight and " << free_slots_.size() << " free slots of "
-      << pool_.size();
-  return absl::OkStatus();
-}
-
-absl::Status Engine::RetireOldest() {
-  ZS_DCHECK(!in_flight_.empty());
-  const int64_t bucket_index = in_flight_.front();
-  in_flight_.pop_front();
-  BucketState& bucket = buckets_[bucket_index];
-  ZS_DCHECK(bucket.reduction != nullptr)
-      << "bucket " << bucket_index << " is in flight without a reduction";
-  ZS_DCHECK_EQ(bucket.slot >= 0, UsesBucketPool()) << "bucket " << bucket_index;
-  // The conversion below and the slot's next gradients need the reduced values only on the
-  // device: a device backend makes the compute stream wait (the host goes on queueing backward),
-  // a host backend waits here. CheckReductions() learns the outcome before the host uses it.
-  const absl::Time wait_start = absl::Now();
-  const absl::Status ordered = bucket.reduction->WaitOnComputeStream();
-  RecordReductionWait(bucket_index, absl::Now() - wait_start);
-  awaiting_check_.push_back(bucket_index);
-  if (!ordered.ok()) return RecordFailure(ordered);
-  // Move the owned fragments' reduced values into the gradient storage the update reads, in
-  // grad_dtype, summing their statistics on the way. Reduced in place in the gradient buffer
-  // (slot < 0), they are already there: the same call only sums. Alignment gaps are not moved:
-  // nothing reads them from the gradient storage.
-  const sharding::BucketLayout& layout = plan_.buckets()[bucket_index];
-  const int64_t owned_begin = rank_ * layout.piece_elems;
-  const char* reduced = bucket.slot >= 0 ? SlotData(bucket.slot) : GradsAt(layout.flat_begin);
-  char* owned_grads = config_.mode == EngineMode::kZero2
-                          ? grads_.as<char>() + OwnedOffset(bucket_index) * grad_size_
-                          : GradsAt(layout.flat_begin + owned_begin);
-  const int64_t first_chunk = stats_chunk_begin_[bucket_index];
-  const kernels::GradStatsChunk* chunks = stats_chunks_.as<kernels::GradStatsChunk>() + first_chunk;
-  const int64_t num_chunks = stats_chunk_begin_[bucket_index + 1] - first_chunk;
-  double* partials = stats_partials_.as<double>() + first_chunk;
-  absl::Status moved;
-  if (accumulating_) {
-    // A later micro-batch (zero2): added to the earlier ones' sum, whose statistics replace the
-    // bucket's partials (the last micro-batch's retirement leaves the step's).
-    moved = device_->AddElements(reduced + owned_begin * reduce_size_, config_.reduce_dtype,
-                                 owned_grads, config_.grad_dtype, layout.piece_elems);
-    if (moved.ok()) {
-      moved = device_->ConvertWithGradStats(owned_grads, config_.grad_dtype, owned_grads,
-                                            config_.grad_dtype, chunks, num_chunks, partials);
-    }
-  } else {
-    moved = device_->ConvertWithGradStats(reduced + owned_begin * reduce_size_,
-                                          config_.reduce_dtype, owned_grads, config_.grad_dtype,
-                                          chunks, num_chunks, partials);
-  }
-  if (moved.ok() && config_.mode == EngineMode::kDdp && bucket.slot >= 0) {
-    // ddp updates every piece: the other ranks' pieces of the bucket move too, without statistics.
-    const int64_t owned_end = owned_begin + layout.piece_elems;
-    moved = device_->ConvertElements(reduced, config_.reduce_dtype, GradsAt(layout.flat_begin),
-                                     config_.grad_dtype, owned_begin);
-    if (moved.ok()) {
-      moved = device_->ConvertElements(reduced + owned_end * reduce_size_, config_.reduce_dtype,
-                                       GradsAt(layout.flat_begin + owned_end), config_.grad_dtype,
-                                       layout.padded_elems - owned_end);
-    }
-  }
-  if (!moved.ok()) return RecordFailure(moved);
-  if (bucket.slot < 0) return absl::OkStatus();
-  free_slots_.push_back(bucket.slot);
-  bucket.slot = -1;
-  return absl::OkStatus();
-}
-
-absl::Status Engine::RetireFinished() {
-  while (!in_flight_.empty() && buckets_[in_flight_.front()].reduction->Done()) {
-    ZS_RETURN_IF_ERROR(RetireOldest());
-  }
+  pipeline_.StartAccumulating();
   return absl::OkStatus();
 }
 
@@ -776,19 +587,19 @@ absl::Status Engine::AwaitGathers(int64_t first_bucket, int64_t num_buckets, boo
   absl::Status first_failure;
   // Issue order: the last bucket first.
   for (int64_t b = first_bucket + num_buckets - 1; b >= first_bucket; --b) {
-    BucketState& bucket = buckets_[b];
-    if (bucket.gather == nullptr || (!on_host && bucket.gather_ordered)) continue;
+    BucketGather& gather = gathers_[b];
+    if (gather.work == nullptr || (!on_host && gather.ordered)) continue;
     const absl::Time wait_start = absl::Now();
     absl::Status status;
     if (on_host) {
       status = RetireGather(b);
     } else {
-      status = bucket.gather->WaitOnComputeStream();
-      bucket.gather_ordered = true;
+      status = gather.work->WaitOnComputeStream();
+      gather.ordered = true;
       // A host backend has waited for it; a device backend's is retired once seen done.
-      if (status.ok() && bucket.gather->Done()) status = RetireGather(b);
+      if (status.ok() && gather.work->Done()) status = RetireGather(b);
     }
-    param_wait_ += absl::Now() - wait_start;
+    timer_.GatherWaited(absl::Now() - wait_start);
     if (!status.ok() && first_failure.ok()) first_failure = status;
     // After a failure only the host waits go on: the buffers must be left alone by then.
     if (!first_failure.ok() && !on_host) break;
@@ -797,51 +608,18 @@ absl::Status Engine::AwaitGathers(int64_t first_bucket, int64_t num_buckets, boo
 }
 
 absl::Status Engine::RetireGather(int64_t bucket_index) {
-  BucketState& bucket = buckets_[bucket_index];
-  const absl::Status status = bucket.gather->Wait();
-  last_gathered_ = absl::Now();
-  const std::optional<absl::Duration> run_time = bucket.gather->RunTime();
-  if (run_time.has_value()) {
-    gather_run_time_ += *run_time;
-  } else {
-    gather_run_times_recorded_ = false;
-  }
-  bucket.gather.reset();
-  bucket.gather_ordered = false;
+  BucketGather& gather = gathers_[bucket_index];
+  const absl::Status status = gather.work->Wait();
+  timer_.GatherFinished(gather.work->RunTime());
+  gather.work.reset();
+  gather.ordered = false;
   return status;
-}
-
-absl::Status Engine::CheckReductions() {
-  while (!awaiting_check_.empty()) {
-    const int64_t bucket_index = awaiting_check_.front();
-    BucketState& bucket = buckets_[bucket_index];
-    awaiting_check_.pop_front();
-    const absl::Time wait_start = absl::Now();
-    const absl::Status status = bucket.reduction->Wait();
-    last_reduced_ = absl::Now();
-    RecordReductionWait(bucket_index, last_reduced_ - wait_start);
-    const std::optional<absl::Duration> run_time = bucket.reduction->RunTime();
-    if (run_time.has_value()) {
-      reduce_run_time_ += *run_time;
-    } else {
-      run_times_recorded_ = false;
-    }
-    bucket.reduction.reset();
-    if (!status.ok()) return RecordFailure(status);
-  }
-  return absl::OkStatus();
-}
-
-void Engine::RecordReductionWait(int64_t bucket, absl::Duration waited) {
-  exposed_wait_ += waited;
-  BucketWait& share = bucket_waits_[current_bucket_waits_][bucket];
-  (in_step_ ? share.step_ms : share.backward_ms) += Milliseconds(waited);
 }
 
 absl::Status Engine::CheckHandedOver(absl::string_view what) const {
   // After EndMicroBatch() the step may end with no further hand-over.
-  const bool micro_batches_ended =
-      accumulating_ && next_tensor_ == 0 && next_element_ == 0 && !open_segment_.has_value();
+  const bool micro_batches_ended = pipeline_.accumulating() && next_tensor_ == 0 &&
+                                   next_element_ == 0 && !open_segment_.has_value();
   if (next_tensor_ != plan_.num_tensors() && !micro_batches_ended) {
     return absl::FailedPreconditionError(absl::StrCat(what, ": only ", next_tensor_, " of ",
                                                       plan_.num_tensors(),
@@ -865,43 +643,29 @@ absl::Status Engine::SetTensorsWithoutGradient(absl::Span<const int64_t> tensors
 
 absl::Status Engine::CompleteReductions() {
   if (reductions_complete_) return absl::OkStatus();
-  in_step_ = true;
+  timer_.StartReductionWaitsInStep();
   StepTimings& timings = reduction_timings_;
   timings = StepTimings{};
 
   // 0. The previous step's all-gathers that forward did not wait for: the update writes the
   //    parameters they fill, and the step reports how they went.
   ZS_RETURN_IF_ERROR(AwaitGathers(0, plan_.num_buckets(), /*on_host=*/true));
-  if (gathers_issued_ != absl::InfinitePast()) {
-    timings.allgather_run_ms = Milliseconds(
-        gather_run_times_recorded_ ? gather_run_time_ : last_gathered_ - gathers_issued_);
-  }
-  timings.param_wait_ms = Milliseconds(param_wait_);
-  gathers_issued_ = absl::InfinitePast();
-  gather_run_time_ = absl::ZeroDuration();
-  gather_run_times_recorded_ = true;
-  param_wait_ = absl::ZeroDuration();
+  timer_.TakeGatherTimings(timings);
 
   // 1. Order every bucket's move into grads_ (and its statistics) after its reduction, then wait
   //    on the host for the reductions: the statistics hand values to the host, so the reductions
   //    must have succeeded. This rank's pieces of the summed gradients are then in grads_ (and in
   //    ddp, every piece).
-  while (!in_flight_.empty()) ZS_RETURN_IF_ERROR(RetireOldest());
-  ZS_RETURN_IF_ERROR(CheckReductions());
-  ZS_DCHECK(BucketsAreIdle())
+  ZS_RETURN_IF_ERROR(pipeline_.RetireAll());
+  ZS_DCHECK(pipeline_.Idle())
       << "a bucket still holds a slot or a reduction after the last retired";
-  timings.exposed_comm_ms = Milliseconds(exposed_wait_);
-  timings.bucket_waits = bucket_waits_[current_bucket_waits_];
-  timings.comm_ms =
-      Milliseconds(run_times_recorded_ ? reduce_run_time_ : last_reduced_ - first_launch_);
-  timings.overlapped_comm_ms = std::max(0.0, timings.comm_ms - timings.exposed_comm_ms);
-  timings.reduce_wall_ms = Milliseconds(last_reduced_ - first_launch_);
+  timer_.ReductionTimings(timings);
   reductions_complete_ = true;
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<int64_t>> Engine::AverageGradients() {
-  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(failure_.status());
   if (config_.mode != EngineMode::kDdp || StagesGradients()) {
     return absl::FailedPreconditionError(
         "AverageGradients: only ddp with fp32 gradients keeps the whole reduced gradient");
@@ -963,7 +727,7 @@ absl::StatusOr<double> Engine::OwnedMaxAbs() {
 }
 
 absl::StatusOr<double> Engine::ClipGradNorm(double max_norm, double norm_type) {
-  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(failure_.status());
   if (!std::isfinite(max_norm) || max_norm < 0.0) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_norm: must be finite and >= 0, got ", max_norm));
@@ -997,7 +761,8 @@ absl::StatusOr<double> Engine::ClipGradNorm(double max_norm, double norm_type) {
   double total = 0.0;
   if (status.ok()) status = device_->CopyToHost(&total, stats, sizeof(total));
   if (!status.ok()) return RecordFailure(status);
-  const double divisor = (averaged_ ? 1.0 : static_cast<double>(world_size_)) * loss_scale_;
+  const double divisor =
+      (averaged_ ? 1.0 : static_cast<double>(world_size_)) * loss_scaler_.scale();
   clip_norm_ = (infinity_norm ? total : std::sqrt(total)) / divisor;
   clip_max_norm_ = max_norm;
   return clip_norm_;
@@ -1037,7 +802,7 @@ absl::Status Engine::AllReduceGradientMask() {
 }
 
 absl::StatusOr<StepResult> Engine::Step(double local_loss) {
-  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(failure_.status());
   ZS_RETURN_IF_ERROR(CheckHandedOver("Step"));
   StepResult result;
   const absl::Time step_start = absl::Now();
@@ -1086,10 +851,10 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   const absl::Time stats_done = absl::Now();
   result.timings.grad_stats_ms = Milliseconds(stats_done - reduced);
   result.global_loss = totals[2] / world;
-  result.loss_scale = loss_scale_;
+  result.loss_scale = loss_scaler_.scale();
   // Averaged in place (AverageGradients): no further division by W.
   const double averaging = averaged_ ? 1.0 : world;
-  result.grad_norm = std::sqrt(totals[0]) / (averaging * loss_scale_);
+  result.grad_norm = std::sqrt(totals[0]) / (averaging * result.loss_scale);
   result.skipped = totals[1] != 0.0 || !std::isfinite(result.grad_norm);
 
   // 3. The fused update of the owned pieces (all of them in ddp), unless the step overflowed,
@@ -1100,7 +865,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
     } else if (config_.clip_grad_norm > 0.0) {
       result.clip_coef = std::min(1.0, config_.clip_grad_norm / (result.grad_norm + kClipEpsilon));
     }
-    const float grad_scale = static_cast<float>(result.clip_coef / (averaging * loss_scale_));
+    const float grad_scale = static_cast<float>(result.clip_coef / (averaging * result.loss_scale));
     step_pieces_.clear();
     for (size_t i = 0; i < update_pieces_.size(); ++i) {
       const int64_t t = update_piece_tensors_[i];
@@ -1123,7 +888,7 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
       }
     }
   }
-  UpdateLossScale(result.skipped);
+  loss_scaler_.Update(result.skipped);
   const absl::Time updated = absl::Now();
   result.timings.update_ms = Milliseconds(updated - stats_done);
 
@@ -1136,71 +901,31 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   if (gathers) result.timings.allgather_ms = Milliseconds(done - updated);
   result.timings.step_ms = Milliseconds(done - step_start);
   result.optimizer_step = optimizer_step_;
-  result.next_loss_scale = loss_scale_;
+  result.next_loss_scale = loss_scaler_.scale();
   result.memory = allocator_.Report();
   ResetStepState();
   return result;
 }
 
 void Engine::IssueGathers() {
-  gathers_issued_ = absl::Now();
+  timer_.GathersIssued();
   comm::CollectiveOptions options;
   options.timeout = config_.collective_timeout;
   const comm::ElementType type = ToElementType(config_.param_dtype);
   for (int64_t b = plan_.num_buckets() - 1; b >= 0; --b) {
     const sharding::BucketLayout& layout = plan_.buckets()[b];
-    ZS_DCHECK(buckets_[b].gather == nullptr) << "bucket " << b << " is still being gathered";
-    buckets_[b].gather = communicator_->AllGatherInPlace(ParamsAt(layout.flat_begin),
-                                                         layout.piece_elems, type, options);
-    buckets_[b].gather_ordered = false;
-  }
-}
-
-absl::Status Engine::RecordFailure(absl::Status status) {
-  if (!status.ok() && failure_.ok()) failure_ = status;
-  return status;
-}
-
-bool Engine::BucketsAreIdle() const {
-  if (!in_flight_.empty() || !awaiting_check_.empty() || free_slots_.size() != pool_.size()) {
-    return false;
-  }
-  for (const BucketState& bucket : buckets_) {
-    if (bucket.reduction != nullptr || bucket.slot >= 0) return false;
-  }
-  return true;
-}
-
-void Engine::UpdateLossScale(bool overflow) {
-  const LossScaleConfig& scale = config_.loss_scale;
-  if (!scale.dynamic) return;
-  if (overflow) {
-    loss_scale_ *= scale.backoff_factor;
-    good_steps_ = 0;
-    return;
-  }
-  if (++good_steps_ == scale.growth_interval) {
-    loss_scale_ *= scale.growth_factor;
-    good_steps_ = 0;
+    ZS_DCHECK(gathers_[b].work == nullptr) << "bucket " << b << " is still being gathered";
+    gathers_[b].work = communicator_->AllGatherInPlace(ParamsAt(layout.flat_begin),
+                                                       layout.piece_elems, type, options);
+    gathers_[b].ordered = false;
   }
 }
 
 void Engine::ResetStepState() {
-  ZS_DCHECK(in_flight_.empty());
-  for (BucketState& bucket : buckets_) bucket.elems_arrived = 0;
+  pipeline_.EndStep();
   next_tensor_ = 0;
   next_element_ = 0;
-  accumulating_ = false;
-  first_launch_ = absl::InfiniteFuture();
-  last_reduced_ = absl::InfinitePast();
-  exposed_wait_ = absl::ZeroDuration();
-  in_step_ = false;
-  // The result just returned points to the current set: the next step records into the other.
-  current_bucket_waits_ = 1 - current_bucket_waits_;
-  std::fill(bucket_waits_[current_bucket_waits_].begin(),
-            bucket_waits_[current_bucket_waits_].end(), BucketWait{});
-  reduce_run_time_ = absl::ZeroDuration();
-  run_times_recorded_ = true;
+  timer_.EndStep();
   averaged_ = false;
   reductions_complete_ = false;
   clip_max_norm_.reset();

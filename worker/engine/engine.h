@@ -4,11 +4,11 @@
 #ifndef ZEROSHARD_WORKER_ENGINE_ENGINE_H_
 #define ZEROSHARD_WORKER_ENGINE_ENGINE_H_
 
-#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -21,8 +21,11 @@
 #include "kernels/optimizer.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/communicator.h"
+#include "worker/engine/bucket_pipeline.h"
 #include "worker/engine/counting_allocator.h"
 #include "worker/engine/device_ops.h"
+#include "worker/engine/loss_scaler.h"
+#include "worker/engine/step_timings.h"
 #include "worker/workloads/workload.h"
 
 namespace zeroshard::engine {
@@ -40,17 +43,6 @@ enum class EngineMode : int32_t {
 const char* EngineModeName(EngineMode mode);
 // "ddp", "zero1" or "zero2"; InvalidArgument otherwise.
 absl::StatusOr<EngineMode> ParseEngineMode(absl::string_view name);
-
-// Loss scaling as torch.cuda.amp.GradScaler does it: gradients are stored multiplied by the
-// scale; a step whose gradients hold a NaN or Inf is skipped and (dynamic) multiplies the scale
-// by backoff_factor; after growth_interval consecutive good steps it multiplies by growth_factor.
-struct LossScaleConfig {
-  double initial_scale = 1.0;  // > 0; 1 with dynamic == false means no loss scaling
-  bool dynamic = false;
-  int64_t growth_interval = 2000;  // >= 1
-  double backoff_factor = 0.5;     // in (0, 1)
-  double growth_factor = 2.0;      // > 1
-};
 
 struct EngineConfig {
   EngineMode mode = EngineMode::kZero2;
@@ -84,62 +76,6 @@ struct EngineConfig {
   int bucket_pool_size = 2;
   // Bound on every collective the engine issues.
   absl::Duration collective_timeout = absl::Minutes(5);
-};
-
-// How long the host was blocked on one bucket's reduction in one step, milliseconds (the
-// bucket's share of StepTimings::exposed_comm_ms).
-struct BucketWait {
-  // While gradients were being handed over: GradBuffer() or the bucket launch waiting for this
-  // bucket's reduction to free its pool buffer (every buffer of the pool in flight).
-  double backward_ms = 0.0;
-  // In Step(): waiting for this bucket's reduction to finish.
-  double step_ms = 0.0;
-};
-
-// Milliseconds spent in the parts of one step.
-struct StepTimings {
-  // Gradient reduction: the sum of the buckets' reductions' run times on the communicator
-  // (comm::Work::RunTime: from when each started executing until it finished). With a backend
-  // that does not record run times, the wall time from the first bucket's launch until the last
-  // bucket was seen complete (an upper bound).
-  double comm_ms = 0.0;
-  // The part of comm_ms hidden behind backward: comm_ms - exposed_comm_ms (at least 0).
-  double overlapped_comm_ms = 0.0;
-  // Time the host was blocked waiting for bucket reductions: in Step(), plus in GradBuffer() when
-  // every bucket buffer of the pool was in flight and the communicator waits on the host (with
-  // a device communicator the compute stream waits instead, Work::WaitOnComputeStream).
-  double exposed_comm_ms = 0.0;
-  // exposed_comm_ms bucket by bucket (bucket_waits[b] for bucket b of the plan). The engine
-  // allocated the storage when it was created (a step allocates nothing); it holds this step's
-  // figures until the next Step() begins.
-  absl::Span<const BucketWait> bucket_waits;
-  // Combining the gradient statistics and their small all-reduce {sum of squares, non-finite,
-  // loss}. The passes over the gradients are not in it: each bucket's statistics are summed on
-  // the move of its reduced values (or, reduced in place, right after its reduction) when it
-  // retires, during backward or, for the buckets still in flight, at the start of Step().
-  double grad_stats_ms = 0.0;
-  double update_ms = 0.0;
-  // Issuing this step's parameter all-gathers (0 in ddp and on skipped steps). Step() does not
-  // wait for them: the next iteration's Parameters() calls do (param_wait_ms), and the next
-  // step reports how long they ran (allgather_run_ms).
-  double allgather_ms = 0.0;
-  // The all-gathers the previous Step() issued, whose parameters this iteration read: the sum of
-  // their run times on the communicator (they run back to back, so this is also their wall time
-  // there), or, with a backend that does not record run times, the wall time from their issue
-  // until the owner saw the last one complete. 0 when the previous step issued none (ddp, the
-  // first step, after a skipped step).
-  double allgather_run_ms = 0.0;
-  // Time the owner was blocked on those all-gathers since the previous Step() returned: in
-  // Parameters() (forward waiting for the buckets of the tensor it reads next) and at the start
-  // of this Step() (all-gathers no Parameters() call waited for). The part of allgather_run_ms
-  // that forward did not hide. With a device communicator Parameters() makes the compute stream
-  // wait instead of the host, so this is about 0 there.
-  double param_wait_ms = 0.0;
-  // The whole of Step().
-  double step_ms = 0.0;
-  // Wall clock, for comparing with a plain all-reduce of the same bytes: from the first bucket's
-  // launch (during backward) until Step() saw the last reduction complete.
-  double reduce_wall_ms = 0.0;
 };
 
 struct StepResult {
@@ -212,7 +148,7 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
       absl::FunctionRef<absl::Status(int64_t tensor, absl::Span<float> out)> initial);
 
   // workloads::GradientSink. Segments end at bucket boundaries (and at the tensor's end).
-  double loss_scale() const override { return loss_scale_; }
+  double loss_scale() const override { return loss_scaler_.scale(); }
   int64_t GradSegmentEnd(int64_t tensor, int64_t begin) const override;
   // The segment's place in its bucket buffer (zero2, fp32) or in the full gradient buffer (ddp,
   // zero1, fp32), or a staging buffer of one bucket when the segment must be rounded to
@@ -374,34 +310,12 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   const sharding::RankView& view() const { return view_; }
 
  private:
-  // Per-bucket progress within the current step.
-  struct BucketState {
-    int64_t elems_arrived = 0;  // tensor elements of the bucket written this step
-    int slot = -1;  // pool slot holding the bucket's reduce buffer, or -1 (none / in place)
-    std::unique_ptr<comm::Work> reduction;  // set from launch until checked
-    // The parameter all-gather the last Step() issued, until the host has seen its outcome.
-    std::unique_ptr<comm::Work> gather;
-    // Whether the device has been ordered after `gather` (by Parameters()).
-    bool gather_ordered = false;
-  };
-
-  // A first-in first-out queue of bucket indices that never allocates after construction: a
-  // bucket enters it at most once per step, and it is empty between steps. Thread contract: the
-  // engine's owner thread, as the engine.
-  class BucketQueue {
-   public:
-    explicit BucketQueue(int64_t capacity) { buckets_.reserve(capacity); }
-    bool empty() const { return head_ == buckets_.size(); }
-    size_t size() const { return buckets_.size() - head_; }
-    int64_t front() const { return buckets_[head_]; }
-    // REQUIRES: fewer than `capacity` pushes since the queue was last empty.
-    void push_back(int64_t bucket);
-    // REQUIRES: !empty().
-    void pop_front();
-
-   private:
-    std::vector<int64_t> buckets_;
-    size_t head_ = 0;
+  // The parameter all-gather the last Step() (or RestoreState()) issued for one bucket, until
+  // the host has seen its outcome.
+  struct BucketGather {
+    std::unique_ptr<comm::Work> work;
+    // Whether the device has been ordered after `work` (by Parameters()).
+    bool ordered = false;
   };
 
   Engine(const sharding::ShardPlan& plan, sharding::RankView view, const EngineConfig& config,
@@ -413,7 +327,6 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // fragment's start) and puts the table and its partials in device memory.
   absl::Status BuildGradStatsChunks();
 
-  bool UsesBucketPool() const;
   // Whether parameters need a separate fp32 master (bf16/fp16 parameters); fp32 parameters are
   // updated in place.
   bool HasMaster() const;
@@ -423,7 +336,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // The bucket holding flat element `flat`.
   int64_t BucketOf(int64_t flat) const;
   // Whether some gradient of the current step has been handed over (or accumulated).
-  bool StepInProgress() const { return accumulating_ || next_tensor_ != 0 || next_element_ != 0; }
+  bool StepInProgress() const {
+    return pipeline_.accumulating() || next_tensor_ != 0 || next_element_ != 0;
+  }
   // GradBuffer (`wait`) and TryGradBuffer.
   absl::StatusOr<std::optional<absl::Span<float>>> OpenGradSegment(int64_t tensor, int64_t begin,
                                                                    int64_t end, bool wait);
@@ -431,48 +346,19 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   int64_t OwnedOffset(int64_t bucket) const { return owned_offsets_[bucket]; }
   char* ParamsAt(int64_t flat) const;
   char* GradsAt(int64_t flat) const;  // ddp/zero1 only: the full-size gradient buffer
-  char* SlotData(int slot) const;
 
-  // Takes a free pool slot for `bucket`, retiring the oldest reduction if none is free.
-  // REQUIRES: UsesBucketPool(), and `bucket` holds no slot.
-  absl::Status AcquireSlot(int64_t bucket);
-  // Zeroes the bucket's padding and alignment gaps in its reduce buffer and starts its
-  // reduction (all-reduce in ddp, reduce-scatter otherwise).
-  // REQUIRES: every tensor element of the bucket was written this step.
-  // REQUIRES: the bucket is not in flight; in zero2 it holds a slot.
-  absl::Status LaunchBucket(int64_t bucket);
-  // Orders the device after the oldest in-flight reduction (Work::WaitOnComputeStream: the host
-  // waits only with a host backend), queues the move of its reduced values into the gradient
-  // storage the update reads with the statistics of its owned fragments summed on the way (the
-  // statistics alone for a bucket reduced in place), frees its slot (what uses the slot next is
-  // queued after the move), and leaves it to CheckReductions().
-  // REQUIRES: a reduction is in flight.
-  absl::Status RetireOldest();
-  // Retires, oldest first, the in-flight reductions already done (Work::Done), so that their
-  // moves and statistics run during backward; waits for none.
-  absl::Status RetireFinished();
-  // Waits on the host for every retired reduction and fails the engine with the first failure.
-  absl::Status CheckReductions();
-  // Adds `waited`, a host wait on `bucket`'s reduction, to exposed_wait_ and the bucket's share,
-  // in backward or in the step (in_step_).
-  void RecordReductionWait(int64_t bucket, absl::Duration waited);
   // Waits for the outstanding all-gathers of buckets [first_bucket, first_bucket + num_buckets),
-  // in issue order (the last bucket first), adding the time blocked to param_wait_: `on_host`
-  // waits on the host for their outcome (Work::Wait); otherwise only orders the device after
-  // them (Work::WaitOnComputeStream), a host backend waiting anyway. All-gathers seen done are
-  // finished (RetireGather). Fails the engine with the first failure.
+  // in issue order (the last bucket first), adding the time blocked to timer_'s param wait:
+  // `on_host` waits on the host for their outcome (Work::Wait); otherwise only orders the device
+  // after them (Work::WaitOnComputeStream), a host backend waiting anyway. All-gathers seen done
+  // are finished (RetireGather). Fails the engine with the first failure.
   absl::Status AwaitGathers(int64_t first_bucket, int64_t num_buckets, bool on_host);
   // Records the run time of the bucket's all-gather, which is done, and drops it; its status.
   absl::Status RetireGather(int64_t bucket);
-  // The one place that sets failure_: keeps the first failure (of a collective or of the
-  // device), after which the engine is unusable; later failures do not replace the cause.
-  // Returns `status` unchanged; OK records nothing.
-  absl::Status RecordFailure(absl::Status status);
-  // Between steps: no bucket is in flight or holds a slot, and every pool slot is free.
-  // O(buckets); for ZS_DCHECK.
-  bool BucketsAreIdle() const;
-  // Applies the outcome of one step to the loss scale.
-  void UpdateLossScale(bool overflow);
+  // The one place that sets failure_ (FirstFailure::Record): keeps the first failure (of a
+  // collective or of the device), after which the engine is unusable; later failures do not
+  // replace the cause. Returns `status` unchanged; OK records nothing.
+  absl::Status RecordFailure(absl::Status status) { return failure_.Record(std::move(status)); }
   // REQUIRES: no reduction is in flight.
   void ResetStepState();
   // FailedPrecondition naming `what` unless every tensor was handed over this step.
@@ -523,10 +409,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
 
   // owned_offsets_[b]: sum of the piece sizes of buckets before b (the owned layout).
   std::vector<int64_t> owned_offsets_;
-  // Flat ranges of each bucket not covered by a tensor (alignment gaps and tail padding):
-  // gaps_[gap_begin_[b] .. gap_begin_[b + 1]) belong to bucket b.
-  std::vector<std::pair<int64_t, int64_t>> gaps_;
-  std::vector<int64_t> gap_begin_;
+  // The first failure of a collective or of the device (RecordFailure); the engine is then
+  // unusable. Declared before the bucket pipeline, which records into it.
+  FirstFailure failure_;
 
   // Declared before the buffers, so it outlives them. Its blocks come from device_.
   CountingAllocator allocator_;
@@ -538,7 +423,6 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   CountedBuffer master_;
   // state_arrays_ fp32 buffers: padded_elems in plan layout (ddp) or owned_elems in owned layout.
   std::vector<CountedBuffer> state_;
-  std::vector<CountedBuffer> pool_;  // reduce-dtype buffers of the largest bucket's size
   // fp32, the largest bucket's size: a segment on its way to a non-fp32 buffer (when
   // StagesGradients()).
   CountedBuffer grad_staging_;
@@ -567,15 +451,13 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // different values fail the step rather than update differently.
   uint32_t groups_digest_ = 0;
 
-  // Step state. Invariants: a bucket's reduction is set iff the bucket is in in_flight_
-  // (launched) or in awaiting_check_ (retired, its outcome not yet seen on the host); both are
-  // in launch order, which is the communicator's completion order. With the bucket pool, each
-  // pool slot is either in free_slots_ or held by one bucket (every in-flight bucket holds one;
-  // in zero2 so does a bucket still receiving gradients).
-  std::vector<BucketState> buckets_;
-  BucketQueue in_flight_;
-  BucketQueue awaiting_check_;
-  std::vector<int> free_slots_;
+  // Step state. The communication figures of the step (and of the all-gathers since the last
+  // Step()); the buckets' reductions, which write into grads_ and read the statistics' chunks
+  // (declared after them, so destroyed first: it waits for the reductions still in flight).
+  StepTimer timer_;
+  BucketPipeline pipeline_;
+  // The all-gather of each bucket (num_buckets, made at creation).
+  std::vector<BucketGather> gathers_;
   // The next segment expected: tensor next_tensor_ (num_tensors() once all arrived) at element
   // next_element_; and the segment GradBuffer handed out, until GradWritten.
   int64_t next_tensor_ = 0;
@@ -588,30 +470,6 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
     char* destination = nullptr;  // where the segment's gradient is stored
   };
   std::optional<OpenSegment> open_segment_;
-  // zero2: an EndMicroBatch() of this step left reduced gradients in grads_, which the next
-  // retirements add to instead of overwriting.
-  bool accumulating_ = false;
-  absl::Time first_launch_ = absl::InfiniteFuture();
-  absl::Time last_reduced_ = absl::InfinitePast();
-  absl::Duration exposed_wait_ = absl::ZeroDuration();
-  // Whether Step() is running (host waits on reductions count as the step's, not backward's).
-  bool in_step_ = false;
-  // exposed_wait_ per bucket, in two sets of num_buckets() made at creation: this step's, and the
-  // previous step's, which the last StepResult points to until the next Step() begins.
-  std::array<std::vector<BucketWait>, 2> bucket_waits_;
-  int current_bucket_waits_ = 0;
-  // Sum of the retired reductions' run times; false once one came without a run time.
-  absl::Duration reduce_run_time_ = absl::ZeroDuration();
-  bool run_times_recorded_ = true;
-
-  // The all-gathers of the last Step() (BucketState::gather): when they were issued, when the
-  // owner last saw one complete, the sum of the finished ones' run times (false once one came
-  // without a run time), and how long the owner has been blocked on them since that Step().
-  absl::Time gathers_issued_ = absl::InfinitePast();
-  absl::Time last_gathered_ = absl::InfinitePast();
-  absl::Duration gather_run_time_ = absl::ZeroDuration();
-  bool gather_run_times_recorded_ = true;
-  absl::Duration param_wait_ = absl::ZeroDuration();
 
   int64_t optimizer_step_ = 0;
   // Each tensor's own step count (SavedScalars::tensor_steps), and whether one was ever skipped.
@@ -634,11 +492,7 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   StepTimings reduction_timings_;
   std::optional<double> clip_max_norm_;  // ClipGradNorm's max_norm, for this step
   double clip_norm_ = 0.0;               // ... and the norm it measured
-  double loss_scale_ = 1.0;
-  int64_t good_steps_ = 0;  // consecutive non-skipped steps since the scale last changed
-  // The first failure of a collective or of the device (RecordFailure); the engine is then
-  // unusable.
-  absl::Status failure_;
+  LossScaler loss_scaler_;
 
   std::vector<SavedFragment> saved_fragments_;
   // saved_piece_[f]: the index in view_.pieces() of the piece holding view_.fragments()[f]

@@ -74,7 +74,7 @@ char* Engine::SavedAt(size_t index, int64_t element) const {
 }
 
 absl::StatusOr<Engine::SavedScalars> Engine::CopyStateTo(absl::Span<char> staging) {
-  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(failure_.status());
   if (StepInProgress()) return absl::FailedPreconditionError("CopyStateTo during a step");
   if (static_cast<int64_t>(staging.size()) != saved_bytes_) {
     return absl::InvalidArgumentError(
@@ -89,14 +89,14 @@ absl::StatusOr<Engine::SavedScalars> Engine::CopyStateTo(absl::Span<char> stagin
 }
 
 Engine::SavedScalars Engine::scalars() const {
-  SavedScalars saved{optimizer_step_, loss_scale_, good_steps_, {}};
+  SavedScalars saved{optimizer_step_, loss_scaler_.scale(), loss_scaler_.good_steps(), {}};
   // Listed only once they differ from optimizer_step: checkpoints stay as before otherwise.
   if (tensor_skipped_ever_) saved.tensor_steps = tensor_steps_;
   return saved;
 }
 
 absl::Status Engine::CopyFragmentTo(size_t index, int64_t first, absl::Span<char> out) {
-  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(failure_.status());
   if (StepInProgress()) return absl::FailedPreconditionError("CopyFragmentTo during a step");
   if (index >= saved_fragments_.size()) {
     return absl::InvalidArgumentError(
@@ -128,7 +128,7 @@ std::vector<Engine::SavedFragment> Engine::RestoredRanges() const {
 }
 
 absl::Status Engine::RestoreState(const SavedScalars& scalars, StateReader read) {
-  ZS_RETURN_IF_ERROR(failure_);
+  ZS_RETURN_IF_ERROR(failure_.status());
   if (StepInProgress()) return absl::FailedPreconditionError("RestoreState during a step");
   if (scalars.optimizer_step < 0) {
     return absl::InvalidArgumentError(
@@ -182,8 +182,7 @@ absl::Status Engine::RestoreState(const SavedScalars& scalars, StateReader read)
     }
   }
   optimizer_step_ = scalars.optimizer_step;
-  loss_scale_ = scalars.loss_scale;
-  good_steps_ = scalars.good_steps;
+  loss_scaler_.Restore(scalars.loss_scale, scalars.good_steps);
   // Without a list (older checkpoints, or none ever skipped) every tensor is at the job's step.
   if (scalars.tensor_steps.empty()) {
     std::fill(tensor_steps_.begin(), tensor_steps_.end(), optimizer_step_);
