@@ -19,7 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "coordinator/coordinator_server.h"
+#include "apps/coordinator/coordinator_server.h"
 #include "gtest/gtest.h"
 #include "security/test_certificates.h"
 

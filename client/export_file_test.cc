@@ -17,8 +17,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "apps/coordinator/coordinator_server.h"
 #include "client/coordinator_client.h"
-#include "coordinator/coordinator_server.h"
 #include "coordinator/test_checkpointed_job.h"
 #include "gtest/gtest.h"
 

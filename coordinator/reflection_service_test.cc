@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "apps/coordinator/coordinator_server.h"
 #include "common/clock.h"
-#include "coordinator/coordinator_server.h"
 #include "coordinator/test_rpc_support.h"
 #include "google/protobuf/descriptor.pb.h"
 #include "google/protobuf/descriptor_database.h"

@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-TARGETS=(//coordinator:zeroshard-coordinator //client:zeroshard //worker:zeroshard-worker)
+TARGETS=(//apps/coordinator:zeroshard-coordinator //client:zeroshard //worker:zeroshard-worker)
 WORKERS=4
 
 tools/bootstrap.sh

@@ -29,7 +29,7 @@ shift
 [[ -z "$bin_dir" || $# -eq 0 ]] || usage # BAZEL_FLAGS only when building
 
 # Bazel's layout: what each binary is called in bazel-bin.
-BINARIES=(coordinator/zeroshard-coordinator worker/zeroshard-worker client/zeroshard)
+BINARIES=(apps/coordinator/zeroshard-coordinator worker/zeroshard-worker client/zeroshard)
 if [[ -z "$bin_dir" ]]; then
   targets=()
   for binary in "${BINARIES[@]}"; do targets+=("//${binary%/*}:${binary#*/}"); done

@@ -76,7 +76,7 @@ The exit status is 0 when lost and stuck are both 0; with --security also `crash
 had to be restarted by hand, none was refused for good).
 
 Python 3 standard library only (and the openssl CLI for --security). Binaries as
-deploy/local/cluster.py finds them (build with `bazel build //coordinator:zeroshard-coordinator
+deploy/local/cluster.py finds them (build with `bazel build //apps/coordinator:zeroshard-coordinator
 //client:zeroshard //worker:zeroshard-worker`, -c opt for faster steps, and pass --bin_dir),
 copied to LOG_DIR/bin first so that a rebuild during the run changes nothing.
 """

@@ -26,7 +26,7 @@ import urllib.request
 
 # Where the image keeps each binary (the images' contract) -> its path in the runfiles.
 BINARIES = {
-    "/usr/local/bin/zeroshard-coordinator": "coordinator/zeroshard-coordinator",
+    "/usr/local/bin/zeroshard-coordinator": "apps/coordinator/zeroshard-coordinator",
     "/usr/local/bin/zeroshard-worker": "worker/zeroshard-worker",
     "/usr/local/bin/zeroshard": "client/zeroshard",
 }

@@ -35,11 +35,11 @@ import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD_COMMAND = (
-    "bazel build -c opt //coordinator:zeroshard-coordinator //client:zeroshard "
+    "bazel build -c opt //apps/coordinator:zeroshard-coordinator //client:zeroshard "
     "//worker:zeroshard-worker"
 )
 BINARIES = {
-    "coordinator": "coordinator/zeroshard-coordinator",
+    "coordinator": "apps/coordinator/zeroshard-coordinator",
     "client": "client/zeroshard",
     "worker": "worker/zeroshard-worker",
 }

@@ -23,8 +23,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "apps/coordinator/coordinator_server.h"
 #include "common/status_macros.h"
-#include "coordinator/coordinator_server.h"
 #include "tests/bench/coordinator_load_lib.h"
 #include "tests/bench/planner_bench_lib.h"
 

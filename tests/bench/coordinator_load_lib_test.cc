@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
-#include "coordinator/coordinator_server.h"
+#include "apps/coordinator/coordinator_server.h"
 #include "gtest/gtest.h"
 #include "security/identity.h"
 

@@ -44,7 +44,7 @@ import time
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CLUSTER_SCRIPT = os.path.join(REPO_ROOT, "deploy", "local", "cluster.py")
 BUILD_TARGETS = [
-    "//coordinator:zeroshard-coordinator",
+    "//apps/coordinator:zeroshard-coordinator",
     "//client:zeroshard",
     "//worker:zeroshard-worker",
 ]

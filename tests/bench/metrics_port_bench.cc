@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "coordinator/coordinator_server.h"
+#include "apps/coordinator/coordinator_server.h"
 #include "http/http_test_client.h"
 
 ABSL_FLAG(int, idle, 64, "Idle connections held open during the loaded phase.");

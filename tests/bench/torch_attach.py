@@ -7,7 +7,7 @@ figures in docs/performance.md, "Attached PyTorch trainers (tests/bench/torch_at
 Not a test, and not run in CI (//tests/bench:torch_attach_test runs it with tiny sizes). Run
 without ZEROSHARD_RANK in the environment, it is the driver: it starts itself under
 `python3 -m zeroshard.launch --workers W` on a fresh local cluster (needs the three binaries of
-`bazel build -c opt //coordinator:zeroshard-coordinator //worker:zeroshard-worker
+`bazel build -c opt //apps/coordinator:zeroshard-coordinator //worker:zeroshard-worker
 //client:zeroshard` and the stubs of `python/generate_stubs.sh python/zeroshard/_proto`). Under
 the launcher, each process is one rank's trainer: the same MLP (default 1024-4096-4096-1024,
 ReLU, MSE loss, 32 samples per rank, one thread) trained with AdamW in four ways, in --rounds

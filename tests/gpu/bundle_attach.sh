@@ -9,7 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-/tmp/zeroshard-gpu-attach}
-targets=(//coordinator:zeroshard-coordinator //worker:zeroshard-worker //client:zeroshard)
+targets=(//apps/coordinator:zeroshard-coordinator //worker:zeroshard-worker //client:zeroshard)
 bazel build -c opt --config=cuda "${targets[@]}"
 if ! bin=$(bazel info -c opt --config=cuda bazel-bin); then
   echo "bundle_attach: bazel info -c opt --config=cuda bazel-bin failed" >&2

@@ -56,7 +56,8 @@ class CoordinatorProcess {
   // Starts the binary and waits (polling, within a deadline) until it wrote its port file.
   ::testing::AssertionResult Start() {
     std::filesystem::remove(port_file_);
-    const std::string binary = Env("TEST_SRCDIR") + "/zeroshard/coordinator/zeroshard-coordinator";
+    const std::string binary =
+        Env("TEST_SRCDIR") + "/zeroshard/apps/coordinator/zeroshard-coordinator";
     std::vector<std::string> args = {binary, "--listen=127.0.0.1:0", "--metrics_port=0",
                                      "--port_file=" + port_file_, "--state_dir=" + state_dir_,
                                      // Long leases: the test worker need not keep beating.

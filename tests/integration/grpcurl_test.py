@@ -21,7 +21,7 @@ import unittest
 
 GRPCURL_VENV = "/opt/zs-grpcurl"
 GRPCURL = os.path.join(GRPCURL_VENV, "bin", "grpcurl")
-COORDINATOR = "coordinator/zeroshard-coordinator"
+COORDINATOR = "apps/coordinator/zeroshard-coordinator"
 API_MD = "docs/api.md"
 DOC_ADDRESSES = ("127.0.0.1:50051", "coordinator.example:50051")
 TOKEN = "grpcurl-test-viewer-token-0123456789"

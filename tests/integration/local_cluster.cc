@@ -194,7 +194,7 @@ absl::Status LocalCluster::StartCoordinator() {
   }
   std::filesystem::remove(port_file_);
   std::vector<std::string> argv = {
-      RunfilePath("coordinator/zeroshard-coordinator"),
+      RunfilePath("apps/coordinator/zeroshard-coordinator"),
       absl::StrCat("--listen=127.0.0.1:", grpc_port_),
       "--metrics_port=0",
       "--state_dir=" + state_dir_,

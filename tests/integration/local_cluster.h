@@ -167,7 +167,8 @@ class LocalCluster {
   // The last `lines` lines of every process's log, for failure messages.
   std::string LogTails(int lines = 15) const;
 
-  // Path of a binary in the test's runfiles, e.g. RunfilePath("coordinator/zeroshard-coordinator").
+  // Path of a binary in the test's runfiles, e.g.
+  // RunfilePath("apps/coordinator/zeroshard-coordinator").
   static std::string RunfilePath(absl::string_view relative);
 
  private:

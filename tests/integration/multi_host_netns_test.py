@@ -703,7 +703,7 @@ class MultiHostNetnsTest(unittest.TestCase):
     def test_jobs_across_namespace_hosts(self):
         bin_dir = os.environ.get("ZEROSHARD_BIN_DIR") or runfiles_workspace()
         binaries = {
-            "coordinator": os.path.join(bin_dir, "coordinator/zeroshard-coordinator"),
+            "coordinator": os.path.join(bin_dir, "apps/coordinator/zeroshard-coordinator"),
             "worker": os.path.join(bin_dir, "worker/zeroshard-worker"),
             "client": os.path.join(bin_dir, "client/zeroshard"),
         }

@@ -14,8 +14,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
+#include "apps/coordinator/coordinator_server.h"
 #include "common/free_port.h"
-#include "coordinator/coordinator_server.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "http/http_test_client.h"

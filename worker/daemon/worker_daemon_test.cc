@@ -15,8 +15,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "apps/coordinator/coordinator_server.h"
 #include "common/free_port.h"
-#include "coordinator/coordinator_server.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"

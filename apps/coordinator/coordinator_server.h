@@ -2,8 +2,8 @@
 // (with health checking and server reflection), the HTTP port (/metrics, /healthz and the
 // dashboard) and the ticker that expires leases. `zeroshard-coordinator` is a thin main around it;
 // service tests run it in-process.
-#ifndef ZEROSHARD_COORDINATOR_COORDINATOR_SERVER_H_
-#define ZEROSHARD_COORDINATOR_COORDINATOR_SERVER_H_
+#ifndef ZEROSHARD_APPS_COORDINATOR_COORDINATOR_SERVER_H_
+#define ZEROSHARD_APPS_COORDINATOR_COORDINATOR_SERVER_H_
 
 #include <memory>
 #include <string>
@@ -122,4 +122,4 @@ class CoordinatorServer {
 
 }  // namespace zeroshard::coordinator
 
-#endif  // ZEROSHARD_COORDINATOR_COORDINATOR_SERVER_H_
+#endif  // ZEROSHARD_APPS_COORDINATOR_COORDINATOR_SERVER_H_

@@ -1,5 +1,5 @@
 // Wiring of the coordinator's parts into one running server.
-#include "coordinator/coordinator_server.h"
+#include "apps/coordinator/coordinator_server.h"
 
 #include <algorithm>
 #include <cstdint>

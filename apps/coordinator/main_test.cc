@@ -29,7 +29,8 @@ constexpr char kOldToken[] = "old-admin-token-0123456789";
 constexpr char kNewToken[] = "new-admin-token-0123456789";
 
 std::string Binary() {
-  return absl::StrCat(std::getenv("TEST_SRCDIR"), "/zeroshard/coordinator/zeroshard-coordinator");
+  return absl::StrCat(std::getenv("TEST_SRCDIR"),
+                      "/zeroshard/apps/coordinator/zeroshard-coordinator");
 }
 
 void WriteFile(const std::string& path, const std::string& text) {

@@ -15,8 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "apps/coordinator/coordinator_server.h"
 #include "common/logging.h"
-#include "coordinator/coordinator_server.h"
 #include "http/http_server.h"
 #include "security/loopback.h"
 
