@@ -17,7 +17,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_reader.h"
 #include "checkpoint/shard_file.h"
 #include "checkpoint/test_shards.h"
 #include "gtest/gtest.h"

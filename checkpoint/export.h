@@ -15,7 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/directory.h"
-#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_writer.h"
 #include "checkpoint/shard_file.h"
 
 namespace zeroshard::checkpoint {

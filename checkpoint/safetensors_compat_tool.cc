@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/file_io.h"
 #include "checkpoint/proto_json.h"
-#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_reader.h"
 #include "checkpoint/shard_file.h"
 #include "checkpoint/test_shards.h"
 #include "google/protobuf/struct.pb.h"

@@ -21,6 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/crc32c.h"
 #include "checkpoint/file_io.h"
+#include "checkpoint/safetensors_reader.h"
+#include "checkpoint/safetensors_writer.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::checkpoint {

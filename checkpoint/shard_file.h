@@ -21,7 +21,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "checkpoint/directory.h"
-#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_reader.h"
+#include "checkpoint/safetensors_writer.h"
 #include "zeroshard/v1/checkpoint.pb.h"
 
 namespace zeroshard::checkpoint {

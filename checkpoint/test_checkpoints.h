@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_writer.h"
 #include "checkpoint/shard_file.h"
 #include "kernels/dtype.h"
 #include "sharding/shard_planner.h"

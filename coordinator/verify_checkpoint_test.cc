@@ -26,7 +26,7 @@
 #include "absl/time/time.h"
 #include "apps/coordinator/coordinator_server.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_reader.h"
 #include "checkpoint/test_storage_hooks.h"
 #include "common/clock.h"
 #include "coordinator/test_checkpointed_job.h"

@@ -10,7 +10,7 @@ seconds=${1:-60}
 shift || true
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-  targets=(job_spec_text_fuzzer job_spec_validation_fuzzer request_validation_fuzzer)
+  targets=(job_spec_text_fuzzer job_spec_validation_fuzzer request_validation_fuzzer strict_json_fuzzer)
 fi
 
 # Its own output base, so the fuzz build neither evicts nor waits on the normal one; no

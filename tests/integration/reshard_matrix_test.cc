@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_reader.h"
 #include "client/export_file.h"
 #include "gtest/gtest.h"
 #include "tests/integration/local_cluster.h"

@@ -13,7 +13,7 @@
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/directory.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_reader.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 

@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "checkpoint/directory.h"
 #include "checkpoint/manifest.h"
-#include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_writer.h"
 #include "checkpoint/test_checkpoints.h"
 #include "checkpoint/test_hostile_storage.h"
 #include "common/status_macros.h"
