@@ -6,12 +6,16 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/unique_fd.h"
 #include "sharding/shard_planner.h"
 #include "worker/attach/attach_listener.h"
 #include "worker/comm/abort_signal.h"
@@ -21,6 +25,8 @@
 #include "worker/daemon/training_run.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/workload.h"
+#include "zeroshard/v1/attach.pb.h"
+#include "zeroshard/v1/checkpoint.pb.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::worker {
@@ -72,8 +78,54 @@ class EngineTrainingRun final : public TrainingRun {
 
  private:
   EngineTrainingRun(const v1::Assignment& assignment, EngineTrainingRunOptions options);
+  // The run's parts (communicator, engine, workload or attached trainer, checkpoint writer,
+  // reporter), where the step loop stands, and what one load_state source gave: defined in the
+  // .cc file.
+  struct RunParts;
+  struct LoopState;
+  struct SourceLoad;
+
   void Main();
+  // Assemble(), Resume(), AssembleCheckpointsAndReports(), RunSteps(), Finish().
   absl::Status Train();
+
+  // ---- Assembly: the run's parts, built from the assignment ----
+  // The plan (checked against the coordinator's), the device, the communicator, the workload
+  // (an attached trainer once it has connected) and the engine.
+  absl::StatusOr<std::unique_ptr<RunParts>> Assemble();
+  absl::Status AssembleDeviceAndCommunicator(RunParts& parts);
+  absl::Status AssembleWorkload(RunParts& parts);
+  // The checkpoint writer (with a checkpoint root) and the progress reporter.
+  absl::Status AssembleCheckpointsAndReports(RunParts& parts);
+
+  // ---- Resume ----
+  // Loads the checkpoint the generation resumes from, or the initial parameters (an attached
+  // trainer's, sent first); welcomes an attached trainer. Returns the first step to run.
+  absl::StatusOr<int64_t> Resume(RunParts& parts);
+
+  // ---- The step loop ----
+  // Runs the steps from loop.first_step: forward and backward, the engine's step, progress
+  // reports, periodic checkpoints; serves an attached trainer's state_dict() and
+  // load_state_dict() between steps.
+  absl::Status RunSteps(RunParts& parts, LoopState& loop);
+  // After the last step: flushes the reports, writes the final checkpoint, reports the finish.
+  absl::Status Finish(RunParts& parts, LoopState& loop);
+  // An attached trainer's state_dict(): this step's checkpoint, once its manifest is written.
+  absl::StatusOr<v1::StateSaved> SaveState(RunParts& parts, LoopState& loop);
+  // An attached trainer's load_state_dict(), from a named checkpoint or a full-state file.
+  absl::StatusOr<v1::StateLoaded> LoadState(RunParts& parts, LoopState& loop,
+                                            const v1::LoadState& request, UniqueFd source);
+  SourceLoad LoadNamedCheckpoint(RunParts& parts, const v1::LoadState& request, UniqueFd source,
+                                 const std::string& store_prefix);
+  SourceLoad LoadFullStateFile(RunParts& parts, const v1::LoadState& request, UniqueFd source,
+                               const std::string& store_prefix);
+  // After a load: the job's step becomes the loaded state's. Rank 0 has the coordinator retire
+  // the checkpoints after it (RewindJob) and tells the others the outcome through the store, so
+  // that no rank writes a checkpoint of a later step before they are out of the way.
+  absl::Status MoveToLoadedStep(RunParts& parts, LoopState& loop, int64_t loaded_step,
+                                const std::optional<v1::CheckpointManifest>& loaded_checkpoint,
+                                const std::string& source, const std::string& store_prefix);
+
   // Reports to the coordinator; returns false when the generation is no longer current.
   // `notice`, when not empty, becomes a NOTICE event of the job.
   absl::StatusOr<bool> Report(const v1::StepMetrics& metrics, bool finished,
