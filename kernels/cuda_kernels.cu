@@ -3,6 +3,7 @@
 // The element arithmetic is kernels/update_math.h, the same code the CPU paths run.
 #include <cuda_runtime.h>
 
+#include "kernels/cuda_block_sum.cuh"
 #include "kernels/cuda_launch.h"
 #include "kernels/dtype.h"
 #include "kernels/optimizer_kind.h"
@@ -145,19 +146,6 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   }
 }
 
-// Sums `value` over the block in a fixed tree; the result is valid in thread 0.
-__device__ double BlockSum(double value, double* shared) {
-  shared[threadIdx.x] = value;
-  __syncthreads();
-  for (int half = kThreadsPerBlock / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) shared[threadIdx.x] = shared[threadIdx.x] + shared[threadIdx.x + half];
-    __syncthreads();
-  }
-  const double sum = shared[0];
-  __syncthreads();
-  return sum;
-}
-
 // Stage 1: one fp64 sum per tile. Thread k adds elements begin + k, begin + k + 256, ... in
 // order, then the block combines the threads in a fixed tree: independent of the grid size.
 __global__ void __launch_bounds__(kThreadsPerBlock)
@@ -173,7 +161,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
       const double x = LoadElement(p.data, p.dtype, i);
       sum = sum + x * x;
     }
-    const double tile_sum = BlockSum(sum, shared);
+    const double tile_sum = BlockSum<kThreadsPerBlock>(sum, shared);
     if (threadIdx.x == 0) tile_sums[t] = tile_sum;
   }
 }
@@ -185,7 +173,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   __shared__ double shared[kThreadsPerBlock];
   double sum = 0.0;
   for (int64_t t = threadIdx.x; t < num_tiles; t += kThreadsPerBlock) sum = sum + tile_sums[t];
-  const double total = BlockSum(sum, shared);
+  const double total = BlockSum<kThreadsPerBlock>(sum, shared);
   if (threadIdx.x == 0) result[0] = total;
 }
 

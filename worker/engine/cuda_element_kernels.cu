@@ -3,6 +3,7 @@
 // and the gradient statistics summed on the move of reduced gradients, in the kernels' order.
 #include <cuda_runtime.h>
 
+#include "kernels/cuda_block_sum.cuh"
 #include "kernels/dtype.h"
 #include "worker/engine/cuda_element_kernels.h"
 
@@ -88,20 +89,6 @@ __device__ float MoveElement(const void* src, int32_t src_dtype, void* dst, int3
   return converted;
 }
 
-// Sums `value` over the block in a fixed tree, as kernels/cuda_kernels.cu's BlockSum (the same
-// bits); the result is valid in thread 0.
-__device__ double BlockSum(double value, double* shared) {
-  shared[threadIdx.x] = value;
-  __syncthreads();
-  for (int half = kThreadsPerBlock / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) shared[threadIdx.x] = shared[threadIdx.x] + shared[threadIdx.x + half];
-    __syncthreads();
-  }
-  const double sum = shared[0];
-  __syncthreads();
-  return sum;
-}
-
 // One block per chunk (grid-stride over chunks): the move and its sum of squares in one pass.
 __global__ void __launch_bounds__(kThreadsPerBlock)
     ConvertWithGradStatsKernel(const void* __restrict__ src, int32_t src_dtype, void* dst,
@@ -118,7 +105,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
                                        : MoveElement(src, src_dtype, dst, dst_dtype, i);
       sum = sum + x * x;
     }
-    const double chunk_sum = BlockSum(sum, shared);
+    const double chunk_sum = kernels::BlockSum<kThreadsPerBlock>(sum, shared);
     if (threadIdx.x == 0) partials[c] = chunk_sum;
   }
 }
@@ -129,7 +116,7 @@ __global__ void __launch_bounds__(kThreadsPerBlock)
   __shared__ double shared[kThreadsPerBlock];
   double sum = 0.0;
   for (int64_t k = threadIdx.x; k < count; k += kThreadsPerBlock) sum = sum + partials[k];
-  const double total = BlockSum(sum, shared);
+  const double total = kernels::BlockSum<kThreadsPerBlock>(sum, shared);
   if (threadIdx.x == 0) {
     result[0] = total;
     result[1] = isfinite(total) ? 0.0 : 1.0;
