@@ -18,6 +18,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/job_state_table.h"
+#include "coordinator/recovery_rules.h"
 #include "google/protobuf/util/time_util.h"
 #include "jobspec/job_plan.h"
 #include "jobspec/job_spec_defaults.h"
@@ -146,9 +147,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
       manager->jobs_by_run_key_.emplace(
           std::make_pair(record.job.submitter(), record.job.spec().run_key()), id);
     }
-    record.last_sequence = stored.last_sequence;
-    record.stored_events = stored.events;
-    record.thin_above = manager->options_.max_events_per_job;
+    manager->events_.AddJob(id, stored.last_sequence, stored.events);
     record.pending_since = clock->Now();
     record.submitter = record.job.submitter();
     if (record.job.state() == v1::PENDING && !record.submitter.empty()) {
@@ -193,7 +192,9 @@ JobManager::JobManager(common::Clock* clock, std::unique_ptr<JobStore> store,
     : clock_(clock),
       options_(std::move(options)),
       rendezvous_(rendezvous),
+      committer_(options_.checkpoint_root, options_.storage_hooks_for_testing),
       store_(std::move(store)),
+      events_(clock, store_.get(), options_.max_events_per_job),
       workers_(options_.lease) {}
 
 // ---- Workers ----
@@ -489,9 +490,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
   if (absl::Status saved = store_->Save(to_save, {submitted_event}); !saved.ok()) {
     return absl::UnavailableError(absl::StrCat("state store: job not accepted: ", saved.message()));
   }
-  record.last_sequence = 1;
-  record.stored_events = 1;
-  record.thin_above = options_.max_events_per_job;
+  events_.AddJob(id, /*last_sequence=*/1, /*stored_events=*/1);
   ++next_job_number_;
   checkpoint_dir_claims_.Claim(record.job.spec().checkpoint().dir(), id);
   if (!record.job.spec().run_key().empty()) {
@@ -652,40 +651,14 @@ absl::StatusOr<JobManager::WatchPosition> JobManager::WatchPage(
     const std::string& job_id, int64_t after_sequence, int64_t max_events,
     std::shared_ptr<JobEventSink> sink) {
   absl::MutexLock lock(&mu_);
-  ZS_ASSIGN_OR_RETURN(JobRecord * record, FindJobLocked(job_id));
-  // Under mu_ the store holds exactly the published events: PersistLocked publishes what it
-  // saved before releasing the lock, and an unsaved event is in neither.
-  absl::StatusOr<std::vector<v1::JobEvent>> page =
-      store_->LoadEvents(job_id, after_sequence, max_events);
-  if (!page.ok()) {
-    return absl::UnavailableError(
-        absl::StrCat("state store: cannot read the job's events: ", page.status().message()));
-  }
-  WatchPosition position;
-  position.last_sequence = after_sequence;
-  for (const v1::JobEvent& event : *page) {
-    if (!sink->OnEvent(event)) return position;
-    position.last_sequence = event.sequence();
-  }
-  if (static_cast<int64_t>(page->size()) == max_events) return position;
-  position.following = true;
-  if (IsFinal(record->job.state()) && record->unpublished_events.empty()) {
-    sink->OnJobEnded();
-  } else {
-    record->sinks.push_back(std::move(sink));
-  }
-  return position;
+  ZS_ASSIGN_OR_RETURN(const JobRecord* record, FindJobLocked(job_id));
+  return events_.WatchPage(job_id, after_sequence, max_events, IsFinal(record->job.state()),
+                           std::move(sink));
 }
 
 void JobManager::Unwatch(const std::string& job_id, const JobEventSink* sink) {
   absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return;
-  std::vector<std::shared_ptr<JobEventSink>>& sinks = it->second.sinks;
-  sinks.erase(std::remove_if(
-                  sinks.begin(), sinks.end(),
-                  [sink](const std::shared_ptr<JobEventSink>& held) { return held.get() == sink; }),
-              sinks.end());
+  events_.Unwatch(job_id, sink);
 }
 
 absl::Status JobManager::Watch(const std::string& job_id, int64_t after_sequence,
@@ -793,11 +766,8 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
   // one job's commits at a time: the manifest, then (once recorded) pruning.
   absl::MutexLock volume(todo->job_volume_mu.get());
   // From the trusted root, no link followed below it (checkpoint/directory.h).
-  const absl::StatusOr<checkpoint::Directory> root =
-      checkpoint::Directory::OpenRoot(options_.checkpoint_root, options_.storage_hooks_for_testing);
-  const absl::Status written =
-      root.ok() ? checkpoint::WriteManifest(*root, todo->policy_dir, todo->manifest)
-                : root.status();
+  const absl::StatusOr<checkpoint::Directory> root = committer_.WriteManifest(*todo);
+  const absl::Status written = root.status();
   v1::CommitCheckpointResponse response;
   bool recorded = false;
   {
@@ -805,20 +775,14 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
     response = FinishCommitLocked(*todo, written, &recorded);
   }
   if (!recorded) return response;
-  // Only committed checkpoints count towards `keep`; older uncommitted step directories go too.
-  // Recorded, so written: `root` is open. Links and other jobs' checkpoints are left, reported.
-  absl::StatusOr<checkpoint::PruneResult> pruned =
-      checkpoint::PruneCheckpoints(*root, todo->policy_dir, todo->job_id, todo->keep);
-  if (!pruned.ok() || !pruned->refused.empty()) {
+  // Recorded, so written: `root` is open.
+  if (const std::optional<std::string> problem = committer_.Prune(*root, *todo)) {
     absl::MutexLock lock(&mu_);
     if (auto it = jobs_.find(todo->job_id); it != jobs_.end()) {
       v1::JobEvent notice;
       notice.set_type(v1::NOTICE);
       notice.set_generation(todo->generation);
-      notice.set_message(pruned.ok() ? absl::StrCat("pruning old checkpoints: ",
-                                                    checkpoint::SummarizeRefused(pruned->refused))
-                                     : absl::StrCat("pruning old checkpoints failed: ",
-                                                    pruned.status().message()));
+      notice.set_message(*problem);
       if (AddWorkerNoticeLocked(it->second, std::move(notice))) {
         JobRecord* changed[] = {&it->second};
         PersistLocked(changed);
@@ -827,34 +791,6 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
   }
   return response;
 }
-
-namespace {
-
-// The CheckpointRecord a job keeps of a committed checkpoint in its directory `policy_dir`.
-v1::CheckpointRecord RecordOf(const checkpoint::CommittedCheckpoint& committed,
-                              const std::string& policy_dir) {
-  v1::CheckpointRecord record;
-  record.set_step(committed.step);
-  record.set_generation(committed.generation());
-  record.set_world_size(committed.manifest.world_size());
-  record.set_manifest_path(absl::StrCat(policy_dir, "/", checkpoint::StepDirName(committed.step),
-                                        "/", checkpoint::kManifestFileName));
-  *record.mutable_commit_time() = committed.manifest.commit_time();
-  return record;
-}
-
-// Whether `manifest` is the checkpoint a rewind's state was loaded from.
-bool IsLoadedCheckpoint(const v1::CheckpointManifest& manifest,
-                        const v1::RewindJobRequest& request) {
-  if (!request.has_loaded_checkpoint()) return false;
-  const v1::CheckpointRecord& loaded = request.loaded_checkpoint();
-  return manifest.job_id() == request.loaded_job_id() && manifest.step() == loaded.step() &&
-         manifest.generation() == loaded.generation() &&
-         manifest.commit_time().seconds() == loaded.commit_time().seconds() &&
-         manifest.commit_time().nanos() == loaded.commit_time().nanos();
-}
-
-}  // namespace
 
 absl::StatusOr<v1::RewindJobResponse> JobManager::RewindJob(const v1::RewindJobRequest& request) {
   const int64_t step = request.step();
@@ -874,42 +810,13 @@ absl::StatusOr<v1::RewindJobResponse> JobManager::RewindJob(const v1::RewindJobR
   }
   v1::RewindJobResponse response;
   std::optional<v1::CheckpointRecord> latest;
-  if (!options_.checkpoint_root.empty()) {
+  if (committer_.enabled()) {
     absl::MutexLock volume(volume_mu.get());
-    ZS_ASSIGN_OR_RETURN(const checkpoint::Directory root,
-                        checkpoint::Directory::OpenRoot(options_.checkpoint_root,
-                                                        options_.storage_hooks_for_testing));
-    ZS_ASSIGN_OR_RETURN(checkpoint::CheckpointListing listing,
-                        checkpoint::ListCheckpoints(root, policy_dir, request.job_id()));
-    v1::CheckpointSupersession why;
-    why.set_loaded_step(step);
-    why.set_generation(request.generation());
-    *why.mutable_time() = ToTimestamp(clock_->Now());
-    why.set_reason(request.reason());
-    // Newest first (CheckpointOrder): a failure part-way leaves the older ones committed.
-    for (const checkpoint::CommittedCheckpoint& committed : listing.committed) {
-      const bool retire =
-          committed.step > step ||
-          (committed.step == step && !IsLoadedCheckpoint(committed.manifest, request));
-      if (!retire) {
-        if (!latest.has_value()) latest = RecordOf(committed, policy_dir);
-        continue;
-      }
-      absl::StatusOr<std::string> moved =
-          checkpoint::SupersedeCheckpoint(root, policy_dir, committed, why);
-      if (!moved.ok()) {
-        return absl::Status(
-            moved.status().code(),
-            absl::StrCat("retiring the checkpoint of step ", committed.step,
-                         " (the job went back to step ", step, "): ", moved.status().message()));
-      }
-      ZS_LOG(INFO) << request.job_id() << ": the checkpoint of step " << committed.step
-                   << " is superseded (the job went back to step " << step << "), moved to "
-                   << *moved;
-      response.add_superseded_steps(committed.step);
-    }
-    std::reverse(response.mutable_superseded_steps()->begin(),
-                 response.mutable_superseded_steps()->end());
+    ZS_ASSIGN_OR_RETURN(const RewoundCheckpoints rewound,
+                        committer_.SupersedeAfter(policy_dir, request, clock_->Now()));
+    response.mutable_superseded_steps()->Add(rewound.superseded_steps.begin(),
+                                             rewound.superseded_steps.end());
+    latest = rewound.latest;
   }
   absl::MutexLock lock(&mu_);
   ZS_ASSIGN_OR_RETURN(JobRecord * record, FindRankLocked(request.worker_id(), request.job_id(),
@@ -917,7 +824,7 @@ absl::StatusOr<v1::RewindJobResponse> JobManager::RewindJob(const v1::RewindJobR
   if (latest.has_value()) {
     *record->job.mutable_latest_checkpoint() = *latest;
     *response.mutable_latest_checkpoint() = *latest;
-  } else if (!options_.checkpoint_root.empty()) {
+  } else if (committer_.enabled()) {
     record->job.clear_latest_checkpoint();
   }
   // The reports of the steps after `step` come again, and are taken.
@@ -949,7 +856,7 @@ absl::StatusOr<v1::RewindJobResponse> JobManager::RewindJob(const v1::RewindJobR
   return response;
 }
 
-absl::StatusOr<std::optional<JobManager::ManifestToWrite>> JobManager::BeginCommitLocked(
+absl::StatusOr<std::optional<ManifestToWrite>> JobManager::BeginCommitLocked(
     const v1::CommitCheckpointRequest& request, v1::CommitCheckpointResponse* response) {
   ZS_ASSIGN_OR_RETURN(JobRecord * record, FindRankLocked(request.worker_id(), request.job_id(),
                                                          request.generation(), request.rank()));
@@ -968,20 +875,8 @@ absl::StatusOr<std::optional<JobManager::ManifestToWrite>> JobManager::BeginComm
     }
     return std::nullopt;
   }
-  if (options_.checkpoint_root.empty()) {
-    return absl::FailedPreconditionError(
-        "checkpoint_root: the coordinator was started without --checkpoint_root, so it cannot "
-        "commit checkpoints");
-  }
-  const int32_t world_size = record->job.worker_ids_size();
-  const std::string expected_path = absl::StrCat(
-      record->job.spec().checkpoint().dir(), "/", checkpoint::StepDirName(request.step()), "/",
-      checkpoint::ShardFileName(request.rank(), world_size));
-  if (request.path() != expected_path) {
-    return absl::InvalidArgumentError(absl::StrCat("path: rank ", request.rank(), " of step ",
-                                                   request.step(), " must commit \"", expected_path,
-                                                   "\", got \"", request.path(), "\""));
-  }
+  ZS_RETURN_IF_ERROR(committer_.CheckRankFile(request, record->job.spec().checkpoint().dir(),
+                                              record->job.worker_ids_size()));
   if (absl::Status saved = store_->SaveCheckpointCommit(request); !saved.ok()) {
     return absl::UnavailableError(absl::StrCat("state store: ", saved.message()));
   }
@@ -996,34 +891,10 @@ absl::StatusOr<std::optional<JobManager::ManifestToWrite>> JobManager::BeginComm
     return std::nullopt;
   }
   // Every rank's file is durable: the manifest, written last, makes the checkpoint exist.
-  ManifestToWrite todo;
-  todo.job_id = record->job.id();
-  todo.generation = request.generation();
-  todo.step = request.step();
-  todo.keep = record->job.spec().checkpoint().keep();
-  todo.policy_dir = record->job.spec().checkpoint().dir();
-  todo.job_dir = checkpoint::JobCheckpointDir(options_.checkpoint_root, todo.policy_dir);
-  todo.step_dir = checkpoint::StepDir(todo.job_dir, request.step());
-  todo.job_volume_mu = record->volume_mu;
-  v1::CheckpointManifest& manifest = todo.manifest;
-  manifest.set_job_id(record->job.id());
-  manifest.set_step(request.step());
-  manifest.set_generation(request.generation());
-  manifest.set_world_size(world_size);
-  if (record->plan.has_value()) manifest.set_layout_hash(record->plan->layout_hash());
-  std::sort(commits.begin(), commits.end(),
-            [](const v1::CommitCheckpointRequest& a, const v1::CommitCheckpointRequest& b) {
-              return a.rank() < b.rank();
-            });
-  for (const v1::CommitCheckpointRequest& commit : commits) {
-    v1::CheckpointFile& file = *manifest.add_files();
-    file.set_rank(commit.rank());
-    file.set_path(checkpoint::ShardFileName(commit.rank(), world_size));
-    file.set_bytes(commit.bytes());
-    file.set_crc32c(commit.crc32c());
-  }
-  *manifest.mutable_commit_time() = ToTimestamp(clock_->Now());
-  return todo;
+  std::optional<uint64_t> layout_hash;
+  if (record->plan.has_value()) layout_hash = record->plan->layout_hash();
+  return committer_.BuildManifest(record->job, request.generation(), request.step(), layout_hash,
+                                  std::move(commits), clock_->Now(), record->volume_mu);
 }
 
 bool JobManager::IsRecordedLocked(const JobRecord& record, int64_t generation, int64_t step,
@@ -1071,14 +942,7 @@ v1::CommitCheckpointResponse JobManager::FinishCommitLocked(const ManifestToWrit
       IsFinal(record.job.state())) {
     return response;
   }
-  v1::CheckpointRecord checkpoint;
-  checkpoint.set_step(todo.step);
-  checkpoint.set_generation(todo.generation);
-  checkpoint.set_world_size(todo.manifest.world_size());
-  checkpoint.set_manifest_path(absl::StrCat(todo.policy_dir, "/",
-                                            checkpoint::StepDirName(todo.step), "/",
-                                            checkpoint::kManifestFileName));
-  *checkpoint.mutable_commit_time() = todo.manifest.commit_time();
+  const v1::CheckpointRecord checkpoint = CheckpointCommitter::RecordOf(todo);
   *record.job.mutable_latest_checkpoint() = checkpoint;
   v1::JobEvent event;
   event.set_type(v1::CHECKPOINT_COMMITTED);
@@ -1095,136 +959,13 @@ v1::CommitCheckpointResponse JobManager::FinishCommitLocked(const ManifestToWrit
 absl::StatusOr<ExportSource> JobManager::FindExportCheckpoint(const std::string& job_id,
                                                               std::optional<int64_t> step) {
   ZS_ASSIGN_OR_RETURN(const v1::Job job, GetJob(job_id));
-  if (options_.checkpoint_root.empty()) {
-    return absl::FailedPreconditionError(
-        "checkpoint_root: the coordinator was started without --checkpoint_root, so it has no "
-        "checkpoints to export");
-  }
-  const std::string job_dir =
-      checkpoint::JobCheckpointDir(options_.checkpoint_root, job.spec().checkpoint().dir());
-  ZS_ASSIGN_OR_RETURN(const checkpoint::Directory root,
-                      checkpoint::Directory::OpenRoot(options_.checkpoint_root,
-                                                      options_.storage_hooks_for_testing));
-  ZS_ASSIGN_OR_RETURN(checkpoint::CheckpointListing listing,
-                      checkpoint::ListCheckpoints(root, job.spec().checkpoint().dir(), job.id()));
-  // Oldest first, for people.
-  std::vector<int64_t> steps;
-  for (const checkpoint::CommittedCheckpoint& committed : listing.committed) {
-    steps.push_back(committed.step);
-  }
-  std::reverse(steps.begin(), steps.end());
-  const std::string committed_steps =
-      steps.empty() ? "no checkpoint is committed"
-                    : absl::StrCat("committed steps: ", absl::StrJoin(steps, ", "),
-                                   " (pass one as step to export it)");
-  ExportSource source;
-  for (const v1::AttachedTensor& tensor : job.spec().workload().attached().tensors()) {
-    if (tensor.aliases_size() == 0) continue;
-    source.aliases[tensor.name()].assign(tensor.aliases().begin(), tensor.aliases().end());
-  }
-  // An attached job (steps 0) has no fixed last step: without `step` it exports its latest
-  // committed checkpoint, which is its final state once it SUCCEEDED (its trainers finished and
-  // their workers wrote it).
-  if (job.spec().steps() == 0) {
-    if (!step.has_value()) {
-      if (listing.committed.empty()) {
-        return absl::NotFoundError(
-            absl::StrCat("job_id: ", job_id, " has no committed checkpoint yet (it is ",
-                         v1::JobState_Name(job.state()), "); ", committed_steps));
-      }
-      source.checkpoint = std::move(listing.committed.front());
-      source.is_final = job.state() == v1::SUCCEEDED;
-      return source;
-    }
-    const int64_t newest = listing.committed.empty() ? -1 : listing.committed.front().step;
-    for (checkpoint::CommittedCheckpoint& committed : listing.committed) {
-      if (committed.step != *step) continue;
-      source.is_final = job.state() == v1::SUCCEEDED && *step == newest;
-      source.checkpoint = std::move(committed);
-      return source;
-    }
-    return absl::NotFoundError(absl::StrCat("step: ", job_id,
-                                            " has no committed checkpoint at step ", *step, " in ",
-                                            job_dir, "; ", committed_steps));
-  }
-  const bool has_final = job.state() == v1::SUCCEEDED && job.has_latest_checkpoint() &&
-                         job.latest_checkpoint().step() == job.spec().steps();
-  if (!step.has_value() && !has_final) {
-    std::string state = absl::StrCat("it is ", v1::JobState_Name(job.state()));
-    if (job.has_latest_checkpoint()) {
-      absl::StrAppend(&state, " with its latest checkpoint at step ",
-                      job.latest_checkpoint().step());
-    }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job_id: ", job_id, " has no final checkpoint (one at its last step, ", job.spec().steps(),
-        ", of a job that SUCCEEDED): ", state, "; ", committed_steps));
-  }
-  const int64_t wanted = step.value_or(job.latest_checkpoint().step());
-  for (checkpoint::CommittedCheckpoint& committed : listing.committed) {
-    if (committed.step != wanted) continue;
-    source.is_final = has_final && wanted == job.latest_checkpoint().step();
-    source.checkpoint = std::move(committed);
-    return source;
-  }
-  return absl::NotFoundError(absl::StrCat(step.has_value() ? "step: " : "job_id: ", job_id,
-                                          " has no committed checkpoint at step ", wanted, " in ",
-                                          job_dir, "; ", committed_steps));
+  return committer_.FindExport(job, step);
 }
 
 absl::StatusOr<CommittedCheckpointSource> JobManager::FindCommittedCheckpoint(
     const std::string& job_id, std::optional<int64_t> step) {
   ZS_ASSIGN_OR_RETURN(const v1::Job job, GetJob(job_id));
-  if (options_.checkpoint_root.empty()) {
-    return absl::FailedPreconditionError(
-        "checkpoint_root: the coordinator was started without --checkpoint_root, so it has no "
-        "checkpoints to verify");
-  }
-  const std::string& policy_dir = job.spec().checkpoint().dir();
-  const std::string job_dir = checkpoint::JobCheckpointDir(options_.checkpoint_root, policy_dir);
-  ZS_ASSIGN_OR_RETURN(const checkpoint::Directory root,
-                      checkpoint::Directory::OpenRoot(options_.checkpoint_root,
-                                                      options_.storage_hooks_for_testing));
-  // For an error only: the listing reads every manifest of the job.
-  auto committed_steps = [&]() -> std::string {
-    absl::StatusOr<checkpoint::CheckpointListing> listing =
-        checkpoint::ListCheckpoints(root, policy_dir, job_id);
-    if (!listing.ok()) {
-      return absl::StrCat("its checkpoints could not be listed: ", listing.status().message());
-    }
-    // Oldest first, in the listing's order (checkpoint::CheckpointOrder), as exports list them.
-    std::vector<int64_t> steps;
-    for (const checkpoint::CommittedCheckpoint& committed : listing->committed) {
-      steps.push_back(committed.step);
-    }
-    std::reverse(steps.begin(), steps.end());
-    return steps.empty() ? "no checkpoint is committed"
-                         : absl::StrCat("committed steps: ", absl::StrJoin(steps, ", "),
-                                        " (pass one as step to verify it)");
-  };
-  if (!step.has_value() && !job.has_latest_checkpoint()) {
-    return absl::NotFoundError(
-        absl::StrCat("job_id: ", job_id, " has no committed checkpoint (it is ",
-                     v1::JobState_Name(job.state()), "); ", committed_steps()));
-  }
-  const int64_t wanted = step.value_or(job.latest_checkpoint().step());
-  absl::StatusOr<checkpoint::CommittedCheckpoint> opened =
-      checkpoint::OpenCommittedCheckpoint(root, policy_dir, wanted, job_id);
-  if (absl::IsNotFound(opened.status())) {
-    return absl::NotFoundError(absl::StrCat(
-        step.has_value() ? "step: " : "job_id: ", job_id, " has no committed checkpoint at step ",
-        wanted, " in ", job_dir, " (", opened.status().message(), "); ", committed_steps()));
-  }
-  if (!opened.ok()) return opened.status();
-  CommittedCheckpointSource source;
-  source.relative_directory = absl::StrCat(policy_dir, "/", checkpoint::StepDirName(wanted));
-  source.record.set_step(wanted);
-  source.record.set_generation(opened->manifest.generation());
-  source.record.set_world_size(opened->manifest.world_size());
-  source.record.set_manifest_path(
-      absl::StrCat(source.relative_directory, "/", checkpoint::kManifestFileName));
-  *source.record.mutable_commit_time() = opened->manifest.commit_time();
-  source.checkpoint = *std::move(opened);
-  return source;
+  return committer_.FindCommitted(job, step);
 }
 
 // ---- Periodic work ----
@@ -1256,8 +997,8 @@ ManagerStats JobManager::Stats() {
   }
   for (const auto& [id, record] : jobs_) {
     ++stats.jobs_by_state[record.job.state()];
-    stats.watchers += static_cast<int64_t>(record.sinks.size());
   }
+  stats.watchers = events_.watchers();
   return stats;
 }
 
@@ -1293,42 +1034,7 @@ absl::StatusOr<JobManager::JobRecord*> JobManager::FindRankLocked(const std::str
 }
 
 v1::JobEvent& JobManager::AddEventLocked(JobRecord& record, v1::JobEvent event) {
-  event.set_job_id(record.job.id());
-  event.set_sequence(++record.last_sequence);
-  *event.mutable_time() = ToTimestamp(clock_->Now());
-  unpersisted_events_.push_back(event);
-  record.unpublished_events.push_back(std::move(event));
-  return record.unpublished_events.back();
-}
-
-void JobManager::PublishLocked(JobRecord& record) {
-  for (const v1::JobEvent& event : record.unpublished_events) {
-    record.sinks.erase(std::remove_if(record.sinks.begin(), record.sinks.end(),
-                                      [&](const std::shared_ptr<JobEventSink>& sink) {
-                                        return !sink->OnEvent(event);
-                                      }),
-                       record.sinks.end());
-  }
-  record.stored_events += static_cast<int64_t>(record.unpublished_events.size());
-  record.unpublished_events.clear();
-  if (IsFinal(record.job.state())) EndSinksLocked(record);
-}
-
-void JobManager::ThinEventsLocked(JobRecord& record) {
-  if (record.stored_events <= record.thin_above) return;
-  absl::StatusOr<int64_t> deleted = store_->ThinProgressEvents(record.job.id());
-  if (!deleted.ok()) {
-    // Nothing is lost but disk space; the next event tries again.
-    ZS_LOG(ERROR) << "state store: cannot thin the events of " << record.job.id() << ": "
-                  << deleted.status();
-    return;
-  }
-  record.stored_events -= *deleted;
-  // A history of mostly other events may stay above the limit: then the next pass waits for a
-  // quarter of the limit of new events rather than rescanning the history on every event.
-  record.thin_above = record.stored_events > options_.max_events_per_job
-                          ? record.stored_events + options_.max_events_per_job / 4
-                          : options_.max_events_per_job;
+  return events_.Add(record.job.id(), std::move(event));
 }
 
 absl::Status JobManager::CheckStateEdgeLocked(const JobRecord& record, v1::JobState state) {
@@ -1386,11 +1092,6 @@ void JobManager::ReserveWorkerNumbersLocked() {
   reserved_worker_numbers_end_ = *first + kBlock;
 }
 
-void JobManager::EndSinksLocked(JobRecord& record) {
-  for (const std::shared_ptr<JobEventSink>& sink : record.sinks) sink->OnJobEnded();
-  record.sinks.clear();
-}
-
 void JobManager::PersistLocked(absl::Span<JobRecord* const> records) {
   std::vector<const v1::Job*> jobs;
   std::vector<const v1::Assignment*> run_assignments;
@@ -1402,26 +1103,19 @@ void JobManager::PersistLocked(absl::Span<JobRecord* const> records) {
       rank_identities.push_back(record->rank_identities[rank]);
     }
   }
-  absl::Status saved = store_->Save(jobs, unpersisted_events_, run_assignments, rank_identities);
+  absl::Status saved = store_->Save(jobs, events_.unpersisted(), run_assignments, rank_identities);
   if (!saved.ok()) {
     // Keep the events for the next attempt; the in-memory state stays authoritative.
     ZS_LOG(ERROR) << "state store write failed (will retry with the next change): " << saved;
     return;
   }
-  // Durable now: watchers may see them.
-  std::vector<std::string> published_jobs;
-  for (const v1::JobEvent& event : unpersisted_events_) {
-    if (published_jobs.empty() || published_jobs.back() != event.job_id()) {
-      published_jobs.push_back(event.job_id());
-    }
+  // Durable now: watchers may see them, and the sinks of jobs that ended are ended.
+  absl::flat_hash_set<std::string> ended_jobs;
+  for (const v1::JobEvent& event : events_.unpersisted()) {
+    auto it = jobs_.find(event.job_id());
+    if (it != jobs_.end() && IsFinal(it->second.job.state())) ended_jobs.insert(event.job_id());
   }
-  unpersisted_events_.clear();
-  for (const std::string& job_id : published_jobs) {
-    if (auto it = jobs_.find(job_id); it != jobs_.end()) {
-      PublishLocked(it->second);
-      ThinEventsLocked(it->second);
-    }
-  }
+  events_.Persisted(ended_jobs);
   for (JobRecord* record : records) {
     record->run_assignment_unsaved = false;
     record->unsaved_identity_ranks.clear();
@@ -1571,13 +1265,7 @@ void JobManager::NoteLostPeersLocked(const std::string& worker_id, const v1::Wor
   auto it = jobs_.find(status.job_id());
   if (it == jobs_.end() || !it->second.regroup.has_value()) return;
   JobRecord::Regroup& regroup = *it->second.regroup;
-  const int members = static_cast<int>(regroup.members.size());
-  if (regroup.generation != status.generation() || status.rank() >= members ||
-      regroup.members[status.rank()] != worker_id) {
-    return;
-  }
-  for (int32_t rank : status.lost_peer_ranks()) {
-    if (rank >= members || rank == status.rank()) continue;
+  for (int32_t rank : LostPeersToNote(worker_id, status, regroup.generation, regroup.members)) {
     if (regroup.lost.insert(regroup.members[rank]).second) {
       ZS_LOG(INFO) << "job " << status.job_id() << ": rank " << status.rank() << " of generation "
                    << regroup.generation << " (" << worker_id << ") saw rank " << rank << " ("
@@ -1590,29 +1278,23 @@ bool JobManager::StillRegroupingLocked(JobRecord& record, bool* noticed) {
   *noticed = false;
   JobRecord::Regroup& regroup = *record.regroup;
   if (!regroup.waiting) return false;
-  std::vector<std::string> awaited;
-  for (int rank = 0; rank < static_cast<int>(regroup.members.size()); ++rank) {
-    const std::string& id = regroup.members[rank];
-    if (regroup.lost.contains(id)) continue;
-    const v1::WorkerInfo* worker = workers_.Find(id);
-    if (worker == nullptr || (worker->state() != v1::IDLE && worker->state() != v1::BUSY)) {
-      continue;
-    }
-    // Still aborting that generation: the ABORT is replaced once it no longer runs it.
-    const v1::Assignment& assignment = worker->assignment();
-    if (assignment.kind() == v1::ASSIGNMENT_ABORT && assignment.job_id() == record.job.id() &&
-        assignment.generation() == regroup.generation) {
-      awaited.push_back(absl::StrCat(id, " (rank ", rank, ")"));
-    }
-  }
+  std::vector<const v1::WorkerInfo*> member_workers;
+  for (const std::string& id : regroup.members) member_workers.push_back(workers_.Find(id));
+  const std::vector<std::string> awaited = AwaitedMembers(
+      regroup.members, regroup.lost, member_workers, record.job.id(), regroup.generation);
   const absl::Time now = clock_->Now();
-  if (!awaited.empty() && now < regroup.deadline) return true;
-  regroup.waiting = false;
-  if (awaited.empty()) {
-    ZS_LOG(INFO) << "job " << record.job.id() << ": the survivors of generation "
-                 << regroup.generation << " are back " << absl::FormatDuration(now - regroup.ended)
-                 << " after its end";
-    return false;
+  switch (NextRegroupStep(!awaited.empty(), now, regroup.deadline)) {
+    case RegroupStep::kWait:
+      return true;
+    case RegroupStep::kAllBack:
+      regroup.waiting = false;
+      ZS_LOG(INFO) << "job " << record.job.id() << ": the survivors of generation "
+                   << regroup.generation << " are back "
+                   << absl::FormatDuration(now - regroup.ended) << " after its end";
+      return false;
+    case RegroupStep::kStopWaiting:
+      regroup.waiting = false;
+      break;
   }
   v1::JobEvent event;
   event.set_type(v1::NOTICE);
@@ -1674,20 +1356,12 @@ absl::Status JobManager::SucceedIfAllFinishedLocked(JobRecord& record) {
 
 absl::Status JobManager::BeginAdoptionLocked(JobRecord& record, const v1::Assignment* stored) {
   const v1::Job& job = record.job;
-  if (stored == nullptr || stored->kind() != v1::ASSIGNMENT_RUN ||
-      stored->generation() != job.generation() || stored->world_size() != job.worker_ids_size()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("no RUN assignment of generation ", job.generation(), " was stored"));
-  }
+  ZS_RETURN_IF_ERROR(CheckStoredRunAssignment(job, stored));
   absl::StatusOr<sharding::ShardPlan> plan = jobspec::PlanForJob(job.spec(), job.worker_ids_size());
   if (!plan.ok()) {
     return absl::FailedPreconditionError(absl::StrCat("cannot plan: ", plan.status().message()));
   }
-  if (plan->layout_hash() != stored->plan_layout_hash()) {
-    return absl::FailedPreconditionError(absl::StrCat("its plan's layout hash is now ",
-                                                      plan->layout_hash(), ", the workers run ",
-                                                      stored->plan_layout_hash()));
-  }
+  ZS_RETURN_IF_ERROR(CheckSameLayout(plan->layout_hash(), *stored));
   record.plan.emplace(*std::move(plan));
   record.run_assignment = *stored;
   const absl::Duration window = options_.AdoptionWindow();
@@ -1717,44 +1391,15 @@ absl::StatusOr<JobManager::JobRecord*> JobManager::FindAdoptableRankLocked(
     return absl::NotFoundError(absl::StrCat("no job ", status.job_id()));
   }
   JobRecord& record = it->second;
-  if (!record.adoption.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        status.job_id(), " is not adopting a generation (it is ",
-        v1::JobState_Name(record.job.state()), " in generation ", record.job.generation(), ")"));
-  }
-  if (status.generation() != record.job.generation()) {
-    return absl::FailedPreconditionError(absl::StrCat("generation ", status.generation(),
-                                                      " is not the one being adopted (",
-                                                      record.job.generation(), ")"));
-  }
-  if (status.rank() >= record.job.worker_ids_size() ||
-      record.job.worker_ids(status.rank()) != request.previous_worker_id()) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(request.previous_worker_id(), " did not hold rank ", status.rank()));
-  }
-  if (workers_.Find(request.previous_worker_id()) != nullptr) {
-    return absl::AlreadyExistsError(
-        absl::StrCat(request.previous_worker_id(), " has registered again already"));
-  }
-  if (!proof.acts_for_any_worker) {
-    const RankIdentity* identity = status.rank() < static_cast<int>(record.rank_identities.size())
-                                       ? &record.rank_identities[status.rank()]
-                                       : nullptr;
-    if (identity == nullptr || identity->worker_id.empty()) {
-      return absl::PermissionDeniedError(absl::StrCat(
-          "no identity was stored for rank ", status.rank(),
-          " (a generation started by an older coordinator), so no worker can prove it held it"));
-    }
-    if (identity->secret_sha256 != security::Sha256(proof.presented_secret)) {
-      return absl::PermissionDeniedError(absl::StrCat("worker secret: not the one of ",
-                                                      request.previous_worker_id(),
-                                                      ", which held rank ", status.rank()));
-    }
-  }
+  AdoptionTarget target;
+  target.job = &record.job;
+  target.adopting = record.adoption.has_value();
+  target.rank_identities = &record.rank_identities;
+  target.previous_id_registered = workers_.Find(request.previous_worker_id()) != nullptr;
   if (const v1::WorkerInfo* holder = workers_.FindLiveByName(request.name())) {
-    return absl::AlreadyExistsError(absl::StrCat(
-        "worker name ", request.name(), " is held by the live registration ", holder->id()));
+    target.live_name_holder = holder->id();
   }
+  ZS_RETURN_IF_ERROR(CheckRankAdoption(request, proof, target));
   return &record;
 }
 
@@ -1802,10 +1447,8 @@ void JobManager::EndExpiredAdoptionsLocked() {
   std::vector<JobRecord*> changed;
   for (auto& [id, record] : jobs_) {
     if (!record.adoption.has_value() || now < record.adoption->deadline) continue;
-    std::vector<int32_t> missing;
-    for (int32_t rank = 0; rank < record.job.worker_ids_size(); ++rank) {
-      if (record.adoption->returned_ranks.count(rank) == 0) missing.push_back(rank);
-    }
+    const std::vector<int32_t> missing =
+        MissingRanks(record.job.worker_ids_size(), record.adoption->returned_ranks);
     const bool retry = record.job.attempts() < record.job.spec().max_attempts();
     const absl::Status ended = EndGenerationLocked(
         record, retry ? v1::RECOVERING : v1::FAILED,

@@ -24,9 +24,12 @@
 #include "checkpoint/export.h"
 #include "checkpoint/manifest.h"
 #include "common/clock.h"
+#include "coordinator/checkpoint_committer.h"
 #include "coordinator/checkpoint_dir_claims.h"
 #include "coordinator/ids.h"
+#include "coordinator/job_event_log.h"
 #include "coordinator/job_store.h"
+#include "coordinator/recovery_rules.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/worker_registry.h"
@@ -77,29 +80,6 @@ struct JobManagerOptions {
   int64_t max_notices_per_generation = 100;
 };
 
-// What a RegisterWorker caller proves about the registration its request names
-// (previous_worker_id): replacing or adopting a registration needs proof of being that worker.
-struct RegistrationProof {
-  // The caller may act for any worker (an admin, or every caller of a coordinator without a
-  // token file): it needs no proof.
-  bool acts_for_any_worker = true;
-  // The worker secret the call carried (metadata zeroshard-worker-secret): the one the previous
-  // registration got. Empty: none.
-  std::string presented_secret;
-};
-
-// Receives one job's events. Called with the manager's lock held: it must not block and must
-// not call back into the manager.
-class JobEventSink {
- public:
-  virtual ~JobEventSink() = default;
-  // Returns false when the sink is closed (its watcher went away or fell behind); the manager
-  // then drops it.
-  virtual bool OnEvent(const v1::JobEvent& event) = 0;
-  // The job reached a final state: no more events will come.
-  virtual void OnJobEnded() = 0;
-};
-
 // Which part of a listing (JobManager::ListWorkersPage, ListJobs) to return.
 struct PageRequest {
   // Continue after the item with this number (the number in its id); unset: the first page.
@@ -116,29 +96,6 @@ struct Page {
   std::vector<Item> items;
   // Set when more items follow: the number of the last item, to pass as PageRequest::after.
   std::optional<int64_t> next_after;
-};
-
-// The committed checkpoint an export reads (JobManager::FindExportCheckpoint).
-struct ExportSource {
-  checkpoint::CommittedCheckpoint checkpoint;
-  // It is the job's final state: the job SUCCEEDED and this is its checkpoint at spec.steps (an
-  // attached job's: its latest, written when its trainers finished).
-  bool is_final = false;
-  // An attached model's tied weights: each tensor's other names in the trainer's state_dict()
-  // (AttachedTensor.aliases), which the export writes too.
-  checkpoint::CheckpointExport::Aliases aliases;
-};
-
-// A committed checkpoint of a job, opened for a full read (JobManager::FindCommittedCheckpoint).
-struct CommittedCheckpointSource {
-  // Reached from the checkpoint root without following links; its manifest is valid and names
-  // the job.
-  checkpoint::CommittedCheckpoint checkpoint;
-  // The checkpoint as a job's record names one, from its manifest: step, generation, world
-  // size, the manifest's path relative to the checkpoint root, commit time.
-  v1::CheckpointRecord record;
-  // The step directory relative to the checkpoint root ("job-000001/step-000000000004").
-  std::string relative_directory;
 };
 
 struct ManagerStats {
@@ -303,12 +260,7 @@ class JobManager {
   // sequence sent, so a watcher holds one page at a time, whatever the history's length. Sinks
   // get an event only once it is durable, so no watcher sees one that a coordinator restart
   // could lose (and whose sequence number the next coordinator would give to another).
-  struct WatchPosition {
-    // The sequence of the last event sent (after_sequence when none was).
-    int64_t last_sequence = 0;
-    // The sink follows the job now; no more pages are needed.
-    bool following = false;
-  };
+  using WatchPosition = coordinator::WatchPosition;
   absl::StatusOr<WatchPosition> WatchPage(const std::string& job_id, int64_t after_sequence,
                                           int64_t max_events, std::shared_ptr<JobEventSink> sink);
   // WatchPage until the sink follows: the sink gets the whole history at once (for sinks that
@@ -398,16 +350,7 @@ class JobManager {
 
   struct JobRecord {
     v1::Job job;
-    // The job's history lives in the store; the record keeps only its bounds, so its memory
-    // does not grow with the history.
-    // The sequence of the newest event added.
-    int64_t last_sequence = 0;
-    // Events added but not yet durable, so not yet sent to the sinks (in sequence order).
-    std::vector<v1::JobEvent> unpublished_events;
-    // Events in the store, thinned past options.max_events_per_job.
-    int64_t stored_events = 0;
-    // ThinEventsLocked runs a pass once stored_events exceeds this.
-    int64_t thin_above = 0;
+    // Its events, sequence numbers and watchers are in events_ (JobEventLog).
     absl::Time pending_since;
     // Who submitted it (SubmitJob's `submitter`, also job.submitter, so it survives a restart).
     std::string submitter;
@@ -416,7 +359,6 @@ class JobManager {
     absl::flat_hash_set<int32_t> finished_ranks;
     // The current generation's highest step reported by each rank (ranks that reported one).
     absl::flat_hash_map<int32_t, int64_t> rank_steps;
-    std::vector<std::shared_ptr<JobEventSink>> sinks;
     // The current generation's RUN assignment as rank 0 got it, without an attach_socket (each
     // rank gets it with its own rank and, for an attached job, its worker's attach_socket).
     // Stored with the job, so that a restarted coordinator hands out the same one.
@@ -471,16 +413,10 @@ class JobManager {
   absl::StatusOr<JobRecord*> FindRankLocked(const std::string& worker_id, const std::string& job_id,
                                             int64_t generation, int32_t rank)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Appends an event (sequence, time, job id filled in). PersistLocked sends it to the sinks
+  // Appends an event to the job's log (JobEventLog::Add). PersistLocked sends it to the sinks
   // once it is durable.
   v1::JobEvent& AddEventLocked(JobRecord& record, v1::JobEvent event)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Sends the record's events that just became durable to its sinks, and ends the sinks when
-  // the job has ended.
-  void PublishLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Thins the job's stored PROGRESS events once there are more than options.max_events_per_job
-  // (see JobManagerOptions).
-  void ThinEventsLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION (logged at ERROR) when the job's current state -> `state` is not an
   // edge of kJobStateEdges.
   absl::Status CheckStateEdgeLocked(const JobRecord& record, v1::JobState state)
@@ -490,7 +426,7 @@ class JobManager {
   absl::Status SetStateLocked(JobRecord& record, v1::JobState state, const std::string& message)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Persists the records' jobs and the events added since the last persist, then publishes
-  // those events (PublishLocked).
+  // those events (JobEventLog::Persisted).
   void PersistLocked(absl::Span<JobRecord* const> records) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the next generation of a pending or recovering job on `workers` (rank order) with
   // `plan`. Changes nothing when the job may not become RUNNING.
@@ -525,19 +461,6 @@ class JobManager {
   absl::StatusOr<JobRecord*> FindAdoptableRankLocked(const v1::RegisterWorkerRequest& request,
                                                      const RegistrationProof& proof)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A checkpoint whose every rank committed, to be made to exist by its manifest (written
-  // outside the lock, under the job's volume_mu).
-  struct ManifestToWrite {
-    std::string job_id;
-    int64_t generation = 0;
-    int64_t step = 0;
-    int keep = 1;
-    std::string policy_dir;  // spec.checkpoint.dir
-    std::string job_dir;     // under the checkpoint root
-    std::string step_dir;
-    v1::CheckpointManifest manifest;
-    std::shared_ptr<absl::Mutex> job_volume_mu;
-  };
   // CommitCheckpoint's part under the lock: checks and records the rank's commit; returns the
   // manifest to write once every rank committed and the step is not recorded yet, else nullopt
   // (with `response` filled).
@@ -592,7 +515,6 @@ class JobManager {
   // the job changed.
   bool SetUnschedulableReasonLocked(JobRecord& record, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EndSinksLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Gives `worker_id` a new secret (replacing its old one) and returns it.
   std::string NewWorkerSecretLocked(const std::string& worker_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -603,9 +525,15 @@ class JobManager {
   common::Clock* const clock_;
   const JobManagerOptions options_;
   RendezvousStore* const rendezvous_;
+  // The checkpoint root's side of commits, rewinds, exports and verifications; thread-safe, used
+  // outside mu_ (under a job's volume_mu where it touches the job's directories).
+  const CheckpointCommitter committer_;
 
   absl::Mutex mu_;
   std::unique_ptr<JobStore> store_ ABSL_GUARDED_BY(mu_);
+  // Every job's events: sequence numbers, durable-then-publish, thinning, watchers. Reads and
+  // thins store_.
+  JobEventLog events_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   // Every job's checkpoint directory, claimed when it was submitted (and again from the stored
   // jobs at start).
@@ -630,8 +558,6 @@ class JobManager {
   absl::flat_hash_map<std::string, int64_t> pending_jobs_by_submitter_ ABSL_GUARDED_BY(mu_);
   // Worker numbers below this were reserved by this process (ReserveWorkerNumbersLocked).
   int64_t reserved_worker_numbers_end_ ABSL_GUARDED_BY(mu_) = 0;
-  // Events added since the last PersistLocked.
-  std::vector<v1::JobEvent> unpersisted_events_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace zeroshard::coordinator
