@@ -3,7 +3,6 @@
 #include "worker/comm/gloo_communicator.h"
 
 #include <pthread.h>
-#include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -22,6 +21,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/thread_affinity.h"
 #include "gloo/context.h"
 #include "gloo/transport/unbound_buffer.h"
 #include "worker/comm/gloo_mesh.h"
@@ -43,9 +43,9 @@ enum class OperationKind { kReduceScatter, kAllGather, kAllReduce, kBroadcast, k
 
 absl::Status ValidateThreadOptions(const GlooCommunicatorOptions& options) {
   for (int cpu : options.thread_cpus) {
-    if (cpu < 0 || cpu >= CPU_SETSIZE) {
+    if (!common::IsValidCpu(cpu)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("thread_cpus: ", cpu, " is not in [0, ", CPU_SETSIZE, ")"));
+          absl::StrCat("thread_cpus: ", cpu, " is not in [0, ", common::kCpuSetSize, ")"));
     }
   }
   if (options.thread_nice.has_value() &&
@@ -59,13 +59,10 @@ absl::Status ValidateThreadOptions(const GlooCommunicatorOptions& options) {
 // Applied by the communication thread to itself.
 absl::Status ConfigureCurrentThread(const std::vector<int>& cpus, std::optional<int> nice) {
   if (!cpus.empty()) {
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    for (int cpu : cpus) CPU_SET(cpu, &set);
-    const int error = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-    if (error != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "thread_cpus: pinning the communication thread failed: ", std::strerror(error)));
+    const absl::Status pinned = common::PinCurrentThreadToCpus(cpus);
+    if (!pinned.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("thread_cpus: pinning the communication thread failed: ", pinned.message()));
     }
   }
   if (nice.has_value()) {

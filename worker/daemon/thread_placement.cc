@@ -1,13 +1,13 @@
 // Thread pinning policies of a CPU worker (see thread_placement.h).
 #include "worker/daemon/thread_placement.h"
 
-#include <pthread.h>
 #include <sched.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/thread_affinity.h"
 
 namespace zeroshard::worker {
 
@@ -58,16 +58,13 @@ absl::StatusOr<std::vector<int>> AllowedCpus() {
 }
 
 absl::Status PinCurrentThread(int cpu) {
-  if (cpu < 0 || cpu >= CPU_SETSIZE) {
+  if (!common::IsValidCpu(cpu)) {
     return absl::InvalidArgumentError(absl::StrCat("CPU ", cpu, " is out of range"));
   }
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(cpu, &set);
-  const int error = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-  if (error != 0) {
+  const absl::Status pinned = common::PinCurrentThreadToCpus({cpu});
+  if (!pinned.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("pinning the training thread to CPU ", cpu, ": ", std::strerror(error)));
+        absl::StrCat("pinning the training thread to CPU ", cpu, ": ", pinned.message()));
   }
   return absl::OkStatus();
 }
