@@ -1,27 +1,42 @@
 #!/usr/bin/env bash
-# Installs every Debian package ZeroShard's build, tests and demo need.
+# Installs the Debian packages ZeroShard needs: everything for the build, the tests and the
+# benchmarks (tools/test.sh, .ci/run), or with --demo only what tools/demo.sh needs (the build of
+# the coordinator, worker and CLI, and the demo's standard-library Python).
 # Idempotent and non-interactive; uses sudo when not root; quick when all is present.
+# Usage: tools/bootstrap.sh [--demo]
 set -euo pipefail
 
-PACKAGES=(
+DEMO_ONLY=0
+if [[ "${1:-}" == "--demo" ]]; then DEMO_ONLY=1; fi
+
+# What tools/demo.sh needs.
+DEMO_PACKAGES=(
   # Build system (Bazel 4.2.3 from Debian, offline) and its rule repositories.
   bazel-bootstrap bazel-rules-java bazel-skylib bazel-platforms
-  # Compilers and formatting. `clang` provides /usr/bin/clang, which --config=tsa names
-  # (--repo_env=CC=clang); clang-14 alone installs only clang-14.
-  g++ clang clang-14 clang-format lld
-  # libFuzzer and the sanitizer runtimes for --config=fuzz (tools/fuzz.sh).
-  libclang-rt-14-dev
+  # The compiler.
+  g++
   # gRPC, protobuf, abseil.
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
-  # Tests and benchmarks.
-  libgtest-dev libgmock-dev googletest libbenchmark-dev
   # Collectives, storage, math, HTTP, config files.
   libgloo-dev libsqlite3-dev sqlite3 libopenblas-dev libyaml-cpp-dev
   libmicrohttpd-dev
-  # libcrypto (token hashes, certificate checks) and the openssl tool the TLS tests run.
+  # libcrypto (token hashes, certificate checks).
   libssl-dev openssl
-  # Tools the scripts use; python3-torch for tests/integration:torch_adamw_test (the reference).
-  python3 python3-numpy python3-torch curl procps
+  # The demo and the local cluster (Python, numpy for comparing the exported parameters).
+  python3 python3-numpy curl procps
+)
+
+# The rest: tests, benchmarks, the other builds.
+TEST_PACKAGES=(
+  # clang for --config=tsa (`clang` provides /usr/bin/clang, which it names with
+  # --repo_env=CC=clang; clang-14 alone installs only clang-14), formatting, lld.
+  clang clang-14 clang-format lld
+  # libFuzzer and the sanitizer runtimes for --config=fuzz (tools/fuzz.sh).
+  libclang-rt-14-dev
+  # Tests and benchmarks.
+  libgtest-dev libgmock-dev googletest libbenchmark-dev
+  # python3-torch for tests/integration:torch_adamw_test (the reference) and the attach suite.
+  python3-torch
   # The zeroshard Python package (python/): its gRPC client and the stubs protoc generates
   # (grpc_python_plugin comes with protobuf-compiler-grpc).
   python3-grpcio python3-protobuf
@@ -32,6 +47,9 @@ PACKAGES=(
   # The dashboard's browser test (tests/browser): headless Chromium over the DevTools protocol.
   chromium python3-websocket
 )
+
+PACKAGES=("${DEMO_PACKAGES[@]}")
+if ((DEMO_ONLY == 0)); then PACKAGES+=("${TEST_PACKAGES[@]}"); fi
 
 SUDO=""
 if [[ "$(id -u)" != 0 ]]; then SUDO="sudo"; fi
@@ -51,6 +69,8 @@ else
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+if ((DEMO_ONLY)); then exit 0; fi
 
 if [[ ! -x /usr/local/cuda/bin/nvcc ]]; then
   echo "bootstrap: note: /usr/local/cuda/bin/nvcc not found; --config=cuda builds will fail" >&2

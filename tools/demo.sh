@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job: installs what is missing, builds the coordinator, worker and CLI (-c opt), starts
+# The main job: installs what is missing for it, builds the coordinator, worker and CLI (-c opt), starts
 # a local cluster of 4 CPU workers (deploy/local/cluster.py) and runs the DDP vs ZeRO demo on it
 # (tools/demo.py). Extra arguments go to demo.py, e.g. `tools/demo.sh --preset medium`.
 set -euo pipefail
@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 TARGETS=(//apps/coordinator:zeroshard-coordinator //client:zeroshard //worker:zeroshard-worker)
 WORKERS=4
 
-tools/bootstrap.sh
+# Only what the demo needs; tools/test.sh installs the rest.
+tools/bootstrap.sh --demo
 
 # Debian's python3 has python3-numpy (bootstrap.sh); another python3 first on PATH may not.
 PYTHON=python3
