@@ -10,6 +10,14 @@
 
 namespace zeroshard::coordinator {
 
+v1::JobEvent Notice(int64_t generation, std::string message) {
+  v1::JobEvent event;
+  event.set_type(v1::NOTICE);
+  event.set_generation(generation);
+  event.set_message(std::move(message));
+  return event;
+}
+
 JobEventLog::JobEventLog(common::Clock* clock, JobStore* store, int64_t max_events_per_job)
     : clock_(clock), store_(store), max_events_per_job_(max_events_per_job) {}
 

@@ -30,6 +30,10 @@ class JobEventSink {
   virtual void OnJobEnded() = 0;
 };
 
+// A NOTICE event of `generation` saying `message`: the one way the coordinator builds them (the
+// log fills in the job id, sequence and time when it is added).
+v1::JobEvent Notice(int64_t generation, std::string message);
+
 // Where a watch stands after one page (JobEventLog::WatchPage).
 struct WatchPosition {
   // The sequence of the last event sent (after_sequence when none was).

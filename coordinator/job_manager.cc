@@ -217,7 +217,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
       // refuse those that reach the coordinator before the daemon has the new secret. (Admins'
       // calls are bound to no secret.)
       if (proof.acts_for_any_worker) {
-        response.set_worker_secret(NewWorkerSecretLocked((*worker)->id()));
+        response.set_worker_secret(workers_.NewSecret((*worker)->id()));
       } else {
         workers_.SetSecret((*worker)->id(), security::Sha256(proof.presented_secret));
         response.set_worker_secret(proof.presented_secret);
@@ -260,7 +260,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   }
   const v1::WorkerInfo& worker = workers_.Register(request, clock_->Now());
   response.set_worker_id(worker.id());
-  response.set_worker_secret(NewWorkerSecretLocked(worker.id()));
+  response.set_worker_secret(workers_.NewSecret(worker.id()));
   ZS_LOG(INFO) << "worker " << worker.id() << " registered: name=" << request.name()
                << " host=" << request.host()
                << (request.attach_socket().empty()
@@ -304,12 +304,6 @@ absl::Status JobManager::CheckNameNotReservedLocked(const v1::RegisterWorkerRequ
       "name: worker name ", request.name(), " is reserved for ", reserved->worker_id,
       ", which held rank ", reserved->rank, " of ", reserved->job_id, " generation ",
       reserved->generation, " and may re-register until the coordinator's adoption window ends"));
-}
-
-std::string JobManager::NewWorkerSecretLocked(const std::string& worker_id) {
-  std::string secret = security::RandomSecret();
-  workers_.SetSecret(worker_id, security::Sha256(secret));
-  return secret;
 }
 
 absl::Status JobManager::CheckWorkerSecret(const std::string& worker_id, absl::string_view secret) {
@@ -723,10 +717,8 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   response.set_continue_running(true);
   bool changed_job = false;
   if (!request.notice().empty()) {
-    v1::JobEvent event;
-    event.set_type(v1::NOTICE);
-    event.set_generation(request.generation());
-    event.set_message(absl::StrCat("rank ", request.rank(), ": ", request.notice()));
+    v1::JobEvent event =
+        Notice(request.generation(), absl::StrCat("rank ", request.rank(), ": ", request.notice()));
     changed_job = AddWorkerNoticeLocked(record, std::move(event));
   }
   // Workers resend a report whose answer they did not get (the coordinator restarted, or the
@@ -779,10 +771,7 @@ absl::StatusOr<v1::CommitCheckpointResponse> JobManager::CommitCheckpoint(
   if (const std::optional<std::string> problem = committer_.Prune(*root, *todo)) {
     absl::MutexLock lock(&mu_);
     if (auto it = jobs_.find(todo->job_id); it != jobs_.end()) {
-      v1::JobEvent notice;
-      notice.set_type(v1::NOTICE);
-      notice.set_generation(todo->generation);
-      notice.set_message(*problem);
+      v1::JobEvent notice = Notice(todo->generation, *problem);
       if (AddWorkerNoticeLocked(it->second, std::move(notice))) {
         JobRecord* changed[] = {&it->second};
         PersistLocked(changed);
@@ -838,18 +827,17 @@ absl::StatusOr<v1::RewindJobResponse> JobManager::RewindJob(const v1::RewindJobR
     progress.set_step(step);
   }
   for (auto& [rank, reported] : record->rank_steps) reported = std::min(reported, step);
-  v1::JobEvent event;
-  event.set_type(v1::NOTICE);
-  event.set_generation(request.generation());
   std::string retired = "no checkpoint was superseded";
   if (response.superseded_steps_size() > 0) {
     retired =
         absl::StrCat("the checkpoints of steps ", absl::StrJoin(response.superseded_steps(), ", "),
                      " are superseded (kept aside, marked so)");
   }
-  event.set_message(absl::StrCat("rank ", request.rank(), ": the job went back to step ", step,
-                                 request.reason().empty() ? "" : " (", request.reason(),
-                                 request.reason().empty() ? "" : ")", "; ", retired));
+  v1::JobEvent event =
+      Notice(request.generation(),
+             absl::StrCat("rank ", request.rank(), ": the job went back to step ", step,
+                          request.reason().empty() ? "" : " (", request.reason(),
+                          request.reason().empty() ? "" : ")", "; ", retired));
   AddWorkerNoticeLocked(*record, std::move(event));
   JobRecord* changed[] = {record};
   PersistLocked(changed);
@@ -862,13 +850,11 @@ absl::StatusOr<std::optional<ManifestToWrite>> JobManager::BeginCommitLocked(
                                                          request.generation(), request.rank()));
   if (request.outcome() != v1::CHECKPOINT_WRITTEN) {
     // Nothing is committed: the step's checkpoint cannot complete. The owner hears why.
-    v1::JobEvent event;
-    event.set_type(v1::NOTICE);
-    event.set_generation(request.generation());
-    event.set_message(
-        absl::StrCat("checkpoint at step ", request.step(),
-                     request.outcome() == v1::CHECKPOINT_SKIPPED ? " skipped" : " failed",
-                     " on rank ", request.rank(), ": ", request.message()));
+    v1::JobEvent event =
+        Notice(request.generation(),
+               absl::StrCat("checkpoint at step ", request.step(),
+                            request.outcome() == v1::CHECKPOINT_SKIPPED ? " skipped" : " failed",
+                            " on rank ", request.rank(), ": ", request.message()));
     if (AddWorkerNoticeLocked(*record, std::move(event))) {
       JobRecord* changed[] = {record};
       PersistLocked(changed);
@@ -920,11 +906,9 @@ v1::CommitCheckpointResponse JobManager::FinishCommitLocked(const ManifestToWrit
   if (it == jobs_.end()) return response;
   JobRecord& record = it->second;
   if (!written.ok()) {
-    v1::JobEvent event;
-    event.set_type(v1::NOTICE);
-    event.set_generation(todo.generation);
-    event.set_message(absl::StrCat("checkpoint at step ", todo.step,
-                                   " could not be committed: ", written.message()));
+    v1::JobEvent event =
+        Notice(todo.generation, absl::StrCat("checkpoint at step ", todo.step,
+                                             " could not be committed: ", written.message()));
     // What the workers left on the volume decides this: bounded as their notices are.
     if (AddWorkerNoticeLocked(record, std::move(event))) {
       JobRecord* changed[] = {&record};
@@ -1081,15 +1065,14 @@ absl::Status JobManager::SetStateLocked(JobRecord& record, v1::JobState state,
 void JobManager::ReserveWorkerNumbersLocked() {
   // One durable write per block keeps registration cheap.
   constexpr int64_t kBlock = 100000;
-  if (workers_.next_number() < reserved_worker_numbers_end_) return;
+  if (!workers_.NeedsNumberBlock()) return;
   absl::StatusOr<int64_t> first = store_->ReserveWorkerNumbers(kBlock);
   if (!first.ok()) {
     // Registration goes on; only ids handed out after a later restart could repeat these.
     ZS_LOG(ERROR) << "state store: cannot reserve worker ids: " << first.status();
     return;
   }
-  workers_.SkipToNumber(*first);
-  reserved_worker_numbers_end_ = *first + kBlock;
+  workers_.UseNumberBlock(*first, kBlock);
 }
 
 void JobManager::PersistLocked(absl::Span<JobRecord* const> records) {
@@ -1187,25 +1170,23 @@ bool JobManager::AddWorkerNoticeLocked(JobRecord& record, v1::JobEvent event) {
   if (record.generation_notices > bound) return false;
   // The first one past the bound says so instead of its own message.
   ++record.generation_notices;
-  v1::JobEvent notice;
-  notice.set_type(v1::NOTICE);
-  notice.set_generation(event.generation());
-  notice.set_message(absl::StrCat(
-      "the workers of generation ", event.generation(), " sent ", bound,
-      " notices, the most stored per generation (--max_notices_per_generation); later ones are "
-      "counted in dropped_notices, not stored"));
+  v1::JobEvent notice = Notice(
+      event.generation(),
+      absl::StrCat(
+          "the workers of generation ", event.generation(), " sent ", bound,
+          " notices, the most stored per generation (--max_notices_per_generation); later ones are "
+          "counted in dropped_notices, not stored"));
   AddEventLocked(record, std::move(notice));
   return true;
 }
 
 void JobManager::CloseWorkerNoticesLocked(JobRecord& record) {
   if (record.generation_dropped_notices > 0) {
-    v1::JobEvent notice;
-    notice.set_type(v1::NOTICE);
-    notice.set_generation(record.job.generation());
-    notice.set_message(absl::StrCat(
-        "generation ", record.job.generation(), " dropped ", record.generation_dropped_notices,
-        " notices from its workers past the bound of ", options_.max_notices_per_generation));
+    v1::JobEvent notice =
+        Notice(record.job.generation(), absl::StrCat("generation ", record.job.generation(),
+                                                     " dropped ", record.generation_dropped_notices,
+                                                     " notices from its workers past the bound of ",
+                                                     options_.max_notices_per_generation));
     AddEventLocked(record, std::move(notice));
   }
   record.generation_notices = 0;
@@ -1296,12 +1277,11 @@ bool JobManager::StillRegroupingLocked(JobRecord& record, bool* noticed) {
       regroup.waiting = false;
       break;
   }
-  v1::JobEvent event;
-  event.set_type(v1::NOTICE);
-  event.set_generation(regroup.generation);
-  event.set_message(absl::StrCat("stopped waiting for ", absl::StrJoin(awaited, ", "),
-                                 " of generation ", regroup.generation, ": not back within ",
-                                 absl::FormatDuration(options_.RegroupWait()), " of its end"));
+  v1::JobEvent event =
+      Notice(regroup.generation,
+             absl::StrCat("stopped waiting for ", absl::StrJoin(awaited, ", "), " of generation ",
+                          regroup.generation, ": not back within ",
+                          absl::FormatDuration(options_.RegroupWait()), " of its end"));
   ZS_LOG(WARNING) << "job " << record.job.id() << ": " << event.message();
   AddEventLocked(record, std::move(event));
   *noticed = true;
@@ -1371,12 +1351,11 @@ absl::Status JobManager::BeginAdoptionLocked(JobRecord& record, const v1::Assign
   // The ring is connected already and needs no store; the namespace lets the generation use it
   // again (what it held before the restart is gone).
   rendezvous_->OpenNamespace(job.id(), job.generation());
-  v1::JobEvent event;
-  event.set_type(v1::NOTICE);
-  event.set_generation(job.generation());
-  event.set_message(absl::StrCat("coordinator restarted: adopting generation ", job.generation(),
-                                 " from its ", job.worker_ids_size(), " workers, which have ",
-                                 absl::FormatDuration(window), " to re-register"));
+  v1::JobEvent event =
+      Notice(job.generation(),
+             absl::StrCat("coordinator restarted: adopting generation ", job.generation(),
+                          " from its ", job.worker_ids_size(), " workers, which have ",
+                          absl::FormatDuration(window), " to re-register"));
   AddEventLocked(record, std::move(event));
   ZS_LOG(INFO) << "job " << job.id() << ": adopting generation " << job.generation() << " (workers "
                << absl::StrJoin(job.worker_ids(), ", ") << ") within " << window;

@@ -515,9 +515,6 @@ class JobManager {
   // the job changed.
   bool SetUnschedulableReasonLocked(JobRecord& record, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Gives `worker_id` a new secret (replacing its old one) and returns it.
-  std::string NewWorkerSecretLocked(const std::string& worker_id)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Makes sure the registry's next worker number lies in a block reserved in the durable store,
   // so worker ids never repeat across coordinator restarts.
   void ReserveWorkerNumbersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -556,8 +553,6 @@ class JobManager {
   int64_t next_job_number_ ABSL_GUARDED_BY(mu_) = 1;
   // PENDING jobs per non-empty submitter; a submitter with none has no entry.
   absl::flat_hash_map<std::string, int64_t> pending_jobs_by_submitter_ ABSL_GUARDED_BY(mu_);
-  // Worker numbers below this were reserved by this process (ReserveWorkerNumbersLocked).
-  int64_t reserved_worker_numbers_end_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace zeroshard::coordinator

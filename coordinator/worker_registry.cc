@@ -177,6 +177,17 @@ void WorkerRegistry::Assign(v1::WorkerInfo& worker, const v1::Assignment& assign
   }
 }
 
+void WorkerRegistry::UseNumberBlock(int64_t first, int64_t count) {
+  SkipToNumber(first);
+  reserved_end_ = first + count;
+}
+
+std::string WorkerRegistry::NewSecret(const std::string& worker_id) {
+  std::string secret = security::RandomSecret();
+  SetSecret(worker_id, security::Sha256(secret));
+  return secret;
+}
+
 void WorkerRegistry::SetSecret(const std::string& worker_id, const security::Sha256Digest& digest) {
   auto it = number_by_id_.find(worker_id);
   if (it == number_by_id_.end()) return;

@@ -49,6 +49,12 @@ class WorkerRegistry {
   int64_t next_number() const { return next_number_; }
   // Continues numbering at `number` (ignored unless it is above next_number()).
   void SkipToNumber(int64_t number) { next_number_ = std::max(next_number_, number); }
+  // Worker ids never repeat across coordinator restarts: the owner reserves blocks of numbers in
+  // its durable store and the registry numbers within them. Whether next_number() lies outside
+  // every block reserved so far (then the owner reserves one before registering).
+  bool NeedsNumberBlock() const { return next_number_ >= reserved_end_; }
+  // Numbers from the reserved block [first, first + count) from now on.
+  void UseNumberBlock(int64_t first, int64_t count);
 
   // Renews the lease of a live worker. NOT_FOUND for unknown, dead or departed ids (the worker
   // must register again).
@@ -85,6 +91,9 @@ class WorkerRegistry {
   // Worker secrets (docs/api.md, "Identities and roles"): only their SHA-256 is kept. Setting a
   // worker's secret replaces the one it had; a worker's secret goes with the worker.
   void SetSecret(const std::string& worker_id, const security::Sha256Digest& digest);
+  // Gives the worker a new random secret (replacing its old one) and returns it; the caller hands
+  // it to the worker, which proves itself with it from then on.
+  std::string NewSecret(const std::string& worker_id);
   // The worker's secret stops working (it registered again under another id).
   void RevokeSecret(const std::string& worker_id);
   // Whether `secret` is the secret of `worker_id` (known, live or not).
@@ -111,6 +120,8 @@ class WorkerRegistry {
 
   LeaseOptions options_;
   int64_t next_number_ = 1;
+  // Numbers below this lie in a block reserved by the owner (UseNumberBlock).
+  int64_t reserved_end_ = 0;
   // Ordered by registration number, so listings and scheduling are deterministic.
   std::map<int64_t, Entry> workers_;
   absl::flat_hash_map<std::string, int64_t> number_by_id_;

@@ -164,5 +164,30 @@ TEST(WorkerRegistryTest, LiveWorkersByNameTakesTheNewestLiveIdOfEachName) {
   EXPECT_TRUE(registry.LiveWorkersByName().empty());
 }
 
+TEST(WorkerRegistryTest, NewSecretReplacesTheOldOneAndProvesTheWorker) {
+  WorkerRegistry registry({absl::Seconds(1), 3});
+  const std::string a = registry.Register(Request("a"), kStart).id();
+  const std::string first = registry.NewSecret(a);
+  EXPECT_TRUE(registry.SecretMatches(a, first));
+  const std::string second = registry.NewSecret(a);
+  EXPECT_NE(first, second);
+  EXPECT_FALSE(registry.SecretMatches(a, first));
+  EXPECT_TRUE(registry.SecretMatches(a, second));
+  ASSERT_NE(registry.FindBySecret(second), nullptr);
+  EXPECT_EQ(registry.FindBySecret(second)->id(), a);
+}
+
+TEST(WorkerRegistryTest, NumbersComeFromTheReservedBlocks) {
+  WorkerRegistry registry({absl::Seconds(1), 3});
+  EXPECT_TRUE(registry.NeedsNumberBlock());
+  registry.UseNumberBlock(500, 2);
+  EXPECT_FALSE(registry.NeedsNumberBlock());
+  EXPECT_EQ(registry.next_number(), 500);
+  registry.Register(Request("a"), kStart);
+  EXPECT_FALSE(registry.NeedsNumberBlock());
+  registry.Register(Request("b"), kStart);
+  EXPECT_TRUE(registry.NeedsNumberBlock());
+}
+
 }  // namespace
 }  // namespace zeroshard::coordinator
