@@ -2,7 +2,6 @@
 #include "worker/daemon/engine_training_run.h"
 
 #include <sys/stat.h>
-#include <time.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -37,6 +36,7 @@
 #include "worker/daemon/engine_config.h"
 #include "worker/daemon/progress_reporter.h"
 #include "worker/daemon/rpc_retry.h"
+#include "worker/daemon/step_metrics.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/teacher_student_mlp.h"
 
@@ -80,99 +80,6 @@ class CommitFailures {
 bool LoadWasRefused(const absl::Status& status) {
   return absl::IsFailedPrecondition(status) || absl::IsDataLoss(status) ||
          absl::IsNotFound(status) || absl::IsInvalidArgument(status);
-}
-
-// Memory a run holds outside the engine's allocator, by owner.
-struct OutsideEngineMemory {
-  int64_t comm_staging_bytes = 0;        // the communicator's (CommunicatorStats::scratch_bytes)
-  int64_t workload_bytes = 0;            // Workload::BufferBytes
-  int64_t kernel_tables_bytes = 0;       // DeviceOps::KernelTableBytes
-  int64_t checkpoint_staging_bytes = 0;  // CheckpointWriter::staging_bytes
-};
-
-// Wall times of one iteration's parts, and the CPU time it used.
-struct IterationTimes {
-  absl::Duration compute;    // the workload's forward and backward
-  absl::Duration iteration;  // compute plus the engine's step
-  int64_t training_thread_cpu_ns = 0;
-  int64_t comm_thread_cpu_ns = 0;
-  int64_t process_cpu_ns = 0;
-};
-
-// Cumulative CPU time of `clock`, nanoseconds; 0 where the clock cannot be read.
-int64_t CpuNanoseconds(clockid_t clock) {
-  timespec time;
-  if (clock_gettime(clock, &time) != 0) return 0;
-  return int64_t{time.tv_sec} * 1000000000 + time.tv_nsec;
-}
-
-// CPU clocks read at one moment of the training thread.
-struct CpuClocks {
-  int64_t training_thread_ns = 0;
-  int64_t comm_thread_ns = 0;
-  int64_t process_ns = 0;
-
-  static CpuClocks Read(const comm::Communicator& communicator) {
-    CpuClocks clocks;
-    clocks.training_thread_ns = CpuNanoseconds(CLOCK_THREAD_CPUTIME_ID);
-    clocks.comm_thread_ns = communicator.stats().thread_cpu_ns;
-    clocks.process_ns = CpuNanoseconds(CLOCK_PROCESS_CPUTIME_ID);
-    return clocks;
-  }
-};
-
-// A clock that could not be read at one end reads 0 there: never report a negative time.
-double NanosecondsToMs(int64_t ns) { return static_cast<double>(std::max<int64_t>(0, ns)) / 1e6; }
-
-v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done,
-                           const IterationTimes& times, const OutsideEngineMemory& outside,
-                           int64_t vmrss_at_start_bytes) {
-  v1::StepMetrics metrics;
-  metrics.set_step(steps_done);
-  metrics.set_loss(result.global_loss);
-  metrics.set_step_ms(result.timings.step_ms);
-  metrics.set_comm_ms(result.timings.comm_ms);
-  metrics.set_exposed_comm_ms(result.timings.exposed_comm_ms);
-  metrics.set_update_ms(result.timings.update_ms);
-  metrics.set_allgather_ms(result.timings.allgather_ms);
-  metrics.set_param_wait_ms(result.timings.param_wait_ms);
-  metrics.set_grad_norm(result.grad_norm);
-  metrics.set_loss_scale(result.loss_scale);
-  metrics.set_skipped(result.skipped);
-  metrics.set_iteration_ms(absl::ToDoubleMilliseconds(times.iteration));
-  metrics.set_compute_ms(absl::ToDoubleMilliseconds(times.compute));
-  const absl::Span<const engine::BucketWait> waits = result.timings.bucket_waits;
-  if (waits.size() <= static_cast<size_t>(jobspec::kMaxReportedBuckets)) {
-    for (const engine::BucketWait& wait : waits) {
-      metrics.add_bucket_exposed_ms(wait.backward_ms + wait.step_ms);
-      metrics.add_bucket_exposed_in_backward_ms(wait.backward_ms);
-    }
-  }
-  metrics.set_compute_thread_cpu_ms(NanosecondsToMs(times.training_thread_cpu_ns));
-  metrics.set_comm_thread_cpu_ms(NanosecondsToMs(times.comm_thread_cpu_ns));
-  metrics.set_process_cpu_ms(NanosecondsToMs(times.process_cpu_ns));
-  v1::MemoryBreakdown& memory = *metrics.mutable_memory();
-  using engine::MemoryCategory;
-  memory.set_params_bytes(result.memory.of(MemoryCategory::kParams));
-  memory.set_grads_bytes(result.memory.of(MemoryCategory::kGrads));
-  memory.set_master_bytes(result.memory.of(MemoryCategory::kMaster));
-  memory.set_optimizer_state_bytes(result.memory.of(MemoryCategory::kOptimizerState));
-  memory.set_bucket_bytes(result.memory.of(MemoryCategory::kBuckets));
-  memory.set_comm_scratch_bytes(result.memory.of(MemoryCategory::kCommScratch));
-  memory.set_comm_staging_bytes(outside.comm_staging_bytes);
-  memory.set_workload_bytes(outside.workload_bytes);
-  memory.set_kernel_tables_bytes(outside.kernel_tables_bytes);
-  memory.set_checkpoint_staging_bytes(outside.checkpoint_staging_bytes);
-  memory.set_total_bytes(result.memory.total() + outside.comm_staging_bytes +
-                         outside.workload_bytes + outside.kernel_tables_bytes +
-                         outside.checkpoint_staging_bytes);
-  // Figures the kernel does not give (no procfs) stay 0 rather than failing the step.
-  if (absl::StatusOr<common::ProcessMemory> process = common::ReadProcessMemory(); process.ok()) {
-    metrics.set_vmhwm_bytes(process->vmhwm_bytes);
-    metrics.set_vmrss_bytes(process->vmrss_bytes);
-  }
-  metrics.set_vmrss_at_start_bytes(vmrss_at_start_bytes);
-  return metrics;
 }
 
 // Unless told the run succeeded, fails the communicator when destroyed (a failed communicator
