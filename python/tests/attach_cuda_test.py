@@ -1,7 +1,8 @@
 """CPU-only tests of the trainer's CUDA attach path (zeroshard._attach, zeroshard.torch): the
 __cuda_array_interface__ of a block view built on a fake pointer, the IPC handle a fake worker
 sends reaching cudaIpcOpenMemHandle's caller, and the errors when libcudart is missing or the
-parameters are on an unsupported device. No CUDA call is made."""
+parameters are on an unsupported device. No CUDA call is made. Runs under
+$ZEROSHARD_TRAINER_PYTHON when set (CI: the torch 2.x venv)."""
 
 import gc
 import os
@@ -13,6 +14,7 @@ import unittest
 
 import torch
 
+from cluster_support import run_under_trainer_python
 from zeroshard import _attach
 from zeroshard._proto.zeroshard.v1 import attach_pb2
 
@@ -183,4 +185,5 @@ class ParameterDeviceTest(unittest.TestCase):
 
 
 if __name__ == "__main__":
+    run_under_trainer_python()
     unittest.main()

@@ -10,12 +10,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 import unittest
 
 import zeroshard
-from cluster_support import runfiles_workspace, start_local_cluster, wait_until
+from cluster_support import (runfiles_workspace, start_local_cluster, trainer_python,
+                             trainer_torch, wait_until)
 from zeroshard._proto.zeroshard.v1 import job_pb2
 
 LEASE_S = 3.0
@@ -39,8 +39,9 @@ class Trainer:
         })
         script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attach_fault_script.py")
         self.log_path = os.path.join(log_dir, f"trainer-{rank}.log")
+        trainer_torch()
         with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen([sys.executable, "-u", script], env=env,
+            self.process = subprocess.Popen([trainer_python(), "-u", script], env=env,
                                             stdout=log, stderr=subprocess.STDOUT)
 
     def read(self):

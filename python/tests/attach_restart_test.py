@@ -10,11 +10,11 @@ import os
 import shutil
 import struct
 import subprocess
-import sys
 import unittest
 
 import zeroshard
-from cluster_support import runfiles_workspace, start_local_cluster, wait_until
+from cluster_support import (runfiles_workspace, start_local_cluster, trainer_python,
+                             trainer_torch, wait_until)
 from zeroshard._proto.zeroshard.v1 import job_pb2
 
 SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attach_restart_script.py")
@@ -59,8 +59,9 @@ class AttachRestartTest(unittest.TestCase):
         env["ZEROSHARD_COORDINATOR"] = self.cluster.address
         env["PYTHONPATH"] = os.path.join(runfiles_workspace(), "python")
         env["OMP_NUM_THREADS"] = "1"
+        trainer_torch()
         result = subprocess.run(
-            [sys.executable, "-m", "zeroshard.launch", "--workers", "2", SCRIPT, "--steps",
+            [trainer_python(), "-m", "zeroshard.launch", "--workers", "2", SCRIPT, "--steps",
              str(STEPS), "--checkpoint_every", str(CHECKPOINT_EVERY), "--out", out,
              *script_args],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)

@@ -5,17 +5,53 @@ says what it trains), also in zero2 with one bucket buffer per worker and small 
 deferred while a reduction holds the buffer), zero2 leaves no .grad after any backward, parameters
 used twice (tied weights) train like torch's, bad input raises an exception naming the
 parameter (attach_bad_input_script.py), and a trainer cannot map what the protocol did not name
-nor truncate its worker's blocks, nor join a same-named job (issue 25).
+nor truncate its worker's blocks, nor join a same-named job (issue 25). The trainers run under
+$ZEROSHARD_TRAINER_PYTHON when set (CI: the torch 2.x venv), which TrainerTorchTest checks.
 """
 
 import json
 import os
 import unittest
 
-from cluster_support import launch, runfiles_workspace
+import torch
+
+from cluster_support import (TRAINER_PYTHON_ENV, launch, runfiles_workspace, trainer_python,
+                             trainer_torch)
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class TrainerTorchTest(unittest.TestCase):
+    """The trainers run the torch of trainer_python() (with $ZEROSHARD_TRAINER_PYTHON: a 2.x of
+    that venv's own; else Debian's 1.13, as this test), and zeroshard.torch takes that torch's
+    paths: its gradient hook, and its zero_grad default against torch.optim's
+    (attach_torch_version_script.py)."""
+
+    def test_trainers_run_the_expected_torch(self):
+        status, out = launch(2, os.path.join(HERE, "attach_torch_version_script.py"))
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for line in lines:
+            print(json.dumps(line))
+        self.assertEqual(sorted((line["rank"], line["mode"]) for line in lines),
+                         [(rank, mode) for rank in (0, 1) for mode in ("ddp", "zero1", "zero2")],
+                         out)
+        version, location, prefix = trainer_torch()
+        major = int(version.split(".")[0])
+        if os.environ.get(TRAINER_PYTHON_ENV):
+            self.assertGreaterEqual(major, 2, version)
+        else:
+            self.assertEqual(version, torch.__version__)
+        for line in lines:
+            self.assertEqual(line["executable"], trainer_python(), line)
+            self.assertEqual((line["torch"], line["torch_file"], line["prefix"]),
+                             (version, location, prefix), line)
+            self.assertEqual(line["gradient_hook"], "post_accumulate_grad_hook" if major >= 2
+                             else "AccumulateGrad node", line)
+            # torch 2.x's zero_grad sets .grad to None by default, 1.13's zeroes it.
+            self.assertEqual(line["torch_after_zero_grad"], ["none"] if major >= 2 else ["zeros"])
+            self.assertTrue(line["ok"], line)
+        self.assertEqual(status, 0, out)
 
 
 class AttachEquivalenceTest(unittest.TestCase):

@@ -16,7 +16,7 @@ import unittest
 
 import torch
 
-from cluster_support import launch, runfiles_workspace
+from cluster_support import launch, runfiles_workspace, trainer_python
 
 WORKERS = 2
 LOSS_RATIO = 0.7  # issue 13: mean of the last 10 steps <= 0.7 x the mean of the first 10
@@ -61,7 +61,7 @@ class CharTransformerExampleTest(unittest.TestCase):
         self.assertEqual(self.status, 0, self.out)
         sample_path = os.path.join(self.directory, "sample.txt")
         result = subprocess.run(
-            [sys.executable, os.path.join(EXAMPLES, "torch_char_sample.py"), self.model_path,
+            [trainer_python(), os.path.join(EXAMPLES, "torch_char_sample.py"), self.model_path,
              "--length", str(SAMPLE_LENGTH), "--prompt", PROMPT, "--out", sample_path],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
         self.assertEqual(result.returncode, 0, result.stderr)

@@ -1,15 +1,69 @@
 """What the tests that run real local clusters share: the runfiles' workspace (binaries,
 deploy/local/cluster.py, python/), deploy/local/cluster.py as a module, polling with a deadline,
-and running a script under `python3 -m zeroshard.launch` on a fresh cluster.
+and running a script under `python3 -m zeroshard.launch` on a fresh cluster. The trainers run
+under trainer_python(): $ZEROSHARD_TRAINER_PYTHON (CI sets the torch 2.x venv's interpreter,
+tools/make_torch_venv.sh), else the test's own interpreter (Debian's, torch 1.13).
 """
 
+import functools
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+
+
+# The interpreter the trainers run under, when it is not the test's own, and the torch version
+# it must import (.ci/run sets both; the version also keeps Bazel from reusing results cached
+# under another torch).
+TRAINER_PYTHON_ENV = "ZEROSHARD_TRAINER_PYTHON"
+TRAINER_TORCH_ENV = "ZEROSHARD_TRAINER_TORCH"
+
+
+def trainer_python():
+    """The interpreter that runs `-m zeroshard.launch` and so the trainers (the launcher starts
+    them with its own interpreter): $ZEROSHARD_TRAINER_PYTHON, else this test's."""
+    return os.environ.get(TRAINER_PYTHON_ENV) or sys.executable
+
+
+@functools.lru_cache(maxsize=None)
+def trainer_torch():
+    """(torch.__version__, torch.__file__, sys.prefix) as trainer_python() imports them with the
+    package on its path. With $ZEROSHARD_TRAINER_PYTHON set, its torch must be 2.x and its own
+    (not Debian's 1.13 through the system packages): else every run would quietly test 1.13;
+    with $ZEROSHARD_TRAINER_TORCH set, exactly that version (a local suffix, +cu132, aside)."""
+    env = dict(os.environ, PYTHONPATH=os.path.join(runfiles_workspace(), "python"))
+    result = subprocess.run(
+        [trainer_python(), "-c", "import json, sys, torch, zeroshard.torch; "
+         "print(json.dumps([torch.__version__, torch.__file__, sys.prefix]))"],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=300)
+    if result.returncode != 0:
+        raise AssertionError(f"{trainer_python()} cannot import torch and zeroshard.torch:\n"
+                             + result.stderr[-3000:])
+    version, location, prefix = json.loads(result.stdout.splitlines()[-1])
+    if os.environ.get(TRAINER_PYTHON_ENV):
+        if int(version.split(".")[0]) < 2 or not location.startswith(prefix + os.sep):
+            raise AssertionError(f"${TRAINER_PYTHON_ENV}={trainer_python()} imports torch "
+                                 f"{version} from {location}, not a torch 2.x of its own")
+    expected = os.environ.get(TRAINER_TORCH_ENV)
+    if expected and version.split("+")[0] != expected:
+        raise AssertionError(f"{trainer_python()} imports torch {version}, not "
+                             f"${TRAINER_TORCH_ENV}={expected}")
+    return version, location, prefix
+
+
+def run_under_trainer_python():
+    """For a test of the trainer side that runs in its own process (no cluster): re-executes
+    the test under trainer_python() when that is another interpreter, so that it runs that
+    torch; the environment (PYTHONPATH, Bazel's variables) carries over."""
+    if trainer_python() != sys.executable:
+        version, location, _ = trainer_torch()
+        print(f"{os.path.basename(sys.argv[0])}: re-executed under {trainer_python()} (torch "
+              f"{version} from {location})", flush=True)
+        os.execv(trainer_python(), [trainer_python(), *sys.argv])
 
 
 def runfiles_workspace():
@@ -67,9 +121,11 @@ def run_with_cluster_flags(program, arguments, timeout_s=600):
 
 def launch(workers, script, *script_args, timeout_s=600, launcher_args=()):
     """Runs `script` under zeroshard.launch (with `launcher_args`, e.g. --worker_flag=...) on a
-    fresh local cluster of `workers`; (exit status, stdout)."""
+    fresh local cluster of `workers`, the trainers under trainer_python(); (exit status,
+    stdout)."""
+    trainer_torch()
     result = run_with_cluster_flags(
-        [sys.executable, "-m", "zeroshard.launch", "--workers", str(workers), *launcher_args],
+        [trainer_python(), "-m", "zeroshard.launch", "--workers", str(workers), *launcher_args],
         [script, *script_args], timeout_s)
     return result.returncode, result.stdout
 
