@@ -37,6 +37,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
 #include "http/http_test_client.h"
+#include "jobspec/job_plan.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::coordinator {
@@ -632,6 +633,11 @@ TEST_F(CoordinatorServiceTest, AttachedJobRunsOnItsPinnedWorkersWithTheirSockets
   }
   EXPECT_EQ(elements, 10 + 10 * 32 + 1 + 100 * 32);
   EXPECT_EQ(plan.model_elems(), elements);
+  // It carries the ZeRO formula of the job's mode at its W (jobspec::ModelStateFormulaForJob).
+  const v1::ModelStateFormula expected_formula =
+      jobspec::ModelStateFormulaForJob(job.spec(), plan.world_size(), plan.model_elems());
+  EXPECT_EQ(plan.model_state_formula().SerializeAsString(), expected_formula.SerializeAsString());
+  EXPECT_EQ(plan.model_state_formula().parameters(), elements);
 
   // ListWorkers shows each worker's socket.
   {

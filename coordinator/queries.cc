@@ -11,6 +11,7 @@
 #include "coordinator/ids.h"
 #include "coordinator/page_token.h"
 #include "coordinator/request_validation.h"
+#include "jobspec/job_plan.h"
 
 namespace zeroshard::coordinator {
 namespace {
@@ -96,7 +97,12 @@ absl::StatusOr<v1::Job> GetJob(JobManager& manager, const v1::GetJobRequest& req
 absl::StatusOr<v1::ShardPlan> GetShardPlan(JobManager& manager,
                                            const v1::GetShardPlanRequest& request) {
   ZS_RETURN_IF_ERROR(ValidateGetShardPlanRequest(request));
-  return manager.GetShardPlan(request);
+  ZS_ASSIGN_OR_RETURN(v1::ShardPlan plan, manager.GetShardPlan(request));
+  // The spec never changes: the formula is the plan's job's at the plan's W.
+  ZS_ASSIGN_OR_RETURN(const v1::Job job, manager.GetJob(request.job_id()));
+  *plan.mutable_model_state_formula() =
+      jobspec::ModelStateFormulaForJob(job.spec(), plan.world_size(), plan.model_elems());
+  return plan;
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> ListJobEvents(JobManager& manager,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "sharding/model_catalog.h"
+#include "sharding/zero_formula.h"
 
 namespace zeroshard::jobspec {
 
@@ -158,6 +159,75 @@ absl::StatusOr<v1::ShardPlan> PlanToProto(const sharding::ShardPlan& plan, int64
     }
   }
   return out;
+}
+
+namespace {
+
+int DTypeBytes(v1::DType dtype, int unset) {
+  switch (dtype) {
+    case v1::FLOAT32:
+      return 4;
+    case v1::BFLOAT16:
+    case v1::FLOAT16:
+      return 2;
+    case v1::FLOAT64:
+      return 8;
+    default:
+      return unset;
+  }
+}
+
+// K: the fp32 state arrays torch.optim keeps per parameter.
+int OptimizerStateCopies(const v1::OptimizerSpec& optimizer) {
+  switch (optimizer.kind()) {
+    case v1::ADAM:
+    case v1::ADAMW:
+      return optimizer.amsgrad() ? 3 : 2;
+    case v1::SGD:
+      return optimizer.momentum() > 0 ? 1 : 0;
+    case v1::ADAGRAD:
+    case v1::LION:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+sharding::ZeroStage StageOf(v1::Mode mode) {
+  switch (mode) {
+    case v1::ZERO1:
+      return sharding::ZeroStage::kZero1;
+    case v1::ZERO2:
+      return sharding::ZeroStage::kZero2;
+    case v1::ZERO3:
+      return sharding::ZeroStage::kZero3;
+    default:
+      return sharding::ZeroStage::kDdp;
+  }
+}
+
+}  // namespace
+
+v1::ModelStateFormula ModelStateFormulaForJob(const v1::JobSpec& spec, int64_t world_size,
+                                              int64_t parameters) {
+  sharding::ZeroFormulaInputs inputs;
+  inputs.stage = StageOf(spec.mode());
+  inputs.world_size = world_size;
+  inputs.parameters = parameters;
+  inputs.param_bytes = DTypeBytes(spec.precision().param_dtype(), 4);
+  inputs.grad_bytes = DTypeBytes(spec.precision().grad_dtype(), inputs.param_bytes);
+  inputs.optimizer_state_copies = OptimizerStateCopies(spec.optimizer());
+  const sharding::ModelStateBytes bytes = sharding::ZeroFormulaBytes(inputs);
+  v1::ModelStateFormula formula;
+  formula.set_parameters(parameters);
+  formula.set_param_bytes(inputs.param_bytes);
+  formula.set_grad_bytes(inputs.grad_bytes);
+  formula.set_optimizer_state_copies(inputs.optimizer_state_copies);
+  formula.set_params_bytes(bytes.params);
+  formula.set_grads_bytes(bytes.grads);
+  formula.set_master_bytes(bytes.master);
+  formula.set_optimizer_state_bytes(bytes.optimizer_state);
+  return formula;
 }
 
 }  // namespace zeroshard::jobspec

@@ -43,6 +43,13 @@ absl::StatusOr<sharding::ShardPlan> PlanForJob(const v1::JobSpec& spec, int64_t 
 absl::StatusOr<v1::ShardPlan> PlanToProto(const sharding::ShardPlan& plan, int64_t rank,
                                           bool include_layout);
 
+// The ZeRO formula's model-state bytes per rank (sharding/zero_formula.h) for `spec`'s mode,
+// precision and optimizer at `world_size` ranks and `parameters` (Ψ) parameters: what
+// GetShardPlan serves as ShardPlan.model_state_formula. Unset fields count as their defaults
+// (DDP, FLOAT32 parameters, gradients in the parameters' dtype).
+v1::ModelStateFormula ModelStateFormulaForJob(const v1::JobSpec& spec, int64_t world_size,
+                                              int64_t parameters);
+
 }  // namespace zeroshard::jobspec
 
 #endif  // ZEROSHARD_JOBSPEC_JOB_PLAN_H_

@@ -249,5 +249,37 @@ TEST(JobPlanTest, GroupsByIndexAndByPattern) {
             (std::vector<int>{0, 1, 0, -1}));
 }
 
+TEST(JobPlanTest, ModelStateFormulaFollowsTheSpecsModePrecisionAndOptimizer) {
+  v1::JobSpec spec;
+  spec.set_mode(v1::ZERO2);
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  const v1::ModelStateFormula fp32 = ModelStateFormulaForJob(spec, 4, 1000);
+  EXPECT_EQ(fp32.parameters(), 1000);
+  EXPECT_EQ(fp32.param_bytes(), 4);
+  EXPECT_EQ(fp32.grad_bytes(), 4);
+  EXPECT_EQ(fp32.optimizer_state_copies(), 2);
+  EXPECT_EQ(fp32.params_bytes(), 4000);
+  EXPECT_EQ(fp32.grads_bytes(), 1000);
+  EXPECT_EQ(fp32.master_bytes(), 0);
+  EXPECT_EQ(fp32.optimizer_state_bytes(), 2000);
+
+  spec.set_mode(v1::DDP);
+  spec.mutable_precision()->set_param_dtype(v1::BFLOAT16);
+  spec.mutable_optimizer()->set_amsgrad(true);
+  const v1::ModelStateFormula bf16 = ModelStateFormulaForJob(spec, 4, 1000);
+  EXPECT_EQ(bf16.param_bytes(), 2);
+  EXPECT_EQ(bf16.grad_bytes(), 2);  // unset: the parameters' dtype
+  EXPECT_EQ(bf16.optimizer_state_copies(), 3);
+  EXPECT_EQ(bf16.master_bytes(), 4000);
+  EXPECT_EQ(bf16.optimizer_state_bytes(), 12000);
+
+  v1::JobSpec sgd;
+  sgd.mutable_optimizer()->set_kind(v1::SGD);
+  EXPECT_EQ(ModelStateFormulaForJob(sgd, 2, 10).optimizer_state_copies(), 0);
+  sgd.mutable_optimizer()->set_momentum(0.9);
+  sgd.set_mode(v1::ZERO1);
+  EXPECT_EQ(ModelStateFormulaForJob(sgd, 2, 10).optimizer_state_bytes(), 20);
+}
+
 }  // namespace
 }  // namespace zeroshard::jobspec
