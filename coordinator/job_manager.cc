@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "coordinator/job_state_table.h"
 #include "coordinator/recovery_rules.h"
+#include "coordinator/scheduler.h"
 #include "google/protobuf/util/time_util.h"
 #include "jobspec/job_plan.h"
 #include "jobspec/job_spec_defaults.h"
@@ -68,6 +69,14 @@ bool IsFinal(v1::JobState state) {
 
 bool IsPending(v1::JobState state) { return state == v1::PENDING || state == v1::RECOVERING; }
 
+// A worker-role call without the worker secret RegisterWorker returned.
+absl::Status NoWorkerSecretSent() {
+  return absl::PermissionDeniedError(absl::StrCat(
+      "worker secret: none sent; the worker role must send the secret RegisterWorker returned "
+      "(metadata ",
+      security::kWorkerSecretKey, ")"));
+}
+
 v1::Assignment IdleAssignment() {
   v1::Assignment assignment;
   assignment.set_kind(v1::ASSIGNMENT_IDLE);
@@ -77,41 +86,6 @@ v1::Assignment IdleAssignment() {
 // The socket a rank's trainer attaches to: its worker's own, for an attached job.
 std::string AttachSocketFor(const v1::JobSpec& spec, const v1::WorkerInfo& worker) {
   return spec.workload().has_attached() ? worker.attach_socket() : std::string();
-}
-
-// The worker of each rank of an attached job, by id ("" where no live worker has the rank's
-// name yet: the job waits for it). FAILED_PRECONDITION when a pinned worker is live but cannot
-// run its rank (no attach socket, or another device kind): waiting would not change that, since
-// a worker states both when it registers.
-absl::StatusOr<std::vector<std::string>> PinnedWorkerIds(
-    const v1::JobSpec& spec,
-    const absl::flat_hash_map<std::string, const v1::WorkerInfo*>& live_by_name) {
-  const v1::AttachedModel& attached = spec.workload().attached();
-  std::vector<std::string> ids;
-  ids.reserve(attached.workers_size());
-  for (int rank = 0; rank < attached.workers_size(); ++rank) {
-    const auto it = live_by_name.find(attached.workers(rank));
-    if (it == live_by_name.end()) {
-      ids.emplace_back();
-      continue;
-    }
-    const v1::WorkerInfo& worker = *it->second;
-    const std::string which = absl::StrCat("workload.attached.workers[", rank, "]: worker ",
-                                           worker.name(), " (", worker.id(), ")");
-    if (worker.attach_socket().empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(which,
-                       " registered without an attach_socket, so no trainer can attach "
-                       "to it"));
-    }
-    if (worker.device_kind() != spec.device_kind()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          which, " is a ", v1::DeviceKind_Name(worker.device_kind()),
-          " worker; the job's device_kind is ", v1::DeviceKind_Name(spec.device_kind())));
-    }
-    ids.push_back(worker.id());
-  }
-  return ids;
 }
 
 }  // namespace
@@ -307,67 +281,39 @@ absl::Status JobManager::CheckNameNotReservedLocked(const v1::RegisterWorkerRequ
 }
 
 absl::Status JobManager::CheckWorkerSecret(const std::string& worker_id, absl::string_view secret) {
-  if (secret.empty()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "worker secret: none sent; the worker role must send the secret RegisterWorker returned "
-        "(metadata ",
-        security::kWorkerSecretKey, ")"));
-  }
+  if (secret.empty()) return NoWorkerSecretSent();
   absl::MutexLock lock(&mu_);
-  if (workers_.Find(worker_id) == nullptr) {
-    // A rank of a generation being adopted calls before its daemon re-registered (rank 0's
-    // reports, a checkpoint commit): it proves the rank with the secret stored for it, and is
-    // served as it would be without tokens.
-    const security::Sha256Digest digest = security::Sha256(secret);
-    if (FindUnadoptedRankLocked([&](const RankIdentity& identity) {
-          return identity.worker_id == worker_id && identity.secret_sha256 == digest;
-        }) != nullptr) {
-      return absl::OkStatus();
-    }
-    // Not a refusal: a restarted coordinator does not know the worker yet, which registers
-    // again with its id and secret as proof (or a worker forgotten after its retention).
-    return absl::NotFoundError(
-        absl::StrCat("worker_id: ", common::EscapeForLog(worker_id.substr(0, 64)),
-                     " is not registered; register again"));
+  const absl::Status checked = workers_.CheckSecret(worker_id, secret);
+  if (!absl::IsNotFound(checked)) return checked;
+  // A rank of a generation being adopted calls before its daemon re-registered (rank 0's
+  // reports, a checkpoint commit): it proves the rank with the secret stored for it, and is
+  // served as it would be without tokens.
+  const security::Sha256Digest digest = security::Sha256(secret);
+  if (FindUnadoptedRankLocked([&](const RankIdentity& identity) {
+        return identity.worker_id == worker_id && identity.secret_sha256 == digest;
+      }) != nullptr) {
+    return absl::OkStatus();
   }
-  if (!workers_.SecretMatches(worker_id, secret)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "worker secret: not the one RegisterWorker gave worker_id ",
-        common::EscapeForLog(worker_id.substr(0, 64)), " (or that registration was replaced)"));
-  }
-  return absl::OkStatus();
+  // Not a refusal: a restarted coordinator does not know the worker yet, which registers
+  // again with its id and secret as proof (or a worker forgotten after its retention).
+  return checked;
 }
 
 absl::Status JobManager::CheckStoreSecret(absl::string_view secret, const std::string& job_id,
                                           int64_t generation) {
-  if (secret.empty()) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "worker secret: none sent; the worker role must send the secret RegisterWorker returned "
-        "(metadata ",
-        security::kWorkerSecretKey, ")"));
-  }
+  if (secret.empty()) return NoWorkerSecretSent();
   absl::MutexLock lock(&mu_);
-  const v1::WorkerInfo* worker = workers_.FindBySecret(secret);
-  if (worker == nullptr) {
-    // As in CheckWorkerSecret: a rank being adopted, before its daemon re-registered.
-    const security::Sha256Digest digest = security::Sha256(secret);
-    if (FindUnadoptedRankLocked([&](const RankIdentity& identity) {
-          return identity.secret_sha256 == digest && identity.job_id == job_id &&
-                 identity.generation == generation;
-        }) != nullptr) {
-      return absl::OkStatus();
-    }
-    return absl::PermissionDeniedError(
-        "worker secret: not one RegisterWorker gave a current registration");
+  const absl::Status checked = workers_.CheckSecretRuns(secret, job_id, generation);
+  if (!absl::IsNotFound(checked)) return checked;
+  // As in CheckWorkerSecret: a rank being adopted, before its daemon re-registered.
+  const security::Sha256Digest digest = security::Sha256(secret);
+  if (FindUnadoptedRankLocked([&](const RankIdentity& identity) {
+        return identity.secret_sha256 == digest && identity.job_id == job_id &&
+               identity.generation == generation;
+      }) != nullptr) {
+    return absl::OkStatus();
   }
-  const v1::Assignment& assignment = worker->assignment();
-  if (worker->state() != v1::BUSY || assignment.kind() != v1::ASSIGNMENT_RUN ||
-      assignment.job_id() != job_id || assignment.generation() != generation) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "worker ", worker->id(), " is not assigned to ", common::EscapeForLog(job_id.substr(0, 64)),
-        " generation ", generation, ", so it may not use that generation's store"));
-  }
-  return absl::OkStatus();
+  return absl::PermissionDeniedError(checked.message());
 }
 
 absl::StatusOr<v1::HeartbeatResponse> JobManager::Heartbeat(const v1::HeartbeatRequest& request) {

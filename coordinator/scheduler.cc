@@ -193,4 +193,35 @@ ScheduleResult Schedule(const std::vector<PendingJob>& pending,
   return result;
 }
 
+absl::StatusOr<std::vector<std::string>> PinnedWorkerIds(
+    const v1::JobSpec& spec,
+    const absl::flat_hash_map<std::string, const v1::WorkerInfo*>& live_by_name) {
+  const v1::AttachedModel& attached = spec.workload().attached();
+  std::vector<std::string> ids;
+  ids.reserve(attached.workers_size());
+  for (int rank = 0; rank < attached.workers_size(); ++rank) {
+    const auto it = live_by_name.find(attached.workers(rank));
+    if (it == live_by_name.end()) {
+      ids.emplace_back();
+      continue;
+    }
+    const v1::WorkerInfo& worker = *it->second;
+    const std::string which = absl::StrCat("workload.attached.workers[", rank, "]: worker ",
+                                           worker.name(), " (", worker.id(), ")");
+    if (worker.attach_socket().empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(which,
+                       " registered without an attach_socket, so no trainer can attach "
+                       "to it"));
+    }
+    if (worker.device_kind() != spec.device_kind()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          which, " is a ", v1::DeviceKind_Name(worker.device_kind()),
+          " worker; the job's device_kind is ", v1::DeviceKind_Name(spec.device_kind())));
+    }
+    ids.push_back(worker.id());
+  }
+  return ids;
+}
+
 }  // namespace zeroshard::coordinator

@@ -12,8 +12,12 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "zeroshard/v1/job.pb.h"
 #include "zeroshard/v1/types.pb.h"
+#include "zeroshard/v1/worker.pb.h"
 
 namespace zeroshard::coordinator {
 
@@ -101,6 +105,15 @@ ScheduleResult Schedule(const std::vector<PendingJob>& pending,
                         const std::vector<FreeWorker>& free_workers,
                         const LiveWorkerCounts& live_workers, absl::Time now,
                         const SchedulerOptions& options = {});
+
+// The worker of each rank of an attached job (spec.workload.attached), by id, from the live
+// workers by name ("" where no live worker has the rank's name yet: the job waits for it).
+// FAILED_PRECONDITION when a pinned worker is live but cannot run its rank (no attach socket, or
+// another device kind): waiting would not change that, since a worker states both when it
+// registers.
+absl::StatusOr<std::vector<std::string>> PinnedWorkerIds(
+    const v1::JobSpec& spec,
+    const absl::flat_hash_map<std::string, const v1::WorkerInfo*>& live_by_name);
 
 }  // namespace zeroshard::coordinator
 

@@ -416,5 +416,30 @@ TEST(SchedulerTest, SchedulesAThousandWorkerJob) {
   EXPECT_EQ(placements[0].worker_ids.size(), 1024u);
 }
 
+TEST(PinnedWorkerIdsTest, EachRankGetsItsNamedLiveWorkerOrWaits) {
+  v1::JobSpec spec;
+  spec.set_device_kind(v1::CPU);
+  spec.mutable_workload()->mutable_attached()->add_workers("t0");
+  spec.mutable_workload()->mutable_attached()->add_workers("t1");
+  v1::WorkerInfo t0;
+  t0.set_id("worker-000007");
+  t0.set_name("t0");
+  t0.set_device_kind(v1::CPU);
+  t0.set_attach_socket("/run/t0.sock");
+  absl::flat_hash_map<std::string, const v1::WorkerInfo*> live = {{"t0", &t0}};
+  absl::StatusOr<std::vector<std::string>> ids = PinnedWorkerIds(spec, live);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(*ids, (std::vector<std::string>{"worker-000007", ""}));
+  t0.clear_attach_socket();
+  EXPECT_TRUE(absl::IsFailedPrecondition(PinnedWorkerIds(spec, live).status()));
+  t0.set_attach_socket("/run/t0.sock");
+  t0.set_device_kind(v1::CUDA);
+  const absl::Status kind = PinnedWorkerIds(spec, live).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(kind));
+  EXPECT_EQ(kind.message(),
+            "workload.attached.workers[0]: worker t0 (worker-000007) is a CUDA worker; the job's "
+            "device_kind is CPU");
+}
+
 }  // namespace
 }  // namespace zeroshard::coordinator

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/log_escape.h"
 #include "coordinator/ids.h"
 #include "google/protobuf/util/time_util.h"
 
@@ -186,6 +187,37 @@ std::string WorkerRegistry::NewSecret(const std::string& worker_id) {
   std::string secret = security::RandomSecret();
   SetSecret(worker_id, security::Sha256(secret));
   return secret;
+}
+
+absl::Status WorkerRegistry::CheckSecret(const std::string& worker_id,
+                                         absl::string_view secret) const {
+  if (Find(worker_id) == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("worker_id: ", common::EscapeForLog(worker_id.substr(0, 64)),
+                     " is not registered; register again"));
+  }
+  if (!SecretMatches(worker_id, secret)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker secret: not the one RegisterWorker gave worker_id ",
+        common::EscapeForLog(worker_id.substr(0, 64)), " (or that registration was replaced)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::CheckSecretRuns(absl::string_view secret, const std::string& job_id,
+                                             int64_t generation) const {
+  const v1::WorkerInfo* worker = FindBySecret(secret);
+  if (worker == nullptr) {
+    return absl::NotFoundError("worker secret: not one RegisterWorker gave a current registration");
+  }
+  const v1::Assignment& assignment = worker->assignment();
+  if (worker->state() != v1::BUSY || assignment.kind() != v1::ASSIGNMENT_RUN ||
+      assignment.job_id() != job_id || assignment.generation() != generation) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "worker ", worker->id(), " is not assigned to ", common::EscapeForLog(job_id.substr(0, 64)),
+        " generation ", generation, ", so it may not use that generation's store"));
+  }
+  return absl::OkStatus();
 }
 
 void WorkerRegistry::SetSecret(const std::string& worker_id, const security::Sha256Digest& digest) {

@@ -98,6 +98,14 @@ class WorkerRegistry {
   void RevokeSecret(const std::string& worker_id);
   // Whether `secret` is the secret of `worker_id` (known, live or not).
   bool SecretMatches(const std::string& worker_id, absl::string_view secret) const;
+  // OK when `secret` is the secret of the registered worker `worker_id`; NOT_FOUND when no
+  // registration has that id (it registers again), PERMISSION_DENIED when the secret is not its.
+  absl::Status CheckSecret(const std::string& worker_id, absl::string_view secret) const;
+  // OK when `secret` is the secret of a worker that runs (RUN, BUSY) `generation` of `job_id`;
+  // NOT_FOUND when no registration has that secret, PERMISSION_DENIED when its worker runs
+  // something else.
+  absl::Status CheckSecretRuns(absl::string_view secret, const std::string& job_id,
+                               int64_t generation) const;
   // The worker whose secret `secret` is, or nullptr.
   const v1::WorkerInfo* FindBySecret(absl::string_view secret) const;
   // The SHA-256 of the worker's secret; nullopt for unknown ids and workers without one.
