@@ -207,9 +207,17 @@ struct ManagerStats {
 // a rank, presenting that rank's secret, adopts it; while a generation is being adopted, the
 // names of its ranks not back yet are reserved for them.
 //
+// Collaborators, called downward only: JobStore (durable state), JobEventLog (events, their
+// sequence numbers and watchers), WorkerRegistry (membership, leases, secrets, id blocks), the
+// pure rules of scheduler.h (placement) and recovery_rules.h (adoption, regrouping), and
+// CheckpointCommitter (everything on the checkpoint root). The manager keeps the lock, the job
+// records, the state machine and the orchestration between them.
+//
 // Thread-safe: every public method takes the one mutex, so each is atomic with respect to the
-// others. Inputs must already be validated for shape (coordinator/request_validation.h); the
-// manager checks them against state (ids, generations, ranks) and validates job specs itself.
+// others (CommitCheckpoint and RewindJob release it for their work on the checkpoint root, which
+// runs under the job's volume mutex; see CheckpointCommitter). Inputs must already be validated for
+// shape (coordinator/request_validation.h); the manager checks them against state (ids,
+// generations, ranks) and validates job specs itself.
 class JobManager {
  public:
   // Loads the durable state. Jobs that were RUNNING when the coordinator stopped are adopted
