@@ -137,7 +137,8 @@ Commands:
   watch JOB_ID                 follow a job's progress until it ends
   cancel JOB_ID [--reason=R]   cancel a job
   workers [--state=S]          list workers
-  plan JOB_ID                  show the shard map (the running generation, or an ended job's last)
+  plan JOB_ID [--output=json]  show the shard map (the running generation, or an ended job's last);
+                               json: rank 0's plan with the ZeRO formula's bytes per rank
   export JOB_ID --output=PATH|- [--step=N]
                                write the job's final weights (or checkpoint N's; an attached
                                job's latest checkpoint) as fp32 safetensors that torch loads,
@@ -319,14 +320,16 @@ absl::StatusOr<v1::JobSpec> SpecFromArgs(const std::vector<char*>& args) {
   return spec;
 }
 
-void PrintJobJson(const v1::Job& job) {
+void PrintJson(const google::protobuf::Message& message) {
   std::string json;
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
   options.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(job, &json, options);
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
   std::cout << json;
 }
+
+void PrintJobJson(const v1::Job& job) { PrintJson(job); }
 
 // Jobs from a coordinator that authenticates no one (or from before submitters were recorded)
 // have none.
@@ -562,6 +565,11 @@ int Run(std::vector<char*> args) {
     absl::StatusOr<v1::ShardPlan> plan =
         client.GetShardPlan(*id, /*generation=*/0, /*rank=*/0, /*include_layout=*/true);
     if (!plan.ok()) return Fail(plan.status());
+    // Scripts (tools/demo.py, tools/compare.py) read rank 0's view, with the ZeRO formula.
+    if (absl::GetFlag(FLAGS_output) == "json") {
+      PrintJson(*plan);
+      return 0;
+    }
     std::vector<v1::ShardPlan> ranks = {*plan};
     // The other ranks' views come from rank 0's generation: if the job moved on meanwhile, the
     // coordinator refuses (FAILED_PRECONDITION) rather than mixing two generations' maps.

@@ -80,15 +80,18 @@ def param_count(layers):
     return sum(layers[i] * layers[i + 1] + layers[i + 1] for i in range(len(layers) - 1))
 
 
-def formula_bytes(variant, params, world_size):
-    """The ZeRO paper's per-rank bytes for fp32 AdamW without a master copy: parameters, gradients
-    and optimizer state, the sharded ones divided by W. torch's ZeroRedundancyOptimizer shards
-    the optimizer state only, as zero1."""
-    sharded_state = variant in ("torch_zero", "zeroshard_zero1", "zeroshard_zero2")
-    sharded_grads = variant == "zeroshard_zero2"
-    grads = FP32 * params / (world_size if sharded_grads else 1)
-    state = ADAM_STATE_BYTES * params / (world_size if sharded_state else 1)
-    return int(FP32 * params + grads + state)
+# The ZeroShard run whose plan's ZeRO formula a torch variant shares (same model, optimizer and
+# W): torch's ZeroRedundancyOptimizer shards the optimizer state only, as zero1.
+FORMULA_OF_TORCH_VARIANT = {"torch_ddp": "zeroshard_ddp", "torch_zero": "zeroshard_zero1"}
+
+
+def formula_bytes(variant, run):
+    """The ZeRO paper's per-rank bytes (parameters, gradients, master copies and optimizer state,
+    the sharded ones divided by W) as the coordinator served them with the variant's plan."""
+    name = FORMULA_OF_TORCH_VARIANT.get(variant["variant"], variant["variant"])
+    formula = next(v for v in run["variants"] if v["variant"] == name)["model_state_formula"]
+    return int(sum(float(formula.get(key, 0.0)) for key in (
+        "params_bytes", "grads_bytes", "master_bytes", "optimizer_state_bytes")))
 
 
 # --- the torch side (runs under --torch_python) ------------------------------------------------
@@ -264,6 +267,11 @@ def zeroshard_client(argv):
                                   capture_output=True, text=True, timeout=300)
         if exported.returncode != 0:
             raise e2e.BenchError(f"{job_id}: export failed: {exported.stderr.strip()}")
+        plan = subprocess.run(cli + ["plan", job_id, "--output=json"], capture_output=True,
+                              text=True, timeout=60)
+        if plan.returncode != 0:
+            raise e2e.BenchError(f"{job_id}: plan failed: {plan.stderr.strip()}")
+        formula = json.loads(plan.stdout).get("model_state_formula", {})
         tensors, _ = safetensors_file.read_safetensors(path)
         layers = PRESETS[args.preset]
         flat = np.concatenate([np.frombuffer(tensors[n].data, dtype="<f4")
@@ -286,7 +294,8 @@ def zeroshard_client(argv):
         memory = {k: int(v) for k, v in progress[total].get("memory", {}).items()}
         with open(args.results, "a") as f:
             f.write(json.dumps({"variant": f"zeroshard_{mode}", "job_id": job_id, "steps": steps,
-                                "peak_rss_bytes_per_rank": peaks, "memory": memory}) + "\n")
+                                "peak_rss_bytes_per_rank": peaks, "memory": memory,
+                                "model_state_formula": formula}) + "\n")
 
 
 # --- the driver ----------------------------------------------------------------------------------
@@ -502,7 +511,7 @@ def training_row(run, variant):
         "comm_ms": statistics.median(comm_of(s) for s in steps),
         "update_ms": statistics.median(s["update_ms"] for s in steps),
         "peak_rss_mib": max(peaks) / MIB,
-        "formula_mib": formula_bytes(variant["variant"], run["params"], run["world_size"]) / MIB,
+        "formula_mib": formula_bytes(variant, run) / MIB,
         "state_mib": variant["memory"].get("optimizer_state_bytes", 0) / MIB,
         "final_loss": variant["steps"][-1]["loss"],
         "max_dparam": variant["max_abs_dparam_vs_torch_ddp"],

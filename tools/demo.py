@@ -60,17 +60,6 @@ def parameter_count(layers):
     return sum(layers[i] * layers[i + 1] + layers[i + 1] for i in range(len(layers) - 1))
 
 
-def state_arrays(optimizer, momentum):
-    """fp32 optimizer-state arrays per parameter (torch.optim semantics)."""
-    if optimizer == "sgd":
-        return 1 if momentum > 0 else 0
-    if optimizer in ("adam", "adamw"):
-        return 2  # exp_avg, exp_avg_sq
-    if optimizer in ("lion", "adagrad"):
-        return 1
-    raise DemoError(f"unknown optimizer {optimizer}")
-
-
 def format_bytes(n):
     if n is None:
         return "-"
@@ -162,6 +151,9 @@ class Run:
         self.generations = 0
         self.params_path = None
         self.seconds = 0.0
+        # The ZeRO formula's bytes per rank, as the coordinator serves them with the plan
+        # (ShardPlan.model_state_formula, JSON field names).
+        self.formula = {}
 
 
 def cli(args, *command, check=True):
@@ -279,6 +271,8 @@ def run_job(args, run):
         run.peak_rss = peaks
     # Every rank commits the final checkpoint before it reports its last step, so the final state
     # exports once the job succeeded.
+    plan = cli(args, "plan", run.job_id, "--output=json")
+    run.formula = json.loads(plan.stdout).get("model_state_formula", {})
     path = os.path.join(args.export_dir, f"{run.job_id}.safetensors")
     exported = cli(args, "export", run.job_id, f"--output={path}", check=False)
     if exported.returncode != 0:
@@ -346,7 +340,7 @@ def print_rows(headers, rows):
         say("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
 
 
-def print_table(args, runs, psi):
+def print_table(args, runs):
     headers = ["optimizer", "mode", "loss start", "loss end", "max|Δparam|",
                "opt state/worker", "ZeRO formula", "median iteration", "median step"]
     rows = []
@@ -356,8 +350,8 @@ def print_table(args, runs, psi):
             diff = "(reference)"
         else:
             diff = f"{max_abs_diff(reference.params_path, run.params_path):.3g}"
-        arrays = state_arrays(run.optimizer, 0.0)
-        formula = psi * arrays * 4 if run.mode == "ddp" else psi * arrays * 4 / args.workers
+        arrays = int(run.formula.get("optimizer_state_copies", 0))
+        formula = float(run.formula.get("optimizer_state_bytes", 0))
         formula_text = ("Ψ·%d·4" % arrays) if run.mode == "ddp" else ("Ψ·%d·4/%d" % (arrays, args.workers))
         rows.append([
             run.optimizer, run.mode,
@@ -436,7 +430,7 @@ def main():
         "128)). The iteration is forward + backward + step; the step is Engine::Step after "
         "backward (the reductions still in flight, the update, issuing the all-gathers, which the "
         "next forward waits for layer by layer).")
-    print_table(args, runs, psi)
+    print_table(args, runs)
     say()
     say("Memory per worker by category (rank 0's report: the engine's allocator, the "
         "communicator's staging, the workload's buffers), and each worker's peak RSS during the "

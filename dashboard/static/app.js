@@ -239,39 +239,29 @@
 
   // ---- memory: measured categories and the ZeRO formula --------------------------------------
 
-  function optimizerStateCopies(optimizer) {
-    const kind = (optimizer && optimizer.kind) || "";
-    if (kind === "ADAM" || kind === "ADAMW") return optimizer.amsgrad ? 3 : 2;
-    if (kind === "SGD") return num(optimizer.momentum) > 0 ? 1 : 0;
-    if (kind === "ADAGRAD" || kind === "LION") return 1;
-    return 0;
-  }
-
-  // The ZeRO paper's per-rank model-state bytes (docs/design.md, README's "ZeRO formula"): the
-  // parameters in full, the gradients sharded from zero2, fp32 master copies (non-fp32
-  // parameters only) and K fp32 optimizer-state copies sharded from zero1, all over W.
-  function zeroFormula(job, psi) {
-    const spec = job.spec || {};
-    const precision = spec.precision || {};
-    const mode = enumName(spec.mode) || "DDP";
-    const w = Math.max(1, worldSize(job));
-    const paramBytes = DTYPE_BYTES[precision.paramDtype] || 4;
-    const gradBytes = DTYPE_BYTES[precision.gradDtype] || paramBytes;
-    const k = optimizerStateCopies(spec.optimizer);
+  // The ZeRO paper's per-rank model-state bytes (docs/design.md, README's "ZeRO formula"), as the
+  // plan serves them (ShardPlan.modelStateFormula, computed by the coordinator): the parameters in
+  // full, the gradients sharded from zero2, fp32 master copies (non-fp32 parameters only) and K
+  // fp32 optimizer-state copies sharded from zero1, all over W. Null without a plan.
+  function zeroFormula(job, plan) {
+    const f = plan && plan.modelStateFormula;
+    if (!f || !num(f.parameters)) return null;
+    const mode = enumName(job.spec && job.spec.mode) || "DDP";
+    const w = Math.max(1, num(plan.worldSize) || worldSize(job));
     const shardsState = mode !== "DDP";
     const shardsGrads = mode === "ZERO2" || mode === "ZERO3";
-    const shardsParams = mode === "ZERO3";
     const parts = {
-      paramsBytes: (psi * paramBytes) / (shardsParams ? w : 1),
-      gradsBytes: (psi * gradBytes) / (shardsGrads ? w : 1),
-      masterBytes: paramBytes === 4 ? 0 : (psi * 4) / (shardsState ? w : 1),
-      optimizerStateBytes: (k * psi * 4) / (shardsState ? w : 1),
+      paramsBytes: num(f.paramsBytes),
+      gradsBytes: num(f.gradsBytes),
+      masterBytes: num(f.masterBytes),
+      optimizerStateBytes: num(f.optimizerStateBytes),
     };
+    const k = num(f.optimizerStateCopies);
     const total = parts.paramsBytes + parts.gradsBytes + parts.masterBytes + parts.optimizerStateBytes;
-    const text = "\u03a8\u00b7(" + paramBytes + " + " + gradBytes + (shardsGrads ? "/W" : "") +
+    const text = "\u03a8\u00b7(" + num(f.paramBytes) + " + " + num(f.gradBytes) + (shardsGrads ? "/W" : "") +
       (parts.masterBytes ? " + 4" + (shardsState ? "/W" : "") : "") + " + " + k + "\u00b74" +
       (shardsState ? "/W" : "") + ")";
-    return { total: Math.round(total), parts: parts, text: text, w: w, k: k };
+    return { total: Math.round(total), parts: parts, text: text, w: w, k: k, psi: num(f.parameters) };
   }
 
   function rankMetrics(job) {
@@ -623,11 +613,9 @@
     }
 
     function renderMemory() {
-      const psiFromPlan = plan ? num(plan.modelElems) : 0;
       const entries = rankMetrics(job).map((entry) => Object.assign(entry, { label: "rank " + entry.rank, jobId: jobId }));
       const reported = entries.filter((entry) => entry.metrics.memory);
-      const psi = psiFromPlan || psiFromMemory(job, reported);
-      const formula = psi ? zeroFormula(job, psi) : null;
+      const formula = zeroFormula(job, plan);
       const bars = memoryBars(reported, () => formula);
       const rssRows = entries.map((entry) => {
         const m = entry.metrics;
@@ -640,22 +628,23 @@
       replace(memoryBox);
       memoryCharts(memoryBox, bars, { xLabel: "rank" });
       memoryBox.append(h("p", { class: "hint" }, formula
-        ? "ZeRO formula for " + modeName(job) + " at W = " + formula.w + ", \u03a8 = " + psi.toLocaleString() +
-          (psiFromPlan ? " (the plan's model elements)" : " (padded slots, from the params bytes)") + ": " +
-          formula.text + " = " + C.formatBytes(formula.total) + " per rank."
-        : "The ZeRO formula needs the parameter count (from the plan or a rank's report)."));
+        ? "ZeRO formula for " + modeName(job) + " at W = " + formula.w + ", \u03a8 = " + formula.psi.toLocaleString() +
+          " (the plan's model elements): " + formula.text + " = " + C.formatBytes(formula.total) + " per rank."
+        : "The ZeRO formula comes with the shard plan, which is not available."));
       memoryBox.append(h("div", { class: "rss" }, table(["rank", "at step", "counted total", "ZeRO formula", "peak RSS (VmHWM)", "RSS at start"], rssRows)));
     }
   }
 
-  function psiFromMemory(job, reported) {
-    const precision = (job.spec && job.spec.precision) || {};
-    const paramBytes = DTYPE_BYTES[precision.paramDtype] || 4;
-    for (const entry of reported) {
-      const bytes = num(entry.metrics.memory.paramsBytes);
-      if (bytes) return Math.round(bytes / paramBytes);
+  // The plan of a job that has run (its running generation's, or an ended job's last), without
+  // the layout; null when there is none.
+  async function planOf(id, job) {
+    const ended = ENDED.has(job.state);
+    if (job.state !== "RUNNING" && !(ended && num(job.generation) > 0 && (job.workerIds || []).length > 0)) return null;
+    try {
+      return await api("jobs/" + encodeURIComponent(id) + "/plan");
+    } catch (e) {
+      return null;
     }
-    return 0;
   }
 
   function comparePage(query) {
@@ -716,8 +705,7 @@
       for (const id of ids) {
         const job = jobs.get(id);
         const reported = rankMetrics(job).filter((entry) => entry.metrics.memory);
-        const psi = psiFromMemory(job, reported);
-        formulas.set(id, psi ? zeroFormula(job, psi) : null);
+        formulas.set(id, zeroFormula(job, await planOf(id, job)));
         for (const entry of reported) entries.push(Object.assign(entry, { label: modeName(job) + " " + id.replace(/^job-0*/, "#") + " r" + entry.rank, jobId: id }));
       }
       replace(memoryBox);

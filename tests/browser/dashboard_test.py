@@ -305,6 +305,11 @@ class DashboardTest(unittest.TestCase):
                     types_pb2.DType.Name(job.spec.precision.param_dtype)]
                 self.assertEqual(sum(int(float(r["data-bytes"])) for r in ranks),
                                  plan.total_elems * element_bytes)
+                # The ZeRO formula marker shows the bytes the coordinator serves with the plan.
+                markers = self.browser.attributes("[data-formula-bytes]", "data-formula-bytes")
+                self.assertTrue(markers)
+                self.assertEqual({int(float(m["data-formula-bytes"])) for m in markers},
+                                 {formula_total(plan)})
 
     def test_live_job_shard_map_then_events(self):
         job = self.client.get(self.live.id)
@@ -346,6 +351,18 @@ class DashboardTest(unittest.TestCase):
                                        "data-job", "data-rank", "data-category", "data-bytes")
         for job_id in ids:
             self.check_memory(self.client.get(job_id), bars, job_attr=job_id)
+        # Each job's ZeRO formula marker is its plan's.
+        markers = self.browser.attributes("[data-formula-bytes]", "data-formula-bytes")
+        self.assertEqual({int(float(m["data-formula-bytes"])) for m in markers},
+                         {formula_total(self.client.plan(i)) for i in ids})
+
+
+def formula_total(plan):
+    """The ZeRO formula's bytes per rank the plan carries (ShardPlan.model_state_formula)."""
+    f = plan.model_state_formula
+    total = f.params_bytes + f.grads_bytes + f.master_bytes + f.optimizer_state_bytes
+    assert total > 0 and total == int(total), total  # whole bytes for the seed model at W = 2
+    return int(total)
 
 
 def spec(name, mode, steps, **overrides):
