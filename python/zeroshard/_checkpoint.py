@@ -7,7 +7,7 @@ step directory holding manifest.json and one safetensors file per rank; each fil
 header and the fragment table as protobuf JSON.
 
 The checkpoint volume is writable by every worker, so nothing read from it is trusted. The rules
-are the C++ reader's (checkpoint/manifest.cc ValidateManifest, checkpoint/safetensors.cc
+are the C++ reader's (checkpoint/manifest.cc ValidateManifest, checkpoint/safetensors_reader.cc
 SafetensorsReader::Open, checkpoint/shard_file.cc ShardReader::Open, checkpoint/
 checkpoint_reader.cc CheckpointReader::Open), so that what one refuses the other refuses too:
   - files[].path is a plain file name, and every file is opened relative to the step
@@ -317,7 +317,7 @@ def _kind(value):
 
 
 def _non_negative_integer(value, what):
-    """checkpoint/safetensors.cc NonNegativeInteger: an int in [0, 2^63)."""
+    """checkpoint/safetensors_reader.cc NonNegativeInteger: an int in [0, 2^63)."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
         shown = json.dumps(value) if isinstance(value, (int, float)) and \
             not isinstance(value, bool) else _kind(value)
@@ -354,7 +354,7 @@ class _SafetensorsTensor:
 
 
 def _parse_tensor_entry(name, entry):
-    """checkpoint/safetensors.cc ParseTensorEntry."""
+    """checkpoint/safetensors_reader.cc ParseTensorEntry."""
     where = f"tensor {_quoted(name)}"
     if not isinstance(entry, dict):
         raise _Corrupt(f"{where}: {_kind(entry)}, not an object")
@@ -400,7 +400,7 @@ def _parse_tensor_entry(name, entry):
 
 
 def _read_safetensors(fd, size, path):
-    """checkpoint/safetensors.cc SafetensorsReader::Open: ({tensor name: _SafetensorsTensor},
+    """checkpoint/safetensors_reader.cc SafetensorsReader::Open: ({tensor name: _SafetensorsTensor},
     {metadata key: value}, the data section's file offset). Reads nothing beyond the header,
     whose length is checked against the file's real `size` first."""
     def corrupt(what):
