@@ -21,7 +21,8 @@ void ExpectRefused(absl::string_view text, absl::string_view message) {
 
 TEST(StrictJsonTest, ParsesEveryKind) {
   absl::StatusOr<JsonValue> parsed = ParseStrictJson(
-      " {\"a\": [1, -2, 3.5, 1e3], \"b\": {\"c\": \"d\"}, \"t\": true, \"f\": false, \"n\": null}\n");
+      " {\"a\": [1, -2, 3.5, 1e3], \"b\": {\"c\": \"d\"}, \"t\": true, \"f\": false, \"n\": "
+      "null}\n");
   ASSERT_TRUE(parsed.ok()) << parsed.status();
   ASSERT_EQ(parsed->kind, JsonValue::Kind::kObject);
   ASSERT_EQ(parsed->keys.size(), 5u);
@@ -89,8 +90,8 @@ TEST(StrictJsonTest, RefusesBadUnicode) {
   ExpectRefused(R"("\udc00")", "unpaired low surrogate");
   ExpectRefused(R"("\ud800")", "unpaired high surrogate");
   ExpectRefused(R"("\ud800\u0041")", "unpaired high surrogate");
-  ExpectRefused("\"\xC0\xAF\"", "string is not UTF-8");  // overlong '/'
-  ExpectRefused("\"\xED\xA0\x80\"", "string is not UTF-8");  // an encoded surrogate
+  ExpectRefused("\"\xC0\xAF\"", "string is not UTF-8");          // overlong '/'
+  ExpectRefused("\"\xED\xA0\x80\"", "string is not UTF-8");      // an encoded surrogate
   ExpectRefused("\"\xF4\x90\x80\x80\"", "string is not UTF-8");  // above U+10FFFF
 }
 
