@@ -32,7 +32,7 @@ shift
 BINARIES=(apps/coordinator/zeroshard-coordinator worker/zeroshard-worker client/zeroshard)
 if [[ -z "$bin_dir" ]]; then
   targets=()
-  for binary in "${BINARIES[@]}"; do targets+=("//${binary%/*}:${binary#*/}"); done
+  for binary in "${BINARIES[@]}"; do targets+=("//${binary%/*}:${binary##*/}"); done
   bazel build -c opt "$@" "${targets[@]}"
   bin_dir=$(bazel info -c opt "$@" bazel-bin 2>/dev/null)
 fi
@@ -45,6 +45,6 @@ done
 mkdir -p "$prefix/bin"
 for binary in "${BINARIES[@]}"; do
   # install(1) writes a new file: a running copy is not overwritten in place.
-  install -m 0755 "$bin_dir/$binary" "$prefix/bin/${binary#*/}"
-  echo "install_binaries: $prefix/bin/${binary#*/}"
+  install -m 0755 "$bin_dir/$binary" "$prefix/bin/${binary##*/}"
+  echo "install_binaries: $prefix/bin/${binary##*/}"
 done
