@@ -12,11 +12,14 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "apps/coordinator/coordinator_server.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "http/http_server.h"
 #include "security/loopback.h"
 
@@ -122,30 +125,21 @@ ABSL_FLAG(std::string, port_file, "",
           "If set, the chosen gRPC and metrics ports are written here (\"grpc metrics\") once "
           "serving.");
 
-int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("zeroshard-coordinator --state_dir=DIR [--listen=HOST:PORT]");
-  absl::ParseCommandLine(argc, argv);
-  using zeroshard::coordinator::CoordinatorServer;
-  // Debian's abseil checks every Mutex acquisition for lock-order cycles (a lookup in a global
-  // graph per lock, about 5% of the CPU under heartbeat load); the tests keep that check, the
-  // serving binary skips it.
-  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
-  zeroshard::coordinator::CoordinatorServerOptions options;
-  options.listen_address = absl::GetFlag(FLAGS_listen);
-  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
-  options.metrics_max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
-  options.metrics_idle_timeout = absl::GetFlag(FLAGS_metrics_idle_timeout);
-  options.dashboard = absl::GetFlag(FLAGS_dashboard);
-  if (const std::string hosts = absl::GetFlag(FLAGS_http_allowed_hosts); !hosts.empty()) {
-    absl::StatusOr<std::vector<std::string>> parsed =
-        zeroshard::http::ParseAllowedHosts(hosts, "--http_allowed_hosts");
-    if (!parsed.ok()) {
-      ZS_LOG(ERROR) << parsed.status().message();
-      return 2;
-    }
-    options.http_allowed_hosts = *std::move(parsed);
-  }
-  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+namespace {
+
+using zeroshard::coordinator::CoordinatorServer;
+using zeroshard::coordinator::CoordinatorServerOptions;
+
+// What the flags ask for, checked: every bad flag is a usage error (exit status 2).
+struct ServeConfig {
+  CoordinatorServerOptions options;
+  // --listen is not loopback: served with TLS, or in plaintext with --insecure.
+  bool exposed = false;
+};
+
+absl::Status Usage(absl::string_view message) { return absl::InvalidArgumentError(message); }
+
+void ReadLimitFlags(CoordinatorServerOptions& options) {
   options.manager.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
   options.manager.lease.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);
   options.manager.lease.missed_heartbeats = absl::GetFlag(FLAGS_missed_heartbeats);
@@ -166,67 +160,73 @@ int main(int argc, char** argv) {
   options.grpc_keepalive_timeout = absl::GetFlag(FLAGS_grpc_keepalive_timeout);
   options.grpc_max_connection_idle = absl::GetFlag(FLAGS_grpc_max_connection_idle);
   options.manager.forget_gone_workers_after = absl::GetFlag(FLAGS_dead_worker_retention);
+}
+
+absl::Status CheckLimitFlags(CoordinatorServerOptions& options) {
   if (options.manager.forget_gone_workers_after < absl::ZeroDuration()) {
-    ZS_LOG(ERROR) << "--dead_worker_retention must not be negative";
-    return 2;
+    return Usage("--dead_worker_retention must not be negative");
   }
   if (const absl::Duration window = absl::GetFlag(FLAGS_adoption_window);
       window > absl::ZeroDuration()) {
     options.manager.adoption_window = window;
   } else if (window < absl::ZeroDuration()) {
-    ZS_LOG(ERROR) << "--adoption_window must not be negative";
-    return 2;
+    return Usage("--adoption_window must not be negative");
   }
   if (const absl::Duration wait = absl::GetFlag(FLAGS_regroup_wait); wait > absl::ZeroDuration()) {
     options.manager.regroup_wait = wait;
   } else if (wait < absl::ZeroDuration()) {
-    ZS_LOG(ERROR) << "--regroup_wait must not be negative";
-    return 2;
+    return Usage("--regroup_wait must not be negative");
   }
   if (options.manager.max_events_per_job < 1) {
-    ZS_LOG(ERROR) << "--max_events_per_job must be >= 1";
-    return 2;
+    return Usage("--max_events_per_job must be >= 1");
   }
   if (options.manager.max_notices_per_generation < 1) {
-    ZS_LOG(ERROR) << "--max_notices_per_generation must be >= 1";
-    return 2;
+    return Usage("--max_notices_per_generation must be >= 1");
   }
   if (options.service.max_watch_streams < 1 || options.service.max_watch_streams_per_peer < 1 ||
       options.rendezvous.max_parked_gets < 1 || options.rendezvous.max_bytes_per_namespace < 1 ||
       options.manager.max_pending_jobs_per_submitter < 1 ||
       options.service.max_send_message_bytes < 1 || options.reflection.max_open_streams < 1 ||
       options.reflection.max_requests_per_stream < 1) {
-    ZS_LOG(ERROR) << "--max_watch_streams, --max_watch_streams_per_peer, --max_parked_store_gets, "
-                     "--max_store_bytes_per_namespace, --max_pending_jobs_per_submitter, "
-                     "--max_send_message_bytes, --max_reflection_streams and "
-                     "--max_reflection_requests_per_stream must be >= 1";
-    return 2;
+    return Usage(
+        "--max_watch_streams, --max_watch_streams_per_peer, --max_parked_store_gets, "
+        "--max_store_bytes_per_namespace, --max_pending_jobs_per_submitter, "
+        "--max_send_message_bytes, --max_reflection_streams and "
+        "--max_reflection_requests_per_stream must be >= 1");
   }
   if (options.grpc_keepalive_time < absl::Seconds(1) ||
       options.grpc_keepalive_timeout < absl::Seconds(1) ||
       options.grpc_max_connection_idle < absl::Seconds(1)) {
-    ZS_LOG(ERROR) << "--grpc_keepalive_time, --grpc_keepalive_timeout and "
-                     "--grpc_max_connection_idle must be >= 1s";
-    return 2;
+    return Usage(
+        "--grpc_keepalive_time, --grpc_keepalive_timeout and --grpc_max_connection_idle must be "
+        ">= 1s");
   }
+  if (options.manager.lease.heartbeat_period < absl::Milliseconds(10) ||
+      options.manager.lease.missed_heartbeats < 1) {
+    return Usage("--heartbeat_period must be >= 10ms and --missed_heartbeats >= 1");
+  }
+  return absl::OkStatus();
+}
+
+// TLS and tokens; `exposed` serving needs TLS or --insecure.
+absl::Status ReadSecurityFlags(ServeConfig& config) {
+  CoordinatorServerOptions& options = config.options;
   options.tls.cert_file = absl::GetFlag(FLAGS_tls_cert_file);
   options.tls.key_file = absl::GetFlag(FLAGS_tls_key_file);
   options.tls.client_ca_file = absl::GetFlag(FLAGS_tls_client_ca_file);
   options.tls.require_client_cert = absl::GetFlag(FLAGS_tls_require_client_cert);
   options.token_file = absl::GetFlag(FLAGS_token_file);
   if (options.tls.cert_file.empty() != options.tls.key_file.empty()) {
-    ZS_LOG(ERROR) << "--tls_cert_file and --tls_key_file go together";
-    return 2;
+    return Usage("--tls_cert_file and --tls_key_file go together");
   }
   if (!options.tls.enabled() &&
       (!options.tls.client_ca_file.empty() || options.tls.require_client_cert)) {
-    ZS_LOG(ERROR) << "--tls_client_ca_file and --tls_require_client_cert need --tls_cert_file and "
-                     "--tls_key_file";
-    return 2;
+    return Usage(
+        "--tls_client_ca_file and --tls_require_client_cert need --tls_cert_file and "
+        "--tls_key_file");
   }
   if (options.tls.require_client_cert && options.tls.client_ca_file.empty()) {
-    ZS_LOG(ERROR) << "--tls_require_client_cert needs --tls_client_ca_file";
-    return 2;
+    return Usage("--tls_require_client_cert needs --tls_client_ca_file");
   }
   bool insecure = absl::GetFlag(FLAGS_insecure);
   if (absl::GetFlag(FLAGS_insecure_bind_any)) {
@@ -234,55 +234,63 @@ int main(int argc, char** argv) {
     insecure = true;
   }
   // The same rule as the clients' for sending a token in plaintext (security/loopback.h).
-  const bool exposed = !zeroshard::security::IsLoopbackTarget(options.listen_address);
-  if (exposed && !options.tls.enabled() && !insecure) {
-    ZS_LOG(ERROR) << "--listen=" << options.listen_address
-                  << " is not loopback; serve it with TLS (--tls_cert_file, --tls_key_file), or "
-                     "pass --insecure to serve it in plaintext";
-    return 2;
+  config.exposed = !zeroshard::security::IsLoopbackTarget(options.listen_address);
+  if (config.exposed && !options.tls.enabled() && !insecure) {
+    return Usage(absl::StrCat("--listen=", options.listen_address,
+                              " is not loopback; serve it with TLS (--tls_cert_file, "
+                              "--tls_key_file), or pass --insecure to serve it in plaintext"));
   }
-  if (exposed && options.tls.enabled() && options.token_file.empty()) {
+  if (config.exposed && options.tls.enabled() && options.token_file.empty()) {
     ZS_LOG(WARNING) << "--listen=" << options.listen_address
                     << " serves TLS without --token_file: anyone who can connect is an admin";
   }
-  if (options.manager.lease.heartbeat_period < absl::Milliseconds(10) ||
-      options.manager.lease.missed_heartbeats < 1) {
-    ZS_LOG(ERROR) << "--heartbeat_period must be >= 10ms and --missed_heartbeats >= 1";
-    return 2;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ServeConfig> ConfigFromFlags() {
+  ServeConfig config;
+  CoordinatorServerOptions& options = config.options;
+  options.listen_address = absl::GetFlag(FLAGS_listen);
+  options.metrics_port = absl::GetFlag(FLAGS_metrics_port);
+  options.metrics_max_connections = absl::GetFlag(FLAGS_metrics_max_connections);
+  options.metrics_idle_timeout = absl::GetFlag(FLAGS_metrics_idle_timeout);
+  options.dashboard = absl::GetFlag(FLAGS_dashboard);
+  if (const std::string hosts = absl::GetFlag(FLAGS_http_allowed_hosts); !hosts.empty()) {
+    absl::StatusOr<std::vector<std::string>> parsed =
+        zeroshard::http::ParseAllowedHosts(hosts, "--http_allowed_hosts");
+    if (!parsed.ok()) return Usage(parsed.status().message());
+    options.http_allowed_hosts = *std::move(parsed);
   }
-  // SIGINT, SIGTERM and SIGHUP are blocked in every thread (threads inherit the mask, so block
-  // them before any starts) and taken synchronously with sigwait below: no handler runs, so
-  // nothing has to be async-signal-safe.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  auto server = CoordinatorServer::Start(options);
-  if (!server.ok()) {
-    ZS_LOG(ERROR) << "cannot start: " << server.status();
-    return 1;
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  ReadLimitFlags(options);
+  ZS_RETURN_IF_ERROR(CheckLimitFlags(options));
+  ZS_RETURN_IF_ERROR(ReadSecurityFlags(config));
+  return config;
+}
+
+// Whoever waits for the file would wait forever: a failure to write it is fatal.
+absl::Status WritePortFile(const std::string& port_file, const CoordinatorServer& server) {
+  const std::string tmp = port_file + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  const bool written =
+      f != nullptr && std::fprintf(f, "%d %d\n", server.grpc_port(), server.metrics_port()) > 0;
+  const bool closed = f != nullptr && std::fclose(f) == 0;
+  if (!written || !closed || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
+    return absl::UnavailableError(absl::StrCat("--port_file=", port_file, ": cannot write it"));
   }
-  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
-    // Whoever waits for this file would wait forever: a failure to write it is fatal.
-    const std::string tmp = port_file + ".tmp";
-    FILE* f = std::fopen(tmp.c_str(), "w");
-    const bool written = f != nullptr && std::fprintf(f, "%d %d\n", (*server)->grpc_port(),
-                                                      (*server)->metrics_port()) > 0;
-    const bool closed = f != nullptr && std::fclose(f) == 0;
-    if (!written || !closed || std::rename(tmp.c_str(), port_file.c_str()) != 0) {
-      ZS_LOG(ERROR) << "--port_file=" << port_file << ": cannot write it";
-      (*server)->Shutdown();
-      return 1;
-    }
-  }
+  return absl::OkStatus();
+}
+
+// Serves until SIGINT or SIGTERM (`signals` blocked in every thread); SIGHUP reloads the tokens.
+// Returns the signal that ended it.
+int ServeUntilSignalled(const ServeConfig& config, CoordinatorServer& server,
+                        const sigset_t& signals) {
   absl::Notification stopping;
   std::thread insecure_warning;
-  if (exposed && !options.tls.enabled()) {
+  if (config.exposed && !config.options.tls.enabled()) {
     const absl::Duration period =
         std::max(absl::Milliseconds(100), absl::GetFlag(FLAGS_insecure_warning_period));
-    insecure_warning = std::thread([&stopping, period, address = (*server)->grpc_target()] {
+    insecure_warning = std::thread([&stopping, period, address = server.grpc_target()] {
       do {
         ZS_LOG(WARNING) << "serving plaintext gRPC on non-loopback " << address
                         << " (--insecure): tokens and data cross the network unencrypted";
@@ -293,20 +301,58 @@ int main(int argc, char** argv) {
   while (true) {
     sigwait(&signals, &signal);
     if (signal != SIGHUP) break;
-    if (options.token_file.empty()) {
+    if (config.options.token_file.empty()) {
       ZS_LOG(WARNING) << "SIGHUP: no --token_file to reload (certificates reload only on restart)";
       continue;
     }
-    if (const absl::Status reloaded = (*server)->ReloadTokens(); reloaded.ok()) {
-      ZS_LOG(INFO) << "token file reloaded: " << (*server)->authenticator()->entries()
-                   << " identities";
+    if (const absl::Status reloaded = server.ReloadTokens(); reloaded.ok()) {
+      ZS_LOG(INFO) << "token file reloaded: " << server.authenticator()->entries() << " identities";
     } else {
       ZS_LOG(ERROR) << "token file not reloaded, the previous table stays in use: " << reloaded;
     }
   }
-  ZS_LOG(INFO) << "shutting down (signal " << signal << ")";
   stopping.Notify();
   if (insecure_warning.joinable()) insecure_warning.join();
+  return signal;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("zeroshard-coordinator --state_dir=DIR [--listen=HOST:PORT]");
+  absl::ParseCommandLine(argc, argv);
+  // Debian's abseil checks every Mutex acquisition for lock-order cycles (a lookup in a global
+  // graph per lock, about 5% of the CPU under heartbeat load); the tests keep that check, the
+  // serving binary skips it.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  absl::StatusOr<ServeConfig> config = ConfigFromFlags();
+  if (!config.ok()) {
+    ZS_LOG(ERROR) << config.status().message();
+    return 2;
+  }
+  // SIGINT, SIGTERM and SIGHUP are blocked in every thread (threads inherit the mask, so block
+  // them before any starts) and taken synchronously with sigwait: no handler runs, so nothing
+  // has to be async-signal-safe.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  auto server = CoordinatorServer::Start(config->options);
+  if (!server.ok()) {
+    ZS_LOG(ERROR) << "cannot start: " << server.status();
+    return 1;
+  }
+  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
+    if (const absl::Status written = WritePortFile(port_file, **server); !written.ok()) {
+      ZS_LOG(ERROR) << written.message();
+      (*server)->Shutdown();
+      return 1;
+    }
+  }
+  const int signal = ServeUntilSignalled(*config, **server, signals);
+  ZS_LOG(INFO) << "shutting down (signal " << signal << ")";
   (*server)->Shutdown();
   return 0;
 }
