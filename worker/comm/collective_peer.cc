@@ -26,6 +26,11 @@ ABSL_FLAG(std::string, mode, "check", "check | join_and_hang | allgather_forever
 ABSL_FLAG(int64_t, segment_bytes, 64 * 1024, "GlooCommunicatorOptions::segment_bytes");
 ABSL_FLAG(std::string, piece_counts, "0,1,1001", "comma-separated piece sizes to check");
 ABSL_FLAG(std::string, types, "fp32,bf16", "comma-separated element types to check");
+ABSL_FLAG(std::string, transport, "tcp", "GlooCommunicatorOptions::transport: tcp | shm | auto");
+ABSL_FLAG(int64_t, shm_slot_bytes, zeroshard::comm::GlooCommunicatorOptions().shm_slot_bytes,
+          "GlooCommunicatorOptions::shm_slot_bytes");
+ABSL_FLAG(int, shm_slots, zeroshard::comm::GlooCommunicatorOptions().shm_slots,
+          "GlooCommunicatorOptions::shm_slots");
 
 namespace zeroshard::comm {
 namespace {
@@ -52,6 +57,14 @@ int Main() {
   options.store_prefix = absl::GetFlag(FLAGS_prefix);
   options.rendezvous_timeout = absl::Seconds(60);
   options.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
+  absl::StatusOr<Transport> transport = ParseTransport(absl::GetFlag(FLAGS_transport));
+  if (!transport.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, transport.status().ToString().c_str());
+    return 2;
+  }
+  options.transport = *transport;
+  options.shm_slot_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_shm_slot_bytes));
+  options.shm_slots = absl::GetFlag(FLAGS_shm_slots);
   auto communicator = GlooCommunicator::Create(options);
   if (!communicator.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, communicator.status().ToString().c_str());

@@ -24,9 +24,11 @@
 #include "common/thread_affinity.h"
 #include "gloo/context.h"
 #include "gloo/transport/unbound_buffer.h"
+#include "worker/comm/gloo_link.h"
 #include "worker/comm/gloo_mesh.h"
 #include "worker/comm/gloo_ring.h"
 #include "worker/comm/ring_schedule.h"
+#include "worker/comm/shm_link.h"
 
 namespace zeroshard::comm {
 namespace {
@@ -38,6 +40,12 @@ std::chrono::milliseconds ToGlooTimeout(absl::Duration remaining) {
 }
 
 bool IsValidType(ElementType type) { return ElementSize(type) != 0; }
+
+std::string ThisHost() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
 
 enum class OperationKind { kReduceScatter, kAllGather, kAllReduce, kBroadcast, kBarrier };
 
@@ -81,6 +89,26 @@ absl::Status ConfigureCurrentThread(const std::vector<int>& cpus, std::optional<
 }
 
 }  // namespace
+
+const char* TransportName(Transport transport) {
+  switch (transport) {
+    case Transport::kTcp:
+      return "tcp";
+    case Transport::kShm:
+      return "shm";
+    case Transport::kAuto:
+      return "auto";
+  }
+  return "?";
+}
+
+absl::StatusOr<Transport> ParseTransport(absl::string_view name) {
+  for (Transport transport : {Transport::kTcp, Transport::kShm, Transport::kAuto}) {
+    if (name == TransportName(transport)) return transport;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("transport: '", name, "' is not one of auto, tcp, shm"));
+}
 
 // One issued operation. `input` is the out-of-place source (null when in place); `buffer` is the
 // whole buffer the operation works on (for an out-of-place ReduceScatter, the output piece).
@@ -154,8 +182,32 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   }
   ZS_RETURN_IF_ERROR(ValidateThreadOptions(options));
   std::vector<std::shared_ptr<gloo::Context>> contexts;
+  std::unique_ptr<ShmLink> shm_link;
   std::unique_ptr<PeerWatch> peer_watch;
   if (options.world_size > 1) {
+    const absl::Time deadline = absl::Now() + options.rendezvous_timeout;
+    if (options.transport != Transport::kTcp) {
+      ShmLinkOptions shm;
+      shm.rank = options.rank;
+      shm.world_size = options.world_size;
+      shm.store = options.store;
+      shm.store_prefix = options.store_prefix;
+      shm.host = options.host.empty() ? ThisHost() : options.host;
+      shm.slot_bytes = options.shm_slot_bytes;
+      shm.slots = options.shm_slots;
+      shm.deadline = deadline;
+      shm.abort_signal = options.abort_signal;
+      absl::StatusOr<std::unique_ptr<ShmLink>> connected = ShmLink::Connect(shm);
+      if (connected.ok()) {
+        shm_link = *std::move(connected);
+      } else if (!absl::IsFailedPrecondition(connected.status()) ||
+                 options.transport == Transport::kShm) {
+        // Every rank got the same FAILED_PRECONDITION, so under auto all fall back together.
+        return absl::Status(connected.status().code(),
+                            absl::StrCat("transport=", TransportName(options.transport), ": ",
+                                         connected.status().message()));
+      }
+    }
     GlooMeshOptions mesh;
     mesh.rank = options.rank;
     mesh.world_size = options.world_size;
@@ -163,9 +215,12 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     mesh.store = options.store;
     mesh.store_prefix = options.store_prefix;
     mesh.hostname = options.hostname;
-    mesh.deadline = absl::Now() + options.rendezvous_timeout;
+    mesh.deadline = deadline;
     mesh.abort_signal = options.abort_signal;
-    ZS_ASSIGN_OR_RETURN(contexts, ConnectGlooMeshes(mesh));
+    // Shared memory carries every message: no Gloo mesh (nor its event-loop threads) is needed.
+    if (shm_link == nullptr) {
+      ZS_ASSIGN_OR_RETURN(contexts, ConnectGlooMeshes(mesh));
+    }
     PeerWatchOptions watch;
     watch.rank = options.rank;
     watch.world_size = options.world_size;
@@ -176,8 +231,8 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     watch.abort_signal = options.abort_signal;
     ZS_ASSIGN_OR_RETURN(peer_watch, PeerWatch::Connect(watch));
   }
-  std::unique_ptr<GlooCommunicator> communicator(
-      new GlooCommunicator(options, std::move(contexts), std::move(peer_watch)));
+  std::unique_ptr<GlooCommunicator> communicator(new GlooCommunicator(
+      options, std::move(contexts), std::move(shm_link), std::move(peer_watch)));
   ZS_RETURN_IF_ERROR(communicator->AwaitThreadSetup());
   if (communicator->peer_watch_ != nullptr) {
     communicator->peer_watch_->Start(
@@ -188,17 +243,21 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
 
 GlooCommunicator::GlooCommunicator(const GlooCommunicatorOptions& options,
                                    std::vector<std::shared_ptr<gloo::Context>> contexts,
+                                   std::unique_ptr<ShmLink> shm_link,
                                    std::unique_ptr<PeerWatch> peer_watch)
     : rank_(options.rank),
       world_size_(options.world_size),
       segment_bytes_(options.segment_bytes),
       staging_segments_(options.staging_segments),
       contexts_(std::move(contexts)),
+      shm_link_(std::move(shm_link)),
       peer_watch_(std::move(peer_watch)) {
   {
     absl::MutexLock lock(&mu_);
-    connections_open_ = !contexts_.empty();
+    connections_open_ = !contexts_.empty() || shm_link_ != nullptr;
   }
+  if (shm_link_ != nullptr)
+    scratch_bytes_.store(shm_link_->ring_bytes(), std::memory_order_relaxed);
   thread_ = std::thread([this, cpus = options.thread_cpus, nice = options.thread_nice] {
     CommunicationLoop(cpus, nice);
   });
@@ -279,7 +338,18 @@ void GlooCommunicator::CommunicationLoop(std::vector<int> cpus, std::optional<in
     absl::Status status;
     const absl::Time run_start = absl::Now();
     {
-      GlooRing ring(RingEnvironment(), operation->options.tag, operation->sequence,
+      // Gloo's buffers are per operation; the shared-memory link lives as long as this object.
+      std::optional<GlooLink> gloo_link;
+      RingLink* link = shm_link_.get();
+      if (link == nullptr) {
+        gloo_link.emplace(
+            rank_, &contexts_,
+            [this](gloo::transport::UnboundBuffer* buffer, bool receive, absl::Time deadline) {
+              return WaitOnBuffer(buffer, receive, deadline);
+            });
+        link = &*gloo_link;
+      }
+      GlooRing ring(RingEnvironment(link), operation->options.tag, operation->sequence,
                     absl::Now() + operation->options.timeout);
       status = Execute(*operation, ring);
       if (!status.ok()) {
@@ -294,27 +364,24 @@ void GlooCommunicator::CommunicationLoop(std::vector<int> cpus, std::optional<in
       running_ = false;
     }
     // Before Finish, so an owner that saw the operation complete reads the grown buffers.
-    scratch_bytes_.store(static_cast<int64_t>(staging_.capacity() + scratch_.capacity()),
+    scratch_bytes_.store(static_cast<int64_t>(staging_.capacity() + scratch_.capacity()) +
+                             (shm_link_ != nullptr ? shm_link_->ring_bytes() : 0),
                          std::memory_order_relaxed);
     operations_completed_.fetch_add(1, std::memory_order_relaxed);
     operation->completion->Finish(std::move(status), run_time);
   }
 }
 
-GlooRingEnvironment GlooCommunicator::RingEnvironment() {
+GlooRingEnvironment GlooCommunicator::RingEnvironment(RingLink* link) {
   GlooRingEnvironment environment;
   environment.rank = rank_;
   environment.world_size = world_size_;
   environment.segment_bytes = segment_bytes_;
   environment.staging_segments = staging_segments_;
-  environment.lanes = &contexts_;
+  environment.link = link;
   environment.staging = &staging_;
   environment.bytes_sent = &bytes_sent_;
   environment.bytes_received = &bytes_received_;
-  environment.wait = [this](gloo::transport::UnboundBuffer* buffer, bool receive,
-                            absl::Time deadline) {
-    return WaitOnBuffer(buffer, receive, deadline);
-  };
   return environment;
 }
 
@@ -422,6 +489,12 @@ void GlooCommunicator::Fail(absl::Status cause) {
   if (waiting_on_ != nullptr) {
     waiting_on_->abortWaitRecv();
     waiting_on_->abortWaitSend();
+  }
+  // As WaitOnBuffer reports it: a lost peer keeps its UNAVAILABLE, anything else is ABORTED.
+  if (shm_link_ != nullptr) {
+    shm_link_->Interrupt(absl::IsAborted(failure_) || failure_.ok()
+                             ? absl::AbortedError(failure_.message())
+                             : failure_);
   }
 }
 

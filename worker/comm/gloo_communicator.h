@@ -1,6 +1,6 @@
-// GlooCommunicator: the CPU Communicator. Gloo provides the TCP pairs of the full mesh (connected
-// by gloo_mesh.h); the collectives are our own pipelined rings over Gloo's unbound buffers
-// (gloo_ring.h).
+// GlooCommunicator: the CPU Communicator. The collectives are our own pipelined rings (gloo_ring.h)
+// over a link: Gloo's TCP pairs of the full mesh (connected by gloo_mesh.h, gloo_link.h), or
+// shared memory when every rank is on one host (shm_link.h).
 #ifndef ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 #define ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 
@@ -19,6 +19,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "worker/comm/abort_signal.h"
@@ -37,7 +38,24 @@ class UnboundBuffer;
 namespace zeroshard::comm {
 
 class GlooRing;
+class RingLink;
+class ShmLink;
 struct GlooRingEnvironment;
+
+// What the ring messages travel on (the worker's --transport).
+enum class Transport {
+  // Gloo's TCP pairs.
+  kTcp,
+  // Shared memory; Create fails (FAILED_PRECONDITION) unless every rank is on one host.
+  kShm,
+  // Shared memory when every rank is on one host (shm_link.h says how that is proven), else TCP.
+  kAuto,
+};
+
+// "tcp", "shm", "auto".
+const char* TransportName(Transport transport);
+// INVALID_ARGUMENT naming the accepted values for anything else.
+absl::StatusOr<Transport> ParseTransport(absl::string_view name);
 
 struct GlooCommunicatorOptions {
   int rank = 0;
@@ -49,6 +67,14 @@ struct GlooCommunicatorOptions {
   std::string store_prefix = "gloo";
   // The address this rank listens on and announces to its peers.
   std::string hostname = "127.0.0.1";
+  // The link under the rings. The library defaults to TCP; the worker's --transport to auto.
+  Transport transport = Transport::kTcp;
+  // This rank's machine, for the shared-memory check (the worker's --host); empty: gethostname().
+  std::string host;
+  // Shared-memory rings between ring neighbours: shm_slots chunks of shm_slot_bytes (a multiple
+  // of 64) per direction (ShmLinkOptions).
+  size_t shm_slot_bytes = 256 * 1024;
+  int shm_slots = 8;
   // Bound on Create: waiting for peers' addresses and connecting to them.
   absl::Duration rendezvous_timeout = absl::Seconds(60);
   // Optional; Create only. Aborting it ends a Create in progress at once with CANCELLED (the
@@ -131,6 +157,8 @@ class GlooCommunicator : public Communicator {
   // The ranks this rank's PeerWatch saw die (peer_watch.h).
   std::vector<int> LostPeers() const override;
   CommunicatorStats stats() const override;
+  // The link Create chose: kTcp or kShm (kTcp at world size 1, where nothing travels).
+  Transport transport() const { return shm_link_ != nullptr ? Transport::kShm : Transport::kTcp; }
 
  private:
   struct Operation;
@@ -138,7 +166,7 @@ class GlooCommunicator : public Communicator {
 
   GlooCommunicator(const GlooCommunicatorOptions& options,
                    std::vector<std::shared_ptr<gloo::Context>> contexts,
-                   std::unique_ptr<PeerWatch> peer_watch);
+                   std::unique_ptr<ShmLink> shm_link, std::unique_ptr<PeerWatch> peer_watch);
 
   // Queues `operation` for the communication thread, or returns ABORTED when the communicator
   // has failed.
@@ -151,8 +179,9 @@ class GlooCommunicator : public Communicator {
   absl::Status AwaitThreadSetup();
   bool HasThreadWork() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Communication thread only: the state an operation's GlooRing borrows from this object.
-  GlooRingEnvironment RingEnvironment();
+  // Communication thread only: the state an operation's GlooRing borrows from this object, with
+  // `link` under it.
+  GlooRingEnvironment RingEnvironment(RingLink* link);
 
   // Runs one operation on the communication thread. Gloo exceptions become Status here.
   absl::Status Execute(const Operation& operation, GlooRing& ring);
@@ -186,8 +215,11 @@ class GlooCommunicator : public Communicator {
 
   // Owned by the communication thread (and by the destructor after it has joined): the transport
   // lanes (see ring_schedule.h; a message from rank s uses contexts_[LaneOf(s)]), empty at world
-  // size 1.
+  // size 1 and when the shared-memory link carries the messages instead.
   std::vector<std::shared_ptr<gloo::Context>> contexts_;
+  // The shared-memory link, when Create chose it (null otherwise). Used by the communication
+  // thread; Fail() interrupts it from any thread (ShmLink's contract).
+  std::unique_ptr<ShmLink> shm_link_;
   // Communication thread only: reduce-scatter staging and out-of-place scratch, kept between
   // operations so steady-state steps do not allocate.
   std::vector<char> staging_;

@@ -1,8 +1,10 @@
 // GlooCommunicator with threads as ranks over an InMemoryStore: every collective for world sizes
-// 1..5, sizes 0, 1, odd and large, every element type; Abort (of Create too) and timeouts.
+// 1..5 over both transports (TCP and shared memory), sizes 0, 1, odd and large, every element
+// type; Abort (of Create too) and timeouts; how the transport is chosen.
 #include "worker/comm/gloo_communicator.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
@@ -49,10 +52,43 @@ std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(int world_size, Store
 }
 
 std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(
-    int world_size, Store* store, size_t segment_bytes = GlooCommunicatorOptions().segment_bytes) {
+    int world_size, Store* store, size_t segment_bytes = GlooCommunicatorOptions().segment_bytes,
+    Transport transport = Transport::kTcp) {
   GlooCommunicatorOptions tuning;
   tuning.segment_bytes = segment_bytes;
+  tuning.transport = transport;
   return CreateGroup(world_size, store, tuning);
+}
+
+// Shared-memory tuning that makes messages cross chunk boundaries: chunks that do not divide the
+// segments, and a ring of three, so it wraps many times per operation.
+GlooCommunicatorOptions SmallChunks(size_t segment_bytes) {
+  GlooCommunicatorOptions tuning;
+  tuning.segment_bytes = segment_bytes;
+  tuning.transport = Transport::kShm;
+  tuning.shm_slot_bytes = 192;
+  tuning.shm_slots = 3;
+  return tuning;
+}
+
+std::string TransportTestName(Transport transport) { return TransportName(transport); }
+
+// What /dev/shm holds whose name starts with "zeroshard-<this pid>-", and this process's
+// descriptors that point into /dev/shm.
+std::vector<std::string> SharedMemoryLeftovers() {
+  std::vector<std::string> found;
+  const std::string mine = absl::StrCat("zeroshard-", getpid(), "-");
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (entry.path().filename().string().rfind(mine, 0) == 0) found.push_back(entry.path());
+  }
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::filesystem::path target = std::filesystem::read_symlink(entry.path(), error);
+    if (!error && target.string().rfind("/dev/shm/", 0) == 0) {
+      found.push_back(absl::StrCat(entry.path().string(), " -> ", target.string()));
+    }
+  }
+  return found;
 }
 
 // The thread ids of this process whose /proc status line `key` reads `value` exactly.
@@ -92,15 +128,24 @@ std::vector<int> ThreadNiceValues() {
   return values;
 }
 
-class GlooCollectivesTest : public ::testing::TestWithParam<int> {};
+class GlooTransportTest : public ::testing::TestWithParam<Transport> {};
+
+class GlooCollectivesTest : public ::testing::TestWithParam<std::tuple<int, Transport>> {};
 
 TEST_P(GlooCollectivesTest, EveryCollectiveMatchesTheReference) {
-  const int world_size = GetParam();
+  const auto [world_size, transport] = GetParam();
   InMemoryStore store;
-  // Small segments so even the odd sizes cross several pipeline segments.
-  auto group = CreateGroup(world_size, &store, /*segment_bytes=*/1024);
+  // Small segments so even the odd sizes cross several pipeline segments (and, over shared
+  // memory, several chunks of a small ring).
+  GlooCommunicatorOptions tuning;
+  tuning.segment_bytes = 1024;
+  if (transport == Transport::kShm) tuning = SmallChunks(1024);
+  auto group = CreateGroup(world_size, &store, tuning);
   ASSERT_EQ(group.size(), static_cast<size_t>(world_size));
   for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  for (const auto& communicator : group) {
+    EXPECT_EQ(communicator->transport(), world_size > 1 ? transport : Transport::kTcp);
+  }
   const ElementType types[] = {ElementType::kFloat32, ElementType::kFloat64, ElementType::kBFloat16,
                                ElementType::kFloat16, ElementType::kInt32,   ElementType::kInt64};
   uint64_t seed = 1;
@@ -117,10 +162,10 @@ TEST_P(GlooCollectivesTest, EveryCollectiveMatchesTheReference) {
 }
 
 TEST_P(GlooCollectivesTest, LargeBucketWithDefaultSegments) {
-  const int world_size = GetParam();
+  const auto [world_size, transport] = GetParam();
   if (world_size > 3) GTEST_SKIP() << "large sizes run at W <= 3 to keep the test fast";
   InMemoryStore store;
-  auto group = CreateGroup(world_size, &store);
+  auto group = CreateGroup(world_size, &store, GlooCommunicatorOptions().segment_bytes, transport);
   for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
   const size_t piece_count = (size_t{1} << 20) / world_size;
   const absl::Status status = RunOnRankThreads(world_size, [&](int rank) {
@@ -129,10 +174,115 @@ TEST_P(GlooCollectivesTest, LargeBucketWithDefaultSegments) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCollectivesTest, ::testing::Range(1, 6),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("W", info.param);
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooCollectivesTest,
+                         ::testing::Combine(::testing::Range(1, 6),
+                                            ::testing::Values(Transport::kTcp, Transport::kShm)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, Transport>>& info) {
+                           return absl::StrCat("W", std::get<0>(info.param), "_",
+                                               TransportTestName(std::get<1>(info.param)));
                          });
+
+// The bits do not depend on the transport, nor on the shared-memory chunking.
+TEST(GlooCommunicatorTest, SharedMemoryAndTcpGiveTheSameBits) {
+  constexpr int kWorldSize = 3;
+  constexpr size_t kPieceCount = 20011;
+  const ElementType types[] = {ElementType::kFloat32, ElementType::kBFloat16, ElementType::kFloat16,
+                               ElementType::kFloat64};
+  for (ElementType type : types) {
+    std::vector<std::vector<std::vector<char>>> results;
+    std::vector<GlooCommunicatorOptions> tunings(3);
+    tunings[0].segment_bytes = 4096;
+    tunings[1] = SmallChunks(4096);
+    tunings[2].segment_bytes = 4096;
+    tunings[2].transport = Transport::kShm;
+    for (const GlooCommunicatorOptions& tuning : tunings) {
+      InMemoryStore store;
+      auto group = CreateGroup(kWorldSize, &store, tuning);
+      for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+      std::vector<std::vector<char>> buffers(kWorldSize);
+      const absl::Status status = RunOnRankThreads(kWorldSize, [&](int rank) {
+        std::vector<char>& buffer = buffers[rank];
+        buffer = MakeInput(type, rank, kWorldSize * kPieceCount, 11);
+        return group[rank]
+            ->AllReduce(buffer.data(), kWorldSize * kPieceCount, type, ReduceOp::kSum)
+            ->Wait(absl::Seconds(60));
+      });
+      ASSERT_TRUE(status.ok()) << status;
+      results.push_back(buffers);
+    }
+    for (size_t run = 1; run < results.size(); ++run) {
+      for (int rank = 0; rank < kWorldSize; ++rank) {
+        EXPECT_TRUE(results[run][rank] == results[0][rank])
+            << ElementTypeName(type) << ": run " << run << ", rank " << rank;
+      }
+    }
+  }
+}
+
+TEST(GlooCommunicatorTest, AutoChoosesSharedMemoryOnOneHostAndTcpAcrossHosts) {
+  for (bool one_host : {true, false}) {
+    InMemoryStore store;
+    std::vector<std::unique_ptr<GlooCommunicator>> group(3);
+    const absl::Status status = RunOnRankThreads(3, [&](int rank) -> absl::Status {
+      GlooCommunicatorOptions options;
+      options.rank = rank;
+      options.world_size = 3;
+      options.store = &store;
+      options.transport = Transport::kAuto;
+      options.host = one_host ? "here" : (rank == 2 ? "there" : "here");
+      auto communicator = GlooCommunicator::Create(options);
+      if (!communicator.ok()) return communicator.status();
+      group[rank] = std::move(*communicator);
+      return CheckAllCollectives(*group[rank], 1001, ElementType::kFloat32, 3);
+    });
+    ASSERT_TRUE(status.ok()) << status;
+    for (const auto& communicator : group) {
+      EXPECT_EQ(communicator->transport(), one_host ? Transport::kShm : Transport::kTcp);
+    }
+  }
+}
+
+TEST(GlooCommunicatorTest, ShmFailsClearlyWhenRanksAreOnDifferentHosts) {
+  InMemoryStore store;
+  std::vector<absl::Status> results(2);
+  ASSERT_TRUE(RunOnRankThreads(2, [&](int rank) {
+                GlooCommunicatorOptions options;
+                options.rank = rank;
+                options.world_size = 2;
+                options.store = &store;
+                options.transport = Transport::kShm;
+                options.host = absl::StrCat("host-", rank);
+                results[rank] = GlooCommunicator::Create(options).status();
+                return absl::OkStatus();
+              }).ok());
+  for (const absl::Status& status : results) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_NE(status.message().find("transport=shm"), std::string::npos) << status;
+    EXPECT_NE(status.message().find("host-1"), std::string::npos) << status;
+  }
+}
+
+TEST(GlooCommunicatorTest, SharedMemoryLeavesNoSegmentNorDescriptor) {
+  InMemoryStore store;
+  auto group = CreateGroup(3, &store, GlooCommunicatorOptions().segment_bytes, Transport::kShm);
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  // Unlinked once every rank mapped it, with every descriptor closed: only the mappings remain.
+  EXPECT_TRUE(SharedMemoryLeftovers().empty()) << absl::StrJoin(SharedMemoryLeftovers(), ", ");
+  const absl::Status status = RunOnRankThreads(3, [&](int rank) {
+    return CheckAllCollectives(*group[rank], 4097, ElementType::kFloat32, 5);
+  });
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_TRUE(SharedMemoryLeftovers().empty()) << absl::StrJoin(SharedMemoryLeftovers(), ", ");
+}
+
+TEST(GlooCommunicatorTest, ParseTransportNamesTheAcceptedValues) {
+  EXPECT_EQ(*ParseTransport("auto"), Transport::kAuto);
+  EXPECT_EQ(*ParseTransport("tcp"), Transport::kTcp);
+  EXPECT_EQ(*ParseTransport("shm"), Transport::kShm);
+  const absl::Status bad = ParseTransport("rdma").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("auto, tcp, shm"), std::string::npos) << bad;
+}
 
 TEST(GlooCommunicatorTest, SeparateRunsAndSegmentSizesGiveTheSameBits) {
   constexpr int kWorldSize = 3;
@@ -288,9 +438,10 @@ TEST(GlooCommunicatorTest, ThreadCpuTimeGrowsWithTheCollectivesAndStaysWithinThe
   }
 }
 
-TEST(GlooCommunicatorTest, StatsCountTheRingTraffic) {
+TEST_P(GlooTransportTest, StatsCountTheRingTraffic) {
+  const Transport transport = GetParam();
   InMemoryStore store;
-  auto group = CreateGroup(4, &store);
+  auto group = CreateGroup(4, &store, GlooCommunicatorOptions().segment_bytes, transport);
   for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
   const size_t piece_count = 1000;
   const absl::Status status = RunOnRankThreads(4, [&](int rank) {
@@ -415,9 +566,10 @@ TEST(GlooCommunicatorTest, AbortDuringCreateEndsTheRendezvousWithCancelled) {
   EXPECT_LT(returned_at - aborted_at, absl::Seconds(2));
 }
 
-TEST(GlooCommunicatorTest, OperationTimesOutWhenAPeerNeverIssuesIt) {
+TEST_P(GlooTransportTest, OperationTimesOutWhenAPeerNeverIssuesIt) {
+  const Transport transport = GetParam();
   InMemoryStore store;
-  auto group = CreateGroup(2, &store);
+  auto group = CreateGroup(2, &store, GlooCommunicatorOptions().segment_bytes, transport);
   for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
   std::vector<float> bucket(64, 1.0f);
   CollectiveOptions options;
@@ -436,9 +588,10 @@ TEST(GlooCommunicatorTest, OperationTimesOutWhenAPeerNeverIssuesIt) {
   EXPECT_FALSE(peer.ok());
 }
 
-TEST(GlooCommunicatorTest, AbortFromAnotherThreadUnblocksAPendingWait) {
+TEST_P(GlooTransportTest, AbortFromAnotherThreadUnblocksAPendingWait) {
+  const Transport transport = GetParam();
   InMemoryStore store;
-  auto group = CreateGroup(2, &store);
+  auto group = CreateGroup(2, &store, GlooCommunicatorOptions().segment_bytes, transport);
   for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
   std::vector<float> bucket(1 << 16, 1.0f);
   CollectiveOptions options;
@@ -466,11 +619,12 @@ TEST(GlooCommunicatorTest, AbortFromAnotherThreadUnblocksAPendingWait) {
   group[0]->Abort();  // idempotent
 }
 
-TEST(GlooCommunicatorTest, AnAbortedPeerFailsTheOthersButIsNotLost) {
+TEST_P(GlooTransportTest, AnAbortedPeerFailsTheOthersButIsNotLost) {
+  const Transport transport = GetParam();
   // Its process lives on (a run that failed or was told to abort): the others' communicators end,
   // and none of them lists it among the peers that died.
   InMemoryStore store;
-  auto group = CreateGroup(3, &store);
+  auto group = CreateGroup(3, &store, GlooCommunicatorOptions().segment_bytes, transport);
   for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
   group[1]->Abort();
   CollectiveOptions options;
@@ -531,9 +685,10 @@ TEST(GlooCommunicatorTest, RunTimeCountsFromStartOfExecutionNotFromIssue) {
   EXPECT_EQ(invalid->RunTime(), absl::ZeroDuration());
 }
 
-TEST(GlooCommunicatorTest, DestroyingWithAPendingOperationAbortsIt) {
+TEST_P(GlooTransportTest, DestroyingWithAPendingOperationAbortsIt) {
+  const Transport transport = GetParam();
   InMemoryStore store;
-  auto group = CreateGroup(2, &store);
+  auto group = CreateGroup(2, &store, GlooCommunicatorOptions().segment_bytes, transport);
   for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
   std::vector<float> bucket(128, 1.0f);
   std::unique_ptr<Work> work =
@@ -543,6 +698,12 @@ TEST(GlooCommunicatorTest, DestroyingWithAPendingOperationAbortsIt) {
   EXPECT_EQ(work->Wait(absl::Seconds(5)).code(), absl::StatusCode::kAborted);
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, GlooTransportTest,
+                         ::testing::Values(Transport::kTcp, Transport::kShm),
+                         [](const ::testing::TestParamInfo<Transport>& info) {
+                           return TransportTestName(info.param);
+                         });
 
 }  // namespace
 }  // namespace zeroshard::comm

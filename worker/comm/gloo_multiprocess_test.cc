@@ -1,16 +1,21 @@
-// GlooCommunicator across separate processes (collective_peer, over a FileStore): every
-// collective for W = 1..5; a rank whose peer never joins fails within its rendezvous timeout; a
-// rank whose peer is killed (idle, or mid-transfer) fails at once, naming the peer.
+// GlooCommunicator across separate processes (collective_peer, over a FileStore), over TCP and
+// over shared memory: every collective for W = 1..5; a rank whose peer never joins fails within
+// its rendezvous timeout; a rank whose peer is killed (idle, or mid-transfer) fails at once,
+// naming the peer, and no shared-memory segment or descriptor outlives the kill.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
 #include "worker/comm/file_store.h"
@@ -70,19 +75,52 @@ int WaitForExit(pid_t pid, absl::Time deadline) {
 }
 
 std::vector<std::string> PeerArguments(const std::string& store_dir, int rank, int world_size,
-                                       const std::string& mode) {
-  return {PeerPath(), absl::StrCat("--store_dir=", store_dir), absl::StrCat("--rank=", rank),
-          absl::StrCat("--world_size=", world_size), absl::StrCat("--mode=", mode)};
+                                       const std::string& mode,
+                                       Transport transport = Transport::kTcp) {
+  return {PeerPath(),
+          absl::StrCat("--store_dir=", store_dir),
+          absl::StrCat("--rank=", rank),
+          absl::StrCat("--world_size=", world_size),
+          absl::StrCat("--mode=", mode),
+          absl::StrCat("--transport=", TransportName(transport))};
 }
 
-class GlooMultiprocessTest : public ::testing::TestWithParam<int> {};
+// The segment a shared-memory group's rank 0 published ("<prefix>/shm/segment" is "<name>
+// <token>"), as a path under /dev/shm.
+std::string SegmentPath(FileStore& store) {
+  absl::StatusOr<std::string> published = store.Get("gloo/shm/segment", absl::Seconds(5));
+  EXPECT_TRUE(published.ok()) << published.status();
+  if (!published.ok()) return "";
+  const std::vector<std::string> parts = absl::StrSplit(*published, ' ');
+  return absl::StrCat("/dev/shm", parts[0]);
+}
+
+// This process's descriptors that point into /dev/shm.
+std::vector<std::string> SharedMemoryDescriptors() {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::filesystem::path target = std::filesystem::read_symlink(entry.path(), error);
+    if (!error && target.string().rfind("/dev/shm/", 0) == 0) found.push_back(target.string());
+  }
+  return found;
+}
+
+class GlooMultiprocessTest : public ::testing::TestWithParam<std::tuple<int, Transport>> {};
 
 TEST_P(GlooMultiprocessTest, EveryCollectiveMatchesTheReference) {
-  const int world_size = GetParam();
-  const std::string store_dir = FreshDirectory(absl::StrCat("collectives_w", world_size));
+  const auto [world_size, transport] = GetParam();
+  const std::string store_dir =
+      FreshDirectory(absl::StrCat("collectives_w", world_size, "_", TransportName(transport)));
   std::vector<pid_t> peers;
   for (int rank = 0; rank < world_size; ++rank) {
-    std::vector<std::string> arguments = PeerArguments(store_dir, rank, world_size, "check");
+    std::vector<std::string> arguments =
+        PeerArguments(store_dir, rank, world_size, "check", transport);
+    if (transport == Transport::kShm) {
+      // Chunks that do not divide the 64 KiB segments, in a ring that wraps often.
+      arguments.push_back("--shm_slot_bytes=24576");
+      arguments.push_back("--shm_slots=3");
+    }
     arguments.push_back(world_size <= 3 ? "--piece_counts=0,1,1001,262144"
                                         : "--piece_counts=0,1,1001");
     arguments.push_back("--types=fp32,bf16,fp16,fp64,int32,int64");
@@ -97,21 +135,29 @@ TEST_P(GlooMultiprocessTest, EveryCollectiveMatchesTheReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooMultiprocessTest, ::testing::Range(1, 6),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return absl::StrCat("W", info.param);
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooMultiprocessTest,
+                         ::testing::Combine(::testing::Range(1, 6),
+                                            ::testing::Values(Transport::kTcp, Transport::kShm)),
+                         [](const ::testing::TestParamInfo<std::tuple<int, Transport>>& info) {
+                           return absl::StrCat("W", std::get<0>(info.param), "_",
+                                               TransportName(std::get<1>(info.param)));
                          });
 
-TEST(GlooMultiprocessFailureTest, KilledIdlePeerFailsTheNextCollectiveAtOnce) {
-  const std::string store_dir = FreshDirectory("killed_peer");
+class GlooMultiprocessFailureTest : public ::testing::TestWithParam<Transport> {};
+
+TEST_P(GlooMultiprocessFailureTest, KilledIdlePeerFailsTheNextCollectiveAtOnce) {
+  const Transport transport = GetParam();
+  const std::string store_dir =
+      FreshDirectory(absl::StrCat("killed_peer_", TransportName(transport)));
   FileStore store(store_dir);
-  const pid_t peer = Spawn(PeerArguments(store_dir, 1, 2, "join_and_hang"));
+  const pid_t peer = Spawn(PeerArguments(store_dir, 1, 2, "join_and_hang", transport));
   ASSERT_GT(peer, 0);
   GlooCommunicatorOptions options;
   options.rank = 0;
   options.world_size = 2;
   options.store = &store;
   options.rendezvous_timeout = absl::Seconds(30);
+  options.transport = transport;
   auto communicator = GlooCommunicator::Create(options);
   ASSERT_TRUE(communicator.ok()) << communicator.status();
   ASSERT_TRUE(store.Get("gloo/joined/1", absl::Seconds(30)).ok());
@@ -140,6 +186,11 @@ TEST(GlooMultiprocessFailureTest, KilledIdlePeerFailsTheNextCollectiveAtOnce) {
   EXPECT_NE(status.message().find("lost peer rank 1"), std::string::npos) << status;
   EXPECT_LT(elapsed, absl::Seconds(2)) << status;
   EXPECT_EQ((*communicator)->LostPeers(), std::vector<int>{1});
+  if (transport == Transport::kShm) {
+    EXPECT_FALSE(std::filesystem::exists(SegmentPath(store))) << SegmentPath(store);
+    EXPECT_TRUE(SharedMemoryDescriptors().empty())
+        << absl::StrJoin(SharedMemoryDescriptors(), ", ");
+  }
 }
 
 // Debian's Gloo never wakes a receive whose message was partly read when the connection broke,
@@ -147,13 +198,16 @@ TEST(GlooMultiprocessFailureTest, KilledIdlePeerFailsTheNextCollectiveAtOnce) {
 // inside a message (a rank's kill -9 then took the lease's 3 s, not milliseconds, to end a
 // generation). Large segments keep a message in flight most of the time; each round kills the
 // peer after a different number of all-gathers.
-TEST(GlooMultiprocessFailureTest, PeerKilledMidTransferFailsTheSurvivorAtOnce) {
+TEST_P(GlooMultiprocessFailureTest, PeerKilledMidTransferFailsTheSurvivorAtOnce) {
+  const Transport transport = GetParam();
   constexpr size_t kPieceCount = 4 << 20;  // 16 MiB of fp32 per rank
   constexpr int kSegmentBytes = 8 << 20;
   for (int round = 0; round < 5; ++round) {
-    const std::string store_dir = FreshDirectory(absl::StrCat("killed_mid_transfer_", round));
+    const std::string store_dir =
+        FreshDirectory(absl::StrCat("killed_mid_transfer_", TransportName(transport), "_", round));
     FileStore store(store_dir);
-    std::vector<std::string> arguments = PeerArguments(store_dir, 1, 2, "allgather_forever");
+    std::vector<std::string> arguments =
+        PeerArguments(store_dir, 1, 2, "allgather_forever", transport);
     arguments.push_back(absl::StrCat("--piece_counts=", kPieceCount));
     arguments.push_back(absl::StrCat("--segment_bytes=", kSegmentBytes));
     const pid_t peer = Spawn(arguments);
@@ -164,9 +218,11 @@ TEST(GlooMultiprocessFailureTest, PeerKilledMidTransferFailsTheSurvivorAtOnce) {
     options.store = &store;
     options.rendezvous_timeout = absl::Seconds(30);
     options.segment_bytes = kSegmentBytes;
+    options.transport = transport;
     auto communicator = GlooCommunicator::Create(options);
     ASSERT_TRUE(communicator.ok()) << communicator.status();
     ASSERT_TRUE(store.Get("gloo/joined/1", absl::Seconds(30)).ok());
+    ASSERT_EQ((*communicator)->transport(), transport);
 
     std::vector<float> gathered(2 * kPieceCount, 1.0f);
     CollectiveOptions collective;
@@ -187,6 +243,13 @@ TEST(GlooMultiprocessFailureTest, PeerKilledMidTransferFailsTheSurvivorAtOnce) {
         // Whether the PeerWatch or Gloo noticed first, the dead peer is named.
         EXPECT_EQ((*communicator)->LostPeers(), std::vector<int>{1})
             << "round " << round << ": " << status;
+        EXPECT_NE(status.message().find("rank 1"), std::string::npos) << status;
+        if (transport == Transport::kShm) {
+          // Nothing of the run is left in /dev/shm, and the survivor holds no descriptor of it.
+          EXPECT_FALSE(std::filesystem::exists(SegmentPath(store))) << SegmentPath(store);
+          EXPECT_TRUE(SharedMemoryDescriptors().empty())
+              << absl::StrJoin(SharedMemoryDescriptors(), ", ");
+        }
         break;
       }
       status = work->Wait(absl::Seconds(90));
@@ -196,19 +259,27 @@ TEST(GlooMultiprocessFailureTest, PeerKilledMidTransferFailsTheSurvivorAtOnce) {
   }
 }
 
-TEST(GlooMultiprocessFailureTest, PeerThatNeverJoinsFailsCreateWithinTheRendezvousTimeout) {
-  FileStore store(FreshDirectory("never_joins"));
+TEST_P(GlooMultiprocessFailureTest, PeerThatNeverJoinsFailsCreateWithinTheRendezvousTimeout) {
+  const Transport transport = GetParam();
+  FileStore store(FreshDirectory(absl::StrCat("never_joins_", TransportName(transport))));
   GlooCommunicatorOptions options;
   options.rank = 0;
   options.world_size = 3;
   options.store = &store;
   options.rendezvous_timeout = absl::Seconds(1);
+  options.transport = transport;
   const absl::Time start = absl::Now();
   auto communicator = GlooCommunicator::Create(options);
   EXPECT_EQ(communicator.status().code(), absl::StatusCode::kDeadlineExceeded)
       << communicator.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, GlooMultiprocessFailureTest,
+                         ::testing::Values(Transport::kTcp, Transport::kShm),
+                         [](const ::testing::TestParamInfo<Transport>& info) {
+                           return TransportName(info.param);
+                         });
 
 }  // namespace
 }  // namespace zeroshard::comm

@@ -1,26 +1,20 @@
 // GlooRing: the ring algorithms of one GlooCommunicator operation (pipelined reduce-scatter and
-// all-gather, the broadcast chain, the barrier) over Gloo's unbound buffers.
+// all-gather, the broadcast chain, the barrier) over a RingLink (Gloo's TCP pairs or shared
+// memory, ring_link.h).
 #ifndef ZEROSHARD_WORKER_COMM_GLOO_RING_H_
 #define ZEROSHARD_WORKER_COMM_GLOO_RING_H_
 
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "worker/comm/communicator.h"
+#include "worker/comm/ring_link.h"
 #include "worker/comm/ring_schedule.h"
-
-namespace gloo {
-class Context;
-namespace transport {
-class UnboundBuffer;
-}  // namespace transport
-}  // namespace gloo
 
 namespace zeroshard::comm {
 
@@ -32,29 +26,23 @@ struct GlooRingEnvironment {
   // GlooCommunicatorOptions' segment_bytes and staging_segments.
   size_t segment_bytes = 0;
   int staging_segments = 1;
-  // The transport lanes: messages from rank s travel on (*lanes)[LaneOf(s, lanes->size())].
-  const std::vector<std::shared_ptr<gloo::Context>>* lanes = nullptr;
-  // Reduce-scatter staging, grown as needed and kept between operations.
+  // The transport the messages travel on.
+  RingLink* link = nullptr;
+  // Reduce-scatter staging (for a link that needs a landing), grown as needed and kept between
+  // operations.
   std::vector<char>* staging = nullptr;
   // Running totals: a send's bytes count when it is posted, a receive's when it completes (read
   // concurrently by the communicator's stats()).
   std::atomic<int64_t>* bytes_sent = nullptr;
   std::atomic<int64_t>* bytes_received = nullptr;
-  // Blocks until `buffer`'s pending receive (`receive`) or send completes; an error status when
-  // `deadline` passes or the communicator has failed or is aborted.
-  std::function<absl::Status(gloo::transport::UnboundBuffer* buffer, bool receive,
-                             absl::Time deadline)>
-      wait;
 };
 
-// The per-operation view of the transport and the ring algorithms over it: unbound buffers, the
-// operation's message slots (MakeSlot with its tag and sequence), and the sends still to wait for.
-// The algorithms are the ones GlooCommunicator's class comment describes, in that reduction order.
+// The ring algorithms of one operation over the environment's link, with the operation's message
+// slots (MakeSlot with its tag and sequence). The algorithms are the ones GlooCommunicator's
+// class comment describes, in that reduction order, whatever the link.
 //
 // Thread contract: not thread-safe; created, used and destroyed on the communication thread that
-// runs the operation. Gloo throws on transport errors; the caller catches. The unbound buffers
-// live as long as the GlooRing, so after a failure the caller must close the connections before
-// destroying it (Gloo may still write into a receive buffer until then).
+// runs the operation. Link errors (and Gloo's exceptions) pass through to the caller.
 class GlooRing {
  public:
   // Every wait of the operation ends by `deadline`.
@@ -85,20 +73,11 @@ class GlooRing {
   absl::Status Barrier();
 
  private:
-  // An unbound buffer on `lane`'s context.
-  gloo::transport::UnboundBuffer* Buffer(const void* data, size_t bytes, int lane);
-  // A buffer this rank sends from: on this rank's lane.
-  gloo::transport::UnboundBuffer* SendBuffer(const void* data, size_t bytes);
-  // A buffer receiving from `peer`: on the sender's lane.
-  gloo::transport::UnboundBuffer* RecvBuffer(void* data, size_t bytes, int peer);
-
-  void Send(gloo::transport::UnboundBuffer* buffer, int peer, uint64_t unit);
-  void Recv(gloo::transport::UnboundBuffer* buffer, int peer, uint64_t unit, size_t offset_bytes,
-            size_t bytes);
-  void Recv(gloo::transport::UnboundBuffer* buffer, int peer, uint64_t unit);
-
-  absl::Status WaitRecv(gloo::transport::UnboundBuffer* buffer, size_t bytes);
-  absl::Status WaitSends();
+  uint64_t Slot(uint64_t unit) const { return MakeSlot(tag_, sequence_, unit); }
+  void Send(int peer, uint64_t unit, const void* data, size_t bytes);
+  // Receives message `unit` from `peer` into `landing` (copied there unless the link landed it
+  // there already).
+  absl::Status ReceiveInto(int peer, uint64_t unit, char* landing, size_t bytes);
 
   const GlooRingEnvironment environment_;
   const int rank_;
@@ -108,11 +87,9 @@ class GlooRing {
   const uint32_t tag_;
   const uint64_t sequence_;
   const absl::Time deadline_;
-  std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> buffers_;
-  // Barrier's one-byte messages; a member so it outlives the buffers over it.
+  RingLink& link_;
+  // Barrier's one-byte messages; a member so it outlives the link's buffers over it.
   std::vector<char> barrier_bytes_;
-  // One entry per send not yet waited for (a buffer sending twice appears twice).
-  std::vector<gloo::transport::UnboundBuffer*> pending_sends_;
 };
 
 }  // namespace zeroshard::comm

@@ -1,0 +1,143 @@
+// ShmLink: the RingLink for ranks on one host: every ordered pair of ranks has a ring of
+// chunks in one POSIX shared-memory segment, so a ring message costs one copy in (the sender's)
+// and is reduced or copied straight out of shared memory by the receiver, with no socket and
+// no kernel copy on the data path.
+#ifndef ZEROSHARD_WORKER_COMM_SHM_LINK_H_
+#define ZEROSHARD_WORKER_COMM_SHM_LINK_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "worker/comm/abort_signal.h"
+#include "worker/comm/ring_link.h"
+#include "worker/comm/store.h"
+
+namespace zeroshard::comm {
+
+struct ShmLinkOptions {
+  int rank = 0;
+  int world_size = 2;
+  Store* store = nullptr;
+  // Store keys are "<store_prefix>/shm/...".
+  std::string store_prefix = "gloo";
+  // This rank's machine (the worker's --host). Ranks naming different hosts never share memory.
+  std::string host;
+  // Chunks of the ring between ring neighbours (r -> r+1): `slots` chunks of `slot_bytes` (a
+  // multiple of 64). Other pairs (the barrier's messages) get two 64-byte chunks.
+  size_t slot_bytes = 256 * 1024;
+  int slots = 8;
+  // Connecting (store waits included) ends by then.
+  absl::Time deadline = absl::InfiniteFuture();
+  // Optional. Aborting it ends Connect within one poll slice (100 ms) with CANCELLED.
+  AbortSignal* abort_signal = nullptr;
+};
+
+// Same host is decided by the hosts the ranks announce and then proven in shared memory: rank 0
+// creates a segment under a random name holding a random token and publishes both through the
+// store; every other rank opens the segment by name and compares the token (a pod or container
+// with a private /dev/shm cannot open it, or finds another one). The segment is unlinked once
+// every rank has mapped it (or the check failed), before any collective runs, and no file
+// descriptor is kept: a killed rank leaves nothing in /dev/shm.
+//
+// Each ring is single-producer single-consumer: the sender copies a message into free chunks and
+// publishes them by advancing `head`; the receiver consumes chunks in place and frees them by
+// advancing `tail`. Nothing is ever locked, so a rank that dies holds nothing its peers wait on;
+// the PeerWatch's TCP connections tell the survivors (shared memory gives no EOF), and the
+// communicator's Interrupt ends their waits. Sends are queued and pushed into the ring whenever
+// the link waits, so the ring algorithms' "post every send, then receive" never deadlocks on a
+// full ring.
+//
+// Waiting spins briefly, then sleeps on this rank's bell (a futex word in the segment) that a
+// peer rings after it publishes chunks to this rank or frees chunks this rank sends into, and
+// that Interrupt rings too. Sleeps are capped at 100 ms, so a missed wake-up only delays.
+//
+// Thread contract: Connect, Send, PostReceive, Receive and WaitSends on one thread at a time
+// (the communication thread); Interrupt and ring_bytes from any thread.
+class ShmLink : public RingLink {
+ public:
+  // All ranks call this with the same world size, prefix and sizes. FAILED_PRECONDITION when the
+  // ranks are not all on one host (hosts differ, or rank 0's segment cannot be opened or holds
+  // another token) or rank 0 cannot create the segment (e.g. /dev/shm too small): the message
+  // says which rank and why, and every rank gets the same answer, so all may fall back to TCP.
+  // DEADLINE_EXCEEDED, CANCELLED (abort_signal), UNAVAILABLE (store) and INVALID_ARGUMENT
+  // (options) otherwise.
+  static absl::StatusOr<std::unique_ptr<ShmLink>> Connect(const ShmLinkOptions& options);
+
+  // Unmaps the segment.
+  ~ShmLink() override;
+  ShmLink(const ShmLink&) = delete;
+  ShmLink& operator=(const ShmLink&) = delete;
+
+  // Ends every wait in progress and every later one with `why` (the first one given). Sticky.
+  void Interrupt(absl::Status why);
+
+  // Bytes of the rings this rank sends into (its share of the segment).
+  int64_t ring_bytes() const { return ring_bytes_; }
+
+  bool needs_landing() const override { return false; }
+  void Send(int peer, uint64_t slot, const void* data, size_t bytes) override;
+  void PostReceive(int peer, uint64_t slot, void* landing, size_t bytes) override {}
+  absl::Status Receive(int peer, uint64_t slot, void* landing, size_t bytes, absl::Time deadline,
+                       Consumer consume) override;
+  absl::Status WaitSends(absl::Time deadline) override;
+
+  // The shared layout (public for the .cc's helpers; nothing outside uses it).
+  struct Bell;
+  struct RingCounters;
+  struct ChunkHeader;
+  struct Ring {
+    RingCounters* counters = nullptr;
+    ChunkHeader* chunks = nullptr;
+    char* data = nullptr;
+    uint64_t count = 0;  // chunks
+    size_t chunk_bytes = 0;
+  };
+
+ private:
+  struct PendingSend {
+    uint64_t slot;
+    const char* data;
+    size_t bytes;
+    size_t sent;
+  };
+
+  ShmLink(int rank, int world_size, void* base, size_t bytes, size_t slot_bytes, int slots);
+
+  // Pushes queued sends into their rings as far as they have room; whether anything moved.
+  bool PushSends();
+  // Tells `rank` (its bell) that something it may wait for happened.
+  void RingBell(int rank);
+  // Waits until `ready()` (pushing queued sends meanwhile); an error at the deadline or on an
+  // interrupt.
+  template <typename Ready>
+  absl::Status WaitUntil(Ready ready, absl::Time deadline);
+  absl::Status Interruption() const;
+
+  const int rank_;
+  const int world_size_;
+  void* const base_;
+  const size_t bytes_;
+  int64_t ring_bytes_ = 0;
+  Bell* bells_ = nullptr;                        // world_size_ of them
+  std::vector<Ring> outgoing_;                   // [peer]: this rank -> peer
+  std::vector<Ring> incoming_;                   // [peer]: peer -> this rank
+  std::vector<std::deque<PendingSend>> outbox_;  // [peer], in send order
+
+  std::atomic<bool> interrupted_{false};
+  mutable absl::Mutex mu_;
+  absl::Status interruption_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace zeroshard::comm
+
+#endif  // ZEROSHARD_WORKER_COMM_SHM_LINK_H_
