@@ -33,7 +33,9 @@ import threading
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO_ROOT, "tests", "bench"))
 sys.path.insert(0, os.path.join(REPO_ROOT, "tools"))
+import e2e_vs_torch  # noqa: E402  (vmhwm_bytes: a process's peak RSS; standard library only)
 import safetensors_file  # noqa: E402  (reads the exported files; standard library only)
 # sharding/model_catalog.cc's presets (layer sizes of the MLP).
 PRESET_LAYERS = {
@@ -266,7 +268,7 @@ def run_job(args, run):
         )
     say(f"  {run.job_id} SUCCEEDED in {run.seconds:.1f}s")
     # Each worker resets its peak RSS when a run starts, so right after the job it is the job's.
-    peaks = [worker_peak_rss(pid) for pid in args.worker_pids]
+    peaks = [e2e_vs_torch.vmhwm_bytes(pid) for pid in args.worker_pids]
     if peaks and all(p is not None for p in peaks):
         run.peak_rss = peaks
     # Every rank commits the final checkpoint before it reports its last step, so the final state
@@ -279,18 +281,6 @@ def run_job(args, run):
         raise DemoError(f"{run.job_id} succeeded but its final state does not export: "
                         f"{exported.stderr.strip()}")
     run.params_path = path
-
-
-def worker_peak_rss(pid):
-    """VmHWM of process `pid` in bytes, or None when it cannot be read (not local, gone)."""
-    try:
-        with open(f"/proc/{pid}/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
 
 
 def read_params(path):

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from torch import nn
 
 import zeroshard
 import zeroshard.torch as zt
+from zeroshard import _safetensors
 from zeroshard._proto.zeroshard.v1 import job_pb2
 
 VOCAB = 40
@@ -99,20 +99,9 @@ def same(a, b):
 
 
 def read_safetensors(path):
-    """{name: float32 tensor} of a safetensors file of F32 tensors (no safetensors package)."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    (length,) = struct.unpack("<Q", raw[:8])
-    header = json.loads(raw[8:8 + length])
-    data = raw[8 + length:]
-    tensors = {}
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = entry["data_offsets"]
-        tensors[name] = torch.frombuffer(bytearray(data[begin:end]),
-                                         dtype=torch.float32).view(entry["shape"])
-    return tensors
+    """{name: tensor} of a safetensors file (no safetensors package)."""
+    tensors, _ = _safetensors.read_safetensors(path)
+    return _safetensors.to_torch(tensors)
 
 
 def strict_load(path, expected):

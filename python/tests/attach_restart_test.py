@@ -13,6 +13,7 @@ import subprocess
 import unittest
 
 import zeroshard
+from zeroshard import _safetensors
 from cluster_support import (runfiles_workspace, start_local_cluster, trainer_python,
                              trainer_torch, wait_until)
 from zeroshard._proto.zeroshard.v1 import job_pb2
@@ -25,12 +26,8 @@ CHECKPOINT_EVERY = 5
 
 def read_safetensors(path):
     """{name: (shape, raw little-endian fp32 bytes)} of a file zt.save wrote."""
-    with open(path, "rb") as f:
-        (header_bytes,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(header_bytes))
-        data = f.read()
-    return {name: (entry["shape"], data[entry["data_offsets"][0]:entry["data_offsets"][1]])
-            for name, entry in header.items()}
+    tensors, _ = _safetensors.read_safetensors(path)
+    return {name: (list(tensor.shape), tensor.data) for name, tensor in tensors.items()}
 
 
 def max_abs_difference(a, b):

@@ -24,16 +24,18 @@ documents).
 """
 
 import errno
-import json
 import os
 import stat
-import struct
 
 import torch
 from google.protobuf import json_format
 
+from zeroshard import _safetensors
 from zeroshard._proto.zeroshard.v1 import checkpoint_pb2
 from zeroshard._proto.zeroshard.v1 import types_pb2
+from zeroshard._safetensors import INT64_MAX as _INT64_MAX
+from zeroshard._safetensors import LENGTH_PREFIX_BYTES as _LENGTH_PREFIX_BYTES
+from zeroshard._safetensors import quoted as _quoted
 
 MANIFEST_FILE_NAME = "manifest.json"
 # checkpoint/manifest.h: kManifestFormatVersion, kMaxNamedWorldSize.
@@ -45,22 +47,10 @@ _SHARD_FORMAT_VERSION = 1
 # 10 MiB, and a larger manifest.json (a sparse file costs the volume nothing) is refused before
 # it is read.
 MAX_MANIFEST_BYTES = 16 << 20
-# checkpoint/safetensors.h kMaxSafetensorsHeaderBytes (the official safetensors reader's limit).
-_MAX_HEADER_BYTES = 100_000_000
-_LENGTH_PREFIX_BYTES = 8
 _HEADER_KEY = "zeroshard.checkpoint"
 _FRAGMENTS_KEY = "zeroshard.fragments"
-_METADATA_KEY = "__metadata__"
 _STEP_DIR_PREFIX = "step-"
 _STEP_DIGITS = 12
-_INT64_MAX = (1 << 63) - 1
-_UINT64_MAX = (1 << 64) - 1
-
-# checkpoint/safetensors.cc kDTypes: name -> bytes per element.
-_SAFETENSORS_DTYPE_SIZES = {
-    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
-    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "F64": 8, "I64": 8, "U64": 8,
-}
 # checkpoint/shard_file.cc FragmentDTypeSize and ToSafetensorsDType.
 _FRAGMENT_DTYPES = {
     types_pb2.FLOAT32: (4, "F32"),
@@ -72,26 +62,6 @@ _FRAGMENT_DTYPES = {
 _OPEN_FLAGS = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
 # O_NONBLOCK: opening a FIFO planted in place of a file must not block (regular files ignore it).
 _OPEN_FILE_FLAGS = _OPEN_FLAGS | os.O_NONBLOCK
-
-
-def _quoted(text):
-    """`text` in double quotes, escaped as absl::CHexEscape does (the C++ reader's messages)."""
-    out = []
-    for byte in text.encode("utf-8", "surrogatepass"):
-        char = chr(byte)
-        if char in "\"'\\":
-            out.append("\\" + char)
-        elif char == "\n":
-            out.append("\\n")
-        elif char == "\r":
-            out.append("\\r")
-        elif char == "\t":
-            out.append("\\t")
-        elif 0x20 <= byte < 0x7F:
-            out.append(char)
-        else:
-            out.append(f"\\x{byte:02x}")
-    return '"' + "".join(out) + '"'
 
 
 def _fragment_key(state, tensor, begin, end):
@@ -114,27 +84,6 @@ def _step_of_dir_name(name):
     if step > _INT64_MAX or f"{step:0{_STEP_DIGITS}d}" != digits:
         return None
     return step
-
-
-def _read_fully(fd, size, offset, path):
-    """`size` bytes of `fd` at `offset` (a bytearray); ValueError naming `path` when the file
-    ends first."""
-    data = bytearray(size)
-    _read_into(fd, memoryview(data), offset, path)
-    return data
-
-
-def _read_into(fd, out, offset, path):
-    done = 0
-    while done < len(out):
-        try:
-            got = os.preadv(fd, [out[done:]], offset + done)
-        except OSError as e:
-            raise ValueError(f"{path}: read at byte {offset + done}: {e.strerror}") from None
-        if got == 0:
-            raise ValueError(f"{path}: the file ends at byte {offset + done}, before the "
-                             f"{len(out)} bytes at byte {offset} (truncated while read)")
-        done += got
 
 
 def _describe_file_type(mode):
@@ -300,177 +249,6 @@ def read_manifest(path, expected_job_id=None):
         os.close(dir_fd)
 
 
-# ---- safetensors ----
-
-def _kind(value):
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, (int, float)):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
-
-
-def _non_negative_integer(value, what):
-    """checkpoint/safetensors_reader.cc NonNegativeInteger: an int in [0, 2^63)."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _INT64_MAX:
-        shown = json.dumps(value) if isinstance(value, (int, float)) and \
-            not isinstance(value, bool) else _kind(value)
-        raise _Corrupt(f"{what}: {shown} is not a non-negative 64-bit integer")
-    return value
-
-
-class _Corrupt(Exception):
-    """A reason a safetensors header is refused, before the file's name is added."""
-
-
-def _object_pairs(pairs):
-    names = set()
-    for name, value in pairs:
-        if name in names:
-            raise _Corrupt(f"header: duplicate name {_quoted(name)}")
-        names.add(name)
-        for text in (name, value):
-            if isinstance(text, str):
-                try:
-                    text.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise _Corrupt("header: string is not UTF-8 (an unpaired surrogate)") \
-                        from None
-    return dict(pairs)
-
-
-def _not_json(constant):
-    raise _Corrupt(f"header: {constant} is not JSON")
-
-
-class _SafetensorsTensor:
-    __slots__ = ("name", "dtype", "shape", "data_begin", "data_end")
-
-
-def _parse_tensor_entry(name, entry):
-    """checkpoint/safetensors_reader.cc ParseTensorEntry."""
-    where = f"tensor {_quoted(name)}"
-    if not isinstance(entry, dict):
-        raise _Corrupt(f"{where}: {_kind(entry)}, not an object")
-    tensor = _SafetensorsTensor()
-    tensor.name = name
-    for field, value in entry.items():
-        if field == "dtype":
-            if not isinstance(value, str):
-                raise _Corrupt(f"{where}: dtype is {_kind(value)}")
-            if value not in _SAFETENSORS_DTYPE_SIZES:
-                raise _Corrupt(f"{where}: unknown dtype {_quoted(value)}")
-            tensor.dtype = value
-        elif field == "shape":
-            if not isinstance(value, list):
-                raise _Corrupt(f"{where}: shape is {_kind(value)}")
-            tensor.shape = [_non_negative_integer(dim, f"{where}: shape[{d}]")
-                            for d, dim in enumerate(value)]
-        elif field == "data_offsets":
-            if not isinstance(value, list) or len(value) != 2:
-                raise _Corrupt(f"{where}: data_offsets is not an array of two integers")
-            begin = _non_negative_integer(value[0], f"{where}: data_offsets[0]")
-            end = _non_negative_integer(value[1], f"{where}: data_offsets[1]")
-            if end < begin:
-                raise _Corrupt(f"{where}: data_offsets [{begin}, {end}] end before they begin")
-            tensor.data_begin, tensor.data_end = begin, end
-        else:
-            raise _Corrupt(f"{where}: unknown field {_quoted(field)}")
-    for field, attribute in (("dtype", "dtype"), ("shape", "shape"),
-                             ("data_offsets", "data_begin")):
-        if not hasattr(tensor, attribute):
-            raise _Corrupt(f"{where}: no {field}")
-    size = _SAFETENSORS_DTYPE_SIZES[tensor.dtype]
-    for dim in tensor.shape:
-        size *= dim
-        if size > _UINT64_MAX:
-            raise _Corrupt(f"{where}: shape overflows 64 bits")
-    if size != tensor.data_end - tensor.data_begin:
-        shape = ",".join(map(str, tensor.shape))
-        raise _Corrupt(f"{where}: dtype {tensor.dtype} x shape [{shape}] is {size} bytes, but "
-                       f"data_offsets [{tensor.data_begin}, {tensor.data_end}] hold "
-                       f"{tensor.data_end - tensor.data_begin}")
-    return tensor
-
-
-def _read_safetensors(fd, size, path):
-    """checkpoint/safetensors_reader.cc SafetensorsReader::Open: ({tensor name: _SafetensorsTensor},
-    {metadata key: value}, the data section's file offset). Reads nothing beyond the header,
-    whose length is checked against the file's real `size` first."""
-    def corrupt(what):
-        return ValueError(f"safetensors file {path}: {what}")
-
-    if size < _LENGTH_PREFIX_BYTES:
-        raise corrupt(f"the file has {size} bytes, fewer than the 8-byte header length")
-    (header_bytes,) = struct.unpack("<Q", _read_fully(fd, _LENGTH_PREFIX_BYTES, 0, path))
-    if header_bytes > size - _LENGTH_PREFIX_BYTES:
-        raise corrupt(f"the header length {header_bytes} reaches beyond the file ({size} "
-                      "bytes): truncated or not safetensors")
-    if header_bytes > _MAX_HEADER_BYTES:
-        raise corrupt(f"the header length {header_bytes} exceeds the format's limit of "
-                      f"{_MAX_HEADER_BYTES}")
-    text = _read_fully(fd, header_bytes, _LENGTH_PREFIX_BYTES, path)
-    data_start = _LENGTH_PREFIX_BYTES + header_bytes
-    data_size = size - data_start
-    try:
-        header = json.loads(text.decode("utf-8"), object_pairs_hook=_object_pairs,
-                            parse_constant=_not_json)
-    except _Corrupt as e:
-        raise corrupt(str(e)) from None
-    except UnicodeDecodeError:
-        raise corrupt("header: not UTF-8") from None
-    except RecursionError:
-        raise corrupt("header: nested too deeply") from None
-    except ValueError as e:
-        raise corrupt(f"header: not JSON: {e}") from None
-    if not isinstance(header, dict):
-        raise corrupt(f"the header is {_kind(header)}, not an object")
-    metadata = {}
-    tensors = []
-    try:
-        for key, value in header.items():
-            if key == _METADATA_KEY:
-                if not isinstance(value, dict):
-                    raise _Corrupt(f"__metadata__ is {_kind(value)}, not an object")
-                for name, text_value in value.items():
-                    if not isinstance(text_value, str):
-                        raise _Corrupt(f"__metadata__ {_quoted(name)} is {_kind(text_value)}, "
-                                       "not a string")
-                    metadata[name] = text_value
-                continue
-            tensors.append(_parse_tensor_entry(key, value))
-    except _Corrupt as e:
-        raise corrupt(str(e)) from None
-    # The tensors must tile the data section: in offset order, each starts where the last ended.
-    tensors.sort(key=lambda t: (t.data_begin, t.data_end))
-    expected = 0
-    previous = None
-    for tensor in tensors:
-        where = f"tensor {_quoted(tensor.name)} (data_offsets [{tensor.data_begin}, " \
-                f"{tensor.data_end}])"
-        if tensor.data_begin < expected:
-            raise corrupt(f"{where} overlaps tensor {_quoted(previous.name)}, which ends at "
-                          f"{expected}")
-        if tensor.data_begin > expected:
-            raise corrupt(f"{where} leaves a gap of {tensor.data_begin - expected} bytes before "
-                          "it")
-        if tensor.data_end > data_size:
-            raise corrupt(f"{where} ends beyond the data section, which holds {data_size} bytes "
-                          f"(file size {size}): truncated")
-        expected = tensor.data_end
-        previous = tensor
-    if expected != data_size:
-        raise corrupt(f"the tensors cover {expected} bytes of data, but the file holds "
-                      f"{data_size} after its header")
-    return {t.name: t for t in tensors}, metadata, data_start
-
-
 # ---- Shard files ----
 
 def _validate_state_name(state):
@@ -593,7 +371,7 @@ class ShardFile:
         self.path = path
         self.fd = fd
         self.size = size
-        tensors, metadata, data_start = _read_safetensors(fd, size, path)
+        tensors, metadata, data_start = _safetensors.read_header(fd, size, path)
 
         def corrupt(what):
             return ValueError(f"checkpoint file {path}: {what}")
@@ -648,7 +426,7 @@ class ShardFile:
             raise ValueError(f"checkpoint file {self.path}: fragment "
                              f"{_quoted(_key_of(self.fragments[index]))} is {size} bytes, not "
                              f"{len(view)}")
-        _read_into(self.fd, view, offset, self.path)
+        _safetensors.read_into(self.fd, view, offset, self.path)
 
 
 # ---- A checkpoint: the manifest and its files, cross-checked ----
@@ -813,23 +591,8 @@ def read_full_state(manifest_path, expected_job_id=None):
                 shard.read_into(index, target.numpy())
         return header, full
 
-
 def write_full_state(path, arrays):
     """Writes `arrays` ({name: float32 tensor}) as a safetensors file of 1-D F32 tensors, the
     layout a worker's load_state reads (LoadState.full_state_file)."""
-    tensors = {name: t.detach().to(torch.float32).reshape(-1).contiguous()
-               for name, t in arrays.items()}
-    header = {}
-    offset = 0
-    for name, tensor in tensors.items():
-        size = tensor.numel() * 4
-        header[name] = {"dtype": "F32", "shape": [tensor.numel()],
-                        "data_offsets": [offset, offset + size]}
-        offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    with open(path, "wb") as out:
-        out.write(struct.pack("<Q", len(encoded)))
-        out.write(encoded)
-        for tensor in tensors.values():
-            out.write(tensor.numpy().tobytes())
+    _safetensors.write_f32(path, {name: t.detach().to(torch.float32).reshape(-1).contiguous()
+                                  for name, t in arrays.items()})

@@ -33,6 +33,7 @@ import grpc
 import torch
 
 from zeroshard import _checkpoint
+from zeroshard import _safetensors
 from zeroshard._attach import AttachConnection, AttachError, WorkerLost
 from zeroshard._jobs import find_job
 from zeroshard._proto.zeroshard.v1 import attach_pb2
@@ -1613,23 +1614,5 @@ def save(model, path):
     after step()."""
     if init().rank != 0:
         return
-    import json
-    import struct
-    tensors = {name: p.detach().to("cpu", torch.float32).contiguous()
-               for name, p in _parameter_names(model)}
-    header = {}
-    offset = 0
-    for name, tensor in tensors.items():
-        size = tensor.numel() * 4
-        header[name] = {"dtype": "F32", "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + size]}
-        offset += size
-    encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
-    temporary = f"{path}.tmp"
-    with open(temporary, "wb") as out:
-        out.write(struct.pack("<Q", len(encoded)))
-        out.write(encoded)
-        for tensor in tensors.values():
-            out.write(tensor.numpy().tobytes())
-    os.replace(temporary, path)
+    _safetensors.write_f32(path, {name: p.detach().to("cpu", torch.float32).contiguous()
+                                  for name, p in _parameter_names(model)}, replace=True)
