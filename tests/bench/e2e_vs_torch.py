@@ -22,10 +22,16 @@ from `watch --output=json`, peak RSS from each worker's /proc/<pid>/status. Ever
 in --rounds rounds (2), the second in the reverse order, and its medians pool the rounds.
 
 Prints one JSON line per variant (medians over the measured iterations after warm-up):
-  {"bench":"e2e","job","world_size","variant","torch_version","iter_ms","step_ms",
-   "exposed_comm_ms","peak_rss_bytes", ...breakdown fields}
-and one "e2e_targets" line per job with issue 11's ratios. What each field means on each side is
-in docs/performance.md.
+  {"bench":"e2e","job","world_size","variant","torch_version","iter_ms","limit_ms","over_limit",
+   "step_ms","exposed_comm_ms","peak_rss_bytes", ...breakdown fields}
+and one "e2e_targets" line per job with the target ratios. limit_ms is the variant's own
+forward + backward + update with communication skipped, all W processes running at once (the
+machine's limit for it); over_limit = iter_ms / limit_ms. Torch: the no-comm iterations each rank
+runs after the measured ones (no_sync, the optimizer's step on the rank's own shard). ZeroShard:
+W jobs of one worker each, run at once on the same cluster (the same per-rank batch, so the same
+forward and backward, and no peer to talk to), for forward + backward, plus the update_ms of the
+variant's own run (the update of its shard, which involves no communication). What each field
+means on each side is in docs/performance/e2e_vs_torch.md.
 """
 
 import argparse
@@ -68,10 +74,12 @@ LR = 1e-3
 ADAMW_OPTIONS = {"lr": LR, "betas": (0.9, 0.999), "eps": 1e-8, "weight_decay": 0.01}
 MIN_MEASURED = 10
 
-# issue 11's targets: (job, variant, reference variant, largest ratio of their iter_ms).
+# The targets: (job, variant, reference variant, largest ratio of their iter_ms); a reference of
+# "limit" is the variant's own limit_ms (the ratio is its over_limit).
 TARGETS = [
-    ("medium", "zeroshard_zero2", "torch_zero", 0.65),
-    ("medium", "zeroshard_ddp", "torch_ddp", 0.8),
+    ("medium", "zeroshard_zero2", "torch_zero", 0.60),
+    ("medium", "zeroshard_ddp", "torch_ddp", 0.75),
+    ("medium", "zeroshard_zero2", "limit", 1.15),
     ("medium", "zeroshard_zero2", "zeroshard_ddp", 1.0),
     ("seed", "zeroshard_zero2", "torch_ddp", 0.8),
 ]
@@ -91,6 +99,13 @@ def emit(record):
 
 def median_ms(values):
     return round(statistics.median(values) * 1e3, 3) if values else None
+
+
+def over_limit(iterations, limits):
+    """iter_ms / limit_ms of the medians (None without a limit)."""
+    if not iterations or not limits or statistics.median(limits) <= 0:
+        return None
+    return round(statistics.median(iterations) / statistics.median(limits), 3)
 
 
 def slowest_rank(per_rank):
@@ -337,6 +352,9 @@ def summarize_torch(job, variant, world_size, rounds, torch_version, warmup):
                 for value in slowest_rank([[it[key] for it in r[phase]] for r in ranks])]
 
     iteration = column("trained", "iter")
+    # The limit: iterations without gradient communication (no_sync) whose step is the update of
+    # this rank's shard alone (ZeroRedundancyOptimizer's inner step, no broadcast).
+    limit = column("no_comm", "iter")
     compute = column("trained", "compute")
     step = column("trained", "step")
     update = column("trained", "update")
@@ -358,6 +376,8 @@ def summarize_torch(job, variant, world_size, rounds, torch_version, warmup):
         "variant": variant,
         "torch_version": torch_version,
         "iter_ms": median_ms(iteration),
+        "limit_ms": median_ms(limit),
+        "over_limit": over_limit(iteration, limit),
         "step_ms": median_ms(step),
         "exposed_comm_ms": round(exposed * 1e3, 3),
         "peak_rss_bytes": max(peaks) if all(p is not None for p in peaks) else None,
@@ -482,13 +502,24 @@ def summarize_zeroshard(job, mode, world_size, runs, warmup, torch_version):
 
     peaks = [max(p) if all(x is not None for x in p) else None
              for p in zip(*(run["peaks"] for run in runs))]
+    # The limit: forward + backward of the one-worker jobs run at once (each step's slowest), plus
+    # this run's own update (of its shard: no communication in it).
+    no_comm_compute = [max(per_job) / 1e3 for run in runs
+                       for per_job in zip(*run.get("no_comm_compute_ms", []))]
+    update = field("update_ms")
+    limit = ([statistics.median(no_comm_compute) + statistics.median(update)]
+             if no_comm_compute and update else [])
+    iteration = field("iteration_ms")
     return {
         "bench": "e2e",
         "job": job,
         "world_size": world_size,
         "variant": f"zeroshard_{mode}",
         "torch_version": torch_version,
-        "iter_ms": median_ms(field("iteration_ms")),
+        "iter_ms": median_ms(iteration),
+        "limit_ms": median_ms(limit) if limit else None,
+        "over_limit": over_limit(iteration, limit),
+        "compute_no_comm_ms": median_ms(no_comm_compute) if no_comm_compute else None,
         "step_ms": median_ms(field("step_ms")),
         "exposed_comm_ms": median_ms([zeroshard_exposed_comm_ms(m) / 1e3 for m in measured]),
         "peak_rss_bytes": max(peaks) if peaks and all(p is not None for p in peaks) else None,
@@ -508,9 +539,46 @@ def summarize_zeroshard(job, mode, world_size, runs, warmup, torch_version):
     }
 
 
+def submit_job(cli, coordinator, name, job, mode, workers, steps):
+    """Submits one ZeroShard job of `workers` ranks (PER_RANK_BATCH samples each); its id."""
+    submitted = subprocess.run(
+        [cli, coordinator, "submit", f"--name={name}", f"--preset={job}", "--optimizer=adamw",
+         f"--lr={LR}", f"--mode={mode}", f"--workers={workers}", f"--steps={steps}",
+         f"--global_batch={PER_RANK_BATCH * workers}", f"--dataset_size={DATASET_SIZE}",
+         f"--seed={SEED}", "--output=json"],
+        capture_output=True, text=True, timeout=60)
+    if submitted.returncode != 0:
+        raise BenchError(f"{name}: submit failed: {submitted.stderr.strip()}")
+    return json.loads(submitted.stdout)["id"]
+
+
+def watch_jobs(cli, coordinator, job_ids, steps, timeout):
+    """Watches the jobs to their end, all at once; (progress, times) of each, in order."""
+    watchers = [subprocess.Popen([cli, coordinator, "watch", job_id, "--output=json"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for job_id in job_ids]
+    results = []
+    for job_id, watcher in zip(job_ids, watchers):
+        try:
+            out, err = watcher.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for w in watchers:
+                w.kill()
+            raise
+        progress, times, state, message = parse_watch_output(out.splitlines())
+        if watcher.returncode != 0 or state != "SUCCEEDED":
+            raise BenchError(f"{job_id} ended {state}: {message} {err.strip()}")
+        missing = [s for s in range(1, steps + 1) if s not in progress]
+        if missing:
+            raise BenchError(f"{job_id}: no progress for steps {missing}")
+        results.append((progress, times))
+    return results
+
+
 def zeroshard_client(argv):
-    """Runs inside deploy/local/cluster.py: one job per mode, its measured steps as one JSON line
-    each to --results."""
+    """Runs inside deploy/local/cluster.py: per mode, the measured job of W workers, then W jobs
+    of one worker each at once (the no-communication limit); one JSON line per mode to
+    --results."""
     parser = argparse.ArgumentParser(prog="e2e_vs_torch.py zeroshard-client")
     parser.add_argument("--job", required=True, choices=sorted(JOBS))
     parser.add_argument("--modes", required=True)
@@ -523,32 +591,24 @@ def zeroshard_client(argv):
     coordinator = f"--coordinator={os.environ['ZEROSHARD_COORDINATOR']}"
     pids = [int(p) for p in os.environ.get("ZEROSHARD_WORKER_PIDS", "").split(",") if p]
     world_size = JOBS[args.job]["world_size"]
+    total = args.warmup + args.steps
     for mode in args.modes.split(","):
-        submitted = subprocess.run(
-            [cli, coordinator, "submit", f"--name=e2e-{args.job}-{mode}", f"--preset={args.job}",
-             "--optimizer=adamw", f"--lr={LR}", f"--mode={mode}", f"--workers={world_size}",
-             f"--steps={args.warmup + args.steps}",
-             f"--global_batch={PER_RANK_BATCH * world_size}", f"--dataset_size={DATASET_SIZE}",
-             f"--seed={SEED}", "--output=json"],
-            capture_output=True, text=True, timeout=60)
-        if submitted.returncode != 0:
-            raise BenchError(f"{args.job} {mode}: submit failed: {submitted.stderr.strip()}")
-        job_id = json.loads(submitted.stdout)["id"]
+        job_id = submit_job(cli, coordinator, f"e2e-{args.job}-{mode}", args.job, mode,
+                            world_size, total)
         load = load_average()
         say(f"{args.job} zeroshard_{mode}: {job_id} (load average {load})")
-        watched = subprocess.run([cli, coordinator, "watch", job_id, "--output=json"],
-                                 capture_output=True, text=True, timeout=args.job_timeout)
-        progress, times, state, message = parse_watch_output(watched.stdout.splitlines())
-        if watched.returncode != 0 or state != "SUCCEEDED":
-            raise BenchError(f"{job_id} ended {state}: {message} {watched.stderr.strip()}")
-        missing = [s for s in range(1, args.warmup + args.steps + 1) if s not in progress]
-        if missing:
-            raise BenchError(f"{job_id}: no progress for steps {missing}")
+        ((progress, times),) = watch_jobs(cli, coordinator, [job_id], total, args.job_timeout)
         # Each worker resets its peak when a run starts: read right after the job, it is the job's.
         peaks = [vmhwm_bytes(pid) for pid in pids]
         measured, intervals = measured_steps(progress, times, args.steps, args.warmup)
+        alone = [submit_job(cli, coordinator, f"e2e-{args.job}-{mode}-no-comm-{r}", args.job,
+                            mode, 1, total) for r in range(world_size)]
+        say(f"{args.job} zeroshard_{mode} without communication: {', '.join(alone)} at once")
+        no_comm = [[float(m.get("compute_ms", 0.0))
+                    for m in measured_steps(p, t, args.steps, args.warmup)[0]]
+                   for p, t in watch_jobs(cli, coordinator, alone, total, args.job_timeout)]
         run = {"mode": mode, "measured": measured, "intervals": intervals, "peaks": peaks,
-               "load_average": load}
+               "load_average": load, "no_comm_compute_ms": no_comm}
         with open(args.results, "a") as f:
             f.write(json.dumps(run) + "\n")
 
@@ -649,7 +709,11 @@ def target_lines(records):
     by_key = {(r["job"], r["variant"]): r for r in records}
     lines = {}
     for job, variant, reference, limit in TARGETS:
-        ours, theirs = by_key.get((job, variant)), by_key.get((job, reference))
+        ours = by_key.get((job, variant))
+        if reference == "limit":
+            theirs = {"iter_ms": ours.get("limit_ms")} if ours else None
+        else:
+            theirs = by_key.get((job, reference))
         if ours is None or theirs is None or not theirs["iter_ms"]:
             continue
         ratio = ours["iter_ms"] / theirs["iter_ms"]

@@ -80,6 +80,17 @@ class TorchSummaryTest(unittest.TestCase):
         self.assertAlmostEqual(zero["exposed_comm_ms"], backward_comm_ms + 4.0)
         self.assertAlmostEqual(zero["step_comm_ms"], 4.0)
 
+    def test_the_limit_is_the_slowest_ranks_iteration_without_communication(self):
+        ranks = [self.rank(0, [0.020] * 4), self.rank(1, [0.020] * 4)]
+        ranks[0]["no_comm"] = [{"iter": s, "compute": s / 2, "step": 0.002, "update": 0.002,
+                                "loss": 0.5} for s in (0.010, 0.016, 0.010, 0.016)]
+        ranks[1]["no_comm"] = [{"iter": s, "compute": s / 2, "step": 0.002, "update": 0.002,
+                                "loss": 0.5} for s in (0.014, 0.012, 0.014, 0.012)]
+        record = bench.summarize_torch("m", "torch_zero", 2, [ranks], "2", 1)
+        # Slowest rank per iteration: 14, 16, 14, 16 ms.
+        self.assertAlmostEqual(record["limit_ms"], 15.0)
+        self.assertAlmostEqual(record["over_limit"], round(20.0 / 15.0, 3))
+
 
 class WatchEventsTest(unittest.TestCase):
     def test_event_times_keep_their_fraction(self):
@@ -155,6 +166,26 @@ class ZeroShardSummaryTest(unittest.TestCase):
         self.assertEqual(record["peak_rss_bytes_per_rank"], [6, 8])
         self.assertEqual((record["steps"], record["rounds"]), (9, 3))
 
+    def test_the_limit_is_the_jobs_alone_plus_the_runs_own_update(self):
+        def run(update_ms, no_comm):
+            return {"measured": [{"iteration_ms": 30.0, "update_ms": update_ms, "loss": 0.5}] * 3,
+                    "intervals": [0.03] * 2, "peaks": [1, 1], "no_comm_compute_ms": no_comm}
+
+        # Two one-worker jobs per run; each step's slower one counts: 20, 22, 21 and 19, 24, 18.
+        runs = [run(4.0, [[20.0, 22.0, 18.0], [19.0, 21.0, 21.0]]),
+                run(6.0, [[19.0, 24.0, 15.0], [17.0, 20.0, 18.0]])]
+        record = bench.summarize_zeroshard("medium", "zero2", 2, runs, 1, "2")
+        self.assertAlmostEqual(record["compute_no_comm_ms"], 20.5)
+        self.assertAlmostEqual(record["limit_ms"], 20.5 + 5.0)
+        self.assertAlmostEqual(record["over_limit"], round(30.0 / 25.5, 3))
+
+    def test_no_limit_without_the_jobs_alone(self):
+        run = {"measured": [{"iteration_ms": 30.0, "update_ms": 4.0}], "intervals": [],
+               "peaks": [1]}
+        record = bench.summarize_zeroshard("medium", "zero2", 1, [run], 1, "2")
+        self.assertIsNone(record["limit_ms"])
+        self.assertIsNone(record["over_limit"])
+
 
 class RoundPlanTest(unittest.TestCase):
     def test_odd_rounds_run_backwards(self):
@@ -182,7 +213,14 @@ class TargetsTest(unittest.TestCase):
         self.assertEqual(ratios[("zeroshard_zero2", "torch_zero")], (0.6, True))
         self.assertEqual(ratios[("zeroshard_ddp", "torch_ddp")], (0.9, False))
         self.assertEqual(ratios[("zeroshard_zero2", "zeroshard_ddp")], (round(60 / 90, 3), True))
-        self.assertEqual(len(ratios), 3)  # seed's target has no records here
+        self.assertEqual(len(ratios), 3)  # seed's target has no records here; nor the limit
+
+    def test_over_limit_is_a_target(self):
+        records = [{"job": "medium", "variant": "zeroshard_zero2", "world_size": 2,
+                    "iter_ms": 57.0, "limit_ms": 50.0}]
+        (line,) = bench.target_lines(records)
+        self.assertEqual(line["targets"], [{"variant": "zeroshard_zero2", "reference": "limit",
+                                            "ratio": 1.14, "limit": 1.15, "met": True}])
 
 
 if __name__ == "__main__":
