@@ -13,7 +13,7 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/file_io.h"
 #include "common/status_macros.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::checkpoint {
 namespace {
@@ -28,7 +28,7 @@ bool WidensExactly(v1::DType dtype) {
 float Widen(v1::DType dtype, const char* element) {
   uint16_t bits;
   std::memcpy(&bits, element, sizeof(bits));
-  return dtype == v1::BFLOAT16 ? kernels::BFloat16ToFloat(bits) : kernels::HalfToFloat(bits);
+  return dtype == v1::BFLOAT16 ? numerics::BFloat16ToFloat(bits) : numerics::HalfToFloat(bits);
 }
 
 bool HasState(const v1::ShardHeader& header, absl::string_view state) {

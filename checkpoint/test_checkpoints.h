@@ -20,7 +20,7 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors_writer.h"
 #include "checkpoint/shard_file.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 #include "sharding/shard_planner.h"
 #include "sharding/tensor_spec.h"
 #include "zeroshard/v1/checkpoint.pb.h"
@@ -86,14 +86,14 @@ inline void StoreValue(v1::DType dtype, float value, char* out) {
     return;
   }
   const uint16_t bits =
-      dtype == v1::BFLOAT16 ? kernels::FloatToBFloat16(value) : kernels::FloatToHalf(value);
+      dtype == v1::BFLOAT16 ? numerics::FloatToBFloat16(value) : numerics::FloatToHalf(value);
   std::memcpy(out, &bits, sizeof(bits));
 }
 
 // What an fp32 reader gets back from `value` stored as `dtype`.
 inline float StoredValue(v1::DType dtype, float value) {
-  if (dtype == v1::BFLOAT16) return kernels::BFloat16ToFloat(kernels::FloatToBFloat16(value));
-  if (dtype == v1::FLOAT16) return kernels::HalfToFloat(kernels::FloatToHalf(value));
+  if (dtype == v1::BFLOAT16) return numerics::BFloat16ToFloat(numerics::FloatToBFloat16(value));
+  if (dtype == v1::FLOAT16) return numerics::HalfToFloat(numerics::FloatToHalf(value));
   return value;
 }
 

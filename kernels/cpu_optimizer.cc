@@ -57,7 +57,7 @@ absl::StatusOr<SimdLevel> ResolveSimd(SimdLevel simd) {
   return simd;
 }
 
-UpdateRangeFn SelectUpdateRange(SimdLevel simd, OptimizerKind kind, DType grad_dtype,
+UpdateRangeFn SelectUpdateRange(SimdLevel simd, OptimizerKind kind, numerics::DType grad_dtype,
                                 int param_copy_dtype) {
   switch (simd) {
     case SimdLevel::kAvx512:
@@ -69,7 +69,7 @@ UpdateRangeFn SelectUpdateRange(SimdLevel simd, OptimizerKind kind, DType grad_d
   }
 }
 
-SumSquaresFn SelectSumSquares(SimdLevel simd, DType dtype) {
+SumSquaresFn SelectSumSquares(SimdLevel simd, numerics::DType dtype) {
   switch (simd) {
     case SimdLevel::kAvx512:
       return cpu_internal::SelectSumSquaresAvx512(dtype);
@@ -80,7 +80,8 @@ SumSquaresFn SelectSumSquares(SimdLevel simd, DType dtype) {
   }
 }
 
-ConvertSumSquaresFn SelectConvertSumSquares(SimdLevel simd, DType src_dtype, DType dst_dtype) {
+ConvertSumSquaresFn SelectConvertSumSquares(SimdLevel simd, numerics::DType src_dtype,
+                                            numerics::DType dst_dtype) {
   switch (simd) {
     case SimdLevel::kAvx512:
       return cpu_internal::SelectConvertSumSquaresAvx512(src_dtype, dst_dtype);
@@ -91,17 +92,18 @@ ConvertSumSquaresFn SelectConvertSumSquares(SimdLevel simd, DType src_dtype, DTy
   }
 }
 
-absl::Status ValidateStatsChunks(const void* src, DType src_dtype, const void* dst, DType dst_dtype,
-                                 absl::Span<const GradStatsChunk> chunks, const double* partials) {
-  if (!IsValidDType(src_dtype)) return absl::InvalidArgumentError("src_dtype is invalid");
-  if (!IsValidDType(dst_dtype)) return absl::InvalidArgumentError("dst_dtype is invalid");
+absl::Status ValidateStatsChunks(const void* src, numerics::DType src_dtype, const void* dst,
+                                 numerics::DType dst_dtype, absl::Span<const GradStatsChunk> chunks,
+                                 const double* partials) {
+  if (!numerics::IsValidDType(src_dtype)) return absl::InvalidArgumentError("src_dtype is invalid");
+  if (!numerics::IsValidDType(dst_dtype)) return absl::InvalidArgumentError("dst_dtype is invalid");
   if (!chunks.empty() && partials == nullptr) {
     return absl::InvalidArgumentError("partials is null");
   }
   if (src == dst && src != nullptr && src_dtype != dst_dtype) {
     return absl::InvalidArgumentError(absl::StrCat("src == dst but the dtypes differ (",
-                                                   DTypeName(src_dtype), " to ",
-                                                   DTypeName(dst_dtype), ")"));
+                                                   numerics::DTypeName(src_dtype), " to ",
+                                                   numerics::DTypeName(dst_dtype), ")"));
   }
   for (size_t k = 0; k < chunks.size(); ++k) {
     const GradStatsChunk& chunk = chunks[k];
@@ -135,10 +137,10 @@ bool ArraysAreDisjoint(const UpdatePiece& piece, int state_arrays) {
     const auto begin = reinterpret_cast<uintptr_t>(data);
     ranges[count++] = ByteRange{begin, begin + static_cast<uintptr_t>(bytes)};
   };
-  add(piece.grad, piece.length * DTypeSize(piece.grad_dtype));
+  add(piece.grad, piece.length * numerics::DTypeSize(piece.grad_dtype));
   add(piece.master, piece.length * int64_t{4});
   for (int s = 0; s < state_arrays; ++s) add(piece.state[s], piece.length * int64_t{4});
-  add(piece.param_copy, piece.length * DTypeSize(piece.param_dtype));
+  add(piece.param_copy, piece.length * numerics::DTypeSize(piece.param_dtype));
   for (int i = 0; i < count; ++i) {
     for (int j = i + 1; j < count; ++j) {
       if (ranges[i].begin < ranges[j].end && ranges[j].begin < ranges[i].end) return false;
@@ -244,7 +246,8 @@ absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces
   return CombineGradStatsCpu(chunk_sums);
 }
 
-absl::Status ConvertWithGradStatsCpu(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+absl::Status ConvertWithGradStatsCpu(const void* src, numerics::DType src_dtype, void* dst,
+                                     numerics::DType dst_dtype,
                                      absl::Span<const GradStatsChunk> chunks, double* partials,
                                      ThreadPool* pool, SimdLevel simd) {
   ZS_RETURN_IF_ERROR(ValidateStatsChunks(src, src_dtype, dst, dst_dtype, chunks, partials));

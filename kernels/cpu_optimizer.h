@@ -49,7 +49,7 @@ absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces
 
 // The statistics of a conversion, in the conversion's pass: for each chunk k, converts elements
 // [begin, begin + length) of `src` (src_dtype) into the same elements of `dst` (dst_dtype, each
-// rounded to nearest even as kernels/dtype.h does; equal dtypes copy the bits) and sets
+// rounded to nearest even as numerics/dtype.h does; equal dtypes copy the bits) and sets
 // partials[k] to the fp64 sum of squares of the converted values, summed as ComputeGradStatsCpu
 // sums one chunk. So a piece cut into chunks of kCpuChunkElements from its start, whose partials
 // CombineGradStatsCpu then adds in order, gets ComputeGradStatsCpu's bits over the converted
@@ -60,7 +60,8 @@ absl::StatusOr<GradStats> ComputeGradStatsCpu(absl::Span<const GradPiece> pieces
 // dtypes; Unavailable when `simd` names an instruction set the processor lacks.
 // REQUIRES: the source and destination elements of the chunks do not overlap, unless src == dst
 // with equal dtypes.
-absl::Status ConvertWithGradStatsCpu(const void* src, DType src_dtype, void* dst, DType dst_dtype,
+absl::Status ConvertWithGradStatsCpu(const void* src, numerics::DType src_dtype, void* dst,
+                                     numerics::DType dst_dtype,
                                      absl::Span<const GradStatsChunk> chunks, double* partials,
                                      ThreadPool* pool, SimdLevel simd = SimdLevel::kAuto);
 

@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
 #include "kernels/optimizer_test_configs.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::kernels {
 namespace {
@@ -27,7 +27,7 @@ namespace {
 constexpr double kRelTol = 1e-6;
 constexpr double kAbsFloor = 1e-3;
 
-// ---- Reference conversions (independent of kernels/dtype.h) ----
+// ---- Reference conversions (independent of numerics/dtype.h) ----
 
 uint32_t Bits(float f) {
   uint32_t u;
@@ -158,7 +158,7 @@ class PieceSet {
  public:
   // Even-numbered pieces are decayed with `weight_decay`, odd ones not at all.
   PieceSet(const OptimizerConfig& config, double weight_decay, std::vector<int64_t> lengths,
-           DType grad_dtype, int copy_dtype, uint32_t seed)
+           numerics::DType grad_dtype, int copy_dtype, uint32_t seed)
       : config_(config), grad_dtype_(grad_dtype), copy_dtype_(copy_dtype), rng_(seed) {
     const int states = StateArraysPerParam(config);
     for (size_t k = 0; k < lengths.size(); ++k) {
@@ -221,13 +221,14 @@ class PieceSet {
               break;
           }
         }
-        unsigned char* at = piece.grad_bytes.data() + (piece.offset + i) * DTypeSize(grad_dtype_);
+        unsigned char* at =
+            piece.grad_bytes.data() + (piece.offset + i) * numerics::DTypeSize(grad_dtype_);
         float widened = x;
-        if (grad_dtype_ == DType::kBFloat16) {
+        if (grad_dtype_ == numerics::DType::kBFloat16) {
           const uint16_t h = RefToBFloat16(x);
           std::memcpy(at, &h, 2);
           widened = RefFromBFloat16(h);
-        } else if (grad_dtype_ == DType::kFloat16) {
+        } else if (grad_dtype_ == numerics::DType::kFloat16) {
           const uint16_t h = RefToHalf(x);
           std::memcpy(at, &h, 2);
           widened = RefFromHalf(h);
@@ -243,15 +244,15 @@ class PieceSet {
     std::vector<UpdatePiece> out;
     for (Piece& piece : pieces_) {
       UpdatePiece u;
-      u.grad = piece.grad_bytes.data() + piece.offset * DTypeSize(grad_dtype_);
+      u.grad = piece.grad_bytes.data() + piece.offset * numerics::DTypeSize(grad_dtype_);
       u.grad_dtype = grad_dtype_;
       u.master = piece.master.data() + piece.offset;
       for (int s = 0; s < 3; ++s) {
         if (!piece.state[s].empty()) u.state[s] = piece.state[s].data() + piece.offset;
       }
       if (copy_dtype_ >= 0) {
-        u.param_dtype = static_cast<DType>(copy_dtype_);
-        u.param_copy = piece.copy_bytes.data() + piece.offset * DTypeSize(u.param_dtype);
+        u.param_dtype = static_cast<numerics::DType>(copy_dtype_);
+        u.param_copy = piece.copy_bytes.data() + piece.offset * numerics::DTypeSize(u.param_dtype);
       }
       u.length = piece.length;
       u.weight_decay = piece.weight_decay;
@@ -292,7 +293,8 @@ class PieceSet {
         if (copy_dtype_ >= 0 && !CopyMatches(piece, i)) {
           ++failures;
           ADD_FAILURE() << label << " piece " << k << " param copy[" << i << "] is not " << kernel
-                        << " rounded to " << DTypeName(static_cast<DType>(copy_dtype_));
+                        << " rounded to "
+                        << numerics::DTypeName(static_cast<numerics::DType>(copy_dtype_));
         }
       }
     }
@@ -347,41 +349,46 @@ class PieceSet {
 
   bool CopyMatches(const Piece& piece, int64_t i) const {
     const float master = piece.master[piece.offset + i];
-    const DType dtype = static_cast<DType>(copy_dtype_);
-    const unsigned char* at = piece.copy_bytes.data() + (piece.offset + i) * DTypeSize(dtype);
-    if (dtype == DType::kFloat32) {
+    const numerics::DType dtype = static_cast<numerics::DType>(copy_dtype_);
+    const unsigned char* at =
+        piece.copy_bytes.data() + (piece.offset + i) * numerics::DTypeSize(dtype);
+    if (dtype == numerics::DType::kFloat32) {
       float copy;
       std::memcpy(&copy, at, 4);
       return Bits(copy) == Bits(master);
     }
     uint16_t copy;
     std::memcpy(&copy, at, 2);
-    return copy == (dtype == DType::kBFloat16 ? RefToBFloat16(master) : RefToHalf(master));
+    return copy ==
+           (dtype == numerics::DType::kBFloat16 ? RefToBFloat16(master) : RefToHalf(master));
   }
 
   float Uniform() { return std::uniform_real_distribution<float>(-1.0f, 1.0f)(rng_); }
 
   OptimizerConfig config_;
-  DType grad_dtype_;
+  numerics::DType grad_dtype_;
   int copy_dtype_;
   std::mt19937 rng_;
   std::vector<Piece> pieces_;
 };
 
-const DType kGradDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
-const int kCopyDTypes[] = {-1, static_cast<int>(DType::kFloat32),
-                           static_cast<int>(DType::kBFloat16), static_cast<int>(DType::kFloat16)};
+const numerics::DType kGradDTypes[] = {numerics::DType::kFloat32, numerics::DType::kBFloat16,
+                                       numerics::DType::kFloat16};
+const int kCopyDTypes[] = {-1, static_cast<int>(numerics::DType::kFloat32),
+                           static_cast<int>(numerics::DType::kBFloat16),
+                           static_cast<int>(numerics::DType::kFloat16)};
 
 std::string CopyName(int copy_dtype) {
-  return copy_dtype < 0 ? std::string("nocopy") : DTypeName(static_cast<DType>(copy_dtype));
+  return copy_dtype < 0 ? std::string("nocopy")
+                        : numerics::DTypeName(static_cast<numerics::DType>(copy_dtype));
 }
 
 // ---- Against the reference ----
 
-class ReferenceTest : public ::testing::TestWithParam<std::tuple<int, DType, int>> {
+class ReferenceTest : public ::testing::TestWithParam<std::tuple<int, numerics::DType, int>> {
  protected:
   NamedOptimizerConfig named() const { return OptimizerTestConfigs()[std::get<0>(GetParam())]; }
-  DType grad_dtype() const { return std::get<1>(GetParam()); }
+  numerics::DType grad_dtype() const { return std::get<1>(GetParam()); }
   int copy_dtype() const { return std::get<2>(GetParam()); }
 };
 
@@ -403,7 +410,8 @@ TEST_P(ReferenceTest, HundredStepsOnSmallPieces) {
 TEST_P(ReferenceTest, FewStepsOnAMillionElements) {
   const NamedOptimizerConfig named_config = named();
   // The large size checks chunking and threading; the small sizes cover every copy dtype.
-  if (copy_dtype() != static_cast<int>(DType::kBFloat16)) GTEST_SKIP() << "bf16 copies only";
+  if (copy_dtype() != static_cast<int>(numerics::DType::kBFloat16))
+    GTEST_SKIP() << "bf16 copies only";
   PieceSet set(named_config.config, named_config.weight_decay, {1000003, 5}, grad_dtype(),
                copy_dtype(), 2);
   ThreadPool pool(2);
@@ -470,7 +478,8 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::ValuesIn(kGradDTypes), ::testing::ValuesIn(kCopyDTypes)),
     [](const ::testing::TestParamInfo<ReferenceTest::ParamType>& info) {
       return OptimizerTestConfigs()[std::get<0>(info.param)].name + "_grad_" +
-             DTypeName(std::get<1>(info.param)) + "_copy_" + CopyName(std::get<2>(info.param));
+             numerics::DTypeName(std::get<1>(info.param)) + "_copy_" +
+             CopyName(std::get<2>(info.param));
     });
 
 // ---- Particular behaviours ----
@@ -484,8 +493,8 @@ TEST(CpuOptimizerTest, ThisMachineHasAvx512) {
 
 TEST(CpuOptimizerTest, ZeroScaleIsAZeroGradient) {
   for (const NamedOptimizerConfig& named : OptimizerTestConfigs()) {
-    PieceSet scaled(named.config, named.weight_decay, {1000, 3}, DType::kFloat32, -1, 5);
-    PieceSet zero(named.config, named.weight_decay, {1000, 3}, DType::kFloat32, -1, 5);
+    PieceSet scaled(named.config, named.weight_decay, {1000, 3}, numerics::DType::kFloat32, -1, 5);
+    PieceSet zero(named.config, named.weight_decay, {1000, 3}, numerics::DType::kFloat32, -1, 5);
     for (int64_t step = 1; step <= 3; ++step) {
       scaled.NewGradients(false);
       zero.NewGradients(false);

@@ -5,9 +5,9 @@
 
 #include <cstdint>
 
-#include "kernels/dtype.h"
 #include "kernels/optimizer.h"
 #include "kernels/update_math.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::kernels {
 namespace cpu_internal {
@@ -38,17 +38,23 @@ using ConvertSumSquaresFn = void (*)(const void* src, void* dst, int64_t begin, 
 // The param_copy_dtype of a piece without a parameter copy; otherwise the DType's value.
 inline constexpr int kNoParamCopyDType = -1;
 
-UpdateRangeFn SelectUpdateRangeScalar(OptimizerKind kind, DType grad_dtype, int param_copy_dtype);
-UpdateRangeFn SelectUpdateRangeAvx2(OptimizerKind kind, DType grad_dtype, int param_copy_dtype);
-UpdateRangeFn SelectUpdateRangeAvx512(OptimizerKind kind, DType grad_dtype, int param_copy_dtype);
+UpdateRangeFn SelectUpdateRangeScalar(OptimizerKind kind, numerics::DType grad_dtype,
+                                      int param_copy_dtype);
+UpdateRangeFn SelectUpdateRangeAvx2(OptimizerKind kind, numerics::DType grad_dtype,
+                                    int param_copy_dtype);
+UpdateRangeFn SelectUpdateRangeAvx512(OptimizerKind kind, numerics::DType grad_dtype,
+                                      int param_copy_dtype);
 
-SumSquaresFn SelectSumSquaresScalar(DType dtype);
-SumSquaresFn SelectSumSquaresAvx2(DType dtype);
-SumSquaresFn SelectSumSquaresAvx512(DType dtype);
+SumSquaresFn SelectSumSquaresScalar(numerics::DType dtype);
+SumSquaresFn SelectSumSquaresAvx2(numerics::DType dtype);
+SumSquaresFn SelectSumSquaresAvx512(numerics::DType dtype);
 
-ConvertSumSquaresFn SelectConvertSumSquaresScalar(DType src_dtype, DType dst_dtype);
-ConvertSumSquaresFn SelectConvertSumSquaresAvx2(DType src_dtype, DType dst_dtype);
-ConvertSumSquaresFn SelectConvertSumSquaresAvx512(DType src_dtype, DType dst_dtype);
+ConvertSumSquaresFn SelectConvertSumSquaresScalar(numerics::DType src_dtype,
+                                                  numerics::DType dst_dtype);
+ConvertSumSquaresFn SelectConvertSumSquaresAvx2(numerics::DType src_dtype,
+                                                numerics::DType dst_dtype);
+ConvertSumSquaresFn SelectConvertSumSquaresAvx512(numerics::DType src_dtype,
+                                                  numerics::DType dst_dtype);
 
 }  // namespace cpu_internal
 }  // namespace zeroshard::kernels

@@ -86,13 +86,17 @@ struct Avx2Ops {
 
 }  // namespace
 
-UpdateRangeFn SelectUpdateRangeAvx2(OptimizerKind kind, DType grad_dtype, int param_copy_dtype) {
+UpdateRangeFn SelectUpdateRangeAvx2(OptimizerKind kind, numerics::DType grad_dtype,
+                                    int param_copy_dtype) {
   return SelectUpdateRange<Avx2Ops>(kind, grad_dtype, param_copy_dtype);
 }
 
-SumSquaresFn SelectSumSquaresAvx2(DType dtype) { return SelectSumSquares<Avx2Ops>(dtype); }
+SumSquaresFn SelectSumSquaresAvx2(numerics::DType dtype) {
+  return SelectSumSquares<Avx2Ops>(dtype);
+}
 
-ConvertSumSquaresFn SelectConvertSumSquaresAvx2(DType src_dtype, DType dst_dtype) {
+ConvertSumSquaresFn SelectConvertSumSquaresAvx2(numerics::DType src_dtype,
+                                                numerics::DType dst_dtype) {
   return SelectConvertSumSquares<Avx2Ops>(src_dtype, dst_dtype);
 }
 

@@ -86,13 +86,17 @@ struct Avx512Ops {
 
 }  // namespace
 
-UpdateRangeFn SelectUpdateRangeAvx512(OptimizerKind kind, DType grad_dtype, int param_copy_dtype) {
+UpdateRangeFn SelectUpdateRangeAvx512(OptimizerKind kind, numerics::DType grad_dtype,
+                                      int param_copy_dtype) {
   return SelectUpdateRange<Avx512Ops>(kind, grad_dtype, param_copy_dtype);
 }
 
-SumSquaresFn SelectSumSquaresAvx512(DType dtype) { return SelectSumSquares<Avx512Ops>(dtype); }
+SumSquaresFn SelectSumSquaresAvx512(numerics::DType dtype) {
+  return SelectSumSquares<Avx512Ops>(dtype);
+}
 
-ConvertSumSquaresFn SelectConvertSumSquaresAvx512(DType src_dtype, DType dst_dtype) {
+ConvertSumSquaresFn SelectConvertSumSquaresAvx512(numerics::DType src_dtype,
+                                                  numerics::DType dst_dtype) {
   return SelectConvertSumSquares<Avx512Ops>(src_dtype, dst_dtype);
 }
 

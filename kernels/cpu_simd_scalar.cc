@@ -2,7 +2,7 @@
 // architecture). The reference the SIMD paths must match bit for bit.
 #include "kernels/cpu_simd.h"
 #include "kernels/cpu_update_loop.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::kernels {
 namespace cpu_internal {
@@ -17,10 +17,10 @@ struct ScalarOps {
 
   static float LoadF32(const float* p) { return *p; }
   static void StoreF32(float* p, float v) { *p = v; }
-  static float LoadBF16(const uint16_t* p) { return BFloat16ToFloat(*p); }
-  static void StoreBF16(uint16_t* p, float v) { *p = FloatToBFloat16(v); }
-  static float LoadF16(const uint16_t* p) { return HalfToFloat(*p); }
-  static void StoreF16(uint16_t* p, float v) { *p = FloatToHalf(v); }
+  static float LoadBF16(const uint16_t* p) { return numerics::BFloat16ToFloat(*p); }
+  static void StoreBF16(uint16_t* p, float v) { *p = numerics::FloatToBFloat16(v); }
+  static float LoadF16(const uint16_t* p) { return numerics::HalfToFloat(*p); }
+  static void StoreF16(uint16_t* p, float v) { *p = numerics::FloatToHalf(v); }
 
   static Accumulator ZeroAccumulator() { return Accumulator{}; }
   static void AccumulateSquares(Accumulator& acc, int lane, float x) {
@@ -34,13 +34,17 @@ struct ScalarOps {
 
 }  // namespace
 
-UpdateRangeFn SelectUpdateRangeScalar(OptimizerKind kind, DType grad_dtype, int param_copy_dtype) {
+UpdateRangeFn SelectUpdateRangeScalar(OptimizerKind kind, numerics::DType grad_dtype,
+                                      int param_copy_dtype) {
   return SelectUpdateRange<ScalarOps>(kind, grad_dtype, param_copy_dtype);
 }
 
-SumSquaresFn SelectSumSquaresScalar(DType dtype) { return SelectSumSquares<ScalarOps>(dtype); }
+SumSquaresFn SelectSumSquaresScalar(numerics::DType dtype) {
+  return SelectSumSquares<ScalarOps>(dtype);
+}
 
-ConvertSumSquaresFn SelectConvertSumSquaresScalar(DType src_dtype, DType dst_dtype) {
+ConvertSumSquaresFn SelectConvertSumSquaresScalar(numerics::DType src_dtype,
+                                                  numerics::DType dst_dtype) {
   return SelectConvertSumSquares<ScalarOps>(src_dtype, dst_dtype);
 }
 

@@ -11,20 +11,20 @@
 #include <cstdint>
 
 #include "kernels/cpu_simd.h"
-#include "kernels/dtype.h"
 #include "kernels/update_math.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::kernels {
 namespace cpu_internal {
 
-template <DType kDType>
-inline constexpr int kDTypeBytes = kDType == DType::kFloat32 ? 4 : 2;
+template <numerics::DType kDType>
+inline constexpr int kDTypeBytes = kDType == numerics::DType::kFloat32 ? 4 : 2;
 
-template <class Ops, DType kDType>
+template <class Ops, numerics::DType kDType>
 inline typename Ops::V LoadAs(const void* data, int64_t i) {
-  if constexpr (kDType == DType::kFloat32) {
+  if constexpr (kDType == numerics::DType::kFloat32) {
     return Ops::LoadF32(static_cast<const float*>(data) + i);
-  } else if constexpr (kDType == DType::kBFloat16) {
+  } else if constexpr (kDType == numerics::DType::kBFloat16) {
     return Ops::LoadBF16(static_cast<const uint16_t*>(data) + i);
   } else {
     return Ops::LoadF16(static_cast<const uint16_t*>(data) + i);
@@ -33,18 +33,18 @@ inline typename Ops::V LoadAs(const void* data, int64_t i) {
 
 template <class Ops, int kCopy>
 inline void StoreParamCopy(void* copy, int64_t i, typename Ops::V value) {
-  if constexpr (kCopy == static_cast<int>(DType::kFloat32)) {
+  if constexpr (kCopy == static_cast<int>(numerics::DType::kFloat32)) {
     Ops::StoreF32(static_cast<float*>(copy) + i, value);
-  } else if constexpr (kCopy == static_cast<int>(DType::kBFloat16)) {
+  } else if constexpr (kCopy == static_cast<int>(numerics::DType::kBFloat16)) {
     Ops::StoreBF16(static_cast<uint16_t*>(copy) + i, value);
-  } else if constexpr (kCopy == static_cast<int>(DType::kFloat16)) {
+  } else if constexpr (kCopy == static_cast<int>(numerics::DType::kFloat16)) {
     Ops::StoreF16(static_cast<uint16_t*>(copy) + i, value);
   }
 }
 
 // Updates the kWidth elements at [i, i + kWidth). Always inlined: the loops below rely on
 // constant flags in their ElementScalars folding the branches away.
-template <class Ops, OptimizerKind kKind, DType kGrad, int kCopy>
+template <class Ops, OptimizerKind kKind, numerics::DType kGrad, int kCopy>
 __attribute__((always_inline)) inline void UpdateVector(const ElementScalars& s, bool has_momentum,
                                                         const UpdateArrays& a, int64_t i) {
   using V = typename Ops::V;
@@ -81,7 +81,7 @@ __attribute__((always_inline)) inline void UpdateVector(const ElementScalars& s,
 }
 
 // Updates whole vectors from `begin` on; returns where the first partial vector starts.
-template <class Ops, OptimizerKind kKind, DType kGrad, int kCopy>
+template <class Ops, OptimizerKind kKind, numerics::DType kGrad, int kCopy>
 __attribute__((always_inline)) inline int64_t UpdateVectors(const ElementScalars& s,
                                                             bool has_momentum,
                                                             const UpdateArrays& a, int64_t begin,
@@ -94,7 +94,7 @@ __attribute__((always_inline)) inline int64_t UpdateVectors(const ElementScalars
   return i;
 }
 
-template <class Ops, OptimizerKind kKind, DType kGrad, int kCopy>
+template <class Ops, OptimizerKind kKind, numerics::DType kGrad, int kCopy>
 void UpdateRange(const ElementScalars& s, bool has_momentum, const UpdateArrays& a, int64_t begin,
                  int64_t end) {
   constexpr int kWidth = Ops::kWidth;
@@ -121,7 +121,7 @@ void UpdateRange(const ElementScalars& s, bool has_momentum, const UpdateArrays&
   alignas(64) float state[kMaxStateArrays][kWidth] = {};
   alignas(64) unsigned char copy[kWidth * 4] = {};
   constexpr int kGradBytes = kDTypeBytes<kGrad>;
-  constexpr int kCopyBytes = kCopy == static_cast<int>(DType::kFloat32) ? 4 : 2;
+  constexpr int kCopyBytes = kCopy == static_cast<int>(numerics::DType::kFloat32) ? 4 : 2;
   UpdateArrays tail{grad, master, {nullptr, nullptr, nullptr}, nullptr};
   __builtin_memcpy(grad, static_cast<const unsigned char*>(a.grad) + i * kGradBytes,
                    n * kGradBytes);
@@ -143,34 +143,35 @@ void UpdateRange(const ElementScalars& s, bool has_momentum, const UpdateArrays&
   }
 }
 
-template <class Ops, OptimizerKind kKind, DType kGrad>
+template <class Ops, OptimizerKind kKind, numerics::DType kGrad>
 UpdateRangeFn SelectForCopy(int param_copy_dtype) {
   switch (param_copy_dtype) {
-    case static_cast<int>(DType::kFloat32):
-      return &UpdateRange<Ops, kKind, kGrad, static_cast<int>(DType::kFloat32)>;
-    case static_cast<int>(DType::kBFloat16):
-      return &UpdateRange<Ops, kKind, kGrad, static_cast<int>(DType::kBFloat16)>;
-    case static_cast<int>(DType::kFloat16):
-      return &UpdateRange<Ops, kKind, kGrad, static_cast<int>(DType::kFloat16)>;
+    case static_cast<int>(numerics::DType::kFloat32):
+      return &UpdateRange<Ops, kKind, kGrad, static_cast<int>(numerics::DType::kFloat32)>;
+    case static_cast<int>(numerics::DType::kBFloat16):
+      return &UpdateRange<Ops, kKind, kGrad, static_cast<int>(numerics::DType::kBFloat16)>;
+    case static_cast<int>(numerics::DType::kFloat16):
+      return &UpdateRange<Ops, kKind, kGrad, static_cast<int>(numerics::DType::kFloat16)>;
     default:
       return &UpdateRange<Ops, kKind, kGrad, kNoParamCopyDType>;
   }
 }
 
 template <class Ops, OptimizerKind kKind>
-UpdateRangeFn SelectForGrad(DType grad_dtype, int param_copy_dtype) {
+UpdateRangeFn SelectForGrad(numerics::DType grad_dtype, int param_copy_dtype) {
   switch (grad_dtype) {
-    case DType::kBFloat16:
-      return SelectForCopy<Ops, kKind, DType::kBFloat16>(param_copy_dtype);
-    case DType::kFloat16:
-      return SelectForCopy<Ops, kKind, DType::kFloat16>(param_copy_dtype);
+    case numerics::DType::kBFloat16:
+      return SelectForCopy<Ops, kKind, numerics::DType::kBFloat16>(param_copy_dtype);
+    case numerics::DType::kFloat16:
+      return SelectForCopy<Ops, kKind, numerics::DType::kFloat16>(param_copy_dtype);
     default:
-      return SelectForCopy<Ops, kKind, DType::kFloat32>(param_copy_dtype);
+      return SelectForCopy<Ops, kKind, numerics::DType::kFloat32>(param_copy_dtype);
   }
 }
 
 template <class Ops>
-UpdateRangeFn SelectUpdateRange(OptimizerKind kind, DType grad_dtype, int param_copy_dtype) {
+UpdateRangeFn SelectUpdateRange(OptimizerKind kind, numerics::DType grad_dtype,
+                                int param_copy_dtype) {
   switch (kind) {
     case OptimizerKind::kSgd:
       return SelectForGrad<Ops, OptimizerKind::kSgd>(grad_dtype, param_copy_dtype);
@@ -186,7 +187,7 @@ UpdateRangeFn SelectUpdateRange(OptimizerKind kind, DType grad_dtype, int param_
 }
 
 // Adds the squares of [begin, end) into kSumLanes accumulators (see SumSquaresFn).
-template <class Ops, DType kDType>
+template <class Ops, numerics::DType kDType>
 void SumSquares(const void* data, int64_t begin, int64_t end, double lanes[kSumLanes]) {
   constexpr int kWidth = Ops::kWidth;
   static_assert(kSumLanes % kWidth == 0, "a vector must fill whole lanes");
@@ -211,20 +212,20 @@ void SumSquares(const void* data, int64_t begin, int64_t end, double lanes[kSumL
 }
 
 template <class Ops>
-SumSquaresFn SelectSumSquares(DType dtype) {
+SumSquaresFn SelectSumSquares(numerics::DType dtype) {
   switch (dtype) {
-    case DType::kBFloat16:
-      return &SumSquares<Ops, DType::kBFloat16>;
-    case DType::kFloat16:
-      return &SumSquares<Ops, DType::kFloat16>;
+    case numerics::DType::kBFloat16:
+      return &SumSquares<Ops, numerics::DType::kBFloat16>;
+    case numerics::DType::kFloat16:
+      return &SumSquares<Ops, numerics::DType::kFloat16>;
     default:
-      return &SumSquares<Ops, DType::kFloat32>;
+      return &SumSquares<Ops, numerics::DType::kFloat32>;
   }
 }
 
 // Converts the kWidth elements at i from kSrc in `src` to kDst in `dst`; returns the value `dst`
 // now holds there, as fp32. Equal dtypes copy the bits (as a memcpy would, NaN payloads too).
-template <class Ops, DType kSrc, DType kDst>
+template <class Ops, numerics::DType kSrc, numerics::DType kDst>
 __attribute__((always_inline)) inline typename Ops::V ConvertVector(const void* src, void* dst,
                                                                     int64_t i) {
   const typename Ops::V value = LoadAs<Ops, kSrc>(src, i);
@@ -236,7 +237,7 @@ __attribute__((always_inline)) inline typename Ops::V ConvertVector(const void* 
   } else {
     StoreParamCopy<Ops, static_cast<int>(kDst)>(dst, i, value);
     // Widening is exact; a narrower kDst rounded, so its value is read back from what was stored.
-    if constexpr (kDst == DType::kFloat32) {
+    if constexpr (kDst == numerics::DType::kFloat32) {
       return value;
     } else {
       return LoadAs<Ops, kDst>(dst, i);
@@ -246,7 +247,7 @@ __attribute__((always_inline)) inline typename Ops::V ConvertVector(const void* 
 
 // ConvertSumSquaresFn: SumSquares<Ops, kDst> over the values as they are converted, so the lanes
 // hold the bits SumSquares would give over `dst` afterwards.
-template <class Ops, DType kSrc, DType kDst>
+template <class Ops, numerics::DType kSrc, numerics::DType kDst>
 void ConvertSumSquares(const void* src, void* dst, int64_t begin, int64_t end,
                        double lanes[kSumLanes]) {
   constexpr int kWidth = Ops::kWidth;
@@ -275,27 +276,27 @@ void ConvertSumSquares(const void* src, void* dst, int64_t begin, int64_t end,
   Ops::StoreLanes(acc, lanes);
 }
 
-template <class Ops, DType kSrc>
-ConvertSumSquaresFn SelectConvertSumSquaresTo(DType dst_dtype) {
+template <class Ops, numerics::DType kSrc>
+ConvertSumSquaresFn SelectConvertSumSquaresTo(numerics::DType dst_dtype) {
   switch (dst_dtype) {
-    case DType::kBFloat16:
-      return &ConvertSumSquares<Ops, kSrc, DType::kBFloat16>;
-    case DType::kFloat16:
-      return &ConvertSumSquares<Ops, kSrc, DType::kFloat16>;
+    case numerics::DType::kBFloat16:
+      return &ConvertSumSquares<Ops, kSrc, numerics::DType::kBFloat16>;
+    case numerics::DType::kFloat16:
+      return &ConvertSumSquares<Ops, kSrc, numerics::DType::kFloat16>;
     default:
-      return &ConvertSumSquares<Ops, kSrc, DType::kFloat32>;
+      return &ConvertSumSquares<Ops, kSrc, numerics::DType::kFloat32>;
   }
 }
 
 template <class Ops>
-ConvertSumSquaresFn SelectConvertSumSquares(DType src_dtype, DType dst_dtype) {
+ConvertSumSquaresFn SelectConvertSumSquares(numerics::DType src_dtype, numerics::DType dst_dtype) {
   switch (src_dtype) {
-    case DType::kBFloat16:
-      return SelectConvertSumSquaresTo<Ops, DType::kBFloat16>(dst_dtype);
-    case DType::kFloat16:
-      return SelectConvertSumSquaresTo<Ops, DType::kFloat16>(dst_dtype);
+    case numerics::DType::kBFloat16:
+      return SelectConvertSumSquaresTo<Ops, numerics::DType::kBFloat16>(dst_dtype);
+    case numerics::DType::kFloat16:
+      return SelectConvertSumSquaresTo<Ops, numerics::DType::kFloat16>(dst_dtype);
     default:
-      return SelectConvertSumSquaresTo<Ops, DType::kFloat32>(dst_dtype);
+      return SelectConvertSumSquaresTo<Ops, numerics::DType::kFloat32>(dst_dtype);
   }
 }
 

@@ -5,9 +5,9 @@
 
 #include "kernels/cuda_block_sum.cuh"
 #include "kernels/cuda_launch.h"
-#include "kernels/dtype.h"
 #include "kernels/optimizer_kind.h"
 #include "kernels/update_math.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::kernels {
 
@@ -15,35 +15,38 @@ namespace cuda_internal {
 namespace {
 
 __device__ __forceinline__ float LoadElement(const void* data, int32_t dtype, int64_t i) {
-  if (dtype == static_cast<int32_t>(DType::kFloat32)) return static_cast<const float*>(data)[i];
+  if (dtype == static_cast<int32_t>(numerics::DType::kFloat32))
+    return static_cast<const float*>(data)[i];
   const uint16_t bits = static_cast<const uint16_t*>(data)[i];
-  return dtype == static_cast<int32_t>(DType::kBFloat16) ? BFloat16ToFloat(bits)
-                                                         : HalfToFloat(bits);
+  return dtype == static_cast<int32_t>(numerics::DType::kBFloat16) ? numerics::BFloat16ToFloat(bits)
+                                                                   : numerics::HalfToFloat(bits);
 }
 
 __device__ __forceinline__ uint16_t Narrow(float value, int32_t dtype) {
-  return dtype == static_cast<int32_t>(DType::kBFloat16) ? FloatToBFloat16(value)
-                                                         : FloatToHalf(value);
+  return dtype == static_cast<int32_t>(numerics::DType::kBFloat16)
+             ? numerics::FloatToBFloat16(value)
+             : numerics::FloatToHalf(value);
 }
 
 // Four consecutive gradient elements at i (a multiple of 4) of an aligned piece.
 __device__ __forceinline__ float4 LoadFour(const void* data, int32_t dtype, int64_t i) {
-  if (dtype == static_cast<int32_t>(DType::kFloat32)) {
+  if (dtype == static_cast<int32_t>(numerics::DType::kFloat32)) {
     return reinterpret_cast<const float4*>(static_cast<const float*>(data) + i)[0];
   }
   const uint2 raw = reinterpret_cast<const uint2*>(static_cast<const uint16_t*>(data) + i)[0];
   const uint16_t h[4] = {static_cast<uint16_t>(raw.x & 0xffffu), static_cast<uint16_t>(raw.x >> 16),
                          static_cast<uint16_t>(raw.y & 0xffffu),
                          static_cast<uint16_t>(raw.y >> 16)};
-  if (dtype == static_cast<int32_t>(DType::kBFloat16)) {
-    return make_float4(BFloat16ToFloat(h[0]), BFloat16ToFloat(h[1]), BFloat16ToFloat(h[2]),
-                       BFloat16ToFloat(h[3]));
+  if (dtype == static_cast<int32_t>(numerics::DType::kBFloat16)) {
+    return make_float4(numerics::BFloat16ToFloat(h[0]), numerics::BFloat16ToFloat(h[1]),
+                       numerics::BFloat16ToFloat(h[2]), numerics::BFloat16ToFloat(h[3]));
   }
-  return make_float4(HalfToFloat(h[0]), HalfToFloat(h[1]), HalfToFloat(h[2]), HalfToFloat(h[3]));
+  return make_float4(numerics::HalfToFloat(h[0]), numerics::HalfToFloat(h[1]),
+                     numerics::HalfToFloat(h[2]), numerics::HalfToFloat(h[3]));
 }
 
 __device__ __forceinline__ void StoreCopyFour(void* copy, int32_t dtype, int64_t i, float4 v) {
-  if (dtype == static_cast<int32_t>(DType::kFloat32)) {
+  if (dtype == static_cast<int32_t>(numerics::DType::kFloat32)) {
     reinterpret_cast<float4*>(static_cast<float*>(copy) + i)[0] = v;
     return;
   }
@@ -94,7 +97,7 @@ __device__ void UpdateScalar(const DeviceUpdatePiece& p, int64_t i) {
   if (p.state[1] != nullptr) p.state[1][i] = b;
   if (p.state[2] != nullptr) p.state[2][i] = c;
   if (p.param_copy != nullptr) {
-    if (p.copy_dtype == static_cast<int32_t>(DType::kFloat32)) {
+    if (p.copy_dtype == static_cast<int32_t>(numerics::DType::kFloat32)) {
       static_cast<float*>(p.param_copy)[i] = param;
     } else {
       static_cast<uint16_t*>(p.param_copy)[i] = Narrow(param, p.copy_dtype);

@@ -29,8 +29,8 @@ struct DeviceUpdatePiece {
   float* state[kDeviceStateArrays];  // null where the optimizer uses fewer
   void* param_copy;                  // null: no copy
   int64_t length;
-  int32_t grad_dtype;  // a DType value
-  int32_t copy_dtype;  // a DType value
+  int32_t grad_dtype;  // a numerics::DType value
+  int32_t copy_dtype;  // a numerics::DType value
   int32_t has_momentum;
   int32_t vector_aligned;  // every array allows 16-byte (fp32) or 8-byte (16-bit) vector access
 };

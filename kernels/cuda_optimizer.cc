@@ -171,10 +171,11 @@ absl::Status CudaOptimizerKernels::ApplyUpdate(const OptimizerConfig& config, in
     d.copy_dtype = static_cast<int32_t>(piece.param_dtype);
     d.has_momentum = has_momentum ? 1 : 0;
     bool aligned = Aligned(piece.master, 16) &&
-                   Aligned(piece.grad, piece.grad_dtype == DType::kFloat32 ? 16 : 8);
+                   Aligned(piece.grad, piece.grad_dtype == numerics::DType::kFloat32 ? 16 : 8);
     for (int s = 0; s < state_arrays; ++s) aligned = aligned && Aligned(piece.state[s], 16);
     if (piece.param_copy != nullptr) {
-      aligned = aligned && Aligned(piece.param_copy, piece.param_dtype == DType::kFloat32 ? 16 : 8);
+      aligned = aligned &&
+                Aligned(piece.param_copy, piece.param_dtype == numerics::DType::kFloat32 ? 16 : 8);
     }
     d.vector_aligned = aligned ? 1 : 0;
   }

@@ -12,7 +12,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/cpu_optimizer.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::kernels {
 namespace {
@@ -28,11 +28,11 @@ struct Buffers {
 };
 
 // Pieces of random values of `dtype`, each starting `k % 4` elements past an aligned address.
-Buffers MakePieces(const std::vector<int64_t>& lengths, DType dtype, uint32_t seed) {
+Buffers MakePieces(const std::vector<int64_t>& lengths, numerics::DType dtype, uint32_t seed) {
   Buffers b;
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
-  const int size = DTypeSize(dtype);
+  const int size = numerics::DTypeSize(dtype);
   for (size_t k = 0; k < lengths.size(); ++k) {
     const int64_t offset = k % 4;
     b.storage.emplace_back((lengths[k] + offset) * size);
@@ -40,12 +40,14 @@ Buffers MakePieces(const std::vector<int64_t>& lengths, DType dtype, uint32_t se
     for (int64_t i = 0; i < lengths[k]; ++i) {
       const float x = uniform(rng);
       float widened = x;
-      if (dtype == DType::kFloat32) {
+      if (dtype == numerics::DType::kFloat32) {
         std::memcpy(base + 4 * i, &x, 4);
       } else {
-        const uint16_t h = dtype == DType::kBFloat16 ? FloatToBFloat16(x) : FloatToHalf(x);
+        const uint16_t h = dtype == numerics::DType::kBFloat16 ? numerics::FloatToBFloat16(x)
+                                                               : numerics::FloatToHalf(x);
         std::memcpy(base + 2 * i, &h, 2);
-        widened = dtype == DType::kBFloat16 ? BFloat16ToFloat(h) : HalfToFloat(h);
+        widened = dtype == numerics::DType::kBFloat16 ? numerics::BFloat16ToFloat(h)
+                                                      : numerics::HalfToFloat(h);
       }
       b.reference += static_cast<long double>(widened) * widened;
     }
@@ -60,7 +62,7 @@ uint64_t Bits(double d) {
   return u;
 }
 
-class GradStatsTest : public ::testing::TestWithParam<DType> {};
+class GradStatsTest : public ::testing::TestWithParam<numerics::DType> {};
 
 TEST_P(GradStatsTest, MatchesReferenceAndIsBitwiseStable) {
   const std::vector<int64_t> lengths = {0, 1, 15, 16, 17, 1000, 3 * kCpuChunkElements + 5, 7};
@@ -85,22 +87,22 @@ TEST_P(GradStatsTest, MatchesReferenceAndIsBitwiseStable) {
 }
 
 TEST_P(GradStatsTest, DetectsNonFiniteInEveryPosition) {
-  const DType dtype = GetParam();
+  const numerics::DType dtype = GetParam();
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(),
                             std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity()};
-  const int size = DTypeSize(dtype);
+  const int size = numerics::DTypeSize(dtype);
   for (float special : specials) {
     // Every position of a piece longer than two vectors, in every instruction set.
     Buffers b = MakePieces({2, 37, 3}, dtype, 12);
     unsigned char* data = static_cast<unsigned char*>(const_cast<void*>(b.pieces[1].data));
     for (int64_t pos = 0; pos < 37; ++pos) {
       std::vector<unsigned char> saved(data + pos * size, data + (pos + 1) * size);
-      if (dtype == DType::kFloat32) {
+      if (dtype == numerics::DType::kFloat32) {
         std::memcpy(data + pos * size, &special, 4);
       } else {
-        const uint16_t h =
-            dtype == DType::kBFloat16 ? FloatToBFloat16(special) : FloatToHalf(special);
+        const uint16_t h = dtype == numerics::DType::kBFloat16 ? numerics::FloatToBFloat16(special)
+                                                               : numerics::FloatToHalf(special);
         std::memcpy(data + pos * size, &h, 2);
       }
       for (SimdLevel simd : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
@@ -118,18 +120,19 @@ TEST_P(GradStatsTest, DetectsNonFiniteInEveryPosition) {
 }
 
 TEST_P(GradStatsTest, DetectsNonFiniteInLargePieces) {
-  const DType dtype = GetParam();
+  const numerics::DType dtype = GetParam();
   const int64_t n = 2 * kCpuChunkElements + 19;
-  const int size = DTypeSize(dtype);
+  const int size = numerics::DTypeSize(dtype);
   ThreadPool pool(2);
   for (int64_t pos : {int64_t{0}, kCpuChunkElements - 1, kCpuChunkElements, n - 1}) {
     Buffers b = MakePieces({n}, dtype, 13);
     unsigned char* data = static_cast<unsigned char*>(const_cast<void*>(b.pieces[0].data));
     const float inf = std::numeric_limits<float>::infinity();
-    if (dtype == DType::kFloat32) {
+    if (dtype == numerics::DType::kFloat32) {
       std::memcpy(data + pos * size, &inf, 4);
     } else {
-      const uint16_t h = dtype == DType::kBFloat16 ? FloatToBFloat16(inf) : FloatToHalf(inf);
+      const uint16_t h = dtype == numerics::DType::kBFloat16 ? numerics::FloatToBFloat16(inf)
+                                                             : numerics::FloatToHalf(inf);
       std::memcpy(data + pos * size, &h, 2);
     }
     absl::StatusOr<GradStats> stats = ComputeGradStatsCpu(b.pieces, &pool);
@@ -139,15 +142,16 @@ TEST_P(GradStatsTest, DetectsNonFiniteInLargePieces) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDTypes, GradStatsTest,
-                         ::testing::Values(DType::kFloat32, DType::kBFloat16, DType::kFloat16),
-                         [](const ::testing::TestParamInfo<DType>& info) {
-                           return std::string(DTypeName(info.param));
+                         ::testing::Values(numerics::DType::kFloat32, numerics::DType::kBFloat16,
+                                           numerics::DType::kFloat16),
+                         [](const ::testing::TestParamInfo<numerics::DType>& info) {
+                           return std::string(numerics::DTypeName(info.param));
                          });
 
 TEST(GradStatsTest, LargestFloatsStayFinite) {
   std::vector<float> big(1000, std::numeric_limits<float>::max());
   absl::StatusOr<GradStats> stats =
-      ComputeGradStatsCpu({GradPiece{big.data(), DType::kFloat32, 1000}}, nullptr);
+      ComputeGradStatsCpu({GradPiece{big.data(), numerics::DType::kFloat32, 1000}}, nullptr);
   ASSERT_TRUE(stats.ok());
   EXPECT_FALSE(stats->non_finite);
   const double max = std::numeric_limits<float>::max();
@@ -159,34 +163,40 @@ TEST(GradStatsTest, EmptyAndInvalid) {
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->sum_squares, 0.0);
   EXPECT_FALSE(empty->non_finite);
-  EXPECT_EQ(ComputeGradStatsCpu({GradPiece{nullptr, DType::kFloat32, 3}}, nullptr).status().code(),
+  EXPECT_EQ(ComputeGradStatsCpu({GradPiece{nullptr, numerics::DType::kFloat32, 3}}, nullptr)
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
   float x = 1.0f;
-  EXPECT_EQ(ComputeGradStatsCpu({GradPiece{&x, static_cast<DType>(5), 1}}, nullptr).status().code(),
+  EXPECT_EQ(ComputeGradStatsCpu({GradPiece{&x, static_cast<numerics::DType>(5), 1}}, nullptr)
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
 }
 
 // ---- ConvertWithGradStatsCpu: the statistics summed on a conversion's pass ----
 
 // The fp32 value of element i of `data` (of `dtype`).
-float ValueAt(const unsigned char* data, DType dtype, int64_t i) {
-  if (dtype == DType::kFloat32) {
+float ValueAt(const unsigned char* data, numerics::DType dtype, int64_t i) {
+  if (dtype == numerics::DType::kFloat32) {
     float value;
     std::memcpy(&value, data + 4 * i, 4);
     return value;
   }
   uint16_t bits;
   std::memcpy(&bits, data + 2 * i, 2);
-  return dtype == DType::kBFloat16 ? BFloat16ToFloat(bits) : HalfToFloat(bits);
+  return dtype == numerics::DType::kBFloat16 ? numerics::BFloat16ToFloat(bits)
+                                             : numerics::HalfToFloat(bits);
 }
 
 // Sets element i of `data` (of `dtype`) to `value`, rounded to nearest even.
-void SetValue(unsigned char* data, DType dtype, int64_t i, float value) {
-  if (dtype == DType::kFloat32) {
+void SetValue(unsigned char* data, numerics::DType dtype, int64_t i, float value) {
+  if (dtype == numerics::DType::kFloat32) {
     std::memcpy(data + 4 * i, &value, 4);
     return;
   }
-  const uint16_t bits = dtype == DType::kBFloat16 ? FloatToBFloat16(value) : FloatToHalf(value);
+  const uint16_t bits = dtype == numerics::DType::kBFloat16 ? numerics::FloatToBFloat16(value)
+                                                            : numerics::FloatToHalf(value);
   std::memcpy(data + 2 * i, &bits, 2);
 }
 
@@ -194,19 +204,19 @@ void SetValue(unsigned char* data, DType dtype, int64_t i, float value) {
 // a reduced bucket holds tensor fragments between alignment gaps. `chunks` cut every piece into
 // chunks of kCpuChunkElements from its start; `pieces` are the pieces' places (in `data`).
 struct ChunkedBuffer {
-  DType dtype = DType::kFloat32;
+  numerics::DType dtype = numerics::DType::kFloat32;
   std::vector<unsigned char> data;
   std::vector<GradStatsChunk> chunks;
   std::vector<GradPiece> pieces;
   int64_t elements = 0;
 };
 
-ChunkedBuffer MakeChunkedBuffer(const std::vector<int64_t>& lengths, int64_t gap, DType dtype,
-                                uint32_t seed) {
+ChunkedBuffer MakeChunkedBuffer(const std::vector<int64_t>& lengths, int64_t gap,
+                                numerics::DType dtype, uint32_t seed) {
   ChunkedBuffer b;
   b.dtype = dtype;
   for (int64_t length : lengths) b.elements += gap + length;
-  b.data.resize(b.elements * DTypeSize(dtype));
+  b.data.resize(b.elements * numerics::DTypeSize(dtype));
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uniform(-3.0f, 3.0f);
   for (int64_t i = 0; i < b.elements; ++i) SetValue(b.data.data(), dtype, i, uniform(rng));
@@ -224,13 +234,13 @@ ChunkedBuffer MakeChunkedBuffer(const std::vector<int64_t>& lengths, int64_t gap
 }
 
 // `pieces` of `b` placed in `data` (a buffer of b's layout in `dtype`).
-std::vector<GradPiece> PiecesIn(const ChunkedBuffer& b, const unsigned char* data, DType dtype,
-                                int64_t gap) {
+std::vector<GradPiece> PiecesIn(const ChunkedBuffer& b, const unsigned char* data,
+                                numerics::DType dtype, int64_t gap) {
   std::vector<GradPiece> pieces;
   int64_t begin = 0;
   for (const GradPiece& piece : b.pieces) {
     begin += gap;
-    pieces.push_back(GradPiece{data + begin * DTypeSize(dtype), dtype, piece.length});
+    pieces.push_back(GradPiece{data + begin * numerics::DTypeSize(dtype), dtype, piece.length});
     begin += piece.length;
   }
   return pieces;
@@ -238,9 +248,9 @@ std::vector<GradPiece> PiecesIn(const ChunkedBuffer& b, const unsigned char* dat
 
 // What ConvertElements leaves in a destination of `dst_dtype`: element by element through fp32
 // (equal dtypes: the bits).
-std::vector<unsigned char> ConvertedReference(const ChunkedBuffer& src, DType dst_dtype) {
+std::vector<unsigned char> ConvertedReference(const ChunkedBuffer& src, numerics::DType dst_dtype) {
   if (src.dtype == dst_dtype) return src.data;
-  std::vector<unsigned char> dst(src.elements * DTypeSize(dst_dtype));
+  std::vector<unsigned char> dst(src.elements * numerics::DTypeSize(dst_dtype));
   for (int64_t i = 0; i < src.elements; ++i) {
     SetValue(dst.data(), dst_dtype, i, ValueAt(src.data.data(), src.dtype, i));
   }
@@ -250,9 +260,9 @@ std::vector<unsigned char> ConvertedReference(const ChunkedBuffer& src, DType ds
 // Whether elements of two buffers of `dtype` hold the same bits, treating every NaN as equal
 // to every other (a conversion may quiet a NaN).
 ::testing::AssertionResult SameElements(const std::vector<unsigned char>& expected,
-                                        const std::vector<unsigned char>& actual, DType dtype,
-                                        int64_t begin, int64_t end) {
-  const int size = DTypeSize(dtype);
+                                        const std::vector<unsigned char>& actual,
+                                        numerics::DType dtype, int64_t begin, int64_t end) {
+  const int size = numerics::DTypeSize(dtype);
   for (int64_t i = begin; i < end; ++i) {
     if (std::memcmp(expected.data() + i * size, actual.data() + i * size, size) == 0) continue;
     if (std::isnan(ValueAt(expected.data(), dtype, i)) &&
@@ -275,8 +285,8 @@ const std::vector<int64_t>& TestLengths() {
 }
 
 struct DTypePair {
-  DType src;
-  DType dst;
+  numerics::DType src;
+  numerics::DType dst;
 };
 
 class ConvertWithGradStatsTest : public ::testing::TestWithParam<DTypePair> {};
@@ -306,7 +316,7 @@ TEST_P(ConvertWithGradStatsTest, WritesWhatConvertWritesAndSumsWhatComputeGradSt
       EXPECT_EQ(Bits(combined.sum_squares), Bits(reference->sum_squares));
       EXPECT_FALSE(combined.non_finite);
       // Chunks are converted, and only chunks: the gaps between them keep what they held.
-      const int size = DTypeSize(dtypes.dst);
+      const int size = numerics::DTypeSize(dtypes.dst);
       int64_t covered_to = 0;
       for (const GradStatsChunk& chunk : src.chunks) {
         for (int64_t i = covered_to * size; i < chunk.begin * size; ++i) {
@@ -323,14 +333,14 @@ TEST_P(ConvertWithGradStatsTest, WritesWhatConvertWritesAndSumsWhatComputeGradSt
 TEST_P(ConvertWithGradStatsTest, EachPartialIsItsChunksSumOfSquares) {
   const DTypePair dtypes = GetParam();
   const ChunkedBuffer src = MakeChunkedBuffer(TestLengths(), kGap, dtypes.src, 22);
-  std::vector<unsigned char> dst(src.elements * DTypeSize(dtypes.dst));
+  std::vector<unsigned char> dst(src.elements * numerics::DTypeSize(dtypes.dst));
   std::vector<double> partials(src.chunks.size());
   ASSERT_TRUE(ConvertWithGradStatsCpu(src.data.data(), dtypes.src, dst.data(), dtypes.dst,
                                       src.chunks, partials.data(), nullptr)
                   .ok());
   for (size_t k = 0; k < src.chunks.size(); ++k) {
     const GradStatsChunk& chunk = src.chunks[k];
-    const GradPiece piece{dst.data() + chunk.begin * DTypeSize(dtypes.dst), dtypes.dst,
+    const GradPiece piece{dst.data() + chunk.begin * numerics::DTypeSize(dtypes.dst), dtypes.dst,
                           chunk.length};
     absl::StatusOr<GradStats> alone = ComputeGradStatsCpu({piece}, nullptr);
     ASSERT_TRUE(alone.ok());
@@ -355,7 +365,7 @@ TEST_P(ConvertWithGradStatsTest, FindsNaNAndInfinityWhereverTheyAre) {
       SetValue(src.data.data(), dtypes.src, position, special);
       for (SimdLevel simd : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
         if (!SimdLevelSupported(simd)) continue;
-        std::vector<unsigned char> dst(src.elements * DTypeSize(dtypes.dst));
+        std::vector<unsigned char> dst(src.elements * numerics::DTypeSize(dtypes.dst));
         std::vector<double> partials(src.chunks.size());
         ASSERT_TRUE(ConvertWithGradStatsCpu(src.data.data(), dtypes.src, dst.data(), dtypes.dst,
                                             src.chunks, partials.data(), nullptr, simd)
@@ -371,20 +381,21 @@ TEST_P(ConvertWithGradStatsTest, FindsNaNAndInfinityWhereverTheyAre) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(AllDTypePairs, ConvertWithGradStatsTest,
-                         ::testing::Values(DTypePair{DType::kFloat32, DType::kFloat32},
-                                           DTypePair{DType::kFloat32, DType::kBFloat16},
-                                           DTypePair{DType::kFloat32, DType::kFloat16},
-                                           DTypePair{DType::kBFloat16, DType::kFloat32},
-                                           DTypePair{DType::kBFloat16, DType::kBFloat16},
-                                           DTypePair{DType::kBFloat16, DType::kFloat16},
-                                           DTypePair{DType::kFloat16, DType::kFloat32},
-                                           DTypePair{DType::kFloat16, DType::kBFloat16},
-                                           DTypePair{DType::kFloat16, DType::kFloat16}),
-                         [](const ::testing::TestParamInfo<DTypePair>& info) {
-                           return std::string(DTypeName(info.param.src)) + "_to_" +
-                                  DTypeName(info.param.dst);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    AllDTypePairs, ConvertWithGradStatsTest,
+    ::testing::Values(DTypePair{numerics::DType::kFloat32, numerics::DType::kFloat32},
+                      DTypePair{numerics::DType::kFloat32, numerics::DType::kBFloat16},
+                      DTypePair{numerics::DType::kFloat32, numerics::DType::kFloat16},
+                      DTypePair{numerics::DType::kBFloat16, numerics::DType::kFloat32},
+                      DTypePair{numerics::DType::kBFloat16, numerics::DType::kBFloat16},
+                      DTypePair{numerics::DType::kBFloat16, numerics::DType::kFloat16},
+                      DTypePair{numerics::DType::kFloat16, numerics::DType::kFloat32},
+                      DTypePair{numerics::DType::kFloat16, numerics::DType::kBFloat16},
+                      DTypePair{numerics::DType::kFloat16, numerics::DType::kFloat16}),
+    [](const ::testing::TestParamInfo<DTypePair>& info) {
+      return std::string(numerics::DTypeName(info.param.src)) + "_to_" +
+             numerics::DTypeName(info.param.dst);
+    });
 
 // The statistics are of the converted values: an fp32 gradient above fp16's range becomes Inf
 // in fp16 storage (a step to skip), while bf16 holds it.
@@ -392,22 +403,22 @@ TEST(ConvertWithGradStatsTest, NarrowingOverflowIsNonFinite) {
   std::vector<float> src(40, 0.5f);
   src[33] = 70000.0f;
   const std::vector<GradStatsChunk> chunks = {GradStatsChunk{0, 40}};
-  for (DType dst_dtype : {DType::kFloat16, DType::kBFloat16}) {
+  for (numerics::DType dst_dtype : {numerics::DType::kFloat16, numerics::DType::kBFloat16}) {
     for (SimdLevel simd : {SimdLevel::kScalar, SimdLevel::kAvx2, SimdLevel::kAvx512}) {
       if (!SimdLevelSupported(simd)) continue;
       std::vector<uint16_t> dst(40);
       double partial = 0.0;
-      ASSERT_TRUE(ConvertWithGradStatsCpu(src.data(), DType::kFloat32, dst.data(), dst_dtype,
-                                          chunks, &partial, nullptr, simd)
+      ASSERT_TRUE(ConvertWithGradStatsCpu(src.data(), numerics::DType::kFloat32, dst.data(),
+                                          dst_dtype, chunks, &partial, nullptr, simd)
                       .ok());
-      EXPECT_EQ(CombineGradStatsCpu({partial}).non_finite, dst_dtype == DType::kFloat16)
-          << DTypeName(dst_dtype) << " " << SimdLevelName(simd);
+      EXPECT_EQ(CombineGradStatsCpu({partial}).non_finite, dst_dtype == numerics::DType::kFloat16)
+          << numerics::DTypeName(dst_dtype) << " " << SimdLevelName(simd);
     }
   }
 }
 
 TEST_P(GradStatsTest, ConvertWithGradStatsInPlaceOnlySums) {
-  const DType dtype = GetParam();
+  const numerics::DType dtype = GetParam();
   ChunkedBuffer buffer = MakeChunkedBuffer(TestLengths(), kGap, dtype, 24);
   const std::vector<unsigned char> before = buffer.data;
   absl::StatusOr<GradStats> reference =
@@ -425,29 +436,39 @@ TEST(ConvertWithGradStatsTest, RefusesBadArguments) {
   std::vector<float> src(8, 1.0f), dst(8);
   double partial = 0.0;
   const std::vector<GradStatsChunk> one = {GradStatsChunk{0, 8}};
-  auto code = [&](const void* s, DType sd, void* d, DType dd,
+  auto code = [&](const void* s, numerics::DType sd, void* d, numerics::DType dd,
                   absl::Span<const GradStatsChunk> chunks, double* partials) {
     return ConvertWithGradStatsCpu(s, sd, d, dd, chunks, partials, nullptr).code();
   };
   constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
-  EXPECT_EQ(code(src.data(), static_cast<DType>(7), dst.data(), DType::kFloat32, one, &partial),
+  EXPECT_EQ(code(src.data(), static_cast<numerics::DType>(7), dst.data(), numerics::DType::kFloat32,
+                 one, &partial),
             kInvalid);
-  EXPECT_EQ(code(src.data(), DType::kFloat32, dst.data(), static_cast<DType>(7), one, &partial),
+  EXPECT_EQ(code(src.data(), numerics::DType::kFloat32, dst.data(), static_cast<numerics::DType>(7),
+                 one, &partial),
             kInvalid);
-  EXPECT_EQ(code(src.data(), DType::kFloat32, dst.data(), DType::kFloat32, one, nullptr), kInvalid);
-  EXPECT_EQ(code(nullptr, DType::kFloat32, dst.data(), DType::kFloat32, one, &partial), kInvalid);
-  EXPECT_EQ(code(src.data(), DType::kFloat32, nullptr, DType::kFloat32, one, &partial), kInvalid);
-  EXPECT_EQ(code(src.data(), DType::kFloat32, src.data(), DType::kBFloat16, one, &partial),
+  EXPECT_EQ(code(src.data(), numerics::DType::kFloat32, dst.data(), numerics::DType::kFloat32, one,
+                 nullptr),
             kInvalid);
-  EXPECT_EQ(code(src.data(), DType::kFloat32, dst.data(), DType::kFloat32, {GradStatsChunk{-1, 4}},
+  EXPECT_EQ(code(nullptr, numerics::DType::kFloat32, dst.data(), numerics::DType::kFloat32, one,
                  &partial),
             kInvalid);
-  EXPECT_EQ(code(src.data(), DType::kFloat32, dst.data(), DType::kFloat32,
+  EXPECT_EQ(code(src.data(), numerics::DType::kFloat32, nullptr, numerics::DType::kFloat32, one,
+                 &partial),
+            kInvalid);
+  EXPECT_EQ(code(src.data(), numerics::DType::kFloat32, src.data(), numerics::DType::kBFloat16, one,
+                 &partial),
+            kInvalid);
+  EXPECT_EQ(code(src.data(), numerics::DType::kFloat32, dst.data(), numerics::DType::kFloat32,
+                 {GradStatsChunk{-1, 4}}, &partial),
+            kInvalid);
+  EXPECT_EQ(code(src.data(), numerics::DType::kFloat32, dst.data(), numerics::DType::kFloat32,
                  {GradStatsChunk{0, kCpuChunkElements + 1}}, &partial),
             kInvalid);
   // Nothing to do is fine, whatever the pointers.
-  EXPECT_EQ(code(nullptr, DType::kFloat32, nullptr, DType::kFloat16, {}, nullptr),
-            absl::StatusCode::kOk);
+  EXPECT_EQ(
+      code(nullptr, numerics::DType::kFloat32, nullptr, numerics::DType::kFloat16, {}, nullptr),
+      absl::StatusCode::kOk);
   EXPECT_EQ(CombineGradStatsCpu({}).sum_squares, 0.0);
   EXPECT_FALSE(CombineGradStatsCpu({}).non_finite);
 }

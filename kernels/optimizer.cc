@@ -166,10 +166,10 @@ absl::Status ValidateUpdate(const OptimizerConfig& config, int64_t step, float g
       return absl::InvalidArgumentError(
           absl::StrCat("pieces[", i, "].length must be >= 0, got ", piece.length));
     }
-    if (!IsValidDType(piece.grad_dtype)) {
+    if (!numerics::IsValidDType(piece.grad_dtype)) {
       return absl::InvalidArgumentError(absl::StrCat("pieces[", i, "].grad_dtype is invalid"));
     }
-    if (!IsValidDType(piece.param_dtype)) {
+    if (!numerics::IsValidDType(piece.param_dtype)) {
       return absl::InvalidArgumentError(absl::StrCat("pieces[", i, "].param_dtype is invalid"));
     }
     if (piece.step < 0) {
@@ -215,7 +215,7 @@ absl::Status ValidateGradPieces(absl::Span<const GradPiece> pieces) {
       return absl::InvalidArgumentError(
           absl::StrCat("pieces[", i, "].length must be >= 0, got ", piece.length));
     }
-    if (!IsValidDType(piece.dtype)) {
+    if (!numerics::IsValidDType(piece.dtype)) {
       return absl::InvalidArgumentError(absl::StrCat("pieces[", i, "].dtype is invalid"));
     }
     if (piece.length > 0 && piece.data == nullptr) {

@@ -8,9 +8,9 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "kernels/dtype.h"
 #include "kernels/optimizer_kind.h"
 #include "kernels/update_math.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::kernels {
 
@@ -71,11 +71,12 @@ const char* StateArrayName(const OptimizerConfig& config, int index);
 // ignored then), so the caller never has to fill them.
 struct UpdatePiece {
   const void* grad = nullptr;  // `length` elements of grad_dtype
-  DType grad_dtype = DType::kFloat32;
-  float* master = nullptr;              // fp32 master weights, updated in place
-  float* state[kMaxStateArrays] = {};   // the first StateArraysPerParam(config) are used
-  void* param_copy = nullptr;           // optional: receives the updated weights
-  DType param_dtype = DType::kFloat32;  // ... rounded to this type (nearest even)
+  numerics::DType grad_dtype = numerics::DType::kFloat32;
+  float* master = nullptr;             // fp32 master weights, updated in place
+  float* state[kMaxStateArrays] = {};  // the first StateArraysPerParam(config) are used
+  void* param_copy = nullptr;          // optional: receives the updated weights
+  numerics::DType param_dtype =
+      numerics::DType::kFloat32;  // ... rounded to this type (nearest even)
   int64_t length = 0;
   // This piece's weight decay coefficient (its parameter group's): L2 for SGD, Adam and
   // Adagrad, decoupled for AdamW and Lion (torch.optim's weight_decay). 0: not decayed.
@@ -94,7 +95,7 @@ struct UpdatePiece {
 // One flat piece of gradients whose statistics are wanted.
 struct GradPiece {
   const void* data = nullptr;
-  DType dtype = DType::kFloat32;
+  numerics::DType dtype = numerics::DType::kFloat32;
   int64_t length = 0;
 };
 

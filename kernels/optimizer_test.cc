@@ -67,7 +67,7 @@ TEST(OptimizerTest, RejectsBadInput) {
   bad.grad = nullptr;
   EXPECT_EQ(ValidateUpdate(lion, 1, 1.0f, {bad}).code(), absl::StatusCode::kInvalidArgument);
   bad = piece;
-  bad.grad_dtype = static_cast<DType>(9);
+  bad.grad_dtype = static_cast<numerics::DType>(9);
   EXPECT_EQ(ValidateUpdate(lion, 1, 1.0f, {bad}).code(), absl::StatusCode::kInvalidArgument);
   bad = piece;
   bad.lr_scale = -1.0;

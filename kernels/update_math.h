@@ -8,7 +8,7 @@
 #ifndef ZEROSHARD_KERNELS_UPDATE_MATH_H_
 #define ZEROSHARD_KERNELS_UPDATE_MATH_H_
 
-#include "kernels/host_device.h"
+#include "numerics/host_device.h"
 
 namespace zeroshard::kernels {
 

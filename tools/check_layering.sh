@@ -1,18 +1,15 @@
 #!/usr/bin/env bash
 # The layering rule, checked with bazel query over non-test targets: the control plane
 # (coordinator/, dashboard/, client/) never depends on the data plane (worker/, kernels/), nor the
-# other way round. Shared libraries (common, jobspec, sharding, checkpoint, security, http, proto)
-# may be used by both; the process wiring in apps/ sits above both; tests are exempt.
+# other way round. Shared libraries (common, numerics, jobspec, sharding, checkpoint, security,
+# http, proto) may be used by both; the process wiring in apps/ sits above both; tests are exempt.
 # Usage: tools/check_layering.sh            check the tree; exit 1 naming each offending path
 #        tools/check_layering.sh --self_test  also show that a deliberate bad dependency fails
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 CONTROL="//coordinator/... + //dashboard/... + //client/..."
-# kernels:dtype (the bf16/fp16 storage types and their roundings) and the host/device annotation
-# it uses are shared: checkpoint export widens stored parameters with them. They belong in a
-# shared folder; until they move, they are named here.
-DATA="(//worker/... + //kernels/...) - //kernels:dtype - //kernels:host_device"
+DATA="//worker/... + //kernels/..."
 
 # Non-test rules of a set: no tests, nothing testonly.
 non_test() { echo "(kind(rule, $1) - tests($1) - attr(testonly, 1, $1))"; }

@@ -21,8 +21,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "kernels/cpu_optimizer.h"
-#include "kernels/dtype.h"
 #include "kernels/thread_pool.h"
+#include "numerics/dtype.h"
 
 ABSL_FLAG(int64_t, params, int64_t{64} << 20, "parameters per update");
 ABSL_FLAG(int, reps, 5, "timed repetitions (the median is reported)");
@@ -44,7 +44,7 @@ namespace {
 // The arrays of the bandwidth baseline. Null state or copy arrays are neither read nor written.
 struct BaselineArrays {
   const void* grad;
-  DType grad_dtype;
+  numerics::DType grad_dtype;
   float* param;
   float* state0;
   float* state1;
@@ -102,7 +102,7 @@ ZS_AVX2 inline void StoreBf16Truncated(uint16_t* p, __m256 x) {
 
 // For each element: g = grad; p += g; state_k += g; copy = upper half of p (bf16 truncation).
 ZS_AVX2 void BaselineRange(const BaselineArrays& a, int64_t begin, int64_t end) {
-  const bool bf16 = a.grad_dtype == DType::kBFloat16;
+  const bool bf16 = a.grad_dtype == numerics::DType::kBFloat16;
   const float* grad32 = static_cast<const float*>(a.grad);
   const uint16_t* grad16 = static_cast<const uint16_t*>(a.grad);
   for (int64_t i = begin; i + 8 <= end; i += 8) {
@@ -211,7 +211,7 @@ ZS_AVX512 inline void StoreBf16Truncated(uint16_t* p, __m512 x) {
 }
 
 ZS_AVX512 void BaselineRange(const BaselineArrays& a, int64_t begin, int64_t end) {
-  const bool bf16 = a.grad_dtype == DType::kBFloat16;
+  const bool bf16 = a.grad_dtype == numerics::DType::kBFloat16;
   const float* grad32 = static_cast<const float*>(a.grad);
   const uint16_t* grad16 = static_cast<const uint16_t*>(a.grad);
   for (int64_t i = begin; i + 16 <= end; i += 16) {
@@ -345,7 +345,7 @@ void ForChunks(ThreadPool& pool, int64_t n, const std::function<void(int64_t, in
 struct Case {
   const char* label;  // the --cases name
   OptimizerKind kind;
-  DType grad_dtype;
+  numerics::DType grad_dtype;
   bool bf16_copy;
 };
 
@@ -375,7 +375,7 @@ std::vector<Pass> TorchForeachPasses(const Case& c, Arrays& arrays) {
   float* u = arrays.tmp_b.get();
   const float* g = arrays.grad32.get();
   std::vector<Pass> passes;
-  if (c.grad_dtype == DType::kBFloat16) {
+  if (c.grad_dtype == numerics::DType::kBFloat16) {
     // bf16 gradients meet fp32 master weights: grad.float() first.
     passes.push_back({Op::kWidenBf16, arrays.tmp_g.get()});
     passes.back().in16 = arrays.grad16.get();
@@ -448,19 +448,20 @@ void RunCase(const Case& c, SimdLevel isa, int threads, Arrays& a, int reps) {
   const OptimizerConfig config = BenchConfig(c.kind);
   const int states = StateArraysPerParam(config);
   UpdatePiece piece;
-  piece.grad = c.grad_dtype == DType::kFloat32 ? static_cast<const void*>(a.grad32.get())
-                                               : static_cast<const void*>(a.grad16.get());
+  piece.grad = c.grad_dtype == numerics::DType::kFloat32 ? static_cast<const void*>(a.grad32.get())
+                                                         : static_cast<const void*>(a.grad16.get());
   piece.grad_dtype = c.grad_dtype;
   piece.master = a.master.get();
   piece.state[0] = a.s0.get();
   piece.state[1] = a.s1.get();
   if (c.bf16_copy) {
     piece.param_copy = a.copy16.get();
-    piece.param_dtype = DType::kBFloat16;
+    piece.param_dtype = numerics::DType::kBFloat16;
   }
   piece.length = a.n;
   piece.weight_decay = BenchWeightDecay(c.kind);
-  const int64_t bytes_per_param = DTypeSize(c.grad_dtype) + 8 + 8 * states + (c.bf16_copy ? 2 : 0);
+  const int64_t bytes_per_param =
+      numerics::DTypeSize(c.grad_dtype) + 8 + 8 * states + (c.bf16_copy ? 2 : 0);
 
   const BaselineRangeFn baseline_range =
       isa == SimdLevel::kAvx512 ? &avx512::BaselineRange : &avx2::BaselineRange;
@@ -481,7 +482,7 @@ void RunCase(const Case& c, SimdLevel isa, int threads, Arrays& a, int reps) {
     const int64_t begin = a.n * k / num_pieces;
     const int64_t end = a.n * (k + 1) / num_pieces;
     UpdatePiece part = piece;
-    part.grad = static_cast<const char*>(piece.grad) + begin * DTypeSize(c.grad_dtype);
+    part.grad = static_cast<const char*>(piece.grad) + begin * numerics::DTypeSize(c.grad_dtype);
     part.master = piece.master + begin;
     for (int i = 0; i < states; ++i) part.state[i] = piece.state[i] + begin;
     if (c.bf16_copy) part.param_copy = a.copy16.get() + begin;
@@ -540,8 +541,8 @@ void RunCase(const Case& c, SimdLevel isa, int threads, Arrays& a, int reps) {
       "\"seconds\":%.5f,\"gbps\":%.2f,\"baseline_gbps\":%.2f,\"ratio\":%.3f,"
       "\"multipass_gbps\":%.2f,\"vs_multipass\":%.2f,\"multipass_passes\":%d,"
       "\"pieces\":%lld,\"grouped_gbps\":%.2f,\"grouped_vs_plain\":%.3f}\n",
-      OptimizerKindName(c.kind), DTypeName(c.grad_dtype), c.bf16_copy ? "bf16" : "none", threads,
-      static_cast<long long>(a.n), SimdLevelName(isa), SimdLevelName(isa),
+      OptimizerKindName(c.kind), numerics::DTypeName(c.grad_dtype), c.bf16_copy ? "bf16" : "none",
+      threads, static_cast<long long>(a.n), SimdLevelName(isa), SimdLevelName(isa),
       static_cast<long long>(bytes_per_param), Median(fused_s), gbps, baseline_gbps,
       gbps / baseline_gbps, multipass_gbps, gbps / multipass_gbps, static_cast<int>(passes.size()),
       static_cast<long long>(num_pieces), bytes / Median(grouped_s) / 1e9,
@@ -587,12 +588,12 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const Case all_cases[] = {
-      {"sgd", OptimizerKind::kSgd, DType::kFloat32, false},
-      {"adam", OptimizerKind::kAdam, DType::kFloat32, false},
-      {"adamw", OptimizerKind::kAdamW, DType::kFloat32, false},
-      {"adagrad", OptimizerKind::kAdagrad, DType::kFloat32, false},
-      {"lion", OptimizerKind::kLion, DType::kFloat32, false},
-      {"adamw_bf16", OptimizerKind::kAdamW, DType::kBFloat16, true},
+      {"sgd", OptimizerKind::kSgd, numerics::DType::kFloat32, false},
+      {"adam", OptimizerKind::kAdam, numerics::DType::kFloat32, false},
+      {"adamw", OptimizerKind::kAdamW, numerics::DType::kFloat32, false},
+      {"adagrad", OptimizerKind::kAdagrad, numerics::DType::kFloat32, false},
+      {"lion", OptimizerKind::kLion, numerics::DType::kFloat32, false},
+      {"adamw_bf16", OptimizerKind::kAdamW, numerics::DType::kBFloat16, true},
   };
   std::vector<Case> cases;
   const std::string wanted = absl::GetFlag(FLAGS_cases);
@@ -620,7 +621,7 @@ int Main(int argc, char** argv) {
   for (int64_t i = 0; i < n; ++i) {
     const float x = static_cast<float>((i * 2654435761u) % 2001) * 1e-3f - 1.0f;
     a.grad32[i] = x;
-    a.grad16[i] = FloatToBFloat16(x);
+    a.grad16[i] = numerics::FloatToBFloat16(x);
   }
   a.master = AlignedArray<float>(n, 0.5f);
   a.s0 = AlignedArray<float>(n, 0.0f);

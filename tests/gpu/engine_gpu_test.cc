@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/status_macros.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 #include "sharding/model_catalog.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/communicator.h"
@@ -37,7 +37,7 @@ using engine::CudaDeviceOps;
 using engine::Engine;
 using engine::EngineConfig;
 using engine::EngineMode;
-using kernels::DType;
+using numerics::DType;
 using workloads::TeacherStudentMlpOptions;
 
 int g_failures = 0;
@@ -61,14 +61,14 @@ class HostParameters final : public workloads::ParameterSource {
  public:
   HostParameters(const std::vector<std::vector<float>>& values, DType dtype) : dtype_(dtype) {
     for (const std::vector<float>& tensor : values) {
-      std::vector<char> bytes(tensor.size() * kernels::DTypeSize(dtype));
+      std::vector<char> bytes(tensor.size() * numerics::DTypeSize(dtype));
       for (size_t k = 0; k < tensor.size(); ++k) {
         if (dtype == DType::kFloat32) {
           std::memcpy(bytes.data() + 4 * k, &tensor[k], 4);
           continue;
         }
-        const uint16_t bits = dtype == DType::kBFloat16 ? kernels::FloatToBFloat16(tensor[k])
-                                                        : kernels::FloatToHalf(tensor[k]);
+        const uint16_t bits = dtype == DType::kBFloat16 ? numerics::FloatToBFloat16(tensor[k])
+                                                        : numerics::FloatToHalf(tensor[k]);
         std::memcpy(bytes.data() + 2 * k, &bits, 2);
       }
       sizes_.push_back(static_cast<int64_t>(tensor.size()));
@@ -232,7 +232,7 @@ void CheckMlpGradients(CudaDeviceOps& device, const std::vector<int64_t>& sizes,
   options.global_batch = 64;
   const std::string name =
       absl::StrCat("mlp gradients (", sizes.size() - 1, " layers, ", sizes.front(), "->",
-                   sizes.back(), ", ", kernels::DTypeName(dtype), " parameters)");
+                   sizes.back(), ", ", numerics::DTypeName(dtype), " parameters)");
   absl::StatusOr<std::unique_ptr<workloads::TeacherStudentMlp>> cpu =
       workloads::TeacherStudentMlp::Create(options);
   absl::StatusOr<std::unique_ptr<workloads::CudaTeacherStudentMlp>> gpu =
@@ -303,7 +303,7 @@ void CheckCheckpoint(const std::string& label, const sharding::ShardPlan& plan,
   int64_t chunk_mismatches = 0;
   for (size_t index = 0; index < gpu.SavedFragments().size(); ++index) {
     const Engine::SavedFragment& fragment = gpu.SavedFragments()[index];
-    const int64_t element_size = kernels::DTypeSize(fragment.dtype);
+    const int64_t element_size = numerics::DTypeSize(fragment.dtype);
     for (int64_t first = 1; first < fragment.end - fragment.begin; first += 3) {
       const int64_t count = std::min<int64_t>(3, fragment.end - fragment.begin - first);
       std::vector<char> chunk(count * element_size);
@@ -327,7 +327,7 @@ void CheckCheckpoint(const std::string& label, const sharding::ShardPlan& plan,
   // Reads any range from the CPU staging, piece by piece from the saved fragments of that array
   // and tensor that overlap it (ddp restores whole tensors, which may span several fragments).
   auto read = [&](const Engine::SavedFragment& range, absl::Span<char> out) -> absl::Status {
-    const int64_t element_size = kernels::DTypeSize(range.dtype);
+    const int64_t element_size = numerics::DTypeSize(range.dtype);
     int64_t covered = 0;
     for (const Engine::SavedFragment& saved : cpu.SavedFragments()) {
       if (saved.state != range.state || saved.tensor != range.tensor ||

@@ -20,10 +20,10 @@
 
 #include "kernels/cpu_optimizer.h"
 #include "kernels/cuda_optimizer.h"
-#include "kernels/dtype.h"
 #include "kernels/optimizer.h"
 #include "kernels/optimizer_test_configs.h"
 #include "kernels/thread_pool.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::kernels {
 namespace {
@@ -92,7 +92,7 @@ bool Close(float gpu, float cpu) {
 }
 
 void CheckUpdate(CudaOptimizerKernels& gpu, ThreadPool& pool, const NamedOptimizerConfig& named,
-                 DType grad_dtype, int copy_dtype, const std::vector<int64_t>& lengths) {
+                 numerics::DType grad_dtype, int copy_dtype, const std::vector<int64_t>& lengths) {
   const int states = StateArraysPerParam(named.config);
   std::mt19937 rng(17);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -101,8 +101,9 @@ void CheckUpdate(CudaOptimizerKernels& gpu, ThreadPool& pool, const NamedOptimiz
     MirroredPiece& p = pieces[k];
     p.offset = static_cast<int64_t>(k % 4);
     p.length = lengths[k];
-    p.grad_size = DTypeSize(grad_dtype);
-    p.copy_size = copy_dtype < 0 ? 4 : DTypeSize(static_cast<DType>(copy_dtype));
+    p.grad_size = numerics::DTypeSize(grad_dtype);
+    p.copy_size =
+        copy_dtype < 0 ? 4 : numerics::DTypeSize(static_cast<numerics::DType>(copy_dtype));
     const int64_t n = p.offset + p.length;
     p.grad.assign(n * p.grad_size, 0);
     p.copy.assign(n * p.copy_size, 0);
@@ -137,7 +138,7 @@ void CheckUpdate(CudaOptimizerKernels& gpu, ThreadPool& pool, const NamedOptimiz
             p.offset;
       }
       if (copy_dtype >= 0) {
-        u.param_dtype = static_cast<DType>(copy_dtype);
+        u.param_dtype = static_cast<numerics::DType>(copy_dtype);
         u.param_copy = (device ? p.d_copy->data() : p.copy.data()) + p.offset * p.copy_size;
       }
       u.length = p.length;
@@ -154,10 +155,11 @@ void CheckUpdate(CudaOptimizerKernels& gpu, ThreadPool& pool, const NamedOptimiz
       for (int64_t i = 0; i < p.length; ++i) {
         const float x = uniform(rng);
         unsigned char* at = p.grad.data() + (p.offset + i) * p.grad_size;
-        if (grad_dtype == DType::kFloat32) {
+        if (grad_dtype == numerics::DType::kFloat32) {
           std::memcpy(at, &x, 4);
         } else {
-          const uint16_t h = grad_dtype == DType::kBFloat16 ? FloatToBFloat16(x) : FloatToHalf(x);
+          const uint16_t h = grad_dtype == numerics::DType::kBFloat16 ? numerics::FloatToBFloat16(x)
+                                                                      : numerics::FloatToHalf(x);
           std::memcpy(at, &h, 2);
         }
       }
@@ -196,24 +198,24 @@ void CheckUpdate(CudaOptimizerKernels& gpu, ThreadPool& pool, const NamedOptimiz
     }
   }
   char line[512];
-  std::snprintf(line, sizeof(line),
-                "update %s grad=%s copy=%s: %lld values, %lld bitwise equal, %lld outside "
-                "tolerance, param copies %s",
-                named.name.c_str(), DTypeName(grad_dtype),
-                copy_dtype < 0 ? "none" : DTypeName(static_cast<DType>(copy_dtype)),
-                static_cast<long long>(compared), static_cast<long long>(bitwise_equal),
-                static_cast<long long>(outside_tolerance),
-                copies_equal ? "bitwise equal" : "DIFFER");
+  std::snprintf(
+      line, sizeof(line),
+      "update %s grad=%s copy=%s: %lld values, %lld bitwise equal, %lld outside "
+      "tolerance, param copies %s",
+      named.name.c_str(), numerics::DTypeName(grad_dtype),
+      copy_dtype < 0 ? "none" : numerics::DTypeName(static_cast<numerics::DType>(copy_dtype)),
+      static_cast<long long>(compared), static_cast<long long>(bitwise_equal),
+      static_cast<long long>(outside_tolerance), copies_equal ? "bitwise equal" : "DIFFER");
   // A copy is the master rounded once; with masters within tolerance it may differ only where
   // the masters differ, so copies must be equal whenever the masters are bitwise equal.
   Report(outside_tolerance == 0 && (copies_equal || bitwise_equal != compared), line);
 }
 
-void CheckGradStats(CudaOptimizerKernels& gpu, ThreadPool& pool, DType dtype) {
+void CheckGradStats(CudaOptimizerKernels& gpu, ThreadPool& pool, numerics::DType dtype) {
   const std::vector<int64_t> lengths = {0, 1, 17, 1000, 3 * 16384 + 5, 1000003};
   std::mt19937 rng(5);
   std::uniform_real_distribution<float> uniform(-2.0f, 2.0f);
-  const int size = DTypeSize(dtype);
+  const int size = numerics::DTypeSize(dtype);
   std::vector<std::vector<unsigned char>> host(lengths.size());
   std::vector<std::unique_ptr<DeviceBuffer>> device;
   std::vector<GradPiece> host_pieces, device_pieces;
@@ -223,10 +225,11 @@ void CheckGradStats(CudaOptimizerKernels& gpu, ThreadPool& pool, DType dtype) {
     for (int64_t i = 0; i < lengths[k]; ++i) {
       const float x = uniform(rng);
       unsigned char* at = host[k].data() + (offset + i) * size;
-      if (dtype == DType::kFloat32) {
+      if (dtype == numerics::DType::kFloat32) {
         std::memcpy(at, &x, 4);
       } else {
-        const uint16_t h = dtype == DType::kBFloat16 ? FloatToBFloat16(x) : FloatToHalf(x);
+        const uint16_t h = dtype == numerics::DType::kBFloat16 ? numerics::FloatToBFloat16(x)
+                                                               : numerics::FloatToHalf(x);
         std::memcpy(at, &h, 2);
       }
     }
@@ -239,15 +242,15 @@ void CheckGradStats(CudaOptimizerKernels& gpu, ThreadPool& pool, DType dtype) {
   const absl::StatusOr<GradStats> first = gpu.ComputeGradStats(device_pieces);
   const absl::StatusOr<GradStats> second = gpu.ComputeGradStats(device_pieces);
   if (!cpu.ok() || !first.ok() || !second.ok()) {
-    Report(false, std::string("grad stats ") + DTypeName(dtype) + ": a call failed");
+    Report(false, std::string("grad stats ") + numerics::DTypeName(dtype) + ": a call failed");
     return;
   }
   const double rel = std::fabs(first->sum_squares - cpu->sum_squares) / cpu->sum_squares;
-  Report(rel <= kSumRelTol && !first->non_finite, std::string("grad stats ") + DTypeName(dtype) +
-                                                      " sum matches the CPU (rel " +
-                                                      std::to_string(rel) + ")");
+  Report(rel <= kSumRelTol && !first->non_finite,
+         std::string("grad stats ") + numerics::DTypeName(dtype) + " sum matches the CPU (rel " +
+             std::to_string(rel) + ")");
   Report(std::memcmp(&first->sum_squares, &second->sum_squares, 8) == 0,
-         std::string("grad stats ") + DTypeName(dtype) + " repeatable bit for bit");
+         std::string("grad stats ") + numerics::DTypeName(dtype) + " repeatable bit for bit");
   DeviceBuffer device_sum(sizeof(double));
   double enqueued = 0.0;
   const absl::Status enqueue_status =
@@ -255,7 +258,8 @@ void CheckGradStats(CudaOptimizerKernels& gpu, ThreadPool& pool, DType dtype) {
   CheckCuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   device_sum.Download(&enqueued);
   Report(enqueue_status.ok() && std::memcmp(&enqueued, &first->sum_squares, 8) == 0,
-         std::string("grad stats ") + DTypeName(dtype) + " EnqueueSumSquares gives the same bits");
+         std::string("grad stats ") + numerics::DTypeName(dtype) +
+             " EnqueueSumSquares gives the same bits");
   // Non-finite values at the start, a tile boundary and the end of the large piece.
   const size_t big = lengths.size() - 1;
   const int64_t offset = big % 4;
@@ -266,11 +270,11 @@ void CheckGradStats(CudaOptimizerKernels& gpu, ThreadPool& pool, DType dtype) {
     for (int64_t pos : {int64_t{0}, int64_t{16383}, int64_t{16384}, lengths[big] - 1}) {
       std::vector<unsigned char> poisoned = host[big];
       unsigned char* at = poisoned.data() + (offset + pos) * size;
-      if (dtype == DType::kFloat32) {
+      if (dtype == numerics::DType::kFloat32) {
         std::memcpy(at, &special, 4);
       } else {
-        const uint16_t h =
-            dtype == DType::kBFloat16 ? FloatToBFloat16(special) : FloatToHalf(special);
+        const uint16_t h = dtype == numerics::DType::kBFloat16 ? numerics::FloatToBFloat16(special)
+                                                               : numerics::FloatToHalf(special);
         std::memcpy(at, &h, 2);
       }
       device[big]->Upload(poisoned.data());
@@ -280,8 +284,9 @@ void CheckGradStats(CudaOptimizerKernels& gpu, ThreadPool& pool, DType dtype) {
     }
   }
   device[big]->Upload(host[big].data());
-  Report(detected == tried, std::string("grad stats ") + DTypeName(dtype) + " non-finite " +
-                                std::to_string(detected) + "/" + std::to_string(tried));
+  Report(detected == tried, std::string("grad stats ") + numerics::DTypeName(dtype) +
+                                " non-finite " + std::to_string(detected) + "/" +
+                                std::to_string(tried));
 }
 
 void CheckInvalid(CudaOptimizerKernels& gpu) {
@@ -379,13 +384,15 @@ int Main() {
   ThreadPool pool(static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
   const std::vector<int64_t> small = {0, 1, 7, 63, 64, 1000, 5, 16};
   for (const NamedOptimizerConfig& named : OptimizerTestConfigs()) {
-    for (DType grad : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    for (numerics::DType grad :
+         {numerics::DType::kFloat32, numerics::DType::kBFloat16, numerics::DType::kFloat16}) {
       for (int copy : {-1, 0, 1, 2}) CheckUpdate(**gpu, pool, named, grad, copy, small);
     }
-    CheckUpdate(**gpu, pool, named, DType::kBFloat16, static_cast<int>(DType::kBFloat16),
-                {1000003, 3 * 16384 + 1, 64});
+    CheckUpdate(**gpu, pool, named, numerics::DType::kBFloat16,
+                static_cast<int>(numerics::DType::kBFloat16), {1000003, 3 * 16384 + 1, 64});
   }
-  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+  for (numerics::DType dtype :
+       {numerics::DType::kFloat32, numerics::DType::kBFloat16, numerics::DType::kFloat16}) {
     CheckGradStats(**gpu, pool, dtype);
   }
   CheckInvalid(**gpu);

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::comm {
 namespace {
@@ -57,15 +57,15 @@ void CombineElement(ElementType type, ReduceOp op, const char* received, const c
       Store(out, index, FloatCombine(Load<float>(received, index), Load<float>(own, index), op));
       return;
     case ElementType::kBFloat16: {
-      const float a = kernels::BFloat16ToFloat(Load<uint16_t>(received, index));
-      const float b = kernels::BFloat16ToFloat(Load<uint16_t>(own, index));
-      Store(out, index, kernels::FloatToBFloat16(FloatCombine(a, b, op)));
+      const float a = numerics::BFloat16ToFloat(Load<uint16_t>(received, index));
+      const float b = numerics::BFloat16ToFloat(Load<uint16_t>(own, index));
+      Store(out, index, numerics::FloatToBFloat16(FloatCombine(a, b, op)));
       return;
     }
     case ElementType::kFloat16: {
-      const float a = kernels::HalfToFloat(Load<uint16_t>(received, index));
-      const float b = kernels::HalfToFloat(Load<uint16_t>(own, index));
-      Store(out, index, kernels::FloatToHalf(FloatCombine(a, b, op)));
+      const float a = numerics::HalfToFloat(Load<uint16_t>(received, index));
+      const float b = numerics::HalfToFloat(Load<uint16_t>(own, index));
+      Store(out, index, numerics::FloatToHalf(FloatCombine(a, b, op)));
       return;
     }
     case ElementType::kInt32: {
@@ -143,10 +143,10 @@ std::vector<char> MakeInput(ElementType type, int rank, size_t count, uint64_t s
         Store(data.data(), i, static_cast<float>(SpreadValue(bits)));
         break;
       case ElementType::kBFloat16:
-        Store(data.data(), i, kernels::FloatToBFloat16(static_cast<float>(SpreadValue(bits))));
+        Store(data.data(), i, numerics::FloatToBFloat16(static_cast<float>(SpreadValue(bits))));
         break;
       case ElementType::kFloat16:
-        Store(data.data(), i, kernels::FloatToHalf(static_cast<float>(SpreadValue(bits))));
+        Store(data.data(), i, numerics::FloatToHalf(static_cast<float>(SpreadValue(bits))));
         break;
       case ElementType::kInt32:
         Store(data.data(), i, static_cast<int32_t>(bits));

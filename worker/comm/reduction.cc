@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "common/dcheck.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::comm {
 namespace {
@@ -137,12 +137,12 @@ void ReduceElements(void* out, const void* received, const void* own, size_t cou
       return;
     }
     case ElementType::kBFloat16:
-      HalfWidthLoop<kernels::BFloat16ToFloat, kernels::FloatToBFloat16>(
+      HalfWidthLoop<numerics::BFloat16ToFloat, numerics::FloatToBFloat16>(
           static_cast<uint16_t*>(out), static_cast<const uint16_t*>(received),
           static_cast<const uint16_t*>(own), count, op);
       return;
     case ElementType::kFloat16:
-      HalfWidthLoop<kernels::HalfToFloat, kernels::FloatToHalf>(
+      HalfWidthLoop<numerics::HalfToFloat, numerics::FloatToHalf>(
           static_cast<uint16_t*>(out), static_cast<const uint16_t*>(received),
           static_cast<const uint16_t*>(own), count, op);
       return;

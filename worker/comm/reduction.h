@@ -12,7 +12,7 @@ namespace zeroshard::comm {
 // REQUIRES: `received` and `own` do not overlap; `out` is `own`, is `received`, or overlaps
 // neither (the fp32/fp64 loops are compiled as alias-free).
 // fp32/fp64 use IEEE arithmetic (no contraction); bf16/fp16 are widened to fp32, combined, and
-// rounded back to nearest even (kernels/dtype.h), once per call; integers wrap on overflow.
+// rounded back to nearest even (numerics/dtype.h), once per call; integers wrap on overflow.
 // kMax gives NaN when either operand is NaN. Thread-compatible (pure function).
 void ReduceElements(void* out, const void* received, const void* own, size_t count,
                     ElementType type, ReduceOp op);

@@ -240,7 +240,7 @@ absl::Status LoadFullState(const FullStateLoadOptions& options, checkpoint::File
     if (info == nullptr) {
       verdict = absl::FailedPreconditionError(absl::StrCat(options.path, ": no tensor ", name));
     } else if (info->dtype != checkpoint::SafetensorsDType::kF32 ||
-               range.dtype != kernels::DType::kFloat32) {
+               range.dtype != numerics::DType::kFloat32) {
       verdict = absl::FailedPreconditionError(
           absl::StrCat(options.path, ": ", name, " is not F32 (attached jobs are fp32)"));
     } else if (static_cast<int64_t>(info->num_bytes()) != tensor.num_elements * 4) {

@@ -19,13 +19,13 @@ constexpr size_t kAppendChunkBytes = size_t{4} << 20;
 // WriteNow's scratch: the only memory a final checkpoint adds to the process's peak.
 constexpr size_t kDirectChunkBytes = size_t{1} << 20;
 
-v1::DType ToFragmentDType(kernels::DType dtype) {
+v1::DType ToFragmentDType(numerics::DType dtype) {
   switch (dtype) {
-    case kernels::DType::kFloat32:
+    case numerics::DType::kFloat32:
       return v1::FLOAT32;
-    case kernels::DType::kBFloat16:
+    case numerics::DType::kBFloat16:
       return v1::BFLOAT16;
-    case kernels::DType::kFloat16:
+    case numerics::DType::kFloat16:
       return v1::FLOAT16;
   }
   return v1::DTYPE_UNSPECIFIED;
@@ -102,7 +102,7 @@ absl::Status CheckpointWriter::WriteNow(int64_t step, const engine::Engine::Save
   WriteAndCommit(HeaderFor(step, scalars), [&](checkpoint::ShardWriter& writer) -> absl::Status {
     for (size_t i = 0; i < options_.fragments.size(); ++i) {
       const engine::Engine::SavedFragment& fragment = options_.fragments[i];
-      const int64_t element_size = kernels::DTypeSize(fragment.dtype);
+      const int64_t element_size = numerics::DTypeSize(fragment.dtype);
       const int64_t per_chunk = static_cast<int64_t>(kDirectChunkBytes) / element_size;
       for (int64_t first = 0; first < fragment.end - fragment.begin; first += per_chunk) {
         const int64_t count = std::min(per_chunk, fragment.end - fragment.begin - first);

@@ -5,23 +5,23 @@
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "jobspec/job_plan.h"
-#include "kernels/dtype.h"
 #include "kernels/optimizer.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::worker {
 namespace {
 
 // The spec arrives with defaults applied (DTYPE_UNSPECIFIED is FLOAT32); FLOAT64 is refused
 // rather than silently trained in fp32.
-absl::StatusOr<kernels::DType> ToKernelDType(absl::string_view field, v1::DType dtype) {
+absl::StatusOr<numerics::DType> ToKernelDType(absl::string_view field, v1::DType dtype) {
   switch (dtype) {
     case v1::DTYPE_UNSPECIFIED:
     case v1::FLOAT32:
-      return kernels::DType::kFloat32;
+      return numerics::DType::kFloat32;
     case v1::BFLOAT16:
-      return kernels::DType::kBFloat16;
+      return numerics::DType::kBFloat16;
     case v1::FLOAT16:
-      return kernels::DType::kFloat16;
+      return numerics::DType::kFloat16;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(field, ": ", v1::DType_Name(dtype), " is not supported by this worker"));

@@ -40,9 +40,9 @@ TEST(EngineConfigTest, EveryPrecisionFieldReachesTheEngine) {
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->mode, engine::EngineMode::kZero2);
   EXPECT_EQ(config->optimizer.kind, kernels::OptimizerKind::kAdamW);
-  EXPECT_EQ(config->param_dtype, kernels::DType::kBFloat16);
-  EXPECT_EQ(config->grad_dtype, kernels::DType::kFloat16);
-  EXPECT_EQ(config->reduce_dtype, kernels::DType::kBFloat16);
+  EXPECT_EQ(config->param_dtype, numerics::DType::kBFloat16);
+  EXPECT_EQ(config->grad_dtype, numerics::DType::kFloat16);
+  EXPECT_EQ(config->reduce_dtype, numerics::DType::kBFloat16);
   EXPECT_EQ(config->loss_scale.initial_scale, 1024.0);
   EXPECT_TRUE(config->loss_scale.dynamic);
   EXPECT_EQ(config->loss_scale.growth_interval, 7);
@@ -58,9 +58,9 @@ TEST(EngineConfigTest, Fp16DefaultsAreDynamicLossScaling) {
   const absl::StatusOr<engine::EngineConfig> config =
       EngineConfigForJob(jobspec::WithDefaults(Fp16Spec()), 1);
   ASSERT_TRUE(config.ok()) << config.status();
-  EXPECT_EQ(config->param_dtype, kernels::DType::kFloat16);
-  EXPECT_EQ(config->grad_dtype, kernels::DType::kFloat16);
-  EXPECT_EQ(config->reduce_dtype, kernels::DType::kFloat32);
+  EXPECT_EQ(config->param_dtype, numerics::DType::kFloat16);
+  EXPECT_EQ(config->grad_dtype, numerics::DType::kFloat16);
+  EXPECT_EQ(config->reduce_dtype, numerics::DType::kFloat32);
   EXPECT_EQ(config->loss_scale.initial_scale, 65536.0);
   EXPECT_TRUE(config->loss_scale.dynamic);
   EXPECT_EQ(config->loss_scale.growth_interval, 2000);

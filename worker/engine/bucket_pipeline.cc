@@ -18,8 +18,8 @@ BucketPipeline::BucketPipeline(const sharding::ShardPlan& plan, int64_t rank,
       rank_(rank),
       options_(options),
       storage_(storage),
-      grad_size_(kernels::DTypeSize(options.grad_dtype)),
-      reduce_size_(kernels::DTypeSize(options.reduce_dtype)),
+      grad_size_(numerics::DTypeSize(options.grad_dtype)),
+      reduce_size_(numerics::DTypeSize(options.reduce_dtype)),
       uses_pool_(options.zero2 || options.grad_dtype != options.reduce_dtype),
       device_(device),
       communicator_(communicator),
@@ -196,8 +196,8 @@ absl::Status BucketPipeline::RetireOldest() {
       storage_.stats_chunks.as<kernels::GradStatsChunk>() + first_chunk;
   const int64_t num_chunks = storage_.stats_chunk_begin[bucket_index + 1] - first_chunk;
   double* partials = storage_.stats_partials.as<double>() + first_chunk;
-  const kernels::DType grad_dtype = options_.grad_dtype;
-  const kernels::DType reduce_dtype = options_.reduce_dtype;
+  const numerics::DType grad_dtype = options_.grad_dtype;
+  const numerics::DType reduce_dtype = options_.reduce_dtype;
   absl::Status moved;
   if (accumulating_) {
     // A later micro-batch (zero2): added to the earlier ones' sum, whose statistics replace the

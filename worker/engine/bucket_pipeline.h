@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/counting_allocator.h"
@@ -49,8 +49,8 @@ class BucketPipeline {
   struct Options {
     bool ddp = false;    // all-reduce, and every rank keeps every reduced piece
     bool zero2 = false;  // the gradient storage holds only the owned pieces (owned layout)
-    kernels::DType grad_dtype = kernels::DType::kFloat32;
-    kernels::DType reduce_dtype = kernels::DType::kFloat32;
+    numerics::DType grad_dtype = numerics::DType::kFloat32;
+    numerics::DType reduce_dtype = numerics::DType::kFloat32;
     int bucket_pool_size = 2;
     absl::Duration collective_timeout = absl::Minutes(5);
   };

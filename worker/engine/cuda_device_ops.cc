@@ -116,20 +116,20 @@ absl::Status CudaDeviceOps::CopyToHost(void* host_dst, const void* src, int64_t 
 }
 
 absl::Status CudaDeviceOps::StoreScaledGradient(const float* grad, float scale, int64_t count,
-                                                kernels::DType storage_dtype, void* dst,
-                                                kernels::DType dst_dtype) {
+                                                numerics::DType storage_dtype, void* dst,
+                                                numerics::DType dst_dtype) {
   return common::CudaStatus(cuda_internal::LaunchStoreScaledGradient(
                                 grad, scale, count, static_cast<int32_t>(storage_dtype), dst,
                                 static_cast<int32_t>(dst_dtype), AsStream(stream_)),
                             "StoreScaledGradient kernel");
 }
 
-absl::Status CudaDeviceOps::ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
-                                            kernels::DType dst_dtype, int64_t count) {
+absl::Status CudaDeviceOps::ConvertElements(const void* src, numerics::DType src_dtype, void* dst,
+                                            numerics::DType dst_dtype, int64_t count) {
   if (count <= 0) return absl::OkStatus();
   if (src_dtype == dst_dtype) {
     if (src == dst) return absl::OkStatus();
-    return common::CudaStatus(cudaMemcpyAsync(dst, src, count * kernels::DTypeSize(src_dtype),
+    return common::CudaStatus(cudaMemcpyAsync(dst, src, count * numerics::DTypeSize(src_dtype),
                                               cudaMemcpyDeviceToDevice, AsStream(stream_)),
                               "cudaMemcpyAsync(device to device)");
   }
@@ -139,18 +139,18 @@ absl::Status CudaDeviceOps::ConvertElements(const void* src, kernels::DType src_
                             "ConvertElements kernel");
 }
 
-absl::Status CudaDeviceOps::AddElements(const void* src, kernels::DType src_dtype, void* dst,
-                                        kernels::DType dst_dtype, int64_t count) {
+absl::Status CudaDeviceOps::AddElements(const void* src, numerics::DType src_dtype, void* dst,
+                                        numerics::DType dst_dtype, int64_t count) {
   return common::CudaStatus(
       cuda_internal::LaunchAddElements(src, static_cast<int32_t>(src_dtype), dst,
                                        static_cast<int32_t>(dst_dtype), count, AsStream(stream_)),
       "AddElements kernel");
 }
 
-absl::Status CudaDeviceOps::ZeroElements(void* dst, kernels::DType dtype, int64_t count) {
+absl::Status CudaDeviceOps::ZeroElements(void* dst, numerics::DType dtype, int64_t count) {
   if (count <= 0) return absl::OkStatus();
   return common::CudaStatus(
-      cudaMemsetAsync(dst, 0, count * kernels::DTypeSize(dtype), AsStream(stream_)),
+      cudaMemsetAsync(dst, 0, count * numerics::DTypeSize(dtype), AsStream(stream_)),
       "cudaMemsetAsync");
 }
 
@@ -169,11 +169,11 @@ int64_t CudaDeviceOps::GradStatsChunkElements() const {
   return cuda_internal::kGradStatsChunkElements;
 }
 
-absl::Status CudaDeviceOps::ConvertWithGradStats(const void* src, kernels::DType src_dtype,
-                                                 void* dst, kernels::DType dst_dtype,
+absl::Status CudaDeviceOps::ConvertWithGradStats(const void* src, numerics::DType src_dtype,
+                                                 void* dst, numerics::DType dst_dtype,
                                                  const kernels::GradStatsChunk* chunks,
                                                  int64_t num_chunks, double* partials) {
-  if (!kernels::IsValidDType(src_dtype) || !kernels::IsValidDType(dst_dtype)) {
+  if (!numerics::IsValidDType(src_dtype) || !numerics::IsValidDType(dst_dtype)) {
     return absl::InvalidArgumentError("ConvertWithGradStats: invalid dtype");
   }
   if (src == dst && src_dtype != dst_dtype) {

@@ -54,22 +54,23 @@ class CudaDeviceOps final : public DeviceOps {
   absl::Status CopyFromHost(void* dst, const void* host_src, int64_t bytes) override;
   absl::Status CopyToHost(void* host_dst, const void* src, int64_t bytes) override;
   absl::Status StoreScaledGradient(const float* grad, float scale, int64_t count,
-                                   kernels::DType storage_dtype, void* dst,
-                                   kernels::DType dst_dtype) override;
-  absl::Status ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
-                               kernels::DType dst_dtype, int64_t count) override;
-  absl::Status ZeroElements(void* dst, kernels::DType dtype, int64_t count) override;
-  absl::Status AddElements(const void* src, kernels::DType src_dtype, void* dst,
-                           kernels::DType dst_dtype, int64_t count) override;
+                                   numerics::DType storage_dtype, void* dst,
+                                   numerics::DType dst_dtype) override;
+  absl::Status ConvertElements(const void* src, numerics::DType src_dtype, void* dst,
+                               numerics::DType dst_dtype, int64_t count) override;
+  absl::Status ZeroElements(void* dst, numerics::DType dtype, int64_t count) override;
+  absl::Status AddElements(const void* src, numerics::DType src_dtype, void* dst,
+                           numerics::DType dst_dtype, int64_t count) override;
   absl::Status ApplyUpdate(const kernels::OptimizerConfig& config, int64_t step, float grad_scale,
                            absl::Span<const kernels::UpdatePiece> pieces) override;
   absl::StatusOr<kernels::GradStats> ComputeGradStats(
       absl::Span<const kernels::GradPiece> pieces) override;
   int64_t GradStatsChunkElements() const override;
   // Both queue one kernel and return; the chunks are not checked (they are device memory).
-  absl::Status ConvertWithGradStats(const void* src, kernels::DType src_dtype, void* dst,
-                                    kernels::DType dst_dtype, const kernels::GradStatsChunk* chunks,
-                                    int64_t num_chunks, double* partials) override;
+  absl::Status ConvertWithGradStats(const void* src, numerics::DType src_dtype, void* dst,
+                                    numerics::DType dst_dtype,
+                                    const kernels::GradStatsChunk* chunks, int64_t num_chunks,
+                                    double* partials) override;
   absl::StatusOr<double> MaxAbs(absl::Span<const kernels::GradPiece> pieces) override;
   absl::Status CombineGradStats(const double* partials, int64_t count, double* result) override;
   absl::Status Synchronize() override;

@@ -1,17 +1,17 @@
 // The engine's element conversions on a CUDA device: one thread per element (grid-stride), the
-// roundings of kernels/dtype.h, so the results are the host loops' bits (element_convert.cc);
+// roundings of numerics/dtype.h, so the results are the host loops' bits (element_convert.cc);
 // and the gradient statistics summed on the move of reduced gradients, in the kernels' order.
 #include <cuda_runtime.h>
 
 #include "kernels/cuda_block_sum.cuh"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 #include "worker/engine/cuda_element_kernels.h"
 
 namespace zeroshard::engine {
 namespace cuda_internal {
 namespace {
 
-using kernels::DType;
+using numerics::DType;
 
 constexpr int kThreadsPerBlock = 256;
 constexpr int64_t kMaxBlocks = 4096;
@@ -19,27 +19,27 @@ constexpr int64_t kMaxBlocks = 4096;
 __device__ float LoadElement(const void* data, int32_t dtype, int64_t i) {
   if (dtype == static_cast<int32_t>(DType::kFloat32)) return static_cast<const float*>(data)[i];
   const uint16_t bits = static_cast<const uint16_t*>(data)[i];
-  return dtype == static_cast<int32_t>(DType::kBFloat16) ? kernels::BFloat16ToFloat(bits)
-                                                         : kernels::HalfToFloat(bits);
+  return dtype == static_cast<int32_t>(DType::kBFloat16) ? numerics::BFloat16ToFloat(bits)
+                                                         : numerics::HalfToFloat(bits);
 }
 
 __device__ void StoreElement(void* data, int32_t dtype, int64_t i, float value) {
   if (dtype == static_cast<int32_t>(DType::kFloat32)) {
     static_cast<float*>(data)[i] = value;
   } else if (dtype == static_cast<int32_t>(DType::kBFloat16)) {
-    static_cast<uint16_t*>(data)[i] = kernels::FloatToBFloat16(value);
+    static_cast<uint16_t*>(data)[i] = numerics::FloatToBFloat16(value);
   } else {
-    static_cast<uint16_t*>(data)[i] = kernels::FloatToHalf(value);
+    static_cast<uint16_t*>(data)[i] = numerics::FloatToHalf(value);
   }
 }
 
 // The value `dtype` storage holds for `value` (rounded to nearest even, widened back).
 __device__ float RoundTo(int32_t dtype, float value) {
   if (dtype == static_cast<int32_t>(DType::kBFloat16)) {
-    return kernels::BFloat16ToFloat(kernels::FloatToBFloat16(value));
+    return numerics::BFloat16ToFloat(numerics::FloatToBFloat16(value));
   }
   if (dtype == static_cast<int32_t>(DType::kFloat16)) {
-    return kernels::HalfToFloat(kernels::FloatToHalf(value));
+    return numerics::HalfToFloat(numerics::FloatToHalf(value));
   }
   return value;
 }

@@ -11,7 +11,7 @@
 namespace zeroshard::engine {
 namespace cuda_internal {
 
-// Enqueue on `stream`; return the launch error, if any. Dtypes are kernels::DType values.
+// Enqueue on `stream`; return the launch error, if any. Dtypes are numerics::DType values.
 // dst[i] = round_to(dst_dtype, round_to(storage_dtype, grad[i] * scale)), as StoreScaledGradient.
 cudaError_t LaunchStoreScaledGradient(const float* grad, float scale, int64_t count,
                                       int32_t storage_dtype, void* dst, int32_t dst_dtype,

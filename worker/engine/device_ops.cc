@@ -13,8 +13,8 @@
 
 namespace zeroshard::engine {
 
-absl::Status DeviceOps::AddElements(const void* /*src*/, kernels::DType /*src_dtype*/,
-                                    void* /*dst*/, kernels::DType /*dst_dtype*/,
+absl::Status DeviceOps::AddElements(const void* /*src*/, numerics::DType /*src_dtype*/,
+                                    void* /*dst*/, numerics::DType /*dst_dtype*/,
                                     int64_t /*count*/) {
   return absl::UnimplementedError(
       absl::StrCat("AddElements (zero2 gradient accumulation) is not implemented on ", name()));
@@ -39,25 +39,25 @@ absl::Status HostDeviceOps::CopyToHost(void* host_dst, const void* src, int64_t 
 }
 
 absl::Status HostDeviceOps::StoreScaledGradient(const float* grad, float scale, int64_t count,
-                                                kernels::DType storage_dtype, void* dst,
-                                                kernels::DType dst_dtype) {
+                                                numerics::DType storage_dtype, void* dst,
+                                                numerics::DType dst_dtype) {
   engine::StoreScaledGradient(grad, scale, count, storage_dtype, dst, dst_dtype);
   return absl::OkStatus();
 }
 
-absl::Status HostDeviceOps::ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
-                                            kernels::DType dst_dtype, int64_t count) {
+absl::Status HostDeviceOps::ConvertElements(const void* src, numerics::DType src_dtype, void* dst,
+                                            numerics::DType dst_dtype, int64_t count) {
   engine::ConvertElements(src, src_dtype, dst, dst_dtype, count);
   return absl::OkStatus();
 }
 
-absl::Status HostDeviceOps::ZeroElements(void* dst, kernels::DType dtype, int64_t count) {
+absl::Status HostDeviceOps::ZeroElements(void* dst, numerics::DType dtype, int64_t count) {
   engine::ZeroElements(dst, dtype, count);
   return absl::OkStatus();
 }
 
-absl::Status HostDeviceOps::AddElements(const void* src, kernels::DType src_dtype, void* dst,
-                                        kernels::DType dst_dtype, int64_t count) {
+absl::Status HostDeviceOps::AddElements(const void* src, numerics::DType src_dtype, void* dst,
+                                        numerics::DType dst_dtype, int64_t count) {
   engine::AddElements(src, src_dtype, dst, dst_dtype, count);
   return absl::OkStatus();
 }
@@ -75,8 +75,8 @@ absl::StatusOr<kernels::GradStats> HostDeviceOps::ComputeGradStats(
 
 int64_t HostDeviceOps::GradStatsChunkElements() const { return kernels::kCpuChunkElements; }
 
-absl::Status HostDeviceOps::ConvertWithGradStats(const void* src, kernels::DType src_dtype,
-                                                 void* dst, kernels::DType dst_dtype,
+absl::Status HostDeviceOps::ConvertWithGradStats(const void* src, numerics::DType src_dtype,
+                                                 void* dst, numerics::DType dst_dtype,
                                                  const kernels::GradStatsChunk* chunks,
                                                  int64_t num_chunks, double* partials) {
   if (num_chunks < 0) {
@@ -93,9 +93,9 @@ absl::StatusOr<double> HostDeviceOps::MaxAbs(absl::Span<const kernels::GradPiece
   std::vector<float> widened;
   for (const kernels::GradPiece& piece : pieces) {
     const float* values = static_cast<const float*>(piece.data);
-    if (piece.dtype != kernels::DType::kFloat32) {
+    if (piece.dtype != numerics::DType::kFloat32) {
       widened.resize(piece.length);
-      engine::ConvertElements(piece.data, piece.dtype, widened.data(), kernels::DType::kFloat32,
+      engine::ConvertElements(piece.data, piece.dtype, widened.data(), numerics::DType::kFloat32,
                               piece.length);
       values = widened.data();
     }

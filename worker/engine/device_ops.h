@@ -9,9 +9,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "kernels/dtype.h"
 #include "kernels/optimizer.h"
 #include "kernels/thread_pool.h"
+#include "numerics/dtype.h"
 #include "worker/engine/counting_allocator.h"
 
 namespace zeroshard::engine {
@@ -43,16 +43,16 @@ class DeviceOps : public MemoryBacking {
   // As element_convert.h's functions of the same names, on device memory. StoreScaledGradient
   // may scale fp32 in place (grad == dst with fp32 storage and destination).
   virtual absl::Status StoreScaledGradient(const float* grad, float scale, int64_t count,
-                                           kernels::DType storage_dtype, void* dst,
-                                           kernels::DType dst_dtype) = 0;
-  virtual absl::Status ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
-                                       kernels::DType dst_dtype, int64_t count) = 0;
-  virtual absl::Status ZeroElements(void* dst, kernels::DType dtype, int64_t count) = 0;
+                                           numerics::DType storage_dtype, void* dst,
+                                           numerics::DType dst_dtype) = 0;
+  virtual absl::Status ConvertElements(const void* src, numerics::DType src_dtype, void* dst,
+                                       numerics::DType dst_dtype, int64_t count) = 0;
+  virtual absl::Status ZeroElements(void* dst, numerics::DType dtype, int64_t count) = 0;
   // As element_convert.h's AddElements: the engine's zero2 gradient accumulation across
   // micro-batches (Engine::EndMicroBatch). The host and CUDA implement it; the default answers
   // Unimplemented.
-  virtual absl::Status AddElements(const void* src, kernels::DType src_dtype, void* dst,
-                                   kernels::DType dst_dtype, int64_t count);
+  virtual absl::Status AddElements(const void* src, numerics::DType src_dtype, void* dst,
+                                   numerics::DType dst_dtype, int64_t count);
 
   // The fused optimizer update and the gradient statistics (kernels/optimizer.h) over pieces in
   // device memory. ComputeGradStats waits for everything queued before it.
@@ -74,8 +74,8 @@ class DeviceOps : public MemoryBacking {
   // the device can check it.
   // REQUIRES: every chunk holds at most GradStatsChunkElements() elements; source and
   // destination elements do not overlap unless src == dst with equal dtypes.
-  virtual absl::Status ConvertWithGradStats(const void* src, kernels::DType src_dtype, void* dst,
-                                            kernels::DType dst_dtype,
+  virtual absl::Status ConvertWithGradStats(const void* src, numerics::DType src_dtype, void* dst,
+                                            numerics::DType dst_dtype,
                                             const kernels::GradStatsChunk* chunks,
                                             int64_t num_chunks, double* partials) = 0;
   // The largest |element| over the pieces (opt.clip_grad_norm_'s infinity norm), NaN when one is
@@ -112,21 +112,22 @@ class HostDeviceOps final : public DeviceOps {
   absl::Status CopyFromHost(void* dst, const void* host_src, int64_t bytes) override;
   absl::Status CopyToHost(void* host_dst, const void* src, int64_t bytes) override;
   absl::Status StoreScaledGradient(const float* grad, float scale, int64_t count,
-                                   kernels::DType storage_dtype, void* dst,
-                                   kernels::DType dst_dtype) override;
-  absl::Status ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
-                               kernels::DType dst_dtype, int64_t count) override;
-  absl::Status ZeroElements(void* dst, kernels::DType dtype, int64_t count) override;
-  absl::Status AddElements(const void* src, kernels::DType src_dtype, void* dst,
-                           kernels::DType dst_dtype, int64_t count) override;
+                                   numerics::DType storage_dtype, void* dst,
+                                   numerics::DType dst_dtype) override;
+  absl::Status ConvertElements(const void* src, numerics::DType src_dtype, void* dst,
+                               numerics::DType dst_dtype, int64_t count) override;
+  absl::Status ZeroElements(void* dst, numerics::DType dtype, int64_t count) override;
+  absl::Status AddElements(const void* src, numerics::DType src_dtype, void* dst,
+                           numerics::DType dst_dtype, int64_t count) override;
   absl::Status ApplyUpdate(const kernels::OptimizerConfig& config, int64_t step, float grad_scale,
                            absl::Span<const kernels::UpdatePiece> pieces) override;
   absl::StatusOr<kernels::GradStats> ComputeGradStats(
       absl::Span<const kernels::GradPiece> pieces) override;
   int64_t GradStatsChunkElements() const override;
-  absl::Status ConvertWithGradStats(const void* src, kernels::DType src_dtype, void* dst,
-                                    kernels::DType dst_dtype, const kernels::GradStatsChunk* chunks,
-                                    int64_t num_chunks, double* partials) override;
+  absl::Status ConvertWithGradStats(const void* src, numerics::DType src_dtype, void* dst,
+                                    numerics::DType dst_dtype,
+                                    const kernels::GradStatsChunk* chunks, int64_t num_chunks,
+                                    double* partials) override;
   absl::StatusOr<double> MaxAbs(absl::Span<const kernels::GradPiece> pieces) override;
   absl::Status CombineGradStats(const double* partials, int64_t count, double* result) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }

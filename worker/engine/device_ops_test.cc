@@ -13,14 +13,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
 #include "kernels/optimizer.h"
+#include "numerics/dtype.h"
 #include "worker/engine/element_convert.h"
 
 namespace zeroshard::engine {
 namespace {
 
-using kernels::DType;
+using numerics::DType;
 
 constexpr DType kDTypes[] = {DType::kFloat32, DType::kBFloat16, DType::kFloat16};
 
@@ -54,14 +54,14 @@ ReducedPiece MakePiece(const std::vector<int64_t>& lengths, DType dtype, int64_t
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
   for (float& value : values) value = uniform(rng);
-  piece.data.resize(piece.elements * kernels::DTypeSize(dtype));
+  piece.data.resize(piece.elements * numerics::DTypeSize(dtype));
   ConvertElements(values.data(), DType::kFloat32, piece.data.data(), dtype, piece.elements);
   return piece;
 }
 
 void SetElement(ReducedPiece& piece, DType dtype, int64_t i, float value) {
-  ConvertElements(&value, DType::kFloat32, piece.data.data() + i * kernels::DTypeSize(dtype), dtype,
-                  1);
+  ConvertElements(&value, DType::kFloat32, piece.data.data() + i * numerics::DTypeSize(dtype),
+                  dtype, 1);
 }
 
 struct Outcome {
@@ -72,7 +72,7 @@ struct Outcome {
 // The fused op over the piece, into a destination of `dst_dtype`.
 Outcome Fused(HostDeviceOps& device, const ReducedPiece& piece, DType src_dtype, DType dst_dtype) {
   Outcome outcome;
-  const int size = kernels::DTypeSize(dst_dtype);
+  const int size = numerics::DTypeSize(dst_dtype);
   std::vector<char> dst(piece.elements * size);
   std::vector<double> partials(piece.chunks.size());
   EXPECT_TRUE(device
@@ -95,7 +95,7 @@ Outcome Fused(HostDeviceOps& device, const ReducedPiece& piece, DType src_dtype,
 Outcome Unfused(HostDeviceOps& device, const ReducedPiece& piece, DType src_dtype,
                 DType dst_dtype) {
   Outcome outcome;
-  const int size = kernels::DTypeSize(dst_dtype);
+  const int size = numerics::DTypeSize(dst_dtype);
   std::vector<char> dst(piece.elements * size);
   EXPECT_TRUE(
       device.ConvertElements(piece.data.data(), src_dtype, dst.data(), dst_dtype, piece.elements)
@@ -122,7 +122,7 @@ TEST(HostDeviceOpsTest, StatisticsOnTheMoveEqualTheSeparatePass) {
   const std::vector<int64_t> lengths = {1, 17, 999, 2 * chunk + 3, 0, 40};
   for (DType src : kDTypes) {
     for (DType dst : kDTypes) {
-      SCOPED_TRACE(absl::StrCat(kernels::DTypeName(src), " to ", kernels::DTypeName(dst)));
+      SCOPED_TRACE(absl::StrCat(numerics::DTypeName(src), " to ", numerics::DTypeName(dst)));
       const ReducedPiece piece = MakePiece(lengths, src, chunk, 5);
       const Outcome fused = Fused(device, piece, src, dst);
       const Outcome unfused = Unfused(device, piece, src, dst);
@@ -147,8 +147,8 @@ TEST(HostDeviceOpsTest, StatisticsOnTheMoveFindNaNAndInfinity) {
       // The first fragment's tail, and the second fragment's second chunk.
       for (int64_t position : {int64_t{2 + 32}, int64_t{2 + 33 + 2 + chunk + 4}}) {
         for (float special : specials) {
-          SCOPED_TRACE(absl::StrCat(kernels::DTypeName(src), " to ", kernels::DTypeName(dst), ", ",
-                                    special, " at ", position));
+          SCOPED_TRACE(absl::StrCat(numerics::DTypeName(src), " to ", numerics::DTypeName(dst),
+                                    ", ", special, " at ", position));
           ReducedPiece poisoned = piece;
           SetElement(poisoned, src, position, special);
           const Outcome fused = Fused(device, poisoned, src, dst);
@@ -165,7 +165,7 @@ TEST(HostDeviceOpsTest, StatisticsOnTheMoveFindNaNAndInfinity) {
 TEST(HostDeviceOpsTest, StatisticsInPlaceLeaveTheValues) {
   HostDeviceOps device(/*threads=*/1);
   for (DType dtype : kDTypes) {
-    SCOPED_TRACE(kernels::DTypeName(dtype));
+    SCOPED_TRACE(numerics::DTypeName(dtype));
     ReducedPiece piece = MakePiece({5, 70000, 12}, dtype, device.GradStatsChunkElements(), 7);
     const std::vector<char> before = piece.data;
     std::vector<double> partials(piece.chunks.size());

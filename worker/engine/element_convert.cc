@@ -9,7 +9,7 @@
 namespace zeroshard::engine {
 namespace {
 
-using kernels::DType;
+using numerics::DType;
 
 // Whether byte ranges [a, a + a_bytes) and [b, b + b_bytes) share a byte.
 bool Overlap(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
@@ -31,15 +31,15 @@ struct Element<DType::kFloat32> {
 template <>
 struct Element<DType::kBFloat16> {
   using Storage = uint16_t;
-  static float Load(uint16_t value) { return kernels::BFloat16ToFloat(value); }
-  static uint16_t Store(float value) { return kernels::FloatToBFloat16(value); }
+  static float Load(uint16_t value) { return numerics::BFloat16ToFloat(value); }
+  static uint16_t Store(float value) { return numerics::FloatToBFloat16(value); }
 };
 
 template <>
 struct Element<DType::kFloat16> {
   using Storage = uint16_t;
-  static float Load(uint16_t value) { return kernels::HalfToFloat(value); }
-  static uint16_t Store(float value) { return kernels::FloatToHalf(value); }
+  static float Load(uint16_t value) { return numerics::HalfToFloat(value); }
+  static uint16_t Store(float value) { return numerics::FloatToHalf(value); }
 };
 
 template <DType kStorage, DType kDst>
@@ -104,7 +104,7 @@ template <DType kSrc, DType kDst>
 struct Convert {
   static void Run(const void* src, void* dst, int64_t count) {
     if (kSrc == kDst) {
-      if (src != dst) std::memcpy(dst, src, count * kernels::DTypeSize(kSrc));
+      if (src != dst) std::memcpy(dst, src, count * numerics::DTypeSize(kSrc));
       return;
     }
     ConvertLoop<kSrc, kDst>(src, dst, count);
@@ -120,7 +120,7 @@ struct Add {
 
 }  // namespace
 
-comm::ElementType ToElementType(kernels::DType dtype) {
+comm::ElementType ToElementType(numerics::DType dtype) {
   switch (dtype) {
     case DType::kFloat32:
       return comm::ElementType::kFloat32;
@@ -139,21 +139,21 @@ void StoreScaledGradient(const float* grad, float scale, int64_t count, DType st
 
 void ConvertElements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t count) {
   ZS_DCHECK((src == dst && src_dtype == dst_dtype) ||
-            !Overlap(src, count * kernels::DTypeSize(src_dtype), dst,
-                     count * kernels::DTypeSize(dst_dtype)))
+            !Overlap(src, count * numerics::DTypeSize(src_dtype), dst,
+                     count * numerics::DTypeSize(dst_dtype)))
       << count << " elements";
   Dispatch<Convert>(src_dtype, dst_dtype, src, dst, count);
 }
 
 void AddElements(const void* src, DType src_dtype, void* dst, DType dst_dtype, int64_t count) {
-  ZS_DCHECK(!Overlap(src, count * kernels::DTypeSize(src_dtype), dst,
-                     count * kernels::DTypeSize(dst_dtype)))
+  ZS_DCHECK(!Overlap(src, count * numerics::DTypeSize(src_dtype), dst,
+                     count * numerics::DTypeSize(dst_dtype)))
       << count << " elements";
   Dispatch<Add>(src_dtype, dst_dtype, src, dst, count);
 }
 
 void ZeroElements(void* dst, DType dtype, int64_t count) {
-  if (count > 0) std::memset(dst, 0, count * kernels::DTypeSize(dtype));
+  if (count > 0) std::memset(dst, 0, count * numerics::DTypeSize(dtype));
 }
 
 }  // namespace zeroshard::engine

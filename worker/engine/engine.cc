@@ -35,7 +35,7 @@ uint32_t GroupDigest(const std::vector<kernels::GroupHyperparameters>& groups) {
   return static_cast<uint32_t>((hash ^ (hash >> 20) ^ (hash >> 40)) & 0xFFFFF);
 }
 
-using kernels::DType;
+using numerics::DType;
 
 double Milliseconds(absl::Duration duration) { return absl::ToDoubleMilliseconds(duration); }
 
@@ -47,13 +47,13 @@ absl::Status ValidateConfig(const EngineConfig& config) {
       config.mode != EngineMode::kZero2) {
     return absl::InvalidArgumentError("mode: not ddp, zero1 or zero2");
   }
-  if (!kernels::IsValidDType(config.param_dtype)) {
+  if (!numerics::IsValidDType(config.param_dtype)) {
     return absl::InvalidArgumentError("param_dtype: invalid");
   }
-  if (!kernels::IsValidDType(config.grad_dtype)) {
+  if (!numerics::IsValidDType(config.grad_dtype)) {
     return absl::InvalidArgumentError("grad_dtype: invalid");
   }
-  if (!kernels::IsValidDType(config.reduce_dtype)) {
+  if (!numerics::IsValidDType(config.reduce_dtype)) {
     return absl::InvalidArgumentError("reduce_dtype: invalid");
   }
   ZS_RETURN_IF_ERROR(ValidateLossScaleConfig(config.loss_scale));
@@ -153,9 +153,9 @@ Engine::Engine(const sharding::ShardPlan& plan, sharding::RankView view, const E
       communicator_(communicator),
       world_size_(plan.world_size()),
       rank_(view_.rank()),
-      param_size_(kernels::DTypeSize(config.param_dtype)),
-      grad_size_(kernels::DTypeSize(config.grad_dtype)),
-      reduce_size_(kernels::DTypeSize(config.reduce_dtype)),
+      param_size_(numerics::DTypeSize(config.param_dtype)),
+      grad_size_(numerics::DTypeSize(config.grad_dtype)),
+      reduce_size_(numerics::DTypeSize(config.reduce_dtype)),
       state_arrays_(kernels::StateArraysPerParam(config.optimizer)),
       owned_device_(config.device == nullptr ? std::make_unique<HostDeviceOps>(config.threads)
                                              : nullptr),

@@ -17,8 +17,8 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "kernels/dtype.h"
 #include "kernels/optimizer.h"
+#include "numerics/dtype.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/communicator.h"
 #include "worker/engine/bucket_pipeline.h"
@@ -48,13 +48,13 @@ struct EngineConfig {
   EngineMode mode = EngineMode::kZero2;
   kernels::OptimizerConfig optimizer;
   // The full parameter copy every rank keeps (master weights are always fp32).
-  kernels::DType param_dtype = kernels::DType::kFloat32;
+  numerics::DType param_dtype = numerics::DType::kFloat32;
   // How gradients are stored: as backward produced them (ddp, zero1) and the owned reduced
   // pieces the update reads (all modes).
-  kernels::DType grad_dtype = kernels::DType::kFloat32;
+  numerics::DType grad_dtype = numerics::DType::kFloat32;
   // The element type gradients are reduced in (docs/design.md, "Reduction dtype": fp32 by default,
   // also for bf16/fp16 gradients).
-  kernels::DType reduce_dtype = kernels::DType::kFloat32;
+  numerics::DType reduce_dtype = numerics::DType::kFloat32;
   LossScaleConfig loss_scale;
   // The parameter group of each plan tensor: an index into SetGroupHyperparameters' list. Empty:
   // the job has no per-step group values (built-in workloads: each tensor's weight_decay and
@@ -255,9 +255,9 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
     int64_t tensor = 0;
     int64_t begin = 0;  // elements of the tensor
     int64_t end = 0;
-    kernels::DType dtype = kernels::DType::kFloat32;
+    numerics::DType dtype = numerics::DType::kFloat32;
     int64_t staging_offset = 0;  // bytes into the staging layout of CopyStateTo
-    int64_t bytes() const { return (end - begin) * kernels::DTypeSize(dtype); }
+    int64_t bytes() const { return (end - begin) * numerics::DTypeSize(dtype); }
   };
   // The scalars a bitwise resume needs besides the arrays (the data position is the caller's).
   struct SavedScalars {

@@ -14,7 +14,7 @@
 namespace zeroshard::engine {
 namespace {
 
-using kernels::DType;
+using numerics::DType;
 
 constexpr char kParamState[] = "param";
 constexpr char kMasterState[] = "master";
@@ -103,7 +103,7 @@ absl::Status Engine::CopyFragmentTo(size_t index, int64_t first, absl::Span<char
         absl::StrCat("index: ", index, " of ", saved_fragments_.size(), " fragments"));
   }
   const SavedFragment& saved = saved_fragments_[index];
-  const int64_t element_size = kernels::DTypeSize(saved.dtype);
+  const int64_t element_size = numerics::DTypeSize(saved.dtype);
   const int64_t count = static_cast<int64_t>(out.size()) / element_size;
   if (static_cast<int64_t>(out.size()) % element_size != 0 || first < 0 ||
       first + count > saved.end - saved.begin) {

@@ -25,7 +25,7 @@
 namespace zeroshard::engine {
 namespace {
 
-using kernels::DType;
+using numerics::DType;
 using ::zeroshard::comm::testing::RunOnRankThreads;
 using ::zeroshard::workloads::testing::LeastSquaresWorkload;
 
@@ -117,7 +117,7 @@ Segment RunSegment(int64_t world_size, const EngineConfig& config, int64_t first
                 if (found == resume_from->arrays.end()) {
                   return absl::NotFoundError(absl::StrCat("no array ", range.state));
                 }
-                const int64_t size = kernels::DTypeSize(range.dtype);
+                const int64_t size = numerics::DTypeSize(range.dtype);
                 EXPECT_EQ(static_cast<int64_t>(out.size()), (range.end - range.begin) * size);
                 std::memcpy(out.data(), found->second.data() + range.begin * size, out.size());
                 return absl::OkStatus();
@@ -133,7 +133,7 @@ Segment RunSegment(int64_t world_size, const EngineConfig& config, int64_t first
         // A fragment at a time, in chunks of 100 elements: the same bytes.
         for (size_t i = 0; i < engine->SavedFragments().size(); ++i) {
           const Engine::SavedFragment& fragment = engine->SavedFragments()[i];
-          const int64_t size = kernels::DTypeSize(fragment.dtype);
+          const int64_t size = numerics::DTypeSize(fragment.dtype);
           std::vector<char> chunk;
           for (int64_t first = 0; first < fragment.end - fragment.begin; first += 100) {
             chunk.resize(std::min<int64_t>(100, fragment.end - fragment.begin - first) * size);
@@ -154,7 +154,7 @@ Segment RunSegment(int64_t world_size, const EngineConfig& config, int64_t first
           absl::MutexLock lock(&mu);
           segment.saved.scalars = scalars;
           for (const Engine::SavedFragment& fragment : engine->SavedFragments()) {
-            const int64_t size = kernels::DTypeSize(fragment.dtype);
+            const int64_t size = numerics::DTypeSize(fragment.dtype);
             const int64_t elements = plan.tensors()[fragment.tensor].num_elements;
             std::vector<char>& array = segment.saved.arrays[{fragment.state, fragment.tensor}];
             std::vector<int>& count = segment.saved.saved_count[{fragment.state, fragment.tensor}];

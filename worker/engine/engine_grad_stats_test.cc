@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_optimizer.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 #include "sharding/shard_planner.h"
 #include "sharding/test_plans.h"
 #include "worker/comm/communicator.h"
@@ -21,7 +21,7 @@
 namespace zeroshard::engine {
 namespace {
 
-using kernels::DType;
+using numerics::DType;
 
 // HostDeviceOps that counts the moves with statistics and the whole-piece statistics passes.
 // Thread contract: as DeviceOps.
@@ -147,12 +147,12 @@ const Precision kPrecisions[] = {
 double ReferenceNorm(const sharding::ShardPlan& plan, const Precision& precision, int64_t step) {
   const absl::StatusOr<sharding::RankView> view = plan.ViewForRank(0);
   EXPECT_TRUE(view.ok());
-  const int grad_size = kernels::DTypeSize(precision.grads);
+  const int grad_size = numerics::DTypeSize(precision.grads);
   std::vector<std::vector<char>> stored(plan.num_tensors());
   for (int64_t t = 0; t < plan.num_tensors(); ++t) {
     const std::vector<float> gradient = Gradient(plan, t, step, /*poison=*/false);
     const int64_t n = static_cast<int64_t>(gradient.size());
-    std::vector<char> reduced(n * kernels::DTypeSize(precision.reduce));
+    std::vector<char> reduced(n * numerics::DTypeSize(precision.reduce));
     stored[t].resize(n * grad_size);
     StoreScaledGradient(gradient.data(), 1.0f, n, precision.grads, reduced.data(),
                         precision.reduce);

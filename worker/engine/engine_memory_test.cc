@@ -9,8 +9,8 @@
 #include "common/process_memory.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
 #include "kernels/optimizer.h"
+#include "numerics/dtype.h"
 #include "sharding/test_plans.h"
 #include "worker/comm/testing/identity_communicator.h"
 #include "worker/engine/device_ops.h"
@@ -20,7 +20,7 @@
 namespace zeroshard::engine {
 namespace {
 
-using kernels::DType;
+using numerics::DType;
 
 // The memory checks run no collective: a communicator that only knows its place in the group.
 using PlaceholderCommunicator = comm::testing::IdentityCommunicator;
@@ -214,7 +214,7 @@ TEST_P(EngineMemoryTest, Bf16ParametersReachTheWorkloadWithoutAnFp32Copy) {
     workloads::WidenParameters(stored, 0, stored.size, widened.data());
     int64_t rounded = 0;
     for (int64_t k = 0; k < stored.size; ++k) {
-      const float expected = kernels::BFloat16ToFloat(kernels::FloatToBFloat16(initial(t, k)));
+      const float expected = numerics::BFloat16ToFloat(numerics::FloatToBFloat16(initial(t, k)));
       ASSERT_EQ(widened[k], expected) << "element " << k;
       if (expected != initial(t, k)) ++rounded;
     }
@@ -260,7 +260,7 @@ TEST(EngineInitializationMemoryTest, ParametersAreNotStagedWholeOnTheHost) {
   ASSERT_TRUE(plan.ok()) << plan.status();
   PlaceholderCommunicator communicator(0, 1);
   for (DType param_dtype : {DType::kFloat32, DType::kBFloat16}) {
-    SCOPED_TRACE(kernels::DTypeName(param_dtype));
+    SCOPED_TRACE(numerics::DTypeName(param_dtype));
     EngineConfig config;
     config.mode = EngineMode::kDdp;
     config.optimizer.kind = kernels::OptimizerKind::kSgd;

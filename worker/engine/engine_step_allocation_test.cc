@@ -13,7 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 #include "sharding/shard_planner.h"
 #include "sharding/test_plans.h"
 #include "worker/comm/communicator.h"
@@ -132,15 +132,15 @@ class UncountedKernels final : public DeviceOps {
     return host_.CopyToHost(host_dst, src, bytes);
   }
   absl::Status StoreScaledGradient(const float* grad, float scale, int64_t count,
-                                   kernels::DType storage_dtype, void* dst,
-                                   kernels::DType dst_dtype) override {
+                                   numerics::DType storage_dtype, void* dst,
+                                   numerics::DType dst_dtype) override {
     return host_.StoreScaledGradient(grad, scale, count, storage_dtype, dst, dst_dtype);
   }
-  absl::Status ConvertElements(const void* src, kernels::DType src_dtype, void* dst,
-                               kernels::DType dst_dtype, int64_t count) override {
+  absl::Status ConvertElements(const void* src, numerics::DType src_dtype, void* dst,
+                               numerics::DType dst_dtype, int64_t count) override {
     return host_.ConvertElements(src, src_dtype, dst, dst_dtype, count);
   }
-  absl::Status ZeroElements(void* dst, kernels::DType dtype, int64_t count) override {
+  absl::Status ZeroElements(void* dst, numerics::DType dtype, int64_t count) override {
     return host_.ZeroElements(dst, dtype, count);
   }
   absl::Status ApplyUpdate(const kernels::OptimizerConfig& config, int64_t step, float grad_scale,
@@ -155,9 +155,10 @@ class UncountedKernels final : public DeviceOps {
     return host_.ComputeGradStats(pieces);
   }
   int64_t GradStatsChunkElements() const override { return host_.GradStatsChunkElements(); }
-  absl::Status ConvertWithGradStats(const void* src, kernels::DType src_dtype, void* dst,
-                                    kernels::DType dst_dtype, const kernels::GradStatsChunk* chunks,
-                                    int64_t num_chunks, double* partials) override {
+  absl::Status ConvertWithGradStats(const void* src, numerics::DType src_dtype, void* dst,
+                                    numerics::DType dst_dtype,
+                                    const kernels::GradStatsChunk* chunks, int64_t num_chunks,
+                                    double* partials) override {
     ++moves_with_stats_;
     return host_.ConvertWithGradStats(src, src_dtype, dst, dst_dtype, chunks, num_chunks, partials);
   }
@@ -208,8 +209,8 @@ absl::Status Iteration(Engine& engine, int64_t step) {
 
 struct Precision {
   const char* name;
-  kernels::DType params;
-  kernels::DType grads;
+  numerics::DType params;
+  numerics::DType grads;
 };
 
 TEST(EngineStepAllocationTest, IterationsAfterWarmUpAllocateNothing) {
@@ -219,8 +220,8 @@ TEST(EngineStepAllocationTest, IterationsAfterWarmUpAllocateNothing) {
   const sharding::ShardPlan plan = AllocationPlan();
   ASSERT_GT(plan.num_buckets(), 4);
   for (const Precision& precision :
-       {Precision{"fp32", kernels::DType::kFloat32, kernels::DType::kFloat32},
-        Precision{"bf16", kernels::DType::kBFloat16, kernels::DType::kBFloat16}}) {
+       {Precision{"fp32", numerics::DType::kFloat32, numerics::DType::kFloat32},
+        Precision{"bf16", numerics::DType::kBFloat16, numerics::DType::kBFloat16}}) {
     for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
       SCOPED_TRACE(absl::StrCat(precision.name, " ", EngineModeName(mode)));
       UncountedCommunicator communicator;

@@ -26,7 +26,7 @@
 namespace zeroshard::engine {
 namespace {
 
-using kernels::DType;
+using numerics::DType;
 using ::zeroshard::comm::testing::RunOnRankThreads;
 using ::zeroshard::workloads::testing::LeastSquaresWorkload;
 
@@ -127,8 +127,8 @@ ReferenceResult RunReference(const EngineConfig& config, int64_t infinity_step =
   const int64_t num_tensors = static_cast<int64_t>(tensors.size());
   LeastSquaresWorkload workload(tensors, kGlobalBatch, /*rank=*/0, /*world_size=*/1, kSeed);
   const int state_arrays = kernels::StateArraysPerParam(config.optimizer);
-  const int param_size = kernels::DTypeSize(config.param_dtype);
-  const int grad_size = kernels::DTypeSize(config.grad_dtype);
+  const int param_size = numerics::DTypeSize(config.param_dtype);
+  const int grad_size = numerics::DTypeSize(config.grad_dtype);
   std::vector<std::vector<float>> master(num_tensors), widened(num_tensors);
   std::vector<std::vector<std::vector<float>>> state(num_tensors);
   std::vector<std::vector<char>> params(num_tensors), stored(num_tensors);

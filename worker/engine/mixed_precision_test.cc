@@ -15,7 +15,7 @@
 #include "absl/types/span.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 #include "sharding/model_catalog.h"
 #include "sharding/shard_planner.h"
 #include "worker/comm/gloo_communicator.h"
@@ -27,7 +27,7 @@
 namespace zeroshard::engine {
 namespace {
 
-using kernels::DType;
+using numerics::DType;
 using ::zeroshard::comm::testing::RunOnRankThreads;
 
 constexpr int64_t kWorldSize = 2;
@@ -77,7 +77,7 @@ class WeightedLossSink final : public workloads::GradientSink {
     for (float value : open_) {
       if (value == 0.0f || !std::isfinite(value)) continue;
       ++nonzero_;
-      if ((kernels::FloatToHalf(value) & 0x7fffu) == 0) ++flushed_;
+      if ((numerics::FloatToHalf(value) & 0x7fffu) == 0) ++flushed_;
     }
     return engine_.GradWritten(tensor, begin, end);
   }

@@ -2,13 +2,13 @@
 // two-stage reduction (a fixed grid and fixed shared-memory trees, no atomics).
 #include <cuda_runtime.h>
 
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 #include "worker/workloads/cuda_mlp_kernels.h"
 
 namespace zeroshard::workloads::cuda_internal {
 namespace {
 
-using kernels::DType;
+using numerics::DType;
 
 constexpr int kThreadsPerBlock = 256;  // a power of two: the reduction trees halve it
 constexpr int64_t kMaxBlocks = 4096;
@@ -27,8 +27,8 @@ __device__ int64_t GridStride() { return static_cast<int64_t>(gridDim.x) * block
 __device__ float LoadElement(const void* data, int32_t dtype, int64_t i) {
   if (dtype == static_cast<int32_t>(DType::kFloat32)) return static_cast<const float*>(data)[i];
   const uint16_t bits = static_cast<const uint16_t*>(data)[i];
-  return dtype == static_cast<int32_t>(DType::kBFloat16) ? kernels::BFloat16ToFloat(bits)
-                                                         : kernels::HalfToFloat(bits);
+  return dtype == static_cast<int32_t>(DType::kBFloat16) ? numerics::BFloat16ToFloat(bits)
+                                                         : numerics::HalfToFloat(bits);
 }
 
 __global__ void BiasActivationKernel(float* out, const void* bias, int32_t bias_dtype,
@@ -44,7 +44,7 @@ __global__ void RoundToLowPrecisionKernel(const float* src, int64_t count, int32
                                           uint16_t* dst) {
   const bool bf16 = dtype == static_cast<int32_t>(DType::kBFloat16);
   for (int64_t k = FirstIndex(); k < count; k += GridStride()) {
-    dst[k] = bf16 ? kernels::FloatToBFloat16(src[k]) : kernels::FloatToHalf(src[k]);
+    dst[k] = bf16 ? numerics::FloatToBFloat16(src[k]) : numerics::FloatToHalf(src[k]);
   }
 }
 

@@ -1,7 +1,7 @@
 // Internal to CudaTeacherStudentMlp: launchers of its small element kernels (bias and ReLU, the
 // MSE loss and its gradient, the bias gradient, ReLU's backward, the rounding of a product's
 // operand to bf16/fp16), compiled by nvcc in cuda_mlp_kernels.cu. Matrices are row-major
-// [batch, features], as in teacher_student_mlp.h. Dtypes are kernels::DType values.
+// [batch, features], as in teacher_student_mlp.h. Dtypes are numerics::DType values.
 #ifndef ZEROSHARD_WORKER_WORKLOADS_CUDA_MLP_KERNELS_H_
 #define ZEROSHARD_WORKER_WORKLOADS_CUDA_MLP_KERNELS_H_
 
@@ -38,7 +38,7 @@ cudaError_t LaunchReluBackward(float* delta, const float* activation, int64_t co
                                cudaStream_t stream);
 
 // dst[k] = the bits of src[k] rounded to `dtype` (bf16 or fp16, nearest even, as
-// kernels/dtype.h), for k < count: an fp32 operand of a cublasGemmEx with 16-bit inputs.
+// numerics/dtype.h), for k < count: an fp32 operand of a cublasGemmEx with 16-bit inputs.
 cudaError_t LaunchRoundToLowPrecision(const float* src, int64_t count, int32_t dtype, uint16_t* dst,
                                       cudaStream_t stream);
 

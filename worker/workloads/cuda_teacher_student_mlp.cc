@@ -23,7 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/cuda_status.h"
 #include "common/status_macros.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 #include "sharding/model_catalog.h"
 #include "worker/workloads/cuda_mlp_kernels.h"
 #include "worker/workloads/row_blocks.h"
@@ -45,8 +45,8 @@ cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); 
 cublasHandle_t AsHandle(void* handle) { return static_cast<cublasHandle_t>(handle); }
 
 // cuBLAS's name for a 16-bit parameter dtype.
-cudaDataType_t LowPrecisionType(kernels::DType dtype) {
-  return dtype == kernels::DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
+cudaDataType_t LowPrecisionType(numerics::DType dtype) {
+  return dtype == numerics::DType::kBFloat16 ? CUDA_R_16BF : CUDA_R_16F;
 }
 
 }  // namespace
@@ -148,7 +148,7 @@ absl::Status CudaTeacherStudentMlp::InitialParameters(int64_t tensor, absl::Span
 }
 
 absl::Status CudaTeacherStudentMlp::RoundOperand(const float* values, int64_t count,
-                                                 kernels::DType dtype) {
+                                                 numerics::DType dtype) {
   return common::CudaStatus(
       cuda_internal::LaunchRoundToLowPrecision(values, count, static_cast<int32_t>(dtype),
                                                low_precision_operand_, AsStream(stream_)),
@@ -161,7 +161,7 @@ absl::Status CudaTeacherStudentMlp::LinearForward(const float* in, const StoredP
   const float one = 1.0f;
   const float zero = 0.0f;
   // y^T [out, batch] = W [out, in] x^T [in, batch] (see the top of this file).
-  if (weight.dtype == kernels::DType::kFloat32) {
+  if (weight.dtype == numerics::DType::kFloat32) {
     ZS_CUBLAS_RETURN_IF_ERROR(
         cublasSgemm(AsHandle(cublas_), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out_size),
                     static_cast<int>(local_batch_), static_cast<int>(in_size), &one,
@@ -188,7 +188,7 @@ absl::Status CudaTeacherStudentMlp::InputGradient(const float* delta,
   const float one = 1.0f;
   const float zero = 0.0f;
   // p^T [in, batch] = W^T [in, out] d^T [out, batch] (see the top of this file).
-  if (weight.dtype == kernels::DType::kFloat32) {
+  if (weight.dtype == numerics::DType::kFloat32) {
     ZS_CUBLAS_RETURN_IF_ERROR(
         cublasSgemm(AsHandle(cublas_), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(in_size),
                     static_cast<int>(local_batch_), static_cast<int>(out_size), &one,
@@ -223,9 +223,9 @@ absl::Status CudaTeacherStudentMlp::LoadMicroBatch(int64_t step) {
   for (int64_t l = 0; l < num_layers_; ++l) {
     const bool last = l + 1 == num_layers_;
     float* out = last ? targets_ : teacher_scratch_[l % 2];
-    const StoredParameters weight{teacher_weights_[l], kernels::DType::kFloat32,
+    const StoredParameters weight{teacher_weights_[l], numerics::DType::kFloat32,
                                   sizes[l] * sizes[l + 1]};
-    const StoredParameters bias{teacher_biases_[l], kernels::DType::kFloat32, sizes[l + 1]};
+    const StoredParameters bias{teacher_biases_[l], numerics::DType::kFloat32, sizes[l + 1]};
     ZS_RETURN_IF_ERROR(
         LinearForward(in, weight, bias, sizes[l], sizes[l + 1], /*relu=*/!last, out));
     in = out;

@@ -83,7 +83,7 @@ class CudaTeacherStudentMlp final : public Workload {
   absl::Status InputGradient(const float* delta, const StoredParameters& weight, int64_t in_size,
                              int64_t out_size, float* previous);
   // `count` fp32 values rounded to `dtype` into low_precision_operand_, for a 16-bit product.
-  absl::Status RoundOperand(const float* values, int64_t count, kernels::DType dtype);
+  absl::Status RoundOperand(const float* values, int64_t count, numerics::DType dtype);
   // Copies this rank's inputs of `step` to the device and runs the teacher into targets_.
   absl::Status LoadMicroBatch(int64_t step);
   // Rows [first_row, first_row + rows) of layer `layer`'s weight gradient into `out` (device,

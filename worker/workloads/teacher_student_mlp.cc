@@ -41,7 +41,7 @@ absl::StatusOr<StoredParameters> CheckedMlpParameters(
                                                    values.size, " elements, expected ",
                                                    tensors[tensor].num_elements));
   }
-  if (!kernels::IsValidDType(values.dtype)) {
+  if (!numerics::IsValidDType(values.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat("params: ", tensors[tensor].name,
                                                    " has an invalid dtype (",
                                                    static_cast<int>(values.dtype), ")"));
@@ -248,11 +248,11 @@ void TeacherStudentMlp::StudentLinearForward(int64_t layer, const float* in, flo
   const StoredParameters& weight = student_weights_[layer];
   const StoredParameters& bias = student_biases_[layer];
   const float* bias_values = static_cast<const float*>(bias.data);
-  if (bias.dtype != kernels::DType::kFloat32) {
+  if (bias.dtype != numerics::DType::kFloat32) {
     WidenParameters(bias, 0, out_size, widened_bias_.data());
     bias_values = widened_bias_.data();
   }
-  if (weight.dtype == kernels::DType::kFloat32) {
+  if (weight.dtype == numerics::DType::kFloat32) {
     LinearForward(in, static_cast<const float*>(weight.data), bias_values, local_batch_, in_size,
                   out_size, out);
     return;
@@ -276,7 +276,7 @@ void TeacherStudentMlp::StudentInputGradient(int64_t layer, const float* delta, 
   const int64_t in_size = options_.layer_sizes[layer];
   const int64_t out_size = options_.layer_sizes[layer + 1];
   const StoredParameters& weight = student_weights_[layer];
-  if (weight.dtype == kernels::DType::kFloat32) {
+  if (weight.dtype == numerics::DType::kFloat32) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(local_batch_),
                 static_cast<int>(in_size), static_cast<int>(out_size), 1.0f, delta,
                 static_cast<int>(out_size), static_cast<const float*>(weight.data),

@@ -17,7 +17,7 @@
 #include "common/process_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 #include "sharding/model_catalog.h"
 
 namespace zeroshard::workloads {
@@ -31,14 +31,14 @@ using Tensors = std::vector<std::vector<float>>;
 // bf16/fp16, as their values rounded to that dtype (rounded when the source is made).
 class VectorParameterSource : public ParameterSource {
  public:
-  explicit VectorParameterSource(Tensors tensors, kernels::DType dtype = kernels::DType::kFloat32)
+  explicit VectorParameterSource(Tensors tensors, numerics::DType dtype = numerics::DType::kFloat32)
       : tensors_(std::move(tensors)), dtype_(dtype) {
-    if (dtype_ == kernels::DType::kFloat32) return;
+    if (dtype_ == numerics::DType::kFloat32) return;
     for (const std::vector<float>& tensor : tensors_) {
       std::vector<uint16_t> bits;
       for (float value : tensor) {
-        bits.push_back(dtype_ == kernels::DType::kFloat16 ? kernels::FloatToHalf(value)
-                                                          : kernels::FloatToBFloat16(value));
+        bits.push_back(dtype_ == numerics::DType::kFloat16 ? numerics::FloatToHalf(value)
+                                                           : numerics::FloatToBFloat16(value));
       }
       bits_.push_back(std::move(bits));
     }
@@ -46,7 +46,7 @@ class VectorParameterSource : public ParameterSource {
   absl::StatusOr<StoredParameters> Parameters(int64_t tensor) override {
     asked_.push_back(tensor);
     const int64_t size = static_cast<int64_t>(tensors_[tensor].size());
-    if (dtype_ == kernels::DType::kFloat32) {
+    if (dtype_ == numerics::DType::kFloat32) {
       return StoredParameters{tensors_[tensor].data(), dtype_, size};
     }
     return StoredParameters{bits_[tensor].data(), dtype_, size};
@@ -57,18 +57,18 @@ class VectorParameterSource : public ParameterSource {
 
  private:
   Tensors tensors_;
-  const kernels::DType dtype_;
+  const numerics::DType dtype_;
   std::vector<std::vector<uint16_t>> bits_;
   std::vector<int64_t> asked_;
 };
 
 // `tensors` rounded to `dtype` and widened back to fp32.
-Tensors Rounded(Tensors tensors, kernels::DType dtype) {
+Tensors Rounded(Tensors tensors, numerics::DType dtype) {
   for (std::vector<float>& tensor : tensors) {
     for (float& value : tensor) {
-      value = dtype == kernels::DType::kFloat16
-                  ? kernels::HalfToFloat(kernels::FloatToHalf(value))
-                  : kernels::BFloat16ToFloat(kernels::FloatToBFloat16(value));
+      value = dtype == numerics::DType::kFloat16
+                  ? numerics::HalfToFloat(numerics::FloatToHalf(value))
+                  : numerics::BFloat16ToFloat(numerics::FloatToBFloat16(value));
     }
   }
   return tensors;
@@ -452,7 +452,7 @@ TEST(TeacherStudentMlpTest, ForwardBackwardReportsBadParametersStepsAndSinkError
     explicit InvalidDTypeSource(ParameterSource& valid) : valid_(valid) {}
     absl::StatusOr<StoredParameters> Parameters(int64_t tensor) override {
       absl::StatusOr<StoredParameters> stored = valid_.Parameters(tensor);
-      if (stored.ok() && tensor == 3) stored->dtype = static_cast<kernels::DType>(7);
+      if (stored.ok() && tensor == 3) stored->dtype = static_cast<numerics::DType>(7);
       return stored;
     }
 
@@ -496,8 +496,8 @@ TEST(TeacherStudentMlpTest, LowPrecisionParametersActAsTheirWidenedValues) {
   const Tensors initial = InitialTensors(*workload);
   VectorParameterSource exact(initial);
   const StepResult unrounded = RunStep(*workload, exact, 3);
-  for (kernels::DType dtype : {kernels::DType::kBFloat16, kernels::DType::kFloat16}) {
-    SCOPED_TRACE(kernels::DTypeName(dtype));
+  for (numerics::DType dtype : {numerics::DType::kBFloat16, numerics::DType::kFloat16}) {
+    SCOPED_TRACE(numerics::DTypeName(dtype));
     VectorParameterSource low(initial, dtype);
     VectorParameterSource widened(Rounded(initial, dtype));
     const StepResult from_low = RunStep(*workload, low, 3, /*segment=*/1000);
@@ -520,8 +520,8 @@ TEST(TeacherStudentMlpTest, LowPrecisionParametersActAsTheirWidenedValues) {
             std::max(rounding, std::fabs(widened_value - unrounded.gradients[t][k]) / largest);
       }
     }
-    RecordProperty(absl::StrCat(kernels::DTypeName(dtype), "_tiling"), absl::StrCat(tiling));
-    RecordProperty(absl::StrCat(kernels::DTypeName(dtype), "_rounding"), absl::StrCat(rounding));
+    RecordProperty(absl::StrCat(numerics::DTypeName(dtype), "_tiling"), absl::StrCat(tiling));
+    RecordProperty(absl::StrCat(numerics::DTypeName(dtype), "_rounding"), absl::StrCat(rounding));
     EXPECT_GT(rounding, 1e-4);
   }
 }

@@ -54,17 +54,17 @@ void WidenParameters(const StoredParameters& params, int64_t begin, int64_t coun
   ZS_DCHECK(begin >= 0 && count >= 0 && begin + count <= params.size)
       << "[" << begin << ", " << begin + count << ") of " << params.size << " elements";
   switch (params.dtype) {
-    case kernels::DType::kFloat32:
+    case numerics::DType::kFloat32:
       std::memcpy(out, static_cast<const float*>(params.data) + begin, count * sizeof(float));
       return;
-    case kernels::DType::kBFloat16: {
+    case numerics::DType::kBFloat16: {
       const uint16_t* in = static_cast<const uint16_t*>(params.data) + begin;
-      for (int64_t k = 0; k < count; ++k) out[k] = kernels::BFloat16ToFloat(in[k]);
+      for (int64_t k = 0; k < count; ++k) out[k] = numerics::BFloat16ToFloat(in[k]);
       return;
     }
-    case kernels::DType::kFloat16: {
+    case numerics::DType::kFloat16: {
       const uint16_t* in = static_cast<const uint16_t*>(params.data) + begin;
-      for (int64_t k = 0; k < count; ++k) out[k] = kernels::HalfToFloat(in[k]);
+      for (int64_t k = 0; k < count; ++k) out[k] = numerics::HalfToFloat(in[k]);
       return;
     }
   }

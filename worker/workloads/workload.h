@@ -19,7 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::workloads {
 
@@ -28,7 +28,7 @@ namespace zeroshard::workloads {
 // bf16/fp16 model exists: a workload computes from these, widening what it needs as it goes.
 struct StoredParameters {
   const void* data = nullptr;
-  kernels::DType dtype = kernels::DType::kFloat32;
+  numerics::DType dtype = numerics::DType::kFloat32;
   int64_t size = 0;
 };
 

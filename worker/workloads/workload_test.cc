@@ -13,12 +13,12 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 
 namespace zeroshard::workloads {
 namespace {
 
-using kernels::DType;
+using numerics::DType;
 
 // Values that exercise each dtype: normals, a subnormal of fp16 (2^-20), signed zero, infinities.
 std::vector<float> SampleValues() {
@@ -40,8 +40,8 @@ TEST(WidenParametersTest, WidensEveryDtypeExactlyFromAnyOffset) {
   std::vector<uint16_t> bf16;
   std::vector<uint16_t> fp16;
   for (float value : values) {
-    bf16.push_back(kernels::FloatToBFloat16(value));
-    fp16.push_back(kernels::FloatToHalf(value));
+    bf16.push_back(numerics::FloatToBFloat16(value));
+    fp16.push_back(numerics::FloatToHalf(value));
   }
   for (int64_t begin : {0, 3}) {
     const int64_t count = size - begin - 1;
@@ -50,11 +50,11 @@ TEST(WidenParametersTest, WidensEveryDtypeExactlyFromAnyOffset) {
     for (int64_t k = 0; k < count; ++k) EXPECT_EQ(out[k], values[begin + k]) << k;
     WidenParameters({bf16.data(), DType::kBFloat16, size}, begin, count, out.data());
     for (int64_t k = 0; k < count; ++k) {
-      EXPECT_EQ(out[k], kernels::BFloat16ToFloat(bf16[begin + k])) << k;
+      EXPECT_EQ(out[k], numerics::BFloat16ToFloat(bf16[begin + k])) << k;
     }
     WidenParameters({fp16.data(), DType::kFloat16, size}, begin, count, out.data());
     for (int64_t k = 0; k < count; ++k) {
-      EXPECT_EQ(out[k], kernels::HalfToFloat(fp16[begin + k])) << k;
+      EXPECT_EQ(out[k], numerics::HalfToFloat(fp16[begin + k])) << k;
     }
   }
   // fp16 keeps its subnormal 2^-20 exactly; bf16 rounds 0.333333 to 8 significant bits.

@@ -116,12 +116,12 @@ absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step, Param
   // Forward order, the tensor list backwards (the order an engine gathers them in).
   for (size_t t = tensors_.size(); t-- > 0;) {
     ZS_ASSIGN_OR_RETURN(const StoredParameters stored, params.Parameters(static_cast<int64_t>(t)));
-    if (stored.size != tensors_[t].num_elements || !kernels::IsValidDType(stored.dtype)) {
+    if (stored.size != tensors_[t].num_elements || !numerics::IsValidDType(stored.dtype)) {
       return absl::InvalidArgumentError(
           absl::StrCat("params: tensor ", t, " has ", stored.size, " elements of dtype ",
                        static_cast<int>(stored.dtype), ", expected ", tensors_[t].num_elements));
     }
-    if (stored.dtype == kernels::DType::kFloat32) {
+    if (stored.dtype == numerics::DType::kFloat32) {
       values[t] = absl::MakeConstSpan(static_cast<const float*>(stored.data), stored.size);
       continue;
     }

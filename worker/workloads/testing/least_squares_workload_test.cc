@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "gtest/gtest.h"
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 #include "sharding/tensor_spec.h"
 #include "worker/workloads/counter_rng.h"
 
@@ -50,20 +50,20 @@ Tensors InitialParameters(const LeastSquaresWorkload& workload,
 // Parameters held per tensor, as fp32 values or rounded to bf16/fp16 bits.
 class VectorParameterSource : public ParameterSource {
  public:
-  explicit VectorParameterSource(Tensors tensors, kernels::DType dtype = kernels::DType::kFloat32)
+  explicit VectorParameterSource(Tensors tensors, numerics::DType dtype = numerics::DType::kFloat32)
       : tensors_(std::move(tensors)), dtype_(dtype) {
     for (const std::vector<float>& tensor : tensors_) {
       std::vector<uint16_t> bits;
       for (float value : tensor) {
-        bits.push_back(dtype == kernels::DType::kFloat16 ? kernels::FloatToHalf(value)
-                                                         : kernels::FloatToBFloat16(value));
+        bits.push_back(dtype == numerics::DType::kFloat16 ? numerics::FloatToHalf(value)
+                                                          : numerics::FloatToBFloat16(value));
       }
       bits_.push_back(std::move(bits));
     }
   }
   absl::StatusOr<StoredParameters> Parameters(int64_t tensor) override {
     const int64_t size = static_cast<int64_t>(tensors_[tensor].size());
-    if (dtype_ == kernels::DType::kFloat32) {
+    if (dtype_ == numerics::DType::kFloat32) {
       return StoredParameters{tensors_[tensor].data(), dtype_, size};
     }
     return StoredParameters{bits_[tensor].data(), dtype_, size};
@@ -71,7 +71,7 @@ class VectorParameterSource : public ParameterSource {
 
  private:
   Tensors tensors_;
-  const kernels::DType dtype_;
+  const numerics::DType dtype_;
   std::vector<std::vector<uint16_t>> bits_;
 };
 
@@ -228,14 +228,14 @@ TEST(LeastSquaresWorkloadTest, LowPrecisionParametersActAsTheirWidenedValues) {
   const std::vector<sharding::TensorSpec> tensors = TensorsOfSizes({13, 5});
   LeastSquaresWorkload workload(tensors, 4, 0, 1, kSeed);
   const Tensors initial = InitialParameters(workload, tensors);
-  for (kernels::DType dtype : {kernels::DType::kBFloat16, kernels::DType::kFloat16}) {
-    SCOPED_TRACE(kernels::DTypeName(dtype));
+  for (numerics::DType dtype : {numerics::DType::kBFloat16, numerics::DType::kFloat16}) {
+    SCOPED_TRACE(numerics::DTypeName(dtype));
     Tensors rounded = initial;
     for (std::vector<float>& tensor : rounded) {
       for (float& value : tensor) {
-        value = dtype == kernels::DType::kFloat16
-                    ? kernels::HalfToFloat(kernels::FloatToHalf(value))
-                    : kernels::BFloat16ToFloat(kernels::FloatToBFloat16(value));
+        value = dtype == numerics::DType::kFloat16
+                    ? numerics::HalfToFloat(numerics::FloatToHalf(value))
+                    : numerics::BFloat16ToFloat(numerics::FloatToBFloat16(value));
       }
     }
     ASSERT_NE(rounded, initial);

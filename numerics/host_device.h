@@ -1,7 +1,7 @@
 // ZS_HOST_DEVICE marks functions that compile for both the host and CUDA devices, so one
 // definition of the element arithmetic serves the CPU paths, the CUDA kernels and the tests.
-#ifndef ZEROSHARD_KERNELS_HOST_DEVICE_H_
-#define ZEROSHARD_KERNELS_HOST_DEVICE_H_
+#ifndef ZEROSHARD_NUMERICS_HOST_DEVICE_H_
+#define ZEROSHARD_NUMERICS_HOST_DEVICE_H_
 
 #ifdef __CUDACC__
 #define ZS_HOST_DEVICE __host__ __device__
@@ -9,4 +9,4 @@
 #define ZS_HOST_DEVICE
 #endif
 
-#endif  // ZEROSHARD_KERNELS_HOST_DEVICE_H_
+#endif  // ZEROSHARD_NUMERICS_HOST_DEVICE_H_

@@ -1,27 +1,30 @@
 // Element types of gradients and parameter copies (fp32, bf16, fp16) and their exact
 // conversions to and from fp32 (round to nearest even), usable on the host and on CUDA devices.
-#ifndef ZEROSHARD_KERNELS_DTYPE_H_
-#define ZEROSHARD_KERNELS_DTYPE_H_
+// Shared by both planes: the optimizer kernels and the collectives compute with them, and
+// checkpoint export widens stored parameters with them.
+#ifndef ZEROSHARD_NUMERICS_DTYPE_H_
+#define ZEROSHARD_NUMERICS_DTYPE_H_
 
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/host_device.h"
+#include "numerics/host_device.h"
 
-namespace zeroshard::kernels {
+namespace zeroshard::numerics {
 
 // A tensor element type. bf16 and fp16 values are stored as their raw uint16_t bit patterns.
 //
 // Three element-type enums exist, one per layer, and each layer depends only on its own:
 //  - v1::DType (proto/zeroshard/v1/types.proto) is the API's: it has DTYPE_UNSPECIFIED (proto3's
 //    "unset") and FLOAT64, which a job may not choose for parameters or gradients.
-//  - kernels::DType (this one) is what the optimizer kernels compute on: exactly the three storage
-//    types they implement, so a switch over it needs no "unsupported" branch. Host and device code
-//    include it, so it cannot depend on protobuf.
+//  - numerics::DType (this one) is what the optimizer kernels compute on: exactly the three
+//    storage types they implement, so a switch over it needs no "unsupported" branch. Host and
+//    device code include it, so it cannot depend on protobuf.
 //  - comm::ElementType (worker/comm/communicator.h) is what a collective moves and reduces: it adds
 //    fp64 (the norm's partial sums) and int32/int64, which no kernel stores.
-// The mappings are one function each: v1 -> kernels in worker/daemon's ToKernelDType (which names
-// the spec field it refuses), kernels -> comm in worker/engine/element_convert.h's ToElementType.
+// The mappings are one function each: v1 -> numerics in worker/daemon's ToKernelDType (which
+// names the spec field it refuses), numerics -> comm in worker/engine/element_convert.h's
+// ToElementType.
 enum class DType : int32_t {
   kFloat32 = 0,
   kBFloat16 = 1,
@@ -140,6 +143,6 @@ ZS_HOST_DEVICE inline uint16_t FloatToHalf(float value) {
   return static_cast<uint16_t>(sign | result);
 }
 
-}  // namespace zeroshard::kernels
+}  // namespace zeroshard::numerics
 
-#endif  // ZEROSHARD_KERNELS_DTYPE_H_
+#endif  // ZEROSHARD_NUMERICS_DTYPE_H_

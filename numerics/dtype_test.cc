@@ -1,6 +1,6 @@
 // Tests of the fp32 <-> bf16/fp16 conversions against known bit patterns (ties, subnormals,
 // overflow, NaN) and, for fp16, against the processor's F16C conversions.
-#include "kernels/dtype.h"
+#include "numerics/dtype.h"
 
 #include <immintrin.h>
 
@@ -10,7 +10,7 @@
 
 #include "gtest/gtest.h"
 
-namespace zeroshard::kernels {
+namespace zeroshard::numerics {
 namespace {
 
 float FromBits(uint32_t bits) { return BitsToFloat(bits); }
@@ -132,4 +132,4 @@ TEST(Float16Test, NarrowingMatchesF16cOnManyFloats) {
 }
 
 }  // namespace
-}  // namespace zeroshard::kernels
+}  // namespace zeroshard::numerics
