@@ -85,6 +85,10 @@ ABSL_FLAG(int, gloo_staging_segments, zeroshard::comm::GlooCommunicatorOptions()
           "Segments the Gloo reduce-scatter receives into ahead.");
 ABSL_FLAG(int, gloo_lanes, zeroshard::comm::GlooCommunicatorOptions().lanes,
           "Gloo transport lanes (full meshes, each with its event-loop thread), 1 to 8.");
+ABSL_FLAG(std::string, transport, "auto",
+          "What the CPU rings' messages travel on: tcp (Gloo), shm (shared memory; the run fails "
+          "unless all its ranks share this host) or auto (shared memory when every rank names the "
+          "same --host and proves it through /dev/shm, else tcp).");
 ABSL_FLAG(std::string, thread_pinning, "none",
           "none, training (rank r's training thread on the r-th CPU, mod their count), shared "
           "(its communication thread on that CPU too) or spread (the communication thread on the "
@@ -181,6 +185,16 @@ int main(int argc, char** argv) {
   gloo.staging_segments = absl::GetFlag(FLAGS_gloo_staging_segments);
   gloo.lanes = absl::GetFlag(FLAGS_gloo_lanes);
   gloo.thread_nice = absl::GetFlag(FLAGS_comm_thread_nice);
+  absl::StatusOr<zeroshard::comm::Transport> transport =
+      zeroshard::comm::ParseTransport(absl::GetFlag(FLAGS_transport));
+  if (!transport.ok()) {
+    ZS_LOG(ERROR) << "--" << transport.status().message();
+    return 2;
+  }
+  gloo.transport = *transport;
+  // Same host is judged by the name this daemon reports (--host, else the hostname) and then
+  // proven in shared memory (comm/shm_link.h).
+  gloo.host = options.host;
 
   // Reconnect at least every second while the coordinator is away (gRPC's backoff would grow
   // to minutes), so a worker started first, or outliving a coordinator restart, rejoins promptly.

@@ -1,7 +1,8 @@
 // Issue 12, "Aborts really abort", on real coordinator and worker processes: SIGTERM ends a worker
 // within 2 s while its ring connects to a peer that was killed (this used to leave the survivors
 // in tcp::Pair::connect, deaf to SIGTERM for minutes), while it waits in the rendezvous store for
-// a peer that never publishes, and while a collective waits for a stopped peer.
+// a peer that never publishes (over TCP, and in the shared-memory rendezvous), and while a
+// collective waits for a stopped peer (over shared memory, --transport=auto on one host).
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -50,12 +51,17 @@ class SigtermTest : public ::testing::Test {
   }
 
   // The coordinator and three idle workers; `victim_env` goes into the victim's environment.
-  void StartCluster(const std::vector<std::string>& victim_env) {
+  // `transport`: the workers' --transport (the rendezvous tests are about Gloo's TCP mesh, which
+  // shared memory does without).
+  void StartCluster(const std::vector<std::string>& victim_env,
+                    const std::string& transport = "auto") {
     ASSERT_TRUE(cluster_.StartCoordinator().ok());
     for (int i = 0; i < kWorkers; ++i) {
-      absl::StatusOr<int> index = cluster_.StartWorker(
-          absl::StrCat("worker-", i), {absl::StrCat("--listen_host=", kListenHosts[i])},
-          i == kVictim ? victim_env : std::vector<std::string>{});
+      absl::StatusOr<int> index =
+          cluster_.StartWorker(absl::StrCat("worker-", i),
+                               {absl::StrCat("--listen_host=", kListenHosts[i]),
+                                absl::StrCat("--transport=", transport)},
+                               i == kVictim ? victim_env : std::vector<std::string>{});
       ASSERT_TRUE(index.ok()) << index.status();
       ASSERT_EQ(*index, i);
     }
@@ -102,8 +108,9 @@ class SigtermTest : public ::testing::Test {
 
   // Whether the ring addresses of `rank` (worker/comm/gloo_mesh.h) are published, waiting up to
   // `wait` for them.
-  bool Published(comm::Store& store, int rank, absl::Duration wait) {
-    return store.Get(absl::StrCat("gloo/addresses/", rank), wait).ok();
+  bool Published(comm::Store& store, int rank, absl::Duration wait,
+                 const std::string& key = "gloo/addresses/") {
+    return store.Get(absl::StrCat(key, rank), wait).ok();
   }
 
   // Asserts that for a second no survivor exits and the job stays in generation 1 (at `step`,
@@ -161,7 +168,8 @@ class SigtermTest : public ::testing::Test {
 TEST_F(SigtermTest, WhileTheRingConnectsToAKilledPeer) {
   // The test hook of worker/comm/gloo_mesh.h: the victim stops itself once it has published its
   // ring addresses, before it connects anything.
-  ASSERT_NO_FATAL_FAILURE(StartCluster({"ZEROSHARD_TESTONLY_STOP_BEFORE_CONNECTING=1"}));
+  ASSERT_NO_FATAL_FAILURE(
+      StartCluster({"ZEROSHARD_TESTONLY_STOP_BEFORE_CONNECTING=1"}, /*transport=*/"tcp"));
   ASSERT_NO_FATAL_FAILURE(SubmitJob());
   absl::Status stopped = cluster_.WaitForWorkerStopped(kVictim, kStateDeadline);
   ASSERT_TRUE(stopped.ok()) << stopped;
@@ -181,7 +189,7 @@ TEST_F(SigtermTest, WhileTheRingConnectsToAKilledPeer) {
 // The victim is stopped before the job is submitted: it never learns of the generation, and the
 // survivors wait in the rendezvous store for its addresses.
 TEST_F(SigtermTest, WhileTheRendezvousWaitsInTheStoreForAPeer) {
-  ASSERT_NO_FATAL_FAILURE(StartCluster({}));
+  ASSERT_NO_FATAL_FAILURE(StartCluster({}, /*transport=*/"tcp"));
   ASSERT_TRUE(cluster_.KillWorker(kVictim, SIGSTOP).ok());
   ASSERT_TRUE(cluster_.WaitForWorkerStopped(kVictim, kStateDeadline).ok());
   ASSERT_NO_FATAL_FAILURE(SubmitJob());
@@ -199,6 +207,31 @@ TEST_F(SigtermTest, WhileTheRendezvousWaitsInTheStoreForAPeer) {
   ASSERT_TRUE(survivors_published.ok()) << survivors_published;
   ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsBlocked(/*step=*/0));
   EXPECT_EQ(published(), kWorkers - 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsExitPromptlyOnSigterm());
+  ASSERT_NO_FATAL_FAILURE(KillVictim());
+  StopEverything();
+}
+
+// As above, with the shared-memory link (worker/comm/shm_link.h): the survivors announce their
+// host and wait in the store for the victim's.
+TEST_F(SigtermTest, WhileTheSharedMemoryRendezvousWaitsForAPeer) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({}, /*transport=*/"shm"));
+  ASSERT_TRUE(cluster_.KillWorker(kVictim, SIGSTOP).ok());
+  ASSERT_TRUE(cluster_.WaitForWorkerStopped(kVictim, kStateDeadline).ok());
+  ASSERT_NO_FATAL_FAILURE(SubmitJob());
+  ASSERT_NO_FATAL_FAILURE(WaitForGeneration1(/*step=*/0));
+  std::unique_ptr<comm::CoordinatorStore> store = Generation1Store();
+  auto published = [&] {
+    int count = 0;
+    for (int rank = 0; rank < kWorkers; ++rank) {
+      count += Published(*store, rank, absl::ZeroDuration(), "gloo/shm/host/");
+    }
+    return count;
+  };
+  absl::Status survivors_published = cluster_.WaitFor([&] { return published() == kWorkers - 1; },
+                                                      kStateDeadline, "the survivors published");
+  ASSERT_TRUE(survivors_published.ok()) << survivors_published;
+  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsBlocked(/*step=*/0));
   ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsExitPromptlyOnSigterm());
   ASSERT_NO_FATAL_FAILURE(KillVictim());
   StopEverything();

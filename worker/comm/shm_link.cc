@@ -360,7 +360,8 @@ ShmLink::ShmLink(int rank, int world_size, void* base, size_t bytes, size_t slot
     if (peer == rank) continue;
     outgoing_[peer] = view(rank, peer);
     incoming_[peer] = view(peer, rank);
-    ring_bytes_ += static_cast<int64_t>(outgoing_[peer].count * outgoing_[peer].chunk_bytes);
+    ring_bytes_ += static_cast<int64_t>(outgoing_[peer].count * outgoing_[peer].chunk_bytes +
+                                        incoming_[peer].count * incoming_[peer].chunk_bytes);
   }
 }
 

@@ -81,7 +81,8 @@ class ShmLink : public RingLink {
   // Ends every wait in progress and every later one with `why` (the first one given). Sticky.
   void Interrupt(absl::Status why);
 
-  // Bytes of the rings this rank sends into (its share of the segment).
+  // Bytes of the rings this rank sends into or receives from: the part of the segment it
+  // touches, resident in its RSS as shared memory.
   int64_t ring_bytes() const { return ring_bytes_; }
 
   bool needs_landing() const override { return false; }

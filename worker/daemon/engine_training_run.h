@@ -47,9 +47,9 @@ struct EngineTrainingRunOptions {
   std::string checkpoint_root;
   // engine::EngineConfig::bucket_pool_size (the reduce buffers zero2 keeps in flight).
   int bucket_pool_size = engine::EngineConfig().bucket_pool_size;
-  // The CPU communicator's tuning: its segment_bytes, staging_segments, lanes and thread_nice are
-  // used; rank, world size, store, hostname (listen_host) and thread_cpus (from `pinning`) are the
-  // run's.
+  // The CPU communicator's tuning: its segment_bytes, staging_segments, lanes, thread_nice,
+  // transport, host and shm sizes are used; rank, world size, store, hostname (listen_host) and
+  // thread_cpus (from `pinning`) are the run's.
   comm::GlooCommunicatorOptions gloo;
   // Where the training and communication threads run on a CPU run.
   ThreadPinning pinning = ThreadPinning::kNone;
