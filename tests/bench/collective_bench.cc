@@ -1,8 +1,10 @@
 // collective_bench: times our ring reduce-scatter, all-gather, reduce-scatter + all-gather (one
-// buffer, and as equal buckets) and all-reduce against a raw gloo::allreduce (ring algorithm) of
-// the same fp32 buffer over loopback TCP, with threads as ranks or (--processes) one process per
-// rank. One JSON object per line; each time is the median over repetitions of the slowest rank's
-// time. Run: bazel run -c opt //worker/comm:collective_bench [-- --processes]
+// buffer, and as equal buckets) and all-reduce over each of --transports (loopback TCP, shared
+// memory) against a raw gloo::allreduce (ring algorithm) of the same fp32 buffer over loopback
+// TCP, with threads as ranks or (--processes) one process per rank. One JSON object per line;
+// each time is the median over repetitions of the slowest rank's time; with both transports a
+// "collective_transports" line per operation gives shm_ms / tcp_ms (same invocation).
+// Run: bazel run -c opt //tests/bench:collective_bench [-- --processes]
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gloo/allreduce.h"
 #include "gloo/math.h"
@@ -36,6 +39,12 @@ ABSL_FLAG(int64_t, segment_bytes, zeroshard::comm::GlooCommunicatorOptions().seg
 ABSL_FLAG(int, staging_segments, zeroshard::comm::GlooCommunicatorOptions().staging_segments,
           "GlooCommunicatorOptions::staging_segments");
 ABSL_FLAG(int, buckets, 4, "buckets of the bucketed reduce-scatter + all-gather case");
+ABSL_FLAG(int64_t, shm_slot_bytes, zeroshard::comm::GlooCommunicatorOptions().shm_slot_bytes,
+          "GlooCommunicatorOptions::shm_slot_bytes");
+ABSL_FLAG(int, shm_slots, zeroshard::comm::GlooCommunicatorOptions().shm_slots,
+          "GlooCommunicatorOptions::shm_slots");
+ABSL_FLAG(std::string, transports, "tcp,shm",
+          "comma-separated transports to time (tcp, shm, auto): one communicator each");
 ABSL_FLAG(bool, processes, false, "one process per rank (FileStore rendezvous) instead of threads");
 ABSL_FLAG(int, rank, -1, "internal: the rank of a child process (-1: launch the children)");
 ABSL_FLAG(std::string, store_dir, "", "internal: the children's FileStore directory");
@@ -45,7 +54,8 @@ namespace {
 
 struct Rank {
   int rank = 0;
-  std::unique_ptr<GlooCommunicator> communicator;
+  // One per --transports entry, in that order; the first also runs the barriers.
+  std::vector<std::unique_ptr<GlooCommunicator>> communicators;
   std::shared_ptr<gloo::Context> raw;
   std::vector<float> buffer;
 };
@@ -69,18 +79,36 @@ double WaitRunMs(const std::unique_ptr<Work>& work) {
   return absl::ToDoubleMilliseconds(work->RunTime().value_or(absl::ZeroDuration()));
 }
 
-// Our communicator and a raw Gloo context for `rank`, both over `store`.
+std::vector<Transport> Transports() {
+  std::vector<Transport> transports;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_transports), ',', absl::SkipEmpty())) {
+    absl::StatusOr<Transport> transport = ParseTransport(name);
+    CheckOk(transport.status());
+    transports.push_back(*transport);
+  }
+  if (transports.empty()) CheckOk(absl::InvalidArgumentError("--transports is empty"));
+  return transports;
+}
+
+// Our communicators (one per transport) and a raw Gloo context for `rank`, all over `store`.
 void SetUpRank(int rank, int world_size, size_t elements, Store& store, Rank& out) {
-  GlooCommunicatorOptions options;
-  options.rank = rank;
-  options.world_size = world_size;
-  options.store = &store;
-  options.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
-  options.staging_segments = absl::GetFlag(FLAGS_staging_segments);
-  auto communicator = GlooCommunicator::Create(options);
-  CheckOk(communicator.status());
   out.rank = rank;
-  out.communicator = std::move(*communicator);
+  for (Transport transport : Transports()) {
+    GlooCommunicatorOptions options;
+    options.rank = rank;
+    options.world_size = world_size;
+    options.store = &store;
+    options.store_prefix = absl::StrCat("bench_", TransportName(transport));
+    options.transport = transport;
+    options.segment_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_segment_bytes));
+    options.staging_segments = absl::GetFlag(FLAGS_staging_segments);
+    options.shm_slot_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_shm_slot_bytes));
+    options.shm_slots = absl::GetFlag(FLAGS_shm_slots);
+    auto communicator = GlooCommunicator::Create(options);
+    CheckOk(communicator.status());
+    out.communicators.push_back(std::move(*communicator));
+  }
   if (world_size > 1) {
     gloo::transport::tcp::attr attr;
     attr.hostname = "127.0.0.1";
@@ -95,37 +123,40 @@ void SetUpRank(int rank, int world_size, size_t elements, Store& store, Rank& ou
 
 struct Case {
   std::string op;
+  // The link our operations ran on ("tcp", "shm"), or "gloo" for raw Gloo.
+  std::string transport;
   double traffic_factor;  // bus bytes per buffer byte (nccl-tests convention)
   // Runs the case once on one rank; returns the summed communication-thread run time of our
   // operations in milliseconds (0 for raw Gloo).
   std::function<double(Rank&)> run;
 };
 
-std::vector<Case> MakeCases(int world_size, size_t piece) {
+// Our cases over communicator `c` of each rank.
+std::vector<Case> OurCases(int world_size, size_t piece, size_t c, const std::string& transport) {
   const size_t elements = piece * world_size;
   const double ring = static_cast<double>(world_size - 1) / world_size;
   const int buckets = std::max(1, absl::GetFlag(FLAGS_buckets));
   std::vector<Case> cases = {
-      {"reduce_scatter", ring,
+      {"reduce_scatter", transport, ring,
        [=](Rank& r) {
-         return WaitRunMs(r.communicator->ReduceScatterInPlace(
+         return WaitRunMs(r.communicators[c]->ReduceScatterInPlace(
              r.buffer.data(), piece, ElementType::kFloat32, ReduceOp::kSum));
        }},
-      {"all_gather", ring,
+      {"all_gather", transport, ring,
        [=](Rank& r) {
          return WaitRunMs(
-             r.communicator->AllGatherInPlace(r.buffer.data(), piece, ElementType::kFloat32));
+             r.communicators[c]->AllGatherInPlace(r.buffer.data(), piece, ElementType::kFloat32));
        }},
-      {"reduce_scatter+all_gather", 2 * ring,
+      {"reduce_scatter+all_gather", transport, 2 * ring,
        [=](Rank& r) {
-         auto scatter = r.communicator->ReduceScatterInPlace(r.buffer.data(), piece,
-                                                             ElementType::kFloat32, ReduceOp::kSum);
+         auto scatter = r.communicators[c]->ReduceScatterInPlace(
+             r.buffer.data(), piece, ElementType::kFloat32, ReduceOp::kSum);
          auto gather =
-             r.communicator->AllGatherInPlace(r.buffer.data(), piece, ElementType::kFloat32);
+             r.communicators[c]->AllGatherInPlace(r.buffer.data(), piece, ElementType::kFloat32);
          return WaitRunMs(scatter) + WaitRunMs(gather);
        }},
       // As the engine's zero2 step: every bucket's reduce-scatter, then every bucket's all-gather.
-      {absl::StrCat("reduce_scatter+all_gather_", buckets, "_buckets"), 2 * ring,
+      {absl::StrCat("reduce_scatter+all_gather_", buckets, "_buckets"), transport, 2 * ring,
        [=](Rank& r) {
          const size_t bucket_piece = piece / buckets;
          std::vector<std::unique_ptr<Work>> works;
@@ -133,24 +164,36 @@ std::vector<Case> MakeCases(int world_size, size_t piece) {
            for (int b = 0; b < buckets; ++b) {
              const size_t count = b + 1 < buckets ? bucket_piece : piece - b * bucket_piece;
              float* data = r.buffer.data() + b * bucket_piece * world_size;
-             works.push_back(
-                 phase == 0 ? r.communicator->ReduceScatterInPlace(
-                                  data, count, ElementType::kFloat32, ReduceOp::kSum)
-                            : r.communicator->AllGatherInPlace(data, count, ElementType::kFloat32));
+             works.push_back(phase == 0 ? r.communicators[c]->ReduceScatterInPlace(
+                                              data, count, ElementType::kFloat32, ReduceOp::kSum)
+                                        : r.communicators[c]->AllGatherInPlace(
+                                              data, count, ElementType::kFloat32));
            }
          }
          double run_ms = 0;
          for (const auto& work : works) run_ms += WaitRunMs(work);
          return run_ms;
        }},
-      {"all_reduce", 2 * ring,
+      {"all_reduce", transport, 2 * ring,
        [=](Rank& r) {
-         return WaitRunMs(r.communicator->AllReduce(r.buffer.data(), elements,
-                                                    ElementType::kFloat32, ReduceOp::kSum));
+         return WaitRunMs(r.communicators[c]->AllReduce(r.buffer.data(), elements,
+                                                        ElementType::kFloat32, ReduceOp::kSum));
        }},
   };
+  return cases;
+}
+
+std::vector<Case> MakeCases(int world_size, size_t piece) {
+  const size_t elements = piece * world_size;
+  const double ring = static_cast<double>(world_size - 1) / world_size;
+  std::vector<Case> cases;
+  const std::vector<Transport> transports = Transports();
+  for (size_t c = 0; c < transports.size(); ++c) {
+    std::vector<Case> ours = OurCases(world_size, piece, c, TransportName(transports[c]));
+    cases.insert(cases.end(), ours.begin(), ours.end());
+  }
   if (world_size > 1) {
-    cases.push_back({"gloo_allreduce_ring", 2 * ring, [=](Rank& r) {
+    cases.push_back({"gloo_allreduce_ring", "gloo", 2 * ring, [=](Rank& r) {
                        gloo::AllreduceOptions options(r.raw);
                        options.setOutput(r.buffer.data(), elements);
                        options.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
@@ -178,7 +221,7 @@ Samples TimeCases(Rank& r, const std::vector<Case>& cases) {
                   std::vector<std::vector<double>>(cases.size())};
   for (int i = 0; i < warmup + repetitions; ++i) {
     for (size_t c = 0; c < cases.size(); ++c) {
-      CheckOk(r.communicator->Barrier()->Wait());
+      CheckOk(r.communicators[0]->Barrier()->Wait());
       const absl::Time start = absl::Now();
       const double run_ms = cases[c].run(r);
       const double elapsed = absl::ToDoubleMilliseconds(absl::Now() - start);
@@ -203,10 +246,26 @@ void Print(const std::vector<Case>& cases, const Samples& slowest, int world_siz
     const double median = Median(slowest.wall[c]);
     const double busbw = median > 0 ? bytes * cases[c].traffic_factor / (median * 1e-3) / 1e9 : 0.0;
     std::printf(
-        "{\"bench\":\"collective\",\"op\":\"%s\",\"ranks_as\":\"%s\",\"world_size\":%d,"
-        "\"bytes\":%.0f,\"ms\":%.3f,\"run_ms\":%.3f,\"busbw_gbps\":%.3f,\"repetitions\":%zu}\n",
-        cases[c].op.c_str(), processes ? "processes" : "threads", world_size, bytes, median,
-        Median(slowest.run[c]), busbw, slowest.wall[c].size());
+        "{\"bench\":\"collective\",\"op\":\"%s\",\"transport\":\"%s\",\"ranks_as\":\"%s\","
+        "\"world_size\":%d,\"bytes\":%.0f,\"ms\":%.3f,\"run_ms\":%.3f,\"busbw_gbps\":%.3f,"
+        "\"repetitions\":%zu}\n",
+        cases[c].op.c_str(), cases[c].transport.c_str(), processes ? "processes" : "threads",
+        world_size, bytes, median, Median(slowest.run[c]), busbw, slowest.wall[c].size());
+  }
+  // The same operation over shared memory and over TCP, timed in this one invocation.
+  for (size_t t = 0; t < cases.size(); ++t) {
+    if (cases[t].transport != "tcp") continue;
+    for (size_t m = 0; m < cases.size(); ++m) {
+      if (cases[m].transport != "shm" || cases[m].op != cases[t].op) continue;
+      const double tcp_ms = Median(slowest.wall[t]);
+      const double shm_ms = Median(slowest.wall[m]);
+      std::printf(
+          "{\"bench\":\"collective_transports\",\"op\":\"%s\",\"ranks_as\":\"%s\","
+          "\"world_size\":%d,\"bytes\":%.0f,\"tcp_median_ms\":%.3f,\"shm_median_ms\":%.3f,"
+          "\"shm_over_tcp\":%.3f}\n",
+          cases[t].op.c_str(), processes ? "processes" : "threads", world_size, bytes, tcp_ms,
+          shm_ms, tcp_ms > 0 ? shm_ms / tcp_ms : 0.0);
+    }
   }
   std::fflush(stdout);
 }
@@ -258,7 +317,8 @@ int RunProcessRank() {
     flat.insert(flat.end(), samples.wall[c].begin(), samples.wall[c].end());
     flat.insert(flat.end(), samples.run[c].begin(), samples.run[c].end());
   }
-  CheckOk(r.communicator->AllReduce(flat.data(), flat.size(), ElementType::kFloat64, ReduceOp::kMax)
+  CheckOk(r.communicators[0]
+              ->AllReduce(flat.data(), flat.size(), ElementType::kFloat64, ReduceOp::kMax)
               ->Wait());
   size_t at = 0;
   for (size_t c = 0; c < cases.size(); ++c) {
