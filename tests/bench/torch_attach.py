@@ -341,9 +341,10 @@ class PhaseTimer:
         self.seconds = {}
         self.counts = {}
         self._last_hand_over_end = None
-        connection = optimizer._connection
+        connection = optimizer._connection  # attaches
         call, send = connection.call, connection.send
-        send_segments = optimizer._send_segments
+        hand_over = optimizer._attachment.hand_over
+        send_segments = hand_over.send_segments
 
         def timed_call(request, *args, **kwargs):
             start = time.perf_counter()
@@ -374,7 +375,7 @@ class PhaseTimer:
                 self._last_hand_over_end = end
 
         connection.call, connection.send = timed_call, timed_send
-        optimizer._send_segments = timed_send_segments
+        hand_over.send_segments = timed_send_segments
 
     def add(self, phase, seconds):
         self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
