@@ -80,7 +80,10 @@ def main():
         report.update(train())
     if args.seed_job:
         report.update(seed_job(report["world_size"]))
-    print("launch_env " + json.dumps(report), flush=True)
+    # One write of the whole line: the ranks share the launcher's stdout (a pipe), where a write
+    # of at most PIPE_BUF bytes is never interleaved with another rank's.
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), ("launch_env " + json.dumps(report) + "\n").encode())
 
 
 if __name__ == "__main__":

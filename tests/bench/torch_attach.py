@@ -20,10 +20,15 @@ rounds (the variants' order reversed every other round), each run --warmup + --s
   zeroshard_zero2  zt.ShardedOptimizer(mode="zero2").
 
 Rank 0 prints one JSON line per variant:
-  {"bench":"torch_attach","variant","iter_ms","step_ms","peak_rss_bytes",
+  {"bench":"torch_attach","variant","iter_ms","limit_ms","over_limit","step_ms","peak_rss_bytes",
    "opt_state_bytes_per_rank", ...}
 iter_ms: forward + backward + step() + zero_grad(), the slowest rank's per iteration; step_ms:
-step() alone. Both are medians over the measured iterations of a round, then the median over
+step() alone. limit_ms: the variant's own forward + backward + update with communication
+skipped, every rank at once, after the variant's run (--limit_steps iterations): torch's
+variants run no_sync forward + backward and the update of the rank's own shard (the inner
+optimizer of ZeroRedundancyOptimizer, no broadcast); ZeroShard's run forward + backward of a
+plain copy of the model (no hooks, no hand-over) plus the update_ms its worker reported in the
+run (the update of its shard, which involves no communication). over_limit = iter_ms / limit_ms. Both are medians over the measured iterations of a round, then the median over
 rounds (per-round values in *_rounds). peak_rss_bytes: each rank's memory is the sum of the PSS
 (/proc/PID/smaps_rollup) of its trainer and, for ZeroShard, its worker daemon, sampled every
 --sample_ms by a thread of the trainer during the warm-up and the --memory_steps iterations after
@@ -75,6 +80,9 @@ def parse_args(argv):
     parser.add_argument("--torch_adamw", default="auto", choices=["auto", "fused", "foreach",
                                                                    "loop"],
                         help="torch's AdamW: auto takes fused, else foreach, else the loop")
+    parser.add_argument("--limit_steps", type=int, default=10,
+                        help="iterations without communication after each variant's run, in "
+                        "every round (limit_ms)")
     parser.add_argument("--memory_steps", type=int, default=5,
                         help="iterations after the measured ones, in every round: PSS is sampled "
                         "during the warm-up and these, not during the measured iterations")
@@ -101,8 +109,9 @@ def parse_args(argv):
         parser.error(f"--variants: {unknown or 'none'}; choose from {', '.join(VARIANTS)}")
     if len(args.layers) < 2 or min(args.layers) < 1:
         parser.error("--layers: at least two positive widths")
-    if args.rounds < 1 or args.steps < 1 or args.batch < 1 or args.memory_steps < 1:
-        parser.error("--rounds, --steps, --memory_steps and --batch must be >= 1")
+    if (args.rounds < 1 or args.steps < 1 or args.batch < 1 or args.memory_steps < 1
+            or args.limit_steps < 1):
+        parser.error("--rounds, --steps, --memory_steps, --limit_steps and --batch must be >= 1")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
     return args
@@ -467,6 +476,10 @@ def run_variant(torch, dist, zt, args, variant, batches, daemon):
     dist.barrier()
     sampler.stop()
     record["iterations"] = iterations
+    if timer is None:
+        dist.barrier()
+        record["no_comm"] = time_without_communication(torch, args, variant, model, forward,
+                                                       optimizer, batches)
     record["peak_pss"] = sampler.peak_total
     record["peak_pss_parts"] = sampler.peak_parts
     record["peak_rss_parts"] = sampler.peak_rss_parts
@@ -478,10 +491,42 @@ def run_variant(torch, dist, zt, args, variant, batches, daemon):
     else:
         record.update(zeroshard_report(zt, optimizer))
         zt.finish(optimizer)
+        wait_until_idle(os.environ["ZEROSHARD_WORKERS"].split(",")[zt.rank()])
+        dist.barrier()
+        record["no_comm"] = time_without_communication(torch, args, variant, model, forward,
+                                                       optimizer, batches)
         if zt.rank() == 0:
             record["worker_steps"] = worker_step_metrics(
                 record["job_id"], range(args.warmup + 1, args.warmup + args.steps + 1))
     return record
+
+
+def time_without_communication(torch, args, variant, model, forward, optimizer, batches):
+    """The variant's iterations with communication skipped, on every rank at once: seconds per
+    iteration (torch: forward + backward + the update of this rank's own shard; ZeroShard:
+    forward + backward of a plain copy of the model, whose update is the worker's)."""
+    if variant.startswith("torch"):
+        inner = optimizer.optim if variant == "torch_zero" else optimizer
+
+        def iteration(x, y):
+            with forward.no_sync():
+                torch.nn.functional.mse_loss(forward(x), y).backward()
+            inner.step()
+            optimizer.zero_grad(set_to_none=True)
+    else:
+        plain = build_mlp(torch, args.layers)
+
+        def iteration(x, y):
+            torch.nn.functional.mse_loss(plain(x), y).backward()
+            plain.zero_grad(set_to_none=True)
+
+    iteration(*batches[0])  # the first allocation of the gradients
+    seconds = []
+    for step in range(args.limit_steps):
+        start = time.perf_counter()
+        iteration(*batches[step % len(batches)])
+        seconds.append(time.perf_counter() - start)
+    return seconds
 
 
 def worker_step_metrics(job_id, steps):
@@ -556,12 +601,24 @@ def summarize(variant, rounds, world_size, torch_version, memory_steps):
 
     iter_rounds = per_round("iter")
     step_rounds = per_round("step")
+    # Per round: the median over the no-communication iterations of the slowest rank, plus, for
+    # ZeroShard, the median update_ms of rank 0's worker in the run.
+    limit_rounds = []
+    for ranks in rounds:
+        slowest = [max(r["no_comm"][i] for r in ranks) for i in range(len(ranks[0]["no_comm"]))]
+        limit = median(slowest) * 1e3
+        if variant.startswith("zeroshard"):
+            updates = [m["update"] for m in ranks[0].get("worker_steps", [])]
+            limit += median(updates) if updates else 0.0
+        limit_rounds.append(round(limit, 3))
     peak_rounds = [max(r["peak_pss"] for r in ranks) for ranks in rounds]
     rank0 = [ranks[0] for ranks in rounds]
     line = {
         "bench": "torch_attach",
         "variant": variant,
         "iter_ms": round(median(iter_rounds), 3),
+        "limit_ms": round(median(limit_rounds), 3),
+        "over_limit": round(median(iter_rounds) / median(limit_rounds), 3),
         "step_ms": round(median(step_rounds), 3),
         "peak_rss_bytes": int(median(peak_rounds)),
         "opt_state_bytes_per_rank": int(median(
@@ -574,6 +631,7 @@ def summarize(variant, rounds, world_size, torch_version, memory_steps):
         "steps": len(rank0[0]["iterations"]),
         "memory_steps": memory_steps,
         "iter_ms_rounds": iter_rounds,
+        "limit_ms_rounds": limit_rounds,
         "step_ms_rounds": step_rounds,
         "forward_ms_rounds": per_round("forward"),
         "backward_ms_rounds": per_round("backward"),

@@ -22,7 +22,7 @@ def run_benchmark():
     result = run_with_cluster_flags(
         [sys.executable, os.path.join(runfiles_workspace(), "tests", "bench", "torch_attach.py")],
         ["--layers", "16,32,8", "--batch", "4", "--rounds", str(ROUNDS), "--steps", str(STEPS),
-         "--warmup", "1", "--memory_steps", "2", "--sample_ms", "10"], timeout_s=240)
+         "--warmup", "1", "--memory_steps", "2", "--limit_steps", "2", "--sample_ms", "10"], timeout_s=240)
     lines = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     return result.returncode, lines, result.stderr
 
@@ -50,6 +50,11 @@ class TorchAttachBenchTest(unittest.TestCase):
                 self.assertLessEqual(line["step_ms"], line["iter_ms"])
                 self.assertGreater(line["peak_rss_bytes"], 0)
                 self.assertGreater(line["opt_state_bytes_per_rank"], 0)
+                self.assertGreater(line["limit_ms"], 0)
+                # Both are rounded to microseconds: their ratio to within 5%.
+                self.assertAlmostEqual(line["over_limit"] * line["limit_ms"] / line["iter_ms"], 1.0,
+                                       delta=0.05)
+                self.assertEqual(len(line["limit_ms_rounds"]), ROUNDS)
                 self.assertEqual(len(line["iter_ms_rounds"]), ROUNDS)
                 for round_ms in line["iter_ms_rounds"]:
                     self.assertGreater(round_ms, 0)
