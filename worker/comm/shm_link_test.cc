@@ -1,0 +1,284 @@
+// ShmLink with threads as ranks over an InMemoryStore: messages of every size across chunk
+// boundaries and ring wraps, sends that never block on a full ring, slot checks, interrupts and
+// deadlines, and the same-host proof (hosts, a foreign token, an abort during Connect).
+#include "worker/comm/shm_link.h"
+
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+#include "worker/comm/abort_signal.h"
+#include "worker/comm/in_memory_store.h"
+#include "worker/comm/testing/rank_threads.h"
+
+namespace zeroshard::comm {
+namespace {
+
+using ::zeroshard::comm::testing::RunOnRankThreads;
+
+ShmLinkOptions Options(int rank, int world_size, Store* store) {
+  ShmLinkOptions options;
+  options.rank = rank;
+  options.world_size = world_size;
+  options.store = store;
+  options.host = "this-host";
+  // A tiny ring: most messages span several chunks and the ring wraps many times.
+  options.slot_bytes = 64;
+  options.slots = 2;
+  options.deadline = absl::Now() + absl::Seconds(30);
+  return options;
+}
+
+// Connects `world_size` links concurrently.
+std::vector<std::unique_ptr<ShmLink>> ConnectGroup(int world_size, Store* store) {
+  std::vector<std::unique_ptr<ShmLink>> links(world_size);
+  const absl::Status status = RunOnRankThreads(world_size, [&](int rank) -> absl::Status {
+    absl::StatusOr<std::unique_ptr<ShmLink>> link =
+        ShmLink::Connect(Options(rank, world_size, store));
+    if (!link.ok()) return link.status();
+    links[rank] = *std::move(link);
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+  return links;
+}
+
+std::vector<char> Pattern(size_t bytes, int seed) {
+  std::vector<char> data(bytes);
+  for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<char>((i * 131 + seed * 7) & 0xff);
+  return data;
+}
+
+// The segment's name as rank 0 published it, under /dev/shm.
+std::string SegmentPath(Store& store) {
+  absl::StatusOr<std::string> published = store.Get("gloo/shm/segment", absl::ZeroDuration());
+  if (!published.ok()) return "";
+  const std::vector<std::string> parts = absl::StrSplit(*published, ' ');
+  return absl::StrCat("/dev/shm", parts[0]);
+}
+
+TEST(ShmLinkTest, MessagesOfEverySizeArriveWholeInOrderAcrossChunks) {
+  InMemoryStore store;
+  auto links = ConnectGroup(2, &store);
+  ASSERT_NE(links[0], nullptr);
+  ASSERT_NE(links[1], nullptr);
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath(store))) << "unlinked once both mapped";
+  const std::vector<size_t> sizes = {0, 1, 7, 63, 64, 65, 127, 128, 129, 1000, 4099};
+  const absl::Status status = RunOnRankThreads(2, [&](int rank) -> absl::Status {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    if (rank == 0) {
+      std::vector<std::vector<char>> messages;
+      for (size_t i = 0; i < sizes.size(); ++i) messages.push_back(Pattern(sizes[i], i));
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        links[0]->Send(1, /*slot=*/100 + i, messages[i].data(), messages[i].size());
+      }
+      return links[0]->WaitSends(deadline);
+    }
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      std::vector<char> received;
+      size_t expected_offset = 0;
+      bool aligned = true;
+      absl::Status got = links[1]->Receive(
+          0, 100 + i, nullptr, sizes[i], deadline,
+          [&](const char* data, size_t offset, size_t bytes) {
+            aligned &= offset == expected_offset && (offset + bytes == sizes[i] || bytes % 8 == 0);
+            expected_offset += bytes;
+            received.insert(received.end(), data, data + bytes);
+          });
+      if (!got.ok()) return got;
+      if (!aligned) return absl::InternalError(absl::StrCat("message ", i, ": parts out of line"));
+      if (received != Pattern(sizes[i], i)) {
+        return absl::InternalError(absl::StrCat("message ", i, " (", sizes[i], " bytes) differs"));
+      }
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST(ShmLinkTest, EveryRankSendsBeforeReceivingWithoutDeadlock) {
+  // As the rings do: every rank posts far more than a ring holds to its neighbour, then receives.
+  constexpr int kWorldSize = 3;
+  InMemoryStore store;
+  auto links = ConnectGroup(kWorldSize, &store);
+  for (const auto& link : links) ASSERT_NE(link, nullptr);
+  const absl::Status status = RunOnRankThreads(kWorldSize, [&](int rank) -> absl::Status {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    const int next = (rank + 1) % kWorldSize;
+    const int previous = (rank + kWorldSize - 1) % kWorldSize;
+    std::vector<std::vector<char>> outgoing;
+    for (int i = 0; i < 16; ++i) outgoing.push_back(Pattern(1000, rank * 100 + i));
+    for (int i = 0; i < 16; ++i) links[rank]->Send(next, i, outgoing[i].data(), 1000);
+    for (int i = 0; i < 16; ++i) {
+      std::vector<char> received(1000);
+      absl::Status got = links[rank]->Receive(previous, i, nullptr, 1000, deadline,
+                                              [&](const char* data, size_t offset, size_t bytes) {
+                                                std::memcpy(received.data() + offset, data, bytes);
+                                              });
+      if (!got.ok()) return got;
+      if (received != Pattern(1000, previous * 100 + i)) {
+        return absl::InternalError(absl::StrCat("message ", i, " from ", previous, " differs"));
+      }
+    }
+    return links[rank]->WaitSends(deadline);
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST(ShmLinkTest, AnUnexpectedSlotIsAnInternalErrorNamingBoth) {
+  InMemoryStore store;
+  auto links = ConnectGroup(2, &store);
+  ASSERT_NE(links[1], nullptr);
+  const char byte = 1;
+  links[0]->Send(1, /*slot=*/5, &byte, 1);
+  const absl::Status got =
+      links[1]->Receive(0, /*slot=*/4, nullptr, 1, absl::Now() + absl::Seconds(30),
+                        [](const char*, size_t, size_t) {});
+  EXPECT_EQ(got.code(), absl::StatusCode::kInternal) << got;
+  EXPECT_NE(got.message().find("expected slot 4"), std::string::npos) << got;
+  EXPECT_NE(got.message().find("found slot 5"), std::string::npos) << got;
+}
+
+TEST(ShmLinkTest, InterruptEndsABlockedReceiveWithItsStatusWithinTwoSeconds) {
+  InMemoryStore store;
+  auto links = ConnectGroup(2, &store);
+  ASSERT_NE(links[1], nullptr);
+  absl::Notification receiving;
+  absl::Status got;
+  absl::Time returned_at;
+  std::thread receiver([&] {
+    receiving.Notify();
+    // Nothing is ever sent: only the interrupt can end this before its 10 minutes.
+    got = links[1]->Receive(0, 1, nullptr, 64, absl::Now() + absl::Minutes(10),
+                            [](const char*, size_t, size_t) {});
+    returned_at = absl::Now();
+  });
+  receiving.WaitForNotification();
+  const absl::Time interrupted_at = absl::Now();
+  links[1]->Interrupt(absl::UnavailableError("lost peer rank 0"));
+  receiver.join();
+  EXPECT_EQ(got.code(), absl::StatusCode::kUnavailable) << got;
+  EXPECT_NE(got.message().find("lost peer rank 0"), std::string::npos) << got;
+  EXPECT_LT(returned_at - interrupted_at, absl::Seconds(2));
+  // Sticky: later waits end at once with the first cause.
+  links[1]->Interrupt(absl::AbortedError("second"));
+  EXPECT_EQ(links[1]->WaitSends(absl::Now() + absl::Minutes(10)).code(),
+            absl::StatusCode::kUnavailable);
+}
+
+TEST(ShmLinkTest, AReceiveNobodySendsEndsAtItsDeadline) {
+  InMemoryStore store;
+  auto links = ConnectGroup(2, &store);
+  ASSERT_NE(links[0], nullptr);
+  const absl::Time start = absl::Now();
+  const absl::Status got = links[0]->Receive(1, 1, nullptr, 8, start + absl::Milliseconds(200),
+                                             [](const char*, size_t, size_t) {});
+  EXPECT_EQ(got.code(), absl::StatusCode::kDeadlineExceeded) << got;
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+TEST(ShmLinkTest, RanksOnDifferentHostsDoNotTry) {
+  InMemoryStore store;
+  std::vector<absl::Status> results(2);
+  ASSERT_TRUE(RunOnRankThreads(2, [&](int rank) {
+                ShmLinkOptions options = Options(rank, 2, &store);
+                options.host = rank == 0 ? "here" : "there";
+                results[rank] = ShmLink::Connect(options).status();
+                return absl::OkStatus();
+              }).ok());
+  for (const absl::Status& status : results) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  }
+  // Nothing was created.
+  EXPECT_FALSE(store.Get("gloo/shm/segment", absl::ZeroDuration()).ok());
+}
+
+// Presents rank 0's segment with another token, as a rank whose /dev/shm holds a different segment
+// under that name would see it.
+class ForeignTokenStore : public Store {
+ public:
+  explicit ForeignTokenStore(Store* inner) : inner_(inner) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override {
+    return inner_->Set(key, value);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override {
+    absl::StatusOr<std::string> value = inner_->Get(key, timeout);
+    if (!value.ok() || key != "gloo/shm/segment") return value;
+    std::vector<std::string> parts = absl::StrSplit(*value, ' ');
+    return absl::StrCat(parts[0], " ", std::string(parts[1].size(), '0'));
+  }
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override {
+    return inner_->Add(key, delta);
+  }
+  absl::StatusOr<bool> Delete(absl::string_view key) override { return inner_->Delete(key); }
+
+ private:
+  Store* const inner_;
+};
+
+TEST(ShmLinkTest, ASegmentWithAnotherTokenFailsTheProofOnEveryRank) {
+  InMemoryStore store;
+  ForeignTokenStore foreign(&store);
+  std::vector<absl::Status> results(2);
+  ASSERT_TRUE(RunOnRankThreads(2, [&](int rank) {
+                results[rank] =
+                    ShmLink::Connect(
+                        Options(rank, 2, rank == 0 ? static_cast<Store*>(&store) : &foreign))
+                        .status();
+                return absl::OkStatus();
+              }).ok());
+  for (const absl::Status& status : results) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_NE(status.message().find("token"), std::string::npos) << status;
+  }
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath(store))) << SegmentPath(store);
+}
+
+TEST(ShmLinkTest, AnAbortEndsConnectWithCancelled) {
+  InMemoryStore store;
+  AbortSignal signal;
+  ShmLinkOptions options = Options(0, 2, &store);
+  options.deadline = absl::Now() + absl::Minutes(10);
+  options.abort_signal = &signal;
+  absl::Status status;
+  absl::Time returned_at;
+  absl::Notification connecting;
+  std::thread connector([&] {
+    connecting.Notify();
+    // Rank 1 never comes.
+    status = ShmLink::Connect(options).status();
+    returned_at = absl::Now();
+  });
+  connecting.WaitForNotification();
+  const absl::Time aborted_at = absl::Now();
+  signal.Abort();
+  connector.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_LT(returned_at - aborted_at, absl::Seconds(2));
+}
+
+TEST(ShmLinkTest, BadSizesAreInvalidArguments) {
+  InMemoryStore store;
+  ShmLinkOptions options = Options(0, 2, &store);
+  options.slot_bytes = 100;
+  EXPECT_EQ(ShmLink::Connect(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = Options(0, 2, &store);
+  options.slots = 0;
+  EXPECT_EQ(ShmLink::Connect(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options = Options(0, 1, &store);
+  EXPECT_EQ(ShmLink::Connect(options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace zeroshard::comm
