@@ -114,14 +114,18 @@ struct GlooCommunicatorOptions {
 // Thread contract: as Communicator's. Operations run on one communication thread owned by this
 // object (Gloo adds an event-loop thread per transport lane: by default two full meshes of TCP
 // connections, a message travelling on its sender's lane, so one thread reads a rank's ring input
-// while another writes its output; and a PeerWatch thread, peer_watch.h). Gloo throws; every
-// exception is caught on the communication thread (or in Create) and becomes a Status there.
+// while another writes its output; none over shared memory, where the communication thread
+// moves every byte itself; and a PeerWatch thread, peer_watch.h). Gloo throws; every exception is
+// caught on the communication thread (or in Create) and becomes a Status there.
 // stats().thread_cpu_ns is the communication thread's CPU time (not the event-loop threads').
 class GlooCommunicator : public Communicator {
  public:
-  // Connects the full mesh (all ranks call this with the same world size and store prefix; see
-  // gloo_mesh.h). DEADLINE_EXCEEDED when peers do not show up within rendezvous_timeout;
-  // CANCELLED when options.abort_signal is aborted first; UNAVAILABLE for other transport
+  // Connects the link (all ranks call this with the same world size, store prefix and
+  // transport): under shm or auto first the shared-memory rendezvous (shm_link.h), then, unless
+  // shared memory was chosen, the Gloo mesh (gloo_mesh.h); the peer watch in every case.
+  // DEADLINE_EXCEEDED when peers do not show up within rendezvous_timeout; CANCELLED when
+  // options.abort_signal is aborted first; FAILED_PRECONDITION under transport=shm when the ranks
+  // do not share a host (auto falls back to TCP instead); UNAVAILABLE for other transport
   // failures; INVALID_ARGUMENT for bad options; the error of pinning the communication thread or
   // setting its nice value (thread_cpus, thread_nice).
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Create(
