@@ -67,6 +67,17 @@ BUILD
     exit 1
   fi
   echo "check_layering: a deliberate bad dependency fails: $(grep -m1 layering_self_test <<<"$out")"
+  # Private default visibility refuses it at build time too: //worker/engine lists its users.
+  if built=$(bazel build --nobuild --noshow_progress //coordinator/layering_self_test:bad 2>&1); then
+    echo "check_layering: the self test's bad dependency builds: visibility does not refuse it"
+    exit 1
+  fi
+  if ! grep -q "is not visible from target '//coordinator/layering_self_test:bad'" <<<"$built"; then
+    echo "check_layering: the self test's bad dependency failed to build for another reason:"
+    echo "$built" | tail -5
+    exit 1
+  fi
+  echo "check_layering: and visibility refuses to build it"
   rm -rf "$scratch"
   trap - EXIT
 fi
