@@ -438,7 +438,16 @@ absl::Status EngineTrainingRun::AssembleDeviceAndCommunicator(RunParts& parts) {
     if (parts.placement.comm_cpu.has_value()) {
       comm_options.thread_cpus.push_back(*parts.placement.comm_cpu);
     }
-    ZS_ASSIGN_OR_RETURN(parts.communicator, comm::GlooCommunicator::Create(comm_options));
+    ZS_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> gloo,
+                        comm::GlooCommunicator::Create(comm_options));
+    // Under --transport=auto the link is chosen at run time: say which one the rings got.
+    if (parts.world_size > 1) {
+      ZS_LOG(INFO) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
+                   << parts.rank << ": the rings run over "
+                   << (gloo->transport() == comm::Transport::kShm ? "shared memory" : "TCP")
+                   << " (--transport=" << comm::TransportName(comm_options.transport) << ")";
+    }
+    parts.communicator = std::move(gloo);
   }
   parts.abort_collectives.emplace(
       abort_signal_.OnAbort([raw = parts.communicator.get()] { raw->Abort(); }));
