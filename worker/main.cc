@@ -75,8 +75,8 @@ ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory checkpoints are written to and resumed from: the coordinator's "
           "--checkpoint_root, the same path on every worker (e.g. a shared volume). Empty: no "
           "checkpoints, and jobs cannot resume after a lost worker.");
-// Tuning of the gradient reduction on a CPU worker (docs/performance.md, "Reduce-scatter under
-// backward"); the defaults are the measured best on the machine of those figures.
+// Tuning of the gradient reduction on a CPU worker (docs/performance/reduce_scatter.md); the
+// defaults are the measured best on the machine of those figures.
 ABSL_FLAG(int, bucket_pool_size, zeroshard::engine::EngineConfig().bucket_pool_size,
           "Reduce buffers zero2 keeps in flight (each one bucket).");
 ABSL_FLAG(int64_t, gloo_segment_bytes, zeroshard::comm::GlooCommunicatorOptions().segment_bytes,

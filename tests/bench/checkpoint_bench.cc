@@ -3,7 +3,7 @@
 // round trains the same job without checkpoints, with one every N steps for each N of
 // --every_steps and with one every step, in alternating order; then kills a worker with kill -9
 // mid-job while a spare is idle and times the recovery. Run: bazel run -c opt
-// //tests/bench:checkpoint_bench (figures in docs/performance.md, "Checkpoints").
+// //tests/bench:checkpoint_bench (figures in docs/performance/checkpoints.md).
 #include <signal.h>
 
 #include <algorithm>

@@ -5,8 +5,8 @@ ZeroRedundancyOptimizer and ZeroShard's ddp, zero1 and zero2, timed on this mach
     tests/bench/e2e_vs_torch.py                      # seed (W = 4) and medium (W = 2), all variants
     tests/bench/e2e_vs_torch.py --jobs=medium --bin_dir="$(bazel info -c opt bazel-bin)"
 
-Not a test, and not run in CI (figures and the venv in docs/performance.md, "End to end against
-PyTorch"). It uses the newest torch it can import: it looks at its own interpreter, the tools
+Not a test, and not run in CI (figures and the venv in docs/performance/e2e_vs_torch.md). It uses
+the newest torch it can import: it looks at its own interpreter, the tools
 venv's (/opt/zs-torch/bin/python) and Debian's (/usr/bin/python3), re-runs itself under the one
 with the newest torch, and says so on stderr and in `torch_version` when that is Debian's 1.13
 (no fused AdamW on the CPU before torch 2.4).

@@ -1,6 +1,6 @@
 // GFLOP/s of every cblas_sgemm call the teacher-student MLP (worker/workloads/
 // teacher_student_mlp.cc) makes per rank on a job's shapes, one BLAS thread, for the comparison
-// with torch's GEMMs (tests/bench/torch_gemm.py; docs/performance.md, "GEMM rates against torch").
+// with torch's GEMMs (tests/bench/torch_gemm.py; docs/performance/gemm.md).
 // Prints one JSON object per line. Run: bazel run -c opt //tests/bench:gemm_bench
 #include <cblas.h>
 #include <dlfcn.h>

@@ -3,7 +3,7 @@
 // W. Prints one JSON line per (mode, W) with every rank's RSS before the job and peak RSS after,
 // and rank 0's counted memory by category; then one line per W with issue 10's targets. Run:
 //   bazel run -c opt //tests/bench:memory_bench
-// (figures in docs/performance.md, "Memory (tests/bench:memory_bench)").
+// (figures in docs/performance/memory.md).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

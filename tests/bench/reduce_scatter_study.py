@@ -5,7 +5,7 @@ the reduction's settings, the variants interleaved in rounds, on this machine.
     tests/bench/reduce_scatter_study.py --bin_dir="$(bazel info -c opt bazel-bin)"
     tests/bench/reduce_scatter_study.py --variants=baseline,bucket_1m,pool_3 --rounds=3
 
-Not a test, and not run in CI (figures in docs/performance.md, "Reduce-scatter under backward").
+Not a test, and not run in CI (figures in docs/performance/reduce_scatter.md).
 Every variant trains the same job (`--job`, default `medium` at W = 2, AdamW, 32 samples per rank,
 the settings of tests/bench/e2e_vs_torch.py) on a fresh local cluster (deploy/local/cluster.py)
 whose workers get the variant's flags, and with the variant's bucket size. Each round runs every

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Attached PyTorch trainers against torch's own data-parallel optimizers (issue 13, "Benchmark";
-figures in docs/performance.md, "Attached PyTorch trainers (tests/bench/torch_attach.py)").
+figures in docs/performance/torch_attach.md).
 
     /usr/bin/python3 tests/bench/torch_attach.py --bin_dir "$(bazel info -c opt bazel-bin)"
 
@@ -28,16 +28,17 @@ skipped, every rank at once, after the variant's run (--limit_steps iterations):
 variants run no_sync forward + backward and the update of the rank's own shard (the inner
 optimizer of ZeroRedundancyOptimizer, no broadcast); ZeroShard's run forward + backward of a
 plain copy of the model (no hooks, no hand-over) plus the update_ms its worker reported in the
-run (the update of its shard, which involves no communication). over_limit = iter_ms / limit_ms. Both are medians over the measured iterations of a round, then the median over
-rounds (per-round values in *_rounds). peak_rss_bytes: each rank's memory is the sum of the PSS
+run (the update of its shard, which involves no communication). over_limit = iter_ms / limit_ms.
+The times are medians over the measured iterations of a round, then the median over rounds
+(per-round values in *_rounds). peak_rss_bytes: each rank's memory is the sum of the PSS
 (/proc/PID/smaps_rollup) of its trainer and, for ZeroShard, its worker daemon, sampled every
 --sample_ms by a thread of the trainer during the warm-up and the --memory_steps iterations after
 the measured ones (not during those: a sample costs milliseconds of CPU); the field is the
 largest rank's peak sample (median over rounds), measured by default (--memory_launches 1) in a
 launch of its own per variant after the timing launch, so that no variant's trainer carries what
-the others left in its process (the timing launch's figure is peak_rss_bytes_in_run). opt_state_bytes_per_rank: torch: the bytes of
-the optimizer's state tensors on the rank that holds the most (ZeroRedundancyOptimizer: its
-shard); ZeroShard: the worker's own count (StepMetrics.memory.optimizer_state_bytes of rank 0,
+the others left in its process (the timing launch's figure is peak_rss_bytes_in_run).
+opt_state_bytes_per_rank: torch: the bytes of the optimizer's state tensors on the rank that
+holds the most (ZeroRedundancyOptimizer: its shard); ZeroShard: the worker's own count (StepMetrics.memory.optimizer_state_bytes of rank 0,
 whose pieces are as large as every rank's).
 """
 
