@@ -158,6 +158,25 @@ class SharedParameterTest(unittest.TestCase):
         self.assertEqual(status, 0)
 
 
+class AttachOverlapTest(unittest.TestCase):
+    """The all-gather overlapped with the next forward (attach_overlap_script.py): which tensors
+    each module's forward pre-hook waited for, a tied weight waited for wherever it is used, the
+    state dicts right after step(), and no waits (bitwise the same values) without the overlap
+    and in ddp. The worker's side holding a peer's all-gather back is
+    worker/attach:attached_trainer_test."""
+
+    def test_each_module_waits_for_its_own_parameters(self):
+        status, out = launch(2, os.path.join(HERE, "attach_overlap_script.py"))
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for line in lines:
+            print(json.dumps(line))
+        self.assertEqual([line["case"] for line in lines],
+                         ["zero2 overlap", "zero2 overlap=False", "ddp overlap=True"], out)
+        for line in lines:
+            self.assertTrue(line["ok"], line)
+        self.assertEqual(status, 0)
+
+
 class AttachBadInputTest(unittest.TestCase):
     def test_every_bad_input_names_the_parameter(self):
         status, out = launch(1, os.path.join(HERE, "attach_bad_input_script.py"))

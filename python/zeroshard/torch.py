@@ -14,7 +14,9 @@ Start the script with `python3 -m zeroshard.launch --workers N train.py`. Each r
 attaches to the worker daemon on its host: the model's parameters become views of the worker's
 shared parameter buffer (no copy), gradients go to the worker as backward produces them, and
 step() returns once the worker has reduced them, applied its fused optimizer to its shard and
-all-gathered the parameters. The optimizer state never enters this process.
+issued the parameters' all-gather; each module's next forward waits only for its own parameters
+(zero1/zero2; overlap_all_gather=False waits for all in step()). The optimizer state never enters
+this process.
 """
 
 # This module is the public face: the launcher's environment, ShardedOptimizer (a
@@ -38,6 +40,7 @@ from zeroshard._torch_attachment import Attachment
 from zeroshard._torch_gradients import (OPTIMIZER_SET_TO_NONE, HandedOverGradient, handed_over,
                                         hook_model, hook_parameter, remove_hooks,
                                         torch_zero_grad, unhook_model)
+from zeroshard._torch_parameters import ParameterWaits
 
 __all__ = ["init", "rank", "world_size", "ShardedOptimizer", "HandedOverGradient", "save",
            "finish", "WorkerLost", "AttachError"]
@@ -106,6 +109,15 @@ class ShardedOptimizer(torch.optim.Optimizer):
       torch.optim names them.
 
     bucket_elems: the job's gradient bucket size in elements (default: the planner's).
+    overlap_all_gather: zero1/zero2: step() returns once the workers applied the update and
+      issued the parameters' all-gather (default True), and each module's forward pre-hook waits
+      only for the parameters in it (nn.Sequential and the like: only their own); tied
+      parameters and those registered on the model itself are waited for before the model's
+      forward. Each module's parameters(), named_parameters() and state_dict() wait for the
+      pending ones they hold; this optimizer's state_dict(), load_state_dict(), zt.save and
+      zt.finish for every pending one; code that reads parameters another way between step()
+      and the next forward (an EMA over references taken earlier) calls
+      opt.wait_for_parameters() first. False: step() waits for the whole all-gather.
 
     The job is submitted, and this rank attaches to its worker, at the first need: the model's
     first forward (a forward pre-hook on it), else its first backward, step(), state_dict(),
@@ -146,7 +158,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
                  param_groups=None, clip_grad_norm=None, betas=(0.9, 0.999), eps=None,
                  momentum=0.0, dampening=0.0, nesterov=False, amsgrad=False, maximize=False,
                  lr_decay=0.0, initial_accumulator_value=0.0, bucket_elems=None,
-                 checkpoint_every=0, checkpoint_keep=None, max_attempts=1):
+                 checkpoint_every=0, checkpoint_keep=None, max_attempts=1,
+                 overlap_all_gather=True):
         env = init()
         settings = _job_spec.JobSettings(
             optimizer, mode, weight_decay, eps, betas, momentum, dampening, nesterov, amsgrad,
@@ -173,6 +186,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._attachment.built()
         self._no_sync = False
         self.last_step = None
+        self._overlap_all_gather = bool(overlap_all_gather)
+        # Made at the attach (the module hooks need the plan).
+        self._parameter_waits = None
         # id(p) -> its gradient hooks' handles (and torch 1.13's AccumulateGrad node, kept alive).
         self._hooks = {}
         for _, p in named:
@@ -218,6 +234,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
     def _ensure_attached(self, from_backward=False):
         self._attachment.ensure(self._plan_job, self.param_groups, self.defaults["lr"],
                                 from_backward)
+        if self._parameter_waits is None and self._attachment.attached:
+            self._parameter_waits = ParameterWaits(self._model, self._attachment.plan,
+                                                   self._attachment.connection)
 
     def _plan_job(self):
         """The plan and job spec of the groups as they are now (Attachment.ensure's)."""
@@ -231,7 +250,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     def _before_forward(self):
         self._ensure_attached()
+        if self._parameter_waits is not None:
+            self._parameter_waits.before_root()
         self._clear_handed_over()
+
+    def wait_for_parameters(self):
+        """Returns once every parameter's all-gather since the last step() is done (at once
+        when none is pending, or with overlap_all_gather=False): call it before reading
+        parameters outside their modules' forward (an EMA copy, a functional call on another
+        module's weight)."""
+        if self._parameter_waits is not None and not self._attachment.finished:
+            self._parameter_waits.wait_all()
 
     def _hook_gradients(self, p):
         self._hooks[id(p)] = hook_parameter(p, self._before_accumulation, self._on_gradient)
@@ -302,8 +331,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None, loss=None):
-        """Hands over what backward has not, then waits for the worker's reduction, update and
-        all-gather. `loss` (or the closure's) is reported to the job as this rank's loss."""
+        """Hands over what backward has not, then waits for the worker's reduction and update,
+        and (overlap_all_gather=False, or ddp) the all-gather. `loss` (or the closure's) is
+        reported to the job as this rank's loss."""
         self._ensure_attached()
         if closure is not None:
             with torch.enable_grad():
@@ -331,8 +361,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         # torch.optim skips a parameter whose .grad is None: the workers skip a tensor no rank
         # has a gradient for (its state and step count stay).
         request.step.tensors_without_gradient.extend(hand_over.tensors_without_gradient())
+        request.step.overlap_all_gather = self._overlap_all_gather
         response, _ = attachment.connection.call(request)
         self.last_step = response.step_result
+        self._parameter_waits.after_step(response.step_result.parameters_pending)
         hand_over.after_step()
         return loss
 
@@ -353,7 +385,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """model.zero_grad(set_to_none): this optimizer's zero_grad, torch's for the model's
         parameters that it does not train."""
         ours = {id(p) for group in self.param_groups for p in group["params"]}
-        for p in self._model.parameters():
+        # Not model.parameters(): that waits for the all-gathers, which a zero_grad() after
+        # step() must not (the next forward waits for each module's).
+        model_parameters = {id(p): p for module in self._model.modules()
+                            for p in module._parameters.values() if p is not None}
+        for p in model_parameters.values():
             if id(p) not in ours:
                 torch_zero_grad(p, set_to_none)
         self.zero_grad(set_to_none)
@@ -413,6 +449,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         indices counting this optimizer's parameters group by group (model.parameters() order
         with one group). Every rank reads it (the files are on this host)."""
         self._check_between_steps("state_dict")
+        self.wait_for_parameters()
         return self._attachment.state_dicts.state_dict(consolidated)
 
     def load_state_dict(self, state_dict):
@@ -426,6 +463,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         dict's. ValueError naming what is wrong for a dict that does not fit (another layout,
         model, optimizer or hyperparameters, a missing file); nothing changes then."""
         self._check_between_steps("load_state_dict")
+        self.wait_for_parameters()
         self._attachment.state_dicts.load(state_dict)
 
     # ---- The end ----
@@ -434,12 +472,18 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._attachment.finished:
             return
         self._detach_from_model()
+        # The worker waits for every all-gather before it answers finish: afterwards the
+        # parameters (still the shared views) hold the last step's values.
         self._attachment.finish()
+        if self._parameter_waits is not None:
+            self._parameter_waits.forget()
 
     def _detach_from_model(self):
         """Removes the hooks and model.zero_grad that the constructor installed, and the
         HandedOverGradients: the model is plain torch again."""
         unhook_model(self._model, self, self._forward_hook)
+        if self._parameter_waits is not None:
+            self._parameter_waits.remove()
         for handles in self._hooks.values():
             remove_hooks(handles)
         self._hooks = {}
@@ -466,8 +510,10 @@ def save(model, path):
     every name model.state_dict() has for a parameter, tied weights included (their data written
     under each name: safetensors has no aliasing), so that a strict load_state_dict of a plain
     torch model takes the file; the other ranks do nothing. Every rank holds the full parameters
-    after step()."""
+    after step() (their all-gathers waited for here)."""
     if init().rank != 0:
         return
+    for optimizer in _optimizers:
+        optimizer.wait_for_parameters()
     _safetensors.write_f32(path, {name: p.detach().to("cpu", torch.float32).contiguous()
                                   for name, p in _job_spec.parameter_names(model)}, replace=True)

@@ -236,6 +236,7 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
   const sharding::ShardPlan& plan = engine.plan();
   engine_ = &engine;
   zero2_ = engine.config().mode == engine::EngineMode::kZero2;
+  gathers_issued_ = engine.config().mode != engine::EngineMode::kDdp;
   num_tensors_ = static_cast<int32_t>(plan.num_tensors());
   tensor_elements_.assign(num_tensors_, 0);
   full_gradients_.assign(num_tensors_, nullptr);
@@ -383,19 +384,60 @@ absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
   initial_.clear();
   initial_.shrink_to_fit();
   if (!pending_.has_value()) ZS_RETURN_IF_ERROR(ReadRequest());
-  // State requests come between steps: served here, before the step's first request.
-  while (pending_->has_save_state() || pending_->has_load_state()) {
+  // State requests and the next forward's waits come between steps: served here, before the
+  // step's first request. A state request reads or writes the engine's memory, so every
+  // all-gather is waited for first.
+  while (pending_->has_save_state() || pending_->has_load_state() ||
+         pending_->has_wait_parameters()) {
     const v1::AttachRequest request = *std::move(pending_);
     pending_.reset();
-    ZS_RETURN_IF_ERROR(ServeStateRequest(request));
+    if (request.has_wait_parameters()) {
+      ZS_RETURN_IF_ERROR(WaitParameters(request.wait_parameters()));
+    } else {
+      if (absl::Status waited = WaitForAllGathers(); !waited.ok()) return Fail(waited);
+      ZS_RETURN_IF_ERROR(ServeStateRequest(request));
+    }
     ZS_RETURN_IF_ERROR(ReadRequest());
   }
   if (pending_->has_finish()) {
     pending_.reset();
+    // The final checkpoint reads the parameters.
+    if (absl::Status waited = WaitForAllGathers(); !waited.ok()) return Fail(waited);
     ZS_RETURN_IF_ERROR(Ack());
     return false;
   }
   return true;
+}
+
+absl::Status AttachedTrainer::WaitParameters(const v1::WaitParameters& request) {
+  for (const int32_t tensor : request.tensors()) {
+    if (tensor < 0 || tensor >= num_tensors_) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "wait_parameters.tensors: no tensor ", tensor, " (the plan has ", num_tensors_, ")")));
+    }
+  }
+  if (outstanding_gathers_ != nullptr) {
+    // Only these tensors' buckets: the later ones stay in flight behind the trainer's forward.
+    for (const int32_t tensor : request.tensors()) {
+      if (absl::Status gathered = outstanding_gathers_->Parameters(tensor).status();
+          !gathered.ok()) {
+        return Fail(gathered);
+      }
+    }
+    if (absl::Status waited = WaitForDevice(); !waited.ok()) return Fail(waited);
+  }
+  return Ack();
+}
+
+absl::Status AttachedTrainer::WaitForAllGathers() {
+  if (outstanding_gathers_ == nullptr) return absl::OkStatus();
+  for (int32_t t = 0; t < num_tensors_; ++t) {
+    ZS_RETURN_IF_ERROR(outstanding_gathers_->Parameters(t).status());
+  }
+  // The all-gathers are ordered on the device: done before anyone reads or writes the blocks.
+  ZS_RETURN_IF_ERROR(WaitForDevice());
+  outstanding_gathers_ = nullptr;
+  return absl::OkStatus();
 }
 
 absl::Status AttachedTrainer::HandOver(workloads::GradientSink& sink, int32_t tensor) {
@@ -450,6 +492,16 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
     }
     v1::AttachRequest request = *std::move(pending_);
     pending_.reset();
+    if (request.request_case() == v1::AttachRequest::kWaitParameters) {
+      ZS_RETURN_IF_ERROR(WaitParameters(request.wait_parameters()));
+      continue;
+    }
+    // Every other request of the step hands gradients over or reads them (or ends the step):
+    // the all-gathers the trainer's forward did not wait for complete first, so that nothing
+    // touches the engine's memory under them.
+    if (request.request_case() != v1::AttachRequest::kMapBlock) {
+      if (absl::Status waited = WaitForAllGathers(); !waited.ok()) return Fail(waited);
+    }
     absl::Status served;
     switch (request.request_case()) {
       case v1::AttachRequest::kMapBlock:
@@ -607,6 +659,7 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
           }
         }
         lr_ = lr;
+        overlap_requested_ = step_request.overlap_all_gather();
         group_values_.clear();
         for (const v1::GroupValues& values : step_request.param_groups()) {
           kernels::GroupHyperparameters& group = group_values_.emplace_back();
@@ -636,13 +689,13 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
 
 absl::Status AttachedTrainer::StepApplied(const workloads::StepOutcome& outcome,
                                           workloads::ParameterSource& params) {
-  for (int32_t t = 0; t < num_tensors_; ++t) {
-    if (absl::Status gathered = params.Parameters(t).status(); !gathered.ok()) {
-      return Fail(gathered);
-    }
+  // With the overlap, the trainer's step() returns now and its next forward waits for each
+  // module's tensors (wait_parameters) while the later buckets are still being gathered.
+  const bool pending = overlap_requested_ && gathers_issued_;
+  outstanding_gathers_ = &params;
+  if (!pending) {
+    if (absl::Status waited = WaitForAllGathers(); !waited.ok()) return Fail(waited);
   }
-  // The all-gathers are ordered on the device: done before the trainer reads the parameters.
-  if (absl::Status waited = WaitForDevice(); !waited.ok()) return Fail(waited);
   v1::AttachResponse response;
   v1::StepOutcome& result = *response.mutable_step_result();
   result.set_skipped(outcome.skipped);
@@ -651,6 +704,7 @@ absl::Status AttachedTrainer::StepApplied(const workloads::StepOutcome& outcome,
   result.set_grad_norm(outcome.grad_norm);
   result.set_clip_coef(outcome.clip_coef);
   result.set_next_loss_scale(outcome.next_loss_scale);
+  result.set_parameters_pending(pending);
   return Reply(response);
 }
 

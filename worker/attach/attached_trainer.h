@@ -68,8 +68,17 @@ struct AttachedStateHandlers {
 //               request, handing the gradients to the engine in plan order (zero2: a segment is
 //               answered at once, placed or deferred, unless the trainer asks to wait; each
 //               micro-batch is reduced and accumulated); the run calls Engine::Step with
-//               LearningRate(); StepApplied() waits for the all-gathers and answers the step
-//               request.
+//               LearningRate(); StepApplied() answers the step request: after the
+//               all-gathers, or, when the trainer asked for the overlap
+//               (StepRequest.overlap_all_gather) in zero1/zero2, as soon as Engine::Step issued
+//               them (step_result.parameters_pending).
+//   overlap:    until the next step's gradients, the trainer's wait_parameters (from its
+//               modules' forward pre-hooks) is answered once the named tensors' all-gathers
+//               are done (ParameterSource::Parameters for each, then the device): a forward
+//               reads a layer while later layers are still being gathered. Before serving
+//               save_state, load_state, finish or any gradient request of the next step, the
+//               worker waits for every outstanding all-gather itself (WaitForAllGathers), so
+//               nothing reads or writes the engine's memory under a running all-gather.
 // Any error is answered to the trainer (AttachResponse.error) and ends the run.
 //
 // Thread contract: everything on the run's thread, except Abort() (any thread).
@@ -94,6 +103,13 @@ class AttachedTrainer final : public workloads::Workload {
   // Lets map_block serve `block` as if the welcome or a `place` had named it (protocol tests
   // without an engine).
   void AllowMapBlockForTesting(int32_t block) { mappable_blocks_.insert(block); }
+  // Protocol tests without an engine: the plan has `num_tensors` tensors, and StepApplied acts
+  // as after a step request with overlap_all_gather = `overlap` in zero1/zero2.
+  void SetStepForTesting(int32_t num_tensors, bool overlap) {
+    num_tensors_ = num_tensors;
+    overlap_requested_ = overlap;
+    gathers_issued_ = true;
+  }
 
   // workloads::Workload.
   absl::Status InitialParameters(int64_t tensor, absl::Span<float> out) const override;
@@ -119,6 +135,11 @@ class AttachedTrainer final : public workloads::Workload {
   // Waits until the device has done everything queued on the engine's memory (CUDA workers),
   // before the trainer is told it may read or write the blocks.
   absl::Status WaitForDevice();
+  // Serves wait_parameters: answers once the named tensors' all-gathers are done.
+  absl::Status WaitParameters(const v1::WaitParameters& request);
+  // Waits for every all-gather still outstanding since a step_result that did not wait for
+  // them (a no-op otherwise); afterwards none is outstanding.
+  absl::Status WaitForAllGathers();
   // Serves a save_state or load_state request (between steps).
   absl::Status ServeStateRequest(const v1::AttachRequest& request);
   // ddp/zero1: hands tensors to the engine in plan order while the next one is ready.
@@ -163,6 +184,13 @@ class AttachedTrainer final : public workloads::Workload {
   bool micro_batch_begun_ = false;
   std::optional<double> lr_;
   std::vector<kernels::GroupHyperparameters> group_values_;
+  // The last step request's overlap_all_gather, and whether that step issues all-gathers
+  // (zero1/zero2; ddp has none).
+  bool overlap_requested_ = false;
+  bool gathers_issued_ = false;
+  // Where the all-gathers that a step_result did not wait for are waited for (the engine, which
+  // outlives the run's use of this trainer); null while none is outstanding.
+  workloads::ParameterSource* outstanding_gathers_ = nullptr;
   AttachedStateHandlers state_handlers_;
 };
 

@@ -1,13 +1,18 @@
 // AttachedTrainer's protocol with a CUDA worker's blocks, without a GPU: a fake SharedBlocks of
 // device kind "cuda" whose blocks carry IPC handles. A CPU trainer is refused by name; map_block
-// answers with the block's handle and its device's PCI bus id and passes no descriptor.
+// answers with the block's handle and its device's PCI bus id and passes no descriptor. And the
+// all-gather overlap (issue 29 item 2): a fake ParameterSource holds chosen tensors' all-gathers
+// back, and wait_parameters is answered for exactly the tensors whose all-gathers are done.
 #include "worker/attach/attached_trainer.h"
 
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <initializer_list>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -15,6 +20,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::attach {
@@ -77,13 +83,15 @@ class Listener {
   bool bound() const { return bound_; }
   int fd() const { return fd_; }
 
-  // A trainer's connection, or null.
-  std::unique_ptr<FrameSocket> Connect() const {
+  // A trainer's connection, or null; `fd_out` (if given) gets its descriptor, which the socket
+  // owns.
+  std::unique_ptr<FrameSocket> Connect(int* fd_out = nullptr) const {
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&address_), length_) != 0) {
       ::close(fd);
       return nullptr;
     }
+    if (fd_out != nullptr) *fd_out = fd;
     return std::make_unique<FrameSocket>(fd);
   }
 
@@ -246,6 +254,201 @@ TEST(AttachedTrainerTest, MapBlockServesOnlyTheBlocksTheProtocolNamed) {
   EXPECT_TRUE(absl::StrContains(
       maps.second.error(), absl::StrCat("block ", optimizer_state, " is not one a trainer maps")))
       << maps.second.error();
+}
+
+// A ParameterSource whose all-gathers are done except for the tensors held back: Parameters(t)
+// of a held tensor blocks until Release(t), as Engine::Parameters waits for an all-gather that a
+// slow peer holds back. Records which tensors were asked for. Thread contract: Parameters() on
+// the worker's thread, the rest on the test's; all under mu_.
+class HeldBackParameters final : public workloads::ParameterSource {
+ public:
+  explicit HeldBackParameters(std::set<int64_t> held) : held_(std::move(held)) {}
+
+  absl::StatusOr<workloads::StoredParameters> Parameters(int64_t tensor) override {
+    absl::MutexLock lock(&mu_);
+    asked_.push_back(tensor);
+    blocked_on_ = tensor;
+    auto released = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return held_.count(tensor) == 0; };
+    mu_.Await(absl::Condition(&released));
+    blocked_on_ = -1;
+    return workloads::StoredParameters{};
+  }
+
+  // Whether the worker is blocked in Parameters(tensor) within `timeout`.
+  bool AwaitBlockedOn(int64_t tensor, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto blocked = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return blocked_on_ == tensor; };
+    return mu_.AwaitWithTimeout(absl::Condition(&blocked), timeout);
+  }
+  void Release(int64_t tensor) {
+    absl::MutexLock lock(&mu_);
+    held_.erase(tensor);
+  }
+  // The tensors asked for since the last call.
+  std::vector<int64_t> TakeAsked() {
+    absl::MutexLock lock(&mu_);
+    return std::exchange(asked_, {});
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::set<int64_t> held_ ABSL_GUARDED_BY(mu_);
+  std::vector<int64_t> asked_ ABSL_GUARDED_BY(mu_);
+  int64_t blocked_on_ ABSL_GUARDED_BY(mu_) = -1;
+};
+
+// Whether a frame from the worker is waiting on `fd` (without waiting for one).
+bool Readable(int fd) {
+  pollfd polled{fd, POLLIN, 0};
+  return ::poll(&polled, 1, 0) > 0;
+}
+
+v1::AttachRequest WaitFor(std::initializer_list<int32_t> tensors) {
+  v1::AttachRequest request;
+  for (const int32_t t : tensors) request.mutable_wait_parameters()->add_tensors(t);
+  return request;
+}
+
+// The worker's side of an overlapped step's end: Accept, StepApplied (3 tensors, the trainer
+// asked for the overlap or not), then the requests between steps until finish.
+struct WorkerSide {
+  absl::Status accepted;
+  absl::Status applied;
+  absl::StatusOr<bool> more = false;
+};
+
+constexpr absl::Duration kStateTimeout = absl::Seconds(30);
+
+TEST(AttachedTrainerOverlapTest, WaitParametersWaitsForExactlyTheNamedTensors) {
+  Listener listener(UniqueName("overlap"));
+  ASSERT_TRUE(listener.bound());
+  FakeCudaBlocks blocks;
+  AttachedTrainer trainer(OptionsFor(listener), &blocks);
+  HeldBackParameters params({0});  // tensor 0's all-gather is held back by a slow peer
+  WorkerSide worker;
+  std::thread worker_thread([&] {
+    worker.accepted = trainer.Accept();
+    if (!worker.accepted.ok()) return;
+    trainer.SetStepForTesting(3, /*overlap=*/true);
+    worker.applied = trainer.StepApplied(workloads::StepOutcome{}, params);
+    if (worker.applied.ok()) worker.more = trainer.AwaitNextStep();
+  });
+  int fd = -1;
+  std::unique_ptr<FrameSocket> socket = listener.Connect(&fd);
+  ASSERT_NE(socket, nullptr);
+  ASSERT_TRUE(socket->Write(Hello("cuda")).ok());
+
+  // step() returns before any all-gather is waited for.
+  v1::AttachResponse response;
+  ASSERT_TRUE(socket->Read(response).ok());
+  ASSERT_TRUE(response.has_step_result()) << response.DebugString();
+  EXPECT_TRUE(response.step_result().parameters_pending());
+  EXPECT_TRUE(params.TakeAsked().empty());
+
+  // A module whose tensors are gathered is answered while tensor 0 is still held back.
+  ASSERT_TRUE(socket->Write(WaitFor({2, 1})).ok());
+  ASSERT_TRUE(socket->Read(response).ok());
+  EXPECT_TRUE(response.has_ack()) << response.DebugString();
+  EXPECT_EQ(params.TakeAsked(), (std::vector<int64_t>{2, 1}));
+
+  // The module of tensor 0 waits for it, and only for it.
+  ASSERT_TRUE(socket->Write(WaitFor({0})).ok());
+  ASSERT_TRUE(params.AwaitBlockedOn(0, kStateTimeout));
+  EXPECT_FALSE(Readable(fd));  // the worker is inside Parameters(0): no answer can be there
+  params.Release(0);
+  ASSERT_TRUE(socket->Read(response).ok());
+  EXPECT_TRUE(response.has_ack()) << response.DebugString();
+  EXPECT_EQ(params.TakeAsked(), (std::vector<int64_t>{0}));
+
+  // finish waits for every all-gather still outstanding (the final checkpoint reads them).
+  v1::AttachRequest finish;
+  finish.mutable_finish();
+  ASSERT_TRUE(socket->Write(finish).ok());
+  ASSERT_TRUE(socket->Read(response).ok());
+  EXPECT_TRUE(response.has_ack()) << response.DebugString();
+  worker_thread.join();
+  ASSERT_TRUE(worker.accepted.ok()) << worker.accepted;
+  ASSERT_TRUE(worker.applied.ok()) << worker.applied;
+  ASSERT_TRUE(worker.more.ok()) << worker.more.status();
+  EXPECT_FALSE(*worker.more);
+  EXPECT_EQ(params.TakeAsked(), (std::vector<int64_t>{0, 1, 2}));
+}
+
+TEST(AttachedTrainerOverlapTest, StateRequestsWaitForEveryOutstandingAllGather) {
+  Listener listener(UniqueName("overlap_state"));
+  ASSERT_TRUE(listener.bound());
+  FakeCudaBlocks blocks;
+  AttachedTrainer trainer(OptionsFor(listener), &blocks);
+  HeldBackParameters params({1});
+  WorkerSide worker;
+  std::thread worker_thread([&] {
+    worker.accepted = trainer.Accept();
+    if (!worker.accepted.ok()) return;
+    trainer.SetStepForTesting(3, /*overlap=*/true);
+    worker.applied = trainer.StepApplied(workloads::StepOutcome{}, params);
+    if (worker.applied.ok()) worker.more = trainer.AwaitNextStep();
+  });
+  int fd = -1;
+  std::unique_ptr<FrameSocket> socket = listener.Connect(&fd);
+  ASSERT_NE(socket, nullptr);
+  ASSERT_TRUE(socket->Write(Hello("cuda")).ok());
+  v1::AttachResponse response;
+  ASSERT_TRUE(socket->Read(response).ok());
+  ASSERT_TRUE(response.step_result().parameters_pending());
+
+  // save_state is not served while tensor 1's all-gather runs.
+  v1::AttachRequest save;
+  save.mutable_save_state();
+  ASSERT_TRUE(socket->Write(save).ok());
+  ASSERT_TRUE(params.AwaitBlockedOn(1, kStateTimeout));
+  EXPECT_FALSE(Readable(fd));
+  params.Release(1);
+  ASSERT_TRUE(socket->Read(response).ok());
+  EXPECT_TRUE(absl::StrContains(response.state_saved().refused(), "cannot save"))
+      << response.DebugString();
+  EXPECT_EQ(params.TakeAsked(), (std::vector<int64_t>{0, 1, 2}));
+  // Nothing is outstanding any more: a later wait asks the engine for nothing.
+  ASSERT_TRUE(socket->Write(WaitFor({1})).ok());
+  ASSERT_TRUE(socket->Read(response).ok());
+  EXPECT_TRUE(response.has_ack());
+  EXPECT_TRUE(params.TakeAsked().empty());
+
+  // A tensor outside the plan ends the run, naming the field.
+  ASSERT_TRUE(socket->Write(WaitFor({3})).ok());
+  ASSERT_TRUE(socket->Read(response).ok());
+  EXPECT_TRUE(absl::StrContains(response.error(), "wait_parameters.tensors: no tensor 3"))
+      << response.DebugString();
+  worker_thread.join();
+  EXPECT_TRUE(absl::IsInvalidArgument(worker.more.status())) << worker.more.status();
+}
+
+TEST(AttachedTrainerOverlapTest, WithoutTheOverlapStepResultWaitsForEveryAllGather) {
+  Listener listener(UniqueName("no_overlap"));
+  ASSERT_TRUE(listener.bound());
+  FakeCudaBlocks blocks;
+  AttachedTrainer trainer(OptionsFor(listener), &blocks);
+  HeldBackParameters params({2});
+  WorkerSide worker;
+  std::thread worker_thread([&] {
+    worker.accepted = trainer.Accept();
+    if (!worker.accepted.ok()) return;
+    trainer.SetStepForTesting(3, /*overlap=*/false);
+    worker.applied = trainer.StepApplied(workloads::StepOutcome{}, params);
+  });
+  int fd = -1;
+  std::unique_ptr<FrameSocket> socket = listener.Connect(&fd);
+  ASSERT_NE(socket, nullptr);
+  ASSERT_TRUE(socket->Write(Hello("cuda")).ok());
+  ASSERT_TRUE(params.AwaitBlockedOn(2, kStateTimeout));
+  EXPECT_FALSE(Readable(fd));
+  params.Release(2);
+  v1::AttachResponse response;
+  ASSERT_TRUE(socket->Read(response).ok());
+  ASSERT_TRUE(response.has_step_result()) << response.DebugString();
+  EXPECT_FALSE(response.step_result().parameters_pending());
+  worker_thread.join();
+  ASSERT_TRUE(worker.applied.ok()) << worker.applied;
+  EXPECT_EQ(params.TakeAsked(), (std::vector<int64_t>{0, 1, 2}));
 }
 
 }  // namespace
