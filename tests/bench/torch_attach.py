@@ -81,6 +81,9 @@ def parse_args(argv):
     parser.add_argument("--torch_adamw", default="auto", choices=["auto", "fused", "foreach",
                                                                    "loop"],
                         help="torch's AdamW: auto takes fused, else foreach, else the loop")
+    parser.add_argument("--overlap_all_gather", action=argparse.BooleanOptionalAction, default=True,
+                        help="ZeroShard's variants: zt.ShardedOptimizer(overlap_all_gather=...); "
+                        "--no-overlap_all_gather makes step() wait for the whole all-gather")
     parser.add_argument("--limit_steps", type=int, default=10,
                         help="iterations without communication after each variant's run, in "
                         "every round (limit_ms)")
@@ -445,8 +448,10 @@ def run_variant(torch, dist, zt, args, variant, batches, daemon):
         forward = model
         mode = variant.split("_", 1)[1]
         optimizer = zt.ShardedOptimizer(model, "adamw", lr=LEARNING_RATE,
-                                        weight_decay=WEIGHT_DECAY, mode=mode)
-        record["optimizer"] = f"zt.ShardedOptimizer(adamw, mode={mode})"
+                                        weight_decay=WEIGHT_DECAY, mode=mode,
+                                        overlap_all_gather=args.overlap_all_gather)
+        record["optimizer"] = (f"zt.ShardedOptimizer(adamw, mode={mode}, "
+                               f"overlap_all_gather={args.overlap_all_gather})")
         timer = PhaseTimer(optimizer)
         zero_grad = optimizer.zero_grad
     iterations = []
