@@ -705,7 +705,7 @@ def run_job(job, args, bin_dir, log_root, torch_version, note):
 
 
 def target_lines(records):
-    """One line per job: each of issue 11's ratios this run measured, and whether it is met."""
+    """One line per job: each target ratio this run measured (TARGETS), and whether it is met."""
     by_key = {(r["job"], r["variant"]): r for r in records}
     lines = {}
     for job, variant, reference, limit in TARGETS:
@@ -792,7 +792,7 @@ def main(argv):
     torch_version = torch.__version__
     if note:
         say(f"{note}: no fused AdamW, so torch runs its best older AdamW (foreach) and the "
-            "comparison is not the one issue 11 asks for")
+            "comparison is not the one the targets ask for")
         torch_version = f"{torch_version} (fallback)"
     say(f"torch {torch.__version__} from {sys.executable}; load average {load_average()}")
 
