@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Attached PyTorch trainers against torch's own data-parallel optimizers (
-figures in docs/performance/torch_attach.md).
+"""Attached PyTorch trainers against torch's own data-parallel optimizers (figures in
+docs/performance/torch_attach.md).
 
     /usr/bin/python3 tests/bench/torch_attach.py --bin_dir "$(bazel info -c opt bazel-bin)"
 
