@@ -319,6 +319,18 @@ struct WorkerSide {
 
 constexpr absl::Duration kStateTimeout = absl::Seconds(30);
 
+// Runs WorkerSide on a thread of its own: with `overlap`, also the requests between steps.
+std::thread RunWorkerSide(AttachedTrainer& trainer, HeldBackParameters& params, bool overlap,
+                          WorkerSide& worker) {
+  return std::thread([&trainer, &params, overlap, &worker] {
+    worker.accepted = trainer.Accept();
+    if (!worker.accepted.ok()) return;
+    trainer.SetStepForTesting(3, overlap);
+    worker.applied = trainer.StepApplied(workloads::StepOutcome{}, params);
+    if (overlap && worker.applied.ok()) worker.more = trainer.AwaitNextStep();
+  });
+}
+
 TEST(AttachedTrainerOverlapTest, WaitParametersWaitsForExactlyTheNamedTensors) {
   Listener listener(UniqueName("overlap"));
   ASSERT_TRUE(listener.bound());
@@ -326,13 +338,7 @@ TEST(AttachedTrainerOverlapTest, WaitParametersWaitsForExactlyTheNamedTensors) {
   AttachedTrainer trainer(OptionsFor(listener), &blocks);
   HeldBackParameters params({0});  // tensor 0's all-gather is held back by a slow peer
   WorkerSide worker;
-  std::thread worker_thread([&] {
-    worker.accepted = trainer.Accept();
-    if (!worker.accepted.ok()) return;
-    trainer.SetStepForTesting(3, /*overlap=*/true);
-    worker.applied = trainer.StepApplied(workloads::StepOutcome{}, params);
-    if (worker.applied.ok()) worker.more = trainer.AwaitNextStep();
-  });
+  std::thread worker_thread = RunWorkerSide(trainer, params, /*overlap=*/true, worker);
   int fd = -1;
   std::unique_ptr<FrameSocket> socket = listener.Connect(&fd);
   ASSERT_NE(socket, nullptr);
@@ -381,13 +387,7 @@ TEST(AttachedTrainerOverlapTest, StateRequestsWaitForEveryOutstandingAllGather) 
   AttachedTrainer trainer(OptionsFor(listener), &blocks);
   HeldBackParameters params({1});
   WorkerSide worker;
-  std::thread worker_thread([&] {
-    worker.accepted = trainer.Accept();
-    if (!worker.accepted.ok()) return;
-    trainer.SetStepForTesting(3, /*overlap=*/true);
-    worker.applied = trainer.StepApplied(workloads::StepOutcome{}, params);
-    if (worker.applied.ok()) worker.more = trainer.AwaitNextStep();
-  });
+  std::thread worker_thread = RunWorkerSide(trainer, params, /*overlap=*/true, worker);
   int fd = -1;
   std::unique_ptr<FrameSocket> socket = listener.Connect(&fd);
   ASSERT_NE(socket, nullptr);
@@ -429,12 +429,7 @@ TEST(AttachedTrainerOverlapTest, WithoutTheOverlapStepResultWaitsForEveryAllGath
   AttachedTrainer trainer(OptionsFor(listener), &blocks);
   HeldBackParameters params({2});
   WorkerSide worker;
-  std::thread worker_thread([&] {
-    worker.accepted = trainer.Accept();
-    if (!worker.accepted.ok()) return;
-    trainer.SetStepForTesting(3, /*overlap=*/false);
-    worker.applied = trainer.StepApplied(workloads::StepOutcome{}, params);
-  });
+  std::thread worker_thread = RunWorkerSide(trainer, params, /*overlap=*/false, worker);
   int fd = -1;
   std::unique_ptr<FrameSocket> socket = listener.Connect(&fd);
   ASSERT_NE(socket, nullptr);
