@@ -31,6 +31,9 @@ ABSL_FLAG(int64_t, shm_slot_bytes, zeroshard::comm::GlooCommunicatorOptions().sh
           "GlooCommunicatorOptions::shm_slot_bytes");
 ABSL_FLAG(int, shm_slots, zeroshard::comm::GlooCommunicatorOptions().shm_slots,
           "GlooCommunicatorOptions::shm_slots");
+ABSL_FLAG(std::string, host, "",
+          "GlooCommunicatorOptions::host (empty: this machine's name); ranks naming different "
+          "hosts never share memory");
 
 namespace zeroshard::comm {
 namespace {
@@ -65,6 +68,7 @@ int Main() {
   options.transport = *transport;
   options.shm_slot_bytes = static_cast<size_t>(absl::GetFlag(FLAGS_shm_slot_bytes));
   options.shm_slots = absl::GetFlag(FLAGS_shm_slots);
+  options.host = absl::GetFlag(FLAGS_host);
   auto communicator = GlooCommunicator::Create(options);
   if (!communicator.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, communicator.status().ToString().c_str());

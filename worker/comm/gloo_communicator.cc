@@ -28,6 +28,7 @@
 #include "worker/comm/gloo_mesh.h"
 #include "worker/comm/gloo_ring.h"
 #include "worker/comm/ring_schedule.h"
+#include "worker/comm/routed_link.h"
 #include "worker/comm/shm_link.h"
 
 namespace zeroshard::comm {
@@ -197,12 +198,15 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       shm.slots = options.shm_slots;
       shm.deadline = deadline;
       shm.abort_signal = options.abort_signal;
+      // Under auto, the ranks of each host share memory among themselves.
+      shm.whole_group = options.transport == Transport::kShm;
       absl::StatusOr<std::unique_ptr<ShmLink>> connected = ShmLink::Connect(shm);
       if (connected.ok()) {
         shm_link = *std::move(connected);
       } else if (!absl::IsFailedPrecondition(connected.status()) ||
                  options.transport == Transport::kShm) {
-        // Every rank got the same FAILED_PRECONDITION, so under auto all fall back together.
+        // Every rank of a host got the same FAILED_PRECONDITION, so under auto they all fall back
+        // to TCP together.
         return absl::Status(connected.status().code(),
                             absl::StrCat("transport=", TransportName(options.transport), ": ",
                                          connected.status().message()));
@@ -217,8 +221,9 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     mesh.hostname = options.hostname;
     mesh.deadline = deadline;
     mesh.abort_signal = options.abort_signal;
-    // Shared memory carries every message: no Gloo mesh (nor its event-loop threads) is needed.
-    if (shm_link == nullptr) {
+    // When shared memory carries every message, no Gloo mesh (nor its event-loop threads) is
+    // needed.
+    if (shm_link == nullptr || !shm_link->reaches_all()) {
       ZS_ASSIGN_OR_RETURN(contexts, ConnectGlooMeshes(mesh));
     }
     PeerWatchOptions watch;
@@ -340,14 +345,16 @@ void GlooCommunicator::CommunicationLoop(std::vector<int> cpus, std::optional<in
     {
       // Gloo's buffers are per operation; the shared-memory link lives as long as this object.
       std::optional<GlooLink> gloo_link;
+      std::optional<RoutedLink> routed_link;
       RingLink* link = shm_link_.get();
-      if (link == nullptr) {
+      if (!contexts_.empty()) {
         gloo_link.emplace(
             rank_, &contexts_,
             [this](gloo::transport::UnboundBuffer* buffer, bool receive, absl::Time deadline) {
               return WaitOnBuffer(buffer, receive, deadline);
             });
         link = &*gloo_link;
+        if (shm_link_ != nullptr) link = &routed_link.emplace(shm_link_.get(), &*gloo_link);
       }
       GlooRing ring(RingEnvironment(link), operation->options.tag, operation->sequence,
                     absl::Now() + operation->options.timeout);
@@ -435,6 +442,16 @@ void GlooCommunicator::CloseConnections() {
   // First, so that the peers learn of the failure at once (their collectives may be waiting on
   // a message this rank will never send).
   if (peer_watch_ != nullptr) peer_watch_->Stop(PeerWatch::Parting::kLeaving);
+  if (shm_link_ != nullptr) {
+    // Drops the failed operation's unpushed sends before its buffers go away (the pusher thread
+    // of a group spanning hosts would read them).
+    absl::Status failure;
+    {
+      absl::MutexLock lock(&mu_);
+      failure = failure_;
+    }
+    shm_link_->Interrupt(failure.ok() ? absl::AbortedError("communicator closed") : failure);
+  }
   for (const std::shared_ptr<gloo::Context>& context : contexts_) {
     try {
       context->closeConnections();
@@ -472,6 +489,18 @@ absl::Status GlooCommunicator::WaitOnBuffer(gloo::transport::UnboundBuffer* buff
     return absl::IsAborted(failure_) ? absl::AbortedError(failure_.message()) : failure_;
   }
   return absl::OkStatus();
+}
+
+Transport GlooCommunicator::transport() const {
+  return shm_link_ != nullptr && shm_link_->reaches_all() ? Transport::kShm : Transport::kTcp;
+}
+
+std::vector<int> GlooCommunicator::SharedMemoryPeers() const {
+  std::vector<int> peers;
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (shm_link_ != nullptr && shm_link_->reaches(peer)) peers.push_back(peer);
+  }
+  return peers;
 }
 
 void GlooCommunicator::Abort() { Fail(absl::AbortedError("communicator aborted")); }

@@ -1,6 +1,6 @@
 // GlooCommunicator: the CPU Communicator. The collectives are our own pipelined rings (gloo_ring.h)
 // over a link: Gloo's TCP pairs of the full mesh (connected by gloo_mesh.h, gloo_link.h), or
-// shared memory when every rank is on one host (shm_link.h).
+// shared memory between the ranks of one host (shm_link.h).
 #ifndef ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 #define ZEROSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 
@@ -48,7 +48,8 @@ enum class Transport {
   kTcp,
   // Shared memory; Create fails (FAILED_PRECONDITION) unless every rank is on one host.
   kShm,
-  // Shared memory when every rank is on one host (shm_link.h says how that is proven), else TCP.
+  // Shared memory between the ranks of each host (shm_link.h says how that is proven), TCP
+  // between hosts and for a rank alone on its host.
   kAuto,
 };
 
@@ -161,8 +162,12 @@ class GlooCommunicator : public Communicator {
   // The ranks this rank's PeerWatch saw die (peer_watch.h).
   std::vector<int> LostPeers() const override;
   CommunicatorStats stats() const override;
-  // The link Create chose: kTcp or kShm (kTcp at world size 1, where nothing travels).
-  Transport transport() const { return shm_link_ != nullptr ? Transport::kShm : Transport::kTcp; }
+  // The link Create chose: kShm when shared memory carries every message, else kTcp (also at
+  // world size 1, where nothing travels); SharedMemoryPeers says which ranks a group spanning
+  // hosts reaches through shared memory.
+  Transport transport() const;
+  // The ranks this rank exchanges with through shared memory, ascending; the rest use TCP.
+  std::vector<int> SharedMemoryPeers() const;
 
  private:
   struct Operation;

@@ -1,6 +1,7 @@
 // GlooCommunicator with threads as ranks over an InMemoryStore: every collective for world sizes
-// 1..5 over both transports (TCP and shared memory), sizes 0, 1, odd and large, every element
-// type; Abort (of Create too) and timeouts; how the transport is chosen.
+// 1..5 over both transports (TCP and shared memory) and for a group spanning two hosts (both at
+// once), sizes 0, 1, odd and large, every element type; Abort (of Create too) and timeouts; how
+// the transport is chosen.
 #include "worker/comm/gloo_communicator.h"
 
 #include <sched.h>
@@ -9,6 +10,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -32,12 +34,15 @@ namespace {
 using ::zeroshard::comm::testing::RunOnRankThreads;
 
 // Creates `world_size` communicators concurrently (one thread per rank) over one store, each
-// with `tuning`'s segment_bytes, staging_segments, lanes, thread_cpus and thread_nice.
-std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(int world_size, Store* store,
-                                                           const GlooCommunicatorOptions& tuning) {
+// with `tuning`'s segment_bytes, staging_segments, lanes, thread_cpus and thread_nice, and the
+// host `host_of(rank)` when given.
+std::vector<std::unique_ptr<GlooCommunicator>> CreateGroup(
+    int world_size, Store* store, const GlooCommunicatorOptions& tuning,
+    std::function<std::string(int)> host_of = nullptr) {
   std::vector<std::unique_ptr<GlooCommunicator>> group(world_size);
   const absl::Status status = RunOnRankThreads(world_size, [&](int rank) -> absl::Status {
     GlooCommunicatorOptions options = tuning;
+    if (host_of != nullptr) options.host = host_of(rank);
     options.rank = rank;
     options.world_size = world_size;
     options.store = store;
@@ -239,6 +244,93 @@ TEST(GlooCommunicatorTest, AutoChoosesSharedMemoryOnOneHostAndTcpAcrossHosts) {
     for (const auto& communicator : group) {
       EXPECT_EQ(communicator->transport(), one_host ? Transport::kShm : Transport::kTcp);
     }
+    // Across hosts, ranks 0 and 1 still share memory; rank 2, alone on its host, uses TCP only.
+    const std::vector<std::vector<int>> shared =
+        one_host ? std::vector<std::vector<int>>{{1, 2}, {0, 2}, {0, 1}}
+                 : std::vector<std::vector<int>>{{1}, {0}, {}};
+    for (int rank = 0; rank < 3; ++rank) {
+      EXPECT_EQ(group[rank]->SharedMemoryPeers(), shared[rank]) << "rank " << rank;
+    }
+  }
+}
+
+// Ranks 0, 1 on host "a" and 2, 3 on "b": the ring's hops 0 -> 1 and 2 -> 3 are shared memory,
+// 1 -> 2 and 3 -> 0 TCP. Tiny chunks keep the shared-memory rings full, so sends wait for room
+// while their rank waits on TCP. Every collective matches the reference and gives TCP's bits.
+TEST(GlooCommunicatorTest, AGroupSpanningTwoHostsMixesLinksAndGivesTheSameBits) {
+  constexpr int kWorldSize = 4;
+  auto two_hosts = [](int rank) { return rank < 2 ? std::string("a") : std::string("b"); };
+  GlooCommunicatorOptions mixed = SmallChunks(1024);
+  mixed.transport = Transport::kAuto;
+  InMemoryStore mixed_store;
+  auto group = CreateGroup(kWorldSize, &mixed_store, mixed, two_hosts);
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  for (int rank = 0; rank < kWorldSize; ++rank) {
+    EXPECT_EQ(group[rank]->transport(), Transport::kTcp);
+    EXPECT_EQ(group[rank]->SharedMemoryPeers(), std::vector<int>{rank ^ 1}) << "rank " << rank;
+  }
+  const ElementType types[] = {ElementType::kFloat32, ElementType::kFloat64, ElementType::kBFloat16,
+                               ElementType::kFloat16, ElementType::kInt32,   ElementType::kInt64};
+  uint64_t seed = 100;
+  for (ElementType type : types) {
+    for (size_t piece_count : {size_t{0}, size_t{1}, size_t{1001}, size_t{40000}}) {
+      ++seed;
+      const absl::Status status = RunOnRankThreads(kWorldSize, [&](int rank) {
+        return CheckAllCollectives(*group[rank], piece_count, type, seed);
+      });
+      EXPECT_TRUE(status.ok()) << "type " << ElementTypeName(type) << ", piece_count "
+                               << piece_count << ": " << status;
+    }
+  }
+  InMemoryStore tcp_store;
+  GlooCommunicatorOptions tcp;
+  tcp.segment_bytes = 1024;
+  auto tcp_group = CreateGroup(kWorldSize, &tcp_store, tcp);
+  for (const auto& communicator : tcp_group) ASSERT_NE(communicator, nullptr);
+  constexpr size_t kCount = kWorldSize * 20011;
+  for (ElementType type : {ElementType::kFloat32, ElementType::kBFloat16}) {
+    std::vector<std::vector<char>> over_mixed(kWorldSize), over_tcp(kWorldSize);
+    for (auto* run : {&group, &tcp_group}) {
+      auto& results = run == &group ? over_mixed : over_tcp;
+      const absl::Status status = RunOnRankThreads(kWorldSize, [&](int rank) {
+        results[rank] = MakeInput(type, rank, kCount, 11);
+        return (*run)[rank]
+            ->AllReduce(results[rank].data(), kCount, type, ReduceOp::kSum)
+            ->Wait(absl::Seconds(60));
+      });
+      ASSERT_TRUE(status.ok()) << status;
+    }
+    for (int rank = 0; rank < kWorldSize; ++rank) {
+      EXPECT_TRUE(over_mixed[rank] == over_tcp[rank]) << ElementTypeName(type) << ", rank " << rank;
+    }
+  }
+}
+
+// Rank 0 (sharing memory with rank 1, reaching rank 2 over TCP) blocks in an all-reduce its peers
+// never issue, its sends to rank 1 queued behind a full ring: an abort ends it within 2 s.
+TEST(GlooCommunicatorTest, AbortEndsAWaitInAGroupSpanningHosts) {
+  InMemoryStore store;
+  GlooCommunicatorOptions tuning = SmallChunks(4096);
+  tuning.transport = Transport::kAuto;
+  auto group = CreateGroup(3, &store, tuning, [](int rank) { return rank < 2 ? "a" : "b"; });
+  for (const auto& communicator : group) ASSERT_NE(communicator, nullptr);
+  ASSERT_EQ(group[0]->SharedMemoryPeers(), std::vector<int>{1});
+  std::vector<float> bucket(1 << 16, 1.0f);
+  CollectiveOptions options;
+  options.timeout = absl::Minutes(10);
+  std::unique_ptr<Work> work = group[0]->AllReduce(bucket.data(), bucket.size(),
+                                                   ElementType::kFloat32, ReduceOp::kSum, options);
+  EXPECT_EQ(work->Wait(absl::Milliseconds(50)).code(), absl::StatusCode::kDeadlineExceeded);
+  const absl::Time aborted_at = absl::Now();
+  group[0]->Abort();
+  const absl::Status status = work->Wait(absl::Seconds(30));
+  EXPECT_EQ(status.code(), absl::StatusCode::kAborted) << status;
+  EXPECT_LT(absl::Now() - aborted_at, absl::Seconds(2));
+  // The peers learn of it instead of waiting out their timeouts.
+  for (int rank : {1, 2}) {
+    const absl::Time start = absl::Now();
+    EXPECT_FALSE(group[rank]->Barrier(options)->Wait(absl::Seconds(60)).ok()) << "rank " << rank;
+    EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "rank " << rank;
   }
 }
 

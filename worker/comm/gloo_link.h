@@ -43,7 +43,7 @@ class GlooLink : public RingLink {
   GlooLink(const GlooLink&) = delete;
   GlooLink& operator=(const GlooLink&) = delete;
 
-  bool needs_landing() const override { return true; }
+  bool needs_landing(int peer) const override { return true; }
   void Send(int peer, uint64_t slot, const void* data, size_t bytes) override;
   void PostReceive(int peer, uint64_t slot, void* landing, size_t bytes) override;
   absl::Status Receive(int peer, uint64_t slot, void* landing, size_t bytes, absl::Time deadline,

@@ -1,7 +1,8 @@
-// GlooCommunicator across separate processes (collective_peer, over a FileStore), over TCP and
-// over shared memory: every collective for W = 1..5; a rank whose peer never joins fails within
-// its rendezvous timeout; a rank whose peer is killed (idle, or mid-transfer) fails at once,
-// naming the peer, and no shared-memory segment or descriptor outlives the kill.
+// GlooCommunicator across separate processes (collective_peer, over a FileStore), over TCP, over
+// shared memory and over both (a group spanning two hosts): every collective for W = 1..5; a
+// rank whose peer never joins fails within its rendezvous timeout; a rank whose peer is killed
+// (idle, or mid-transfer) fails at once, naming the peer, and no shared-memory segment or
+// descriptor outlives the kill.
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -85,10 +86,10 @@ std::vector<std::string> PeerArguments(const std::string& store_dir, int rank, i
           absl::StrCat("--transport=", TransportName(transport))};
 }
 
-// The segment a shared-memory group's rank 0 published ("<prefix>/shm/segment" is "<name>
+// The segment a shared-memory group's rank 0 published ("<prefix>/shm/segment/0" is "<name>
 // <token>"), as a path under /dev/shm.
 std::string SegmentPath(FileStore& store) {
-  absl::StatusOr<std::string> published = store.Get("gloo/shm/segment", absl::Seconds(5));
+  absl::StatusOr<std::string> published = store.Get("gloo/shm/segment/0", absl::Seconds(5));
   EXPECT_TRUE(published.ok()) << published.status();
   if (!published.ok()) return "";
   const std::vector<std::string> parts = absl::StrSplit(*published, ' ');
@@ -104,6 +105,17 @@ std::vector<std::string> SharedMemoryDescriptors() {
     if (!error && target.string().rfind("/dev/shm/", 0) == 0) found.push_back(target.string());
   }
   return found;
+}
+
+// Waits (two minutes at most) for every rank's process, which must exit with 0.
+void ExpectEveryPeerSucceeds(const std::vector<pid_t>& peers) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  for (size_t rank = 0; rank < peers.size(); ++rank) {
+    ASSERT_GT(peers[rank], 0);
+    const int status = WaitForExit(peers[rank], deadline);
+    EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
+        << "rank " << rank << " wait status " << status << " (see its stderr above)";
+  }
 }
 
 class GlooMultiprocessTest : public ::testing::TestWithParam<std::tuple<int, Transport>> {};
@@ -126,13 +138,85 @@ TEST_P(GlooMultiprocessTest, EveryCollectiveMatchesTheReference) {
     arguments.push_back("--types=fp32,bf16,fp16,fp64,int32,int64");
     peers.push_back(Spawn(arguments));
   }
-  const absl::Time deadline = absl::Now() + absl::Seconds(120);
-  for (int rank = 0; rank < world_size; ++rank) {
-    ASSERT_GT(peers[rank], 0);
-    const int status = WaitForExit(peers[rank], deadline);
-    EXPECT_TRUE(status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0)
-        << "rank " << rank << " wait status " << status << " (see its stderr above)";
+  ExpectEveryPeerSucceeds(peers);
+}
+
+// Ranks 0, 1 announce host "a" and 2, 3 host "b": hops 0 -> 1 and 2 -> 3 are shared memory,
+// 1 -> 2 and 3 -> 0 TCP, in chunks that keep the shared-memory rings full.
+TEST(GlooMultiprocessMixedTest, AGroupSpanningTwoHostsMatchesTheReference) {
+  constexpr int kWorldSize = 4;
+  const std::string store_dir = FreshDirectory("collectives_two_hosts");
+  std::vector<pid_t> peers;
+  for (int rank = 0; rank < kWorldSize; ++rank) {
+    std::vector<std::string> arguments =
+        PeerArguments(store_dir, rank, kWorldSize, "check", Transport::kAuto);
+    arguments.push_back(rank < 2 ? "--host=a" : "--host=b");
+    arguments.push_back("--shm_slot_bytes=24576");
+    arguments.push_back("--shm_slots=3");
+    arguments.push_back("--piece_counts=0,1,1001,262144");
+    arguments.push_back("--types=fp32,bf16,fp16,fp64,int32,int64");
+    peers.push_back(Spawn(arguments));
   }
+  ExpectEveryPeerSucceeds(peers);
+}
+
+// This process is rank 0 on host "a" with rank 1; rank 2 is on "b". Killing rank 1, its
+// shared-memory neighbour, mid-gather fails the gather at once naming rank 1, and leaves no
+// segment nor descriptor; rank 2 (a TCP peer) fails too and is left to exit.
+TEST(GlooMultiprocessMixedTest, SharedMemoryPeerKilledMidTransferFailsTheSurvivorAtOnce) {
+  constexpr size_t kPieceCount = 1 << 20;
+  constexpr int kSegmentBytes = 1 << 20;
+  const std::string store_dir = FreshDirectory("killed_two_hosts");
+  FileStore store(store_dir);
+  std::vector<pid_t> peers;
+  for (int rank : {1, 2}) {
+    std::vector<std::string> arguments =
+        PeerArguments(store_dir, rank, 3, "allgather_forever", Transport::kAuto);
+    arguments.push_back(rank == 1 ? "--host=a" : "--host=b");
+    arguments.push_back(absl::StrCat("--piece_counts=", kPieceCount));
+    arguments.push_back(absl::StrCat("--segment_bytes=", kSegmentBytes));
+    peers.push_back(Spawn(arguments));
+    ASSERT_GT(peers.back(), 0);
+  }
+  GlooCommunicatorOptions options;
+  options.rank = 0;
+  options.world_size = 3;
+  options.store = &store;
+  options.rendezvous_timeout = absl::Seconds(30);
+  options.segment_bytes = kSegmentBytes;
+  options.transport = Transport::kAuto;
+  options.host = "a";
+  auto communicator = GlooCommunicator::Create(options);
+  ASSERT_TRUE(communicator.ok()) << communicator.status();
+  ASSERT_EQ((*communicator)->SharedMemoryPeers(), std::vector<int>{1});
+  std::vector<float> gathered(3 * kPieceCount, 1.0f);
+  CollectiveOptions collective;
+  collective.timeout = absl::Seconds(60);
+  for (int done = 0;; ++done) {
+    std::unique_ptr<Work> work =
+        (*communicator)
+            ->AllGatherInPlace(gathered.data(), kPieceCount, ElementType::kFloat32, collective);
+    if (done == 3) {
+      kill(peers[0], SIGKILL);
+      const absl::Time killed_at = absl::Now();
+      const absl::Status status = work->Wait(absl::Seconds(90));
+      ASSERT_FALSE(status.ok()) << "the gather survived its peer's kill";
+      EXPECT_LT(absl::Now() - killed_at, absl::Seconds(3)) << status;
+      EXPECT_EQ((*communicator)->LostPeers(), std::vector<int>{1}) << status;
+      EXPECT_NE(status.message().find("rank 1"), std::string::npos) << status;
+      EXPECT_FALSE(std::filesystem::exists(SegmentPath(store))) << SegmentPath(store);
+      EXPECT_TRUE(SharedMemoryDescriptors().empty())
+          << absl::StrJoin(SharedMemoryDescriptors(), ", ");
+      break;
+    }
+    const absl::Status status = work->Wait(absl::Seconds(90));
+    ASSERT_TRUE(status.ok()) << "gather " << done << ": " << status;
+  }
+  communicator->reset();
+  ASSERT_NE(WaitForExit(peers[0], absl::Now() + absl::Seconds(10)), -1);
+  // Rank 2's gathers fail once this rank is gone; it exits on its own.
+  const int rank2 = WaitForExit(peers[1], absl::Now() + absl::Seconds(30));
+  EXPECT_NE(rank2, -1) << "rank 2 did not end";
 }
 
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GlooMultiprocessTest,

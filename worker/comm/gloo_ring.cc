@@ -36,7 +36,7 @@ absl::Status GlooRing::ReduceScatter(const Pieces& pieces, const char* input, ch
   if (units == 0) return absl::OkStatus();
   // A link with a landing receives into a ring of `depth` staging segments; one without lends
   // its own memory, which the reduction reads directly.
-  const bool landing = link_.needs_landing();
+  const bool landing = link_.needs_landing(previous_);
   const int depth = std::min(environment_.staging_segments, units);
   const size_t staging_bytes = segments.elements * element_size;
   std::vector<char>& staging = *environment_.staging;

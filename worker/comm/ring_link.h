@@ -16,8 +16,9 @@ namespace zeroshard::comm {
 // Messages between one ordered pair of ranks are received in the order they were sent; `slot`
 // (ring_schedule.h's MakeSlot) names each one, and is distinct among the messages in flight.
 //
-// Implementations: GlooLink (gloo_link.h, Gloo's TCP pairs, one per operation) and ShmLink
-// (shm_link.h, shared memory between ranks on one host, kept for the communicator's life).
+// Implementations: GlooLink (gloo_link.h, Gloo's TCP pairs, one per operation), ShmLink
+// (shm_link.h, shared memory between ranks on one host, kept for the communicator's life) and
+// RoutedLink (routed_link.h: each peer over one of those two, for groups that span hosts).
 //
 // Thread contract: used by one thread at a time (the communication thread running the ring).
 // Implementations say what else may be called from other threads (e.g. an interrupt).
@@ -25,10 +26,10 @@ class RingLink {
  public:
   virtual ~RingLink() = default;
 
-  // Whether Receive reads from the caller's `landing` memory (which must then be PostReceive'd
-  // and stay untouched until Receive returns). When false the link hands out its own memory
-  // and `landing` is only a hint: nothing is written there by the link.
-  virtual bool needs_landing() const = 0;
+  // Whether Receive from `peer` reads from the caller's `landing` memory (which must then be
+  // PostReceive'd and stay untouched until Receive returns). When false the link hands out its
+  // own memory and `landing` is only a hint: nothing is written there by the link.
+  virtual bool needs_landing(int peer) const = 0;
 
   // Starts sending `bytes` at `data` to `peer`; `data` must stay unchanged until WaitSends
   // returns. Does not block on the peer.

@@ -1,9 +1,12 @@
-// ShmLink: the shared-memory segment (layout, creation, the same-host proof, unlinking) and the
-// single-producer single-consumer chunk rings over it, with futex bells for waiting.
+// ShmLink: the shared-memory segment (layout, creation, the same-host proof, unlinking, removing
+// what a killed leader left) and the single-producer single-consumer chunk rings over it, with
+// futex bells for waiting and, for links that are not the whole group, a pusher thread.
 #include "worker/comm/shm_link.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -18,7 +21,9 @@
 #include <new>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -39,6 +44,8 @@ constexpr size_t kSmallChunkBytes = 64;
 constexpr int kSpins = 1000;
 constexpr absl::Duration kLongestSleep = absl::Milliseconds(100);
 constexpr absl::Duration kStoreSlice = absl::Milliseconds(100);
+// Segment names: kNamePrefix, the creator's pid, "-", eight hex digits of the token.
+constexpr absl::string_view kNamePrefix = "zeroshard-";
 
 struct alignas(kAlign) SegmentHeader {
   uint64_t magic;
@@ -49,8 +56,9 @@ struct alignas(kAlign) SegmentHeader {
   char token[2 * kTokenBytes];
 };
 
-// Rung by fetch_add on `sequence`; the owner sleeps on `sequence` with FUTEX_WAIT after
-// announcing itself in `sleeping`, so a ringer wakes it only when needed.
+// Rung by fetch_add on `sequence`; an owner thread sleeps on `sequence` with FUTEX_WAIT after
+// counting itself in `sleeping` (the communication thread and the pusher may both sleep), so a
+// ringer wakes them only when needed.
 struct alignas(kAlign) ShmLink::Bell {
   std::atomic<uint32_t> sequence;
   std::atomic<uint32_t> sleeping;
@@ -78,11 +86,12 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free);
 
 size_t AlignUp(size_t value) { return (value + kAlign - 1) / kAlign * kAlign; }
 
-// Where everything lies in the segment; a pure function of the options, so every rank computes
-// the same offsets.
+// Where everything lies in the segment; a pure function of the members and the options, so every
+// member computes the same offsets. Pairs are indexed by the members' local indices.
 struct Layout {
+  int members = 0;
   size_t bells = 0;
-  std::vector<size_t> rings;  // [sender * W + receiver]
+  std::vector<size_t> rings;  // [sender * members + receiver]
   std::vector<uint64_t> chunk_counts;
   std::vector<size_t> chunk_bytes;
   size_t total = 0;
@@ -92,20 +101,22 @@ bool Neighbours(int sender, int receiver, int world_size) {
   return (sender + 1) % world_size == receiver;
 }
 
-Layout MakeLayout(int world_size, size_t slot_bytes, int slots) {
+Layout MakeLayout(const std::vector<int>& members, int world_size, size_t slot_bytes, int slots) {
+  const int count = static_cast<int>(members.size());
   Layout layout;
+  layout.members = count;
   size_t at = AlignUp(sizeof(SegmentHeader));
   layout.bells = at;
-  at += AlignUp(world_size * sizeof(ShmLink::Bell));
-  const size_t pairs = static_cast<size_t>(world_size) * world_size;
+  at += AlignUp(count * sizeof(ShmLink::Bell));
+  const size_t pairs = static_cast<size_t>(count) * count;
   layout.rings.assign(pairs, 0);
   layout.chunk_counts.assign(pairs, 0);
   layout.chunk_bytes.assign(pairs, 0);
-  for (int sender = 0; sender < world_size; ++sender) {
-    for (int receiver = 0; receiver < world_size; ++receiver) {
+  for (int sender = 0; sender < count; ++sender) {
+    for (int receiver = 0; receiver < count; ++receiver) {
       if (sender == receiver) continue;
-      const size_t pair = static_cast<size_t>(sender) * world_size + receiver;
-      const bool big = Neighbours(sender, receiver, world_size);
+      const size_t pair = static_cast<size_t>(sender) * count + receiver;
+      const bool big = Neighbours(members[sender], members[receiver], world_size);
       layout.chunk_counts[pair] = big ? static_cast<uint64_t>(slots) : kSmallChunks;
       layout.chunk_bytes[pair] = big ? slot_bytes : kSmallChunkBytes;
       layout.rings[pair] = at;
@@ -187,7 +198,34 @@ struct Mapping {
   void* Release() { return std::exchange(base, MAP_FAILED); }
 };
 
-// Rank 0: creates, sizes (pages reserved now, so a full /dev/shm is an error here and not a
+// Removes the segments of this naming whose creator is gone (the process no longer exists here)
+// and that are older than `stale_after`: what a leader killed between creating its segment and
+// publishing its name left behind (nobody else knew the name, so nobody unlinked it). The age
+// spares a live leader still in its setup window whose pid this namespace cannot see.
+void RemoveAbandonedSegments(absl::Duration stale_after) {
+  DIR* directory = opendir("/dev/shm");
+  if (directory == nullptr) return;
+  const absl::Time now = absl::Now();
+  while (const dirent* entry = readdir(directory)) {
+    absl::string_view name = entry->d_name;
+    if (!absl::ConsumePrefix(&name, kNamePrefix)) continue;
+    const size_t dash = name.find('-');
+    int pid = 0;
+    if (dash == absl::string_view::npos || !absl::SimpleAtoi(name.substr(0, dash), &pid) ||
+        pid <= 0) {
+      continue;
+    }
+    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
+    const std::string path = absl::StrCat("/dev/shm/", entry->d_name);
+    struct stat status;
+    if (stat(path.c_str(), &status) != 0) continue;
+    if (now - absl::TimeFromTimespec(status.st_ctim) < stale_after) continue;
+    shm_unlink(absl::StrCat("/", entry->d_name).c_str());
+  }
+  closedir(directory);
+}
+
+// The leader: creates, sizes (pages reserved now, so a full /dev/shm is an error here and not a
 // SIGBUS later), maps and fills the segment. The descriptor is closed before returning.
 absl::Status CreateSegment(const std::string& name, const std::string& token, const Layout& layout,
                            const ShmLinkOptions& options, Mapping& mapping) {
@@ -210,7 +248,7 @@ absl::Status CreateSegment(const std::string& name, const std::string& token, co
   // Fresh tmpfs pages are zero: every counter and bell starts at 0.
   auto* header = new (base) SegmentHeader();
   header->total_bytes = layout.total;
-  header->world_size = static_cast<uint32_t>(options.world_size);
+  header->world_size = static_cast<uint32_t>(layout.members);
   header->slots = static_cast<uint32_t>(options.slots);
   header->slot_bytes = options.slot_bytes;
   std::memcpy(header->token, token.data(), std::min(token.size(), sizeof(header->token)));
@@ -219,13 +257,13 @@ absl::Status CreateSegment(const std::string& name, const std::string& token, co
   return absl::OkStatus();
 }
 
-// Other ranks: opens rank 0's segment by name and proves it is the one rank 0 made. Returns why
-// not (empty when it is).
+// Other members: opens the leader's segment by name and proves it is the one the leader made.
+// Returns why not (empty when it is).
 std::string OpenSegment(const std::string& name, const std::string& token, const Layout& layout,
                         Mapping& mapping) {
   const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
   if (fd < 0) {
-    return absl::StrCat("cannot open rank 0's segment ", name, " (", ErrnoText(errno),
+    return absl::StrCat("cannot open the leader's segment ", name, " (", ErrnoText(errno),
                         "): another host or a private /dev/shm");
   }
   struct stat status;
@@ -244,7 +282,7 @@ std::string OpenSegment(const std::string& name, const std::string& token, const
   if (header->magic != kMagic || header->total_bytes != layout.total ||
       std::memcmp(header->token, token.data(), std::min(token.size(), sizeof(header->token))) !=
           0) {
-    return absl::StrCat("segment ", name, " does not hold rank 0's token: another host's");
+    return absl::StrCat("segment ", name, " does not hold the leader's token: another host's");
   }
   return "";
 }
@@ -267,33 +305,43 @@ absl::StatusOr<std::unique_ptr<ShmLink>> ShmLink::Connect(const ShmLinkOptions& 
   const int world_size = options.world_size;
   // Hosts first: ranks that say they are on different machines never try.
   ZS_RETURN_IF_ERROR(options.store->Set(Key(options, absl::StrCat("host/", rank)), options.host));
+  std::vector<int> members;
   for (int peer = 0; peer < world_size; ++peer) {
     ZS_ASSIGN_OR_RETURN(const std::string host,
                         GetBy(options, Key(options, absl::StrCat("host/", peer))));
-    if (host != options.host) {
+    if (host == options.host) {
+      members.push_back(peer);
+    } else if (options.whole_group) {
       return absl::FailedPreconditionError(absl::StrCat(
           "rank ", peer, " is on host '", host, "', rank ", rank, " on '", options.host, "'"));
     }
   }
-  const Layout layout = MakeLayout(world_size, options.slot_bytes, options.slots);
+  if (members.size() < 2) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no other rank is on host '", options.host, "'"));
+  }
+  const int leader = members.front();
+  const std::string segment_key = Key(options, absl::StrCat("segment/", leader));
+  const Layout layout = MakeLayout(members, world_size, options.slot_bytes, options.slots);
   Mapping mapping;
   std::string name;
   std::string why_not;  // this rank's reason the proof failed; empty when it holds
-  if (rank == 0) {
+  if (rank == leader) {
+    RemoveAbandonedSegments(options.abandoned_after);
     ZS_ASSIGN_OR_RETURN(const std::string token, RandomToken());
-    name = absl::StrCat("/zeroshard-", getpid(), "-", token.substr(0, 8));
+    name = absl::StrCat("/", kNamePrefix, getpid(), "-", token.substr(0, 8));
     const absl::Status created = CreateSegment(name, token, layout, options, mapping);
     if (!created.ok()) {
-      why_not = absl::StrCat("rank 0 could not create a segment: ", created.message());
+      why_not = absl::StrCat("rank ", leader, " could not create a segment: ", created.message());
       name.clear();
     }
-    ZS_RETURN_IF_ERROR(options.store->Set(Key(options, "segment"),
-                                          created.ok() ? absl::StrCat(name, " ", token) : "none"));
+    ZS_RETURN_IF_ERROR(
+        options.store->Set(segment_key, created.ok() ? absl::StrCat(name, " ", token) : "none"));
   } else {
-    ZS_ASSIGN_OR_RETURN(const std::string published, GetBy(options, Key(options, "segment")));
+    ZS_ASSIGN_OR_RETURN(const std::string published, GetBy(options, segment_key));
     std::vector<std::string> parts = absl::StrSplit(published, ' ');
     if (parts.size() != 2) {
-      why_not = "rank 0 could not create a segment";
+      why_not = absl::StrCat("rank ", leader, " could not create a segment");
     } else {
       name = parts[0];
       why_not = OpenSegment(name, parts[1], layout, mapping);
@@ -312,39 +360,44 @@ absl::StatusOr<std::unique_ptr<ShmLink>> ShmLink::Connect(const ShmLinkOptions& 
     return published;
   }
   std::string refusal;
-  for (int peer = 0; peer < world_size; ++peer) {
+  for (int member : members) {
     absl::StatusOr<std::string> answer =
-        GetBy(options, Key(options, absl::StrCat("mapped/", peer)));
+        GetBy(options, Key(options, absl::StrCat("mapped/", member)));
     if (!answer.ok()) {
       unlink_name();
       return answer.status();
     }
     if (refusal.empty() && *answer != "ok") {
-      refusal = absl::StrCat("rank ", peer, ": ", absl::StripPrefix(*answer, "no "));
+      refusal = absl::StrCat("rank ", member, ": ", absl::StripPrefix(*answer, "no "));
     }
   }
   unlink_name();
   if (!refusal.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("ranks do not share memory (", refusal, ")"));
   }
-  std::unique_ptr<ShmLink> link(new ShmLink(rank, world_size, mapping.Release(), layout.total,
-                                            options.slot_bytes, options.slots));
+  std::unique_ptr<ShmLink> link(new ShmLink(rank, world_size, std::move(members), mapping.Release(),
+                                            layout.total, options.slot_bytes, options.slots));
   return link;
 }
 
-ShmLink::ShmLink(int rank, int world_size, void* base, size_t bytes, size_t slot_bytes, int slots)
+ShmLink::ShmLink(int rank, int world_size, std::vector<int> members, void* base, size_t bytes,
+                 size_t slot_bytes, int slots)
     : rank_(rank),
       world_size_(world_size),
+      members_(std::move(members)),
+      local_index_(world_size, -1),
       base_(base),
       bytes_(bytes),
       outgoing_(world_size),
       incoming_(world_size),
       outbox_(world_size) {
-  const Layout layout = MakeLayout(world_size, slot_bytes, slots);
+  const int count = static_cast<int>(members_.size());
+  for (int index = 0; index < count; ++index) local_index_[members_[index]] = index;
+  const Layout layout = MakeLayout(members_, world_size, slot_bytes, slots);
   char* base_bytes = static_cast<char*>(base);
   bells_ = reinterpret_cast<Bell*>(base_bytes + layout.bells);
   auto view = [&](int sender, int receiver) {
-    const size_t pair = static_cast<size_t>(sender) * world_size + receiver;
+    const size_t pair = static_cast<size_t>(local_index_[sender]) * count + local_index_[receiver];
     Ring ring;
     char* at = base_bytes + layout.rings[pair];
     ring.counters = reinterpret_cast<RingCounters*>(at);
@@ -356,24 +409,44 @@ ShmLink::ShmLink(int rank, int world_size, void* base, size_t bytes, size_t slot
     ring.chunk_bytes = layout.chunk_bytes[pair];
     return ring;
   };
-  for (int peer = 0; peer < world_size; ++peer) {
+  for (int peer : members_) {
     if (peer == rank) continue;
     outgoing_[peer] = view(rank, peer);
     incoming_[peer] = view(peer, rank);
     ring_bytes_ += static_cast<int64_t>(outgoing_[peer].count * outgoing_[peer].chunk_bytes +
                                         incoming_[peer].count * incoming_[peer].chunk_bytes);
   }
+  // The communication thread pushes only while it waits on this link; in a mixed group it also
+  // waits on TCP, and the sends must move meanwhile.
+  if (!reaches_all()) pusher_ = std::thread([this] { PushInBackground(); });
 }
 
-ShmLink::~ShmLink() { munmap(base_, bytes_); }
+ShmLink::~ShmLink() {
+  if (pusher_.joinable()) {
+    {
+      absl::MutexLock lock(&send_mu_);
+      stopping_ = true;
+    }
+    Bell& mine = BellOf(rank_);
+    mine.sequence.fetch_add(1, std::memory_order_seq_cst);
+    FutexWakeAll(&mine.sequence);
+    pusher_.join();
+  }
+  munmap(base_, bytes_);
+}
 
 void ShmLink::Interrupt(absl::Status why) {
   {
     absl::MutexLock lock(&mu_);
     if (interruption_.ok()) interruption_ = std::move(why);
   }
-  interrupted_.store(true, std::memory_order_seq_cst);
-  Bell& mine = bells_[rank_];
+  {
+    // Under send_mu_: once this returns, no push reads the caller's memory again.
+    absl::MutexLock lock(&send_mu_);
+    interrupted_.store(true, std::memory_order_seq_cst);
+    for (std::deque<PendingSend>& queue : outbox_) queue.clear();
+  }
+  Bell& mine = BellOf(rank_);
   mine.sequence.fetch_add(1, std::memory_order_seq_cst);
   FutexWakeAll(&mine.sequence);
 }
@@ -383,18 +456,44 @@ absl::Status ShmLink::Interruption() const {
   return interruption_.ok() ? absl::AbortedError("shared-memory link interrupted") : interruption_;
 }
 
+ShmLink::Bell& ShmLink::BellOf(int rank) { return bells_[local_index_[rank]]; }
+
 void ShmLink::RingBell(int rank) {
-  Bell& bell = bells_[rank];
+  Bell& bell = BellOf(rank);
   bell.sequence.fetch_add(1, std::memory_order_seq_cst);
   if (bell.sleeping.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&bell.sequence);
 }
 
 void ShmLink::Send(int peer, uint64_t slot, const void* data, size_t bytes) {
-  outbox_[peer].push_back(PendingSend{slot, static_cast<const char*>(data), bytes, 0});
-  PushSends();
+  bool queued;
+  {
+    absl::MutexLock lock(&send_mu_);
+    if (interrupted_.load(std::memory_order_relaxed)) return;  // the next wait reports it
+    outbox_[peer].push_back(PendingSend{slot, static_cast<const char*>(data), bytes, 0});
+    PushSendsLocked();
+    queued = !outbox_[peer].empty();
+  }
+  // The pusher sleeps until there is something to push.
+  if (queued && pusher_.joinable()) {
+    Bell& mine = BellOf(rank_);
+    mine.sequence.fetch_add(1, std::memory_order_seq_cst);
+    if (mine.sleeping.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&mine.sequence);
+  }
 }
 
 bool ShmLink::PushSends() {
+  absl::MutexLock lock(&send_mu_);
+  return PushSendsLocked();
+}
+
+bool ShmLink::HasQueuedSendsLocked() const {
+  for (const std::deque<PendingSend>& queue : outbox_) {
+    if (!queue.empty()) return true;
+  }
+  return false;
+}
+
+bool ShmLink::PushSendsLocked() {
   bool moved = false;
   for (int peer = 0; peer < world_size_; ++peer) {
     std::deque<PendingSend>& queue = outbox_[peer];
@@ -428,9 +527,30 @@ bool ShmLink::PushSends() {
   return moved;
 }
 
+void ShmLink::PushInBackground() {
+  Bell& mine = BellOf(rank_);
+  while (true) {
+    // Read before the last look, as in WaitUntil: a ring after it makes the futex return at once.
+    const uint32_t seen = mine.sequence.load(std::memory_order_seq_cst);
+    mine.sleeping.fetch_add(1, std::memory_order_seq_cst);
+    {
+      absl::MutexLock lock(&send_mu_);
+      if (stopping_) {
+        mine.sleeping.fetch_sub(1, std::memory_order_relaxed);
+        return;
+      }
+      // Afterwards nothing is queued, or what is waits for room.
+      PushSendsLocked();
+    }
+    // Until a Send queues, a receiver frees chunks, an interrupt or the destructor.
+    FutexWait(&mine.sequence, seen, kLongestSleep);
+    mine.sleeping.fetch_sub(1, std::memory_order_relaxed);
+  }
+}
+
 template <typename Ready>
 absl::Status ShmLink::WaitUntil(Ready ready, absl::Time deadline) {
-  Bell& mine = bells_[rank_];
+  Bell& mine = BellOf(rank_);
   int spins = 0;
   while (true) {
     if (interrupted_.load(std::memory_order_acquire)) return Interruption();
@@ -447,11 +567,11 @@ absl::Status ShmLink::WaitUntil(Ready ready, absl::Time deadline) {
     // The sequence is read before the last look: a ring after it changes the word, and the
     // futex then returns at once instead of sleeping through it.
     const uint32_t seen = mine.sequence.load(std::memory_order_seq_cst);
-    mine.sleeping.store(1, std::memory_order_seq_cst);
+    mine.sleeping.fetch_add(1, std::memory_order_seq_cst);
     if (!interrupted_.load(std::memory_order_seq_cst) && !PushSends() && !ready()) {
       FutexWait(&mine.sequence, seen, std::min(remaining, kLongestSleep));
     }
-    mine.sleeping.store(0, std::memory_order_relaxed);
+    mine.sleeping.fetch_sub(1, std::memory_order_relaxed);
     spins = 0;
   }
 }
@@ -485,10 +605,8 @@ absl::Status ShmLink::Receive(int peer, uint64_t slot, void* landing, size_t byt
 absl::Status ShmLink::WaitSends(absl::Time deadline) {
   return WaitUntil(
       [&] {
-        for (const std::deque<PendingSend>& queue : outbox_) {
-          if (!queue.empty()) return false;
-        }
-        return true;
+        absl::MutexLock lock(&send_mu_);
+        return !HasQueuedSendsLocked();
       },
       deadline);
 }

@@ -1,4 +1,4 @@
-// ShmLink: the RingLink for ranks on one host: every ordered pair of ranks has a ring of
+// ShmLink: the RingLink between ranks on one host: every ordered pair of them has a ring of
 // chunks in one POSIX shared-memory segment, so a ring message costs one copy in (the sender's)
 // and is reduced or copied straight out of shared memory by the receiver, with no socket and
 // no kernel copy on the data path.
@@ -11,6 +11,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -40,14 +41,24 @@ struct ShmLinkOptions {
   absl::Time deadline = absl::InfiniteFuture();
   // Optional. Aborting it ends Connect within one poll slice (100 ms) with CANCELLED.
   AbortSignal* abort_signal = nullptr;
+  // True: every rank must announce this rank's host (FAILED_PRECONDITION naming one that does
+  // not). False: the ranks that announce it are the link's members and the others are left to
+  // another link (reaches() says which; the group's ring then mixes links, see RoutedLink).
+  bool whole_group = true;
+  // A segment of this naming whose creator no longer exists is removed by the next leader on the
+  // host once it is this old (the age spares a live leader in another pid namespace that is
+  // still waiting for its members).
+  absl::Duration abandoned_after = absl::Minutes(1);
 };
 
-// Same host is decided by the hosts the ranks announce and then proven in shared memory: rank 0
-// creates a segment under a random name holding a random token and publishes both through the
-// store; every other rank opens the segment by name and compares the token (a pod or container
-// with a private /dev/shm cannot open it, or finds another one). The segment is unlinked once
-// every rank has mapped it (or the check failed), before any collective runs, and no file
-// descriptor is kept: a killed rank leaves nothing in /dev/shm.
+// Same host is decided by the hosts the ranks announce and then proven in shared memory: the
+// lowest rank announcing a host (the host's leader) creates a segment under a random name holding
+// a random token and publishes both through the store; every other rank of that host opens the
+// segment by name and compares the token (a pod or container with a private /dev/shm cannot open
+// it, or finds another one). The segment is unlinked once every member has mapped it (or the
+// check failed), before any collective runs, and no file descriptor is kept: a killed rank
+// leaves nothing in /dev/shm. A leader killed between creating the segment and publishing its
+// name leaves one behind; the next Connect on the host removes segments whose creator is gone.
 //
 // Each ring is single-producer single-consumer: the sender copies a message into free chunks and
 // publishes them by advancing `head`; the receiver consumes chunks in place and frees them by
@@ -55,37 +66,51 @@ struct ShmLinkOptions {
 // the PeerWatch's TCP connections tell the survivors (shared memory gives no EOF), and the
 // communicator's Interrupt ends their waits. Sends are queued and pushed into the ring whenever
 // the link waits, so the ring algorithms' "post every send, then receive" never deadlocks on a
-// full ring.
+// full ring. When the link's members are not the whole group, the caller also waits on other
+// links, where this one is not pushed; a pusher thread then moves the queued sends, so sends
+// are as asynchronous as Gloo's.
 //
 // Waiting spins briefly, then sleeps on this rank's bell (a futex word in the segment) that a
 // peer rings after it publishes chunks to this rank or frees chunks this rank sends into, and
 // that Interrupt rings too. Sleeps are capped at 100 ms, so a missed wake-up only delays.
 //
 // Thread contract: Connect, Send, PostReceive, Receive and WaitSends on one thread at a time
-// (the communication thread); Interrupt and ring_bytes from any thread.
+// (the communication thread); Interrupt, reaches, reaches_all and ring_bytes from any thread.
+// The queued sends are guarded by a mutex, shared with the pusher thread when there is one.
 class ShmLink : public RingLink {
  public:
-  // All ranks call this with the same world size, prefix and sizes. FAILED_PRECONDITION when the
-  // ranks are not all on one host (hosts differ, or rank 0's segment cannot be opened or holds
-  // another token) or rank 0 cannot create the segment (e.g. /dev/shm too small): the message
-  // says which rank and why, and every rank gets the same answer, so all may fall back to TCP.
+  // All ranks call this with the same world size, prefix, sizes and whole_group. It fails with
+  // FAILED_PRECONDITION when this rank's host has no other rank, when whole_group and the hosts
+  // differ, or when the proof fails (the leader's segment cannot be opened or holds another
+  // token) or the leader cannot create the segment (e.g. /dev/shm too small): the message says
+  // which rank and why, and every rank of the host gets the same answer, so they may all fall
+  // back to TCP together.
   // DEADLINE_EXCEEDED, CANCELLED (abort_signal), UNAVAILABLE (store) and INVALID_ARGUMENT
   // (options) otherwise.
   static absl::StatusOr<std::unique_ptr<ShmLink>> Connect(const ShmLinkOptions& options);
 
-  // Unmaps the segment.
+  // Stops the pusher thread, then unmaps the segment.
   ~ShmLink() override;
   ShmLink(const ShmLink&) = delete;
   ShmLink& operator=(const ShmLink&) = delete;
 
-  // Ends every wait in progress and every later one with `why` (the first one given). Sticky.
+  // Ends every wait in progress and every later one with `why` (the first one given), and drops
+  // the sends not yet pushed (their memory is the caller's, which an ended operation may free).
+  // Sticky.
   void Interrupt(absl::Status why);
+
+  // Whether `peer` shares this link (a member other than this rank), and whether every other
+  // rank of the group does.
+  bool reaches(int peer) const {
+    return peer >= 0 && peer < world_size_ && peer != rank_ && local_index_[peer] >= 0;
+  }
+  bool reaches_all() const { return static_cast<int>(members_.size()) == world_size_; }
 
   // Bytes of the rings this rank sends into or receives from: the part of the segment it
   // touches, resident in its RSS as shared memory.
   int64_t ring_bytes() const { return ring_bytes_; }
 
-  bool needs_landing() const override { return false; }
+  bool needs_landing(int peer) const override { return false; }
   void Send(int peer, uint64_t slot, const void* data, size_t bytes) override;
   void PostReceive(int peer, uint64_t slot, void* landing, size_t bytes) override {}
   absl::Status Receive(int peer, uint64_t slot, void* landing, size_t bytes, absl::Time deadline,
@@ -112,10 +137,17 @@ class ShmLink : public RingLink {
     size_t sent;
   };
 
-  ShmLink(int rank, int world_size, void* base, size_t bytes, size_t slot_bytes, int slots);
+  ShmLink(int rank, int world_size, std::vector<int> members, void* base, size_t bytes,
+          size_t slot_bytes, int slots);
 
   // Pushes queued sends into their rings as far as they have room; whether anything moved.
-  bool PushSends();
+  bool PushSends() ABSL_LOCKS_EXCLUDED(send_mu_);
+  bool PushSendsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  bool HasQueuedSendsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_);
+  // The pusher thread's loop (links that are not the whole group).
+  void PushInBackground() ABSL_LOCKS_EXCLUDED(send_mu_);
+  // This rank's bell, and `rank`'s (a member).
+  Bell& BellOf(int rank);
   // Tells `rank` (its bell) that something it may wait for happened.
   void RingBell(int rank);
   // Waits until `ready()` (pushing queued sends meanwhile); an error at the deadline or on an
@@ -126,17 +158,25 @@ class ShmLink : public RingLink {
 
   const int rank_;
   const int world_size_;
+  const std::vector<int> members_;  // the ranks sharing the segment, ascending
+  std::vector<int> local_index_;    // [rank]: its place in members_, -1 for non-members
   void* const base_;
   const size_t bytes_;
   int64_t ring_bytes_ = 0;
-  Bell* bells_ = nullptr;                        // world_size_ of them
-  std::vector<Ring> outgoing_;                   // [peer]: this rank -> peer
-  std::vector<Ring> incoming_;                   // [peer]: peer -> this rank
-  std::vector<std::deque<PendingSend>> outbox_;  // [peer], in send order
+  Bell* bells_ = nullptr;       // one per member, by local index
+  std::vector<Ring> outgoing_;  // [peer]: this rank -> peer (members only)
+  std::vector<Ring> incoming_;  // [peer]: peer -> this rank (members only)
+
+  mutable absl::Mutex send_mu_;
+  std::vector<std::deque<PendingSend>> outbox_ ABSL_GUARDED_BY(send_mu_);  // [peer], send order
+  bool stopping_ ABSL_GUARDED_BY(send_mu_) = false;
 
   std::atomic<bool> interrupted_{false};
   mutable absl::Mutex mu_;
   absl::Status interruption_ ABSL_GUARDED_BY(mu_);
+
+  // Last: started once everything above is set up, joined first by the destructor.
+  std::thread pusher_;
 };
 
 }  // namespace zeroshard::comm

@@ -1,8 +1,13 @@
 // ShmLink with threads as ranks over an InMemoryStore: messages of every size across chunk
 // boundaries and ring wraps, sends that never block on a full ring, slot checks, interrupts and
-// deadlines, and the same-host proof (hosts, a foreign token, an abort during Connect).
+// deadlines, the same-host proof (hosts, a foreign token, an abort during Connect), groups that
+// span hosts (a link per host, sends pushed while the sender waits elsewhere) and the removal of
+// segments a killed leader left.
 #include "worker/comm/shm_link.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -53,6 +58,21 @@ std::vector<std::unique_ptr<ShmLink>> ConnectGroup(int world_size, Store* store)
   return links;
 }
 
+// Connects `hosts.size()` links concurrently, rank r announcing hosts[r], not requiring one host
+// for the whole group; each rank's result.
+std::vector<absl::StatusOr<std::unique_ptr<ShmLink>>> ConnectOnHosts(
+    int world_size, Store* store, const std::vector<std::string>& hosts) {
+  std::vector<absl::StatusOr<std::unique_ptr<ShmLink>>> links(world_size);
+  RunOnRankThreads(world_size, [&](int rank) {
+    ShmLinkOptions options = Options(rank, world_size, store);
+    options.host = hosts[rank];
+    options.whole_group = false;
+    links[rank] = ShmLink::Connect(options);
+    return absl::OkStatus();
+  }).IgnoreError();
+  return links;
+}
+
 std::vector<char> Pattern(size_t bytes, int seed) {
   std::vector<char> data(bytes);
   for (size_t i = 0; i < bytes; ++i) data[i] = static_cast<char>((i * 131 + seed * 7) & 0xff);
@@ -61,7 +81,7 @@ std::vector<char> Pattern(size_t bytes, int seed) {
 
 // The segment's name as rank 0 published it, under /dev/shm.
 std::string SegmentPath(Store& store) {
-  absl::StatusOr<std::string> published = store.Get("gloo/shm/segment", absl::ZeroDuration());
+  absl::StatusOr<std::string> published = store.Get("gloo/shm/segment/0", absl::ZeroDuration());
   if (!published.ok()) return "";
   const std::vector<std::string> parts = absl::StrSplit(*published, ' ');
   return absl::StrCat("/dev/shm", parts[0]);
@@ -201,7 +221,7 @@ TEST(ShmLinkTest, RanksOnDifferentHostsDoNotTry) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
   }
   // Nothing was created.
-  EXPECT_FALSE(store.Get("gloo/shm/segment", absl::ZeroDuration()).ok());
+  EXPECT_FALSE(store.Get("gloo/shm/segment/0", absl::ZeroDuration()).ok());
 }
 
 // Presents rank 0's segment with another token, as a rank whose /dev/shm holds a different segment
@@ -214,7 +234,7 @@ class ForeignTokenStore : public Store {
   }
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override {
     absl::StatusOr<std::string> value = inner_->Get(key, timeout);
-    if (!value.ok() || key != "gloo/shm/segment") return value;
+    if (!value.ok() || key != "gloo/shm/segment/0") return value;
     std::vector<std::string> parts = absl::StrSplit(*value, ' ');
     return absl::StrCat(parts[0], " ", std::string(parts[1].size(), '0'));
   }
@@ -266,6 +286,111 @@ TEST(ShmLinkTest, AnAbortEndsConnectWithCancelled) {
   connector.join();
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
   EXPECT_LT(returned_at - aborted_at, absl::Seconds(2));
+}
+
+// Ranks 0, 1 on host "a" and 2, 3 on "b": each host's ranks share a link, and nobody reaches the
+// other host's.
+TEST(ShmLinkTest, RanksOfTwoHostsShareMemoryOnlyWithinTheirHost) {
+  constexpr int kWorldSize = 4;
+  InMemoryStore store;
+  std::vector<absl::StatusOr<std::unique_ptr<ShmLink>>> links =
+      ConnectOnHosts(kWorldSize, &store, {"a", "a", "b", "b"});
+  for (int rank = 0; rank < kWorldSize; ++rank) {
+    ASSERT_TRUE(links[rank].ok()) << links[rank].status();
+    EXPECT_FALSE((*links[rank])->reaches_all());
+    for (int peer = 0; peer < kWorldSize; ++peer) {
+      EXPECT_EQ((*links[rank])->reaches(peer), peer != rank && (peer < 2) == (rank < 2))
+          << "rank " << rank << ", peer " << peer;
+    }
+  }
+  // Two segments, one per host's leader, both unlinked once mapped.
+  for (const char* key : {"gloo/shm/segment/0", "gloo/shm/segment/2"}) {
+    absl::StatusOr<std::string> published = store.Get(key, absl::ZeroDuration());
+    ASSERT_TRUE(published.ok()) << key;
+    const std::vector<std::string> parts = absl::StrSplit(*published, ' ');
+    EXPECT_FALSE(std::filesystem::exists(absl::StrCat("/dev/shm", parts[0]))) << *published;
+  }
+  EXPECT_FALSE(store.Get("gloo/shm/segment/1", absl::ZeroDuration()).ok());
+}
+
+// In a group spanning hosts the sender may be blocked on TCP while its shared-memory sends wait
+// for room: the link's own thread must push them. Here the sender queues far more than the ring
+// holds and then waits for nothing of the link's until the receiver has it all.
+TEST(ShmLinkTest, ALinkSpanningHostsPushesSendsWhileTheSenderWaitsElsewhere) {
+  constexpr int kWorldSize = 3;
+  constexpr size_t kBytes = 100000;  // the ring holds 2 x 64 bytes
+  InMemoryStore store;
+  std::vector<absl::StatusOr<std::unique_ptr<ShmLink>>> connected =
+      ConnectOnHosts(kWorldSize, &store, {"a", "a", "b"});
+  // Rank 2 is alone on its host.
+  EXPECT_EQ(connected[2].status().code(), absl::StatusCode::kFailedPrecondition)
+      << connected[2].status();
+  ASSERT_TRUE(connected[0].ok()) << connected[0].status();
+  ASSERT_TRUE(connected[1].ok()) << connected[1].status();
+  const std::vector<ShmLink*> links = {connected[0]->get(), connected[1]->get()};
+  const std::vector<char> message = Pattern(kBytes, 5);
+  absl::Notification received;
+  const absl::Status status = RunOnRankThreads(2, [&](int rank) -> absl::Status {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    if (rank == 0) {
+      links[0]->Send(1, /*slot=*/9, message.data(), message.size());
+      // Stands for a wait on another link: nothing here pushes.
+      if (!received.WaitForNotificationWithTimeout(absl::Seconds(30))) {
+        return absl::DeadlineExceededError("the message never arrived");
+      }
+      return links[0]->WaitSends(deadline);
+    }
+    std::vector<char> got(kBytes);
+    absl::Status done = links[1]->Receive(0, 9, nullptr, kBytes, deadline,
+                                          [&](const char* data, size_t offset, size_t bytes) {
+                                            std::memcpy(got.data() + offset, data, bytes);
+                                          });
+    received.Notify();
+    if (!done.ok()) return done;
+    return got == message ? absl::OkStatus() : absl::InternalError("the message differs");
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST(ShmLinkTest, ARankAloneOnItsHostIsAFailedPrecondition) {
+  InMemoryStore store;
+  ShmLinkOptions options = Options(0, 2, &store);
+  options.whole_group = false;
+  ASSERT_TRUE(store.Set("gloo/shm/host/1", "elsewhere").ok());
+  const absl::Status status = ShmLink::Connect(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find("no other rank is on host 'this-host'"), std::string::npos)
+      << status;
+}
+
+// A leader killed between creating its segment and publishing the name leaves the segment behind;
+// the next leader on the host removes it once its creator is gone, and leaves live ones alone.
+TEST(ShmLinkTest, TheNextLeaderRemovesSegmentsWhoseCreatorIsGone) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  int wait_status = 0;
+  ASSERT_EQ(waitpid(child, &wait_status, 0), child);
+  const std::string abandoned = absl::StrCat("/zeroshard-", child, "-0badf00d");
+  const std::string live = absl::StrCat("/zeroshard-", getpid(), "-0badf00d");
+  for (const std::string& name : {abandoned, live}) {
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0) << name;
+    close(fd);
+  }
+  InMemoryStore store;
+  std::vector<std::unique_ptr<ShmLink>> links(2);
+  ASSERT_TRUE(RunOnRankThreads(2, [&](int rank) -> absl::Status {
+                ShmLinkOptions options = Options(rank, 2, &store);
+                options.abandoned_after = absl::ZeroDuration();
+                absl::StatusOr<std::unique_ptr<ShmLink>> link = ShmLink::Connect(options);
+                if (!link.ok()) return link.status();
+                links[rank] = *std::move(link);
+                return absl::OkStatus();
+              }).ok());
+  EXPECT_FALSE(std::filesystem::exists(absl::StrCat("/dev/shm", abandoned)));
+  EXPECT_TRUE(std::filesystem::exists(absl::StrCat("/dev/shm", live)));
+  shm_unlink(live.c_str());
 }
 
 TEST(ShmLinkTest, BadSizesAreInvalidArguments) {
