@@ -39,9 +39,12 @@ constexpr size_t kAlign = 64;
 // Pairs that are not ring neighbours only carry the barrier's one-byte messages.
 constexpr uint64_t kSmallChunks = 2;
 constexpr size_t kSmallChunkBytes = 64;
-// About 10-50 us of pause instructions before sleeping: long enough to catch a peer that is
-// mid-copy of the next chunk, short enough not to steal a loaded core.
-constexpr int kSpins = 1000;
+// Looks before sleeping. Few: where ranks share the cores with their training threads (2 ranks
+// on 2 cores), spinning takes the time backward needs. A thousand pauses (about 30 us a wait)
+// cost zero2 on `medium` 7-8% of its iteration and ddp 4% against ten, in paired rounds of
+// tests/bench/reduce_scatter_study.py (docs/performance/collectives.md); a 256 KiB chunk's copy
+// (about 25 us) dwarfs the futex wake-up that replaces the spin.
+constexpr int kSpins = 10;
 constexpr absl::Duration kLongestSleep = absl::Milliseconds(100);
 constexpr absl::Duration kStoreSlice = absl::Milliseconds(100);
 // Segment names: kNamePrefix, the creator's pid, "-", eight hex digits of the token.
