@@ -146,6 +146,34 @@ class SigtermTest : public ::testing::Test {
     }
   }
 
+  // The victim is stopped before the job (over `transport`) is submitted: the survivors publish
+  // their `key` entries in generation 1's store and block waiting for the victim's, which never
+  // appears, until SIGTERM ends them promptly.
+  void ExpectRendezvousWaitsForTheStoppedVictim(const std::string& transport,
+                                                const std::string& key) {
+    ASSERT_NO_FATAL_FAILURE(StartCluster({}, transport));
+    ASSERT_TRUE(cluster_.KillWorker(kVictim, SIGSTOP).ok());
+    ASSERT_TRUE(cluster_.WaitForWorkerStopped(kVictim, kStateDeadline).ok());
+    ASSERT_NO_FATAL_FAILURE(SubmitJob());
+    ASSERT_NO_FATAL_FAILURE(WaitForGeneration1(/*step=*/0));
+    std::unique_ptr<comm::CoordinatorStore> store = Generation1Store();
+    auto published = [&] {
+      int count = 0;
+      for (int rank = 0; rank < kWorkers; ++rank) {
+        count += Published(*store, rank, absl::ZeroDuration(), key);
+      }
+      return count;
+    };
+    absl::Status survivors_published = cluster_.WaitFor([&] { return published() == kWorkers - 1; },
+                                                        kStateDeadline, "the survivors published");
+    ASSERT_TRUE(survivors_published.ok()) << survivors_published;
+    ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsBlocked(/*step=*/0));
+    EXPECT_EQ(published(), kWorkers - 1);
+    ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsExitPromptlyOnSigterm());
+    ASSERT_NO_FATAL_FAILURE(KillVictim());
+    StopEverything();
+  }
+
   void KillVictim() {
     ASSERT_TRUE(cluster_.KillWorker(kVictim, SIGKILL).ok());
     absl::StatusOr<int> killed = cluster_.WaitForWorkerExit(kVictim, absl::Seconds(10));
@@ -189,52 +217,13 @@ TEST_F(SigtermTest, WhileTheRingConnectsToAKilledPeer) {
 // The victim is stopped before the job is submitted: it never learns of the generation, and the
 // survivors wait in the rendezvous store for its addresses.
 TEST_F(SigtermTest, WhileTheRendezvousWaitsInTheStoreForAPeer) {
-  ASSERT_NO_FATAL_FAILURE(StartCluster({}, /*transport=*/"tcp"));
-  ASSERT_TRUE(cluster_.KillWorker(kVictim, SIGSTOP).ok());
-  ASSERT_TRUE(cluster_.WaitForWorkerStopped(kVictim, kStateDeadline).ok());
-  ASSERT_NO_FATAL_FAILURE(SubmitJob());
-  ASSERT_NO_FATAL_FAILURE(WaitForGeneration1(/*step=*/0));
-  std::unique_ptr<comm::CoordinatorStore> store = Generation1Store();
-  auto published = [&] {
-    int count = 0;
-    for (int rank = 0; rank < kWorkers; ++rank)
-      count += Published(*store, rank, absl::ZeroDuration());
-    return count;
-  };
-  // The two survivors' ranks; the victim's never appears.
-  absl::Status survivors_published = cluster_.WaitFor([&] { return published() == kWorkers - 1; },
-                                                      kStateDeadline, "the survivors published");
-  ASSERT_TRUE(survivors_published.ok()) << survivors_published;
-  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsBlocked(/*step=*/0));
-  EXPECT_EQ(published(), kWorkers - 1);
-  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsExitPromptlyOnSigterm());
-  ASSERT_NO_FATAL_FAILURE(KillVictim());
-  StopEverything();
+  ASSERT_NO_FATAL_FAILURE(ExpectRendezvousWaitsForTheStoppedVictim("tcp", "gloo/addresses/"));
 }
 
 // As above, with the shared-memory link (worker/comm/shm_link.h): the survivors announce their
 // host and wait in the store for the victim's.
 TEST_F(SigtermTest, WhileTheSharedMemoryRendezvousWaitsForAPeer) {
-  ASSERT_NO_FATAL_FAILURE(StartCluster({}, /*transport=*/"shm"));
-  ASSERT_TRUE(cluster_.KillWorker(kVictim, SIGSTOP).ok());
-  ASSERT_TRUE(cluster_.WaitForWorkerStopped(kVictim, kStateDeadline).ok());
-  ASSERT_NO_FATAL_FAILURE(SubmitJob());
-  ASSERT_NO_FATAL_FAILURE(WaitForGeneration1(/*step=*/0));
-  std::unique_ptr<comm::CoordinatorStore> store = Generation1Store();
-  auto published = [&] {
-    int count = 0;
-    for (int rank = 0; rank < kWorkers; ++rank) {
-      count += Published(*store, rank, absl::ZeroDuration(), "gloo/shm/host/");
-    }
-    return count;
-  };
-  absl::Status survivors_published = cluster_.WaitFor([&] { return published() == kWorkers - 1; },
-                                                      kStateDeadline, "the survivors published");
-  ASSERT_TRUE(survivors_published.ok()) << survivors_published;
-  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsBlocked(/*step=*/0));
-  ASSERT_NO_FATAL_FAILURE(ExpectSurvivorsExitPromptlyOnSigterm());
-  ASSERT_NO_FATAL_FAILURE(KillVictim());
-  StopEverything();
+  ASSERT_NO_FATAL_FAILURE(ExpectRendezvousWaitsForTheStoppedVictim("shm", "gloo/shm/host/"));
 }
 
 // The job trains; then the victim is stopped, and the survivors' next collectives wait for it
