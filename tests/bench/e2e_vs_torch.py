@@ -28,9 +28,11 @@ and one "e2e_targets" line per job with the target ratios. limit_ms is the varia
 forward + backward + update with communication skipped, all W processes running at once (the
 machine's limit for it); over_limit = iter_ms / limit_ms. Torch: the no-comm iterations each rank
 runs after the measured ones (no_sync, the optimizer's step on the rank's own shard). ZeroShard:
-W jobs of one worker each, run at once on the same cluster (the same per-rank batch, so the same
-forward and backward, and no peer to talk to), for forward + backward, plus the update_ms of the
-variant's own run (the update of its shard, which involves no communication). What each field
+W ddp jobs of one worker each, run at once on the same cluster (the same per-rank batch, so the
+same forward and backward, and no peer to talk to), for forward + backward, plus the update_ms of
+the variant's own run (the update of its shard, which involves no communication). ddp for every
+mode: a one-worker zero1 or zero2 job still copies its gradients into the owned shard (the
+reduce-scatter of one rank), which torch's no_sync iterations do not do (no_comm_mode). What each field
 means on each side is in docs/performance/e2e_vs_torch.md.
 """
 
@@ -575,6 +577,16 @@ def watch_jobs(cli, coordinator, job_ids, steps, timeout):
     return results
 
 
+def no_comm_mode(mode):
+    """The mode of the one-worker jobs that measure `mode`'s forward + backward without
+    communication: ddp, whose gradients stay where backward wrote them. A one-worker zero1 or
+    zero2 job would still copy every bucket into its owned gradient storage (its reduce-scatter
+    of one rank, about the model's gradient bytes per iteration), which is communication's
+    stand-in, not compute."""
+    del mode  # the same forward and backward in every mode
+    return "ddp"
+
+
 def zeroshard_client(argv):
     """Runs inside deploy/local/cluster.py: per mode, the measured job of W workers, then W jobs
     of one worker each at once (the no-communication limit); one JSON line per mode to
@@ -602,7 +614,7 @@ def zeroshard_client(argv):
         peaks = [vmhwm_bytes(pid) for pid in pids]
         measured, intervals = measured_steps(progress, times, args.steps, args.warmup)
         alone = [submit_job(cli, coordinator, f"e2e-{args.job}-{mode}-no-comm-{r}", args.job,
-                            mode, 1, total) for r in range(world_size)]
+                            no_comm_mode(mode), 1, total) for r in range(world_size)]
         say(f"{args.job} zeroshard_{mode} without communication: {', '.join(alone)} at once")
         no_comm = [[float(m.get("compute_ms", 0.0))
                     for m in measured_steps(p, t, args.steps, args.warmup)[0]]

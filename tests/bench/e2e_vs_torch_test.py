@@ -179,6 +179,11 @@ class ZeroShardSummaryTest(unittest.TestCase):
         self.assertAlmostEqual(record["limit_ms"], 20.5 + 5.0)
         self.assertAlmostEqual(record["over_limit"], round(30.0 / 25.5, 3))
 
+    def test_every_modes_limit_is_measured_by_ddp_jobs_that_copy_no_gradient(self):
+        # A one-worker zero1/zero2 job copies its buckets into the owned shard: not compute.
+        for mode in ("ddp", "zero1", "zero2"):
+            self.assertEqual(bench.no_comm_mode(mode), "ddp", mode)
+
     def test_no_limit_without_the_jobs_alone(self):
         run = {"measured": [{"iteration_ms": 30.0, "update_ms": 4.0}], "intervals": [],
                "peaks": [1]}
