@@ -4,24 +4,16 @@
 // PROGRESS events are thinned past the bound.
 #include "coordinator/job_event_log.h"
 
-#include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
+#include "coordinator/test_rpc_support.h"
 #include "gtest/gtest.h"
 
 namespace zeroshard::coordinator {
 namespace {
-
-std::string TempDir(const std::string& name) {
-  const char* base = std::getenv("TEST_TMPDIR");
-  const std::string dir = std::string(base ? base : "/tmp") + "/job_event_log_" + name;
-  std::filesystem::remove_all(dir);
-  return dir;
-}
 
 // Records what it is sent; closes itself after `accept` events when accept >= 0.
 class RecordingSink : public JobEventSink {
@@ -51,8 +43,7 @@ v1::JobEvent Progress(int64_t step) {
 class JobEventLogTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<JobStore>> store =
-        JobStore::Open(TempDir(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(FreshTestDir());
     ASSERT_TRUE(store.ok()) << store.status();
     store_ = *std::move(store);
   }

@@ -32,8 +32,8 @@ W ddp jobs of one worker each, run at once on the same cluster (the same per-ran
 same forward and backward, and no peer to talk to), for forward + backward, plus the update_ms of
 the variant's own run (the update of its shard, which involves no communication). ddp for every
 mode: a one-worker zero1 or zero2 job still copies its gradients into the owned shard (the
-reduce-scatter of one rank), which torch's no_sync iterations do not do (no_comm_mode). What each field
-means on each side is in docs/performance/e2e_vs_torch.md.
+reduce-scatter of one rank), which torch's no_sync iterations do not do (NO_COMM_MODE). What
+each field means on each side is in docs/performance/e2e_vs_torch.md.
 """
 
 import argparse
@@ -577,14 +577,12 @@ def watch_jobs(cli, coordinator, job_ids, steps, timeout):
     return results
 
 
-def no_comm_mode(mode):
-    """The mode of the one-worker jobs that measure `mode`'s forward + backward without
-    communication: ddp, whose gradients stay where backward wrote them. A one-worker zero1 or
-    zero2 job would still copy every bucket into its owned gradient storage (its reduce-scatter
-    of one rank, about the model's gradient bytes per iteration), which is communication's
-    stand-in, not compute."""
-    del mode  # the same forward and backward in every mode
-    return "ddp"
+# The mode of the one-worker jobs that measure every mode's forward + backward without
+# communication (the same forward and backward in every mode): ddp, whose gradients stay where
+# backward wrote them. A one-worker zero1 or zero2 job would still copy every bucket into its
+# owned gradient storage (its reduce-scatter of one rank, about the model's gradient bytes per
+# iteration), which is communication's stand-in, not compute.
+NO_COMM_MODE = "ddp"
 
 
 def zeroshard_client(argv):
@@ -614,7 +612,7 @@ def zeroshard_client(argv):
         peaks = [vmhwm_bytes(pid) for pid in pids]
         measured, intervals = measured_steps(progress, times, args.steps, args.warmup)
         alone = [submit_job(cli, coordinator, f"e2e-{args.job}-{mode}-no-comm-{r}", args.job,
-                            no_comm_mode(mode), 1, total) for r in range(world_size)]
+                            NO_COMM_MODE, 1, total) for r in range(world_size)]
         say(f"{args.job} zeroshard_{mode} without communication: {', '.join(alone)} at once")
         no_comm = [[float(m.get("compute_ms", 0.0))
                     for m in measured_steps(p, t, args.steps, args.warmup)[0]]

@@ -442,16 +442,10 @@ void GlooCommunicator::CloseConnections() {
   // First, so that the peers learn of the failure at once (their collectives may be waiting on
   // a message this rank will never send).
   if (peer_watch_ != nullptr) peer_watch_->Stop(PeerWatch::Parting::kLeaving);
-  if (shm_link_ != nullptr) {
-    // Drops the failed operation's unpushed sends before its buffers go away (the pusher thread
-    // of a group spanning hosts would read them).
-    absl::Status failure;
-    {
-      absl::MutexLock lock(&mu_);
-      failure = failure_;
-    }
-    shm_link_->Interrupt(failure.ok() ? absl::AbortedError("communicator closed") : failure);
-  }
+  // Drops the failed operation's unpushed sends before its buffers go away (the pusher thread of
+  // a group spanning hosts would read them). No operation reaches the link after this, so the
+  // status is never reported; Fail's, when it came first, stays.
+  if (shm_link_ != nullptr) shm_link_->Interrupt(absl::AbortedError("communicator closed"));
   for (const std::shared_ptr<gloo::Context>& context : contexts_) {
     try {
       context->closeConnections();

@@ -78,6 +78,10 @@ GlooCommunicatorOptions SmallChunks(size_t segment_bytes) {
 
 std::string TransportTestName(Transport transport) { return TransportName(transport); }
 
+constexpr ElementType kEveryType[] = {ElementType::kFloat32,  ElementType::kFloat64,
+                                      ElementType::kBFloat16, ElementType::kFloat16,
+                                      ElementType::kInt32,    ElementType::kInt64};
+
 // What /dev/shm holds whose name starts with "zeroshard-<this pid>-", and this process's
 // descriptors that point into /dev/shm.
 std::vector<std::string> SharedMemoryLeftovers() {
@@ -151,10 +155,8 @@ TEST_P(GlooCollectivesTest, EveryCollectiveMatchesTheReference) {
   for (const auto& communicator : group) {
     EXPECT_EQ(communicator->transport(), world_size > 1 ? transport : Transport::kTcp);
   }
-  const ElementType types[] = {ElementType::kFloat32, ElementType::kFloat64, ElementType::kBFloat16,
-                               ElementType::kFloat16, ElementType::kInt32,   ElementType::kInt64};
   uint64_t seed = 1;
-  for (ElementType type : types) {
+  for (ElementType type : kEveryType) {
     for (size_t piece_count : {size_t{0}, size_t{1}, size_t{1001}}) {
       ++seed;
       const absl::Status status = RunOnRankThreads(world_size, [&](int rank) {
@@ -269,10 +271,8 @@ TEST(GlooCommunicatorTest, AGroupSpanningTwoHostsMixesLinksAndGivesTheSameBits) 
     EXPECT_EQ(group[rank]->transport(), Transport::kTcp);
     EXPECT_EQ(group[rank]->SharedMemoryPeers(), std::vector<int>{rank ^ 1}) << "rank " << rank;
   }
-  const ElementType types[] = {ElementType::kFloat32, ElementType::kFloat64, ElementType::kBFloat16,
-                               ElementType::kFloat16, ElementType::kInt32,   ElementType::kInt64};
   uint64_t seed = 100;
-  for (ElementType type : types) {
+  for (ElementType type : kEveryType) {
     for (size_t piece_count : {size_t{0}, size_t{1}, size_t{1001}, size_t{40000}}) {
       ++seed;
       const absl::Status status = RunOnRankThreads(kWorldSize, [&](int rank) {

@@ -107,6 +107,55 @@ std::vector<std::string> SharedMemoryDescriptors() {
   return found;
 }
 
+// Nothing of a shared-memory run is left in /dev/shm, and this process holds no descriptor of it.
+void ExpectNoSharedMemoryLeft(FileStore& store) {
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath(store))) << SegmentPath(store);
+  EXPECT_TRUE(SharedMemoryDescriptors().empty()) << absl::StrJoin(SharedMemoryDescriptors(), ", ");
+}
+
+// Rank 0 of a `world_size` group meeting through `store`.
+GlooCommunicatorOptions RankZeroOptions(Store* store, int world_size, Transport transport) {
+  GlooCommunicatorOptions options;
+  options.rank = 0;
+  options.world_size = world_size;
+  options.store = store;
+  options.rendezvous_timeout = absl::Seconds(30);
+  options.transport = transport;
+  return options;
+}
+
+// How the gather during which a peer was killed ended.
+struct KilledGather {
+  int gathers_before = 0;     // gathers that completed first
+  absl::Status status;        // of the gather during which the peer was killed (or the first
+                              // earlier one that failed: then gathers_before < kill_after)
+  absl::Duration after_kill;  // from the kill until that gather ended
+};
+
+// All-gathers `piece_count` fp32 elements per rank until gather number `kill_after` (0-based),
+// during which `victim` is SIGKILLed.
+KilledGather GatherUntilPeerKilled(GlooCommunicator& communicator, size_t piece_count,
+                                   int kill_after, pid_t victim) {
+  std::vector<float> gathered(communicator.world_size() * piece_count, 1.0f);
+  CollectiveOptions collective;
+  collective.timeout = absl::Seconds(60);
+  KilledGather result;
+  for (; result.gathers_before <= kill_after; ++result.gathers_before) {
+    std::unique_ptr<Work> work = communicator.AllGatherInPlace(gathered.data(), piece_count,
+                                                               ElementType::kFloat32, collective);
+    if (result.gathers_before == kill_after) {
+      kill(victim, SIGKILL);
+      const absl::Time killed_at = absl::Now();
+      result.status = work->Wait(absl::Seconds(90));
+      result.after_kill = absl::Now() - killed_at;
+      return result;
+    }
+    result.status = work->Wait(absl::Seconds(90));
+    if (!result.status.ok()) return result;
+  }
+  return result;
+}
+
 // Waits (two minutes at most) for every rank's process, which must exit with 0.
 void ExpectEveryPeerSucceeds(const std::vector<pid_t>& peers) {
   const absl::Time deadline = absl::Now() + absl::Seconds(120);
@@ -178,40 +227,20 @@ TEST(GlooMultiprocessMixedTest, SharedMemoryPeerKilledMidTransferFailsTheSurvivo
     peers.push_back(Spawn(arguments));
     ASSERT_GT(peers.back(), 0);
   }
-  GlooCommunicatorOptions options;
-  options.rank = 0;
-  options.world_size = 3;
-  options.store = &store;
-  options.rendezvous_timeout = absl::Seconds(30);
+  GlooCommunicatorOptions options = RankZeroOptions(&store, 3, Transport::kAuto);
   options.segment_bytes = kSegmentBytes;
-  options.transport = Transport::kAuto;
   options.host = "a";
   auto communicator = GlooCommunicator::Create(options);
   ASSERT_TRUE(communicator.ok()) << communicator.status();
   ASSERT_EQ((*communicator)->SharedMemoryPeers(), std::vector<int>{1});
-  std::vector<float> gathered(3 * kPieceCount, 1.0f);
-  CollectiveOptions collective;
-  collective.timeout = absl::Seconds(60);
-  for (int done = 0;; ++done) {
-    std::unique_ptr<Work> work =
-        (*communicator)
-            ->AllGatherInPlace(gathered.data(), kPieceCount, ElementType::kFloat32, collective);
-    if (done == 3) {
-      kill(peers[0], SIGKILL);
-      const absl::Time killed_at = absl::Now();
-      const absl::Status status = work->Wait(absl::Seconds(90));
-      ASSERT_FALSE(status.ok()) << "the gather survived its peer's kill";
-      EXPECT_LT(absl::Now() - killed_at, absl::Seconds(3)) << status;
-      EXPECT_EQ((*communicator)->LostPeers(), std::vector<int>{1}) << status;
-      EXPECT_NE(status.message().find("rank 1"), std::string::npos) << status;
-      EXPECT_FALSE(std::filesystem::exists(SegmentPath(store))) << SegmentPath(store);
-      EXPECT_TRUE(SharedMemoryDescriptors().empty())
-          << absl::StrJoin(SharedMemoryDescriptors(), ", ");
-      break;
-    }
-    const absl::Status status = work->Wait(absl::Seconds(90));
-    ASSERT_TRUE(status.ok()) << "gather " << done << ": " << status;
-  }
+  const KilledGather killed =
+      GatherUntilPeerKilled(**communicator, kPieceCount, /*kill_after=*/3, peers[0]);
+  ASSERT_EQ(killed.gathers_before, 3) << killed.status;
+  ASSERT_FALSE(killed.status.ok()) << "the gather survived its peer's kill";
+  EXPECT_LT(killed.after_kill, absl::Seconds(3)) << killed.status;
+  EXPECT_EQ((*communicator)->LostPeers(), std::vector<int>{1}) << killed.status;
+  EXPECT_NE(killed.status.message().find("rank 1"), std::string::npos) << killed.status;
+  ExpectNoSharedMemoryLeft(store);
   communicator->reset();
   ASSERT_NE(WaitForExit(peers[0], absl::Now() + absl::Seconds(10)), -1);
   // Rank 2's gathers fail once this rank is gone; it exits on its own.
@@ -236,13 +265,7 @@ TEST_P(GlooMultiprocessFailureTest, KilledIdlePeerFailsTheNextCollectiveAtOnce) 
   FileStore store(store_dir);
   const pid_t peer = Spawn(PeerArguments(store_dir, 1, 2, "join_and_hang", transport));
   ASSERT_GT(peer, 0);
-  GlooCommunicatorOptions options;
-  options.rank = 0;
-  options.world_size = 2;
-  options.store = &store;
-  options.rendezvous_timeout = absl::Seconds(30);
-  options.transport = transport;
-  auto communicator = GlooCommunicator::Create(options);
+  auto communicator = GlooCommunicator::Create(RankZeroOptions(&store, 2, transport));
   ASSERT_TRUE(communicator.ok()) << communicator.status();
   ASSERT_TRUE(store.Get("gloo/joined/1", absl::Seconds(30)).ok());
   kill(peer, SIGKILL);
@@ -270,11 +293,7 @@ TEST_P(GlooMultiprocessFailureTest, KilledIdlePeerFailsTheNextCollectiveAtOnce) 
   EXPECT_NE(status.message().find("lost peer rank 1"), std::string::npos) << status;
   EXPECT_LT(elapsed, absl::Seconds(2)) << status;
   EXPECT_EQ((*communicator)->LostPeers(), std::vector<int>{1});
-  if (transport == Transport::kShm) {
-    EXPECT_FALSE(std::filesystem::exists(SegmentPath(store))) << SegmentPath(store);
-    EXPECT_TRUE(SharedMemoryDescriptors().empty())
-        << absl::StrJoin(SharedMemoryDescriptors(), ", ");
-  }
+  if (transport == Transport::kShm) ExpectNoSharedMemoryLeft(store);
 }
 
 // Debian's Gloo never wakes a receive whose message was partly read when the connection broke,
@@ -296,49 +315,26 @@ TEST_P(GlooMultiprocessFailureTest, PeerKilledMidTransferFailsTheSurvivorAtOnce)
     arguments.push_back(absl::StrCat("--segment_bytes=", kSegmentBytes));
     const pid_t peer = Spawn(arguments);
     ASSERT_GT(peer, 0);
-    GlooCommunicatorOptions options;
-    options.rank = 0;
-    options.world_size = 2;
-    options.store = &store;
-    options.rendezvous_timeout = absl::Seconds(30);
+    GlooCommunicatorOptions options = RankZeroOptions(&store, 2, transport);
     options.segment_bytes = kSegmentBytes;
-    options.transport = transport;
     auto communicator = GlooCommunicator::Create(options);
     ASSERT_TRUE(communicator.ok()) << communicator.status();
     ASSERT_TRUE(store.Get("gloo/joined/1", absl::Seconds(30)).ok());
     ASSERT_EQ((*communicator)->transport(), transport);
 
-    std::vector<float> gathered(2 * kPieceCount, 1.0f);
-    CollectiveOptions collective;
-    collective.timeout = absl::Seconds(60);
-    absl::Status status;
-    // Gathers until one fails; the kill comes after `round + 2` of them.
-    for (int done = 0; status.ok(); ++done) {
-      std::unique_ptr<Work> work =
-          (*communicator)
-              ->AllGatherInPlace(gathered.data(), kPieceCount, ElementType::kFloat32, collective);
-      if (done == round + 2) {
-        kill(peer, SIGKILL);
-        const absl::Time killed_at = absl::Now();
-        status = work->Wait(absl::Seconds(90));
-        const absl::Duration elapsed = absl::Now() - killed_at;
-        ASSERT_FALSE(status.ok()) << "round " << round << ": the gather survived its peer's kill";
-        EXPECT_LT(elapsed, absl::Seconds(3)) << "round " << round << ": " << status;
-        // Whether the PeerWatch or Gloo noticed first, the dead peer is named.
-        EXPECT_EQ((*communicator)->LostPeers(), std::vector<int>{1})
-            << "round " << round << ": " << status;
-        EXPECT_NE(status.message().find("rank 1"), std::string::npos) << status;
-        if (transport == Transport::kShm) {
-          // Nothing of the run is left in /dev/shm, and the survivor holds no descriptor of it.
-          EXPECT_FALSE(std::filesystem::exists(SegmentPath(store))) << SegmentPath(store);
-          EXPECT_TRUE(SharedMemoryDescriptors().empty())
-              << absl::StrJoin(SharedMemoryDescriptors(), ", ");
-        }
-        break;
-      }
-      status = work->Wait(absl::Seconds(90));
-      ASSERT_TRUE(status.ok()) << "round " << round << ", gather " << done << ": " << status;
-    }
+    // The kill comes after `round + 2` gathers.
+    const KilledGather killed =
+        GatherUntilPeerKilled(**communicator, kPieceCount, /*kill_after=*/round + 2, peer);
+    ASSERT_EQ(killed.gathers_before, round + 2)
+        << "round " << round << ", gather " << killed.gathers_before << ": " << killed.status;
+    ASSERT_FALSE(killed.status.ok())
+        << "round " << round << ": the gather survived its peer's kill";
+    EXPECT_LT(killed.after_kill, absl::Seconds(3)) << "round " << round << ": " << killed.status;
+    // Whether the PeerWatch or Gloo noticed first, the dead peer is named.
+    EXPECT_EQ((*communicator)->LostPeers(), std::vector<int>{1})
+        << "round " << round << ": " << killed.status;
+    EXPECT_NE(killed.status.message().find("rank 1"), std::string::npos) << killed.status;
+    if (transport == Transport::kShm) ExpectNoSharedMemoryLeft(store);
     ASSERT_NE(WaitForExit(peer, absl::Now() + absl::Seconds(10)), -1);
   }
 }
@@ -346,12 +342,8 @@ TEST_P(GlooMultiprocessFailureTest, PeerKilledMidTransferFailsTheSurvivorAtOnce)
 TEST_P(GlooMultiprocessFailureTest, PeerThatNeverJoinsFailsCreateWithinTheRendezvousTimeout) {
   const Transport transport = GetParam();
   FileStore store(FreshDirectory(absl::StrCat("never_joins_", TransportName(transport))));
-  GlooCommunicatorOptions options;
-  options.rank = 0;
-  options.world_size = 3;
-  options.store = &store;
+  GlooCommunicatorOptions options = RankZeroOptions(&store, 3, transport);
   options.rendezvous_timeout = absl::Seconds(1);
-  options.transport = transport;
   const absl::Time start = absl::Now();
   auto communicator = GlooCommunicator::Create(options);
   EXPECT_EQ(communicator.status().code(), absl::StatusCode::kDeadlineExceeded)

@@ -21,7 +21,6 @@
 #include <new>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -430,9 +429,7 @@ ShmLink::~ShmLink() {
       absl::MutexLock lock(&send_mu_);
       stopping_ = true;
     }
-    Bell& mine = BellOf(rank_);
-    mine.sequence.fetch_add(1, std::memory_order_seq_cst);
-    FutexWakeAll(&mine.sequence);
+    RingBell(rank_);
     pusher_.join();
   }
   munmap(base_, bytes_);
@@ -449,9 +446,7 @@ void ShmLink::Interrupt(absl::Status why) {
     interrupted_.store(true, std::memory_order_seq_cst);
     for (std::deque<PendingSend>& queue : outbox_) queue.clear();
   }
-  Bell& mine = BellOf(rank_);
-  mine.sequence.fetch_add(1, std::memory_order_seq_cst);
-  FutexWakeAll(&mine.sequence);
+  RingBell(rank_);
 }
 
 absl::Status ShmLink::Interruption() const {
@@ -477,11 +472,7 @@ void ShmLink::Send(int peer, uint64_t slot, const void* data, size_t bytes) {
     queued = !outbox_[peer].empty();
   }
   // The pusher sleeps until there is something to push.
-  if (queued && pusher_.joinable()) {
-    Bell& mine = BellOf(rank_);
-    mine.sequence.fetch_add(1, std::memory_order_seq_cst);
-    if (mine.sleeping.load(std::memory_order_seq_cst) != 0) FutexWakeAll(&mine.sequence);
-  }
+  if (queued && pusher_.joinable()) RingBell(rank_);
 }
 
 bool ShmLink::PushSends() {

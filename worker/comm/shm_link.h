@@ -148,7 +148,9 @@ class ShmLink : public RingLink {
   void PushInBackground() ABSL_LOCKS_EXCLUDED(send_mu_);
   // This rank's bell, and `rank`'s (a member).
   Bell& BellOf(int rank);
-  // Tells `rank` (its bell) that something it may wait for happened.
+  // Tells `rank` (its bell) that something it may wait for happened. Wakes only counted sleepers:
+  // a thread that counts itself after the ring sees the change before it sleeps (its `seen`
+  // sequence is stale, or it looks again at what changed).
   void RingBell(int rank);
   // Waits until `ready()` (pushing queued sends meanwhile); an error at the deadline or on an
   // interrupt.

@@ -443,11 +443,13 @@ absl::Status EngineTrainingRun::AssembleDeviceAndCommunicator(RunParts& parts) {
     // Under --transport=auto the link is chosen at run time: say which one the rings got.
     if (parts.world_size > 1) {
       const std::vector<int> shared = gloo->SharedMemoryPeers();
-      const std::string links =
-          gloo->transport() == comm::Transport::kShm ? "shared memory"
-          : shared.empty()                           ? "TCP"
-                                                     : absl::StrCat("shared memory with rank(s) ",
-                                                                    absl::StrJoin(shared, ", "), " and TCP with the others");
+      std::string links = "TCP";
+      if (gloo->transport() == comm::Transport::kShm) {
+        links = "shared memory";
+      } else if (!shared.empty()) {
+        links = absl::StrCat("shared memory with rank(s) ", absl::StrJoin(shared, ", "),
+                             " and TCP with the others");
+      }
       ZS_LOG(INFO) << assignment_.job_id() << " generation " << assignment_.generation() << " rank "
                    << parts.rank << ": the rings run over " << links
                    << " (--transport=" << comm::TransportName(comm_options.transport) << ")";
