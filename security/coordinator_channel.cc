@@ -107,9 +107,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CreateCoordinatorChannel(
   if (!credentials.token.empty() && !credentials.tls.enabled() && !credentials.insecure &&
       !IsLoopbackTarget(target)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "refusing to send a token in plaintext to ", target,
-        ", which is not a loopback address: connect with TLS (--ca), or pass --insecure (or set ",
-        kInsecureEnv, "=1) to send it unencrypted as before (trusted networks only)"));
+        "refusing to send a token in plaintext to ", target, ", which is not a loopback address (",
+        kLoopbackRule, "): connect with TLS (--ca), or pass --insecure (or set ", kInsecureEnv,
+        "=1) to send it unencrypted as before (trusted networks only)"));
   }
   ZS_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ChannelCredentials> channel_credentials,
                       MakeChannelCredentials(credentials.tls));

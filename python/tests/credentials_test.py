@@ -270,5 +270,37 @@ class CredentialsTest(unittest.TestCase):
         self.assertIn("token_file", str(raised.exception.code))
 
 
+
+class LoopbackRuleTest(unittest.TestCase):
+    """is_loopback_target: what a token may go to in plaintext (the C++ clients' rule too,
+    security/loopback_test.cc)."""
+
+    def test_literals_localhost_and_unix_sockets_are_loopback(self):
+        for target in ("127.0.0.1:50051", "127.1.2.3:1", "localhost:50051", "LocalHost:1",
+                       "localhost", "[::1]:50051", "::1", "[::ffff:127.0.0.1]:1",
+                       "dns:localhost:1", "dns:/localhost:1", "dns:///localhost:1",
+                       "dns:///127.0.0.1:1", "ipv4:127.0.0.1:1,127.0.0.2:2", "ipv6:[::1]:1",
+                       "unix:/tmp/zs.sock", "unix-abstract:zeroshard",
+                       "dns://8.8.8.8/127.0.0.1:1", "dns://8.8.8.8/[::1]:1"):
+            with self.subTest(target=target):
+                self.assertTrue(_channel.is_loopback_target(target))
+
+    # Issue 36, row 9. Fails before the fix: "localhost." (trailing dot) and localhost under a
+    # dns:// authority counted as loopback, but gRPC asks a DNS server for both, so the token
+    # went in plaintext to whatever address that server answered; and ipv4: took "localhost".
+    def test_names_a_dns_server_resolves_are_not_loopback(self):
+        for target in ("localhost.:1", "LOCALHOST.:1", "dns:///localhost.:1",
+                       "dns://8.8.8.8/localhost:1", "dns://8.8.8.8/localhost.:1",
+                       "dns://127.0.0.1/localhost:1", "ipv4:localhost:1", "127.0.0.1.:1",
+                       "127.1:1", "[::1%lo]:1", "localhost:1?x", "localhost:https", "[::1",
+                       "dns://8.8.8.8", "", "coordinator.example:1", "192.0.2.1:1",
+                       "ipv4:127.0.0.1:1,10.0.0.1:1"):
+            with self.subTest(target=target):
+                self.assertFalse(_channel.is_loopback_target(target))
+        with self.assertRaises(ValueError) as raised:
+            _channel.coordinator_channel("dns://192.0.2.53/localhost:50051", token=TOKEN)
+        self.assertIn("in plaintext to dns://192.0.2.53/localhost:50051", str(raised.exception))
+        self.assertIn("without a trailing dot or a dns://SERVER/ authority", str(raised.exception))
+
 if __name__ == "__main__":
     unittest.main()

@@ -50,46 +50,86 @@ def _read_pem(path, what):
         raise ValueError(f"{what}: cannot read {path}: {e.strerror}") from None
 
 
-def _is_loopback_host(host):
-    host = host.lower().rstrip(".")
-    if host == "localhost":
-        return True
+# The rule of is_loopback_target in one phrase, for the error that refuses a target (the C++
+# clients' kLoopbackRule, security/loopback.h).
+LOOPBACK_RULE = ("loopback means 127.0.0.0/8 or ::1 written as an IP literal, `localhost` without "
+                 "a trailing dot or a dns://SERVER/ authority, or a unix: socket")
+
+
+def _is_loopback_literal(host):
+    """`host` (no port, no brackets) is an IPv4 or IPv6 literal in a loopback range. Only the
+    forms gRPC parses as literals: "127.1", a trailing dot or a zone id go to the resolver."""
+    if "%" in host:
+        return False
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        return False  # a name other than localhost: not resolved, so not known to be local
+        return False
     mapped = getattr(address, "ipv4_mapped", None)
     return (mapped or address).is_loopback
 
 
 def _host_of(address):
-    """The host of "host:port", "[v6]:port", "host" or a bare IPv6 address."""
+    """The host of "host:port", "[v6]:port", "[v6]", "host" or a bare IPv6 address; None when the
+    form is broken (an unclosed bracket, a port that is not decimal digits)."""
+    port = None
     if address.startswith("["):
         close = address.find("]")
-        return address[1:close] if close >= 0 else address
-    if address.count(":") == 1:
-        return address.split(":", 1)[0]
-    return address
+        if close < 0:
+            return None
+        host, rest = address[1:close], address[close + 1:]
+        if rest:
+            if not rest.startswith(":"):
+                return None
+            port = rest[1:]
+    elif address.count(":") == 1:
+        host, port = address.split(":", 1)
+    else:
+        host = address  # no port, or a bare IPv6 address
+    if port is not None and not (port.isascii() and port.isdigit()):
+        return None
+    return host or None
+
+
+def _is_loopback_dns_address(address, server_named):
+    """One address of a dns: target (or a plain one, which gRPC resolves as dns:///address).
+    `server_named`: the target's authority names the DNS server to ask, which then answers even
+    localhost."""
+    host = _host_of(address)
+    if host is None:
+        return False
+    if _is_loopback_literal(host):
+        return True  # a literal is never looked up
+    # Exactly "localhost": the system resolver answers it from /etc/hosts. "localhost." is fully
+    # qualified, which /etc/hosts does not list, so a DNS server answers it.
+    return not server_named and host.lower() == "localhost"
 
 
 def is_loopback_target(target):
-    """True when every address of gRPC target `target` is on this machine: unix sockets, and
-    hosts 127.0.0.0/8, ::1 or localhost (as "host:port", "[v6]:port", "dns:[//authority/]host:port"
-    or an "ipv4:"/"ipv6:" list). Other names are False, even ones that resolve to loopback. The C++
-    clients' rule too (security/loopback.h)."""
+    """True when every address of gRPC target `target` is on this machine without asking a DNS
+    server: unix sockets; IP literals in 127.0.0.0/8 or ::1 (as "host:port", "[v6]:port",
+    "dns:[//authority/]host:port" or an "ipv4:"/"ipv6:" list); and "localhost" (any case, no
+    trailing dot) unless a "dns://SERVER/" authority names the DNS server to ask. Everything else
+    is False, even names that resolve to loopback, "localhost." included. The C++ clients' rule
+    too (security/loopback.h)."""
     if target.startswith(("unix:", "unix-abstract:")):
         return True
     for scheme in ("ipv4:", "ipv6:"):
         if target.startswith(scheme):
-            return all(_is_loopback_host(_host_of(a)) for a in target[len(scheme):].split(","))
+            hosts = [_host_of(a) for a in target[len(scheme):].split(",")]
+            return all(h is not None and _is_loopback_literal(h) for h in hosts)
+    server_named = False
     if target.startswith("dns:"):
         target = target[len("dns:"):]
         if target.startswith("//"):
             slash = target.find("/", 2)
             if slash < 0:
                 return False
+            server_named = slash > 2
             target = target[slash + 1:]
-    return _is_loopback_host(_host_of(target))
+        elif target.startswith("/"):
+            target = target[1:]
+    return _is_loopback_dns_address(target, server_named)
 
 
 class _BearerToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor,
@@ -160,7 +200,7 @@ def coordinator_channel(address, token=None, ca=None, cert=None, key=None, crede
             and not is_loopback_target(address)):
         raise ValueError(
             f"token: refusing to send a token in plaintext to {address}, which is not a loopback "
-            f"address: connect with TLS (ca), or pass insecure=True (or set {INSECURE_ENV}=1) "
+            f"address ({LOOPBACK_RULE}): connect with TLS (ca), or pass insecure=True (or set {INSECURE_ENV}=1) "
             "to send it unencrypted as before (trusted networks only)")
     if credentials is None and ca is not None:
         credentials = grpc.ssl_channel_credentials(
