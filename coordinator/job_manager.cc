@@ -735,6 +735,7 @@ absl::StatusOr<v1::RewindJobResponse> JobManager::RewindJob(const v1::RewindJobR
     absl::MutexLock lock(&mu_);
     ZS_ASSIGN_OR_RETURN(JobRecord * record, FindRankLocked(request.worker_id(), request.job_id(),
                                                            request.generation(), request.rank()));
+    ZS_RETURN_IF_ERROR(CheckRewindLocked(*record, request));
     if (absl::Status forgotten =
             store_->DeleteCheckpointCommits(request.job_id(), request.generation(), step).status();
         !forgotten.ok()) {
@@ -788,6 +789,34 @@ absl::StatusOr<v1::RewindJobResponse> JobManager::RewindJob(const v1::RewindJobR
   JobRecord* changed[] = {record};
   PersistLocked(changed);
   return response;
+}
+
+absl::Status JobManager::CheckRewindLocked(const JobRecord& record,
+                                           const v1::RewindJobRequest& request) const {
+  const v1::Job& job = record.job;
+  // A built-in job's steps are its workers' own: no trainer loads a state into it.
+  if (!job.spec().workload().has_attached()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job_id: ", job.id(),
+        " is not an attached job; RewindJob takes back only an attached job (workload.attached), "
+        "whose trainers loaded a state"));
+  }
+  // Rank 0 speaks for the job's load (every rank loads the same state); no other rank may move
+  // the whole job.
+  if (request.rank() != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("rank: ", request.rank(), " may not call RewindJob for ", job.id(),
+                     "; only the job's rank 0 takes the job back to a loaded state's step"));
+  }
+  // Back, never forward: only to a step the job has reached as the coordinator recorded it (rank
+  // 0's reports, or the step its generation resumed from).
+  const int64_t reached = std::max(job.progress().step(), record.run_assignment.start_step());
+  if (request.step() > reached) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step: ", request.step(), " is past ", job.id(), "'s progress (step ", reached,
+                     "); RewindJob takes a job back to a step it has reached, never forward"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::optional<ManifestToWrite>> JobManager::BeginCommitLocked(

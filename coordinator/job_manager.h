@@ -305,11 +305,12 @@ class JobManager {
       const v1::CommitCheckpointRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
 
   // RewindJob (coordinator.proto): the job went back to request.step (an attached trainer loaded
-  // a state). Checks the rank as CommitCheckpoint does and forgets the generation's commits from
-  // that step on (JobStore::DeleteCheckpointCommits: an old rank's commit must not complete a new
-  // checkpoint); then, outside the lock under the job's volume lock, retires
-  // (checkpoint::SupersedeCheckpoint, newest first) every committed checkpoint of the job after
-  // the step, and the one at the step unless it is the checkpoint loaded (request's
+  // a state). Checks the rank as CommitCheckpoint does, and the rewind's rules
+  // (CheckRewindLocked: an attached job's rank 0, back to a step it reached), and forgets the
+  // generation's commits from that step on (JobStore::DeleteCheckpointCommits: an old rank's commit
+  // must not complete a new checkpoint); then, outside the lock under the job's volume lock,
+  // retires (checkpoint::SupersedeCheckpoint, newest first) every committed checkpoint of the job
+  // after the step, and the one at the step unless it is the checkpoint loaded (request's
   // loaded_job_id and loaded_checkpoint: job, step, generation and commit time); then the job's
   // latest checkpoint becomes the newest one left (or none), and its progress and every rank's
   // reported step go back to the step, so that the steps' reports are taken again; a NOTICE says
@@ -468,6 +469,11 @@ class JobManager {
   // may not.
   absl::StatusOr<JobRecord*> FindAdoptableRankLocked(const v1::RegisterWorkerRequest& request,
                                                      const RegistrationProof& proof)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RewindJob's rules (docs/api.md): only an attached job, only its rank 0, and only back to a
+  // step at or below the job's recorded progress (or the step its generation resumed from).
+  // FAILED_PRECONDITION ("job_id: ...", "step: ...") or PERMISSION_DENIED ("rank: ...").
+  absl::Status CheckRewindLocked(const JobRecord& record, const v1::RewindJobRequest& request) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // CommitCheckpoint's part under the lock: checks and records the rank's commit; returns the
   // manifest to write once every rank committed and the step is not recorded yet, else nullopt

@@ -2465,6 +2465,87 @@ TEST_F(JobManagerTest, RewindRetiresTheCheckpointsAfterTheStepAndTheJobsStepFoll
   EXPECT_EQ(manager_->RewindJob(rewind).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Issue 36, row 2. Fails before the fix: rank 1's RewindJob(step 0) superseded every checkpoint
+// of the job, a step past the job's progress was taken, and a built-in job's rank 0 could rewind
+// its job too. Now only an attached job's rank 0 takes it back, and only to a step it reached;
+// each refusal names its rule and changes nothing.
+TEST_F(JobManagerTest, RewindJobTakesOnlyAnAttachedJobsRankZeroBackToAStepItReached) {
+  RegisterAttachable("node-a");
+  RegisterAttachable("node-b");
+  v1::JobSpec spec = AttachedSpec({"node-a", "node-b"});
+  spec.mutable_checkpoint()->set_keep(10);
+  auto job = manager_->SubmitJob(spec);
+  ASSERT_TRUE(job.ok()) << job.status();
+  const v1::Job running = *manager_->GetJob(job->id());
+  ASSERT_EQ(running.state(), v1::RUNNING);
+  const std::string job_dir =
+      checkpoint::JobCheckpointDir(checkpoint_root_, running.spec().checkpoint().dir());
+  for (int64_t step : {10, 20}) {
+    for (int rank : {0, 1}) ASSERT_TRUE(Commit(running, rank, step).ok());
+    ASSERT_TRUE(Report(running, 0, step).ok());
+  }
+  const size_t events_before = Events(job->id()).size();
+  auto unchanged = [&] {
+    const v1::Job now = *manager_->GetJob(job->id());
+    EXPECT_EQ(now.latest_checkpoint().step(), 20);
+    EXPECT_EQ(now.progress().step(), 20);
+    for (int64_t step : {10, 20}) {
+      EXPECT_TRUE(
+          std::filesystem::exists(checkpoint::ManifestPath(checkpoint::StepDir(job_dir, step))))
+          << step;
+    }
+    EXPECT_EQ(Events(job->id()).size(), events_before);
+  };
+
+  v1::RewindJobRequest rewind;
+  rewind.set_worker_id(running.worker_ids(1));
+  rewind.set_job_id(running.id());
+  rewind.set_generation(running.generation());
+  rewind.set_rank(1);
+  rewind.set_step(0);
+  const absl::Status rank_one = manager_->RewindJob(rewind).status();
+  EXPECT_EQ(rank_one.code(), absl::StatusCode::kPermissionDenied) << rank_one;
+  EXPECT_TRUE(absl::StrContains(rank_one.message(), "rank: 1")) << rank_one;
+  EXPECT_TRUE(absl::StrContains(rank_one.message(), "only the job's rank 0")) << rank_one;
+  unchanged();
+
+  rewind.set_worker_id(running.worker_ids(0));
+  rewind.set_rank(0);
+  rewind.set_step(21);
+  const absl::Status forward = manager_->RewindJob(rewind).status();
+  EXPECT_EQ(forward.code(), absl::StatusCode::kFailedPrecondition) << forward;
+  EXPECT_TRUE(absl::StrContains(forward.message(), "step: 21 is past")) << forward;
+  EXPECT_TRUE(absl::StrContains(forward.message(), "progress (step 20)")) << forward;
+  unchanged();
+
+  // Its own rank 0, back to a step it reached: taken.
+  rewind.set_step(10);
+  absl::StatusOr<v1::RewindJobResponse> back = manager_->RewindJob(rewind);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(std::vector<int64_t>(back->superseded_steps().begin(), back->superseded_steps().end()),
+            (std::vector<int64_t>{10, 20}));
+
+  // A built-in job: no rank of it rewinds, rank 0 included.
+  Register("builtin");
+  auto builtin = manager_->SubmitJob(SeedSpec(1));
+  ASSERT_TRUE(builtin.ok()) << builtin.status();
+  const v1::Job builtin_running = *manager_->GetJob(builtin->id());
+  ASSERT_EQ(builtin_running.state(), v1::RUNNING);
+  ASSERT_TRUE(Commit(builtin_running, 0, 1).ok());
+  ASSERT_TRUE(Report(builtin_running, 0, 2).ok());
+  v1::RewindJobRequest builtin_rewind;
+  builtin_rewind.set_worker_id(builtin_running.worker_ids(0));
+  builtin_rewind.set_job_id(builtin_running.id());
+  builtin_rewind.set_generation(builtin_running.generation());
+  builtin_rewind.set_rank(0);
+  builtin_rewind.set_step(0);
+  const absl::Status not_attached = manager_->RewindJob(builtin_rewind).status();
+  EXPECT_EQ(not_attached.code(), absl::StatusCode::kFailedPrecondition) << not_attached;
+  EXPECT_TRUE(absl::StrContains(not_attached.message(), "is not an attached job")) << not_attached;
+  EXPECT_EQ(manager_->GetJob(builtin->id())->latest_checkpoint().step(), 1);
+  EXPECT_EQ(manager_->GetJob(builtin->id())->progress().step(), 2);
+}
+
 TEST_F(JobManagerTest, SetStateRefusesEveryChangeOutsideTheTableAndChangesNothing) {
   const std::string a = Register("a");
   auto succeeded = manager_->SubmitJob(SeedSpec(1));

@@ -810,7 +810,11 @@ absl::Status EngineTrainingRun::MoveToLoadedStep(
   // "kept": the job's checkpoint of loaded_step is the one loaded; "": it has none (any more);
   // anything else: why the rewind failed.
   std::string outcome;
-  if (parts.rank == 0) {
+  // Forward (a state from another job, or a torch-format one, at a later step): no checkpoint of
+  // this job lies after the step, so there is nothing to retire, and the coordinator takes a job
+  // back only (RewindJob); the reports of the steps after it simply come next.
+  const bool forward = loaded_step > loop.step;
+  if (parts.rank == 0 && !forward) {
     v1::RewindJobRequest rewind;
     rewind.set_worker_id(options_.worker_id);
     rewind.set_job_id(assignment_.job_id());
@@ -837,7 +841,7 @@ absl::Status EngineTrainingRun::MoveToLoadedStep(
       outcome = "kept";
     }
     ZS_RETURN_IF_ERROR(parts.store->Set(key, outcome));
-  } else {
+  } else if (!forward) {
     ZS_ASSIGN_OR_RETURN(outcome, parts.store->Get(key, kCoordinatorOutageDeadline));
   }
   if (outcome != "kept" && !outcome.empty()) return absl::UnavailableError(outcome);
