@@ -203,6 +203,15 @@ absl::StatusOr<Directory> Directory::OpenRoot(std::string path,
 absl::StatusOr<Directory> Directory::FromPassedDescriptor(int fd, std::string path) {
   UniqueFd closer(fd);
   ZS_RETURN_IF_ERROR(CheckPassedDescriptor(fd, path, EntryType::kDirectory));
+  // An O_PATH descriptor needs no read permission on the directory: adopting one would let the
+  // worker read, with its own rights, a directory the trainer could not list (issue 36).
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags < 0 || (flags & O_PATH) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path,
+        ": the descriptor passed for it is not open for reading (an O_PATH descriptor is "
+        "refused: open the step directory with O_RDONLY | O_DIRECTORY)"));
+  }
   return Directory(closer.Release(), std::move(path), nullptr);
 }
 

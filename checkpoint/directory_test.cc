@@ -156,6 +156,18 @@ TEST(DirectoryTest, PassedDescriptorsAreAdoptedOnlyAsWhatTheyClaimToBe) {
                                 "not a directory"))
       << not_a_directory;
 
+  // Fails before the fix (issue 36, row 10): an O_PATH descriptor of a directory, which needs
+  // no read permission on it, was adopted as the step directory.
+  const absl::Status path_only =
+      Directory::FromPassedDescriptor(::open(root.c_str(), O_PATH | O_DIRECTORY | O_CLOEXEC),
+                                      "/step")
+          .status();
+  EXPECT_TRUE(absl::IsInvalidArgument(path_only)) << path_only;
+  EXPECT_TRUE(absl::StrContains(path_only.message(),
+                                "/step: the descriptor passed for it is "
+                                "not open for reading (an O_PATH"))
+      << path_only;
+
   EXPECT_TRUE(File::FromPassedDescriptor(::open(file.c_str(), O_RDONLY | O_CLOEXEC), "/f").ok());
   for (const int fd :
        {::open(file.c_str(), O_WRONLY | O_CLOEXEC), ::open(file.c_str(), O_PATH | O_CLOEXEC),

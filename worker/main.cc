@@ -229,6 +229,7 @@ int main(int argc, char** argv) {
         zeroshard::worker::EngineTrainingRunOptions run_options;
         run_options.stub = stub;
         run_options.worker_id = daemon_ptr->worker_id();
+        run_options.worker_name = options.name;
         run_options.listen_host = absl::GetFlag(FLAGS_listen_host);
         run_options.threads = absl::GetFlag(FLAGS_threads);
         run_options.cuda_device = cuda_device;

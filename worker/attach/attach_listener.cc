@@ -7,12 +7,14 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace zeroshard::attach {
 namespace {
@@ -36,6 +38,28 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& group) {
       absl::StrCat("attach_group: group '", group, "' has too large an entry"));
 }
 
+absl::StatusOr<std::vector<gid_t>> PeerGroups(int fd) {
+  // SO_PEERGROUPS (Linux 4.13): the supplementary groups the peer had when it connected, taken
+  // by the kernel with its credentials. Not /proc/<pid>/status (the pid may have exited and been
+  // reused since) nor getgrouplist(uid) (the group database's view, not the process's: a process
+  // that dropped a group, or a uid with no passwd entry, would be judged by the wrong list).
+  std::vector<gid_t> groups(64);
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    socklen_t length = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &length) == 0) {
+      groups.resize(length / sizeof(gid_t));
+      return groups;
+    }
+    if (errno != ERANGE) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("the attach socket cannot tell the peer's groups (SO_PEERGROUPS): ",
+                       std::strerror(errno)));
+    }
+    groups.resize(length / sizeof(gid_t) + 1);  // the kernel said how many it has
+  }
+  return absl::PermissionDeniedError("the peer's group list kept growing (SO_PEERGROUPS)");
+}
+
 }  // namespace
 
 absl::Status AttachPeerPolicy::Check(int fd) const {
@@ -46,11 +70,23 @@ absl::Status AttachPeerPolicy::Check(int fd) const {
         absl::StrCat("the attach socket cannot tell who connected: ", std::strerror(errno)));
   }
   if (peer.uid == uid || (group.has_value() && peer.gid == *group)) return absl::OkStatus();
-  return absl::PermissionDeniedError(absl::StrCat(
-      "process ", peer.pid, " (uid ", peer.uid, ", gid ", peer.gid, ") may not attach: only uid ",
-      uid,
-      group.has_value() ? absl::StrCat(" or gid ", *group) : std::string(" (the worker's user)"),
-      " may; --attach_group lets a group's processes attach"));
+  // A member of --attach_group whose primary group is another: what the kernel checked the
+  // socket file's group permission against at connect (the process's own supplementary groups).
+  std::string groups_seen;
+  if (group.has_value()) {
+    absl::StatusOr<std::vector<gid_t>> groups = PeerGroups(fd);
+    if (!groups.ok()) return groups.status();
+    if (std::find(groups->begin(), groups->end(), *group) != groups->end()) {
+      return absl::OkStatus();
+    }
+    groups_seen = absl::StrCat(", supplementary groups [", absl::StrJoin(*groups, ","), "]");
+  }
+  return absl::PermissionDeniedError(
+      absl::StrCat("process ", peer.pid, " (uid ", peer.uid, ", gid ", peer.gid, groups_seen,
+                   ") may not attach: only uid ", uid,
+                   group.has_value() ? absl::StrCat(" or members of group ", *group)
+                                     : std::string(" (the worker's user)"),
+                   " may; --attach_group lets a group's processes attach"));
 }
 
 absl::StatusOr<std::unique_ptr<AttachListener>> AttachListener::Create(const std::string& path,

@@ -16,8 +16,9 @@
 namespace zeroshard::attach {
 
 // Who may attach: processes running as the daemon's user, and, with --attach_group, processes
-// whose group (SO_PEERCRED's gid) is that group. A trainer attached to a worker reads and writes
-// its engine's memory and drives its runs, so nobody else may.
+// in that group: as their primary group (SO_PEERCRED's gid) or a supplementary one
+// (SO_PEERGROUPS), the groups the kernel checked the socket file's mode against. A trainer attached
+// to a worker reads and writes its engine's memory and drives its runs, so nobody else may.
 struct AttachPeerPolicy {
   uid_t uid = ::geteuid();  // the daemon's
 

@@ -3,13 +3,13 @@
 
 #include <poll.h>
 #include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -23,17 +23,17 @@ namespace {
 
 // Waits for the listener are cut into slices this long, so that Abort() is seen in time.
 constexpr absl::Duration kAcceptSlice = absl::Milliseconds(50);
-// A connected trainer must say hello within this; meanwhile other connections are served.
-constexpr absl::Duration kHelloTimeout = absl::Seconds(30);
-// Once a hello frame starts arriving, its whole frame must within this.
-constexpr int kHelloFrameTimeoutSeconds = 2;
-// Connections waiting for their hello at once; the oldest is dropped for a new one.
+// A connection's whole hello frame must have come within this of its accept (a trainer writes
+// it right after connecting; one queued in the backlog has it there already) ...
+constexpr absl::Duration kHelloTimeout = absl::Seconds(10);
+// ... and within this of its first byte: one deadline per frame, not per read, so a peer
+// dribbling a byte at a time is cut off.
+constexpr absl::Duration kHelloFrameTimeout = absl::Seconds(2);
+// A hello is a few dozen bytes; a connection that has not said hello may not make the worker
+// hold more.
+constexpr uint32_t kMaxHelloBytes = 64 << 10;
+// Connections waiting for their hello at once; beyond it, one is dropped (EvictionVictim).
 constexpr size_t kMaxPendingConnections = 16;
-
-void SetReceiveTimeout(int fd, int seconds) {
-  timeval timeout{seconds, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-}
 
 // Whether the peer of connected socket `fd` has closed its end (what it sent may still be
 // buffered here).
@@ -61,14 +61,35 @@ namespace {
 struct PendingConnection {
   std::unique_ptr<FrameSocket> socket;
   int fd = -1;
-  absl::Time hello_deadline;
+  uid_t uid = 0;  // SO_PEERCRED's, for the eviction's fairness
+  absl::Time accepted;
+  std::optional<absl::Time> first_byte;
+
+  absl::Time deadline() const {
+    const absl::Time hello = accepted + kHelloTimeout;
+    return first_byte.has_value() ? std::min(hello, *first_byte + kHelloFrameTimeout) : hello;
+  }
 };
+
+// Which connection to drop for a new one when kMaxPendingConnections wait: the oldest of the
+// user holding the most, so that one user's flood of slow connections evicts its own and never
+// the trainer of another.
+size_t EvictionVictim(const std::vector<PendingConnection>& pending) {
+  std::map<uid_t, size_t> held;
+  for (const PendingConnection& connection : pending) ++held[connection.uid];
+  size_t victim = 0;
+  for (size_t k = 1; k < pending.size(); ++k) {
+    if (held[pending[k].uid] > held[pending[victim].uid]) victim = k;
+  }
+  return victim;  // pending is in accept order: the first of the top holder is its oldest
+}
 
 }  // namespace
 
 absl::Status AttachedTrainer::Accept() {
-  // Connections are served side by side, each with its own hello deadline: a stray one that
-  // sends nothing neither holds back this rank's trainer nor hides Abort().
+  // Connections are served side by side, each read without blocking and held to its own
+  // deadline for its whole hello frame: a stray one that sends nothing, or dribbles its bytes,
+  // neither holds back this rank's trainer nor hides Abort() or the attach deadline.
   std::vector<PendingConnection> pending;
   // Why the last trainer of this job was refused (for the deadline's error).
   std::string last_refusal;
@@ -90,17 +111,19 @@ absl::Status AttachedTrainer::Accept() {
           " attached in time (its launcher must start it and call zt.init())",
           last_refusal.empty() ? "" : absl::StrCat("; the last one was refused: ", last_refusal)));
     }
-    pending.erase(
-        std::remove_if(pending.begin(), pending.end(),
-                       [&](const PendingConnection& c) { return c.hello_deadline <= now; }),
-        pending.end());
+    pending.erase(std::remove_if(pending.begin(), pending.end(),
+                                 [&](const PendingConnection& c) { return c.deadline() <= now; }),
+                  pending.end());
+    absl::Duration wait = std::min(remaining, kAcceptSlice);
     std::vector<pollfd> polled;
     polled.push_back({options_.listen_fd, POLLIN, 0});
-    for (const PendingConnection& connection : pending)
+    for (const PendingConnection& connection : pending) {
       polled.push_back({connection.fd, POLLIN, 0});
-    const int ready = ::poll(polled.data(), polled.size(),
-                             static_cast<int>(absl::ToInt64Milliseconds(std::max(
-                                 absl::Milliseconds(1), std::min(remaining, kAcceptSlice)))));
+      wait = std::min(wait, connection.deadline() - now);
+    }
+    const int ready =
+        ::poll(polled.data(), polled.size(),
+               static_cast<int>(absl::ToInt64Milliseconds(std::max(absl::Milliseconds(1), wait))));
     if (ready <= 0) continue;
     // Hellos first (polled[k + 1] is pending[k]), then new connections.
     std::vector<PendingConnection> still_pending;
@@ -111,7 +134,16 @@ absl::Status AttachedTrainer::Accept() {
       }
       PendingConnection connection = std::move(pending[k]);
       v1::AttachRequest request;
-      if (!connection.socket->Read(request).ok() || !request.has_hello()) continue;
+      const absl::StatusOr<bool> whole = connection.socket->ReadAvailable(request, kMaxHelloBytes);
+      if (!whole.ok()) continue;  // closed, broken or not a hello frame: dropped
+      if (!*whole) {
+        if (!connection.first_byte.has_value() && connection.socket->frame_started()) {
+          connection.first_byte = absl::Now();
+        }
+        still_pending.push_back(std::move(connection));
+        continue;
+      }
+      if (!request.has_hello()) continue;
       // A trainer that connected and died before any generation accepted it (its launcher
       // restarted the script) left its hello in the backlog; welcoming it would fail this
       // generation.
@@ -149,7 +181,6 @@ absl::Status AttachedTrainer::Accept() {
         last_refusal = mismatch;
         continue;
       }
-      SetReceiveTimeout(connection.fd, 0);
       absl::MutexLock lock(&abort_mu_);
       if (aborted_) return absl::CancelledError("aborted while the trainer attached");
       socket_ = std::move(connection.socket);
@@ -165,11 +196,13 @@ absl::Status AttachedTrainer::Accept() {
       refuse(*connection, std::string(allowed.message()));
       continue;
     }
-    // Once its hello starts arriving, the rest of the frame may take this long (a trainer
-    // writes it whole).
-    SetReceiveTimeout(fd, kHelloFrameTimeoutSeconds);
-    if (pending.size() >= kMaxPendingConnections) pending.erase(pending.begin());
-    pending.push_back({std::move(connection), fd, absl::Now() + kHelloTimeout});
+    ucred peer{};
+    socklen_t length = sizeof(peer);
+    (void)::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &length);
+    if (pending.size() >= kMaxPendingConnections) {
+      pending.erase(pending.begin() + static_cast<ptrdiff_t>(EvictionVictim(pending)));
+    }
+    pending.push_back({std::move(connection), fd, peer.uid, absl::Now(), std::nullopt});
   }
 }
 
@@ -243,6 +276,8 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
   v1::AttachResponse response;
   v1::AttachWelcome& welcome = *response.mutable_welcome();
   welcome.set_job_id(options_.job_id);
+  welcome.set_worker_name(options_.worker_name);
+  welcome.set_worker_id(options_.worker_id);
   welcome.set_generation(options_.generation);
   welcome.set_rank(options_.rank);
   welcome.set_world_size(options_.world_size);

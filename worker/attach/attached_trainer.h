@@ -34,6 +34,9 @@ struct AttachedTrainerOptions {
   int listen_fd = -1;
   AttachPeerPolicy peers;
   std::string job_id;
+  // This worker's name and coordinator id, said in the welcome (the trainer checks them).
+  std::string worker_name;
+  std::string worker_id;
   int64_t generation = 0;
   int32_t rank = 0;
   int32_t world_size = 1;

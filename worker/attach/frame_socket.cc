@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -100,6 +101,74 @@ absl::Status FrameSocket::Read(google::protobuf::MessageLite& message, UniqueFd*
   }
   if (passed_fd != nullptr && !passed.empty()) *passed_fd = std::move(passed.front());
   return absl::OkStatus();
+}
+
+absl::StatusOr<bool> FrameSocket::ReadAvailable(google::protobuf::MessageLite& message,
+                                                uint32_t max_bytes) {
+  while (true) {
+    // How many bytes the frame still needs: its 4-byte length first, then its body.
+    size_t wanted = 4;
+    if (partial_.size() >= 4) {
+      const auto* header = reinterpret_cast<const unsigned char*>(partial_.data());
+      const uint32_t length = uint32_t{header[0]} | uint32_t{header[1]} << 8 |
+                              uint32_t{header[2]} << 16 | uint32_t{header[3]} << 24;
+      if (length > max_bytes) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("attach frame of ", length, " bytes (at most ", max_bytes, " here)"));
+      }
+      wanted = 4 + size_t{length};
+    }
+    if (partial_.size() == wanted && wanted > 4) {
+      const bool parsed = message.ParseFromArray(partial_.data() + 4, wanted - 4);
+      partial_.clear();
+      if (!parsed) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unparsable attach frame (", wanted - 4, " bytes)"));
+      }
+      return true;
+    }
+    if (partial_.size() == wanted) {  // an empty message: the 4-byte length 0
+      partial_.clear();
+      message.Clear();
+      return true;
+    }
+    const size_t have = partial_.size();
+    partial_.resize(wanted);
+    iovec io{partial_.data() + have, wanted - have};
+    msghdr header{};
+    header.msg_iov = &io;
+    header.msg_iovlen = 1;
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxReceivedFds)];
+    header.msg_control = control;
+    header.msg_controllen = sizeof(control);
+    const ssize_t n = ::recvmsg(fd_, &header, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    const int error = errno;
+    partial_.resize(have + static_cast<size_t>(std::max<ssize_t>(n, 0)));
+    if (n > 0) {
+      bool carried_fd = (header.msg_flags & MSG_CTRUNC) != 0;
+      for (cmsghdr* c = CMSG_FIRSTHDR(&header); c != nullptr; c = CMSG_NXTHDR(&header, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+        const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t k = 0; k < count; ++k) {
+          int fd = -1;
+          std::memcpy(&fd, CMSG_DATA(c) + k * sizeof(int), sizeof(int));
+          UniqueFd closer(fd);
+          carried_fd = true;
+        }
+      }
+      if (carried_fd) {
+        return absl::InvalidArgumentError("this attach frame may not carry a descriptor");
+      }
+    }
+    if (shut_down_.load()) return absl::CancelledError("the attach connection was shut down");
+    if (n > 0) continue;
+    if (n < 0 && error == EINTR) continue;
+    if (n < 0 && (error == EAGAIN || error == EWOULDBLOCK)) return false;
+    if (n == 0 && have == 0) return absl::UnavailableError("the trainer closed its connection");
+    return absl::UnavailableError(
+        absl::StrCat("the trainer's connection broke: ",
+                     n == 0 ? "end of stream inside a frame" : std::strerror(error)));
+  }
 }
 
 absl::Status FrameSocket::Write(const google::protobuf::MessageLite& message, int pass_fd) {

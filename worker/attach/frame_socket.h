@@ -6,9 +6,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/unique_fd.h"
 #include "google/protobuf/message_lite.h"
 
@@ -33,6 +35,13 @@ class FrameSocket {
   // frame carried goes to `passed_fd` (left empty when none came); without `passed_fd` it is
   // closed, so a peer cannot fill this process's descriptor table.
   absl::Status Read(google::protobuf::MessageLite& message, UniqueFd* passed_fd = nullptr);
+  // Never blocks: takes what has arrived of the next frame, which may be at most `max_bytes`
+  // long. OK(true) once the whole frame has come and parsed into `message`; OK(false) when more
+  // must come (call again once the socket is readable). Errors as Read's; a frame that carries a
+  // descriptor is INVALID_ARGUMENT (the descriptors are closed). frame_started() says whether
+  // part of a frame is held. Do not mix with Read() inside one frame.
+  absl::StatusOr<bool> ReadAvailable(google::protobuf::MessageLite& message, uint32_t max_bytes);
+  bool frame_started() const { return !partial_.empty(); }
   // Sends one frame, with `pass_fd` as SCM_RIGHTS when >= 0 (the descriptor stays open here).
   absl::Status Write(const google::protobuf::MessageLite& message, int pass_fd = -1);
   // Ends a blocked Read (CANCELLED) and every later call.
@@ -46,6 +55,8 @@ class FrameSocket {
 
   const int fd_;
   std::atomic<bool> shut_down_{false};
+  // ReadAvailable's bytes of the frame under way: its length, then its body.
+  std::string partial_;
 };
 
 }  // namespace zeroshard::attach

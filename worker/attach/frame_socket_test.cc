@@ -157,5 +157,52 @@ TEST(FrameSocketTest, AReadTakesTheFramesDescriptorAndClosesWhatItDidNotAskFor) 
   close(fds[1]);
 }
 
+// Issue 36, row 4: the accept loop reads hellos without blocking (ReadAvailable did not exist:
+// this test fails to compile before the fix). A frame that arrives a byte at a time is
+// assembled across calls; a frame over the caller's cap, or one carrying a descriptor, is
+// refused (the caller then drops the connection); a closed peer is UNAVAILABLE.
+TEST(FrameSocketTest, ReadAvailableAssemblesAFrameAcrossCallsWithoutBlocking) {
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  FrameSocket worker(fds[0]);
+  v1::AttachRequest hello;
+  hello.mutable_hello()->set_job_id("job-000001");
+  std::string frame(4, '\0');
+  ASSERT_TRUE(hello.AppendToString(&frame));
+  frame[0] = static_cast<char>(frame.size() - 4);
+  v1::AttachRequest received;
+  absl::StatusOr<bool> whole = worker.ReadAvailable(received, 1024);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_FALSE(*whole);  // nothing yet: no wait
+  EXPECT_FALSE(worker.frame_started());
+  for (size_t k = 0; k < frame.size(); ++k) {
+    ASSERT_EQ(write(fds[1], &frame[k], 1), 1);
+    whole = worker.ReadAvailable(received, 1024);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_EQ(*whole, k + 1 == frame.size());
+    EXPECT_EQ(worker.frame_started(), k + 1 < frame.size());
+  }
+  EXPECT_EQ(received.hello().job_id(), "job-000001");
+
+  const unsigned char over[4] = {0x01, 0x04, 0, 0};  // 1025 bytes
+  ASSERT_EQ(write(fds[1], over, 4), 4);
+  const absl::Status oversized = worker.ReadAvailable(received, 1024).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(oversized)) << oversized;
+  close(fds[1]);
+
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  FrameSocket with_fd(fds[0]);
+  SendWithDescriptors(fds[1], hello, fds[1], 1);
+  const absl::Status carried = with_fd.ReadAvailable(received, 1024).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(carried)) << carried;
+  close(fds[1]);
+
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  FrameSocket hung_up(fds[0]);
+  close(fds[1]);
+  const absl::Status closed = hung_up.ReadAvailable(received, 1024).status();
+  EXPECT_TRUE(absl::IsUnavailable(closed)) << closed;
+}
+
 }  // namespace
 }  // namespace zeroshard::attach

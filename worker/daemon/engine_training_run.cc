@@ -488,6 +488,8 @@ absl::Status EngineTrainingRun::AssembleWorkload(RunParts& parts) {
     trainer_options.listen_fd = options_.attach_listen_fd;
     trainer_options.peers = options_.attach_peers;
     trainer_options.job_id = assignment_.job_id();
+    trainer_options.worker_name = options_.worker_name;
+    trainer_options.worker_id = options_.worker_id;
     trainer_options.generation = assignment_.generation();
     trainer_options.rank = static_cast<int32_t>(parts.rank);
     trainer_options.world_size = static_cast<int32_t>(parts.world_size);

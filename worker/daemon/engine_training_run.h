@@ -34,6 +34,8 @@ namespace zeroshard::worker {
 struct EngineTrainingRunOptions {
   std::shared_ptr<v1::Coordinator::StubInterface> stub;
   std::string worker_id;
+  // The worker's name (--name): an attached trainer is told it in the welcome.
+  std::string worker_name;
   // The address peers reach this worker's Gloo endpoint at.
   std::string listen_host = "127.0.0.1";
   // Threads of the optimizer kernels (CPU).
