@@ -106,9 +106,18 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(common::Clock* cl
   for (RankIdentity& identity : identities) {
     identities_by_job[identity.job_id].push_back(std::move(identity));
   }
+  ZS_ASSIGN_OR_RETURN(std::vector<WorkerNameHolder> names, store->LoadWorkerNames());
   std::unique_ptr<JobManager> manager(
       new JobManager(clock, std::move(store), rendezvous, std::move(options)));
   absl::MutexLock lock(&manager->mu_);
+  // Membership is soft state, names are not: every name known before the restart stays its
+  // holder's, who may have been live until the coordinator stopped, for a retention from now.
+  for (WorkerNameHolder& stored : names) {
+    NameHolder& holder = manager->name_holders_[stored.name];
+    holder.worker_id = std::move(stored.worker_id);
+    holder.secret_sha256 = stored.secret_sha256;
+    holder.gone_since = clock->Now();
+  }
   std::vector<JobRecord*> changed;
   for (v1::Job& job : jobs) {
     const std::string id = job.id();
@@ -183,6 +192,11 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   const std::string& previous = request.previous_worker_id();
   if (!request.status().job_id().empty()) {
     absl::StatusOr<JobRecord*> adoptable = FindAdoptableRankLocked(request, proof);
+    if (adoptable.ok()) {
+      if (absl::Status named = CheckNameProofLocked(request, proof); !named.ok()) {
+        adoptable = named;
+      }
+    }
     absl::StatusOr<v1::WorkerInfo*> worker =
         adoptable.ok() ? workers_.RegisterAs(request, previous, clock_->Now()) : adoptable.status();
     if (worker.ok()) {
@@ -196,6 +210,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
         workers_.SetSecret((*worker)->id(), security::Sha256(proof.presented_secret));
         response.set_worker_secret(proof.presented_secret);
       }
+      BindNameLocked(**worker);
       AdoptRankLocked(**adoptable, **worker, request.status());
       response.set_worker_id((*worker)->id());
       response.set_adopted(true);
@@ -223,6 +238,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
     ZS_RETURN_IF_ERROR(LeaveLocked(holder->id(), "registered again"));
   }
   ZS_RETURN_IF_ERROR(CheckNameNotReservedLocked(request, proof));
+  ZS_RETURN_IF_ERROR(CheckNameProofLocked(request, proof));
   if (proven) {
     // The registration it replaces no longer acts for it.
     workers_.RevokeSecret(previous);
@@ -235,6 +251,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
   const v1::WorkerInfo& worker = workers_.Register(request, clock_->Now());
   response.set_worker_id(worker.id());
   response.set_worker_secret(workers_.NewSecret(worker.id()));
+  BindNameLocked(worker);
   ZS_LOG(INFO) << "worker " << worker.id() << " registered: name=" << request.name()
                << " host=" << request.host()
                << (request.attach_socket().empty()
@@ -243,6 +260,76 @@ absl::StatusOr<v1::RegisterWorkerResponse> JobManager::RegisterWorker(
                << (proven ? absl::StrCat(" (was ", previous, ")") : "");
   ScheduleLocked();
   return response;
+}
+
+absl::Status JobManager::CheckNameProofLocked(const v1::RegisterWorkerRequest& request,
+                                              const RegistrationProof& proof) {
+  const auto it = name_holders_.find(request.name());
+  if (it == name_holders_.end() || proof.acts_for_any_worker) return absl::OkStatus();
+  const NameHolder& holder = it->second;
+  // Digests are compared, never the secrets themselves.
+  if (!proof.presented_secret.empty() && request.previous_worker_id() == holder.worker_id &&
+      security::Sha256(proof.presented_secret) == holder.secret_sha256) {
+    return absl::OkStatus();
+  }
+  const absl::Time now = clock_->Now();
+  // A live holder was refused before this (FindLiveByName); one not marked gone is taken as gone
+  // from now.
+  const absl::Time gone_since = holder.gone_since.value_or(now);
+  const absl::Time free_at = gone_since + options_.forget_gone_workers_after;
+  if (now >= free_at) return absl::OkStatus();
+  return absl::AlreadyExistsError(absl::StrCat(
+      "name: worker name ", request.name(), " belongs to ", holder.worker_id,
+      ", which is not live; a name is held by proof: registering it again needs "
+      "previous_worker_id ",
+      holder.worker_id,
+      " and that worker's secret (a restarted daemon keeps them with --identity_file), or it is "
+      "free once ",
+      holder.worker_id, " has been gone for --dead_worker_retention (",
+      absl::FormatDuration(options_.forget_gone_workers_after), "): in ",
+      absl::FormatDuration(absl::Ceil(free_at - now, absl::Seconds(1)))));
+}
+
+void JobManager::BindNameLocked(const v1::WorkerInfo& worker) {
+  const std::optional<security::Sha256Digest> digest = workers_.SecretDigest(worker.id());
+  if (!digest.has_value()) return;
+  NameHolder& holder = name_holders_[worker.name()];
+  holder.worker_id = worker.id();
+  holder.secret_sha256 = *digest;
+  holder.gone_since.reset();
+  // Durable before the secret is handed out, so that a restarted coordinator still knows whose
+  // name it is.
+  const WorkerNameHolder stored{worker.name(), worker.id(), *digest};
+  if (absl::Status saved = store_->SaveWorkerNames({stored}); !saved.ok()) {
+    // Registration goes on; only a restart before the next successful write could forget it.
+    ZS_LOG(ERROR) << "state store: cannot store the holder of worker name " << worker.name() << ": "
+                  << saved;
+  }
+}
+
+void JobManager::NoteNameHolderGoneLocked(const std::string& worker_id) {
+  const v1::WorkerInfo* worker = workers_.Find(worker_id);
+  if (worker == nullptr) return;
+  const auto it = name_holders_.find(worker->name());
+  if (it == name_holders_.end() || it->second.worker_id != worker_id) return;
+  if (!it->second.gone_since.has_value()) it->second.gone_since = clock_->Now();
+}
+
+void JobManager::ForgetGoneNamesLocked(absl::Time horizon) {
+  std::vector<std::string> forgotten;
+  for (auto it = name_holders_.begin(); it != name_holders_.end();) {
+    if (it->second.gone_since.has_value() && *it->second.gone_since < horizon) {
+      forgotten.push_back(it->first);
+      name_holders_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  if (forgotten.empty()) return;
+  if (absl::Status saved = store_->SaveWorkerNames({}, forgotten); !saved.ok()) {
+    // Forgotten here; a restart before the next write holds the names a retention longer.
+    ZS_LOG(ERROR) << "state store: cannot forget worker names: " << saved;
+  }
 }
 
 const RankIdentity* JobManager::FindUnadoptedRankLocked(
@@ -355,6 +442,7 @@ absl::Status JobManager::LeaveWorker(const std::string& worker_id) {
 absl::Status JobManager::LeaveLocked(const std::string& worker_id, const std::string& why) {
   // End its generation first: that reads the assignment Leave clears.
   ZS_RETURN_IF_ERROR(HandleLostWorkerLocked(worker_id, why));
+  NoteNameHolderGoneLocked(worker_id);
   return workers_.Leave(worker_id).status();
 }
 
@@ -934,12 +1022,14 @@ void JobManager::Tick() {
   const absl::Time now = clock_->Now();
   for (const std::string& worker_id : workers_.ExpireLeases(now)) {
     ZS_LOG(WARNING) << "worker " << worker_id << " missed its heartbeats: lease expired";
+    NoteNameHolderGoneLocked(worker_id);
     if (absl::Status ended = HandleLostWorkerLocked(worker_id, "lease expired"); !ended.ok()) {
       ZS_LOG(ERROR) << "worker " << worker_id << ": its generation did not end: " << ended;
     }
   }
   EndExpiredAdoptionsLocked();
   workers_.ForgetGone(now - options_.forget_gone_workers_after);
+  ForgetGoneNamesLocked(now - options_.forget_gone_workers_after);
   ScheduleLocked();
 }
 

@@ -199,13 +199,19 @@ struct ManagerStats {
 //
 // Identities. A worker's registration is bound to a secret (RegisterWorker's reply; only its
 // SHA-256 is kept) and to its name: while a registration is live, another registration of its
-// name is refused with ALREADY_EXISTS. A registration that names a previous_worker_id replaces
-// that registration only with proof of being it (RegistrationProof: its secret, unless the
-// caller acts for any worker); without proof it is registered as a new worker and the named one
-// keeps its registration and secret. A generation's ranks are stored with their workers' names
-// and secret digests (JobStore's RankIdentity), so that after a restart only the worker that held
-// a rank, presenting that rank's secret, adopts it; while a generation is being adopted, the
-// names of its ranks not back yet are reserved for them.
+// name is refused with ALREADY_EXISTS. A name, like a rank, is held by proof: once its holder is
+// DEAD or LEFT, a registration of the name must present the holder's id (previous_worker_id) and
+// secret, until the holder has been gone for --dead_worker_retention; only then is the name
+// anyone's (CheckNameProofLocked). The holders are stored (JobStore::SaveWorkerNames) before the
+// secret is handed out, so a restarted coordinator, which knows no live worker at first, holds
+// every known name for its holder for a retention from its start: a worker token that wins the
+// race after a restart gets no name a worker held before it (an unknown name is first come). A
+// registration that names a previous_worker_id replaces that registration only with proof of being
+// it (RegistrationProof: its secret, unless the caller acts for any worker); without proof it is
+// registered as a new worker and the named one keeps its registration and secret. A generation's
+// ranks are stored with their workers' names and secret digests (JobStore's RankIdentity), so that
+// after a restart only the worker that held a rank, presenting that rank's secret, adopts it; while
+// a generation is being adopted, the names of its ranks not back yet are reserved for them.
 //
 // Collaborators, called downward only: JobStore (durable state), JobEventLog (events, their
 // sequence numbers and watchers), WorkerRegistry (membership, leases, secrets, id blocks), the
@@ -509,6 +515,20 @@ class JobManager {
   absl::Status CheckNameNotReservedLocked(const v1::RegisterWorkerRequest& request,
                                           const RegistrationProof& proof)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A name is held by proof (see "Identities"): OK when no registration holds the name, the
+  // caller acts for any worker, the request proves it is the name's holder (previous_worker_id
+  // and that worker's secret), or the holder has been gone for options.forget_gone_workers_after
+  // (--dead_worker_retention); else ALREADY_EXISTS ("name: ...") naming the holder, the rule and
+  // when the name frees by itself. A live holder is refused before this (RegisterWorker).
+  absl::Status CheckNameProofLocked(const v1::RegisterWorkerRequest& request,
+                                    const RegistrationProof& proof)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes `worker` (registered, its secret set) the holder of its name, stored durably.
+  void BindNameLocked(const v1::WorkerInfo& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The worker's lease ended or it left: if it holds its name, the name's retention starts.
+  void NoteNameHolderGoneLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Forgets the names whose holders have been gone since before `horizon`.
+  void ForgetGoneNamesLocked(absl::Time horizon) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The first rank of a generation being adopted, its worker not back yet, that `matches`, or
   // nullptr.
   const RankIdentity* FindUnadoptedRankLocked(
@@ -549,6 +569,17 @@ class JobManager {
   // Every job's checkpoint directory, claimed when it was submitted (and again from the stored
   // jobs at start).
   CheckpointDirClaims checkpoint_dir_claims_ ABSL_GUARDED_BY(mu_);
+  // Who holds each known worker name (see "Identities"), stored in the JobStore (only the
+  // holder and its secret's digest; gone_since is soft: a restarted coordinator counts every
+  // holder gone from its start). Invariant: the holder of a name a live registration has is that
+  // registration (gone_since unset).
+  struct NameHolder {
+    std::string worker_id;
+    security::Sha256Digest secret_sha256{};
+    // When the holder's lease ended or it left; unset while it is live.
+    std::optional<absl::Time> gone_since;
+  };
+  absl::flat_hash_map<std::string, NameHolder> name_holders_ ABSL_GUARDED_BY(mu_);
   // (submitter, JobSpec.run_key) -> job id, for every job that has a run key.
   absl::flat_hash_map<std::pair<std::string, std::string>, std::string> jobs_by_run_key_
       ABSL_GUARDED_BY(mu_);

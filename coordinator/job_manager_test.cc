@@ -1931,10 +1931,123 @@ TEST_F(JobManagerTest, AWorkerNameIsBoundToItsLiveRegistrationUntilItIsDead) {
   clock_.Advance(JobManagerOptions().lease.lease() + absl::Seconds(1));
   manager_->Tick();
   ASSERT_EQ(manager_->ListWorkers(v1::DEAD).size(), 1u);
+  // Dead, its name is still its own (issue 36) until it has been gone for the retention.
+  EXPECT_EQ(manager_->RegisterWorker(Registration("a"), WorkerProof()).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  clock_.Advance(JobManagerOptions().forget_gone_workers_after);
+  manager_->Tick();
   absl::StatusOr<v1::RegisterWorkerResponse> after =
       manager_->RegisterWorker(Registration("a"), WorkerProof());
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_NE(after->worker_id(), a);
+}
+
+// Issue 36, row 1. Fails before the fix: once "a" was DEAD (its daemon killed) a worker token
+// registered the name without any proof and kept it; the real daemon was then refused forever.
+// Now a known name that is not live goes only to its holder (its id and secret) until the holder
+// has been gone for --dead_worker_retention; the refusal names the rule and when it ends.
+TEST_F(JobManagerTest, ANameThatIsNotLiveGoesOnlyToItsHolderUntilTheRetentionPassed) {
+  absl::StatusOr<v1::RegisterWorkerResponse> a =
+      manager_->RegisterWorker(Registration("a"), WorkerProof());
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<v1::RegisterWorkerResponse> b =
+      manager_->RegisterWorker(Registration("b"), WorkerProof());
+  ASSERT_TRUE(b.ok()) << b.status();
+  clock_.Advance(JobManagerOptions().lease.lease() + absl::Seconds(1));
+  Beat(b->worker_id());
+  manager_->Tick();
+  ASSERT_EQ(manager_->ListWorkers(v1::DEAD).size(), 1u);
+
+  // A squatter: no proof, a's id with a made-up secret, a's id with b's (a real) secret.
+  const std::pair<std::string, std::string> claims[] = {
+      {"", ""}, {a->worker_id(), std::string(64, 'f')}, {a->worker_id(), b->worker_secret()}};
+  for (const auto& [previous, secret] : claims) {
+    SCOPED_TRACE(previous + " " + secret);
+    const absl::Status refused =
+        manager_->RegisterWorker(Registration("a", previous), WorkerProof(secret)).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists) << refused;
+    EXPECT_TRUE(absl::StrContains(refused.message(), "held by proof")) << refused;
+    EXPECT_TRUE(absl::StrContains(refused.message(), a->worker_id())) << refused;
+    EXPECT_TRUE(absl::StrContains(refused.message(), "--dead_worker_retention (10m): in 10m"))
+        << refused;
+  }
+  // The real daemon (its previous id and secret, as its identity file keeps them) gets it back.
+  absl::StatusOr<v1::RegisterWorkerResponse> back =
+      manager_->RegisterWorker(Registration("a", a->worker_id()), WorkerProof(a->worker_secret()));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_NE(back->worker_id(), a->worker_id());
+
+  // It leaves; its name is held for its new registration now, and the old proof is spent.
+  ASSERT_TRUE(manager_->LeaveWorker(back->worker_id()).ok());
+  EXPECT_EQ(
+      manager_->RegisterWorker(Registration("a", a->worker_id()), WorkerProof(a->worker_secret()))
+          .status()
+          .code(),
+      absl::StatusCode::kAlreadyExists);
+  clock_.Advance(JobManagerOptions().forget_gone_workers_after - absl::Seconds(1));
+  Beat(b->worker_id());
+  manager_->Tick();
+  EXPECT_EQ(manager_->RegisterWorker(Registration("a"), WorkerProof()).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  // Gone past the retention: the name is anyone's.
+  clock_.Advance(absl::Seconds(2));
+  Beat(b->worker_id());
+  manager_->Tick();
+  absl::StatusOr<v1::RegisterWorkerResponse> anyone =
+      manager_->RegisterWorker(Registration("a"), WorkerProof());
+  ASSERT_TRUE(anyone.ok()) << anyone.status();
+}
+
+// Issue 36, row 1. Fails before the fix: a restarted coordinator knew no names, so a worker token
+// that registered first took the name of a worker that had been live before the restart, and the
+// real daemon, re-registering with its id and secret, was refused ALREADY_EXISTS forever. Names
+// are stored with their holders now: after a restart the holder proves itself as before, a name
+// whose holder never comes back frees a retention after the start, and an unknown name is free.
+TEST_F(JobManagerTest, ANameStaysItsHoldersAcrossACoordinatorRestart) {
+  absl::StatusOr<v1::RegisterWorkerResponse> a =
+      manager_->RegisterWorker(Registration("a"), WorkerProof());
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<v1::RegisterWorkerResponse> gone =
+      manager_->RegisterWorker(Registration("gone"), WorkerProof());
+  ASSERT_TRUE(gone.ok()) << gone.status();
+
+  Start(dir_);
+  for (const char* name : {"a", "gone"}) {
+    const absl::Status refused =
+        manager_->RegisterWorker(Registration(name), WorkerProof()).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists) << name << ": " << refused;
+    EXPECT_TRUE(absl::StrContains(refused.message(), "held by proof")) << refused;
+  }
+  EXPECT_TRUE(manager_->RegisterWorker(Registration("new"), WorkerProof()).ok());
+  absl::StatusOr<v1::RegisterWorkerResponse> back =
+      manager_->RegisterWorker(Registration("a", a->worker_id()), WorkerProof(a->worker_secret()));
+  ASSERT_TRUE(back.ok()) << back.status();
+
+  // Another restart: "a" is held for its new registration; "gone" is still held, for a retention
+  // counted from this start.
+  Start(dir_);
+  EXPECT_EQ(
+      manager_->RegisterWorker(Registration("a", a->worker_id()), WorkerProof(a->worker_secret()))
+          .status()
+          .code(),
+      absl::StatusCode::kAlreadyExists);
+  clock_.Advance(JobManagerOptions().forget_gone_workers_after + absl::Seconds(1));
+  manager_->Tick();
+  absl::StatusOr<v1::RegisterWorkerResponse> taken =
+      manager_->RegisterWorker(Registration("gone"), WorkerProof());
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  // Forgotten in the store too: the next restart holds it for its new holder only.
+  Start(dir_);
+  EXPECT_EQ(manager_
+                ->RegisterWorker(Registration("gone", gone->worker_id()),
+                                 WorkerProof(gone->worker_secret()))
+                .status()
+                .code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_TRUE(manager_
+                  ->RegisterWorker(Registration("gone", taken->worker_id()),
+                                   WorkerProof(taken->worker_secret()))
+                  .ok());
 }
 
 // Before issue 23 naming previous_worker_id revoked that worker's secret, with no proof.

@@ -45,6 +45,11 @@ CREATE TABLE IF NOT EXISTS rank_identities (
   secret_sha256 BLOB NOT NULL,
   PRIMARY KEY (job_id, rank)
 );
+CREATE TABLE IF NOT EXISTS worker_names (
+  name TEXT PRIMARY KEY,
+  worker_id TEXT NOT NULL,
+  secret_sha256 BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS counters (
   name TEXT PRIMARY KEY,
   value INTEGER NOT NULL
@@ -244,6 +249,56 @@ absl::StatusOr<int64_t> JobStore::ReserveWorkerNumbers(int64_t count) {
   }
   ZS_RETURN_IF_ERROR(Commit());
   return first;
+}
+
+absl::Status JobStore::SaveWorkerNames(absl::Span<const WorkerNameHolder> holders,
+                                       absl::Span<const std::string> forgotten) {
+  ZS_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE;"));
+  absl::Status status = [&]() -> absl::Status {
+    Statement put(db_,
+                  "INSERT OR REPLACE INTO worker_names (name, worker_id, secret_sha256) "
+                  "VALUES (?, ?, ?);");
+    ZS_RETURN_IF_ERROR(put.Prepared());
+    for (const WorkerNameHolder& holder : holders) {
+      put.BindText(1, holder.name);
+      put.BindText(2, holder.worker_id);
+      put.BindBlob(3, std::string(holder.secret_sha256.begin(), holder.secret_sha256.end()));
+      ZS_RETURN_IF_ERROR(put.StepDone());
+    }
+    Statement drop(db_, "DELETE FROM worker_names WHERE name = ?;");
+    ZS_RETURN_IF_ERROR(drop.Prepared());
+    for (const std::string& name : forgotten) {
+      drop.BindText(1, name);
+      ZS_RETURN_IF_ERROR(drop.StepDone());
+    }
+    return absl::OkStatus();
+  }();
+  if (!status.ok()) {
+    Exec("ROLLBACK;").IgnoreError();
+    return status;
+  }
+  return Commit();
+}
+
+absl::StatusOr<std::vector<WorkerNameHolder>> JobStore::LoadWorkerNames() {
+  Statement statement(db_,
+                      "SELECT name, worker_id, secret_sha256 FROM worker_names ORDER BY name;");
+  ZS_RETURN_IF_ERROR(statement.Prepared());
+  std::vector<WorkerNameHolder> holders;
+  int rc;
+  while ((rc = statement.Step()) == SQLITE_ROW) {
+    WorkerNameHolder holder;
+    holder.name = statement.ColumnText(0);
+    holder.worker_id = statement.ColumnText(1);
+    const std::string digest = statement.ColumnBlob(2);
+    if (digest.size() != holder.secret_sha256.size()) {
+      return absl::DataLossError("state store: a stored worker name holder is corrupt");
+    }
+    std::copy(digest.begin(), digest.end(), holder.secret_sha256.begin());
+    holders.push_back(std::move(holder));
+  }
+  if (rc != SQLITE_DONE) return absl::InternalError("state store: reading failed");
+  return holders;
 }
 
 absl::StatusOr<std::vector<v1::Job>> JobStore::LoadJobs() {

@@ -1,6 +1,6 @@
 // Durable job state in SQLite (WAL): jobs with their specs and state, their event histories, the
-// RUN assignment of each job's current generation, and checkpoint commits. Survives kill -9 of
-// the coordinator.
+// RUN assignment of each job's current generation, checkpoint commits, and who holds each worker
+// name. Survives kill -9 of the coordinator.
 #ifndef ZEROSHARD_COORDINATOR_JOB_STORE_H_
 #define ZEROSHARD_COORDINATOR_JOB_STORE_H_
 
@@ -31,6 +31,16 @@ struct RankIdentity {
   security::Sha256Digest secret_sha256{};
 };
 
+// Who holds a worker name (docs/api.md, "Identities and roles"): the registration that last took
+// it, proved by the secret whose SHA-256 this is. Kept so that a restarted coordinator, whose
+// membership is soft state, still gives a known name only to its holder (or, past
+// --dead_worker_retention, to anyone). Only the digest is stored, never the secret.
+struct WorkerNameHolder {
+  std::string name;
+  std::string worker_id;
+  security::Sha256Digest secret_sha256{};
+};
+
 // Not thread-safe: the owner (JobManager) serializes calls. Every Save* is one transaction,
 // committed with synchronous=FULL before it returns.
 class JobStore {
@@ -53,6 +63,13 @@ class JobStore {
   // process) returned, and returns the first of them: [first, first + count). Worker ids must
   // not repeat across restarts, or a stale worker's heartbeat would pass for a new worker's.
   absl::StatusOr<int64_t> ReserveWorkerNumbers(int64_t count);
+
+  // Writes the name holders (insert or replace, keyed by name) and deletes the names in
+  // `forgotten`, atomically.
+  absl::Status SaveWorkerNames(absl::Span<const WorkerNameHolder> holders,
+                               absl::Span<const std::string> forgotten = {});
+  // Every stored name holder, by name.
+  absl::StatusOr<std::vector<WorkerNameHolder>> LoadWorkerNames();
 
   // Every job, in id order.
   absl::StatusOr<std::vector<v1::Job>> LoadJobs();

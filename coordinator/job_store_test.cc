@@ -223,6 +223,30 @@ TEST(JobStoreTest, ReservedWorkerNumbersNeverRepeatAcrossReopening) {
   EXPECT_EQ(*(*store)->ReserveWorkerNumbers(10), 16);
 }
 
+// Issue 36, row 1: the holders of worker names survive a restart (the coordinator gives a known
+// name only to its holder); a name's row is replaced by its next holder, and forgotten ones go.
+TEST(JobStoreTest, WorkerNameHoldersAreReplacedForgottenAndSurviveReopening) {
+  const std::string dir = TempDir("worker-names");
+  security::Sha256Digest first{}, second{};
+  first[0] = 1;
+  second[0] = 2;
+  {
+    auto store = JobStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->SaveWorkerNames({{"a", "worker-000001", first}}).ok());
+    ASSERT_TRUE((*store)->SaveWorkerNames({{"b", "worker-000002", first}}).ok());
+    ASSERT_TRUE((*store)->SaveWorkerNames({{"a", "worker-000003", second}}, {"b"}).ok());
+  }
+  auto store = JobStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  absl::StatusOr<std::vector<WorkerNameHolder>> names = (*store)->LoadWorkerNames();
+  ASSERT_TRUE(names.ok()) << names.status();
+  ASSERT_EQ(names->size(), 1u);
+  EXPECT_EQ((*names)[0].name, "a");
+  EXPECT_EQ((*names)[0].worker_id, "worker-000003");
+  EXPECT_EQ((*names)[0].secret_sha256, second);
+}
+
 TEST(JobStoreTest, UnusableStateDirIsAnErrorNamingTheFlag) {
   const std::string file = TempDir("not-a-dir");
   std::filesystem::create_directories(std::filesystem::path(file).parent_path());
