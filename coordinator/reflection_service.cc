@@ -5,6 +5,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/log_escape.h"
 #include "coordinator/authorization.h"
@@ -147,33 +148,50 @@ ServerReflectionResponse AnswerReflectionRequest(const ServerReflectionRequest& 
 }
 
 // One ServerReflectionInfo stream of either package (both use v1alpha's messages). Reads and
-// writes alternate (a read starts only when the previous answer is written), so no two of its
-// callbacks run at once and it needs no lock.
+// writes alternate (a read starts only when the previous answer is written). Its callbacks and
+// Revoke (from a token reload) take mu_; StartRead, StartWrite and Finish are called with it
+// held, which is safe because gRPC never runs a reaction inline with the call that starts it.
 class ReflectionService::Stream final
     : public grpc::ServerBidiReactor<ServerReflectionRequest, ServerReflectionResponse> {
  public:
   Stream(ReflectionService* service, grpc::CallbackServerContext* context) : service_(service) {
-    const absl::Status admitted = service_->OpenStream(*context);
+    const absl::Status admitted = service_->OpenStream(*context, &caller_, &credential_);
     if (!admitted.ok()) {
       this->Finish(common::ToGrpcStatus(admitted));
       return;
     }
+    serial_ = service_->Register(this);
     counted_ = true;
-    this->StartRead(&request_);
+    absl::MutexLock lock(&mu_);
+    // A reload between OpenStream and Register found no stream to end: the table it swapped in is
+    // the one in use now, so asking again here leaves no gap.
+    if (revoked_ || Revoked()) {
+      FinishLocked(RevokedStatus());
+      return;
+    }
+    StartReadLocked();
   }
 
   void OnReadDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    if (finished_) return;  // revoked while waiting for this request
     // Not ok: the client half-closed (or the call ended); every request has had its answer.
     if (!ok) {
-      this->Finish(grpc::Status::OK);
+      FinishLocked(grpc::Status::OK);
       return;
     }
     if (++requests_ > service_->options_.max_requests_per_stream) {
-      this->Finish(grpc::Status(
+      FinishLocked(grpc::Status(
           grpc::StatusCode::RESOURCE_EXHAUSTED,
           absl::StrCat("max_reflection_requests_per_stream: this stream sent more than ",
                        service_->options_.max_requests_per_stream,
                        " requests; open another stream")));
+      return;
+    }
+    // Every request, not only the first: the stream may have outlived its token.
+    if (revoked_ || Revoked()) {
+      FinishLocked(RevokedStatus());
       return;
     }
     response_ = AnswerReflectionRequest(request_, *service_->pool_, service_->Services(),
@@ -182,22 +200,69 @@ class ReflectionService::Stream final
   }
 
   void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
     if (!ok) {
-      this->Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the reflection stream ended"));
+      FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the reflection stream ended"));
       return;
     }
-    this->StartRead(&request_);
+    if (revoked_) {
+      FinishLocked(RevokedStatus());
+      return;
+    }
+    StartReadLocked();
   }
 
   void OnDone() override {
-    if (counted_) service_->StreamClosed();
+    if (counted_) service_->StreamClosed(serial_);
     delete this;
   }
 
+  // Whether the authenticator no longer grants the stream's credential its identity.
+  bool Revoked() const { return service_->authenticator_->Revoked(credential_, caller_); }
+
+  // Its credential was revoked: ends the stream now if it waits for the client's next request,
+  // else as soon as it would read one (the answer being written is written first). Only while
+  // the stream is registered (streams_mu_ held).
+  void Revoke() {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    revoked_ = true;
+    if (reading_) FinishLocked(RevokedStatus());
+  }
+
  private:
+  static grpc::Status RevokedStatus() {
+    return grpc::Status(
+        grpc::StatusCode::UNAUTHENTICATED,
+        "reflection: token revoked: the token (or client certificate) this stream was opened "
+        "with left the coordinator's token file, or now names another identity or role, at its "
+        "reload (SIGHUP); open another stream with a current token");
+  }
+
+  void StartReadLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    reading_ = true;
+    this->StartRead(&request_);
+  }
+
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    finished_ = true;
+    this->Finish(status);
+  }
+
   ReflectionService* const service_;
+  // Set before the stream is registered or reads, constant after.
+  security::Identity caller_;
+  std::string credential_;
+  uint64_t serial_ = 0;
   bool counted_ = false;
-  int64_t requests_ = 0;
+  absl::Mutex mu_;
+  // Finish was called; nothing more starts.
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // A read is pending: the stream waits for its client, and Revoke may finish it at once.
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  // Revoke came while no read was pending: the stream ends instead of starting the next one.
+  bool revoked_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t requests_ ABSL_GUARDED_BY(mu_) = 0;
   ServerReflectionRequest request_;
   ServerReflectionResponse response_;
 };
@@ -289,12 +354,15 @@ std::vector<std::string> ReflectionService::Services() const {
   return *services;
 }
 
-absl::Status ReflectionService::OpenStream(const grpc::ServerContextBase& context) {
-  absl::StatusOr<security::Identity> caller = authenticator_->Authenticate(context);
-  if (!caller.ok()) return caller.status();
-  if (absl::Status allowed = Authorize(*caller, Method::kReflection); !allowed.ok()) {
+absl::Status ReflectionService::OpenStream(const grpc::ServerContextBase& context,
+                                           security::Identity* caller, std::string* credential) {
+  absl::StatusOr<security::Identity> authenticated =
+      authenticator_->Authenticate(context, credential);
+  if (!authenticated.ok()) return authenticated.status();
+  if (absl::Status allowed = Authorize(*authenticated, Method::kReflection); !allowed.ok()) {
     return allowed;
   }
+  *caller = *std::move(authenticated);
   if (open_streams_.fetch_add(1) >= options_.max_open_streams) {
     open_streams_.fetch_sub(1);
     return absl::ResourceExhaustedError(
@@ -304,6 +372,33 @@ absl::Status ReflectionService::OpenStream(const grpc::ServerContextBase& contex
   return absl::OkStatus();
 }
 
-void ReflectionService::StreamClosed() { open_streams_.fetch_sub(1); }
+uint64_t ReflectionService::Register(Stream* stream) {
+  absl::MutexLock lock(&streams_mu_);
+  const uint64_t serial = next_serial_++;
+  streams_.emplace(serial, stream);
+  return serial;
+}
+
+void ReflectionService::StreamClosed(uint64_t serial) {
+  {
+    absl::MutexLock lock(&streams_mu_);
+    streams_.erase(serial);
+  }
+  open_streams_.fetch_sub(1);
+}
+
+int64_t ReflectionService::EndRevokedStreams() {
+  // Under streams_mu_ throughout: a registered stream is not deleted while it is held, and
+  // Revoke takes only the stream's own lock (the documented order).
+  absl::MutexLock lock(&streams_mu_);
+  int64_t ended = 0;
+  for (const auto& [serial, stream] : streams_) {
+    if (stream->Revoked()) {
+      stream->Revoke();
+      ++ended;
+    }
+  }
+  return ended;
+}
 
 }  // namespace zeroshard::coordinator

@@ -18,7 +18,11 @@
 #include "google/protobuf/descriptor_database.h"
 #include "google/protobuf/text_format.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "security/authenticator.h"
 #include "zeroshard/reflection/server_reflection_v1.grpc.pb.h"
 #include "zeroshard/reflection/server_reflection_v1alpha.grpc.pb.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
@@ -370,6 +374,63 @@ TEST_F(ReflectionServiceTest, OpenStreamsAreCapped) {
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
   ASSERT_TRUE(Ask(*first, ListServices(), &response));
   EXPECT_TRUE(Close(*first).ok());
+}
+
+// Issue 36, row 10. Fails before the fix: a stream was admitted once, at its start, and then
+// answered every request, so a stream opened with a token that the token file no longer holds
+// kept being served. Here the authenticator reloads without the coordinator's ReloadTokens (which
+// also ends idle streams: token_revocation_test), so only the per-request check can end it.
+TEST(ReflectionServiceRevocationTest, EveryRequestIsAnsweredOnlyWhileItsTokenHolds) {
+  const std::string dir = FreshTestDir();
+  const std::string token_file = dir + "/tokens.txt";
+  auto write_tokens = [&](const std::string& text) {
+    const std::string tmp = token_file + ".tmp";
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fputs(text.c_str(), f);
+    ASSERT_EQ(std::fclose(f), 0);
+    std::filesystem::rename(tmp, token_file);
+  };
+  write_tokens(absl::StrCat(kViewerToken, " viewer vera\n", kAdminToken, " admin ada\n"));
+  absl::StatusOr<std::unique_ptr<security::Authenticator>> authenticator =
+      security::Authenticator::FromTokenFile(token_file);
+  ASSERT_TRUE(authenticator.ok()) << authenticator.status();
+  ReflectionService reflection(authenticator->get());
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  reflection.AddTo(&builder);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  auto open = [&](grpc::ClientContext& context, const std::string& token) {
+    SetDeadline(context);
+    context.AddMetadata("authorization", "Bearer " + token);
+    return ServerReflection::NewStub(channel)->ServerReflectionInfo(&context);
+  };
+  grpc::ClientContext vera_context;
+  auto vera = open(vera_context, kViewerToken);
+  grpc::ClientContext ada_context;
+  auto ada = open(ada_context, kAdminToken);
+  ServerReflectionResponse response;
+  ASSERT_TRUE(vera->Write(ListServices()) && vera->Read(&response));
+  ASSERT_TRUE(ada->Write(ListServices()) && ada->Read(&response));
+
+  write_tokens(absl::StrCat(kAdminToken, " admin ada\n"));
+  ASSERT_TRUE((*authenticator)->Reload().ok());
+  vera->Write(ListServices());  // may already fail: the answer is what counts
+  EXPECT_FALSE(vera->Read(&response)) << "answered after its token was revoked";
+  const grpc::Status status = vera->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+  EXPECT_EQ(status.error_message().rfind("reflection: token revoked", 0), 0u)
+      << status.error_message();
+
+  ASSERT_TRUE(ada->Write(ListServices()) && ada->Read(&response));
+  EXPECT_GT(response.list_services_response().service_size(), 0);
+  ada->WritesDone();
+  EXPECT_TRUE(ada->Finish().ok());
+  server->Shutdown();
 }
 
 // A pool with an extension, which the coordinator's own protos do not declare.

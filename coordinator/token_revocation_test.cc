@@ -1,6 +1,6 @@
-// Revoked tokens over real gRPC: a token reload (SIGHUP's ReloadTokens) ends the open WatchJob
-// and ExportCheckpoint streams whose token left the token file or now names another identity or
-// role, and keeps the others open.
+// Revoked tokens over real gRPC: a token reload (SIGHUP's ReloadTokens) ends the open WatchJob,
+// ExportCheckpoint and server reflection streams whose token left the token file or now names
+// another identity or role, and keeps the others open.
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -19,6 +19,7 @@
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "security/coordinator_channel.h"
+#include "zeroshard/reflection/server_reflection_v1.grpc.pb.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::coordinator {
@@ -239,6 +240,53 @@ TEST_F(TokenRevocationTest, AReloadEndsTheExportStreamsOfRevokedTokens) {
   const grpc::Status whole_status = whole->Finish();
   EXPECT_TRUE(whole_status.ok()) << whole_status.error_message();
   EXPECT_GT(bytes, 16 << 20);
+}
+
+// Issue 36, row 10. Fails before the fix: a reload left reflection streams alone, so the revoked
+// stream below, waiting for its client's next request, stayed open until its deadline
+// (DEADLINE_EXCEEDED after kWatchDeadline) and would have answered that request.
+TEST_F(TokenRevocationTest, AReloadEndsTheReflectionStreamsOfRevokedTokens) {
+  using grpc::reflection::v1alpha::ServerReflectionRequest;
+  using grpc::reflection::v1alpha::ServerReflectionResponse;
+  auto channel = grpc::CreateChannel(server_->grpc_target(), grpc::InsecureChannelCredentials());
+  struct Reflection {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReaderWriter<ServerReflectionRequest, ServerReflectionResponse>>
+        call;
+  };
+  ServerReflectionRequest list;
+  list.set_list_services("*");
+  ServerReflectionResponse response;
+  // v1 for vera (what grpcurl opens), v1alpha for ada: both services end revoked streams.
+  Reflection removed;
+  SetDeadline(removed.context, kWatchDeadline);
+  removed.context.AddMetadata("authorization", absl::StrCat("Bearer ", kViewerToken));
+  removed.call = grpc::reflection::v1::ServerReflection::NewStub(channel)->ServerReflectionInfo(
+      &removed.context);
+  ASSERT_TRUE(removed.call->Write(list) && removed.call->Read(&response));
+  Reflection kept;
+  SetDeadline(kept.context, kWatchDeadline);
+  kept.context.AddMetadata("authorization", absl::StrCat("Bearer ", kAdminToken));
+  kept.call = grpc::reflection::v1alpha::ServerReflection::NewStub(channel)->ServerReflectionInfo(
+      &kept.context);
+  ASSERT_TRUE(kept.call->Write(list) && kept.call->Read(&response));
+
+  WriteTokens(absl::StrCat(kAdminToken, " admin ada\n"));
+  const absl::Time reloaded = absl::Now();
+  ASSERT_TRUE(server_->ReloadTokens().ok());
+  // Ended while idle: the client sends nothing more and reads the end.
+  EXPECT_FALSE(removed.call->Read(&response));
+  const grpc::Status status = removed.call->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+  EXPECT_TRUE(absl::StartsWith(status.error_message(), "reflection: token revoked"))
+      << status.error_message();
+  EXPECT_LT(absl::Now() - reloaded, kWatchDeadline / 2);
+
+  // ada's stream still answers.
+  ASSERT_TRUE(kept.call->Write(list) && kept.call->Read(&response));
+  EXPECT_GT(response.list_services_response().service_size(), 0);
+  kept.call->WritesDone();
+  EXPECT_TRUE(kept.call->Finish().ok());
 }
 
 }  // namespace

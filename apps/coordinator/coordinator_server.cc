@@ -150,6 +150,7 @@ absl::Status CoordinatorServer::ReloadTokens() {
   ZS_RETURN_IF_ERROR(authenticator_->Reload());
   const int64_t streams = service_->EndRevokedWatches();
   const int64_t exports = service_->EndRevokedExports();
+  const int64_t reflections = reflection_->EndRevokedStreams();
   size_t sessions = 0;
   if (dashboard_ != nullptr) {
     const security::Authenticator* authenticator = authenticator_.get();
@@ -158,10 +159,10 @@ absl::Status CoordinatorServer::ReloadTokens() {
           return authenticator->Revoked(credential, identity);
         });
   }
-  if (streams > 0 || exports > 0 || sessions > 0) {
+  if (streams > 0 || exports > 0 || reflections > 0 || sessions > 0) {
     ZS_LOG(INFO) << "token reload: ended " << streams << " WatchJob streams, " << exports
-                 << " ExportCheckpoint streams and " << sessions
-                 << " dashboard sessions of revoked tokens";
+                 << " ExportCheckpoint streams, " << reflections << " reflection streams and "
+                 << sessions << " dashboard sessions of revoked tokens";
   }
   return absl::OkStatus();
 }

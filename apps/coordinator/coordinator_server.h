@@ -88,9 +88,9 @@ class CoordinatorServer {
   const security::Authenticator* authenticator() const { return authenticator_.get(); }
   bool tls_enabled() const { return options_.tls.enabled(); }
 
-  // Re-reads the token file (SIGHUP), then ends the WatchJob streams and dashboard sessions
-  // whose tokens it revoked (removed, or given another identity or role). On error the table in
-  // use stays and nothing ends; the error says why.
+  // Re-reads the token file (SIGHUP), then ends the WatchJob, ExportCheckpoint and reflection
+  // streams and the dashboard sessions whose tokens it revoked (removed, or given another
+  // identity or role). On error the table in use stays and nothing ends; the error says why.
   absl::Status ReloadTokens();
 
   // Blocks until Shutdown is called from another thread (or a signal handler's helper).
