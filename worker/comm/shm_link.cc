@@ -1,16 +1,16 @@
-// ShmLink: the shared-memory segment (layout, creation, the same-host proof, unlinking, removing
-// what a killed leader left) and the single-producer single-consumer chunk rings over it, with
-// futex bells for waiting and, for links that are not the whole group, a pusher thread.
+// ShmLink: the shared-memory segment (layout, a sealed memfd, the same-host proof through the
+// leader's descriptor) and the single-producer single-consumer chunk rings over it, with futex
+// bells for waiting and, for links that are not the whole group, a pusher thread.
 #include "worker/comm/shm_link.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <signal.h>
+#include <linux/magic.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -20,8 +20,10 @@
 #include <cstring>
 #include <new>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -46,8 +48,12 @@ constexpr size_t kSmallChunkBytes = 64;
 constexpr int kSpins = 10;
 constexpr absl::Duration kLongestSleep = absl::Milliseconds(100);
 constexpr absl::Duration kStoreSlice = absl::Milliseconds(100);
-// Segment names: kNamePrefix, the creator's pid, "-", eight hex digits of the token.
-constexpr absl::string_view kNamePrefix = "zeroshard-";
+// The memfd's name (what /proc/<pid>/fd/<n> reads as "/memfd:zeroshard-shm (deleted)"). Names
+// nothing: a memfd has no path, and any process may give its memfds any name.
+constexpr char kMemfdName[] = "zeroshard-shm";
+constexpr absl::string_view kMemfdLink = "/memfd:zeroshard-shm ";
+// The seals the segment carries: its size can never change, so no mapping of it can fault.
+constexpr int kSizeSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 
 struct alignas(kAlign) SegmentHeader {
   uint64_t magic;
@@ -200,54 +206,46 @@ struct Mapping {
   void* Release() { return std::exchange(base, MAP_FAILED); }
 };
 
-// Removes the segments of this naming whose creator is gone (the process no longer exists here)
-// and that are older than `stale_after`: what a leader killed between creating its segment and
-// publishing its name left behind (nobody else knew the name, so nobody unlinked it). The age
-// spares a live leader still in its setup window whose pid this namespace cannot see.
-void RemoveAbandonedSegments(absl::Duration stale_after) {
-  DIR* directory = opendir("/dev/shm");
-  if (directory == nullptr) return;
-  const absl::Time now = absl::Now();
-  while (const dirent* entry = readdir(directory)) {
-    absl::string_view name = entry->d_name;
-    if (!absl::ConsumePrefix(&name, kNamePrefix)) continue;
-    const size_t dash = name.find('-');
-    int pid = 0;
-    if (dash == absl::string_view::npos || !absl::SimpleAtoi(name.substr(0, dash), &pid) ||
-        pid <= 0) {
-      continue;
-    }
-    if (kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to judge
-    const std::string path = absl::StrCat("/dev/shm/", entry->d_name);
-    struct stat status;
-    if (stat(path.c_str(), &status) != 0) continue;
-    if (now - absl::TimeFromTimespec(status.st_ctim) < stale_after) continue;
-    shm_unlink(absl::StrCat("/", entry->d_name).c_str());
+// A descriptor, closed unless released.
+struct OwnedFd {
+  int fd = -1;
+  OwnedFd() = default;
+  explicit OwnedFd(int fd) : fd(fd) {}
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+  ~OwnedFd() { Reset(); }
+  void Reset() {
+    if (fd >= 0) close(fd);
+    fd = -1;
   }
-  closedir(directory);
-}
+};
 
-// The leader: creates, sizes (pages reserved now, so a full /dev/shm is an error here and not a
-// SIGBUS later), maps and fills the segment. The descriptor is closed before returning.
-absl::Status CreateSegment(const std::string& name, const std::string& token, const Layout& layout,
-                           const ShmLinkOptions& options, Mapping& mapping) {
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-  if (fd < 0) return absl::FailedPreconditionError(absl::StrCat("shm_open: ", ErrnoText(errno)));
+// The leader: creates the segment as a memfd (no name anyone can open, nothing in /dev/shm to
+// unlink or leave behind), sizes it (pages reserved now, so a shortage of memory is an error here
+// and not a SIGBUS later), seals its size (a truncate by anyone who reaches it fails with EPERM),
+// maps and fills it. `fd` stays open for the members to reach through /proc until the setup ends.
+absl::Status CreateSegment(const std::string& token, const Layout& layout,
+                           const ShmLinkOptions& options, OwnedFd& fd, Mapping& mapping) {
+  fd.fd = memfd_create(kMemfdName, MFD_CLOEXEC | MFD_ALLOW_SEALING);
+  if (fd.fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat("memfd_create: ", ErrnoText(errno)));
+  }
   auto fail = [&](const std::string& what, int error) {
-    close(fd);
-    shm_unlink(name.c_str());
+    fd.Reset();
     return absl::FailedPreconditionError(absl::StrCat(what, ": ", ErrnoText(error)));
   };
-  if (ftruncate(fd, static_cast<off_t>(layout.total)) != 0) return fail("ftruncate", errno);
-  if (const int error = posix_fallocate(fd, 0, static_cast<off_t>(layout.total)); error != 0) {
-    return fail(absl::StrCat("reserving ", layout.total, " bytes of /dev/shm"), error);
+  // Reopening it through /proc checks these bits: only this uid.
+  if (fchmod(fd.fd, 0600) != 0) return fail("fchmod", errno);
+  if (ftruncate(fd.fd, static_cast<off_t>(layout.total)) != 0) return fail("ftruncate", errno);
+  if (const int error = posix_fallocate(fd.fd, 0, static_cast<off_t>(layout.total)); error != 0) {
+    return fail(absl::StrCat("reserving ", layout.total, " bytes of shared memory"), error);
   }
-  void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (fcntl(fd.fd, F_ADD_SEALS, kSizeSeals | F_SEAL_SEAL) != 0) return fail("sealing", errno);
+  void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd.fd, 0);
   if (base == MAP_FAILED) return fail("mmap", errno);
-  close(fd);
   mapping.base = base;
   mapping.bytes = layout.total;
-  // Fresh tmpfs pages are zero: every counter and bell starts at 0.
+  // Fresh shmem pages are zero: every counter and bell starts at 0.
   auto* header = new (base) SegmentHeader();
   header->total_bytes = layout.total;
   header->world_size = static_cast<uint32_t>(layout.members);
@@ -259,32 +257,68 @@ absl::Status CreateSegment(const std::string& name, const std::string& token, co
   return absl::OkStatus();
 }
 
-// Other members: opens the leader's segment by name and proves it is the one the leader made.
-// Returns why not (empty when it is).
-std::string OpenSegment(const std::string& name, const std::string& token, const Layout& layout,
+bool IsToken(absl::string_view text) {
+  return text.size() == 2 * kTokenBytes && std::all_of(text.begin(), text.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+// Other members: reaches the leader's segment through its descriptor (`published` is the
+// leader's "<pid> <fd> <token>") and proves it is the one the leader made. Returns why not (empty
+// when it is). Whatever the record names, nothing is opened for reading or writing before it is
+// known to be a sealed memfd of our name (an O_PATH descriptor opens nothing), and nothing is
+// ever unlinked: a record from a rank that only claims this host can make the proof fail, never
+// touch another object.
+std::string OpenSegment(int leader, const std::string& published, const Layout& layout,
                         Mapping& mapping) {
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) {
-    return absl::StrCat("cannot open the leader's segment ", name, " (", ErrnoText(errno),
-                        "): another host or a private /dev/shm");
+  const std::vector<absl::string_view> parts = absl::StrSplit(published, ' ');
+  int pid = 0;
+  int leader_fd = -1;
+  if (parts.size() != 3 || !absl::SimpleAtoi(parts[0], &pid) || pid <= 0 ||
+      !absl::SimpleAtoi(parts[1], &leader_fd) || leader_fd < 0 || !IsToken(parts[2])) {
+    return absl::StrCat("rank ", leader, " published no segment of ours ('",
+                        absl::CHexEscape(absl::string_view(published).substr(0, 80)), "')");
   }
+  const std::string where = absl::StrCat("/proc/", pid, "/fd/", leader_fd);
+  // The process's descriptor is reachable only in the leader's pid namespace, by its uid.
+  const OwnedFd path(open(where.c_str(), O_PATH | O_CLOEXEC));
+  if (path.fd < 0) {
+    return absl::StrCat("cannot reach rank ", leader, "'s segment at ", where, " (",
+                        ErrnoText(errno), "): another host, or a pid namespace of its own");
+  }
+  const std::string self = absl::StrCat("/proc/self/fd/", path.fd);
+  char link[256];
+  const ssize_t link_bytes = readlink(self.c_str(), link, sizeof(link));
   struct stat status;
-  if (fstat(fd, &status) != 0 || static_cast<size_t>(status.st_size) != layout.total) {
-    close(fd);
-    return absl::StrCat("segment ", name, " has another size than the layout's ", layout.total);
+  struct statfs file_system;
+  if (link_bytes <= 0 ||
+      !absl::StartsWith(absl::string_view(link, static_cast<size_t>(link_bytes)), kMemfdLink) ||
+      fstat(path.fd, &status) != 0 || !S_ISREG(status.st_mode) || status.st_nlink != 0 ||
+      fstatfs(path.fd, &file_system) != 0 || file_system.f_type != TMPFS_MAGIC) {
+    return absl::StrCat(where, " is not rank ", leader, "'s segment (not a memfd of ours)");
   }
-  void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  const int error = errno;
-  close(fd);
-  if (base == MAP_FAILED) return absl::StrCat("mmap of ", name, ": ", ErrnoText(error));
+  // The same file, now opened: /proc/self/fd of the O_PATH descriptor reaches the inode it pins.
+  const OwnedFd file(open(self.c_str(), O_RDWR | O_CLOEXEC | O_NOCTTY));
+  if (file.fd < 0) return absl::StrCat("opening ", where, ": ", ErrnoText(errno));
+  const int seals = fcntl(file.fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kSizeSeals) != kSizeSeals) {
+    return absl::StrCat("rank ", leader, "'s segment at ", where,
+                        " is not sealed against resizing");
+  }
+  if (fstat(file.fd, &status) != 0 || static_cast<size_t>(status.st_size) != layout.total) {
+    return absl::StrCat("rank ", leader, "'s segment at ", where,
+                        " has another size than the layout's ", layout.total);
+  }
+  void* base = mmap(nullptr, layout.total, PROT_READ | PROT_WRITE, MAP_SHARED, file.fd, 0);
+  if (base == MAP_FAILED) return absl::StrCat("mmap of ", where, ": ", ErrnoText(errno));
   mapping.base = base;
   mapping.bytes = layout.total;
   const auto* header = static_cast<const SegmentHeader*>(base);
   std::atomic_thread_fence(std::memory_order_acquire);
   if (header->magic != kMagic || header->total_bytes != layout.total ||
-      std::memcmp(header->token, token.data(), std::min(token.size(), sizeof(header->token))) !=
-          0) {
-    return absl::StrCat("segment ", name, " does not hold the leader's token: another host's");
+      std::memcmp(header->token, parts[2].data(), sizeof(header->token)) != 0) {
+    return absl::StrCat("the segment at ", where, " does not hold rank ", leader,
+                        "'s token: another host's");
   }
   return "";
 }
@@ -326,54 +360,38 @@ absl::StatusOr<std::unique_ptr<ShmLink>> ShmLink::Connect(const ShmLinkOptions& 
   const std::string segment_key = Key(options, absl::StrCat("segment/", leader));
   const Layout layout = MakeLayout(members, world_size, options.slot_bytes, options.slots);
   Mapping mapping;
-  std::string name;
+  // The leader's memfd, open until every member has answered (mapped it or given up), then
+  // closed on every path: from then on only the members' mappings hold the segment.
+  OwnedFd segment_fd;
   std::string why_not;  // this rank's reason the proof failed; empty when it holds
   if (rank == leader) {
-    RemoveAbandonedSegments(options.abandoned_after);
     ZS_ASSIGN_OR_RETURN(const std::string token, RandomToken());
-    name = absl::StrCat("/", kNamePrefix, getpid(), "-", token.substr(0, 8));
-    const absl::Status created = CreateSegment(name, token, layout, options, mapping);
+    const absl::Status created = CreateSegment(token, layout, options, segment_fd, mapping);
     if (!created.ok()) {
       why_not = absl::StrCat("rank ", leader, " could not create a segment: ", created.message());
-      name.clear();
     }
-    ZS_RETURN_IF_ERROR(
-        options.store->Set(segment_key, created.ok() ? absl::StrCat(name, " ", token) : "none"));
+    ZS_RETURN_IF_ERROR(options.store->Set(
+        segment_key,
+        created.ok() ? absl::StrCat(getpid(), " ", segment_fd.fd, " ", token) : "none"));
   } else {
     ZS_ASSIGN_OR_RETURN(const std::string published, GetBy(options, segment_key));
-    std::vector<std::string> parts = absl::StrSplit(published, ' ');
-    if (parts.size() != 2) {
+    if (published == "none") {
       why_not = absl::StrCat("rank ", leader, " could not create a segment");
     } else {
-      name = parts[0];
-      why_not = OpenSegment(name, parts[1], layout, mapping);
+      why_not = OpenSegment(leader, published, layout, mapping);
     }
   }
-  // From here every exit path unlinks the name (ENOENT when another rank did already), so the
-  // segment lives on only in the mappings of the ranks using it.
-  auto unlink_name = [&] {
-    if (!name.empty()) shm_unlink(name.c_str());
-  };
-  absl::Status published =
-      options.store->Set(Key(options, absl::StrCat("mapped/", rank)),
-                         why_not.empty() ? "ok" : absl::StrCat("no ", why_not));
-  if (!published.ok()) {
-    unlink_name();
-    return published;
-  }
+  ZS_RETURN_IF_ERROR(options.store->Set(Key(options, absl::StrCat("mapped/", rank)),
+                                        why_not.empty() ? "ok" : absl::StrCat("no ", why_not)));
   std::string refusal;
   for (int member : members) {
-    absl::StatusOr<std::string> answer =
-        GetBy(options, Key(options, absl::StrCat("mapped/", member)));
-    if (!answer.ok()) {
-      unlink_name();
-      return answer.status();
-    }
-    if (refusal.empty() && *answer != "ok") {
-      refusal = absl::StrCat("rank ", member, ": ", absl::StripPrefix(*answer, "no "));
+    ZS_ASSIGN_OR_RETURN(const std::string answer,
+                        GetBy(options, Key(options, absl::StrCat("mapped/", member))));
+    if (refusal.empty() && answer != "ok") {
+      refusal = absl::StrCat("rank ", member, ": ", absl::StripPrefix(answer, "no "));
     }
   }
-  unlink_name();
+  segment_fd.Reset();
   if (!refusal.empty()) {
     return absl::FailedPreconditionError(absl::StrCat("ranks do not share memory (", refusal, ")"));
   }
@@ -578,8 +596,16 @@ absl::Status ShmLink::Receive(int peer, uint64_t slot, void* landing, size_t byt
     const uint64_t tail = ring.counters->tail.load(std::memory_order_relaxed);  // only we write it
     ZS_RETURN_IF_ERROR(WaitUntil(
         [&] { return ring.counters->head.load(std::memory_order_acquire) > tail; }, deadline));
-    const uint64_t index = tail % ring.count;
-    const ChunkHeader chunk = ring.chunks[index];
+    const uint64_t index = tail % ring.count;  // inside the ring, whatever the counter holds
+    // The header is the peer's to write, and anyone holding the segment may change it: read each
+    // field once (volatile, so no later use reads it again) and bound it by the chunk before use.
+    const volatile ChunkHeader& shared = ring.chunks[index];
+    const ChunkHeader chunk{shared.slot, shared.bytes};
+    if (chunk.bytes > ring.chunk_bytes) {
+      return absl::InternalError(absl::StrCat("shared-memory ring from rank ", peer,
+                                              ": a chunk header claims ", chunk.bytes,
+                                              " bytes in a chunk of ", ring.chunk_bytes));
+    }
     const bool fits = chunk.bytes <= bytes - offset &&
                       (chunk.bytes == ring.chunk_bytes || offset + chunk.bytes == bytes);
     if (chunk.slot != slot || !fits) {

@@ -1,7 +1,7 @@
 // ShmLink: the RingLink between ranks on one host: every ordered pair of them has a ring of
-// chunks in one POSIX shared-memory segment, so a ring message costs one copy in (the sender's)
-// and is reduced or copied straight out of shared memory by the receiver, with no socket and
-// no kernel copy on the data path.
+// chunks in one shared-memory segment (a sealed memfd), so a ring message costs one copy in (the
+// sender's) and is reduced or copied straight out of shared memory by the receiver, with no socket
+// and no kernel copy on the data path.
 #ifndef ZEROSHARD_WORKER_COMM_SHM_LINK_H_
 #define ZEROSHARD_WORKER_COMM_SHM_LINK_H_
 
@@ -45,20 +45,22 @@ struct ShmLinkOptions {
   // not). False: the ranks that announce it are the link's members and the others are left to
   // another link (reaches() says which; the group's ring then mixes links, see RoutedLink).
   bool whole_group = true;
-  // A segment of this naming whose creator no longer exists is removed by the next leader on the
-  // host once it is this old (the age spares a live leader in another pid namespace that is
-  // still waiting for its members).
-  absl::Duration abandoned_after = absl::Minutes(1);
 };
 
 // Same host is decided by the hosts the ranks announce and then proven in shared memory: the
-// lowest rank announcing a host (the host's leader) creates a segment under a random name holding
-// a random token and publishes both through the store; every other rank of that host opens the
-// segment by name and compares the token (a pod or container with a private /dev/shm cannot open
-// it, or finds another one). The segment is unlinked once every member has mapped it (or the
-// check failed), before any collective runs, and no file descriptor is kept: a killed rank
-// leaves nothing in /dev/shm. A leader killed between creating the segment and publishing its
-// name leaves one behind; the next Connect on the host removes segments whose creator is gone.
+// lowest rank announcing a host (the host's leader) creates the segment as a memfd sealed against
+// resizing, writes a random token into it and publishes "<pid> <fd> <token>" through the store;
+// every other rank of that host reaches the leader's descriptor through /proc/<pid>/fd/<fd>,
+// checks that it is a sealed memfd of ours, maps it and compares the token (a rank on another
+// host, in another pid namespace or under another uid cannot reach it, or finds another file).
+// Nothing is named in /dev/shm, so nothing is ever unlinked or swept, and a record published by
+// a rank that merely claims this host can fail the proof but never touch another object. The
+// leader closes its descriptor once every member has answered, before any collective runs: from
+// then on only the members' mappings hold the segment, and a killed rank leaves nothing behind.
+// No process can resize the segment (the seals), so no mapping of it can fault. What a peer
+// writes into it is never trusted for an address: a chunk's size is bounded by the chunk (else
+// an error naming the peer), ring indices are counters taken modulo the ring's length, and a
+// counter is otherwise only compared.
 //
 // Each ring is single-producer single-consumer: the sender copies a message into free chunks and
 // publishes them by advancing `head`; the receiver consumes chunks in place and frees them by
@@ -81,8 +83,9 @@ class ShmLink : public RingLink {
  public:
   // All ranks call this with the same world size, prefix, sizes and whole_group. It fails with
   // FAILED_PRECONDITION when this rank's host has no other rank, when whole_group and the hosts
-  // differ, or when the proof fails (the leader's segment cannot be opened or holds another
-  // token) or the leader cannot create the segment (e.g. /dev/shm too small): the message says
+  // differ, or when the proof fails (the leader's segment cannot be reached, is not a sealed
+  // memfd of ours or holds another token) or the leader cannot create the segment (e.g. not
+  // enough memory for the pages it reserves): the message says
   // which rank and why, and every rank of the host gets the same answer, so they may all fall
   // back to TCP together.
   // DEADLINE_EXCEEDED, CANCELLED (abort_signal), UNAVAILABLE (store) and INVALID_ARGUMENT

@@ -1,17 +1,22 @@
 // ShmLink with threads as ranks over an InMemoryStore: messages of every size across chunk
 // boundaries and ring wraps, sends that never block on a full ring, slot checks, interrupts and
 // deadlines, the same-host proof (hosts, a foreign token, an abort during Connect), groups that
-// span hosts (a link per host, sends pushed while the sender waits elsewhere) and the removal of
-// segments a killed leader left.
+// span hosts (a link per host, sends pushed while the sender waits elsewhere), and hostile ground
+// (issue 36): a rogue segment record, an outsider's truncate, a corrupt chunk header, nothing
+// swept.
 #include "worker/comm/shm_link.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -79,12 +84,64 @@ std::vector<char> Pattern(size_t bytes, int seed) {
   return data;
 }
 
-// The segment's name as rank 0 published it, under /dev/shm.
-std::string SegmentPath(Store& store) {
-  absl::StatusOr<std::string> published = store.Get("gloo/shm/segment/0", absl::ZeroDuration());
-  if (!published.ok()) return "";
-  const std::vector<std::string> parts = absl::StrSplit(*published, ' ');
-  return absl::StrCat("/dev/shm", parts[0]);
+// Hands rank 0's published segment record to `on_segment` before the reader sees it (what the
+// reader then sees is what `on_segment` returns): the moment the leader holds its segment and
+// its members have not mapped it yet, the setup window.
+class SegmentHookStore : public Store {
+ public:
+  using Hook = std::function<std::string(const std::string& published)>;
+  SegmentHookStore(Store* inner, Hook on_segment)
+      : inner_(inner), on_segment_(std::move(on_segment)) {}
+  absl::Status Set(absl::string_view key, absl::string_view value) override {
+    return inner_->Set(key, value);
+  }
+  absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override {
+    absl::StatusOr<std::string> value = inner_->Get(key, timeout);
+    if (!value.ok() || key != "gloo/shm/segment/0") return value;
+    return on_segment_(*value);
+  }
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override {
+    return inner_->Add(key, delta);
+  }
+  absl::StatusOr<bool> Delete(absl::string_view key) override { return inner_->Delete(key); }
+
+ private:
+  Store* const inner_;
+  const Hook on_segment_;
+};
+
+// Every way an outsider of this uid has to open the leader's segment during the setup window:
+// the /dev/shm entry of the name it published (the links before the fix), and each of this
+// process's descriptors of a shared-memory file, through /proc (a process of the same uid
+// opens /proc/<leader pid>/fd/<n> the same way). Descriptors opened read-write.
+std::vector<int> OpenSegmentAsAnOutsider(const std::string& published) {
+  std::vector<int> opened;
+  const std::vector<std::string> parts = absl::StrSplit(published, ' ');
+  if (!parts[0].empty() && parts[0][0] == '/') {
+    const int fd = shm_open(parts[0].c_str(), O_RDWR, 0);
+    if (fd >= 0) opened.push_back(fd);
+  }
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (error || target.rfind("/memfd:zeroshard", 0) != 0) continue;
+    const int fd = open(entry.path().c_str(), O_RDWR | O_CLOEXEC);
+    if (fd >= 0) opened.push_back(fd);
+  }
+  return opened;
+}
+
+// This process's descriptors of a shared-memory segment (a /dev/shm file or one of our memfds).
+std::vector<std::string> SegmentDescriptors() {
+  std::vector<std::string> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
+    if (!error && (target.rfind("/dev/shm/", 0) == 0 || target.rfind("/memfd:zeroshard", 0) == 0)) {
+      found.push_back(target);
+    }
+  }
+  return found;
 }
 
 TEST(ShmLinkTest, MessagesOfEverySizeArriveWholeInOrderAcrossChunks) {
@@ -92,7 +149,7 @@ TEST(ShmLinkTest, MessagesOfEverySizeArriveWholeInOrderAcrossChunks) {
   auto links = ConnectGroup(2, &store);
   ASSERT_NE(links[0], nullptr);
   ASSERT_NE(links[1], nullptr);
-  EXPECT_FALSE(std::filesystem::exists(SegmentPath(store))) << "unlinked once both mapped";
+  EXPECT_TRUE(SegmentDescriptors().empty()) << "the leader closes its descriptor once all mapped";
   const std::vector<size_t> sizes = {0, 1, 7, 63, 64, 65, 127, 128, 129, 1000, 4099};
   const absl::Status status = RunOnRankThreads(2, [&](int rank) -> absl::Status {
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
@@ -235,8 +292,9 @@ class ForeignTokenStore : public Store {
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override {
     absl::StatusOr<std::string> value = inner_->Get(key, timeout);
     if (!value.ok() || key != "gloo/shm/segment/0") return value;
-    std::vector<std::string> parts = absl::StrSplit(*value, ' ');
-    return absl::StrCat(parts[0], " ", std::string(parts[1].size(), '0'));
+    // The record ends with the token.
+    const size_t token_at = value->rfind(' ') + 1;
+    return absl::StrCat(value->substr(0, token_at), std::string(value->size() - token_at, '0'));
   }
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override {
     return inner_->Add(key, delta);
@@ -262,7 +320,7 @@ TEST(ShmLinkTest, ASegmentWithAnotherTokenFailsTheProofOnEveryRank) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
     EXPECT_NE(status.message().find("token"), std::string::npos) << status;
   }
-  EXPECT_FALSE(std::filesystem::exists(SegmentPath(store))) << SegmentPath(store);
+  EXPECT_TRUE(SegmentDescriptors().empty());
 }
 
 TEST(ShmLinkTest, AnAbortEndsConnectWithCancelled) {
@@ -303,14 +361,12 @@ TEST(ShmLinkTest, RanksOfTwoHostsShareMemoryOnlyWithinTheirHost) {
           << "rank " << rank << ", peer " << peer;
     }
   }
-  // Two segments, one per host's leader, both unlinked once mapped.
+  // Two segments, one per host's leader, whose descriptors both leaders closed once mapped.
   for (const char* key : {"gloo/shm/segment/0", "gloo/shm/segment/2"}) {
-    absl::StatusOr<std::string> published = store.Get(key, absl::ZeroDuration());
-    ASSERT_TRUE(published.ok()) << key;
-    const std::vector<std::string> parts = absl::StrSplit(*published, ' ');
-    EXPECT_FALSE(std::filesystem::exists(absl::StrCat("/dev/shm", parts[0]))) << *published;
+    EXPECT_TRUE(store.Get(key, absl::ZeroDuration()).ok()) << key;
   }
   EXPECT_FALSE(store.Get("gloo/shm/segment/1", absl::ZeroDuration()).ok());
+  EXPECT_TRUE(SegmentDescriptors().empty());
 }
 
 // In a group spanning hosts the sender may be blocked on TCP while its shared-memory sends wait
@@ -363,34 +419,154 @@ TEST(ShmLinkTest, ARankAloneOnItsHostIsAFailedPrecondition) {
       << status;
 }
 
-// A leader killed between creating its segment and publishing the name leaves the segment behind;
-// the next leader on the host removes it once its creator is gone, and leaves live ones alone.
-TEST(ShmLinkTest, TheNextLeaderRemovesSegmentsWhoseCreatorIsGone) {
-  const pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) _exit(0);
-  int wait_status = 0;
-  ASSERT_EQ(waitpid(child, &wait_status, 0), child);
-  const std::string abandoned = absl::StrCat("/zeroshard-", child, "-0badf00d");
-  const std::string live = absl::StrCat("/zeroshard-", getpid(), "-0badf00d");
-  for (const std::string& name : {abandoned, live}) {
-    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-    ASSERT_GE(fd, 0) << name;
-    close(fd);
+// Row 5 of issue 36. A rank that claims this host (here rank 0, the host's leader) publishes the
+// name of somebody else's /dev/shm object, in the record's old form ("<name> <token>") and in
+// its new one ("<pid> <fd> <token>", naming a descriptor of that object). The proof fails, and
+// the object is still there.
+// Fails before the fix: rank 1 opened the published name, found the wrong size and unlinked it.
+TEST(ShmLinkTest, ARogueSegmentNamePublishedForThisHostIsNeverUnlinked) {
+  const std::string victim = absl::StrCat("/zeroshard-victim-", getpid());
+  const int victim_fd = shm_open(victim.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(victim_fd, 0) << victim;
+  ASSERT_EQ(ftruncate(victim_fd, 4096), 0);
+  const std::string token(32, 'a');
+  for (const std::string& published :
+       {absl::StrCat(victim, " ", token), absl::StrCat(getpid(), " ", victim_fd, " ", token)}) {
+    InMemoryStore store;
+    ASSERT_TRUE(store.Set("gloo/shm/host/0", "this-host").ok());
+    ASSERT_TRUE(store.Set("gloo/shm/segment/0", published).ok());
+    ASSERT_TRUE(store.Set("gloo/shm/mapped/0", "ok").ok());
+    const absl::Status status = ShmLink::Connect(Options(1, 2, &store)).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+    EXPECT_TRUE(std::filesystem::exists(absl::StrCat("/dev/shm", victim))) << published;
   }
+  close(victim_fd);
+  shm_unlink(victim.c_str());
+}
+
+// Row 6 of issue 36. During the setup window an outsider of the same uid opens the segment by
+// every way it has and truncates it: the truncate is refused, and the group connects and carries
+// a message (on a truncated segment, the first touch of a page past the end is SIGBUS).
+// Fails before the fix: the /dev/shm segment was truncated to nothing, so the proof failed (and
+// a truncate after the proof killed both ranks with SIGBUS).
+TEST(ShmLinkTest, AnOutsidersTruncateDuringSetupIsRefusedAndKillsNobody) {
   InMemoryStore store;
+  int opened = 0;
+  std::vector<int> truncate_errors;
+  SegmentHookStore outsider(&store, [&](const std::string& published) {
+    for (const int fd : OpenSegmentAsAnOutsider(published)) {
+      ++opened;
+      truncate_errors.push_back(ftruncate(fd, 0) == 0 ? 0 : errno);
+      close(fd);
+    }
+    return published;
+  });
+  std::vector<std::unique_ptr<ShmLink>> links(2);
+  const absl::Status connected = RunOnRankThreads(2, [&](int rank) -> absl::Status {
+    ShmLinkOptions options = Options(rank, 2, rank == 0 ? static_cast<Store*>(&store) : &outsider);
+    absl::StatusOr<std::unique_ptr<ShmLink>> link = ShmLink::Connect(options);
+    if (!link.ok()) return link.status();
+    links[rank] = *std::move(link);
+    return absl::OkStatus();
+  });
+  EXPECT_GT(opened, 0) << "the outsider found no way to the segment: the test proves nothing";
+  for (const int error : truncate_errors) EXPECT_EQ(error, EPERM) << std::strerror(error);
+  ASSERT_TRUE(connected.ok()) << connected;
+  const std::vector<char> message = Pattern(1000, 3);
+  std::vector<char> received(message.size());
+  const absl::Status exchanged = RunOnRankThreads(2, [&](int rank) -> absl::Status {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    if (rank == 0) {
+      links[0]->Send(1, /*slot=*/1, message.data(), message.size());
+      return links[0]->WaitSends(deadline);
+    }
+    return links[1]->Receive(0, 1, nullptr, message.size(), deadline,
+                             [&](const char* data, size_t offset, size_t bytes) {
+                               std::memcpy(received.data() + offset, data, bytes);
+                             });
+  });
+  EXPECT_TRUE(exchanged.ok()) << exchanged;
+  EXPECT_EQ(received, message);
+}
+
+// Row 7 of issue 36. A peer (it maps the segment legitimately) writes a chunk header whose size
+// is larger than the ring's chunks and equal to what the receiver still expects: an error naming
+// the peer, and the consumer is never handed more than one chunk.
+// Fails before the fix: the size was checked only against the bytes left, so the consumer got
+// 100000 bytes starting at a 64-byte chunk (a read far past the chunk and the segment).
+TEST(ShmLinkTest, AChunkSizeLargerThanTheChunkIsAnErrorNamingThePeer) {
+  constexpr uint64_t kSlot = 0x5eed5eed5eed5eedULL;
+  constexpr size_t kBytes = 100000;
+  InMemoryStore store;
+  void* peer_view = MAP_FAILED;
+  size_t peer_view_bytes = 0;
+  SegmentHookStore peer(&store, [&](const std::string& published) {
+    for (const int fd : OpenSegmentAsAnOutsider(published)) {
+      struct stat status;
+      if (peer_view == MAP_FAILED && fstat(fd, &status) == 0 && status.st_size > 0) {
+        peer_view_bytes = static_cast<size_t>(status.st_size);
+        peer_view = mmap(nullptr, peer_view_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+      }
+      close(fd);
+    }
+    return published;
+  });
   std::vector<std::unique_ptr<ShmLink>> links(2);
   ASSERT_TRUE(RunOnRankThreads(2, [&](int rank) -> absl::Status {
-                ShmLinkOptions options = Options(rank, 2, &store);
-                options.abandoned_after = absl::ZeroDuration();
+                ShmLinkOptions options =
+                    Options(rank, 2, rank == 0 ? static_cast<Store*>(&store) : &peer);
                 absl::StatusOr<std::unique_ptr<ShmLink>> link = ShmLink::Connect(options);
                 if (!link.ok()) return link.status();
                 links[rank] = *std::move(link);
                 return absl::OkStatus();
               }).ok());
-  EXPECT_FALSE(std::filesystem::exists(absl::StrCat("/dev/shm", abandoned)));
-  EXPECT_TRUE(std::filesystem::exists(absl::StrCat("/dev/shm", live)));
-  shm_unlink(live.c_str());
+  ASSERT_NE(peer_view, MAP_FAILED);
+  const std::vector<char> message = Pattern(kBytes, 1);
+  links[0]->Send(1, kSlot, message.data(), message.size());  // two 64-byte chunks go in now
+  // The first chunk's header: {kSlot, 64}.
+  uint64_t* words = static_cast<uint64_t*>(peer_view);
+  bool corrupted = false;
+  for (size_t i = 0; i + 1 < peer_view_bytes / sizeof(uint64_t); ++i) {
+    if (words[i] == kSlot && words[i + 1] == 64) {
+      words[i + 1] = kBytes;
+      corrupted = true;
+      break;
+    }
+  }
+  ASSERT_TRUE(corrupted) << "no chunk header of the message in the segment";
+  size_t largest_part = 0;
+  const absl::Status got = links[1]->Receive(
+      0, kSlot, nullptr, kBytes, absl::Now() + absl::Seconds(30),
+      // Records the part's size only: reading it would be the out-of-bounds read.
+      [&](const char*, size_t, size_t bytes) { largest_part = std::max(largest_part, bytes); });
+  EXPECT_EQ(got.code(), absl::StatusCode::kInternal) << got;
+  EXPECT_NE(got.message().find("rank 0"), std::string::npos) << got;
+  EXPECT_NE(got.message().find("100000"), std::string::npos) << got;
+  EXPECT_LE(largest_part, 64u);
+  links[0]->Interrupt(absl::AbortedError("test over"));
+  munmap(peer_view, peer_view_bytes);
+}
+
+// Row 8 of issue 36. A /dev/shm object of the old naming whose pid is dead in this namespace (in
+// another pid namespace sharing /dev/shm, that pid may be a live leader) is left alone: the link
+// names nothing in /dev/shm, so there is nothing of its own to sweep.
+// Fails before the fix: the next leader on the host unlinked it once it was `abandoned_after`
+// old (a minute by default; the sweep's own test set zero).
+TEST(ShmLinkTest, ASegmentOfAPidDeadHereIsNotSwept) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  int wait_status = 0;
+  ASSERT_EQ(waitpid(child, &wait_status, 0), child);
+  const std::string other_namespace = absl::StrCat("/zeroshard-", child, "-0badf00d");
+  const int fd = shm_open(other_namespace.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0) << other_namespace;
+  close(fd);
+  InMemoryStore store;
+  auto links = ConnectGroup(2, &store);
+  ASSERT_NE(links[0], nullptr);
+  EXPECT_TRUE(std::filesystem::exists(absl::StrCat("/dev/shm", other_namespace)));
+  shm_unlink(other_namespace.c_str());
 }
 
 TEST(ShmLinkTest, BadSizesAreInvalidArguments) {
