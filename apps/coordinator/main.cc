@@ -1,10 +1,14 @@
 // zeroshard-coordinator: the control plane. Serves the v1 Coordinator gRPC API (plus health
 // checking and reflection) and Prometheus /metrics; keeps job state in SQLite under --state_dir.
 #include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <thread>
 #include <vector>
@@ -68,7 +72,8 @@ ABSL_FLAG(std::string, state_dir, "", "Directory of the durable job state (SQLit
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory the workers write checkpoints into (the same path on every worker and "
           "here, e.g. a shared volume). The coordinator commits checkpoints by writing their "
-          "manifests there and reads it to export. Empty: no checkpoints can be committed.");
+          "manifests there and reads it to export. It must exist and be writable at start (it "
+          "is not created). Empty: no checkpoints can be committed.");
 ABSL_FLAG(absl::Duration, heartbeat_period, absl::Seconds(1), "Worker heartbeat period.");
 ABSL_FLAG(int, missed_heartbeats, 3, "Missed heartbeat periods after which a worker is dead.");
 ABSL_FLAG(absl::Duration, dead_worker_retention, absl::Minutes(10),
@@ -208,6 +213,31 @@ absl::Status CheckLimitFlags(CoordinatorServerOptions& options) {
   return absl::OkStatus();
 }
 
+// --checkpoint_root, when set, is a directory this process can write into: the coordinator writes
+// every checkpoint's manifest there, so a root that is missing (a typo, a volume not mounted) or
+// read-only would otherwise show only as every checkpoint failing to commit. It is not created:
+// the workers must find the same directory, and a wrong path should not become a new one.
+absl::Status CheckCheckpointRoot(const std::string& root) {
+  if (root.empty()) return absl::OkStatus();
+  struct stat info;
+  if (::stat(root.c_str(), &info) != 0) {
+    const int error = errno;
+    return Usage(absl::StrCat("--checkpoint_root=", root, ": ",
+                              error == ENOENT ? "the directory does not exist"
+                                              : absl::StrCat("cannot stat it: ", strerror(error)),
+                              "; create it (the directory every worker's --checkpoint_root names) "
+                              "or leave the flag out to run without checkpoints"));
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    return Usage(absl::StrCat("--checkpoint_root=", root, ": not a directory"));
+  }
+  if (::access(root.c_str(), W_OK | X_OK) != 0) {
+    return Usage(absl::StrCat("--checkpoint_root=", root,
+                              ": this process cannot write into it: ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
 // TLS and tokens; `exposed` serving needs TLS or --insecure.
 absl::Status ReadSecurityFlags(ServeConfig& config) {
   CoordinatorServerOptions& options = config.options;
@@ -236,9 +266,10 @@ absl::Status ReadSecurityFlags(ServeConfig& config) {
   // The same rule as the clients' for sending a token in plaintext (security/loopback.h).
   config.exposed = !zeroshard::security::IsLoopbackTarget(options.listen_address);
   if (config.exposed && !options.tls.enabled() && !insecure) {
-    return Usage(absl::StrCat("--listen=", options.listen_address,
-                              " is not loopback; serve it with TLS (--tls_cert_file, "
-                              "--tls_key_file), or pass --insecure to serve it in plaintext"));
+    return Usage(absl::StrCat("--listen=", options.listen_address, " is not loopback (",
+                              zeroshard::security::kLoopbackRule,
+                              "); serve it with TLS (--tls_cert_file, --tls_key_file), or pass "
+                              "--insecure to serve it in plaintext"));
   }
   if (config.exposed && options.tls.enabled() && options.token_file.empty()) {
     ZS_LOG(WARNING) << "--listen=" << options.listen_address
@@ -264,6 +295,7 @@ absl::StatusOr<ServeConfig> ConfigFromFlags() {
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   ReadLimitFlags(options);
   ZS_RETURN_IF_ERROR(CheckLimitFlags(options));
+  ZS_RETURN_IF_ERROR(CheckCheckpointRoot(options.manager.checkpoint_root));
   ZS_RETURN_IF_ERROR(ReadSecurityFlags(config));
   return config;
 }

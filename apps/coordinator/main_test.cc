@@ -1,24 +1,30 @@
-// Tests of the zeroshard-coordinator binary's security flags, run as a real process: SIGHUP
-// reloads --token_file, and a non-loopback --listen without TLS is refused unless --insecure.
+// Tests of the zeroshard-coordinator binary's flags, run as a real process: SIGHUP reloads
+// --token_file, a non-loopback --listen without TLS is refused unless --insecure, a missing
+// --checkpoint_root is refused, and reflection describes every service it lists.
 #include <signal.h>
 #include <sys/types.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "coordinator/test_rpc_support.h"
+#include "google/protobuf/descriptor.pb.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "zeroshard/reflection/server_reflection_v1.grpc.pb.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::coordinator {
@@ -180,6 +186,90 @@ TEST(CoordinatorMainTest, ABadHttpAllowedHostIsRefusedNamingTheFlag) {
   EXPECT_EQ(AwaitExit(refused), 2);
   EXPECT_TRUE(absl::StrContains(ReadFile(log), "--http_allowed_hosts: 'bad host'"))
       << ReadFile(log);
+}
+
+// Issue 36, row 11. Fails before the fix: the coordinator started with a --checkpoint_root that
+// did not exist (or was a file), and every checkpoint's commit then failed while it served.
+TEST(CoordinatorMainTest, AMissingOrNonDirectoryCheckpointRootIsRefusedNamingTheFlag) {
+  const std::string dir = FreshTestDir();
+  const std::string missing = dir + "/no-such-dir";
+  const std::string file = dir + "/a-file";
+  WriteFile(file, "not a directory\n");
+  for (const auto& [root, why] : {std::pair<std::string, std::string>{missing, "does not exist"},
+                                  std::pair<std::string, std::string>{file, "not a directory"}}) {
+    const std::string log = dir + "/refused.log";
+    const pid_t refused = Spawn({"--listen=127.0.0.1:0", "--metrics_port=-1",
+                                 "--state_dir=" + dir + "/state", "--checkpoint_root=" + root},
+                                log);
+    ASSERT_GT(refused, 0);
+    EXPECT_EQ(AwaitExit(refused), 2) << ReadFile(log);
+    EXPECT_TRUE(absl::StrContains(ReadFile(log), absl::StrCat("--checkpoint_root=", root, ": ")))
+        << ReadFile(log);
+    EXPECT_TRUE(absl::StrContains(ReadFile(log), why)) << ReadFile(log);
+  }
+  EXPECT_FALSE(std::filesystem::exists(missing));  // refused, not created
+}
+
+// The gRPC port a coordinator wrote to `port_file` once it serves; 0 if it does not within
+// kDeadline.
+int AwaitGrpcPort(const std::string& port_file) {
+  const absl::Time deadline = absl::Now() + kDeadline;
+  while (absl::Now() < deadline) {
+    std::ifstream ports(port_file);
+    int grpc_port = 0;
+    int metrics_port = 0;
+    if (ports >> grpc_port >> metrics_port && grpc_port > 0) return grpc_port;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return 0;
+}
+
+// Issue 36, row 10. Fails before the fix: the binary listed grpc.reflection.v1.ServerReflection
+// but answered NOT_FOUND for its descriptor (the generated file that declares it was left out of
+// the statically linked binary, so it was not in the descriptor pool), and grpcurl, which asks
+// v1 first, could not describe it. Only the real binary shows it: the unit tests link the proto
+// libraries dynamically, which registers every file.
+TEST(CoordinatorMainTest, ReflectionDescribesEveryServiceItLists) {
+  const std::string dir = FreshTestDir();
+  const std::string port_file = dir + "/ports";
+  const std::string log = dir + "/coordinator.log";
+  const pid_t pid = Spawn({"--listen=127.0.0.1:0", "--metrics_port=-1", "--state_dir=" + dir,
+                           "--port_file=" + port_file},
+                          log);
+  ASSERT_GT(pid, 0);
+  const int grpc_port = AwaitGrpcPort(port_file);
+  ASSERT_GT(grpc_port, 0) << ReadFile(log);
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", grpc_port),
+                                     grpc::InsecureChannelCredentials());
+  grpc::ClientContext context;
+  SetDeadline(context);
+  auto call =
+      grpc::reflection::v1::ServerReflection::NewStub(channel)->ServerReflectionInfo(&context);
+  grpc::reflection::v1alpha::ServerReflectionRequest request;
+  grpc::reflection::v1alpha::ServerReflectionResponse response;
+  request.set_list_services("*");
+  ASSERT_TRUE(call->Write(request) && call->Read(&response));
+  std::vector<std::string> services;
+  for (const auto& service : response.list_services_response().service()) {
+    services.push_back(service.name());
+  }
+  EXPECT_EQ(std::count(services.begin(), services.end(), "grpc.reflection.v1.ServerReflection"), 1);
+  for (const std::string& service : services) {
+    request.set_file_containing_symbol(service);
+    ASSERT_TRUE(call->Write(request) && call->Read(&response)) << service;
+    ASSERT_GT(response.file_descriptor_response().file_descriptor_proto_size(), 0)
+        << service << ": " << response.error_response().error_message();
+    google::protobuf::FileDescriptorProto file;
+    ASSERT_TRUE(file.ParseFromString(response.file_descriptor_response().file_descriptor_proto(0)));
+    const std::string name(absl::StripPrefix(service, file.package() + "."));
+    EXPECT_TRUE(std::any_of(file.service().begin(), file.service().end(),
+                            [&](const auto& described) { return described.name() == name; }))
+        << service << " is not in " << file.name();
+  }
+  call->WritesDone();
+  EXPECT_TRUE(call->Finish().ok());
+  ASSERT_EQ(kill(pid, SIGTERM), 0);
+  EXPECT_EQ(AwaitExit(pid), 0) << ReadFile(log);
 }
 
 }  // namespace

@@ -97,6 +97,8 @@ wait_for() {
 }
 
 say "running as uid $(id -u) gid $(id -g), HOME=$HOME, cwd $(pwd)"
+# The coordinator refuses a --checkpoint_root that does not exist.
+mkdir -p "$W/checkpoints"
 /usr/local/bin/zeroshard-coordinator --listen=127.0.0.1:0 --metrics_port=0 \
   --state_dir="$W/state" --port_file="$W/ports" --checkpoint_root="$W/checkpoints" \
   --heartbeat_period=1s >"$W/coordinator.log" 2>&1 &

@@ -130,7 +130,8 @@ class Client:
         Credentials, for a coordinator with TLS and a token file (docs/operations.md):
         - `token`: sent as "authorization: Bearer <token>" on every call; default
           $ZEROSHARD_TOKEN. `token_file`: a file whose first line is the token. Without TLS the
-          token goes only to a loopback address (127.0.0.0/8, ::1, localhost, unix:), unless
+          token goes only to a loopback address (an IP literal in 127.0.0.0/8 or ::1,
+          "localhost" without a trailing dot or a dns://SERVER/ authority, unix:), unless
           `insecure` is true (default: $ZEROSHARD_INSECURE is "1"); otherwise
           Error(INVALID_ARGUMENT) on field "token".
         - `ca`: PEM file of the CA that signed the coordinator's certificate: TLS (default
