@@ -47,6 +47,13 @@ ABSL_FLAG(std::string, device, "cpu",
           "--config=cuda).");
 ABSL_FLAG(std::string, name, "", "Worker name ([a-z0-9-], default worker-<pid>).");
 ABSL_FLAG(std::string, host, "", "Host name reported to the coordinator (default: hostname).");
+ABSL_FLAG(std::string, identity_file, "",
+          "File (mode 0600, created if missing) in which the daemon keeps the id and secret of its "
+          "latest registration, so that after a restart it proves it is the worker that held "
+          "--name and gets the name back at once; a name is held by proof, and without it a "
+          "restarted daemon waits until its previous registration has been gone for the "
+          "coordinator's --dead_worker_retention. Put it on storage that outlives the process "
+          "(e.g. an emptyDir). Empty: none.");
 ABSL_FLAG(std::string, listen_host, "127.0.0.1",
           "Address peers reach this worker's collectives at.");
 ABSL_FLAG(int, health_port, -1,
@@ -151,6 +158,7 @@ int main(int argc, char** argv) {
     options.labels[kv.first] = kv.second;
   }
   options.heartbeat_period = absl::GetFlag(FLAGS_heartbeat_period);
+  options.identity_file = absl::GetFlag(FLAGS_identity_file);
   options.unregistered_unhealthy_after = absl::GetFlag(FLAGS_unregistered_unhealthy_after);
   std::unique_ptr<zeroshard::attach::AttachListener> attach_listener;
   if (!absl::GetFlag(FLAGS_attach_socket).empty()) {

@@ -3,16 +3,22 @@
 
 #include <algorithm>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
+#include "worker/daemon/identity_file.h"
 
 namespace zeroshard::worker {
 namespace {
 
 // WorkerStatus.run_error's bound (worker.proto).
 constexpr size_t kMaxRunErrorBytes = 1024;
+// An unchanged ALREADY_EXISTS refusal is logged again this often (registration retries it every
+// register_retry).
+constexpr absl::Duration kRefusalLogInterval = absl::Seconds(30);
 
 }  // namespace
 
@@ -80,6 +86,17 @@ absl::StatusOr<bool> WorkerDaemon::Register() {
       NoteRefusal(absl::OkStatus());
       // Before any later call: the secret is bound to this registration.
       if (options_.worker_secret != nullptr) options_.worker_secret->Set(response.worker_secret());
+      logged_refusal_.clear();
+      if (!options_.identity_file.empty() && options_.worker_secret != nullptr) {
+        // Kept for a restart of this daemon: without it the restarted daemon cannot prove that
+        // the name is its own.
+        const absl::Status kept = WriteIdentityFile(
+            options_.identity_file, {response.worker_id(), response.worker_secret()});
+        if (!kept.ok()) {
+          ZS_LOG(ERROR) << "registered as " << response.worker_id()
+                        << ", but cannot keep that identity for a restart: " << kept;
+        }
+      }
       heartbeat_period_ = absl::Milliseconds(response.heartbeat_period_ms());
       lease_ = absl::Milliseconds(response.lease_ms());
       heartbeats_denied_since_.reset();
@@ -101,10 +118,11 @@ absl::StatusOr<bool> WorkerDaemon::Register() {
     SetReadiness(absl::UnavailableError(
         absl::StrCat("not registered with the coordinator: ", status.message())));
     if (status.code() == absl::StatusCode::kAlreadyExists) {
-      // The name is held (by this worker's own earlier process until its lease ends, or
-      // reserved for a rank being adopted): it frees up by itself.
+      // The name is held: by this worker's own earlier process until its lease ends, reserved
+      // for a rank being adopted, or kept for a holder whose proof this daemon lacks until the
+      // coordinator's retention passed. Each frees up by itself: retried, no operator needed.
       NoteRefusal(status);
-      ZS_LOG(WARNING) << "registration refused: " << status.message() << "; retrying";
+      LogNameRefusal(status);
     } else {
       ZS_LOG(INFO) << "coordinator not reachable yet (" << status.message() << "); retrying";
     }
@@ -113,7 +131,46 @@ absl::StatusOr<bool> WorkerDaemon::Register() {
   return absl::CancelledError("stopped before registering");
 }
 
+absl::Status WorkerDaemon::LoadIdentity() {
+  if (options_.identity_file.empty()) return absl::OkStatus();
+  if (options_.worker_secret == nullptr) {
+    return absl::FailedPreconditionError(
+        "identity_file: this daemon keeps no worker secret, so it has no identity to keep");
+  }
+  ZS_ASSIGN_OR_RETURN(const std::optional<WorkerIdentity> kept,
+                      ReadIdentityFile(options_.identity_file));
+  if (!kept.has_value()) {
+    ZS_LOG(INFO) << "no identity kept in " << options_.identity_file
+                 << " yet: registering as a new worker";
+    return absl::OkStatus();
+  }
+  {
+    absl::MutexLock lock(&id_mu_);
+    worker_id_ = kept->worker_id;
+  }
+  options_.worker_secret->Set(kept->secret);
+  ZS_LOG(INFO) << "presenting the identity kept in " << options_.identity_file << " ("
+               << kept->worker_id << ") to get the name " << options_.name << " back";
+  return absl::OkStatus();
+}
+
+void WorkerDaemon::LogNameRefusal(const absl::Status& refusal) {
+  // The reason without the time it gives, which changes on every retry.
+  const absl::string_view message = refusal.message();
+  const std::string reason(message.substr(0, message.rfind(": in ")));
+  const absl::Time now = absl::Now();
+  if (reason == logged_refusal_ && now - refusal_logged_at_ < kRefusalLogInterval) return;
+  logged_refusal_ = reason;
+  refusal_logged_at_ = now;
+  ZS_LOG(WARNING) << "registration refused: " << message << "; retrying every "
+                  << options_.register_retry
+                  << (options_.identity_file.empty() && absl::StrContains(message, "held by proof")
+                          ? " (this daemon keeps no identity across restarts: --identity_file)"
+                          : "");
+}
+
 absl::Status WorkerDaemon::Run() {
+  if (absl::Status loaded = LoadIdentity(); !loaded.ok()) return loaded;
   if (absl::StatusOr<bool> registered = Register(); !registered.ok()) {
     return stop_.HasBeenNotified() ? absl::OkStatus() : registered.status();
   }

@@ -44,6 +44,11 @@ struct WorkerDaemonOptions {
   // Set from every registration's reply; the daemon's coordinator channels send it on each call
   // (security::CreateCoordinatorChannel). Null: not kept (a coordinator without a token file).
   std::shared_ptr<security::WorkerSecret> worker_secret;
+  // Where the daemon keeps its latest registration's id and secret (identity_file.h), so that
+  // after a restart it presents them and gets its name back at once: a name is held by proof, and
+  // without them a restarted daemon waits until its old registration has been gone for the
+  // coordinator's --dead_worker_retention. Empty: not kept. Needs worker_secret.
+  std::string identity_file;
   // Liveness() fails once the coordinator has refused this daemon a registration this long
   // without a break (--unregistered_unhealthy_after): a pod restart is the last resort.
   absl::Duration unregistered_unhealthy_after = absl::Minutes(5);
@@ -60,7 +65,10 @@ class WorkerDaemon {
   // worker's registration was forgotten) make it register again, presenting its id, secret and
   // run; heartbeats refused with PERMISSION_DENIED for a whole lease (its registration was
   // replaced) make it register as a new worker and abort its run. A registration refused with
-  // ALREADY_EXISTS (its name is still held, e.g. by its own previous process) is retried.
+  // ALREADY_EXISTS (its name is still held: by its own previous process, or for a holder whose
+  // proof this daemon lacks, until the coordinator's retention passed) is retried, and logged
+  // with the coordinator's reason. With identity_file, it first presents the identity kept there
+  // (an unusable file ends Run() with its error) and keeps each new registration's there.
   // Returns the error early when registering fails for good (INVALID_ARGUMENT, UNAUTHENTICATED,
   // PERMISSION_DENIED: bad flags or credentials), also when
   // re-registering after the coordinator forgot this worker. Failed heartbeats (the coordinator
@@ -113,6 +121,11 @@ class WorkerDaemon {
   void NoteRefusal(const absl::Status& why);
   // Drops the current registration's id and secret: the next registration is a new worker's.
   void ForgetRegistration();
+  // options_.identity_file: presents the identity kept there (if any) at the next registration.
+  absl::Status LoadIdentity();
+  // Logs an ALREADY_EXISTS refusal: the first, then at most every kRefusalLogInterval (it is
+  // retried every register_retry), and whenever its reason changes.
+  void LogNameRefusal(const absl::Status& refusal);
 
   const WorkerDaemonOptions options_;
   std::shared_ptr<v1::Coordinator::StubInterface> stub_;
@@ -142,6 +155,9 @@ class WorkerDaemon {
   absl::Duration lease_;
   // Since when heartbeats have been refused with PERMISSION_DENIED, without a break.
   std::optional<absl::Time> heartbeats_denied_since_;
+  // The last ALREADY_EXISTS refusal logged (its reason up to the time it gives), and when.
+  std::string logged_refusal_;
+  absl::Time refusal_logged_at_ = absl::InfinitePast();
   std::unique_ptr<TrainingRun> run_;
   v1::Assignment run_assignment_;
   // Whether run_'s failure has been logged.

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "apps/coordinator/coordinator_server.h"
@@ -112,8 +113,10 @@ class WorkerDaemonTest : public ::testing::Test {
   // `state_suffix`), so that a restart on the same port finds the state of the one before.
   void StartCoordinator(int port, absl::Duration adoption_window = absl::Seconds(30),
                         const std::string& state_suffix = "",
-                        absl::Duration heartbeat_period = absl::Milliseconds(50)) {
+                        absl::Duration heartbeat_period = absl::Milliseconds(50),
+                        absl::Duration dead_worker_retention = absl::Minutes(10)) {
     coordinator::CoordinatorServerOptions options;
+    options.manager.forget_gone_workers_after = dead_worker_retention;
     options.listen_address = "127.0.0.1:" + std::to_string(port);
     options.metrics_port = -1;
     options.state_dir =
@@ -132,8 +135,10 @@ class WorkerDaemonTest : public ::testing::Test {
   }
 
   std::unique_ptr<WorkerDaemon> MakeDaemon(
-      int port, absl::Duration unregistered_unhealthy_after = absl::Minutes(5)) {
+      int port, absl::Duration unregistered_unhealthy_after = absl::Minutes(5),
+      const std::string& identity_file = "") {
     WorkerDaemonOptions options;
+    options.identity_file = identity_file;
     options.name = "w";
     options.host = "host-a";
     options.register_retry = absl::Milliseconds(20);
@@ -392,12 +397,14 @@ TEST_P(WorkerIdentityTest, ARunTheRestartedCoordinatorCannotAdoptIsAborted) {
 // Before issue 23 a daemon whose heartbeats were refused (PERMISSION_DENIED: its registration
 // was replaced) beat in vain forever and kept its run. Now, after a whole lease of refusals, it
 // aborts the run and registers as a new worker (waiting, ALREADY_EXISTS, while the registration
-// that replaced it holds its name); meanwhile it is not ready, and not live once refused longer
-// than unregistered_unhealthy_after.
+// that replaced it holds its name, and with tokens, since issue 36, until that one has been gone
+// for the retention); meanwhile it is not ready, and not live once refused longer than
+// unregistered_unhealthy_after.
 TEST_P(WorkerIdentityTest, HeartbeatsRefusedForALeaseMakeANewWorker) {
   const int port = common::PickFreeLoopbackPortOrDie();
-  // Leases of 3 x 200 ms: the refusals last a lease, then the name is held for another.
-  StartCoordinator(port, absl::Seconds(30), "", absl::Milliseconds(200));
+  // Leases of 3 x 200 ms: the refusals last a lease, then the name is held for another, and a
+  // retention of 1 s after that.
+  StartCoordinator(port, absl::Seconds(30), "", absl::Milliseconds(200), absl::Seconds(1));
   std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port, absl::Milliseconds(100));
   std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
   coordinator::JobManager* manager = server_->manager();
@@ -441,6 +448,78 @@ TEST_P(WorkerIdentityTest, HeartbeatsRefusedForALeaseMakeANewWorker) {
     const std::vector<v1::WorkerInfo> busy = manager->ListWorkers(v1::BUSY);
     return busy.size() == 1 && busy[0].id() == daemon->worker_id();
   }));
+  daemon->Stop();
+  thread.join();
+}
+
+// Issue 36, row 1. Fails before the fix: once the daemon named "w" was gone (stopped here; a
+// kill leaves it DEAD, which counts alike), a worker token registered "w" without any proof and
+// held it, and the restarted daemon was refused ALREADY_EXISTS for as long as that one beat. Now
+// the name waits for its holder, and the restarted daemon proves it is that worker with the
+// identity its previous process kept in --identity_file.
+TEST_F(WorkerDaemonTest, ARestartedDaemonGetsItsNameBackWithItsIdentityFile) {
+  with_tokens_ = true;
+  const int port = common::PickFreeLoopbackPortOrDie();
+  StartCoordinator(port);
+  coordinator::JobManager* manager = server_->manager();
+  const std::string identity = std::string(std::getenv("TEST_TMPDIR")) + "/w.identity";
+  std::filesystem::remove(identity);
+  std::string first_id;
+  {
+    std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port, absl::Minutes(5), identity);
+    std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+    ASSERT_TRUE(Eventually([&] { return manager->ListWorkers(v1::IDLE).size() == 1; }));
+    first_id = daemon->worker_id();
+    daemon->Stop();
+    thread.join();
+  }
+  ASSERT_EQ(manager->ListWorkers(v1::LEFT).size(), 1u);
+  v1::RegisterWorkerRequest squat;
+  squat.set_name("w");
+  squat.set_host("elsewhere");
+  squat.set_device_kind(v1::CPU);
+  coordinator::RegistrationProof token_only;
+  token_only.acts_for_any_worker = false;
+  const absl::Status squatted = manager->RegisterWorker(squat, token_only).status();
+  EXPECT_EQ(squatted.code(), absl::StatusCode::kAlreadyExists) << squatted;
+
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port, absl::Minutes(5), identity);
+  std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+  ASSERT_TRUE(Eventually([&] { return manager->ListWorkers(v1::IDLE).size() == 1; }));
+  const v1::WorkerInfo back = manager->ListWorkers(v1::IDLE)[0];
+  EXPECT_EQ(back.name(), "w");
+  EXPECT_EQ(back.host(), "host-a");
+  EXPECT_NE(back.id(), first_id);
+  EXPECT_TRUE(daemon->Liveness().ok());
+  daemon->Stop();
+  thread.join();
+}
+
+// Issue 36, row 1: a restarted daemon that kept no identity is refused its own name while the
+// name is held for its previous registration; it says why (Readiness, and its log) and registers
+// by itself once that registration has been gone for the coordinator's retention.
+TEST_F(WorkerDaemonTest, ADaemonWithoutItsIdentityGetsItsNameOnceTheRetentionPassed) {
+  with_tokens_ = true;
+  const int port = common::PickFreeLoopbackPortOrDie();
+  StartCoordinator(port, absl::Seconds(30), "", absl::Milliseconds(50), absl::Seconds(2));
+  coordinator::JobManager* manager = server_->manager();
+  {
+    std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
+    std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+    ASSERT_TRUE(Eventually([&] { return manager->ListWorkers(v1::IDLE).size() == 1; }));
+    daemon->Stop();
+    thread.join();
+  }
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
+  std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+  std::string refusal;
+  ASSERT_TRUE(Eventually([&] {
+    const absl::Status ready = daemon->Readiness();
+    if (absl::StrContains(ready.message(), "held by proof")) refusal = ready.ToString();
+    return manager->ListWorkers(v1::IDLE).size() == 1;
+  }));
+  EXPECT_TRUE(absl::StrContains(refusal, "--dead_worker_retention")) << refusal;
+  EXPECT_EQ(manager->ListWorkers(v1::IDLE)[0].name(), "w");
   daemon->Stop();
   thread.join();
 }
