@@ -10,8 +10,10 @@ import ctypes.util
 import glob
 import mmap
 import os
+import pwd
 import select
 import socket
+import stat
 import struct
 
 from zeroshard._proto.zeroshard.v1 import attach_pb2
@@ -25,6 +27,111 @@ class WorkerLost(RuntimeError):
 class AttachError(WorkerLost):
     """The worker answered a request with an error (its message says why: a lost peer, a failed
     collective, a refused request); its run is over, so this is a WorkerLost too."""
+
+
+class WrongWorker(WorkerLost):
+    """The attach socket is not served by the worker this trainer was given: a process of a
+    user that is not the workers' (anyone holding a worker token can register any socket path
+    for any host name), or another worker. Nothing was mapped or written; the message names the
+    expected worker and what answered."""
+
+
+# The workers' user, when it is not the trainer's own (workers run as a service user and admit
+# the trainers' users through --attach_group): a user name or a uid.
+WORKER_USER_ENV = "ZEROSHARD_WORKER_USER"
+
+
+def _uid_of(user):
+    """The uid of `user`, a user name or a number; ValueError naming the variable otherwise."""
+    if user.isdigit():
+        return int(user)
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        raise ValueError(f"{WORKER_USER_ENV}={user}: no such user") from None
+
+
+def trusted_worker_uids(environ=None):
+    """The users whose processes may serve a worker's attach socket: this process's own
+    (effective) user, root, and $ZEROSHARD_WORKER_USER's when set. Another local user's process
+    may not: the trainer would hand it its model and run what it answers."""
+    environ = os.environ if environ is None else environ
+    uids = {os.geteuid(), 0}
+    if environ.get(WORKER_USER_ENV):
+        uids.add(_uid_of(environ[WORKER_USER_ENV]))
+    return uids
+
+
+def describe_uid(uid):
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _describe_process(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as comm:
+            return f"process {pid} ({comm.read().strip()})"
+    except OSError:
+        return f"process {pid}"
+
+
+def _expected_users(trusted):
+    return ", ".join(describe_uid(uid) for uid in sorted(trusted))
+
+
+def check_socket_server(sock, path, worker, environ=None):
+    """WrongWorker unless the process that listens on connected unix socket `sock` (SO_PEERCRED:
+    the kernel's record of who called listen(), which no process can forge) runs as a trusted
+    user (trusted_worker_uids). `worker` names the worker expected there, for the message."""
+    trusted = trusted_worker_uids(environ)
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, _ = struct.unpack("3i", creds)
+    if uid not in trusted:
+        raise WrongWorker(
+            f"the attach socket {path} registered for {worker} is served by "
+            f"{_describe_process(pid)} of {describe_uid(uid)}, not by the workers' user "
+            f"({_expected_users(trusted)}): refusing to attach (a worker token holder may "
+            f"register any socket path; set {WORKER_USER_ENV} when the workers run as another "
+            "user)")
+
+
+def check_socket_file(path, worker, environ=None):
+    """WrongWorker unless `path` is a unix socket (not a link) owned by a trusted user
+    (trusted_worker_uids): what the launcher checks before it names the socket to a trainer."""
+    trusted = trusted_worker_uids(environ)
+    try:
+        st = os.lstat(path)
+    except OSError as e:
+        raise WrongWorker(f"the attach socket {path} registered for {worker}: {e.strerror}") \
+            from None
+    if not stat.S_ISSOCK(st.st_mode):
+        raise WrongWorker(f"the attach socket {path} registered for {worker} is not a socket "
+                          "(a link or another file)")
+    if st.st_uid not in trusted:
+        raise WrongWorker(
+            f"the attach socket {path} registered for {worker} belongs to "
+            f"{describe_uid(st.st_uid)}, not to the workers' user ({_expected_users(trusted)}) "
+            f"(set {WORKER_USER_ENV} when the workers run as another user)")
+
+
+def probe_worker_socket(path, worker, timeout=5.0, environ=None):
+    """Checks, without sending anything, that `path` is a socket of the workers' user and that
+    a process of that user serves it (check_socket_file, then check_socket_server on a
+    connection that is closed at once: the worker drops it unread). WrongWorker otherwise."""
+    check_socket_file(path, worker, environ)
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(timeout)
+    try:
+        try:
+            probe.connect(path)
+        except OSError as e:
+            raise WrongWorker(f"the attach socket {path} registered for {worker}: cannot "
+                              f"connect: {e}") from None
+        check_socket_server(probe, path, worker, environ)
+    finally:
+        probe.close()
 
 
 class CudaUnavailable(RuntimeError):
@@ -171,14 +278,22 @@ class AttachConnection:
     """A connected trainer. Not thread-safe: one thread (the training loop and the autograd
     hooks it runs) uses it."""
 
-    def __init__(self, path, timeout=None):
+    def __init__(self, path, timeout=None, worker="its worker"):
+        """Connects to `path` and checks who serves it (check_socket_server) before anything is
+        sent: WrongWorker naming `worker` (the worker expected there) and what answered."""
         self.path = path
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._socket.settimeout(timeout)
         try:
             self._socket.connect(path)
         except OSError as e:
+            self._socket.close()
             raise WorkerLost(f"cannot connect to the worker's attach socket {path}: {e}") from e
+        try:
+            check_socket_server(self._socket, path, worker)
+        except BaseException:
+            self._socket.close()
+            raise
         self._socket.settimeout(None)
         self._blocks = {}  # block id -> (mmap, bytes)
         self._cuda_blocks = {}  # block id -> CudaBlock

@@ -11,7 +11,7 @@ import grpc
 import torch
 
 from zeroshard import _channel
-from zeroshard._attach import AttachConnection
+from zeroshard._attach import AttachConnection, WrongWorker
 from zeroshard._jobs import find_job
 from zeroshard._proto.zeroshard.v1 import attach_pb2
 from zeroshard._proto.zeroshard.v1 import coordinator_pb2
@@ -114,7 +114,8 @@ class Attachment:
         self._enter(Attachment.State.ATTACHING)
         try:
             self.job_id = self._join_job(spec)
-            self.connection = AttachConnection(self._env.attach_socket)
+            self.connection = AttachConnection(self._env.attach_socket,
+                                               worker=self._expected_worker())
             self._attach(plan, from_backward)
         except BaseException as e:
             self._enter(Attachment.State.FAILED)
@@ -179,6 +180,22 @@ class Attachment:
         finally:
             channel.close()
 
+    def _expected_worker(self):
+        return f"worker {self._env.workers[self._env.rank]}"
+
+    def _check_worker_identity(self, welcome):
+        """WrongWorker unless the worker that welcomed this rank is the one the launcher chose
+        for it (ZEROSHARD_WORKERS, where the job pins the rank): checked before anything is
+        mapped or written."""
+        expected = self._env.workers[self._env.rank]
+        if welcome.worker_name != expected:
+            answered = (f"worker {welcome.worker_name} ({welcome.worker_id})"
+                        if welcome.worker_name else "a worker that does not say its name")
+            raise WrongWorker(
+                f"the attach socket {self._env.attach_socket} is served by {answered}, not by "
+                f"worker {expected}, which runs rank {self._env.rank} of job {self.job_id} "
+                "(ZEROSHARD_WORKERS): refusing to attach")
+
     def _await_welcome(self):
         """Waits for the worker's answer to the hello: it comes once the worker runs this
         rank of the job's next generation, which never happens if the job ends first."""
@@ -214,6 +231,7 @@ class Attachment:
         hello.hello.device_kind = plan.device.type
         self.connection.send(hello)
         welcome = self._await_welcome()
+        self._check_worker_identity(welcome)
         self._check_worker_device(plan, welcome)
         self.start_step = welcome.start_step
         if len(welcome.tensors) != len(plan.params):

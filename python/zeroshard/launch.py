@@ -11,7 +11,11 @@ holds zeroshard-coordinator, zeroshard-worker and zeroshard (run from a checkout
 checkout's build), and says which it used. A directory may hold them side by side or as Bazel lays
 them out (bazel-bin). With ZEROSHARD_COORDINATOR=host:port it uses that cluster: the script's
 ranks attach to IDLE workers on this host that serve attached trainers (their --attach_socket),
-since a trainer shares memory with its worker.
+since a trainer shares memory with its worker. It uses only workers whose socket is a socket
+of the workers' user served by a process of that user (the launcher's own user, root, or
+--worker_user): anyone holding a worker token can register any host name and socket path, and
+such a worker is skipped with a message naming it and who serves its socket. Each trainer checks
+again, and checks that the worker that welcomes it is the one it was given.
 
 With more than one rank, OMP_NUM_THREADS=1 is set for the trainers (and a local cluster's
 workers) unless the environment sets it, as torchrun does.
@@ -71,6 +75,11 @@ def parse_args(argv, prog="python3 -m zeroshard.launch"):
                         help="after a failure, how long to wait for the coordinator to end the "
                         "failed generation (a worker waits 120 s for a trainer that never "
                         "attaches)")
+    parser.add_argument("--worker_user", default=None,
+                        help="with ZEROSHARD_COORDINATOR: the user the workers run as when it is "
+                        "not this one (they admit this user through --attach_group): a user "
+                        "name or uid whose attach sockets are trusted; passed on as "
+                        "$ZEROSHARD_WORKER_USER (default: as set, else this user and root only)")
     parser.add_argument("--token_file", default=None,
                         help="file whose first line is the token the trainers (rank 0 submits "
                         "the job) and this launcher present; passed on as $ZEROSHARD_TOKEN "
@@ -108,6 +117,18 @@ def export_credentials(args, env):
             if not os.path.isfile(value):
                 sys.exit(f"zeroshard.launch: {value} ({name}) is not a file")
             env[name] = os.path.abspath(value)
+
+
+def export_worker_user(args, env):
+    """--worker_user into `env` ($ZEROSHARD_WORKER_USER), where this launcher's and the trainers'
+    socket checks read it; exits naming the flag when no such user exists."""
+    from zeroshard import _attach
+    if args.worker_user is not None:
+        env[_attach.WORKER_USER_ENV] = args.worker_user
+    try:
+        _attach.trusted_worker_uids(env)
+    except ValueError as e:
+        sys.exit(f"zeroshard.launch: --worker_user / {e}")
 
 
 def local_cluster_script():
@@ -195,11 +216,29 @@ def run_local_cluster(args):
 
 
 def idle_attach_workers(coordinator, count, wait_s):
-    """`count` IDLE workers on this host that serve attached trainers, by name."""
+    """`count` IDLE workers on this host that serve attached trainers, by name; only those whose
+    socket the workers' user serves (zeroshard._attach.probe_worker_socket): a worker token
+    holder may register any host and socket path. Each refused worker is said once, naming it
+    and what serves its socket."""
+    from zeroshard import _attach
     from zeroshard._channel import coordinator_channel
     from zeroshard._proto.zeroshard.v1 import coordinator_pb2, coordinator_pb2_grpc, worker_pb2
     host = socket.gethostname()
     deadline = time.monotonic() + wait_s
+    refused = {}  # (worker id, socket) -> why
+
+    def trusted(worker):
+        key = (worker.id, worker.attach_socket)
+        if key not in refused:
+            try:
+                _attach.probe_worker_socket(worker.attach_socket,
+                                            f"worker {worker.name} ({worker.id})")
+                return True
+            except _attach.WrongWorker as e:
+                refused[key] = str(e)
+                log(f"not using worker {worker.name} ({worker.id}): {e}")
+        return False
+
     with coordinator_channel(coordinator) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
         while True:
@@ -211,13 +250,17 @@ def idle_attach_workers(coordinator, count, wait_s):
                 if not response.next_page_token:
                     break
                 request.page_token = response.next_page_token
-            usable = sorted((w for w in idle if w.attach_socket and w.host == host),
-                            key=lambda w: w.name)
+            candidates = sorted((w for w in idle if w.attach_socket and w.host == host),
+                                key=lambda w: w.name)
+            usable = [w for w in candidates if trusted(w)]
             if len(usable) >= count:
                 return usable[:count]
             if time.monotonic() >= deadline:
+                skipped = len(candidates) - len(usable)
                 sys.exit(f"zeroshard.launch: {len(usable)} idle workers with an attach socket on "
-                         f"host {host}, {count} needed (start them with --attach_socket)")
+                         f"host {host}, {count} needed (start them with --attach_socket)" +
+                         (f"; {skipped} more refused, their sockets not the workers' user's "
+                          "(see above)" if skipped else ""))
             time.sleep(0.2)
 
 
@@ -374,6 +417,7 @@ def limit_omp_threads(workers, env):
 def main(argv, prog="python3 -m zeroshard.launch"):
     args = parse_args(argv, prog)
     export_credentials(args, os.environ)
+    export_worker_user(args, os.environ)
     limit_omp_threads(args.workers, os.environ)
     if not os.environ.get("ZEROSHARD_COORDINATOR"):
         return run_local_cluster(args)

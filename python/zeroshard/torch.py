@@ -34,7 +34,7 @@ import torch
 
 from zeroshard import _safetensors
 from zeroshard import _torch_job_spec as _job_spec
-from zeroshard._attach import AttachError, WorkerLost
+from zeroshard._attach import AttachError, WorkerLost, WrongWorker
 from zeroshard._proto.zeroshard.v1 import attach_pb2
 from zeroshard._torch_attachment import Attachment
 from zeroshard._torch_gradients import (OPTIMIZER_SET_TO_NONE, HandedOverGradient, handed_over,
@@ -43,7 +43,7 @@ from zeroshard._torch_gradients import (OPTIMIZER_SET_TO_NONE, HandedOverGradien
 from zeroshard._torch_parameters import ParameterWaits
 
 __all__ = ["init", "rank", "world_size", "ShardedOptimizer", "HandedOverGradient", "save",
-           "finish", "WorkerLost", "AttachError"]
+           "finish", "WorkerLost", "AttachError", "WrongWorker"]
 
 _environment = None
 _optimizers = []
