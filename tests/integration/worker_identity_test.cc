@@ -2,9 +2,13 @@
 // worker daemons holding a token of the worker role, and an outside caller holding that same
 // worker token (but no worker's secret). A worker token names no worker: it cannot unseat a live
 // worker, nor take over a running rank after a coordinator restart; and a restart, or a worker
-// forgotten after its retention, no longer leaves the workers refused forever.
+// forgotten after its retention, no longer leaves the workers refused forever. Issue 36: nor can it
+// take the name of a worker that is not live (killed, or not back yet after a coordinator
+// restart): a name is held by proof, as a rank is.
 #include <signal.h>
 
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <set>
 #include <string>
@@ -293,6 +297,104 @@ TEST_F(WorkerIdentityTest, AWorkerForgottenAfterItsRetentionRegistersAgain) {
       },
       kDeadline, "worker-0 registered again");
   ASSERT_TRUE(back.ok()) << back;
+  EXPECT_TRUE(cluster.StopAll().ok());
+}
+
+// Issue 36, row 1, across a daemon kill. Fails before the fix: a worker token registered the
+// killed worker's name as soon as it was DEAD and kept it by heartbeating; the restarted daemon was
+// refused ALREADY_EXISTS forever. Now the name waits for its holder: the daemon restarted with its
+// --identity_file proves it is that worker and gets it back at once, and one restarted without
+// it says why it is refused and registers by itself once the retention passed.
+TEST_F(WorkerIdentityTest, AKilledWorkersNameIsHeldForItUntilItsRetentionPassed) {
+  constexpr absl::Duration kRetention = absl::Seconds(8);
+  LocalCluster cluster(
+      Options({absl::StrCat("--dead_worker_retention=", absl::FormatDuration(kRetention))}));
+  LogTailsOnFailure tails(cluster);
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  const std::vector<std::string> kept = {"--identity_file=" + cluster.base_dir() +
+                                         "/worker-0.identity"};
+  absl::StatusOr<int> keeper = cluster.StartWorker("worker-0", kept, {});
+  ASSERT_TRUE(keeper.ok()) << keeper.status();
+  absl::StatusOr<int> forgetter = cluster.StartWorker("worker-1");
+  ASSERT_TRUE(forgetter.ok()) << forgetter.status();
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2, kDeadline).ok());
+  absl::StatusOr<v1::WorkerInfo> first = cluster.FindWorker("worker-0");
+  ASSERT_TRUE(first.ok()) << first.status();
+
+  for (int index : {*keeper, *forgetter}) ASSERT_TRUE(cluster.KillWorker(index, SIGKILL).ok());
+  ASSERT_TRUE(cluster.WaitForWorkerStates({"worker-0", "worker-1"}, v1::DEAD, kDeadline).ok());
+  std::unique_ptr<v1::Coordinator::Stub> intruder = Intruder(cluster);
+  for (const char* name : {"worker-0", "worker-1"}) {
+    v1::RegisterWorkerResponse response;
+    const grpc::Status squatted = Register(*intruder, Claim(name, ""), &response);
+    EXPECT_EQ(squatted.error_code(), grpc::StatusCode::ALREADY_EXISTS) << name;
+    EXPECT_TRUE(absl::StrContains(squatted.error_message(), "held by proof"))
+        << squatted.error_message();
+  }
+
+  // worker-0 is back at once, proving itself with its identity file.
+  const absl::Time restarted = absl::Now();
+  absl::StatusOr<int> keeper_again = cluster.StartWorker("worker-0", kept, {});
+  ASSERT_TRUE(keeper_again.ok()) << keeper_again.status();
+  absl::StatusOr<int> forgetter_again = cluster.StartWorker("worker-1");
+  ASSERT_TRUE(forgetter_again.ok()) << forgetter_again.status();
+  ASSERT_TRUE(cluster.WaitForWorkerStates({"worker-0"}, v1::IDLE, kDeadline).ok());
+  absl::StatusOr<v1::WorkerInfo> back = cluster.FindWorker("worker-0");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_NE(back->id(), first->id());
+  EXPECT_NE(back->host(), "intruder-host");
+  EXPECT_LT(absl::Now() - restarted, kRetention);
+  // worker-1 kept no identity: refused, saying why, until the retention passed; then it is back
+  // without anyone's help.
+  ASSERT_TRUE(cluster.WaitForWorkerStates({"worker-1"}, v1::IDLE, kDeadline).ok());
+  absl::StatusOr<v1::WorkerInfo> waited = cluster.FindWorker("worker-1");
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_NE(waited->host(), "intruder-host");
+  std::ifstream log(cluster.worker_process(*forgetter_again).log_path);
+  const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_TRUE(absl::StrContains(text, "registration refused: name: worker name worker-1"));
+  EXPECT_TRUE(absl::StrContains(text, "--identity_file")) << text;
+  EXPECT_TRUE(cluster.StopAll().ok());
+}
+
+// Issue 36, row 1, across a coordinator restart. Fails before the fix: the restarted coordinator
+// knew no names, a worker token that registered first took worker-0's, and worker-0, re-registering
+// with its id and secret, was refused ALREADY_EXISTS forever (and its /healthz turned 503). Names
+// are stored with their holders now: the intruder is refused, both workers are back under their
+// names, and a job runs on them.
+TEST_F(WorkerIdentityTest, ARestartedCoordinatorKeepsEachNameForItsWorker) {
+  LocalCluster cluster(Options());
+  LogTailsOnFailure tails(cluster);
+  ASSERT_TRUE(cluster.Start(2).ok());
+  absl::StatusOr<v1::WorkerInfo> first = cluster.FindWorker("worker-0");
+  ASSERT_TRUE(first.ok()) << first.status();
+  // The workers pause, so that the intruder comes first after the restart.
+  for (int index : {0, 1}) ASSERT_TRUE(cluster.KillWorker(index, SIGSTOP).ok());
+  for (int index : {0, 1}) ASSERT_TRUE(cluster.WaitForWorkerStopped(index, kDeadline).ok());
+  ASSERT_TRUE(cluster.StopCoordinator(SIGKILL).ok());
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+
+  v1::RegisterWorkerResponse response;
+  const grpc::Status squatted = Register(*Intruder(cluster), Claim("worker-0", ""), &response);
+  EXPECT_EQ(squatted.error_code(), grpc::StatusCode::ALREADY_EXISTS) << squatted.error_message();
+  EXPECT_TRUE(absl::StrContains(squatted.error_message(), first->id())) << squatted.error_message();
+  // A name no worker held is anyone's.
+  const grpc::Status fresh = Register(*Intruder(cluster), Claim("fresh-name", ""), &response);
+  EXPECT_TRUE(fresh.ok()) << fresh.error_message();
+
+  for (int index : {0, 1}) ASSERT_TRUE(cluster.KillWorker(index, SIGCONT).ok());
+  ASSERT_TRUE(cluster.WaitForWorkerStates({"worker-0", "worker-1"}, v1::IDLE, kDeadline).ok());
+  for (const char* name : {"worker-0", "worker-1"}) {
+    absl::StatusOr<v1::WorkerInfo> back = cluster.FindWorker(name);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_NE(back->host(), "intruder-host") << name;
+  }
+  absl::StatusOr<v1::Job> job = cluster.client().SubmitJob(SeedJob("after", 2, 20));
+  ASSERT_TRUE(job.ok()) << job.status();
+  absl::StatusOr<v1::Job> ended = cluster.WaitForJob(
+      job->id(), [](const v1::Job& j) { return IsFinalJobState(j.state()); }, kDeadline, "ended");
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  EXPECT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
   EXPECT_TRUE(cluster.StopAll().ok());
 }
 
