@@ -78,6 +78,9 @@ ABSL_FLAG(std::string, attach_group, "",
           "A group (name or number) whose processes may attach too: the attach socket is then "
           "mode 0660 and owned by it. Default: only this worker's user (mode 0600), checked "
           "with SO_PEERCRED on every connection.");
+ABSL_FLAG(absl::Duration, attach_timeout, absl::Minutes(2),
+          "How long an attached run waits for its trainer to connect and say hello; then the "
+          "run fails and the job follows its fault policy.");
 ABSL_FLAG(std::string, checkpoint_root, "",
           "Directory checkpoints are written to and resumed from: the coordinator's "
           "--checkpoint_root, the same path on every worker (e.g. a shared volume). Empty: no "
@@ -172,6 +175,10 @@ int main(int argc, char** argv) {
     attach_listener = *std::move(listener);
     options.attach_socket = attach_listener->path();
   }
+  if (absl::GetFlag(FLAGS_attach_timeout) <= absl::ZeroDuration()) {
+    ZS_LOG(ERROR) << "--attach_timeout must be positive";
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_threads) < 1) {
     ZS_LOG(ERROR) << "--threads must be at least 1";
     return 2;
@@ -247,6 +254,7 @@ int main(int argc, char** argv) {
         run_options.pinning = *pinning;
         run_options.attach_listen_fd = attach_listener != nullptr ? attach_listener->fd() : -1;
         if (attach_listener != nullptr) run_options.attach_peers = attach_listener->peers();
+        run_options.attach_timeout = absl::GetFlag(FLAGS_attach_timeout);
         return zeroshard::worker::EngineTrainingRun::Start(assignment, std::move(run_options));
       });
   daemon_ptr = &daemon;

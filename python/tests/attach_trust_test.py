@@ -11,6 +11,8 @@ as root (CI and Bazel here do) and skip otherwise.
   sorts first (`aaa-rogue`, this host, a socket served by nobody), and zeroshard.launch with
   ZEROSHARD_COORDINATOR set: the rogue is skipped with a message naming both, and the trainer
   trains on the real worker.
+- AttachDeadlineTest (row 4): an attached job whose only connection dribbles its hello fails at
+  the worker's attach deadline (--attach_timeout), not when the dribbler stops.
 """
 
 import json
@@ -24,7 +26,8 @@ import threading
 import time
 import unittest
 
-from cluster_support import (run_under_trainer_python, runfiles_workspace,
+import zeroshard
+from cluster_support import (load_cluster_module, run_under_trainer_python, runfiles_workspace,
                              start_local_cluster, trainer_python, trainer_torch, wait_until)
 from zeroshard import _attach
 from zeroshard._proto.zeroshard.v1 import attach_pb2
@@ -219,6 +222,61 @@ class LauncherSkipsARogueWorkerTest(unittest.TestCase):
                    if line.startswith("launch_env ")]
         self.assertEqual(len(reports), 1, result.stdout)  # it trained: on the real worker
         self.assertEqual(sum(received_bytes(record)), 0)  # never sent a byte
+
+
+class AttachDeadlineTest(unittest.TestCase):
+
+    def setUp(self):
+        cluster_module = load_cluster_module()
+        self.log_dir = tempfile.mkdtemp(prefix="zs-deadline-", dir="/tmp")
+        self.addCleanup(shutil.rmtree, self.log_dir, True)
+        args, _ = cluster_module.parse_args([
+            "--workers", "1", "--bin_dir", runfiles_workspace(), "--log_dir", self.log_dir,
+            "--worker_flag=--attach_timeout=3s"])
+        self.cluster = cluster_module.Cluster(args, cluster_module.find_binaries(args.bin_dir),
+                                              self.log_dir)
+        self.addCleanup(self.cluster.stop_all)
+        self.cluster.start_coordinator()
+        self.cluster.start_workers()
+        self.cluster.wait_for_idle_workers()
+        self.client = zeroshard.Client(self.cluster.address)
+        self.addCleanup(self.client.close)
+
+    # Fails before the fix: the worker's accept loop sat in the dribbler's read (2 s per read, a
+    # byte every 200 ms), so the job stayed RUNNING past its 3 s attach deadline for as long as
+    # the dribbler went on (20 s).
+    def test_a_dribbling_peer_does_not_keep_the_job_past_its_attach_deadline(self):
+        (worker,) = self.client.workers()
+        job = self.client.submit({
+            "name": "dribbled", "optimizer": {"kind": "SGD", "lr": 0.1}, "mode": "DDP",
+            "max_attempts": 1,
+            "workload": {"attached": {"tensors": [{"name": "w", "shape": [4]}],
+                                      "workers": [worker.name]}}})
+        dribbler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(dribbler.close)
+        dribbler.connect(worker.attach_socket)
+        stop = threading.Event()
+
+        def dribble():  # a 255-byte hello frame, a byte every 200 ms, for at most 20 s
+            for byte in [b"\xff", b"\0", b"\0", b"\0"] + [b"\0"] * 96:
+                if stop.wait(0.2):
+                    return
+                try:
+                    dribbler.send(byte)
+                except OSError:
+                    return  # the worker cut it off
+
+        thread = threading.Thread(target=dribble, daemon=True)
+        thread.start()
+        self.addCleanup(thread.join)
+        self.addCleanup(stop.set)
+        from zeroshard._proto.zeroshard.v1 import job_pb2
+        started = time.monotonic()
+        wait_until(lambda: self.client.get(job.id).state == job_pb2.FAILED, 15,
+                   "the job failing at its attach deadline")
+        self.assertLess(time.monotonic() - started, 15)
+        failed = self.client.get(job.id)
+        self.assertIn("attached in time", failed.message)
 
 
 if __name__ == "__main__":
