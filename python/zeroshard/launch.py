@@ -225,19 +225,21 @@ def idle_attach_workers(coordinator, count, wait_s):
     from zeroshard._proto.zeroshard.v1 import coordinator_pb2, coordinator_pb2_grpc, worker_pb2
     host = socket.gethostname()
     deadline = time.monotonic() + wait_s
-    refused = {}  # (worker id, socket) -> why
+    # (worker id, socket) -> None (trusted) or why not: each is probed once, so that waiting
+    # for enough workers does not fill a real worker's listen backlog with probes.
+    verdicts = {}
 
     def trusted(worker):
         key = (worker.id, worker.attach_socket)
-        if key not in refused:
+        if key not in verdicts:
             try:
                 _attach.probe_worker_socket(worker.attach_socket,
                                             f"worker {worker.name} ({worker.id})")
-                return True
+                verdicts[key] = None
             except _attach.WrongWorker as e:
-                refused[key] = str(e)
+                verdicts[key] = str(e)
                 log(f"not using worker {worker.name} ({worker.id}): {e}")
-        return False
+        return verdicts[key] is None
 
     with coordinator_channel(coordinator) as channel:
         stub = coordinator_pb2_grpc.CoordinatorStub(channel)
