@@ -91,10 +91,13 @@ class AttachedTrainer final : public workloads::Workload {
   AttachedTrainer(AttachedTrainerOptions options, SharedBlocks* backing);
   ~AttachedTrainer() override;
 
-  // Waits for this rank's trainer. DEADLINE_EXCEEDED at options.attach_deadline, CANCELLED on
-  // Abort(), FAILED_PRECONDITION when this job's trainer says another rank, world size, layout
-  // hash or device kind (it is told why). A connection whose trainer hung up after its hello (a
-  // trainer of an earlier attempt, still in the listen backlog) is skipped.
+  // Waits for this rank's trainer. DEADLINE_EXCEEDED at options.attach_deadline (on time: no
+  // read here blocks), CANCELLED on Abort(). Any other connection costs only itself: a hello of
+  // another job, rank, world size, layout hash or device kind is refused (and told why); one
+  // whose hello frame has not come whole within 2 s of its first byte, or 10 s of its accept, is
+  // closed; at most 16 wait at once, a new one evicting the oldest of the user holding the most.
+  // A connection whose trainer hung up after its hello (a trainer of an earlier attempt, still
+  // in the listen backlog) is skipped.
   absl::Status Accept();
   // Sends the welcome for `engine` (whose memory is the backing's). With
   // `needs_initial_parameters`, waits for the trainer's initial values and copies them.
