@@ -52,7 +52,8 @@ struct ShmLinkOptions {
 // resizing, writes a random token into it and publishes "<pid> <fd> <token>" through the store;
 // every other rank of that host reaches the leader's descriptor through /proc/<pid>/fd/<fd>,
 // checks that it is a sealed memfd of ours, maps it and compares the token (a rank on another
-// host, in another pid namespace or under another uid cannot reach it, or finds another file).
+// host, in another pid namespace or under another uid, or whose leader is not dumpable, cannot
+// reach it, or finds another file).
 // Nothing is named in /dev/shm, so nothing is ever unlinked or swept, and a record published by
 // a rank that merely claims this host can fail the proof but never touch another object. The
 // leader closes its descriptor once every member has answered, before any collective runs: from

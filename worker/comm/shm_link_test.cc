@@ -444,6 +444,27 @@ TEST(ShmLinkTest, ARogueSegmentNamePublishedForThisHostIsNeverUnlinked) {
   shm_unlink(victim.c_str());
 }
 
+// A leader whose descriptor this rank cannot reach (stood for by a pid that no longer exists: in
+// another pid namespace /proc shows none of the leader's) fails the proof with the reason, so
+// `auto` falls back to TCP.
+TEST(ShmLinkTest, ALeaderOutOfReachFailsTheProofSayingWhere) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) _exit(0);
+  int wait_status = 0;
+  ASSERT_EQ(waitpid(child, &wait_status, 0), child);
+  InMemoryStore store;
+  ASSERT_TRUE(store.Set("gloo/shm/host/0", "this-host").ok());
+  ASSERT_TRUE(
+      store.Set("gloo/shm/segment/0", absl::StrCat(child, " 3 ", std::string(32, 'a'))).ok());
+  ASSERT_TRUE(store.Set("gloo/shm/mapped/0", "ok").ok());
+  const absl::Status status = ShmLink::Connect(Options(1, 2, &store)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_NE(status.message().find(absl::StrCat("cannot reach rank 0's segment at /proc/", child)),
+            std::string::npos)
+      << status;
+}
+
 // Row 6 of issue 36. During the setup window an outsider of the same uid opens the segment by
 // every way it has and truncates it: the truncate is refused, and the group connects and carries
 // a message (on a truncated segment, the first touch of a page past the end is SIGBUS).
