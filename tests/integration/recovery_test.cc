@@ -10,9 +10,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -23,6 +26,7 @@
 #include "checkpoint/checkpoint_reader.h"
 #include "checkpoint/manifest.h"
 #include "gtest/gtest.h"
+#include "tests/integration/cluster_credentials.h"
 #include "tests/integration/local_cluster.h"
 
 namespace zeroshard::testing {
@@ -189,6 +193,81 @@ TEST(RecoveryTest, ASpareTakesOverFromTheLatestCheckpointBitwise) {
   EXPECT_TRUE(*recovered == *uninterrupted)
       << "resumed from step " << *resumed_at << ": max relative difference "
       << MaxRelativeDifference(*uninterrupted, *recovered);
+  EXPECT_TRUE(cluster.StopAll().ok());
+}
+
+// Issue 36, row 12: a worker lost after the job's last step (it stopped itself there, its reports
+// in and its final checkpoint not written, the job still RUNNING; then kill -9, with TLS and
+// tokens) costs no more steps than the bound the job's NOTICEs stated by then (the documented
+// 2 * every_steps without one), and the job succeeds in its next generation. On this machine the
+// checkpoints of this small model are written within a step or two, so this passed on the code
+// before the fix too; CheckpointScheduleTest.AKillAfterTheLastStepRedoesNoMoreThanTheStatedBound
+// reproduces the slow writes with which it did not (1,600 steps redone after "up to 1435").
+TEST(RecoveryTest, AKillAfterTheLastStepRedoesNoMoreThanItsNoticesStated) {
+  absl::StatusOr<ClusterCredentials> credentials =
+      MakeClusterCredentials(absl::StrCat(std::getenv("TEST_TMPDIR"), "/pki"));
+  ASSERT_TRUE(credentials.ok()) << credentials.status();
+  LocalClusterOptions options = FastHeartbeats();
+  options.security = credentials->security;
+  LocalCluster cluster(options);
+  LogTailsOnFailure log_tails(cluster);
+  ASSERT_TRUE(cluster.StartCoordinator().ok());
+  absl::StatusOr<int> stopper =
+      cluster.StartWorker("worker-0", {}, {"ZEROSHARD_TESTONLY_STOP_AFTER_LAST_STEP=1"});
+  ASSERT_TRUE(stopper.ok()) << stopper.status();
+  ASSERT_TRUE(cluster.StartWorker("worker-1").ok());
+  ASSERT_TRUE(cluster.WaitForIdleWorkers(2, kJobDeadline).ok());
+  constexpr int64_t kSteps = 5 * kEverySteps;
+  absl::StatusOr<v1::Job> submitted =
+      cluster.client().SubmitJob(RecoverySpec("last-step", 2, 2, kSteps));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  ASSERT_EQ(submitted->state(), v1::RUNNING) << submitted->message();
+  ASSERT_TRUE(cluster.StartWorker("worker-2").ok());  // the spare
+
+  ASSERT_TRUE(cluster.WaitForWorkerStopped(*stopper, kJobDeadline).ok());
+  absl::StatusOr<v1::Job> stopped = cluster.client().GetJob(submitted->id());
+  ASSERT_TRUE(stopped.ok()) << stopped.status();
+  ASSERT_NE(stopped->state(), v1::SUCCEEDED) << "the job ended before the kill";
+  ASSERT_TRUE(cluster.KillWorker(*stopper, SIGKILL).ok());
+  absl::StatusOr<v1::Job> ended = cluster.WaitForJob(
+      submitted->id(), [](const v1::Job& job) { return IsFinalJobState(job.state()); },
+      kJobDeadline, "ended");
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
+  EXPECT_EQ(ended->generation(), 2);
+
+  absl::StatusOr<std::vector<v1::JobEvent>> events = cluster.JobEvents(submitted->id());
+  ASSERT_TRUE(events.ok()) << events.status();
+  int64_t reported = 0;   // generation 1's highest reported step
+  int64_t committed = 0;  // its latest committed checkpoint: generation 2 resumes from it
+  int64_t stated = 2 * kEverySteps;
+  std::optional<int64_t> resumed;  // generation 2's first reported step, less one
+  const std::regex bound(R"(a lost worker redoes up to (\d+) steps)");
+  for (const v1::JobEvent& event : *events) {
+    if (event.generation() == 1 && event.type() == v1::PROGRESS) {
+      reported = std::max(reported, event.progress().step());
+    } else if (event.generation() == 1 && event.type() == v1::CHECKPOINT_COMMITTED) {
+      committed = std::max(committed, event.checkpoint().step());
+    } else if (event.generation() == 1 && event.type() == v1::NOTICE) {
+      std::smatch match;
+      const std::string& message = event.message();
+      if (std::regex_search(message, match, bound)) {
+        stated = std::max<int64_t>(stated, std::stoll(match[1].str()));
+      }
+    } else if (event.generation() == 2 && event.type() == v1::PROGRESS && !resumed.has_value()) {
+      resumed = event.progress().step() - 1;
+    }
+  }
+  std::fprintf(stderr,
+               "generation 1 reported step %lld, committed step %lld, stated %lld; generation 2 "
+               "resumed from step %lld\n",
+               static_cast<long long>(reported), static_cast<long long>(committed),
+               static_cast<long long>(stated), static_cast<long long>(resumed.value_or(-1)));
+  EXPECT_GE(reported, kSteps - 1);
+  ASSERT_TRUE(resumed.has_value());
+  EXPECT_EQ(*resumed, committed);
+  EXPECT_LE(reported - committed, stated)
+      << "generation 1 reported step " << reported << "; generation 2 resumed from " << committed;
   EXPECT_TRUE(cluster.StopAll().ok());
 }
 

@@ -8,7 +8,10 @@
 namespace zeroshard::worker {
 
 CheckpointSchedule::CheckpointSchedule(int64_t every_steps, int64_t first_step, int64_t last_step)
-    : every_steps_(every_steps), last_step_(last_step), last_taken_(first_step) {}
+    : every_steps_(every_steps),
+      last_step_(last_step),
+      last_taken_(first_step),
+      committed_floor_(first_step) {}
 
 bool CheckpointSchedule::Due(int64_t steps_done) const {
   return every_steps_ > 0 && steps_done % every_steps_ == 0;
@@ -57,8 +60,33 @@ CheckpointDecision CheckpointSchedule::Decide(int64_t steps_done, bool every_wri
   merged_ += pending_merged_;
   pending_due_.reset();
   pending_merged_ = 0;
+  committed_floor_ = last_taken_;
   last_taken_ = steps_done;
   return decision;
+}
+
+int64_t CheckpointSchedule::stated_bound() const {
+  if (every_steps_ <= 0) return 0;
+  return std::max(noticed_bound_, 2 * every_steps_);
+}
+
+std::string CheckpointSchedule::NoteStep(int64_t steps_done) {
+  if (every_steps_ <= 0) return "";
+  const int64_t exposure = steps_done - committed_floor_;
+  const int64_t stated = stated_bound();
+  if (exposure <= stated) return "";
+  // Half as large again: a slow write raises it a few times, not at every step.
+  noticed_bound_ = std::max(exposure, stated + std::max<int64_t>(stated / 2, 1));
+  return absl::StrCat("after step ", steps_done,
+                      " the newest checkpoint certainly committed is step ", committed_floor_,
+                      ": a rank is still writing or committing the checkpoint of step ",
+                      last_taken_,
+                      pending_due_.has_value()
+                          ? absl::StrCat(" (the one due at step ", *pending_due_, " waits for it)")
+                          : std::string(),
+                      ". Until checkpoints are committed faster, a lost worker redoes up to ",
+                      noticed_bound_, " steps (checkpoint.every_steps ", every_steps_,
+                      "; docs/operations.md, \"Checkpoints, resume and recovery\")");
 }
 
 }  // namespace zeroshard::worker

@@ -37,6 +37,16 @@ struct CheckpointDecision {
 // `every_steps` steps and taken at most max(every_steps, S + 1) steps after the previous one, so
 // a lost worker redoes at most max(every_steps, S + 1) + S steps: every_steps + S while writes
 // take fewer steps than the interval.
+//
+// S is only known once a write is done, so the bound the run states is kept ahead of what a kill
+// could cost now (issue 36): at every step, NoteStep() compares the steps since the newest
+// checkpoint certainly committed (the one taken before the latest: the latest may still be in
+// flight) with the bound stated so far (2 * every_steps before any notice, the documented bound
+// while writes take fewer steps than the interval; the last step, when a multiple of every_steps,
+// takes no checkpoint of its own) and, when they pass it, states a larger
+// one before the step is reported. So no kill, also one after the job's last step (where the
+// write in flight is never followed by another checkpoint), redoes more than the bound its
+// NOTICEs stated. (A checkpoint that failed is not committed: its own NOTICE says so.)
 class CheckpointSchedule {
  public:
   // `every_steps` 0: no periodic checkpoints. The run starts after `first_step` steps (the
@@ -50,6 +60,13 @@ class CheckpointSchedule {
   // The agreement's outcome at a step NeedsAgreement() asked for: take the checkpoint now (every
   // writer is free) or defer it to the next step.
   CheckpointDecision Decide(int64_t steps_done, bool every_writer_free);
+  // After every step (`steps_done`, the last one included, after Decide if it was asked for):
+  // not empty when a kill now would redo more steps than the bound stated so far; rank 0 sends
+  // it as a NOTICE with this step's report. It states a bound half as large again (at least).
+  std::string NoteStep(int64_t steps_done);
+  // The largest bound on redone steps stated so far (the documented 2 * every_steps before any
+  // notice; 0 without periodic checkpoints).
+  int64_t stated_bound() const;
 
   // Checkpoints taken later than their due step, and the largest delay, in steps.
   int64_t deferred() const { return deferred_; }
@@ -66,6 +83,9 @@ class CheckpointSchedule {
   std::optional<int64_t> pending_due_;
   int64_t pending_merged_ = 0;
   int64_t last_taken_;
+  // The checkpoint taken before last_taken_ (the run's first step before two were taken): it is
+  // committed, since last_taken_ was taken only once every writer was done with it.
+  int64_t committed_floor_;
   // The largest bound on redone steps a notice stated (0: none sent).
   int64_t noticed_bound_ = 0;
   int64_t deferred_ = 0;

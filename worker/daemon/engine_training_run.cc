@@ -4,7 +4,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -55,6 +57,10 @@ constexpr absl::Duration kManifestPollInterval = absl::Milliseconds(10);
 // The largest step a load may move the job to, exclusive (checkpoint directory names hold 12
 // digits; RewindJob's bound).
 constexpr int64_t kMaxLoadedStep = int64_t{1000000000000};
+// Tests only (tests/integration/recovery_test, tools/soak.py --security): "1" makes the worker stop
+// itself (SIGSTOP) after a built-in job's last step, its reports in and its final checkpoint not
+// written yet, so that a test can kill it there: after the job's last step, before it SUCCEEDED.
+constexpr char kStopAfterLastStepVariable[] = "ZEROSHARD_TESTONLY_STOP_AFTER_LAST_STEP";
 
 // The commits the coordinator refused, by step: a state_dict() waiting for a manifest that will
 // not come says why instead of timing out.
@@ -679,7 +685,16 @@ absl::Status EngineTrainingRun::RunSteps(RunParts& parts, LoopState& loop) {
             step + 1, [&](absl::Span<char> staging) { return engine.CopyStateTo(staging); }));
       }
     }
-    if ((parts.rank == 0 || step == loop.first_step) && step + 1 < loop.last_step) {
+    // A kill now would redo more steps than stated so far: the larger bound goes with this
+    // step's report, so that no reported step is past the bound its NOTICEs stated (the last
+    // step's too: a kill after it redoes as much, and no checkpoint follows to state it).
+    if (std::string exposed = loop.schedule->NoteStep(step + 1); !exposed.empty()) {
+      checkpoint.notice = checkpoint.notice.empty()
+                              ? std::move(exposed)
+                              : absl::StrCat(checkpoint.notice, "; ", exposed);
+    }
+    if ((parts.rank == 0 || step == loop.first_step) &&
+        (step + 1 < loop.last_step || (parts.rank == 0 && !checkpoint.notice.empty()))) {
       // At a checkpoint the report of this step goes next, ahead of any older ones still
       // waiting (progress_reporter.h): the reported progress does not lag the checkpoints.
       std::string notice = parts.rank == 0 ? std::move(checkpoint.notice) : std::string();
@@ -698,6 +713,12 @@ absl::Status EngineTrainingRun::Finish(RunParts& parts, LoopState& loop) {
   const absl::Time report_deadline = absl::Now() + kCoordinatorOutageDeadline;
   ZS_ASSIGN_OR_RETURN(const bool keep_going, parts.reporter->Flush(report_deadline));
   if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
+  if (const char* stop = std::getenv(kStopAfterLastStepVariable);
+      stop != nullptr && std::string(stop) == "1" && !parts.attached) {
+    ZS_LOG(WARNING) << assignment_.job_id() << " rank " << parts.rank << ": stopping after step "
+                    << loop.step << " (" << kStopAfterLastStepVariable << ")";
+    std::raise(SIGSTOP);
+  }
   // A state_dict() at the last step wrote (and committed) its checkpoint already.
   if (parts.writer != nullptr && loop.state_saved_at_step != loop.step) {
     ZS_RETURN_IF_ERROR(
