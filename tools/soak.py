@@ -28,6 +28,14 @@ Credentials make a CA, the coordinator's certificate (127.0.0.1, localhost) and 
 one token per role under LOG_DIR/tls; the coordinator serves TLS with that token file, every worker
 connects with --ca and the token of the worker role, and the CLI (submit, get, watch, workers)
 with --ca and the submitter's token. Without it everything is plaintext and unauthenticated.
+Every worker keeps its identity in LOG_DIR/NAME.identity (--identity_file): a worker name is held
+by proof, and a worker restarted after a kill gets its name back with it.
+
+--security also kills each worker once after a job's last step: until then every worker runs
+with ZEROSHARD_TESTONLY_STOP_AFTER_LAST_STEP=1, so it stops itself (SIGSTOP) after the last step of
+the first job it runs to its end (its reports in, its final checkpoint not written, the job not
+SUCCEEDED yet); the soak kills it there with SIGKILL (`kills_after_last_step`) and starts it again
+without the variable, as after any kill.
 
 --ci is the short run for CI (.ci/run): unless given explicitly, --minutes 1.5 --workers 3
 --concurrent_jobs 2 --kill_interval 8 --drain_minutes 2 --seed 1 --models short (the same
@@ -44,8 +52,11 @@ jobs' STATE_CHANGED events: coordinator restart, lost worker, failed run, other)
 Steps redone: `steps_lost` (over jobs, the steps re-run after recoveries: before each generation's
 first reported step, the highest step any earlier generation reported minus the step it resumed
 from), and per recovery (one new generation of one job) its largest
-(`steps_lost_max_recovery`), its median (`steps_lost_median_recovery`) and how many recoveries lost
-more than the job's checkpoint interval (`recoveries_losing_more_than_every_steps`). Per kill
+(`steps_lost_max_recovery`), its median (`steps_lost_median_recovery`), how many recoveries lost
+more than the job's checkpoint interval (`recoveries_losing_more_than_every_steps`), and how many
+lost more than the bound stated for the generation that had reached the highest step: 2 x
+every_steps, or the largest "a lost worker redoes up to N steps" of its NOTICEs
+(`recoveries_over_stated_bound`, each in `over_stated_bound`). Per kill
 (`steps_redone_per_kill_median`, `_max`): for each job RUNNING at the kill whose next reported
 step came from a newer generation, the last step its generation at the kill had reported minus
 the step the newer one resumed from, summed over those jobs (of kills in a row with no report of
@@ -72,8 +83,9 @@ refused with ALREADY_EXISTS while an old registration's lease runs, re-registrat
 NOT_FOUND, heartbeats refused for a lease and registered afresh, adoptions).
 
 The exit status is 0 when lost and stuck are both 0; with --security also `crashes`,
-`workers_restarted_by_hand` and `workers_unregistered_at_end` must be 0 (no daemon gave up, none
-had to be restarted by hand, none was refused for good).
+`workers_restarted_by_hand`, `workers_unregistered_at_end` and `recoveries_over_stated_bound` must
+be 0 (no daemon gave up, none had to be restarted by hand, none was refused for good, no recovery
+redid more than its NOTICEs stated), and `kills_after_last_step` at least 1.
 
 Python 3 standard library only (and the openssl CLI for --security). Binaries as
 deploy/local/cluster.py finds them (build with `bazel build //apps/coordinator:zeroshard-coordinator
@@ -86,6 +98,7 @@ import calendar
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import socket
@@ -125,6 +138,10 @@ CI_DEFAULTS = {"minutes": 1.5, "workers": 3, "concurrent_jobs": 2, "kill_interva
                "drain_minutes": 2.0, "seed": 1, "models": "short"}
 DEFAULTS = {"workers": 4, "concurrent_jobs": 2, "kill_interval": 10.0, "drain_minutes": 5.0,
             "seed": 1, "models": "default"}
+# The worker stops itself after a job's last step while this is "1" (engine_training_run.cc).
+STOP_AFTER_LAST_STEP = "ZEROSHARD_TESTONLY_STOP_AFTER_LAST_STEP"
+# A bound on redone steps a NOTICE states (worker/daemon/checkpoint_schedule.cc).
+STATED_BOUND = re.compile(r"a lost worker redoes up to (\d+) steps")
 # Lines of the worker daemon's log counted in the summary's `worker_log`.
 WORKER_LOG_LINES = {
     "already_exists_retries": "registration refused: ",
@@ -249,6 +266,10 @@ class Soak:
             "workers_restarted_by_hand": 0,
             "coordinator_restarted_by_hand": 0,
         }
+        # --security: workers that stop themselves after a job's last step until killed there.
+        self.stop_after_last_step = (
+            {f"worker-{i}" for i in range(args.workers)} if args.security else set())
+        self.counts["kills_after_last_step"] = 0
         self.crashed = []  # "name: exit status" of processes that exited by themselves
         self.unregistered_at_end = []
         self.job_number = 0
@@ -272,6 +293,8 @@ class Soak:
             f"--name={name}",
             "--threads=1",
             f"--checkpoint_root={self.checkpoint_root}",
+            # Its name is held by proof: restarted after a kill, it proves it with this.
+            f"--identity_file={os.path.join(self.log_dir, name + '.identity')}",
         ]
         # The worker role's token (and the CA): workers never hold a broader one.
         return argv + (self.credentials.worker_flags(name) if self.credentials else [])
@@ -282,6 +305,9 @@ class Soak:
         env = dict(os.environ)
         env["OPENBLAS_NUM_THREADS"] = "1"
         env.pop("ZEROSHARD_TOKEN", None)  # only the token files given on the command line
+        env.pop(STOP_AFTER_LAST_STEP, None)
+        if name in self.stop_after_last_step:
+            env[STOP_AFTER_LAST_STEP] = "1"
         log_path = os.path.join(self.log_dir, f"{name}.{count}.log")
         process = cluster.Process(name, self._argv(name), log_path, env)
         self.processes[name] = process
@@ -290,17 +316,37 @@ class Soak:
     def names(self):
         return ["coordinator"] + [f"worker-{i}" for i in range(self.args.workers)]
 
-    def kill(self, name):
+    def kill(self, name, after_last_step=False):
         process = self.processes[name]
-        self.kills.append({"time": time.time(), "target": name})
+        self.kills.append({"time": time.time(), "target": name, "after_last_step": after_last_step})
         process.signal_group(signal.SIGKILL)
         process.popen.wait()
         process.close_log()
         self.counts["coordinator_kills" if name == "coordinator" else "worker_kills"] += 1
         self.restart_at[name] = time.monotonic() + self.rng.uniform(0.5, 2.0)
 
+    @staticmethod
+    def stopped(process):
+        """Whether the process stopped itself (state T in /proc/PID/stat)."""
+        try:
+            with open(f"/proc/{process.popen.pid}/stat") as f:
+                return f.read().rpartition(")")[2].split()[0] == "T"
+        except (OSError, IndexError):
+            return False
+
     def tend_processes(self):
-        """Starts again what is due; notices processes that exited without being killed."""
+        """Starts again what is due; kills a worker that stopped itself after a job's last step
+        (--security); notices processes that exited without being killed."""
+        now = time.monotonic()
+        for name in sorted(self.stop_after_last_step):
+            process = self.processes.get(name)
+            if name in self.restart_at or process is None or process.exited():
+                continue
+            if self.stopped(process):
+                log(f"kill -9 {name} (stopped after a job's last step)")
+                self.stop_after_last_step.discard(name)
+                self.counts["kills_after_last_step"] += 1
+                self.kill(name, after_last_step=True)
         now = time.monotonic()
         for name in self.names():
             if name in self.restart_at:
@@ -527,23 +573,30 @@ class Soak:
         return events
 
     @staticmethod
-    def steps_lost(events):
+    def steps_lost(events, every_steps):
         """Steps re-run after each recovery: before each generation's first reported step, the
-        highest step reported so far minus the step that generation resumed from."""
-        first, highest = {}, {}
+        highest step reported so far minus the step that generation resumed from; each as
+        (steps, the bound stated for the generation that had reached that highest step: 2 x
+        every_steps, or the largest one its NOTICEs stated)."""
+        first, highest, stated = {}, {}, {}
         for event in events:
+            generation = int(event.get("generation", 0))
+            if event.get("type") == "NOTICE":
+                for bound in STATED_BOUND.findall(event.get("message", "")):
+                    stated[generation] = max(stated.get(generation, 0), int(bound))
             if event.get("type") != "PROGRESS":
                 continue
-            generation = int(event.get("generation", 0))
             step = int(event.get("progress", {}).get("step", 0))
             first.setdefault(generation, step)
             first[generation] = min(first[generation], step)
             highest[generation] = max(highest.get(generation, 0), step)
-        lost, reached = [], 0
+        lost, reached, reached_bound = [], 0, 0
         for generation in sorted(first):
             if reached > 0:
-                lost.append(max(0, reached - (first[generation] - 1)))
-            reached = max(reached, highest[generation])
+                lost.append((max(0, reached - (first[generation] - 1)), reached_bound))
+            if highest[generation] > reached:
+                reached = highest[generation]
+                reached_bound = max(2 * every_steps, stated.get(generation, 0))
         return lost
 
     @staticmethod
@@ -598,6 +651,7 @@ class Soak:
         states = [entry["state"] for entry in self.jobs.values()]
         ends = {"coordinator_restart": 0, "worker_lost": 0, "run_failed": 0, "other": 0}
         per_recovery, over_interval, failures, adoptions = [], 0, [], 0
+        over_stated = []
         histories = {}
         for job_id, entry in sorted(self.jobs.items()):
             if entry["state"] == "LOST":
@@ -613,9 +667,11 @@ class Soak:
                     ends[self.generation_end_cause(event.get("message", ""))] += 1
                 elif "adopted after a coordinator restart" in event.get("message", ""):
                     adoptions += 1
-            for lost in self.steps_lost(events):
+            for lost, bound in self.steps_lost(events, entry["every_steps"]):
                 per_recovery.append(lost)
                 over_interval += lost > entry["every_steps"]
+                if lost > bound:
+                    over_stated.append(f"{job_id}: {lost} steps redone, {bound} stated")
             if entry["state"] != "SUCCEEDED":
                 failures.append(f"{job_id} {entry['state']}: {entry['message'][:300]}")
         kills = self.per_kill(histories)
@@ -647,6 +703,9 @@ class Soak:
             "steps_lost_max_recovery": max(per_recovery, default=0),
             "steps_lost_median_recovery": median(per_recovery),
             "recoveries_losing_more_than_every_steps": over_interval,
+            "recoveries_over_stated_bound": len(over_stated),
+            "over_stated_bound": over_stated,
+            "kills_after_last_step": self.counts["kills_after_last_step"],
             "kills_with_running_jobs": sum(1 for k in kills if k["running_jobs"]),
             "steps_redone_per_kill_median": median(redone),
             "steps_redone_per_kill_max": max(redone, default=0),
@@ -674,7 +733,8 @@ def passed(args, result):
     ok = result["lost"] == 0 and result["stuck"] == 0
     if args.security:
         ok = ok and result["crashes"] == 0 and result["workers_restarted_by_hand"] == 0 \
-            and not result["workers_unregistered_at_end"]
+            and not result["workers_unregistered_at_end"] \
+            and result["recoveries_over_stated_bound"] == 0 and result["kills_after_last_step"] >= 1
     return ok
 
 

@@ -141,7 +141,7 @@ absl::Status WorkerDaemon::LoadIdentity() {
                       ReadIdentityFile(options_.identity_file));
   if (!kept.has_value()) {
     ZS_LOG(INFO) << "no identity kept in " << options_.identity_file
-                 << " yet: registering as a new worker";
+                 << " yet: the first registration starts one";
     return absl::OkStatus();
   }
   {
