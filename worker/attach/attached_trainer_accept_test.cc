@@ -324,12 +324,13 @@ TEST_F(AttachedTrainerAcceptTest, TheAttachDeadlineEndsTheWaitDespiteADribblingP
   dribble.join();
 }
 
-// Issue 36, row 4: another user's process floods the socket with connections that each send
-// one byte and stall, while this rank's trainer connects and takes 300 ms to say hello. Before
-// the fix Accept read the flood's connections one at a time, 2 s each, and never reached the
-// trainer (this test fails there: DEADLINE_EXCEEDED after 20 s). Now the pending connections are
-// capped (16), the flood's user evicts its own oldest, so the trainer is accepted, and the
-// worker holds no more than the cap of the flood's descriptors.
+// Issue 36, row 4: this rank's trainer connects and is slow to say hello; meanwhile another
+// user's process floods the socket with connections that each send one byte and stall. Before
+// the fix Accept read the flood's connections one at a time, 2 s each, and a new connection
+// evicted the oldest, the trainer's (this test fails there: the hello was read only after a
+// flood connection's 2 s read; a fix that only read without blocking would evict it). Now
+// the pending connections are capped (16) and the flood's user evicts its own oldest, so the
+// trainer is accepted, and the worker holds no more descriptors than the cap.
 TEST_F(AttachedTrainerAcceptTest,
        AFloodOfSlowConnectionsNeitherEvictsTheTrainerNorPinsDescriptors) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to run the flood as another user";
@@ -340,10 +341,14 @@ TEST_F(AttachedTrainerAcceptTest,
   ASSERT_TRUE(shared.ok()) << shared.status();
   listener_ = *std::move(shared);
   const std::string path = listener_->path();
+  int go[2];
   int started[2];
+  ASSERT_EQ(::pipe2(go, O_CLOEXEC), 0);
   ASSERT_EQ(::pipe2(started, O_CLOEXEC), 0);
-  const int baseline = OpenDescriptors();
+  // Forked before the test starts any thread; it floods once told to.
   const pid_t flood = ForkAs(65534, kFloodGroup, {}, [&] {
+    char byte = 0;
+    if (::read(go[0], &byte, 1) != 1) return;
     int held[400];
     size_t count = 0;
     bool told = false;
@@ -367,28 +372,41 @@ TEST_F(AttachedTrainerAcceptTest,
     }
   });
   ASSERT_GT(flood, 0);
+  ::close(go[0]);
   ::close(started[1]);
+  const int baseline = OpenDescriptors();
   AttachedTrainerOptions options = Options(absl::Seconds(20));
   options.peers = listener_->peers();  // the flood's user is in the group
   AttachedTrainer trainer(options, &backing_);
   absl::Status status;
+  absl::Time returned;
   std::atomic<bool> done{false};
   std::thread accept([&] {
     status = trainer.Accept();
+    returned = absl::Now();
     done = true;
   });
-  char byte = 0;
-  ASSERT_EQ(::read(started[0], &byte, 1), 1);  // the flood is under way
-  ::close(started[0]);
-  absl::SleepFor(absl::Milliseconds(500));
-  // The worker's side holds at most the cap of the flood's connections (this process also has
-  // the test's few descriptors: the listener's, the flood's started pipe closed meanwhile).
-  EXPECT_LE(OpenDescriptors() - baseline, 16 + 2);
+  // The trainer connects first, and is slow to say hello: the flood comes meanwhile.
   std::unique_ptr<FrameSocket> live = Connect();
-  absl::SleepFor(absl::Milliseconds(300));  // a slow trainer: the flood goes on meanwhile
+  const absl::Time taken_in = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < taken_in) {
+    pollfd listener{listener_->fd(), POLLIN, 0};
+    if (::poll(&listener, 1, 0) == 0) break;  // accepted: nothing left in the backlog
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_EQ(::write(go[1], "x", 1), 1);
+  ::close(go[1]);
+  char byte = 0;
+  ASSERT_EQ(::read(started[0], &byte, 1), 1);  // 40 of the flood's connections are in
+  ::close(started[0]);
+  absl::SleepFor(absl::Milliseconds(300));
+  // The worker's side holds at most the cap of connections (the trainer's included), plus
+  // the one being accepted; the test's own descriptors: the trainer's end.
+  EXPECT_LE(OpenDescriptors() - baseline, 16 + 1 + 1);
   v1::AttachRequest hello;
   hello.mutable_hello()->set_job_id(kJobId);
   hello.mutable_hello()->set_world_size(1);
+  const absl::Time hello_sent = absl::Now();
   ASSERT_TRUE(live->Write(hello).ok());
   const absl::Time deadline = absl::Now() + absl::Seconds(25);
   while (!done.load() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
@@ -396,6 +414,8 @@ TEST_F(AttachedTrainerAcceptTest,
   ::waitpid(flood, nullptr, 0);
   accept.join();
   EXPECT_TRUE(status.ok()) << status;
+  // Served as it came, not after a slow peer's read (2 s each before the fix).
+  EXPECT_LT(returned - hello_sent, absl::Seconds(1));
   trainer.Abort();
 }
 
