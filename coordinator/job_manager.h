@@ -42,7 +42,7 @@ struct JobManagerOptions {
   LeaseOptions lease;
   SchedulerOptions scheduler;
   // Dead and departed workers are listed for this long after their lease ended, then forgotten
-  // (--dead_worker_retention).
+  // (--dead_worker_retention); their names are held for them as long (see "Identities").
   absl::Duration forget_gone_workers_after = absl::Minutes(10);
   // The checkpoint root the workers write into (a directory the coordinator sees too): a
   // checkpoint is committed by writing its manifest here once every rank committed its file.
