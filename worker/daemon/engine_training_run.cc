@@ -688,7 +688,10 @@ absl::Status EngineTrainingRun::RunSteps(RunParts& parts, LoopState& loop) {
     // A kill now would redo more steps than stated so far: the larger bound goes with this
     // step's report, so that no reported step is past the bound its NOTICEs stated (the last
     // step's too: a kill after it redoes as much, and no checkpoint follows to state it).
-    if (std::string exposed = loop.schedule->NoteStep(step + 1); !exposed.empty()) {
+    // Without a checkpoint root nothing is written, so there is no bound to state.
+    if (std::string exposed =
+            parts.writer != nullptr ? loop.schedule->NoteStep(step + 1) : std::string();
+        !exposed.empty()) {
       checkpoint.notice = checkpoint.notice.empty()
                               ? std::move(exposed)
                               : absl::StrCat(checkpoint.notice, "; ", exposed);
