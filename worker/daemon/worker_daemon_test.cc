@@ -497,7 +497,9 @@ TEST_F(WorkerDaemonTest, ARestartedDaemonGetsItsNameBackWithItsIdentityFile) {
 
 // Issue 36, row 1: a restarted daemon that kept no identity is refused its own name while the
 // name is held for its previous registration; it says why (Readiness, and its log) and registers
-// by itself once that registration has been gone for the coordinator's retention.
+// by itself once that registration has been gone for the coordinator's retention. Fails before
+// the fix: the name of a LEFT worker was anyone's at once, so no refusal was ever seen (and a
+// squatter could have taken it just as well).
 TEST_F(WorkerDaemonTest, ADaemonWithoutItsIdentityGetsItsNameOnceTheRetentionPassed) {
   with_tokens_ = true;
   const int port = common::PickFreeLoopbackPortOrDie();
