@@ -95,10 +95,11 @@ ABSL_FLAG(int, gloo_staging_segments, zeroshard::comm::GlooCommunicatorOptions()
           "Segments the Gloo reduce-scatter receives into ahead.");
 ABSL_FLAG(int, gloo_lanes, zeroshard::comm::GlooCommunicatorOptions().lanes,
           "Gloo transport lanes (full meshes, each with its event-loop thread), 1 to 8.");
-ABSL_FLAG(std::string, transport, "auto",
-          "What the CPU rings' messages travel on: tcp (Gloo), shm (shared memory; the run fails "
-          "unless all its ranks share this host) or auto (shared memory when every rank names the "
-          "same --host and proves it through /dev/shm, else tcp).");
+ABSL_FLAG(
+    std::string, transport, "auto",
+    "What the CPU rings' messages travel on: tcp (Gloo), shm (shared memory; the run fails "
+    "unless all its ranks share this host) or auto (shared memory between the ranks that name "
+    "the same --host and prove it by mapping their host leader's sealed memfd, else tcp).");
 ABSL_FLAG(std::string, thread_pinning, "none",
           "none, training (rank r's training thread on the r-th CPU, mod their count), shared "
           "(its communication thread on that CPU too) or spread (the communication thread on the "

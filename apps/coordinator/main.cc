@@ -78,7 +78,8 @@ ABSL_FLAG(absl::Duration, heartbeat_period, absl::Seconds(1), "Worker heartbeat 
 ABSL_FLAG(int, missed_heartbeats, 3, "Missed heartbeat periods after which a worker is dead.");
 ABSL_FLAG(absl::Duration, dead_worker_retention, absl::Minutes(10),
           "How long DEAD and LEFT workers stay listed (ListWorkers, metrics) after their lease "
-          "ended, before they are forgotten (0: at the next tick).");
+          "ended, before they are forgotten (0: at the next tick); until then their name is "
+          "held for them: only the holder's id and secret register it again.");
 ABSL_FLAG(absl::Duration, max_backfill_wait, absl::Seconds(30),
           "How long a pending job lets later jobs start ahead of it before it reserves workers.");
 ABSL_FLAG(absl::Duration, adoption_window, absl::ZeroDuration(),
