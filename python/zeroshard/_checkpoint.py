@@ -237,6 +237,36 @@ def _read_manifest_at(dir_fd, step_dir, path, expected_job_id):
     return manifest
 
 
+# Why a job's checkpoint may be gone or replaced under its name (docs/pytorch.md, "Saving and
+# loading the optimizer state").
+RETIREMENT_RULE = (
+    "a load_state_dict takes the job back to the loaded state's step and retires (moves aside as "
+    "superseded-step-<step>-<n>, never loadable again) the job's checkpoints after that step, "
+    "and the one at it unless it is the checkpoint loaded (a torch-format or consolidated dict "
+    "never is), so that running those steps again overwrites no committed checkpoint; to keep "
+    "a checkpoint loadable, copy its step directory (any name) before such a load, or keep "
+    "the consolidated dict")
+
+
+def superseded_copies(manifest_path):
+    """The superseded-step-<step>-<n> directories beside the step directory of `manifest_path`
+    (its checkpoint retired under the rule above), oldest copy first; [] when none or the step
+    directory is not named step-<step>."""
+    step_dir = os.path.dirname(manifest_path)
+    step = _step_of_dir_name(os.path.basename(step_dir))
+    if step is None:
+        return []
+    prefix = f"superseded-{_STEP_DIR_PREFIX}{step:0{_STEP_DIGITS}d}-"
+    try:
+        names = os.listdir(os.path.dirname(step_dir) or ".")
+    except OSError:
+        return []
+    copies = [name for name in names
+              if name.startswith(prefix) and name[len(prefix):].isdigit()]
+    return [os.path.join(os.path.dirname(step_dir), name)
+            for name in sorted(copies, key=lambda name: int(name[len(prefix):]))]
+
+
 def read_manifest(path, expected_job_id=None):
     """The CheckpointManifest of `path` (a manifest.json), validated as the C++ reader does.
     With `expected_job_id`, a manifest of another job is refused; None reads any job's (the

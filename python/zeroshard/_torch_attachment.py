@@ -128,9 +128,11 @@ class Attachment:
                                           self.connection, self.job_id)
         self._enter(Attachment.State.ATTACHED)
 
-    def finish(self):
-        """FINISHED: an attached rank tells its worker (which ends the run successfully once
-        every rank finished); the connection closes in any case."""
+    def finish(self, failure=None):
+        """FINISHED: an attached rank tells its worker, which ends the run successfully once
+        every rank finished, or, with `failure` (the script's uncaught exception), fails the run
+        with that text (the job is then retried per max_attempts); the connection closes in any
+        case."""
         previous = self.state
         self._enter(Attachment.State.FINISHED)
         connection, self.connection = self.connection, None
@@ -141,6 +143,8 @@ class Attachment:
             return
         request = attach_pb2.AttachRequest()
         request.finish.SetInParent()
+        if failure:
+            request.finish.failure = failure
         try:
             connection.call(request)
         finally:

@@ -7,6 +7,7 @@ directory, a torch.optim-format one through a full state file the workers restor
 import os
 import shutil
 import tempfile
+import warnings
 
 import torch
 
@@ -14,6 +15,20 @@ from zeroshard import _checkpoint
 from zeroshard._proto.zeroshard.v1 import attach_pb2
 from zeroshard._proto.zeroshard.v1 import job_pb2
 from zeroshard._torch_job_spec import OPTIMIZERS
+
+
+def _retired_copy(manifest, commit_time):
+    """The superseded-step-* directory beside `manifest`'s step directory that holds the
+    checkpoint committed at `commit_time` (else the latest retired copy, or None)."""
+    copies = _checkpoint.superseded_copies(manifest)
+    for copy in copies:
+        try:
+            moved = _checkpoint.read_manifest(os.path.join(copy, _checkpoint.MANIFEST_FILE_NAME))
+        except ValueError:
+            continue
+        if moved.commit_time.ToJsonString() == commit_time:
+            return copy
+    return copies[-1] if copies else None
 
 
 class OptimizerState:
@@ -29,6 +44,9 @@ class OptimizerState:
         self._plan = plan
         self._connection = connection
         self._job_id = job_id
+        # The checkpoints this process's state_dict() calls named: manifest path -> commit time.
+        # A load that retires one of them says so (a sharded dict naming it no longer loads).
+        self._saved_checkpoints = {}
 
     # ---- torch.optim's format ----
 
@@ -108,6 +126,7 @@ class OptimizerState:
         groups, template, initial = self._torch_layout()
         if not consolidated:
             manifest = _checkpoint.read_manifest(saved.manifest, expected_job_id=self._job_id)
+            self._saved_checkpoints[saved.manifest] = manifest.commit_time.ToJsonString()
             return {"zeroshard_checkpoint": 1, "job_id": self._job_id, "step": saved.step,
                     "optimizer_step": saved.optimizer_step, "optimizer": self._settings.kind,
                     "mode": self._settings.mode, "manifest": saved.manifest,
@@ -173,6 +192,25 @@ class OptimizerState:
                 "state_dict: neither ZeroShard's sharded state dict (zeroshard_checkpoint, "
                 "manifest, ...) nor torch.optim's (state, param_groups); its keys: "
                 f"{sorted(map(str, state_dict))}")
+        self._warn_retired()
+
+    def _warn_retired(self):
+        """After a load: a warning naming each checkpoint that this process's state_dict()
+        returned a sharded dict for and that the load retired (never silently)."""
+        for manifest, commit_time in list(self._saved_checkpoints.items()):
+            try:
+                now = _checkpoint.read_manifest(manifest).commit_time.ToJsonString()
+            except ValueError:
+                now = None
+            if now == commit_time:
+                continue
+            del self._saved_checkpoints[manifest]
+            copies = _checkpoint.superseded_copies(manifest)
+            warnings.warn(
+                f"load_state_dict retired the job's checkpoint {manifest} (committed "
+                f"{commit_time}; now {copies[-1] if copies else 'moved aside'}): a sharded state "
+                f"dict naming it no longer loads. The rule: {_checkpoint.RETIREMENT_RULE}",
+                RuntimeWarning, stacklevel=4)
 
     def _check_groups(self, saved_groups):
         """ValueError naming the group when `saved_groups` cannot be this optimizer's."""
@@ -219,17 +257,26 @@ class OptimizerState:
             raise ValueError(f"manifest: {manifest!r} is not an absolute path")
         # The manifest must be the one of the job the state dict names (it may be another job
         # than this one: loading another job's checkpoint is allowed when named so).
-        committed, header = _checkpoint.read_header(manifest,
-                                                     expected_job_id=state_dict.get("job_id"))
+        saved_time = state_dict.get("commit_time")
+        try:
+            committed, header = _checkpoint.read_header(
+                manifest, expected_job_id=state_dict.get("job_id"))
+        except ValueError as e:
+            retired = _retired_copy(manifest, saved_time)
+            if retired is None:
+                raise
+            raise ValueError(f"manifest: {manifest} does not exist: the job retired this "
+                             f"checkpoint (now {retired}). The rule: "
+                             f"{_checkpoint.RETIREMENT_RULE}") from e
         # A job that went back past this step and ran it again retired the state dict's checkpoint
         # (superseded, moved aside) and committed another one under the same name.
-        saved_time = state_dict.get("commit_time")
         if saved_time is not None and committed.commit_time.ToJsonString() != saved_time:
+            retired = _retired_copy(manifest, saved_time)
             raise ValueError(f"manifest: {manifest} now holds another checkpoint of step "
                              f"{committed.step} (committed {committed.commit_time.ToJsonString()})"
-                             f" than this state dict's (committed {saved_time}): its job went "
-                             "back past that step and ran it again; the state dict's checkpoint "
-                             "was superseded (kept beside it as superseded-step-*)")
+                             f" than this state dict's (committed {saved_time}): the job retired "
+                             f"the state dict's checkpoint{f' (now {retired})' if retired else ''}"
+                             f" and ran that step again. The rule: {_checkpoint.RETIREMENT_RULE}")
         plan = self._plan
         if len(header.tensors) != len(plan.params):
             raise ValueError(f"manifest: the checkpoint {manifest} holds {len(header.tensors)} "

@@ -32,6 +32,11 @@ If a trainer fails (exits non-zero or is killed), the others are stopped. While 
 has attempts left (its fault policy, ShardedOptimizer's max_attempts) and --max_restarts allows,
 every trainer is started again: the script joins the job and resumes from its latest
 checkpoint. Otherwise the exit status is the first failure's.
+
+SIGTERM and SIGINT (kill, Ctrl-C) are passed on to everything the launcher started (the local
+cluster, which stops its launcher's trainers and then its workers and coordinator; or the
+trainers), nothing is restarted, the job (if it did not end) is cancelled, and the launcher exits
+only once they have, by the same signal (a shell reports 128 + N), as torchrun does.
 """
 
 import argparse
@@ -50,6 +55,73 @@ REPO_ROOT = os.path.dirname(os.path.dirname(PACKAGE_DIR))
 BIN_DIR_ENV = "ZEROSHARD_BIN_DIR"
 # torchrun's default for several ranks per node.
 OMP_THREADS_ENV = "OMP_NUM_THREADS"
+# After SIGTERM, how long a trainer may take to exit before SIGKILL.
+TRAINER_STOP_GRACE_S = 10.0
+# How long the local cluster waits for its command (this launcher, stopping its trainers) after
+# passing a signal on, before it kills it: longer than the trainers' grace, so that the trainers
+# are always stopped by the launcher that started them.
+CLUSTER_STOP_TIMEOUT_S = TRAINER_STOP_GRACE_S + 10.0
+
+
+class SignalForwarder:
+    """SIGTERM and SIGINT while the launcher runs: the first one received is remembered, each is
+    passed on to the children registered (the processes the launcher started), and once they
+    have exited the launcher ends by that signal (exit()). Thread contract: the main thread
+    (Python runs signal handlers there)."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __init__(self):
+        self.received = None
+        self._children = []
+
+    def install(self):
+        for sig in SignalForwarder.SIGNALS:
+            signal.signal(sig, self._handle)
+        return self
+
+    def add(self, child):
+        """Passes later signals on to `child` (a Popen), and one already received."""
+        self._children.append(child)
+        if self.received is not None:
+            self._send(child, self.received)
+
+    def _handle(self, signum, _frame):
+        if self.received is None:
+            self.received = signum
+            log(f"got {signal.Signals(signum).name}: passing it on and waiting for what this "
+                "launcher started to exit")
+        for child in self._children:
+            self._send(child, signum)
+
+    @staticmethod
+    def _send(child, signum):
+        if child.returncode is None:
+            try:
+                child.send_signal(signum)
+            except ProcessLookupError:
+                pass
+
+    def exit(self):
+        """Ends this process by the signal received, with its default action (killed by it, as
+        a shell reports: 128 + N), once everything it started is gone."""
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(self.received, signal.SIG_DFL)
+        os.kill(os.getpid(), self.received)
+        # A default action that does not end the process (never for SIGTERM or SIGINT).
+        sys.exit(128 + self.received)
+
+
+_signals = None
+
+
+def signals():
+    """The process's SignalForwarder, installed at the first call."""
+    global _signals
+    if _signals is None:
+        _signals = SignalForwarder().install()
+    return _signals
 
 
 def parse_args(argv, prog="python3 -m zeroshard.launch"):
@@ -198,7 +270,8 @@ def run_local_cluster(args):
     cluster = local_cluster_script()
     bin_dir, source = find_bin_dir(args.bin_dir, load_cluster_module(cluster))
     log(f"local cluster by {cluster}, binaries from {source}: {bin_dir}")
-    command = [sys.executable, cluster, "--workers", str(args.workers), "--bin_dir", bin_dir]
+    command = [sys.executable, cluster, "--workers", str(args.workers), "--bin_dir", bin_dir,
+               "--stop_timeout", str(CLUSTER_STOP_TIMEOUT_S)]
     if args.log_dir:
         command += ["--log_dir", args.log_dir]
     if args.worker_threads:
@@ -212,7 +285,15 @@ def run_local_cluster(args):
         package_root = os.path.dirname(PACKAGE_DIR)
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in [package_root, env.get("PYTHONPATH", "")] if p)
-    return subprocess.call(command, env=env)
+    # A signal goes to the cluster, which passes it to the launcher it runs (the trainers' one),
+    # waits for it, and then stops its workers and coordinator.
+    forwarder = signals()
+    cluster_process = subprocess.Popen(command, env=env)
+    forwarder.add(cluster_process)
+    returncode = cluster_process.wait()
+    if forwarder.received is not None:
+        forwarder.exit()
+    return exit_status(returncode)
 
 
 def idle_attach_workers(coordinator, count, wait_s):
@@ -255,6 +336,8 @@ def idle_attach_workers(coordinator, count, wait_s):
             candidates = sorted((w for w in idle if w.attach_socket and w.host == host),
                                 key=lambda w: w.name)
             usable = [w for w in candidates if trusted(w)]
+            if signals().received is not None:
+                signals().exit()  # nothing started yet
             if len(usable) >= count:
                 return usable[:count]
             if time.monotonic() >= deadline:
@@ -305,9 +388,13 @@ def run_attempt(args, workers, run_id, run_key, restart_count):
         })
         trainers.append(subprocess.Popen([sys.executable, args.script] + args.script_args,
                                          env=env))
+        signals().add(trainers[-1])
     failure = None
     remaining = dict(enumerate(trainers))
     while remaining:
+        if signals().received is not None:
+            # The signal went to every trainer; what has not exited in the grace is killed.
+            stop_trainers(remaining.values())
         for rank, trainer in list(remaining.items()):
             code = trainer.poll()
             if code is None:
@@ -320,7 +407,7 @@ def run_attempt(args, workers, run_id, run_key, restart_count):
     return failure
 
 
-def stop_trainers(trainers, grace_s=10.0):
+def stop_trainers(trainers, grace_s=TRAINER_STOP_GRACE_S):
     """SIGTERM, then SIGKILL whatever is left after `grace_s`; returns once all have exited."""
     for trainer in trainers:
         if trainer.poll() is None:
@@ -377,7 +464,30 @@ def generation_after_failure(coordinator, job_name, job_key, failed_generation, 
             time.sleep(0.1)
 
 
+def cancel_job(coordinator, job_name, job_key, signum):
+    """Best effort, once the trainers are gone after a signal: cancels the job unless it ended,
+    so that it does not start more generations that no trainer will join."""
+    import grpc
+    from zeroshard._channel import coordinator_channel
+    from zeroshard._jobs import find_job
+    from zeroshard._proto.zeroshard.v1 import coordinator_pb2, coordinator_pb2_grpc, job_pb2
+    name = signal.Signals(signum).name
+    try:
+        with coordinator_channel(coordinator) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            job = find_job(stub, job_key)
+            if job is None or job.state in (job_pb2.SUCCEEDED, job_pb2.FAILED,
+                                            job_pb2.CANCELLED):
+                return
+            stub.CancelJob(coordinator_pb2.CancelJobRequest(
+                job_id=job.id, reason=f"zeroshard.launch stopped by {name}"), timeout=10)
+            log(f"cancelled job {job.id} ({job_name}): stopped by {name}")
+    except grpc.RpcError as e:
+        log(f"could not cancel job {job_name} after {name}: {e.code().name}")
+
+
 def run_trainers(args):
+    signals()
     coordinator = os.environ["ZEROSHARD_COORDINATOR"]
     workers = idle_attach_workers(coordinator, args.workers, args.wait_s)
     run_id = f"attached-{uuid.uuid4().hex[:12]}"
@@ -391,6 +501,9 @@ def run_trainers(args):
     restarts = 0
     while True:
         failure = run_attempt(args, workers, run_id, run_key, restarts)
+        if signals().received is not None:
+            cancel_job(coordinator, job_name, job_key, signals().received)
+            signals().exit()
         if failure is None:
             return 0
         rank, status = failure
@@ -400,6 +513,9 @@ def run_trainers(args):
             return status
         generation = generation_after_failure(coordinator, job_name, job_key, generation,
                                               args.restart_wait_s)
+        if signals().received is not None:
+            cancel_job(coordinator, job_name, job_key, signals().received)
+            signals().exit()
         if generation is None:
             return status
         restarts += 1

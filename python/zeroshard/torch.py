@@ -29,6 +29,7 @@ import atexit
 import contextlib
 import math
 import os
+import sys
 
 import torch
 
@@ -48,6 +49,10 @@ __all__ = ["init", "rank", "world_size", "ShardedOptimizer", "HandedOverGradient
 _environment = None
 _optimizers = []
 _jobs_submitted = 0
+# "Type: message" of the exception that is ending the script (the excepthook's), else None.
+_uncaught = None
+# The longest failure text a finish carries to the worker (it becomes the job's message).
+_FAILURE_TEXT_LIMIT = 1000
 
 
 class _Environment:
@@ -82,8 +87,41 @@ def init():
     global _environment
     if _environment is None:
         _environment = _Environment()
-        atexit.register(finish)
+        _install_excepthook()
+        atexit.register(_finish_at_exit)
     return _environment
+
+
+def _describe(exc_type, exc):
+    text = f"{exc_type.__name__}: {exc}"
+    if len(text) > _FAILURE_TEXT_LIMIT:
+        text = text[:_FAILURE_TEXT_LIMIT - 3] + "..."
+    return text
+
+
+def _install_excepthook():
+    """Chains sys.excepthook so that an uncaught exception is the job's failure: the exit's
+    finish then tells each worker that the script failed (its type and message), the run fails
+    and the job is retried per max_attempts, instead of ending as a success."""
+    previous = sys.excepthook
+
+    def excepthook(exc_type, exc, tb):
+        global _uncaught
+        _uncaught = _describe(exc_type, exc)
+        previous(exc_type, exc, tb)
+
+    sys.excepthook = excepthook
+
+
+def _finish_at_exit():
+    """atexit: finish every ShardedOptimizer, as failed when the script ends by an uncaught
+    exception. A script that replaced sys.excepthook after init() still has the exception in
+    sys.last_value (the interpreter sets it before atexit runs)."""
+    failure = _uncaught
+    if failure is None and getattr(sys, "last_value", None) is not None:
+        failure = _describe(type(sys.last_value), sys.last_value)
+    while _optimizers:
+        _optimizers.pop()._finish(failure)
 
 
 def rank():
@@ -160,6 +198,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                  lr_decay=0.0, initial_accumulator_value=0.0, bucket_elems=None,
                  checkpoint_every=0, checkpoint_keep=None, max_attempts=1,
                  overlap_all_gather=True):
+        _check_model_argument(model)
         env = init()
         settings = _job_spec.JobSettings(
             optimizer, mode, weight_decay, eps, betas, momentum, dampening, nesterov, amsgrad,
@@ -468,13 +507,14 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     # ---- The end ----
 
-    def _finish(self):
+    def _finish(self, failure=None):
+        """`failure`: why the script ends (an uncaught exception), which fails the run."""
         if self._attachment.finished:
             return
         self._detach_from_model()
         # The worker waits for every all-gather before it answers finish: afterwards the
         # parameters (still the shared views) hold the last step's values.
-        self._attachment.finish()
+        self._attachment.finish(failure)
         if self._parameter_waits is not None:
             self._parameter_waits.forget()
 
@@ -491,6 +531,20 @@ class ShardedOptimizer(torch.optim.Optimizer):
             for p in group["params"]:
                 if handed_over(p.grad):
                     p.grad = None
+
+
+def _check_model_argument(model):
+    """TypeError saying what to pass when `model` is not an nn.Module (torch.optim's habit of
+    passing model.parameters() or a list of groups)."""
+    if isinstance(model, torch.nn.Module):
+        return
+    raise TypeError(
+        f"ShardedOptimizer takes the model (a torch.nn.Module), not {type(model).__name__}: "
+        "the job names each tensor by its name in the model (checkpoints, zeroshard export, "
+        "the ranks' comparison of their models) and the optimizer hooks the model's forward "
+        "and backward. Pass it as ShardedOptimizer(model, \"adamw\", lr=...), and parameter "
+        "groups as param_groups=[{\"params\": [...], \"weight_decay\": 0.0}] (parameters of "
+        "that model) or with add_param_group before the first forward")
 
 
 def finish(optimizer=None):

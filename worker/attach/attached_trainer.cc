@@ -435,10 +435,16 @@ absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
     ZS_RETURN_IF_ERROR(ReadRequest());
   }
   if (pending_->has_finish()) {
+    const std::string failure = pending_->finish().failure();
     pending_.reset();
     // The final checkpoint reads the parameters.
     if (absl::Status waited = WaitForAllGathers(); !waited.ok()) return Fail(waited);
     ZS_RETURN_IF_ERROR(Ack());
+    // The script ended by an uncaught exception: the job must not count that as a success.
+    if (!failure.empty()) {
+      return absl::AbortedError(
+          absl::StrCat("the trainer of rank ", options_.rank, " failed: ", failure));
+    }
     return false;
   }
   return true;
@@ -712,8 +718,11 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
         // The trainer gave up on this step (an exception between backward and step()): its
         // gradients are incomplete, so the run fails (its peers stop at once) after the ack.
         (void)Ack();
-        return absl::AbortedError(absl::StrCat("the trainer finished in the middle of step ", step,
-                                               " (after handing over part of its gradients)"));
+        return absl::AbortedError(absl::StrCat(
+            "the trainer of rank ", options_.rank, " finished in the middle of step ", step,
+            " (after handing over part of its gradients)",
+            request.finish().failure().empty() ? ""
+                                               : absl::StrCat(": ", request.finish().failure())));
       default:
         served = absl::FailedPreconditionError(absl::StrCat(
             "request ", static_cast<int>(request.request_case()), " is not allowed during a step"));

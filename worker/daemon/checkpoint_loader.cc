@@ -187,21 +187,37 @@ absl::StatusOr<NamedCheckpoint> LocateNamedCheckpoint(absl::string_view checkpoi
   const std::filesystem::path manifest(std::string{manifest_path});
   const std::filesystem::path step_dir = manifest.parent_path();
   const std::optional<int64_t> step = checkpoint::ParseStepDirName(step_dir.filename().string());
+  // A passed directory may have any name (a step directory copied elsewhere under a name of the
+  // user's): its manifest says the step. A path walked from the root must be a step directory.
   if (!manifest.is_absolute() || manifest.filename() != checkpoint::kManifestFileName ||
-      !step.has_value()) {
-    return absl::InvalidArgumentError(absl::StrCat("manifest: \"", manifest_path,
-                                                   "\" is not the absolute path of a checkpoint's ",
-                                                   checkpoint::kManifestFileName));
+      (!step.has_value() && !passed_step_dir.valid())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "manifest: \"", manifest_path, "\" is not the absolute path of a checkpoint's ",
+        checkpoint::kManifestFileName,
+        manifest.is_absolute() && manifest.filename() == checkpoint::kManifestFileName
+            ? " in a step-<12-digit step> directory (the name is needed only when the trainer "
+              "passes no descriptor of the directory)"
+            : ""));
   }
   NamedCheckpoint named;
-  named.step = *step;
   if (passed_step_dir.valid()) {
     ZS_ASSIGN_OR_RETURN(checkpoint::Directory opened,
                         checkpoint::Directory::FromPassedDescriptor(
                             passed_step_dir.Release(), step_dir.lexically_normal().string()));
+    if (step.has_value()) {
+      named.step = *step;
+    } else {
+      absl::StatusOr<v1::CheckpointManifest> read = checkpoint::ReadManifest(opened);
+      if (!read.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("manifest: \"", manifest_path, "\": ", read.status().message()));
+      }
+      named.step = read->step();
+    }
     named.step_dir = std::make_shared<const checkpoint::Directory>(std::move(opened));
     return named;
   }
+  named.step = *step;
   const std::filesystem::path job_dir = step_dir.parent_path().lexically_normal();
   if (!checkpoint_root.empty()) {
     std::error_code error;

@@ -94,9 +94,11 @@ struct NamedCheckpoint {
 // permissions, and the path only names it in messages. Without one, a manifest path under
 // `checkpoint_root` (lexically) is walked from that root, one component at a time without
 // following links, like the job's own checkpoints; a path elsewhere is refused: the worker
-// opens nothing outside its checkpoint root on a trainer's word (issue 24). INVALID_ARGUMENT
-// naming the path when it is not the absolute path of a step directory's manifest.json, is
-// outside the root without a descriptor, or the descriptor is not a directory.
+// opens nothing outside its checkpoint root on a trainer's word (issue 24). A passed directory
+// may have any name (a step directory copied under a name of the user's): its manifest gives
+// the step. INVALID_ARGUMENT naming the path when it is not the absolute path of a
+// manifest.json, is not in a step-<step> directory or outside the root without a descriptor,
+// or the descriptor is not a directory or holds no readable manifest.
 absl::StatusOr<NamedCheckpoint> LocateNamedCheckpoint(absl::string_view checkpoint_root,
                                                       absl::string_view manifest_path,
                                                       UniqueFd passed_step_dir);

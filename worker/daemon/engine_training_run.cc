@@ -716,6 +716,19 @@ absl::Status EngineTrainingRun::Finish(RunParts& parts, LoopState& loop) {
   const absl::Time report_deadline = absl::Now() + kCoordinatorOutageDeadline;
   ZS_ASSIGN_OR_RETURN(const bool keep_going, parts.reporter->Flush(report_deadline));
   if (!keep_going) return absl::AbortedError("the coordinator ended this generation");
+  // No step ran in this generation (MetricsFor always sets a positive loss scale): a trainer
+  // that finished before its first step of a job at step 0 trained nothing, which is a failure
+  // saying so; a resumed generation whose trainer had nothing left to do reports where it
+  // stands (the checkpoint's step) rather than empty metrics the coordinator would refuse.
+  if (loop.last.loss_scale() == 0) {
+    if (parts.attached && loop.step == 0) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the trainer of rank ", parts.rank,
+                       " exited before its first step (it finished without calling step())"));
+    }
+    loop.last.set_step(loop.step);
+    loop.last.set_loss_scale(parts.engine->loss_scale());
+  }
   if (const char* stop = std::getenv(kStopAfterLastStepVariable);
       stop != nullptr && std::string(stop) == "1" && !parts.attached) {
     ZS_LOG(WARNING) << assignment_.job_id() << " rank " << parts.rank << ": stopping after step "
