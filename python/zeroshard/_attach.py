@@ -336,7 +336,22 @@ class AttachConnection:
                 frame = frame[sent:]
             self._socket.sendall(frame)
         except OSError as e:
+            # The worker may have ended the run with an error answered to an earlier request
+            # that gets none (ready, written, micro_batch_done: e.g. a collective call the other
+            # ranks did not make) and closed the connection: that error says why.
+            self._raise_pending_error()
             raise WorkerLost(f"the worker's connection broke: {e}") from e
+
+    def _raise_pending_error(self):
+        """AttachError with the worker's error if one waits unread on the connection."""
+        try:
+            if not self.wait_readable(0):
+                return
+            self.receive()
+        except AttachError:
+            raise
+        except (WorkerLost, OSError, ValueError):
+            return
 
     def send(self, request):
         """A request without an answer (ready, written)."""

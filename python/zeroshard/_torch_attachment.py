@@ -5,7 +5,10 @@ is explicit (Attachment.State), as torch's ZeroRedundancyOptimizer keeps its _Ov
 """
 
 import enum
+import os
 import time
+import traceback
+import weakref
 
 import grpc
 import torch
@@ -26,6 +29,33 @@ _JOB_TIMEOUT_S = 120.0
 # ended meanwhile (then no generation will ever welcome it).
 _WELCOME_POLL_S = 1.0
 _FINAL_STATES = (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED)
+
+# The attachments built and not finished in this process (at most one: check_no_live_attachment).
+_live_attachments = weakref.WeakSet()
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def _caller_location():
+    """Where the script called into zeroshard ("train.py:42"), for messages."""
+    for frame in reversed(traceback.extract_stack()):
+        if not os.path.abspath(frame.filename).startswith(_PACKAGE_DIR + os.sep):
+            return f"{frame.filename}:{frame.lineno}"
+    return "an unknown place"
+
+
+def check_no_live_attachment():
+    """RuntimeError naming the ShardedOptimizer that is alive (built and not finished) in this
+    process, if one is: each needs a job of its own on this rank's worker, which runs one job at
+    a time, so a second one would wait for a worker that never comes."""
+    for live in list(_live_attachments):
+        if not live.finished:
+            raise RuntimeError(
+                f"another ShardedOptimizer is alive in this process (built at {live.built_at}, "
+                f"{live.state.value}{', job ' + live.job_id if live.job_id else ''}): one "
+                "ShardedOptimizer per process at a time, since each has a job of its own and "
+                "this rank's worker runs one job at a time. Put every parameter in one "
+                "ShardedOptimizer (param_groups=[...] for different hyperparameters), or call "
+                "zt.finish(first_optimizer) before building another")
 
 
 class Attachment:
@@ -66,7 +96,9 @@ class Attachment:
     }
 
     def __init__(self, env, settings):
-        """`settings`: the optimizer's JobSettings."""
+        """`settings`: the optimizer's JobSettings. RuntimeError while another ShardedOptimizer
+        of this process is alive (check_no_live_attachment)."""
+        check_no_live_attachment()
         self._env = env
         self._settings = settings
         self.state = Attachment.State.CONSTRUCTING
@@ -80,6 +112,7 @@ class Attachment:
         self.grad_views = None
         self.hand_over = None
         self.state_dicts = None
+        self.built_at = _caller_location()
 
     def _enter(self, state):
         if state not in Attachment._TRANSITIONS[self.state]:
@@ -87,8 +120,10 @@ class Attachment:
         self.state = state
 
     def built(self):
-        """The constructor is done: the groups are the user's to change until the first need."""
+        """The constructor is done: the groups are the user's to change until the first need.
+        From now until finish(), no other ShardedOptimizer may be built in this process."""
         self._enter(Attachment.State.BUILT)
+        _live_attachments.add(self)
 
     @property
     def attached(self):

@@ -414,6 +414,18 @@ absl::Status AttachedTrainer::ServeStateRequest(const v1::AttachRequest& request
   return Reply(response);
 }
 
+absl::Status AttachedTrainer::AgreeOn(TrainerCall call) {
+  if (!call_hook_) return absl::OkStatus();
+  return call_hook_(call, micro_batches_ended_);
+}
+
+absl::Status AttachedTrainer::AgreeOnHandOver() {
+  if (hand_over_agreed_) return absl::OkStatus();
+  ZS_RETURN_IF_ERROR(AgreeOn(TrainerCall::kBackward));
+  hand_over_agreed_ = true;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
   // Engine::InitializeParameters has read the initial values by now.
   initial_.clear();
@@ -430,6 +442,11 @@ absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
       ZS_RETURN_IF_ERROR(WaitParameters(request.wait_parameters()));
     } else {
       if (absl::Status waited = WaitForAllGathers(); !waited.ok()) return Fail(waited);
+      if (absl::Status agreed = AgreeOn(request.has_save_state() ? TrainerCall::kSaveState
+                                                                 : TrainerCall::kLoadState);
+          !agreed.ok()) {
+        return Fail(agreed);
+      }
       ZS_RETURN_IF_ERROR(ServeStateRequest(request));
     }
     ZS_RETURN_IF_ERROR(ReadRequest());
@@ -439,6 +456,12 @@ absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
     pending_.reset();
     // The final checkpoint reads the parameters.
     if (absl::Status waited = WaitForAllGathers(); !waited.ok()) return Fail(waited);
+    // A rank that finishes while another steps on (uneven step counts) fails both at once (a
+    // failed script's finish fails the run anyway, saying why).
+    if (failure.empty()) {
+      micro_batches_ended_ = 0;
+      if (absl::Status agreed = AgreeOn(TrainerCall::kFinish); !agreed.ok()) return Fail(agreed);
+    }
     ZS_RETURN_IF_ERROR(Ack());
     // The script ended by an uncaught exception: the job must not count that as a success.
     if (!failure.empty()) {
@@ -526,6 +549,7 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
   open_segment_.reset();
   micro_batches_ended_ = 0;
   micro_batch_begun_ = false;
+  hand_over_agreed_ = false;
   lr_.reset();
   while (true) {
     if (!pending_.has_value()) {
@@ -543,6 +567,31 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
     if (request.request_case() != v1::AttachRequest::kMapBlock) {
       if (absl::Status waited = WaitForAllGathers(); !waited.ok()) return Fail(waited);
     }
+    // The step's collective calls are agreed on with the other ranks before the engine runs
+    // anything of them (CallAgreement): the hand-over of this backward's gradients at its first
+    // one (ddp/zero1: also at a request that hands over what backward did not mark ready),
+    // then average_gradients, clip_grad_norm and step each.
+    absl::Status agreed;
+    switch (request.request_case()) {
+      case v1::AttachRequest::kReady:
+      case v1::AttachRequest::kSegment:
+        agreed = AgreeOnHandOver();
+        break;
+      case v1::AttachRequest::kAverageGradients:
+      case v1::AttachRequest::kClipGradNorm:
+      case v1::AttachRequest::kStep:
+        // zero2 hands every tensor over by segment first (agreed there).
+        if (!zero2_) agreed = AgreeOnHandOver();
+        if (agreed.ok()) {
+          agreed = AgreeOn(request.has_step()             ? TrainerCall::kStep
+                           : request.has_clip_grad_norm() ? TrainerCall::kClipGradNorm
+                                                          : TrainerCall::kAverageGradients);
+        }
+        break;
+      default:
+        break;
+    }
+    if (!agreed.ok()) return Fail(agreed);
     absl::Status served;
     switch (request.request_case()) {
       case v1::AttachRequest::kMapBlock:
@@ -638,6 +687,7 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
         next_tensor_ = 0;
         micro_batch_begun_ = false;
         ++micro_batches_ended_;
+        hand_over_agreed_ = false;
         break;
       case v1::AttachRequest::kAverageGradients:
         if (engine_ == nullptr || engine_->config().mode != engine::EngineMode::kDdp) {

@@ -19,6 +19,7 @@
 #include "common/unique_fd.h"
 #include "kernels/optimizer.h"
 #include "worker/attach/attach_listener.h"
+#include "worker/attach/call_agreement.h"
 #include "worker/attach/frame_socket.h"
 #include "worker/attach/shared_blocks.h"
 #include "worker/engine/device_ops.h"
@@ -58,6 +59,12 @@ struct AttachedStateHandlers {
   std::function<absl::StatusOr<v1::StateSaved>()> save;
   std::function<absl::StatusOr<v1::StateLoaded>(const v1::LoadState&, UniqueFd source)> load;
 };
+
+// Before the worker runs the collectives of a trainer's collective call (TrainerCall: a
+// backward's first gradient, average_gradients, clip_grad_norm, step, save_state, load_state,
+// finish), the run's AttachedCallHook agrees on it with the other ranks (CallAgreement); its
+// error fails the run. `micro_batch`: the backwards ended so far in this step (zero2).
+using AttachedCallHook = std::function<absl::Status(TrainerCall call, int64_t micro_batch)>;
 
 // The protocol (proto/zeroshard/v1/attach.proto), from the worker's side:
 //   Accept():   hello from the trainer of this job and rank (other trainers are refused and
@@ -106,6 +113,8 @@ class AttachedTrainer final : public workloads::Workload {
   void Abort();
   // Serves save_state / load_state from now on (without them, they are refused).
   void SetStateHandlers(AttachedStateHandlers handlers);
+  // Agrees on every collective call from now on (without it, none is agreed on).
+  void SetCallHook(AttachedCallHook hook) { call_hook_ = std::move(hook); }
   // Lets map_block serve `block` as if the welcome or a `place` had named it (protocol tests
   // without an engine).
   void AllowMapBlockForTesting(int32_t block) { mappable_blocks_.insert(block); }
@@ -146,6 +155,11 @@ class AttachedTrainer final : public workloads::Workload {
   // Waits for every all-gather still outstanding since a step_result that did not wait for
   // them (a no-op otherwise); afterwards none is outstanding.
   absl::Status WaitForAllGathers();
+  // The call hook's verdict on `call` (OK without a hook).
+  absl::Status AgreeOn(TrainerCall call);
+  // The first hand-over of this backward's gradients (once per micro-batch in zero2, per step
+  // in ddp/zero1) is agreed on before the engine reduces any of them.
+  absl::Status AgreeOnHandOver();
   // Serves a save_state or load_state request (between steps).
   absl::Status ServeStateRequest(const v1::AttachRequest& request);
   // ddp/zero1: hands tensors to the engine in plan order while the next one is ready.
@@ -198,6 +212,10 @@ class AttachedTrainer final : public workloads::Workload {
   // outlives the run's use of this trainer); null while none is outstanding.
   workloads::ParameterSource* outstanding_gathers_ = nullptr;
   AttachedStateHandlers state_handlers_;
+  AttachedCallHook call_hook_;
+  // Whether this backward's hand-over (this micro-batch's in zero2, this step's in ddp/zero1)
+  // was agreed on.
+  bool hand_over_agreed_ = false;
 };
 
 }  // namespace zeroshard::attach

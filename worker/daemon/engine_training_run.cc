@@ -28,6 +28,7 @@
 #include "jobspec/job_plan.h"
 #include "sharding/model_catalog.h"
 #include "worker/attach/attached_trainer.h"
+#include "worker/attach/call_agreement.h"
 #include "worker/attach/shared_memory_backing.h"
 #include "worker/comm/coordinator_store.h"
 #include "worker/comm/gloo_communicator.h"
@@ -352,6 +353,8 @@ struct EngineTrainingRun::LoopState {
   // not hold; unset when the job's checkpoint of the step is the one loaded.
   std::optional<int64_t> state_loaded_at_step;
   int64_t state_loads = 0;
+  // An attached trainer's collective calls, agreed on by every rank before they run.
+  std::unique_ptr<attach::CallAgreement> calls;
 };
 
 absl::Status EngineTrainingRun::Train() {
@@ -639,6 +642,20 @@ absl::Status EngineTrainingRun::RunSteps(RunParts& parts, LoopState& loop) {
          [this, &parts, &loop](const v1::LoadState& request, UniqueFd source) {
            return LoadState(parts, loop, request, std::move(source));
          }});
+    // A call that only some ranks' trainers make fails every rank at once, naming it, instead
+    // of leaving the others in collectives that never match (issue 37). A rank that is merely
+    // slower to call is waited for as long as a collective would be.
+    attach::CallAgreementOptions call_options;
+    call_options.rank = static_cast<int>(parts.rank);
+    call_options.world_size = static_cast<int>(parts.world_size);
+    call_options.timeout = parts.config.collective_timeout;
+    call_options.device = parts.device.get();
+    ZS_ASSIGN_OR_RETURN(loop.calls, attach::CallAgreement::Create(parts.communicator.get(),
+                                                                  std::move(call_options)));
+    parts.trainer->SetCallHook(
+        [calls = loop.calls.get(), &loop](attach::TrainerCall call, int64_t micro_batch) {
+          return calls->Agree(call, loop.step, micro_batch);
+        });
   }
   workloads::Workload& workload = *parts.workload;
   engine::Engine& engine = *parts.engine;
