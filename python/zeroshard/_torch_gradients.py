@@ -14,6 +14,7 @@ import weakref
 import torch
 
 from zeroshard._proto.zeroshard.v1 import attach_pb2
+from zeroshard._torch_parameters import compiling, copies_are_plain, ours
 
 # zero_grad's default for set_to_none, as the installed torch has it (1.13: False, 2.x: True):
 # opt.zero_grad() follows torch.optim.Optimizer's, model.zero_grad() nn.Module's.
@@ -108,6 +109,7 @@ def torch_zero_grad(p, set_to_none):
 _model_optimizers = weakref.WeakKeyDictionary()
 
 
+@ours
 def _model_zero_grad(module, set_to_none=_MODULE_SET_TO_NONE):
     """model.zero_grad() of a model a ShardedOptimizer trains (installed on the instance, bound
     to it): the optimizer's zero_grad for its parameters, torch's for the model's others. A copy
@@ -122,8 +124,17 @@ def _model_zero_grad(module, set_to_none=_MODULE_SET_TO_NONE):
 _model_zero_grad.__name__ = _model_zero_grad.__qualname__ = "zero_grad"
 
 
+@ours
 def _before_forward(module, inputs):
-    """The forward pre-hook of a model a ShardedOptimizer trains (a no-op on a copy of it)."""
+    """The forward pre-hook of a model a ShardedOptimizer trains (a no-op on a copy of it). A
+    no-op too where Dynamo traces it (torch.compile(model) after the optimizer, model.compile(),
+    a compiled function that calls the model), so that it breaks no graph: the attach then
+    happens at the first backward, and step() waits for the parameters' all-gather itself when
+    no forward of the model ran this hook eagerly (_torch_parameters.ParameterWaits.after_step).
+    With torch.compile(model) before the optimizer this hook is on torch's OptimizedModule,
+    which runs it eagerly, and it waits for every parameter there."""
+    if compiling():
+        return
     optimizer = _model_optimizers.get(module)
     if optimizer is not None:
         optimizer._before_forward()
@@ -135,6 +146,7 @@ def hook_model(model, optimizer):
     _model_optimizers[model] = optimizer
     forward_hook = model.register_forward_pre_hook(_before_forward)
     model.zero_grad = types.MethodType(_model_zero_grad, model)
+    copies_are_plain(model)
     return forward_hook
 
 

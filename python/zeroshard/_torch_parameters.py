@@ -17,8 +17,19 @@ the model's zero_grad is) and state_dict() wait for the pending tensors they hol
 script reading them after step() sees the update. Anything else that reads a parameter between step()
 and its module's forward (an EMA over references taken earlier) calls opt.wait_for_parameters()
 first; opt.state_dict(), load_state_dict(), zt.save and zt.finish do so themselves.
+
+torch.compile (docs/pytorch.md, "torch.compile"): Dynamo traces the hooks of the modules inside a
+compiled region, where a wait (a socket round trip) would be a graph break, and the guards on
+what it reads a recompile. So while Dynamo traces, every hook here is a no-op (it reads nothing,
+so it adds nothing to the graph or its guards), and the waits happen before the compiled region:
+a module called eagerly from inside torch.compile's OptimizedModule (the OptimizedModule itself
+when compiled before the ShardedOptimizer, the compiled model's root when compiled after; both
+run their own hooks outside Dynamo) waits for its whole subtree, since its descendants' hooks are
+traced.
 """
 
+import copyreg
+import sys
 import types
 import weakref
 
@@ -43,24 +54,131 @@ class _ModuleEntry:
         self.subtree = subtree
 
 
+# torch >= 2.3: torch.compiler.is_compiling; 2.1-2.2: torch._utils.is_compiling; 1.13: none.
+_IS_COMPILING = (getattr(getattr(torch, "compiler", None), "is_compiling", None) or
+                 getattr(torch._utils, "is_compiling", None))
+
+
+def compiling():
+    """Whether Dynamo is tracing the caller (a constant to Dynamo, which then traces nothing
+    else of the hook and guards on nothing of ours)."""
+    return _IS_COMPILING is not None and _IS_COMPILING()
+
+
+def in_compiled_module():
+    """Whether this eager call runs inside torch.compile's OptimizedModule, whose forward is
+    compiled: the modules inside it wait for their subtree. Looked up at the call: Dynamo's
+    eval_frame is imported only once something was compiled, and the flag is not a public
+    name."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:
+        return False
+    in_optimized_module = getattr(eval_frame, "_is_in_optimized_module", None)
+    if in_optimized_module is None:
+        return True  # a torch without the flag: any forward may be compiled (less overlap)
+    return in_optimized_module()
+
+
+# ---- A copy of the model is plain torch ----
+#
+# The hooks live in the modules' hook dicts and the installed methods in their __dict__, which
+# pickle (torch.save(model)) and copy.deepcopy copy with the module: a file that could not be
+# loaded without zeroshard, nor with torch.load(weights_only=True). So each module type that holds
+# them pickles through a copyreg reducer that leaves them out (copyreg.dispatch_table serves both
+# pickle and copy.deepcopy): what a copy gets is the module's state less our hooks and methods.
+
+# The functions this package installs as hooks or as bound methods of a module.
+_OURS = []
+# Module types whose reducer is ours (never one that had a reducer of its own).
+_REDUCED_TYPES = set()
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_state_dict_hooks")
+# Dicts keyed by a hook's id, beside the hook dicts (torch 2.x).
+_HOOK_ID_DICTS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+                  "_forward_hooks_always_called")
+
+
+def ours(function):
+    """Marks `function` as one this package installs on modules (left out of copies)."""
+    _OURS.append(function)
+    return function
+
+
+def _is_ours(value):
+    if not callable(value):
+        return False
+    value = getattr(value, "hook", value)  # torch wraps some hooks (_WrappedHook)
+    return any(value is function or getattr(value, "__func__", None) is function
+               for function in _OURS)
+
+
+def _plain_state(module):
+    """The module's pickled state without our hooks and installed methods."""
+    state = module.__getstate__()
+    if not isinstance(state, dict):
+        return state
+    state = dict(state)
+    dropped = set()
+    for name in _HOOK_DICTS:
+        hooks = state.get(name)
+        if hooks and any(_is_ours(hook) for hook in hooks.values()):
+            dropped |= {key for key, hook in hooks.items() if _is_ours(hook)}
+            state[name] = type(hooks)((key, hook) for key, hook in hooks.items()
+                                      if not _is_ours(hook))
+    for name in _HOOK_ID_DICTS:
+        ids = state.get(name)
+        if ids and dropped & set(ids):
+            state[name] = type(ids)((key, value) for key, value in ids.items()
+                                    if key not in dropped)
+    for name in [name for name, value in state.items() if _is_ours(value)]:
+        del state[name]
+    return state
+
+
+def _reduce_plain(module):
+    """copyreg's reducer of a module type that holds our hooks: protocol 2's reduction (NEWOBJ,
+    which weights_only loads take) of the state less ours."""
+    return copyreg.__newobj__, (type(module),), _plain_state(module)
+
+
+def copies_are_plain(module):
+    """Copies of `module` (pickle, copy.deepcopy) leave our hooks and methods out. A type with a
+    reduction of its own (a __reduce__ / __reduce_ex__, a copyreg entry) keeps it."""
+    cls = type(module)
+    if cls in _REDUCED_TYPES:
+        return
+    if (cls in copyreg.dispatch_table or cls.__reduce_ex__ is not object.__reduce_ex__ or
+            cls.__reduce__ is not object.__reduce__):
+        return
+    copyreg.pickle(cls, _reduce_plain)
+    _REDUCED_TYPES.add(cls)
+
+
+@ours
 def _before_module_forward(module, inputs):
-    """A submodule's forward pre-hook (a no-op on a copy of the model)."""
+    """A submodule's forward pre-hook (a no-op on a copy of the model, and while Dynamo traces:
+    see the module docstring)."""
+    if compiling():
+        return
     entry = _module_waits.get(module)
     if entry is not None:
-        entry.waits.wait(entry.before_forward)
+        entry.waits.wait(entry.subtree if in_compiled_module() else entry.before_forward)
 
 
+@ours
 def _after_state_dict(module, state_dict, prefix, local_metadata):
     """module.state_dict()'s hook: whoever reads the values gets them gathered."""
     _wait_for_subtree(module)
 
 
 def _wait_for_subtree(module):
+    if compiling():
+        return  # parameters() inside a compiled forward: waited for before the region
     entry = _module_waits.get(module)
     if entry is not None:
         entry.waits.wait(entry.subtree)
 
 
+@ours
 def _module_parameters(module, *args, **kwargs):
     """module.parameters() of a module whose all-gathers may be pending (installed on the
     instance, bound to it): waits for its own and its descendants', then torch's. A copy of the
@@ -69,6 +187,7 @@ def _module_parameters(module, *args, **kwargs):
     return type(module).parameters(module, *args, **kwargs)
 
 
+@ours
 def _module_named_parameters(module, *args, **kwargs):
     """module.named_parameters(), as _module_parameters."""
     _wait_for_subtree(module)
@@ -129,6 +248,8 @@ class ParameterWaits:
         self._connection = connection
         self._pending = [False] * len(plan.params)
         self._count = 0
+        # Whether the root's hook ran eagerly since the last step (after_step).
+        self._root_forward_seen = False
         self._handles = []
         self._modules = []
         for module, (before_forward, subtree) in module_tensors(model, plan).items():
@@ -139,6 +260,7 @@ class ParameterWaits:
             elif before_forward:
                 self._handles.append(module.register_forward_pre_hook(_before_module_forward))
             self._handles.append(module._register_state_dict_hook(_after_state_dict))
+            copies_are_plain(module)
             for name, method in _INSTALLED.items():
                 setattr(module, name, types.MethodType(method, module))
 
@@ -166,13 +288,26 @@ class ParameterWaits:
         return [t for t, pending in enumerate(self._pending) if pending]
 
     def after_step(self, parameters_pending):
-        """The step's answer: with parameters_pending every tensor is being gathered."""
+        """The step's answer: with parameters_pending every tensor is being gathered. When no
+        forward ran the root's hook eagerly since the last step, the forward was traced
+        (torch.compile after the optimizer, model.compile(), a compiled function calling the
+        model: every hook is a no-op there) or bypassed the model: the next one may read any
+        parameter without a hook waiting for it, so the all-gathers are waited for now."""
         self._pending = [bool(parameters_pending)] * len(self._pending)
         self._count = len(self._pending) if parameters_pending else 0
+        root_forward_seen, self._root_forward_seen = self._root_forward_seen, False
+        if not root_forward_seen:
+            self.wait_all()
 
     def before_root(self):
-        """The root module's forward: the tied parameters and those registered on it."""
-        self.wait(self._root_tensors)
+        """The root module's forward: the tied parameters and those registered on it; every
+        tensor when the forward is compiled (its modules' hooks are traced, so they wait for
+        nothing)."""
+        self._root_forward_seen = True
+        if in_compiled_module():
+            self.wait_all()
+        else:
+            self.wait(self._root_tensors)
 
     def wait(self, tensors):
         """Returns once the all-gathers of `tensors` (plan indices) are done; one round trip for
