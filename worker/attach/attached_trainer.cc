@@ -442,8 +442,8 @@ absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
       ZS_RETURN_IF_ERROR(WaitParameters(request.wait_parameters()));
     } else {
       if (absl::Status waited = WaitForAllGathers(); !waited.ok()) return Fail(waited);
-      if (absl::Status agreed = AgreeOn(request.has_save_state() ? TrainerCall::kSaveState
-                                                                 : TrainerCall::kLoadState);
+      if (absl::Status agreed =
+              AgreeOn(request.has_save_state() ? TrainerCall::kSaveState : TrainerCall::kLoadState);
           !agreed.ok()) {
         return Fail(agreed);
       }
