@@ -509,5 +509,43 @@ TEST(LoadCheckpointTest, ACopyOutsideTheRootLoadsThroughThePassedDescriptor) {
   }
 }
 
+// Issue 37: a step directory copied under a name of the user's (not step-<step>) loads through
+// its passed descriptor, its step read from its manifest. Fails before the fix:
+// LocateNamedCheckpoint refused it ("is not the absolute path of a checkpoint's manifest.json").
+TEST(LoadCheckpointTest, APassedStepDirectoryOfAnyNameLoads) {
+  const std::string outside = checkpoint::testing::MakeTempDir("renamed_copy");
+  ASSERT_TRUE(checkpoint::WriteManifest(
+                  Root(outside), "",
+                  WriteCheckpointFiles(checkpoint::StepDir(outside, 30), 30, 1, "job-000007"))
+                  .ok());
+  const std::string renamed = outside + "/my-copy";
+  std::filesystem::rename(checkpoint::StepDir(outside, 30), renamed);
+  const absl::StatusOr<NamedCheckpoint> named =
+      LocateNamedCheckpoint("/ckpt", renamed + "/manifest.json",
+                            UniqueFd(::open(renamed.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)));
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->step, 30);
+  CheckpointLoadOptions load;
+  load.named_step_dir = named->step_dir;
+  load.job_id = std::nullopt;
+  load.min_step = load.max_step = named->step;
+  load.store_prefix = "renamed/";
+  ExpectLoaded(LoadCheckpointOnTwoRanks(load), 30);
+
+  // Without a descriptor the name is needed (the path is walked from the root), and says so; a
+  // passed directory of another name without a manifest is refused, naming the path.
+  const absl::Status unnamed =
+      LocateNamedCheckpoint("/ckpt", "/ckpt/job/my-copy/manifest.json", UniqueFd()).status();
+  EXPECT_EQ(unnamed.code(), absl::StatusCode::kInvalidArgument) << unnamed;
+  EXPECT_TRUE(absl::StrContains(unnamed.message(), "step-<12-digit step> directory")) << unnamed;
+  const std::string empty = checkpoint::testing::MakeTempDir("renamed_empty");
+  const absl::Status no_manifest =
+      LocateNamedCheckpoint("/ckpt", empty + "/manifest.json",
+                            UniqueFd(::open(empty.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)))
+          .status();
+  EXPECT_EQ(no_manifest.code(), absl::StatusCode::kInvalidArgument) << no_manifest;
+  EXPECT_TRUE(absl::StrContains(no_manifest.message(), empty + "/manifest.json")) << no_manifest;
+}
+
 }  // namespace
 }  // namespace zeroshard::worker
