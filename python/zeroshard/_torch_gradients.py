@@ -7,6 +7,7 @@ zero_grad and forward pre-hook included).
 """
 
 import inspect
+import math
 import types
 import warnings
 import weakref
@@ -57,6 +58,8 @@ class HandedOverGradient(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, classes, args=(), kwargs=None):
+        if func is _AMP_UNSCALE:
+            return _amp_unscale(*args, **(kwargs or {}))
         if func in _METADATA:
             with torch._C.DisableTorchFunction():
                 return func(*args, **(kwargs or {}))
@@ -85,6 +88,30 @@ _METADATA |= {torch.Tensor.size, torch.Tensor.dim, torch.Tensor.numel, torch.Ten
 
 def handed_over(grad):
     return isinstance(grad, HandedOverGradient)
+
+
+# GradScaler.unscale_ (torch.amp's and torch.cuda.amp's) checks and unscales the gradients with
+# this op; on HandedOverGradients the workers do it (GradientHandOver.unscale).
+_AMP_UNSCALE = getattr(torch, "_amp_foreach_non_finite_check_and_unscale_", None)
+
+
+def _amp_unscale(grads, found_inf, inv_scale):
+    """torch._amp_foreach_non_finite_check_and_unscale_(grads, found_inf, inv_scale) on a list
+    holding HandedOverGradients (GradScaler.unscale_ in zero1/zero2): the worker measures the
+    norm of the gradient step() applies (a collective: every rank's GradScaler calls it alike),
+    step() will apply `inv_scale`, and found_inf is set to 1 when an element is NaN or Inf, as
+    the op does. Gradients that hold values get torch's op."""
+    ours = [g for g in grads if isinstance(g, HandedOverGradient)]
+    others = [g for g in grads if not isinstance(g, HandedOverGradient)]
+    if others:
+        with torch._C.DisableTorchFunction():
+            _AMP_UNSCALE(others, found_inf, inv_scale)
+    owners = {id(o): o for o in (g.owner() for g in ours) if o is not None}
+    if len(owners) != 1:
+        raise ours[0].refusal("GradScaler.unscale_ (of gradients of no live optimizer, or of "
+                              "several)")
+    if next(iter(owners.values())).unscale(float(inv_scale)):
+        found_inf.fill_(1.0)
 
 
 def torch_zero_grad(p, set_to_none):
@@ -185,6 +212,10 @@ def remove_hooks(handles):
 
 
 # ---- The hand-over ----
+
+# The epsilon torch.nn.utils.clip_grad_norm_ adds to the norm, and a max_norm that clips nothing.
+_CLIP_EPSILON = 1e-6
+_NO_CLIP = 1e300
 
 class GradientHandOver:
     """An attached optimizer's gradients, step by step: which tensors have a gradient (as torch's
@@ -288,6 +319,7 @@ class GradientHandOver:
         p = self._params[t]
         if self._has_grad[t]:
             p.grad = HandedOverGradient(p, self._names[t], self._mode)
+            p.grad.owner = weakref.ref(self)  # GradScaler.unscale_ finds the worker (unscale)
             self._some_handed_over = True
         else:
             p.grad = None
@@ -461,14 +493,37 @@ class GradientHandOver:
         self.clear_handed_over()
         self.begin_step()
 
+    # GradScaler (zero1/zero2), for the current step: (inv_scale, the L2 norm the worker measured
+    # of the gradient as it holds it) once unscale_ ran; the coefficient opt.clip_grad_norm_ asked
+    # for after it; the non-finite norm of a step GradScaler skips, until step() or zero_grad().
+    _unscale = None
+    _clip_after_unscale = None
+    _scaler_skipped = None
+
     def clip_grad_norm(self, max_norm, norm_type):
         """opt.clip_grad_norm_ with checked arguments: ddp clips the averaged .grad in place with
         torch.nn.utils.clip_grad_norm_; zero1/zero2 have the workers compute the norm over their
-        shards and apply the coefficient in step()."""
+        shards and apply the coefficient in step(). After GradScaler.unscale_ the norm is the
+        unscaled gradient's, and step() applies the coefficient and the unscale together."""
         if self._mode == "ddp":
             if not self._averaged:
                 self._average_gradients()
             return torch.nn.utils.clip_grad_norm_(self._params, max_norm, norm_type)
+        if self._scaler_skipped is not None:
+            # Non-finite: GradScaler skips this step (zero_grad() ends it, skipped).
+            total = self._scaler_skipped
+        elif self._unscale is not None:
+            inv_scale, l2 = self._unscale
+            scaled = l2 if norm_type == 2.0 else self._worker_norm(_NO_CLIP, norm_type)
+            total = scaled * inv_scale
+            self._clip_after_unscale = min(1.0, max_norm / (total + _CLIP_EPSILON))
+        else:
+            total = self._worker_norm(max_norm, norm_type)
+        return torch.tensor(total, dtype=torch.float32, device=self._device)
+
+    def _worker_norm(self, max_norm, norm_type):
+        """The worker's clip_grad_norm: the total norm (collective), and the next step() scales
+        by min(1, max_norm / (norm + 1e-6))."""
         self.hand_over_rest()
         request = attach_pb2.AttachRequest()
         request.clip_grad_norm.max_norm = max_norm
@@ -479,8 +534,58 @@ class GradientHandOver:
             for t, p in enumerate(self._params):
                 if p.grad is not None and not handed_over(p.grad):
                     self._hand_over(t)
-        return torch.tensor(response.grad_norm.total_norm, dtype=torch.float32,
-                            device=self._device)
+        return response.grad_norm.total_norm
+
+    def unscale(self, inv_scale):
+        """GradScaler.unscale_ on the handed-over gradients (zero1/zero2; every rank's scaler
+        calls it alike): the worker measures the norm (max_norm _NO_CLIP: no clipping yet), and
+        step() will multiply by inv_scale. True when an element is NaN or Inf: GradScaler then
+        skips step(), and opt.zero_grad() ends the worker's step, which its non-finite check
+        skips (no update, no state advanced), so that the next backward starts a fresh step as
+        after torch's zero_grad()."""
+        if self._unscale is not None or self._scaler_skipped is not None:
+            raise RuntimeError("GradScaler.unscale_: already called on this optimizer since "
+                               "the last step()")
+        norm = self._worker_norm(_NO_CLIP, 2.0)
+        if math.isfinite(norm):
+            self._unscale = (inv_scale, norm)
+            return False
+        self.skip_step_for_scaler(norm)
+        return True
+
+    def apply_unscale(self, config_clip):
+        """step(), after GradScaler.unscale_: asks the worker to scale the step's gradient by
+        inv_scale x the clipping coefficient (opt.clip_grad_norm_'s after unscale_, else the
+        constructor's clip_grad_norm on the unscaled norm, else 1), as one clip_grad_norm whose
+        max_norm gives that coefficient for the norm the worker measured."""
+        if self._unscale is None:
+            return
+        inv_scale, l2 = self._unscale
+        coef = self._clip_after_unscale
+        if coef is None:
+            coef = (min(1.0, config_clip / (l2 * inv_scale + _CLIP_EPSILON)) if config_clip
+                    else 1.0)
+        scale = inv_scale * coef
+        if scale > 1.0:
+            raise RuntimeError(f"GradScaler: a scale of {1.0 / inv_scale} below 1 is not "
+                               "supported (the workers scale gradients down only)")
+        self._worker_norm(scale * (l2 + _CLIP_EPSILON), 2.0)
+
+    def skip_step_for_scaler(self, norm):
+        self._scaler_skipped = norm
+
+    def scaler_skip_pending(self):
+        """Whether zero_grad() must end a step that GradScaler skipped: zero1/zero2 after
+        unscale_ found NaN or Inf; ddp once the averaged .grad holds one (torch's unscale_ ran
+        on it) and step() did not come."""
+        if self._scaler_skipped is not None:
+            return True
+        return self._mode == "ddp" and self._averaged and not all(
+            bool(torch.isfinite(p.grad).all()) for p in self._params
+            if p.grad is not None and not handed_over(p.grad))
+
+    def end_scaler_step(self):
+        self._unscale = self._clip_after_unscale = self._scaler_skipped = None
 
     def zero_grad(self, set_to_none):
         """As torch.optim's: True sets each .grad to None (the tensor has no gradient until a

@@ -391,6 +391,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             default.CopyFrom(values[0])
         lr = self.param_groups[0]["lr"]
         hand_over = attachment.hand_over
+        # After GradScaler.unscale_: the worker scales by 1/scale (and the clip) in this step.
+        hand_over.apply_unscale(self._settings.options["clip_grad_norm"])
         hand_over.hand_over_rest()
         request = attach_pb2.AttachRequest()
         request.step.loss = float(loss) if loss is not None else 0.0
@@ -405,6 +407,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self.last_step = response.step_result
         self._parameter_waits.after_step(response.step_result.parameters_pending)
         hand_over.after_step()
+        hand_over.end_scaler_step()
         return loss
 
     def zero_grad(self, set_to_none=OPTIMIZER_SET_TO_NONE):
@@ -418,6 +421,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 for p in group["params"]:
                     torch_zero_grad(p, set_to_none)
             return
+        if self._attachment.hand_over.scaler_skip_pending():
+            # GradScaler found NaN or Inf and did not call step(): the worker's step ends here,
+            # skipped by its own non-finite check (nothing updated, no state advanced).
+            self.step()
         self._attachment.hand_over.zero_grad(set_to_none)
 
     def _zero_model_grad(self, set_to_none):
