@@ -131,8 +131,10 @@ class ScriptEndTest(unittest.TestCase):
 
     def test_exit_before_the_first_step_fails_the_job_saying_so(self):
         # Fails before the fix: the job FAILED with "metrics.loss_scale: 0 must be > 0" (the
-        # worker reported a step's metrics although no step ran).
-        _, _, _, job = self.launch("--case", "exit_early")
+        # worker reported a step's metrics although no step ran), and the launcher exited 0.
+        status, _, stderr, job = self.launch("--case", "exit_early")
+        self.assertEqual(status, 1, stderr[-4000:])
+        self.assertIn("every trainer exited 0, but job", stderr)
         self.assertEqual(job_pb2.JobState.Name(job.state), "FAILED", job.message)
         self.assertIn("exited before its first step", job.message)
         self.assertNotIn("loss_scale", job.message)

@@ -31,7 +31,8 @@ torch.distributed baselines (gloo) among its ranks.
 If a trainer fails (exits non-zero or is killed), the others are stopped. While the job still
 has attempts left (its fault policy, ShardedOptimizer's max_attempts) and --max_restarts allows,
 every trainer is started again: the script joins the job and resumes from its latest
-checkpoint. Otherwise the exit status is the first failure's.
+checkpoint. Otherwise the exit status is the first failure's. When every trainer exits 0 but the
+job FAILED all the same (a trainer finished before its first step), the exit status is 1.
 
 SIGTERM and SIGINT (kill, Ctrl-C) are passed on to everything the launcher started (the local
 cluster, which stops its launcher's trainers and then its workers and coordinator; or the
@@ -55,6 +56,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(PACKAGE_DIR))
 BIN_DIR_ENV = "ZEROSHARD_BIN_DIR"
 # torchrun's default for several ranks per node.
 OMP_THREADS_ENV = "OMP_NUM_THREADS"
+# Once every trainer exited 0, how long to wait for the job to end (its workers' final
+# checkpoint and report) to see whether it failed all the same.
+JOB_END_WAIT_S = 30.0
 # After SIGTERM, how long a trainer may take to exit before SIGKILL.
 TRAINER_STOP_GRACE_S = 10.0
 # How long the local cluster waits for its command (this launcher, stopping its trainers) after
@@ -486,6 +490,34 @@ def cancel_job(coordinator, job_name, job_key, signum):
         log(f"could not cancel job {job_name} after {name}: {e.code().name}")
 
 
+def job_outcome(coordinator, job_name, job_key, wait_s=JOB_END_WAIT_S):
+    """Once every trainer exited 0: 1 when the job FAILED all the same (a trainer finished before
+    its first step, say), so that the exit status agrees with the job; else 0 (it succeeded, the
+    script submitted none, or it did not end within `wait_s`: nothing more to say)."""
+    import grpc
+    from zeroshard._channel import coordinator_channel
+    from zeroshard._jobs import find_job
+    from zeroshard._proto.zeroshard.v1 import coordinator_pb2_grpc, job_pb2
+    deadline = time.monotonic() + wait_s
+    try:
+        with coordinator_channel(coordinator) as channel:
+            stub = coordinator_pb2_grpc.CoordinatorStub(channel)
+            while True:
+                job = find_job(stub, job_key)
+                if job is None or job.state in (job_pb2.SUCCEEDED, job_pb2.CANCELLED):
+                    return 0
+                if job.state == job_pb2.FAILED:
+                    log(f"every trainer exited 0, but job {job.id} ({job_name}) FAILED: "
+                        f"{job.message}")
+                    return 1
+                if time.monotonic() >= deadline:
+                    return 0
+                time.sleep(0.1)
+    except grpc.RpcError as e:
+        log(f"cannot ask the coordinator how job {job_name} ended: {e.code().name}")
+        return 0
+
+
 def run_trainers(args):
     signals()
     coordinator = os.environ["ZEROSHARD_COORDINATOR"]
@@ -505,7 +537,7 @@ def run_trainers(args):
             cancel_job(coordinator, job_name, job_key, signals().received)
             signals().exit()
         if failure is None:
-            return 0
+            return job_outcome(coordinator, job_name, job_key)
         rank, status = failure
         log(f"trainer rank {rank} failed (exit status {status})")
         if restarts >= args.max_restarts:
