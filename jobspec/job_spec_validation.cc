@@ -28,7 +28,8 @@ using ::zeroshard::v1::OptimizerSpec;
 using ::zeroshard::v1::PrecisionSpec;
 
 constexpr int64_t kMaxDatasetSize = int64_t{1} << 40;
-constexpr double kMaxLr = 10;
+// torch.optim takes any lr; SGD recipes reach 20 (pytorch/examples' word-language model) and more.
+constexpr double kMaxLr = 1000;
 constexpr double kMaxWeightDecay = 10;
 constexpr double kMaxInitialAccumulator = 1e6;
 constexpr double kMaxLossScale = 16777216;  // 2^24

@@ -45,7 +45,7 @@ class FakeRpcError(grpc.RpcError, grpc.Call):
 class FieldOfTest(unittest.TestCase):
     def test_leading_paths_of_invalid_argument_messages(self):
         cases = {
-            "spec.optimizer.lr: -1 is out of range (0, 10]": "spec.optimizer.lr",
+            "spec.optimizer.lr: -1 is out of range (0, 1000]": "spec.optimizer.lr",
             "spec.workload.preset: unknown preset 'huge'; known: seed": "spec.workload.preset",
             "spec.workload.layer_sizes[2]: 0 is out of range [1, 1048576]": (
                 "spec.workload.layer_sizes[2]"

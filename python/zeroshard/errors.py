@@ -8,7 +8,7 @@ import re
 import grpc
 
 # ZeroShard's servers start every INVALID_ARGUMENT message with the offending field's path, as
-# "spec.optimizer.lr: -1 is out of range (0, 10]" or "spec.param_groups[1].patterns: ...".
+# "spec.optimizer.lr: -1 is out of range (0, 1000]" or "spec.param_groups[1].patterns: ...".
 _FIELD_PATH = re.compile(
     r"^([A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])*(?:\.[A-Za-z_][A-Za-z0-9_]*(?:\[\d+\])*)*): "
 )
