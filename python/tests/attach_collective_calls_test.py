@@ -160,8 +160,9 @@ class CollectiveCallsTest(unittest.TestCase):
         self.expect_job_failed_with(r"zt\.finish\(\)")
 
     def test_a_second_sharded_optimizer_is_refused_naming_the_first(self):
-        # Fails before the fix: the second optimizer's job waited for workers that the first
-        # job held, and its first forward hung with no message.
+        # Fails before the fix: the second optimizer was built without a word (no "refused"
+        # line); its job would then have waited for the workers the first job holds, and its
+        # first forward hung with no message.
         self.start("two_optimizers", "zero2")
         results = self.results()
         for rank, (trainer, result) in enumerate(zip(self.trainers, results)):
