@@ -284,6 +284,11 @@ class Attachment:
             request = attach_pb2.AttachRequest()
             request.initial_parameters.SetInParent()
             self.connection.call(request)
+            # The worker answers once rank 0's values are every rank's (DDP's broadcast at
+            # construction): a rank seeded otherwise now holds rank 0's model.
+            if from_backward:
+                self._check_backward_parameters(plan, "the job starts from rank 0's initial "
+                                                "parameters (as DDP broadcasts them)")
         with torch.no_grad():
             for p, view in zip(plan.params, self.param_views):
                 p.data = view
@@ -316,6 +321,19 @@ class Attachment:
                     self.view(layout.grad_block, layout.grad_offset, layout.elements, p.shape))
             else:
                 self.grad_views.append(None)
+
+    def _check_backward_parameters(self, plan, why):
+        """RuntimeError naming the first parameter whose own values (which the backward that
+        attached ran on) differ from the job's (its view): that backward's gradients would be
+        those of another model."""
+        for name, p, view in zip(plan.names, plan.params, self.param_views):
+            if not torch.equal(view, p.detach()):
+                raise RuntimeError(
+                    f"parameter {name}: {why}, but this backward ran on this rank's own values: "
+                    "its forward did not attach (the ShardedOptimizer attaches at the model's "
+                    "first eager forward; a model compiled after the optimizer, model.forward or "
+                    "a submodule called directly do not); read opt.start_step before the first "
+                    "forward, which attaches")
 
     def _check_worker_device(self, plan, welcome):
         device, first_name = plan.device, plan.names[0]

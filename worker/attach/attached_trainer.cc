@@ -265,7 +265,8 @@ absl::Status AttachedTrainer::WaitForDevice() {
 }
 
 absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step,
-                                      bool needs_initial_parameters) {
+                                      bool needs_initial_parameters,
+                                      const ShareInitialParameters& share) {
   const sharding::ShardPlan& plan = engine.plan();
   engine_ = &engine;
   zero2_ = engine.config().mode == engine::EngineMode::kZero2;
@@ -345,6 +346,31 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
           "the trainer must send its initial parameters before its first step"));
     }
     break;
+  }
+  // Every rank's trainer wrote its own model's values into the parameter block, which holds the
+  // flat buffer: every tensor and the padding between them (zeros on every rank).
+  if (share && num_tensors_ > 0) {
+    const char* first = nullptr;
+    const char* last = nullptr;
+    for (int32_t t = 0; t < num_tensors_; ++t) {
+      ZS_ASSIGN_OR_RETURN(const workloads::StoredParameters params, engine.Parameters(t));
+      const char* begin = static_cast<const char*>(params.data);
+      const char* end = begin + params.size * static_cast<int64_t>(sizeof(float));
+      if (first == nullptr || begin < first) first = begin;
+      if (last == nullptr || end > last) last = end;
+    }
+    const std::optional<SharedBlock> block = backing_->Find(first);
+    if (!block.has_value()) {
+      return Fail(absl::InternalError("the engine's parameters are not in shared memory"));
+    }
+    float* const params = reinterpret_cast<float*>(block->data + (first - block->data));
+    const int64_t elements = (last - first) / static_cast<int64_t>(sizeof(float));
+    if (absl::Status shared = share(params, elements); !shared.ok()) {
+      return Fail(absl::Status(
+          shared.code(),
+          absl::StrCat("rank 0's initial parameters to every rank: ", shared.message())));
+    }
+    if (absl::Status waited = WaitForDevice(); !waited.ok()) return Fail(waited);
   }
   initial_.assign(num_tensors_, {});
   for (int32_t t = 0; t < num_tensors_; ++t) {

@@ -106,9 +106,17 @@ class AttachedTrainer final : public workloads::Workload {
   // A connection whose trainer hung up after its hello (a trainer of an earlier attempt, still
   // in the listen backlog) is skipped.
   absl::Status Accept();
+  // Rank 0's initial parameters to every rank, in place: `params` is the engine's whole flat
+  // parameter buffer (`elements` fp32, in the engine's memory: a device's for a CUDA engine).
+  using ShareInitialParameters = std::function<absl::Status(float* params, int64_t elements)>;
   // Sends the welcome for `engine` (whose memory is the backing's). With
-  // `needs_initial_parameters`, waits for the trainer's initial values and copies them.
-  absl::Status Welcome(engine::Engine& engine, int64_t start_step, bool needs_initial_parameters);
+  // `needs_initial_parameters`, waits for the trainer's initial values, has `share` make every
+  // rank's rank 0's (as DDP broadcasts rank 0's module at construction: a script that seeds each
+  // rank differently still trains one model) and copies them, and only then answers the
+  // trainer, whose parameters become views of that buffer. A resumed generation (no
+  // initial parameters) keeps the checkpoint's values and never calls `share`.
+  absl::Status Welcome(engine::Engine& engine, int64_t start_step, bool needs_initial_parameters,
+                       const ShareInitialParameters& share);
   // Ends a wait for the trainer (Accept, or a request) with CANCELLED.
   void Abort();
   // Serves save_state / load_state from now on (without them, they are refused).

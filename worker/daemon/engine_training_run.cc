@@ -579,10 +579,19 @@ absl::StatusOr<int64_t> EngineTrainingRun::Resume(RunParts& parts) {
   engine::Engine& engine = *parts.engine;
   int64_t first_step = 0;
   if (!assignment_.has_resume_from()) {
-    // An attached trainer sends its model's initial values first.
+    // An attached trainer sends its model's initial values first; rank 0's then reach every
+    // rank (DDP's broadcast at construction), bitwise, before any trainer reads them.
     if (parts.trainer != nullptr) {
-      ZS_RETURN_IF_ERROR(
-          parts.trainer->Welcome(engine, first_step, /*needs_initial_parameters=*/true));
+      comm::Communicator* const communicator = parts.communicator.get();
+      ZS_RETURN_IF_ERROR(parts.trainer->Welcome(
+          engine, first_step, /*needs_initial_parameters=*/true,
+          [communicator](float* params, int64_t elements) -> absl::Status {
+            if (communicator->world_size() == 1) return absl::OkStatus();
+            return communicator
+                ->Broadcast(params, static_cast<size_t>(elements), comm::ElementType::kFloat32,
+                            /*root=*/0)
+                ->Wait();
+          }));
     }
     ZS_RETURN_IF_ERROR(engine.InitializeParameters([&](int64_t tensor, absl::Span<float> out) {
       return parts.workload->InitialParameters(tensor, out);
@@ -618,8 +627,9 @@ absl::StatusOr<int64_t> EngineTrainingRun::Resume(RunParts& parts) {
                            .status());
   }
   if (parts.trainer != nullptr) {
-    ZS_RETURN_IF_ERROR(
-        parts.trainer->Welcome(engine, first_step, /*needs_initial_parameters=*/false));
+    ZS_RETURN_IF_ERROR(parts.trainer->Welcome(engine, first_step,
+                                              /*needs_initial_parameters=*/false,
+                                              /*share=*/nullptr));
   }
   return first_step;
 }
