@@ -1,8 +1,9 @@
 """A nanoGPT-style training loop migrated to zt.ShardedOptimizer by docs/pytorch.md ("Migrating
 a script") trains the same model as nanoGPT's own DDP + torch.optim.AdamW (issue 37): per-rank
 seeds (1337 + rank), gradient accumulation, a disabled GradScaler, global-norm clipping, a
-checkpoint that rank 0 writes and, where torch has it, torch.compile (nanogpt_migration_script.py says how each is written). One launch
-at W = 2 on a real local cluster, the DDP baseline over gloo among the same ranks.
+checkpoint that rank 0 writes and, where torch has it, torch.compile (nanogpt_migration_script.py
+says how each is written). One launch at W = 2 on a real local cluster, the DDP baseline over
+gloo among the same ranks.
 
 Checked, in zero2 and ddp mode:
 - after the ShardedOptimizer attached, every rank's parameters are rank 0's initial ones,
