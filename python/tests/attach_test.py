@@ -150,7 +150,10 @@ class SharedParameterTest(unittest.TestCase):
                          out)
         zero2_reentrant, ddp_reentrant = lines[2:]
         self.assertLessEqual(zero2_reentrant["worst_absolute"], 1e-6, zero2_reentrant)
-        self.assertIn("accumulated twice in one backward", ddp_reentrant["error"])
+        self.assertIn("accumulated again after it was handed over", ddp_reentrant["error"])
+        self.assertIn("use_reentrant=False", ddp_reentrant["error"])
+        # In ddp the same refusal also meets DDP-style accumulation without no_sync: it says how.
+        self.assertIn("with opt.no_sync():", ddp_reentrant["error"])
         self.assertTrue(zero2_reentrant["ok"] and ddp_reentrant["ok"], lines)
         for line in lines[:2]:
             self.assertEqual(line["parameters"], 3)  # the tied weight is one parameter

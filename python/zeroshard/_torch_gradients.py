@@ -330,11 +330,19 @@ class GradientHandOver:
         accumulate it again (reentrant activation checkpointing): its gradient was handed over
         already, so the rest would be lost. Refused with the parameter's name."""
         if self._ready[t]:
+            # ddp/zero1 hand a step's gradients over once: a second reducing backward before
+            # step() (gradient accumulation ported from DDP without its no_sync) lands here too.
+            accumulation = ("" if self._mode == "zero2" else
+                            f"; or a second backward before step() in mode {self._mode!r}: "
+                            "for gradient accumulation run every micro-step but the last inside "
+                            "`with opt.no_sync():` (DDP's no_sync, nanoGPT's "
+                            "require_backward_grad_sync), or use mode='zero2', which reduces "
+                            "every backward")
             raise RuntimeError(
-                f"parameter {self._names[t]}: its gradient accumulated twice in one backward "
-                "(as reentrant activation checkpointing does for a parameter used inside and "
-                "outside a checkpointed segment); the first accumulation was handed over to the "
-                "worker already. Use torch.utils.checkpoint(..., use_reentrant=False)")
+                f"parameter {self._names[t]}: its gradient accumulated again after it was "
+                "handed over to the worker: reentrant activation checkpointing does this for a "
+                "parameter used inside and outside a checkpointed segment (use "
+                "torch.utils.checkpoint(..., use_reentrant=False))" + accumulation)
 
     def _adopt_gradient(self, t):
         """ddp/zero1: tensor t's gradient into the shared buffer, .grad pointing there. None (no
