@@ -224,6 +224,31 @@ class LauncherSkipsARogueWorkerTest(unittest.TestCase):
         self.assertEqual(sum(received_bytes(record)), 0)  # never sent a byte
 
 
+    # Fails before the fix: the rogue registration named the real worker's socket, so the
+    # launcher's checks of who serves it passed, aaa-rogue (first by name) got rank 0, and the
+    # trainer refused the welcome of the real worker: the launch failed.
+    def test_a_rogue_naming_a_real_workers_socket_is_skipped_and_the_real_worker_trains(self):
+        from zeroshard import client as zs_client
+        with zs_client.Client(self.cluster.address) as coordinator:
+            [real] = [w for w in coordinator.workers(state="IDLE") if w.attach_socket]
+        rogue_id = self.register_rogue(real.attach_socket)
+        env = dict(os.environ)
+        env.pop("OMP_NUM_THREADS", None)
+        env.update({"ZEROSHARD_COORDINATOR": self.cluster.address,
+                    "PYTHONPATH": os.path.join(runfiles_workspace(), "python")})
+        result = subprocess.run(
+            [trainer_python(), "-m", "zeroshard.launch", "--workers", "1", "--wait_s", "30",
+             SCRIPT, "--train"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, timeout=300)
+        self.assertEqual(result.returncode, 0, result.stderr[-4000:])
+        self.assertIn(f"zeroshard.launch: not using worker aaa-rogue ({rogue_id}): the attach "
+                      f"socket {real.attach_socket} registered for worker aaa-rogue ({rogue_id}) "
+                      f"is served by the worker daemon {real.name} (process ", result.stderr)
+        reports = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines()
+                   if line.startswith("launch_env ")]
+        self.assertEqual(len(reports), 1, result.stdout)  # it trained: on the real worker
+
+
 class AttachDeadlineTest(unittest.TestCase):
 
     def setUp(self):

@@ -97,6 +97,44 @@ def check_socket_server(sock, path, worker, environ=None):
             "user)")
 
 
+def served_worker_name(pid):
+    """The worker name the daemon with `pid` was started with (its --name, else its default
+    worker-<pid>), read from /proc/<pid>/cmdline; None where that cannot be told (no access, a
+    --flagfile, not a worker daemon's command line)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode("utf-8", "replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+    if not argv or os.path.basename(argv[0]) != "zeroshard-worker":
+        return None
+    name = None
+    for i, arg in enumerate(argv[1:], start=1):
+        flag, has_value, value = arg.lstrip("-").partition("=")
+        if not arg.startswith("-"):
+            continue
+        if flag in ("flagfile", "fromenv", "tryfromenv"):
+            return None
+        if flag == "name":
+            name = value if has_value else (argv[i + 1] if i + 1 < len(argv) else "")
+    return name if name else f"worker-{pid}"
+
+
+def check_socket_name(sock, path, worker, name):
+    """WrongWorker when the worker daemon serving connected unix socket `sock` was started under
+    a name other than `name`, the registration's: a worker token holder may register a real
+    worker's socket under a name of its own (which sorts first, say), and the trainer sent there
+    would only learn it from the welcome. Nothing is said where the name cannot be told."""
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid = struct.unpack("3i", creds)[0]
+    served = served_worker_name(pid)
+    if served is not None and served != name:
+        raise WrongWorker(
+            f"the attach socket {path} registered for {worker} is served by the worker daemon "
+            f"{served} (process {pid}), not by {name}: refusing it (a worker token holder may "
+            "register another worker's socket)")
+
+
 def check_socket_file(path, worker, environ=None):
     """WrongWorker unless `path` is a unix socket (not a link) owned by a trusted user
     (trusted_worker_uids): what the launcher checks before it names the socket to a trainer."""
@@ -116,10 +154,12 @@ def check_socket_file(path, worker, environ=None):
             f"(set {WORKER_USER_ENV} when the workers run as another user)")
 
 
-def probe_worker_socket(path, worker, timeout=5.0, environ=None):
+def probe_worker_socket(path, worker, timeout=5.0, environ=None, name=None):
     """Checks, without sending anything, that `path` is a socket of the workers' user and that
     a process of that user serves it (check_socket_file, then check_socket_server on a
-    connection that is closed at once: the worker drops it unread). WrongWorker otherwise."""
+    connection that is closed at once: the worker drops it unread), and with `name` that the
+    daemon serving it runs under that name where its command line tells (check_socket_name).
+    WrongWorker otherwise."""
     check_socket_file(path, worker, environ)
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     probe.settimeout(timeout)
@@ -130,6 +170,8 @@ def probe_worker_socket(path, worker, timeout=5.0, environ=None):
             raise WrongWorker(f"the attach socket {path} registered for {worker}: cannot "
                               f"connect: {e}") from None
         check_socket_server(probe, path, worker, environ)
+        if name is not None:
+            check_socket_name(probe, path, worker, name)
     finally:
         probe.close()
 

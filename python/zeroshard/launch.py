@@ -319,7 +319,8 @@ def idle_attach_workers(coordinator, count, wait_s):
         if key not in verdicts:
             try:
                 _attach.probe_worker_socket(worker.attach_socket,
-                                            f"worker {worker.name} ({worker.id})")
+                                            f"worker {worker.name} ({worker.id})",
+                                            name=worker.name)
                 verdicts[key] = None
             except _attach.WrongWorker as e:
                 verdicts[key] = str(e)
