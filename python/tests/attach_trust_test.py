@@ -200,12 +200,8 @@ class LauncherSkipsARogueWorkerTest(unittest.TestCase):
         self.addCleanup(stop.set)
         return worker_id
 
-    # Fails before the fix: the launcher took the first idle worker of this host by name,
-    # aaa-rogue, and its trainer sent its hello to the rogue socket (which closed it: the
-    # launch failed).
-    def test_the_rogue_is_skipped_naming_both_and_the_real_worker_trains(self):
-        path, record = start_rogue_server(self)
-        rogue_id = self.register_rogue(path)
+    def launch_one_trainer(self):
+        """zeroshard.launch --workers 1 on the cluster: the finished process, which succeeded."""
         env = dict(os.environ)
         env.pop("OMP_NUM_THREADS", None)
         env.update({"ZEROSHARD_COORDINATOR": self.cluster.address,
@@ -215,12 +211,25 @@ class LauncherSkipsARogueWorkerTest(unittest.TestCase):
              SCRIPT, "--train"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True, timeout=300)
         self.assertEqual(result.returncode, 0, result.stderr[-4000:])
+        return result
+
+    def assertTrained(self, result):
+        """Its one trainer trained: on the real worker, the only one."""
+        reports = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines()
+                   if line.startswith("launch_env ")]
+        self.assertEqual(len(reports), 1, result.stdout)
+
+    # Fails before the fix: the launcher took the first idle worker of this host by name,
+    # aaa-rogue, and its trainer sent its hello to the rogue socket (which closed it: the
+    # launch failed).
+    def test_the_rogue_is_skipped_naming_both_and_the_real_worker_trains(self):
+        path, record = start_rogue_server(self)
+        rogue_id = self.register_rogue(path)
+        result = self.launch_one_trainer()
         self.assertIn(f"zeroshard.launch: not using worker aaa-rogue ({rogue_id}): the attach "
                       f"socket {path} registered for worker aaa-rogue ({rogue_id}) belongs to "
                       f"uid {NOBODY}", result.stderr)
-        reports = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines()
-                   if line.startswith("launch_env ")]
-        self.assertEqual(len(reports), 1, result.stdout)  # it trained: on the real worker
+        self.assertTrained(result)
         self.assertEqual(sum(received_bytes(record)), 0)  # never sent a byte
 
 
@@ -232,21 +241,11 @@ class LauncherSkipsARogueWorkerTest(unittest.TestCase):
         with zs_client.Client(self.cluster.address) as coordinator:
             [real] = [w for w in coordinator.workers(state="IDLE") if w.attach_socket]
         rogue_id = self.register_rogue(real.attach_socket)
-        env = dict(os.environ)
-        env.pop("OMP_NUM_THREADS", None)
-        env.update({"ZEROSHARD_COORDINATOR": self.cluster.address,
-                    "PYTHONPATH": os.path.join(runfiles_workspace(), "python")})
-        result = subprocess.run(
-            [trainer_python(), "-m", "zeroshard.launch", "--workers", "1", "--wait_s", "30",
-             SCRIPT, "--train"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True, timeout=300)
-        self.assertEqual(result.returncode, 0, result.stderr[-4000:])
+        result = self.launch_one_trainer()
         self.assertIn(f"zeroshard.launch: not using worker aaa-rogue ({rogue_id}): the attach "
                       f"socket {real.attach_socket} registered for worker aaa-rogue ({rogue_id}) "
                       f"is served by the worker daemon {real.name} (process ", result.stderr)
-        reports = [json.loads(line.split(" ", 1)[1]) for line in result.stdout.splitlines()
-                   if line.startswith("launch_env ")]
-        self.assertEqual(len(reports), 1, result.stdout)  # it trained: on the real worker
+        self.assertTrained(result)
 
 
 class AttachDeadlineTest(unittest.TestCase):
