@@ -30,6 +30,7 @@
 #include "worker/comm/abort_signal.h"
 #include "worker/comm/in_memory_store.h"
 #include "worker/comm/testing/rank_threads.h"
+#include "worker/comm/testing/shared_memory_descriptors.h"
 
 namespace zeroshard::comm {
 namespace {
@@ -131,25 +132,13 @@ std::vector<int> OpenSegmentAsAnOutsider(const std::string& published) {
   return opened;
 }
 
-// This process's descriptors of a shared-memory segment (a /dev/shm file or one of our memfds).
-std::vector<std::string> SegmentDescriptors() {
-  std::vector<std::string> found;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code error;
-    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
-    if (!error && (target.rfind("/dev/shm/", 0) == 0 || target.rfind("/memfd:zeroshard", 0) == 0)) {
-      found.push_back(target);
-    }
-  }
-  return found;
-}
-
 TEST(ShmLinkTest, MessagesOfEverySizeArriveWholeInOrderAcrossChunks) {
   InMemoryStore store;
   auto links = ConnectGroup(2, &store);
   ASSERT_NE(links[0], nullptr);
   ASSERT_NE(links[1], nullptr);
-  EXPECT_TRUE(SegmentDescriptors().empty()) << "the leader closes its descriptor once all mapped";
+  EXPECT_TRUE(testing::SharedMemoryDescriptors().empty())
+      << "the leader closes its descriptor once all mapped";
   const std::vector<size_t> sizes = {0, 1, 7, 63, 64, 65, 127, 128, 129, 1000, 4099};
   const absl::Status status = RunOnRankThreads(2, [&](int rank) -> absl::Status {
     const absl::Time deadline = absl::Now() + absl::Seconds(30);
@@ -320,7 +309,7 @@ TEST(ShmLinkTest, ASegmentWithAnotherTokenFailsTheProofOnEveryRank) {
     EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
     EXPECT_NE(status.message().find("token"), std::string::npos) << status;
   }
-  EXPECT_TRUE(SegmentDescriptors().empty());
+  EXPECT_TRUE(testing::SharedMemoryDescriptors().empty());
 }
 
 TEST(ShmLinkTest, AnAbortEndsConnectWithCancelled) {
@@ -366,7 +355,7 @@ TEST(ShmLinkTest, RanksOfTwoHostsShareMemoryOnlyWithinTheirHost) {
     EXPECT_TRUE(store.Get(key, absl::ZeroDuration()).ok()) << key;
   }
   EXPECT_FALSE(store.Get("gloo/shm/segment/1", absl::ZeroDuration()).ok());
-  EXPECT_TRUE(SegmentDescriptors().empty());
+  EXPECT_TRUE(testing::SharedMemoryDescriptors().empty());
 }
 
 // In a group spanning hosts the sender may be blocked on TCP while its shared-memory sends wait
