@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "worker/comm/file_store.h"
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/testing/shared_memory_descriptors.h"
 
 extern char** environ;
 
@@ -85,25 +86,12 @@ std::vector<std::string> PeerArguments(const std::string& store_dir, int rank, i
           absl::StrCat("--transport=", TransportName(transport))};
 }
 
-// This process's descriptors of a shared-memory segment: a /dev/shm file, or the memfd a
-// shared-memory link's leader holds until its members have mapped it.
-std::vector<std::string> SharedMemoryDescriptors() {
-  std::vector<std::string> found;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
-    std::error_code error;
-    const std::string target = std::filesystem::read_symlink(entry.path(), error).string();
-    if (!error && (target.rfind("/dev/shm/", 0) == 0 || target.rfind("/memfd:zeroshard", 0) == 0)) {
-      found.push_back(target);
-    }
-  }
-  return found;
-}
-
 // This process (rank 0, the host's leader) published a segment and holds no descriptor of it:
 // the segment lives on only in mappings, and nothing of it is named anywhere.
 void ExpectNoSharedMemoryLeft(FileStore& store) {
   EXPECT_TRUE(store.Get("gloo/shm/segment/0", absl::Seconds(5)).ok());
-  EXPECT_TRUE(SharedMemoryDescriptors().empty()) << absl::StrJoin(SharedMemoryDescriptors(), ", ");
+  EXPECT_TRUE(testing::SharedMemoryDescriptors().empty())
+      << absl::StrJoin(testing::SharedMemoryDescriptors(), ", ");
 }
 
 // Rank 0 of a `world_size` group meeting through `store`.
@@ -120,13 +108,17 @@ GlooCommunicatorOptions RankZeroOptions(Store* store, int world_size, Transport 
 // How the gather during which a peer was killed ended.
 struct KilledGather {
   int gathers_before = 0;     // gathers that completed first
-  absl::Status status;        // of the gather during which the peer was killed (or the first
-                              // earlier one that failed: then gathers_before < kill_after)
+  absl::Status status;        // of the gather during which the peer was killed, or of the one
+                              // after it when that one had all it needed before the kill landed
+                              // (or the first earlier one that failed: then gathers_before <
+                              // kill_after)
   absl::Duration after_kill;  // from the kill until that gather ended
 };
 
 // All-gathers `piece_count` fp32 elements per rank until gather number `kill_after` (0-based),
-// during which `victim` is SIGKILLed.
+// during which `victim` is SIGKILLed. A gather whose peer data all arrived before the SIGKILL
+// landed may still succeed (the peer runs ahead; more often over shared memory): then the next
+// gather, which needs the dead peer, is the one that must fail.
 KilledGather GatherUntilPeerKilled(GlooCommunicator& communicator, size_t piece_count,
                                    int kill_after, pid_t victim) {
   std::vector<float> gathered(communicator.world_size() * piece_count, 1.0f);
@@ -140,6 +132,12 @@ KilledGather GatherUntilPeerKilled(GlooCommunicator& communicator, size_t piece_
       kill(victim, SIGKILL);
       const absl::Time killed_at = absl::Now();
       result.status = work->Wait(absl::Seconds(90));
+      if (result.status.ok()) {
+        result.status =
+            communicator
+                .AllGatherInPlace(gathered.data(), piece_count, ElementType::kFloat32, collective)
+                ->Wait(absl::Seconds(90));
+      }
       result.after_kill = absl::Now() - killed_at;
       return result;
     }
