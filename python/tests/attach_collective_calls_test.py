@@ -9,12 +9,10 @@ import json
 import os
 import re
 import shutil
-import subprocess
 import unittest
 
 import zeroshard
-from cluster_support import (runfiles_workspace, start_local_cluster, trainer_python,
-                             trainer_torch, wait_until)
+from cluster_support import TrainerProcess, start_local_cluster, wait_until
 from zeroshard._proto.zeroshard.v1 import job_pb2
 
 # Within seconds on an idle machine; bounded generously for CI's load (the measured time is
@@ -23,34 +21,12 @@ from zeroshard._proto.zeroshard.v1 import job_pb2
 BOUND_S = 30.0
 
 
-class Trainer:
-    """One rank's trainer process running attach_collective_calls_script.py; its output goes
-    to a file, read by polling."""
+class Trainer(TrainerProcess):
+    """One rank's trainer process running attach_collective_calls_script.py."""
 
     def __init__(self, rank, workers, run_id, coordinator, log_dir, case, mode):
-        env = dict(os.environ)
-        env.update({
-            "ZEROSHARD_COORDINATOR": coordinator,
-            "ZEROSHARD_RANK": str(rank),
-            "ZEROSHARD_WORLD_SIZE": str(len(workers)),
-            "ZEROSHARD_WORKERS": ",".join(w.name for w in workers),
-            "ZEROSHARD_RUN_ID": run_id,
-            "ZEROSHARD_RUN_KEY": run_id,
-            "ZEROSHARD_ATTACH_SOCKET": workers[rank].attach_socket,
-            "PYTHONPATH": os.path.join(runfiles_workspace(), "python"),
-            "OMP_NUM_THREADS": "1",
-        })
-        script = os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                              "attach_collective_calls_script.py")
-        self.log_path = os.path.join(log_dir, f"trainer-{rank}.log")
-        trainer_torch()
-        with open(self.log_path, "w") as log:
-            self.process = subprocess.Popen([trainer_python(), "-u", script, case, mode], env=env,
-                                            stdout=log, stderr=subprocess.STDOUT)
-
-    def read(self):
-        with open(self.log_path) as log:
-            return log.read()
+        super().__init__(rank, workers, run_id, coordinator, log_dir,
+                         "attach_collective_calls_script.py", (case, mode))
 
     def result(self):
         """The script's JSON line ({"raised": ...} or {"done": true}), once printed."""
@@ -68,11 +44,6 @@ class Trainer:
     def entered(self, call):
         match = re.search(rf"^entered {call} ([0-9.]+)$", self.read(), re.M)
         return float(match.group(1)) if match else None
-
-    def kill(self):
-        if self.process.poll() is None:
-            self.process.kill()
-        self.process.wait()
 
 
 class CollectiveCallsTest(unittest.TestCase):

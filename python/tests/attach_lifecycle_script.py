@@ -107,13 +107,7 @@ def main():
     steps = 10**9 if args.case == "forever" else args.steps
     step = opt.start_step
     while step < steps:
-        data = torch.Generator().manual_seed(1000 * step + rank)
-        x = torch.randn(8, 16, generator=data)
-        y = torch.randn(8, 4, generator=data)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step(loss=loss.item())
-        opt.zero_grad()
+        train_step(model, opt, step, rank)
         step += 1
         if args.case == "raise" and restart_count == 0 and step == args.raise_after:
             raise ValueError(f"boom after step {step}")

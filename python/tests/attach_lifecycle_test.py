@@ -8,13 +8,13 @@ coordinator and 2 workers from the runfiles; the trainers under trainer_python()
 - ShardedOptimizer(model.parameters()) is a TypeError saying to pass the model.
 """
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import unittest
 
 import zeroshard
@@ -201,10 +201,10 @@ class LauncherSignalTest(unittest.TestCase):
             launcher.send_signal(signal.SIGTERM)
             returncode = launcher.wait(timeout=120)
             self.assertEqual(returncode, -signal.SIGTERM, self.read(log_dir, "launcher.err"))
-            # Gone as the launcher exits; the poll only covers /proc catching up.
-            deadline = time.monotonic() + 2.0
-            while still_running(started) and time.monotonic() < deadline:
-                time.sleep(0.02)
+            # Gone as the launcher exits; the poll only covers /proc catching up (the assertion
+            # below names what is left when it times out).
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda: not still_running(started), 2.0, "the started processes' end")
             self.assertEqual(still_running(started), [],
                              "still running after the launcher exited")
         finally:

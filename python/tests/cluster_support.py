@@ -1,6 +1,7 @@
 """What the tests that run real local clusters share: the runfiles' workspace (binaries,
 deploy/local/cluster.py, python/), deploy/local/cluster.py as a module, polling with a deadline,
-and running a script under `python3 -m zeroshard.launch` on a fresh cluster. The trainers run
+running a script under `python3 -m zeroshard.launch` on a fresh cluster, and a trainer started
+as zeroshard.launch would start it (TrainerProcess). The trainers run
 under trainer_python(): $ZEROSHARD_TRAINER_PYTHON (CI sets the torch 2.x venv's interpreter,
 tools/make_torch_venv.sh), else the test's own interpreter (Debian's, torch 1.13).
 """
@@ -143,3 +144,38 @@ def start_local_cluster(workers, prefix):
     cluster.start_workers()
     cluster.wait_for_idle_workers()
     return cluster, log_dir
+
+
+class TrainerProcess:
+    """One rank's trainer running `script` (in python/tests) with `args`, started as
+    zeroshard.launch would start it (its ZEROSHARD_* environment) on `workers` (WorkerInfo,
+    rank order) of the cluster at `coordinator`; its output goes to a file, read by polling."""
+
+    def __init__(self, rank, workers, run_id, coordinator, log_dir, script, args=()):
+        env = dict(os.environ)
+        env.update({
+            "ZEROSHARD_COORDINATOR": coordinator,
+            "ZEROSHARD_RANK": str(rank),
+            "ZEROSHARD_WORLD_SIZE": str(len(workers)),
+            "ZEROSHARD_WORKERS": ",".join(w.name for w in workers),
+            "ZEROSHARD_RUN_ID": run_id,
+            "ZEROSHARD_RUN_KEY": run_id,
+            "ZEROSHARD_ATTACH_SOCKET": workers[rank].attach_socket,
+            "PYTHONPATH": os.path.join(runfiles_workspace(), "python"),
+            "OMP_NUM_THREADS": "1",
+        })
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), script)
+        self.log_path = os.path.join(log_dir, f"trainer-{rank}.log")
+        trainer_torch()
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen([trainer_python(), "-u", path, *args], env=env,
+                                            stdout=log, stderr=subprocess.STDOUT)
+
+    def read(self):
+        with open(self.log_path) as log:
+            return log.read()
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
