@@ -31,6 +31,8 @@ const char* MemoryCategoryName(MemoryCategory category) {
       return "buckets";
     case MemoryCategory::kCommScratch:
       return "comm_scratch";
+    case MemoryCategory::kGatherPool:
+      return "gather_pool";
   }
   return "invalid";
 }

@@ -16,14 +16,15 @@ namespace zeroshard::engine {
 
 // What a buffer holds.
 enum class MemoryCategory : int {
-  kParams = 0,          // the full parameter-dtype copy every rank keeps
+  kParams = 0,          // the parameter-dtype copy: the full model, or the owned pieces (zero3)
   kGrads = 1,           // gradients: the full buffer (ddp, zero1) or the owned pieces (zero2)
   kMaster = 2,          // fp32 master weights
   kOptimizerState = 3,  // fp32 optimizer state arrays (e.g. Adam's exp_avg, exp_avg_sq)
   kBuckets = 4,         // reduce-dtype bucket buffers in flight (zero2, or a dtype change)
   kCommScratch = 5,     // the engine's own communication scratch (the statistics all-reduce)
+  kGatherPool = 6,      // zero3's gather buffers: full parameters of the buckets in use
 };
-inline constexpr int kNumMemoryCategories = 6;
+inline constexpr int kNumMemoryCategories = 7;
 
 const char* MemoryCategoryName(MemoryCategory category);
 

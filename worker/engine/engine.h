@@ -1,6 +1,7 @@
 // The ZeRO engine: one rank's data path of a training step (docs/design.md, "Data plane") in ddp,
-// zero1 or zero2 mode: bucketed gradient reduction overlapping backward, the global norm and
-// overflow check, the fused optimizer update of the owned pieces, and the parameter all-gather.
+// zero1, zero2 or zero3 mode: bucketed gradient reduction overlapping backward, the global norm and
+// overflow check, the fused optimizer update of the owned pieces, and the parameter all-gather
+// (zero3: per bucket into a bounded gather pool, as forward and backward ask for tensors).
 #ifndef ZEROSHARD_WORKER_ENGINE_ENGINE_H_
 #define ZEROSHARD_WORKER_ENGINE_ENGINE_H_
 
@@ -33,15 +34,18 @@ namespace zeroshard::engine {
 // ddp: gradients all-reduced, every rank updates everything (full optimizer state everywhere).
 // zero1: gradients reduce-scattered into a full-size gradient buffer, optimizer state and master
 // weights only for the owned pieces, parameters all-gathered. zero2: as zero1, but only in-flight
-// bucket buffers and the owned gradient pieces are kept.
+// bucket buffers and the owned gradient pieces are kept. zero3: as zero2, and the parameters too
+// are kept only as the owned pieces; full values of a bucket exist only in a gather-pool buffer,
+// from Parameters() of one of its tensors until the bucket is released and its buffer reused.
 enum class EngineMode : int32_t {
   kDdp = 0,
   kZero1 = 1,
   kZero2 = 2,
+  kZero3 = 3,
 };
 
 const char* EngineModeName(EngineMode mode);
-// "ddp", "zero1" or "zero2"; InvalidArgument otherwise.
+// "ddp", "zero1", "zero2" or "zero3"; InvalidArgument otherwise.
 absl::StatusOr<EngineMode> ParseEngineMode(absl::string_view name);
 
 struct EngineConfig {
@@ -76,6 +80,14 @@ struct EngineConfig {
   int bucket_pool_size = 2;
   // Bound on every collective the engine issues.
   absl::Duration collective_timeout = absl::Minutes(5);
+  // zero3: buffers of the gather pool, each of the largest bucket's size in param_dtype. 0: the
+  // default, sharding::DefaultGatherPoolBuckets(plan) (twice the most buckets one module's
+  // tensors span: one module in use and the next one prefetched). Ignored in other modes.
+  int gather_pool_buckets = 0;
+  // The most bytes the engine's counting allocator may hold at once (the worker's
+  // --memory_limit_bytes); 0: no limit. Creation fails with ResourceExhausted naming the limit,
+  // the allocation asked for and the mode's total need (sharding::RankMemoryNeed).
+  int64_t memory_limit_bytes = 0;
 };
 
 struct StepResult {

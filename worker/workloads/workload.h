@@ -48,10 +48,22 @@ struct StoredParameters {
 // tensor outside the list; the error of a failed all-gather (the engine is then unusable).
 //
 // Thread contract: called from the thread running Workload::ForwardBackward.
+//
+// A sharded-parameter engine (zero3) holds a tensor's full values only between Parameters(tensor)
+// and ReleaseParameters(tensor): the workload releases each tensor once the layer reading it is
+// done (after forward, and again after backward, which asks again). Releasing is a promise not
+// to read the values any more; sources that keep every parameter (ddp, zero1, zero2) ignore it.
+// Every rank must make the same calls in the same order: in zero3 they issue collectives.
 class ParameterSource {
  public:
   virtual ~ParameterSource() = default;
   virtual absl::StatusOr<StoredParameters> Parameters(int64_t tensor) = 0;
+  // The values Parameters(tensor) returned will not be read again (until asked for again).
+  // InvalidArgument for a tensor outside the list; FailedPrecondition for a tensor not held.
+  virtual absl::Status ReleaseParameters(int64_t tensor) {
+    (void)tensor;
+    return absl::OkStatus();
+  }
 };
 
 // out[k] = element begin + k of `params`, widened exactly to fp32, for k < count. Host memory
