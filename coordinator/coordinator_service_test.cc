@@ -384,7 +384,10 @@ TEST_F(CoordinatorServiceTest, EveryMalformedRequestIsRefusedAndChangesNothing) 
   add(BadSpec("unknown optimizer kind", "spec.optimizer.kind", [](v1::JobSpec& s) {
     s.mutable_optimizer()->set_kind(static_cast<v1::OptimizerKind>(42));
   }));
-  add(BadSpec("zero3 mode", "spec.mode", [](v1::JobSpec& s) { s.set_mode(v1::ZERO3); }));
+  add(BadSpec("gather pool outside zero3", "spec.gather_pool_buckets", [](v1::JobSpec& s) {
+    s.set_mode(v1::ZERO1);
+    s.set_gather_pool_buckets(2);
+  }));
   add(BadSpec("world size 0", "spec.min_workers", [](v1::JobSpec& s) { s.set_min_workers(0); }));
   add(BadSpec("max_workers below min_workers", "spec.max_workers", [](v1::JobSpec& s) {
     s.set_min_workers(4);

@@ -223,6 +223,11 @@ TEST(RequestValidationTest, ValidRequestsPass) {
   EXPECT_TRUE(ValidateLeaveWorkerRequest(ValidLeave()).ok());
   EXPECT_TRUE(ValidateListWorkersRequest(ValidListWorkers()).ok());
   EXPECT_TRUE(ValidateSubmitJobRequest(ValidSubmit()).ok());
+  // Fails before the fix: ZERO3 was refused as not implemented.
+  v1::SubmitJobRequest zero3 = ValidSubmit();
+  zero3.mutable_spec()->set_mode(v1::ZERO3);
+  zero3.mutable_spec()->set_gather_pool_buckets(8);
+  EXPECT_TRUE(ValidateSubmitJobRequest(zero3).ok());
   EXPECT_TRUE(ValidateGetJobRequest(ValidGetJob()).ok());
   v1::GetJobRequest by_run_key;
   by_run_key.set_run_key("0123abcd-1");
@@ -570,10 +575,14 @@ INSTANTIATE_TEST_SUITE_P(
             "NaNLr", ValidSubmit, ValidateSubmitJobRequest,
             [](v1::SubmitJobRequest& r) { r.mutable_spec()->mutable_optimizer()->set_lr(kNaN); },
             "spec.optimizer.lr", "NaN is not allowed"),
+        // Fails before the fix: gather_pool_buckets did not exist. (ZERO3 itself is accepted.)
         Bad<v1::SubmitJobRequest>(
-            "Zero3", ValidSubmit, ValidateSubmitJobRequest,
-            [](v1::SubmitJobRequest& r) { r.mutable_spec()->set_mode(v1::ZERO3); }, "spec.mode",
-            "ZERO3 is not implemented yet"),
+            "GatherPoolBucketsOnZero2", ValidSubmit, ValidateSubmitJobRequest,
+            [](v1::SubmitJobRequest& r) {
+              r.mutable_spec()->set_mode(v1::ZERO2);
+              r.mutable_spec()->set_gather_pool_buckets(4);
+            },
+            "spec.gather_pool_buckets", "only applies to mode ZERO3"),
         Bad<v1::SubmitJobRequest>(
             "NoName", ValidSubmit, ValidateSubmitJobRequest,
             [](v1::SubmitJobRequest& r) { r.mutable_spec()->clear_name(); }, "spec.name",

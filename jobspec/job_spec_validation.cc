@@ -274,12 +274,30 @@ absl::Status ValidateOptimizer(const OptimizerSpec& opt) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateMode(v1::Mode mode) {
-  if (mode == v1::ZERO3) {
+absl::Status ValidateMode(v1::Mode mode, bool attached) {
+  ZS_RETURN_IF_ERROR(CheckEnumIn("mode", *v1::Mode_descriptor(), mode,
+                                 {v1::DDP, v1::ZERO1, v1::ZERO2, v1::ZERO3}));
+  // Attached trainers hold their parameters in torch modules: freeing and gathering them is
+  // the attached zero3 work (issue 39), not the engine's.
+  if (attached && mode == v1::ZERO3) {
     return absl::InvalidArgumentError(
-        "mode: ZERO3 is not implemented yet; allowed: DDP, ZERO1, ZERO2");
+        "mode: ZERO3 is not available for attached models yet (attached zero3 is not built); "
+        "allowed for attached models: DDP, ZERO1, ZERO2");
   }
-  return CheckEnumIn("mode", *v1::Mode_descriptor(), mode, {v1::DDP, v1::ZERO1, v1::ZERO2});
+  return absl::OkStatus();
+}
+
+// gather_pool_buckets sizes zero3's gather pool; no other mode has one. Its lower bound, the most
+// buckets one module spans, needs the plan: PlanForJob checks it.
+absl::Status ValidateGatherPoolBuckets(const JobSpec& spec) {
+  if (!spec.has_gather_pool_buckets()) return absl::OkStatus();
+  if (spec.mode() != v1::ZERO3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gather_pool_buckets: only applies to mode ZERO3; leave it unset for ",
+                     v1::Mode_Name(spec.mode())));
+  }
+  return CheckIntInRange("gather_pool_buckets", spec.gather_pool_buckets(), 1,
+                         kMaxGatherPoolBuckets);
 }
 
 absl::Status ValidatePrecision(const PrecisionSpec& precision, bool attached) {
@@ -440,7 +458,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!spec.run_key().empty()) ZS_RETURN_IF_ERROR(jobspec::CheckName("run_key", spec.run_key()));
   ZS_RETURN_IF_ERROR(ValidateWorkload(spec.workload()));
   ZS_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
-  ZS_RETURN_IF_ERROR(ValidateMode(spec.mode()));
+  ZS_RETURN_IF_ERROR(ValidateMode(spec.mode(), attached));
   ZS_RETURN_IF_ERROR(ValidatePrecision(spec.precision(), attached));
   ZS_RETURN_IF_ERROR(ValidateParamGroups(spec));
   ZS_RETURN_IF_ERROR(CheckDoubleInRange("clip_grad_norm", spec.clip_grad_norm(), 0, Bound::kClosed,
@@ -472,7 +490,8 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
     ZS_RETURN_IF_ERROR(CheckSomeWorldSizeDividesBatch(spec));
   }
   ZS_RETURN_IF_ERROR(ValidateCheckpointPolicy(spec.checkpoint()));
-  return CheckIntInRange("max_attempts", spec.max_attempts(), 1, kMaxAttempts);
+  ZS_RETURN_IF_ERROR(CheckIntInRange("max_attempts", spec.max_attempts(), 1, kMaxAttempts));
+  return ValidateGatherPoolBuckets(spec);
 }
 
 absl::Status ValidateCheckpointPath(absl::string_view path, absl::string_view field_path) {

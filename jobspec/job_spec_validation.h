@@ -19,6 +19,10 @@ inline constexpr size_t kMaxCheckpointPathBytes = 4096;
 // without being echoed.
 inline constexpr size_t kMaxPresetBytes = 64;
 
+// The largest gather pool (JobSpec.gather_pool_buckets) accepted; its smallest is the most
+// buckets one module spans (PlanForJob checks it, since it needs the plan).
+inline constexpr int64_t kMaxGatherPoolBuckets = 65536;
+
 // Bounds on an attached model (workload.attached, job.proto).
 inline constexpr int kMaxAttachedTensors = 100000;
 inline constexpr size_t kMaxAttachedTensorNameLength = 256;
@@ -41,8 +45,9 @@ inline constexpr int64_t kMaxAttachedElements = int64_t{1} << 34;
 //
 // An attached spec (workload.attached set) follows rules of its own: no preset or layer_sizes,
 // no dataset_size, fp32 parameters, min_workers = max_workers = the number of pinned workers,
-// steps 0 (no fixed count), no global_batch. Its messages name the element with its index, e.g.
-// `workload.attached.tensors[3].shape[1]: must be >= 1, got 0`.
+// steps 0 (no fixed count), no global_batch, and no ZERO3 (attached zero3 is not built yet). Its
+// messages name the element with its index, e.g. `workload.attached.tensors[3].shape[1]: must be >=
+// 1, got 0`.
 absl::Status ValidateJobSpec(const zeroshard::v1::JobSpec& spec);
 
 // A path under the checkpoint root: relative (no leading '/'), at most kMaxCheckpointPathBytes

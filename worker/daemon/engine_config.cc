@@ -42,6 +42,11 @@ absl::StatusOr<engine::EngineConfig> EngineConfigForJob(const v1::JobSpec& spec,
     case v1::ZERO2:
       config.mode = engine::EngineMode::kZero2;
       break;
+    case v1::ZERO3:
+      config.mode = engine::EngineMode::kZero3;
+      // Unset stays 0, the engine's default pool (twice the most buckets one module spans).
+      config.gather_pool_buckets = spec.gather_pool_buckets();
+      break;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("mode: ", v1::Mode_Name(spec.mode()), " is not supported by this worker"));

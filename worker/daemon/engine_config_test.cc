@@ -1,5 +1,6 @@
 // EngineConfigForJob: every PrecisionSpec field reaches the engine's configuration, the JobSpec
-// defaults become the engine's loss scaling, and unsupported values are refused by field.
+// defaults become the engine's loss scaling, zero3 takes its gather pool, and unsupported values
+// are refused by field.
 #include "worker/daemon/engine_config.h"
 
 #include <string>
@@ -66,6 +67,23 @@ TEST(EngineConfigTest, Fp16DefaultsAreDynamicLossScaling) {
   EXPECT_EQ(config->loss_scale.growth_interval, 2000);
   EXPECT_EQ(config->loss_scale.backoff_factor, 0.5);
   EXPECT_EQ(config->loss_scale.growth_factor, 2.0);
+}
+
+// Fails before the fix: ZERO3 was refused ("mode: ZERO3 is not supported by this worker").
+TEST(EngineConfigTest, Zero3AndItsGatherPoolReachTheEngine) {
+  v1::JobSpec spec = Fp16Spec();
+  spec.set_mode(v1::ZERO3);
+  spec.set_gather_pool_buckets(6);
+  absl::StatusOr<engine::EngineConfig> config = EngineConfigForJob(jobspec::WithDefaults(spec), 1);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->mode, engine::EngineMode::kZero3);
+  EXPECT_EQ(config->gather_pool_buckets, 6);
+  // Unset: 0, the engine's default pool.
+  spec.clear_gather_pool_buckets();
+  config = EngineConfigForJob(jobspec::WithDefaults(spec), 1);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->mode, engine::EngineMode::kZero3);
+  EXPECT_EQ(config->gather_pool_buckets, 0);
 }
 
 TEST(EngineConfigTest, UnsupportedDtypesAreRefusedByField) {
