@@ -76,7 +76,7 @@ ABSL_FLAG(bool, insecure, false,
 // submit: each flag that is set overrides the spec file's field.
 ABSL_FLAG(std::optional<std::string>, name, std::nullopt, "submit: job name ([a-z0-9-]).");
 ABSL_FLAG(std::optional<std::string>, preset, std::nullopt,
-          "submit: workload preset (seed, small, medium, large).");
+          "submit: workload preset (seed, small, medium, large, deep).");
 ABSL_FLAG(std::optional<std::string>, layers, std::nullopt,
           "submit: custom MLP layer sizes, comma-separated (e.g. 10,64,10).");
 ABSL_FLAG(std::optional<std::string>, optimizer, std::nullopt,

@@ -21,6 +21,11 @@ const std::vector<Preset>& Presets() {
       {"small", {512, 1024, 512}},
       {"medium", {1024, 4096, 4096, 1024}},
       {"large", {8192, 12288, 12288, 8192}},
+      // 16 equal hidden layers, so that zero3's gather pool (a few buckets) is small against the
+      // parameters: `medium`'s 4096x4096 layers make the pool about as large as the model.
+      {"deep",
+       {1024, 2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048, 2048,
+        2048, 2048, 2048, 1024}},
   };
   return *presets;
 }

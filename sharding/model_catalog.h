@@ -32,6 +32,8 @@ struct WorkloadSpec {
 //   small  = [512, 1024, 512]             1,050,112 params (~1M)
 //   medium = [1024, 4096, 4096, 1024]    25,175,040 params (~25M)
 //   large  = [8192, 12288, 12288, 8192] 352,354,304 params (~350M, for GPUs)
+//   deep   = [1024, 2048 x 17, 1024]     71,339,008 params (~71M: 18 Linear layers, 16 of them
+//            2048x2048, for zero3: at W = 4 its parameters are 4.25x zero3's default gather pool)
 std::vector<std::string> PresetNames();
 
 // The layer sizes of a preset, or InvalidArgument naming `workload.preset` when unknown.

@@ -28,7 +28,7 @@ void ExpectInvalid(const WorkloadSpec& spec, const std::string& message) {
 }
 
 TEST(ModelCatalogTest, PresetNamesInOrder) {
-  EXPECT_EQ(PresetNames(), (std::vector<std::string>{"seed", "small", "medium", "large"}));
+  EXPECT_EQ(PresetNames(), (std::vector<std::string>{"seed", "small", "medium", "large", "deep"}));
 }
 
 TEST(ModelCatalogTest, PresetLayerSizesAndParameterCounts) {
@@ -40,13 +40,35 @@ TEST(ModelCatalogTest, PresetLayerSizesAndParameterCounts) {
   EXPECT_EQ(ParameterCount(*PresetLayerSizes("small")), 1050112);
   EXPECT_EQ(ParameterCount(*PresetLayerSizes("medium")), 25175040);
   EXPECT_EQ(ParameterCount(*PresetLayerSizes("large")), 352354304);
+  EXPECT_EQ(ParameterCount(*PresetLayerSizes("deep")), 71339008);
+}
+
+// Issue 38: zero3 needs a preset of at least 12 equal layers (its gather pool is counted in the
+// buckets one layer spans). Fails before the fix: there was no `deep` preset.
+TEST(ModelCatalogTest, DeepPresetHasSixteenEqualHiddenLayers) {
+  std::vector<int64_t> expected = {1024};
+  expected.insert(expected.end(), 17, 2048);
+  expected.push_back(1024);
+  EXPECT_EQ(*PresetLayerSizes("deep"), expected);
+  absl::StatusOr<std::vector<TensorSpec>> tensors = BuildTensorList({"deep", {}});
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  ASSERT_EQ(tensors->size(), 36u);  // 18 Linear layers, a weight and a bias each
+  int equal_layers = 0;
+  for (const TensorSpec& tensor : *tensors) {
+    if (tensor.shape == std::vector<int64_t>{2048, 2048}) ++equal_layers;
+  }
+  EXPECT_EQ(equal_layers, 16);
+  EXPECT_EQ(tensors->front().name, "34.bias");
+  EXPECT_EQ(tensors->back().name, "0.weight");
+  EXPECT_EQ(tensors->back().shape, (std::vector<int64_t>{2048, 1024}));
 }
 
 TEST(ModelCatalogTest, PresetTensorTotalsMatchTheirTargets) {
-  for (const auto& [preset, low, high] : std::vector<std::tuple<std::string, int64_t, int64_t>>{
-           {"small", 900'000, 1'100'000},
-           {"medium", 23'000'000, 27'000'000},
-           {"large", 330'000'000, 370'000'000}}) {
+  for (const auto& [preset, low, high] :
+       std::vector<std::tuple<std::string, int64_t, int64_t>>{{"small", 900'000, 1'100'000},
+                                                              {"medium", 23'000'000, 27'000'000},
+                                                              {"large", 330'000'000, 370'000'000},
+                                                              {"deep", 70'000'000, 72'000'000}}) {
     absl::StatusOr<std::vector<TensorSpec>> tensors = BuildTensorList({preset, {}});
     ASSERT_TRUE(tensors.ok()) << tensors.status();
     EXPECT_GE(TotalElements(*tensors), low) << preset;
@@ -103,7 +125,7 @@ TEST(ModelCatalogTest, ResolveLayerSizesReturnsPresetOrExplicitSizes) {
 
 TEST(ModelCatalogTest, UnknownPresetNamesTheFieldAndKnownPresets) {
   ExpectInvalid({"x", {}},
-                "workload.preset: unknown preset 'x'; known: seed, small, medium, large");
+                "workload.preset: unknown preset 'x'; known: seed, small, medium, large, deep");
   EXPECT_EQ(PresetLayerSizes("Seed").status().code(), absl::StatusCode::kInvalidArgument);
 }
 

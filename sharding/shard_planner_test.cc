@@ -2,11 +2,14 @@
 // property tests over many random tensor lists and world sizes 1..64.
 #include "sharding/shard_planner.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -336,6 +339,59 @@ TEST(ShardPlannerTest, PresetsPlanOnTypicalWorldSizes) {
       EXPECT_EQ(owned, plan.tensor_elems()) << preset << " W=" << world_size;
     }
   }
+}
+
+// zero3's default gather pool, computed here from the plan alone (as issue 38 defines it): twice
+// the most distinct buckets one module's tensors overlap (module = the tensor name up to the last
+// '.', so "4.weight" and "4.bias" are one), each buffer the largest bucket's padded size.
+struct GatherPoolFigures {
+  int64_t max_module_buckets = 0;
+  int64_t pool_buckets = 0;
+  int64_t largest_bucket_elems = 0;
+  int64_t pool_elems() const { return pool_buckets * largest_bucket_elems; }
+};
+
+GatherPoolFigures DefaultGatherPool(const ShardPlan& plan) {
+  std::map<std::string, std::set<int64_t>> module_buckets;
+  for (int64_t tensor = 0; tensor < plan.num_tensors(); ++tensor) {
+    const std::string& name = plan.tensors()[tensor].name;
+    const size_t dot = name.rfind('.');
+    std::set<int64_t>& buckets =
+        module_buckets[dot == std::string::npos ? name : name.substr(0, dot)];
+    const TensorPlacement& placement = plan.placement(tensor);
+    for (int64_t b = 0; b < placement.num_buckets; ++b) buckets.insert(placement.first_bucket + b);
+  }
+  GatherPoolFigures figures;
+  for (const auto& [module, buckets] : module_buckets) {
+    figures.max_module_buckets =
+        std::max(figures.max_module_buckets, static_cast<int64_t>(buckets.size()));
+  }
+  figures.pool_buckets = 2 * figures.max_module_buckets;
+  for (const BucketLayout& bucket : plan.buckets()) {
+    figures.largest_bucket_elems = std::max(figures.largest_bucket_elems, bucket.padded_elems);
+  }
+  return figures;
+}
+
+// Issue 38: the `deep` preset's parameters are at least 4x zero3's default gather pool at W = 4
+// with the default bucket_elems, where `medium`'s pool is larger than its parameters. Fails before
+// the fix: there was no `deep` preset.
+TEST(ShardPlannerTest, DeepPresetIsFourTimesItsDefaultGatherPoolAtFourRanks) {
+  ShardPlan deep = MustPlan(*BuildTensorList({"deep", {}}), 4);
+  EXPECT_EQ(deep.tensor_elems(), 71'339'008);
+  EXPECT_EQ(deep.num_buckets(), 18);
+  const GatherPoolFigures pool = DefaultGatherPool(deep);
+  // Each 2048x2048 layer (4,196,352 elements with its bias) is a little over one bucket.
+  EXPECT_EQ(pool.max_module_buckets, 2);
+  EXPECT_EQ(pool.pool_buckets, 4);
+  EXPECT_EQ(pool.largest_bucket_elems, kDefaultBucketElems);
+  EXPECT_EQ(pool.pool_elems(), 16'777'216);  // 64 MiB of fp32 against 272 MiB of parameters
+  EXPECT_GE(deep.tensor_elems(), 4 * pool.pool_elems());
+
+  ShardPlan medium = MustPlan(*BuildTensorList({"medium", {}}), 4);
+  const GatherPoolFigures medium_pool = DefaultGatherPool(medium);
+  EXPECT_EQ(medium_pool.max_module_buckets, 5);  // the 4096x4096 layer
+  EXPECT_GT(medium_pool.pool_elems(), medium.tensor_elems());
 }
 
 // Checks every structural property of a plan, and every rank's view against a per-element

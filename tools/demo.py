@@ -43,10 +43,11 @@ PRESET_LAYERS = {
     "small": [512, 1024, 512],
     "medium": [1024, 4096, 4096, 1024],
     "large": [8192, 12288, 12288, 8192],
+    "deep": [1024] + [2048] * 17 + [1024],
 }
 # Steps by preset when --steps is not given: the document's 80 for seed, fewer for big models
 # (each step of `medium` moves ~100 MB per worker on two shared cores).
-DEFAULT_STEPS = {"seed": 80, "small": 20, "medium": 4, "large": 2}
+DEFAULT_STEPS = {"seed": 80, "small": 20, "medium": 4, "large": 2, "deep": 3}
 LR = {"sgd": 0.01, "adamw": 0.01, "adam": 0.01, "lion": 0.001, "adagrad": 0.01}
 
 

@@ -14,7 +14,7 @@
 #include "sharding/model_catalog.h"
 #include "worker/workloads/teacher_student_mlp.h"
 
-ABSL_FLAG(std::string, preset, "", "catalog preset (seed, small, medium, large)");
+ABSL_FLAG(std::string, preset, "", "catalog preset (seed, small, medium, large, deep)");
 ABSL_FLAG(std::string, layer_sizes, "", "comma-separated layer sizes, e.g. 10,64,10");
 ABSL_FLAG(uint64_t, seed, 0, "generator seed");
 ABSL_FLAG(int64_t, samples, 4, "how many inputs to write, from sample 0");
