@@ -719,5 +719,36 @@ TEST(TeacherStudentMlpTest, SeedPresetTrainsTenfoldWithAdamW) {
   EXPECT_LE(last_loss * 10.0, first_loss) << first_loss << " -> " << last_loss;
 }
 
+// Issue 38's `deep` preset (18 Linear layers, 71M parameters) at the benchmarks' global batch (64,
+// memory_bench's default) and W = 4: a step gives a finite positive loss and finite gradients of
+// the catalog's sizes, and a small gradient step on the same micro-batch lowers the loss (the
+// teacher is as deep as the student, so its targets stay finite and non-zero). Fails before the
+// fix: there was no `deep` preset.
+TEST(TeacherStudentMlpTest, DeepPresetStepsAtTheBenchmarksBatch) {
+  const TeacherStudentMlpOptions options =
+      Options(*sharding::PresetLayerSizes("deep"), 64, 4, 0, 0);
+  std::unique_ptr<TeacherStudentMlp> workload = MakeWorkload(options);
+  ASSERT_NE(workload, nullptr);
+  EXPECT_EQ(workload->local_batch(), 16);
+  VectorParameterSource params(InitialTensors(*workload));
+  StepResult first = RunStep(*workload, params, 0);
+  ASSERT_EQ(first.gradients.size(), workload->tensors().size());
+  EXPECT_TRUE(std::isfinite(first.loss));
+  EXPECT_GT(first.loss, 0.0);
+  for (size_t t = 0; t < first.gradients.size(); ++t) {
+    ASSERT_EQ(static_cast<int64_t>(first.gradients[t].size()), workload->tensors()[t].num_elements);
+    for (float g : first.gradients[t]) ASSERT_TRUE(std::isfinite(g)) << workload->tensors()[t].name;
+  }
+  for (size_t t = 0; t < first.gradients.size(); ++t) {
+    for (size_t i = 0; i < first.gradients[t].size(); ++i) {
+      params.tensors()[t][i] -= 0.01f * first.gradients[t][i];
+    }
+  }
+  const double again = RunStep(*workload, params, 0).loss;
+  RecordProperty("first_loss", absl::StrCat(first.loss));
+  RecordProperty("loss_after_one_sgd_step", absl::StrCat(again));
+  EXPECT_LT(again, first.loss);
+}
+
 }  // namespace
 }  // namespace zeroshard::workloads
