@@ -100,9 +100,28 @@ CountingAllocator::~CountingAllocator() {
   }
 }
 
+absl::Status CountingAllocator::SetLimit(int64_t limit_bytes) {
+  if (limit_bytes < 0 || limit_bytes > kMaxMemoryLimitBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--memory_limit_bytes: must be in [0, ",
+                                                   kMaxMemoryLimitBytes, "] (0: no limit), got ",
+                                                   limit_bytes));
+  }
+  absl::MutexLock lock(&mu_);
+  limit_bytes_ = limit_bytes;
+  return absl::OkStatus();
+}
+
+int64_t CountingAllocator::limit() const {
+  absl::MutexLock lock(&mu_);
+  return limit_bytes_;
+}
+
 CountedBuffer CountingAllocator::Allocate(MemoryCategory category, int64_t bytes) {
   absl::StatusOr<CountedBuffer> buffer = TryAllocate(category, bytes);
-  if (!buffer.ok()) throw std::bad_alloc();
+  if (!buffer.ok()) {
+    if (limit() > 0) ZS_LOG(FATAL) << buffer.status();
+    throw std::bad_alloc();
+  }
   return *std::move(buffer);
 }
 
@@ -110,17 +129,35 @@ absl::StatusOr<CountedBuffer> CountingAllocator::TryAllocate(MemoryCategory cate
                                                              int64_t bytes) {
   if (bytes < 0) ZS_LOG(FATAL) << "negative allocation of " << bytes << " bytes";
   if (bytes == 0) return CountedBuffer(this, category, nullptr, 0);
+  {
+    // Checked and reserved under one lock, so concurrent requests cannot pass the limit together.
+    absl::MutexLock lock(&mu_);
+    if (limit_bytes_ > 0 && bytes > limit_bytes_ - live_total_) {
+      std::string held;
+      for (int i = 0; i < kNumMemoryCategories; ++i) {
+        if (live_bytes_[i] == 0) continue;
+        absl::StrAppendFormat(&held, "%s%s=%d", held.empty() ? "" : " ",
+                              MemoryCategoryName(static_cast<MemoryCategory>(i)), live_bytes_[i]);
+      }
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "--memory_limit_bytes=%d (%.1f MiB): allocating %d bytes (%.1f MiB) of %s would pass "
+          "it; %d bytes (%.1f MiB) already held (%s)",
+          limit_bytes_, limit_bytes_ / 1048576.0, bytes, bytes / 1048576.0,
+          MemoryCategoryName(category), live_total_, live_total_ / 1048576.0,
+          held.empty() ? "nothing" : held));
+    }
+    live_bytes_[static_cast<int>(category)] += bytes;
+    live_total_ += bytes;
+  }
   void* data = backing_->AllocateZeroed(bytes);
+  absl::MutexLock lock(&mu_);
   if (data == nullptr) {
+    live_bytes_[static_cast<int>(category)] -= bytes;
+    live_total_ -= bytes;
     return absl::ResourceExhaustedError(absl::StrCat("out of memory allocating ", bytes,
                                                      " bytes of ", MemoryCategoryName(category)));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    live_bytes_[static_cast<int>(category)] += bytes;
-    live_total_ += bytes;
-    if (live_total_ > peak_total_) peak_total_ = live_total_;
-  }
+  if (live_total_ > peak_total_) peak_total_ = live_total_;
   return CountedBuffer(this, category, data, bytes);
 }
 

@@ -89,7 +89,13 @@ class CountedBuffer {
   int64_t bytes_ = 0;
 };
 
-// Thread-safe: Allocate, buffer destruction and Report may run on any threads.
+// The most bytes a limit may name: 2^50 (1 PiB), far from int64 overflow when live bytes and a
+// request are added to it.
+inline constexpr int64_t kMaxMemoryLimitBytes = int64_t{1} << 50;
+
+// Thread-safe: Allocate, TryAllocate, SetLimit, buffer destruction and Report may run on any
+// threads. With a limit, live bytes never exceed it: a request is checked and its bytes reserved
+// under one lock before the backing allocates, so concurrent requests cannot pass it together.
 class CountingAllocator {
  public:
   // Blocks from host memory.
@@ -100,11 +106,21 @@ class CountingAllocator {
   CountingAllocator(const CountingAllocator&) = delete;
   CountingAllocator& operator=(const CountingAllocator&) = delete;
 
+  // The most bytes the allocator may hold at once (the worker's --memory_limit_bytes); 0: no
+  // limit (the default). Applies to the allocations after it; buffers already held stay (a limit
+  // below them refuses every further non-empty allocation). InvalidArgument naming the flag
+  // outside [0, kMaxMemoryLimitBytes].
+  absl::Status SetLimit(int64_t limit_bytes);
+  int64_t limit() const;
+
   // A zero-filled buffer of `bytes` bytes (>= 0; 0 gives an empty buffer). Aborts on
-  // out-of-memory, as operator new does.
+  // out-of-memory, as operator new does, and (logging TryAllocate's message) on an allocation
+  // the limit refuses: callers that run under a limit use TryAllocate.
   CountedBuffer Allocate(MemoryCategory category, int64_t bytes);
   // As Allocate, but out-of-memory is ResourceExhausted (for device memory, where running out
-  // is an expected failure of a too-large job rather than a crash).
+  // is an expected failure of a too-large job rather than a crash), and so is an allocation that
+  // would take the live bytes past the limit: its message names the limit as
+  // --memory_limit_bytes=N, the bytes asked, the category and the bytes already held.
   absl::StatusOr<CountedBuffer> TryAllocate(MemoryCategory category, int64_t bytes);
 
   MemoryReport Report() const;
@@ -120,6 +136,7 @@ class CountingAllocator {
   std::array<int64_t, kNumMemoryCategories> live_bytes_ ABSL_GUARDED_BY(mu_) = {};
   int64_t live_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t peak_total_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t limit_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // 0: none
 };
 
 }  // namespace zeroshard::engine
