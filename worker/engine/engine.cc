@@ -8,9 +8,11 @@
 #include <utility>
 
 #include "absl/algorithm/container.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/dcheck.h"
 #include "common/status_macros.h"
+#include "sharding/gather_windows.h"
 #include "worker/engine/element_convert.h"
 
 namespace zeroshard::engine {
@@ -44,8 +46,14 @@ constexpr double kClipEpsilon = 1e-6;
 
 absl::Status ValidateConfig(const EngineConfig& config) {
   if (config.mode != EngineMode::kDdp && config.mode != EngineMode::kZero1 &&
-      config.mode != EngineMode::kZero2) {
-    return absl::InvalidArgumentError("mode: not ddp, zero1 or zero2");
+      config.mode != EngineMode::kZero2 && config.mode != EngineMode::kZero3) {
+    return absl::InvalidArgumentError("mode: not ddp, zero1, zero2 or zero3");
+  }
+  if (config.gather_pool_buckets < 0) {
+    return absl::InvalidArgumentError("gather_pool_buckets: must be >= 0 (0: the default)");
+  }
+  if (config.memory_limit_bytes < 0) {
+    return absl::InvalidArgumentError("memory_limit_bytes: must be >= 0 (0: no limit)");
   }
   if (!numerics::IsValidDType(config.param_dtype)) {
     return absl::InvalidArgumentError("param_dtype: invalid");
@@ -73,7 +81,8 @@ absl::Status ValidateConfig(const EngineConfig& config) {
 BucketPipeline::Options PipelineOptions(const EngineConfig& config) {
   BucketPipeline::Options options;
   options.ddp = config.mode == EngineMode::kDdp;
-  options.zero2 = config.mode == EngineMode::kZero2;
+  // zero3 reduces gradients as zero2 does (the same buckets, the same owned pieces).
+  options.zero2 = config.mode == EngineMode::kZero2 || config.mode == EngineMode::kZero3;
   options.grad_dtype = config.grad_dtype;
   options.reduce_dtype = config.reduce_dtype;
   options.bucket_pool_size = config.bucket_pool_size;
@@ -91,16 +100,19 @@ const char* EngineModeName(EngineMode mode) {
       return "zero1";
     case EngineMode::kZero2:
       return "zero2";
+    case EngineMode::kZero3:
+      return "zero3";
   }
   return "invalid";
 }
 
 absl::StatusOr<EngineMode> ParseEngineMode(absl::string_view name) {
-  for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
+  for (EngineMode mode :
+       {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2, EngineMode::kZero3}) {
     if (name == EngineModeName(mode)) return mode;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("mode: \"", name, "\" is not ddp, zero1 or zero2"));
+      absl::StrCat("mode: \"", name, "\" is not ddp, zero1, zero2 or zero3"));
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const sharding::ShardPlan& plan,
@@ -128,10 +140,15 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const sharding::ShardPlan
   }
   ZS_ASSIGN_OR_RETURN(sharding::RankView view, plan.ViewForRank(rank));
   std::unique_ptr<Engine> engine(new Engine(plan, std::move(view), config, communicator));
+  if (config.memory_limit_bytes > 0) {
+    ZS_RETURN_IF_ERROR(engine->allocator_.SetLimit(config.memory_limit_bytes));
+  }
   for (const int32_t group : config.tensor_groups) {
     engine->groups_named_ = std::max(engine->groups_named_, static_cast<size_t>(group) + 1);
   }
-  ZS_RETURN_IF_ERROR(engine->AllocateBuffers());
+  if (absl::Status allocated = engine->AllocateBuffers(); !allocated.ok()) {
+    return engine->ExplainAllocationFailure(std::move(allocated));
+  }
   engine->BuildPieces();
   const size_t tensors = static_cast<size_t>(plan.num_tensors());
   engine->tensor_steps_.assign(tensors, 0);
@@ -191,8 +208,7 @@ bool Engine::StagesGradients() const {
   // Backward writes fp32; a segment goes straight into its destination only when that holds
   // fp32 gradients. Otherwise it is rounded to grad_dtype on the way (as every mode must, so
   // that they stay bitwise equal).
-  const DType destination =
-      config_.mode == EngineMode::kZero2 ? config_.reduce_dtype : config_.grad_dtype;
+  const DType destination = ShardsGradients() ? config_.reduce_dtype : config_.grad_dtype;
   return config_.grad_dtype != DType::kFloat32 || destination != DType::kFloat32;
 }
 
@@ -201,8 +217,9 @@ absl::Status Engine::AllocateBuffers() {
   const int64_t owned = view_.owned_elems();
   const bool ddp = config_.mode == EngineMode::kDdp;
   ZS_ASSIGN_OR_RETURN(params_,
-                      allocator_.TryAllocate(MemoryCategory::kParams, padded * param_size_));
-  const int64_t grad_elems = config_.mode == EngineMode::kZero2 ? owned : padded;
+                      allocator_.TryAllocate(MemoryCategory::kParams,
+                                             (ShardsParameters() ? owned : padded) * param_size_));
+  const int64_t grad_elems = ShardsGradients() ? owned : padded;
   ZS_ASSIGN_OR_RETURN(grads_,
                       allocator_.TryAllocate(MemoryCategory::kGrads, grad_elems * grad_size_));
   // fp32 parameters are their own master (updated in place); bf16/fp16 ones need an fp32 one.
@@ -230,7 +247,29 @@ absl::Status Engine::AllocateBuffers() {
   ZS_ASSIGN_OR_RETURN(gradient_mask_,
                       allocator_.TryAllocate(MemoryCategory::kCommScratch,
                                              plan_.num_tensors() * int64_t{sizeof(float)}));
+  if (ShardsParameters()) {
+    sharding::GatherWindows geometry = sharding::GatherWindowsFor(plan_);
+    GatherPool::Options options;
+    options.param_dtype = config_.param_dtype;
+    options.windows = sharding::GatherPoolWindows(
+        geometry, config_.gather_pool_buckets > 0 ? config_.gather_pool_buckets
+                                                  : sharding::DefaultGatherPoolBuckets(plan_));
+    options.collective_timeout = config_.collective_timeout;
+    gather_pool_ = std::make_unique<GatherPool>(
+        plan_, rank_, std::move(geometry), options,
+        [this](int64_t bucket) -> const char* { return OwnedParamsAt(OwnedOffset(bucket)); },
+        device_, communicator_, &timer_, &failure_);
+    ZS_RETURN_IF_ERROR(gather_pool_->Allocate(allocator_));
+  }
   return absl::OkStatus();
+}
+
+absl::Status Engine::ExplainAllocationFailure(absl::Status status) const {
+  if (status.code() != absl::StatusCode::kResourceExhausted) return status;
+  const MemoryReport held = allocator_.Report();
+  return absl::ResourceExhaustedError(
+      absl::StrCat(status.message(), "; ", EngineModeName(config_.mode), " at W=", world_size_,
+                   " had allocated ", held.total(), " bytes by then (", held.ToString(), ")"));
 }
 
 int64_t Engine::LargestBucket() const {
@@ -242,20 +281,22 @@ int64_t Engine::LargestBucket() const {
 }
 
 void Engine::BuildPieces() {
-  const bool zero2 = config_.mode == EngineMode::kZero2;
+  const bool zero2 = ShardsGradients();
   const bool ddp = config_.mode == EngineMode::kDdp;
   auto state_pointers = [&](int64_t element, kernels::UpdatePiece& piece) {
     for (int k = 0; k < state_arrays_; ++k) piece.state[k] = state_[k].as<float>() + element;
   };
   // fp32 parameters are updated in place (they are the master); otherwise the fp32 master at
-  // `element` of the state layout is updated and rounded into the parameter copy at `flat`.
+  // `element` of the state layout is updated and rounded into the parameter copy at `flat` (in
+  // zero3, at `element` of the owned parameters).
   auto master_and_copy = [&](int64_t element, int64_t flat, kernels::UpdatePiece& piece) {
+    char* const param = ShardsParameters() ? OwnedParamsAt(element) : ParamsAt(flat);
     if (!HasMaster()) {
-      piece.master = reinterpret_cast<float*>(ParamsAt(flat));
+      piece.master = reinterpret_cast<float*>(param);
       return;
     }
     piece.master = master_.as<float>() + element;
-    piece.param_copy = ParamsAt(flat);
+    piece.param_copy = param;
     piece.param_dtype = config_.param_dtype;
   };
   if (ddp) {
@@ -363,14 +404,22 @@ absl::StatusOr<float*> Engine::FullGradient(int64_t tensor) const {
   if (tensor < 0 || tensor >= plan_.num_tensors()) {
     return absl::InvalidArgumentError(absl::StrCat("tensor ", tensor, " is outside the plan"));
   }
-  if (config_.mode == EngineMode::kZero2 || StagesGradients()) {
+  if (ShardsGradients() || StagesGradients()) {
     return absl::FailedPreconditionError(
-        "no full-size fp32 gradient buffer (zero2, or gradients stored in another dtype)");
+        "no full-size fp32 gradient buffer (zero2, zero3, or gradients stored in another dtype)");
   }
   return reinterpret_cast<float*>(GradsAt(plan_.placement(tensor).flat_offset));
 }
 
-char* Engine::ParamsAt(int64_t flat) const { return params_.as<char>() + flat * param_size_; }
+char* Engine::ParamsAt(int64_t flat) const {
+  ZS_DCHECK(!ShardsParameters()) << "zero3 keeps no plan-layout parameters";
+  return params_.as<char>() + flat * param_size_;
+}
+
+char* Engine::OwnedParamsAt(int64_t element) const {
+  ZS_DCHECK(ShardsParameters()) << "only zero3 keeps owned-layout parameters";
+  return params_.as<char>() + element * param_size_;
+}
 
 char* Engine::GradsAt(int64_t flat) const { return grads_.as<char>() + flat * grad_size_; }
 
@@ -380,8 +429,13 @@ absl::Status Engine::InitializeParameters(
   if (StepInProgress()) {
     return absl::FailedPreconditionError("InitializeParameters during a step");
   }
-  // The parameters are about to be overwritten: no all-gather may still write into them.
+  // The parameters are about to be overwritten: no all-gather may still write into them (zero3:
+  // nor may a window keep values gathered from the old ones).
   ZS_RETURN_IF_ERROR(AwaitGathers(0, plan_.num_buckets(), /*on_host=*/true));
+  if (ShardsParameters()) {
+    ZS_RETURN_IF_ERROR(gather_pool_->EndStep());
+    return InitializeOwnedParameters(initial);
+  }
   const bool ddp = config_.mode == EngineMode::kDdp;
   absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();
   size_t piece_index = 0;
@@ -439,6 +493,41 @@ absl::Status Engine::InitializeParameters(
   return absl::OkStatus();
 }
 
+absl::Status Engine::InitializeOwnedParameters(
+    absl::FunctionRef<absl::Status(int64_t tensor, absl::Span<float> out)> initial) {
+  // Each rank keeps only its owned fragments (and their fp32 masters for bf16/fp16), one tensor's
+  // values on the host at a time.
+  absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();
+  size_t piece_index = 0;
+  const sharding::TensorFragment* fragment = view_.fragments().data();
+  const sharding::TensorFragment* fragments_end = fragment + view_.fragments().size();
+  std::vector<float> values;
+  std::vector<char> converted;
+  for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
+    // A tensor this rank owns no part of is still generated: `initial` may count on every
+    // tensor being asked for, in order.
+    values.assign(plan_.placement(t).num_elements, 0.0f);
+    ZS_RETURN_IF_ERROR(initial(t, absl::MakeSpan(values)));
+    for (; fragment != fragments_end && fragment->tensor == t; ++fragment) {
+      while (fragment->flat_begin >= pieces[piece_index].flat_end) ++piece_index;
+      const sharding::OwnedPiece& piece = pieces[piece_index];
+      const int64_t element = OwnedOffset(piece.bucket) + fragment->flat_begin - piece.flat_begin;
+      const float* source = values.data() + fragment->tensor_begin;
+      const int64_t count = fragment->size();
+      if (HasMaster()) {
+        ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyFromHost(
+            master_.as<float>() + element, source, count * int64_t{sizeof(float)})));
+      }
+      converted.resize(count * param_size_);
+      ConvertElements(source, DType::kFloat32, converted.data(), config_.param_dtype, count);
+      ZS_RETURN_IF_ERROR(RecordFailure(
+          device_->CopyFromHost(OwnedParamsAt(element), converted.data(), count * param_size_)));
+    }
+  }
+  ZS_DCHECK(fragment == fragments_end) << "owned fragments of no tensor were left unset";
+  return absl::OkStatus();
+}
+
 absl::StatusOr<workloads::StoredParameters> Engine::Parameters(int64_t tensor) {
   ZS_RETURN_IF_ERROR(failure_.status());
   if (tensor < 0 || tensor >= plan_.num_tensors()) {
@@ -446,17 +535,41 @@ absl::StatusOr<workloads::StoredParameters> Engine::Parameters(int64_t tensor) {
         absl::StrCat("tensor: ", tensor, " is not in [0, ", plan_.num_tensors(), ")"));
   }
   const sharding::TensorPlacement& placement = plan_.placement(tensor);
+  if (ShardsParameters()) {
+    ZS_ASSIGN_OR_RETURN(const char* const values, gather_pool_->Acquire(tensor));
+    return workloads::StoredParameters{values, config_.param_dtype, placement.num_elements};
+  }
   ZS_RETURN_IF_ERROR(
       AwaitGathers(placement.first_bucket, placement.num_buckets, /*on_host=*/false));
   return workloads::StoredParameters{ParamsAt(placement.flat_offset), config_.param_dtype,
                                      placement.num_elements};
 }
 
+absl::Status Engine::ReleaseParameters(int64_t tensor) {
+  if (tensor < 0 || tensor >= plan_.num_tensors()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: ", tensor, " is not in [0, ", plan_.num_tensors(), ")"));
+  }
+  if (!ShardsParameters()) return absl::OkStatus();
+  return gather_pool_->Release(tensor);
+}
+
 absl::StatusOr<std::vector<float>> Engine::ParametersOnHost(int64_t tensor) {
+  const bool held_before = ShardsParameters() && tensor >= 0 && tensor < plan_.num_tensors() &&
+                           gather_pool_->held(tensor);
   ZS_ASSIGN_OR_RETURN(const workloads::StoredParameters stored, Parameters(tensor));
   // The values go to the host: the all-gathers must have succeeded, not only be ordered.
   const sharding::TensorPlacement& placement = plan_.placement(tensor);
-  ZS_RETURN_IF_ERROR(AwaitGathers(placement.first_bucket, placement.num_buckets, /*on_host=*/true));
+  if (ShardsParameters()) {
+    ZS_RETURN_IF_ERROR(gather_pool_->AwaitAll(/*on_host=*/true));
+  } else {
+    ZS_RETURN_IF_ERROR(
+        AwaitGathers(placement.first_bucket, placement.num_buckets, /*on_host=*/true));
+  }
+  // zero3: a tensor the caller did not hold is released again once copied.
+  absl::Cleanup release = [&] {
+    if (ShardsParameters() && !held_before) gather_pool_->Release(tensor).IgnoreError();
+  };
   std::vector<float> host(stored.size);
   if (stored.dtype == DType::kFloat32) {
     ZS_RETURN_IF_ERROR(RecordFailure(
@@ -522,8 +635,8 @@ absl::StatusOr<std::optional<absl::Span<float>>> Engine::OpenGradSegment(int64_t
   const int64_t flat = placement.flat_offset + begin;
   const int64_t bucket_index = BucketOf(flat);
   char* destination;
-  if (config_.mode == EngineMode::kZero2) {
-    // zero2 keeps no full gradient buffer: backward writes into the bucket's pool buffer.
+  if (ShardsGradients()) {
+    // zero2/zero3 keep no full gradient buffer: backward writes into the bucket's pool buffer.
     ZS_ASSIGN_OR_RETURN(char* const buffer, pipeline_.BucketBuffer(bucket_index, wait));
     if (buffer == nullptr) return std::nullopt;  // every buffer in flight, and no wait
     destination = buffer + (flat - plan_.buckets()[bucket_index].flat_begin) * reduce_size_;
@@ -547,8 +660,7 @@ absl::Status Engine::GradWritten(int64_t tensor, int64_t begin, int64_t end) {
   open_segment_.reset();
   const int64_t count = end - begin;
   if (StagesGradients()) {
-    const DType destination_dtype =
-        config_.mode == EngineMode::kZero2 ? config_.reduce_dtype : config_.grad_dtype;
+    const DType destination_dtype = ShardsGradients() ? config_.reduce_dtype : config_.grad_dtype;
     ZS_RETURN_IF_ERROR(RecordFailure(
         device_->StoreScaledGradient(grad_staging_.as<float>(), 1.0f, count, config_.grad_dtype,
                                      segment.destination, destination_dtype)));
@@ -564,7 +676,7 @@ absl::Status Engine::GradWritten(int64_t tensor, int64_t begin, int64_t end) {
 
 absl::Status Engine::EndMicroBatch() {
   ZS_RETURN_IF_ERROR(failure_.status());
-  if (config_.mode != EngineMode::kZero2) {
+  if (!ShardsGradients()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "EndMicroBatch: ", EngineModeName(config_.mode),
         " accumulates micro-batches in the full gradient buffer and hands the sum over once"));
@@ -650,6 +762,7 @@ absl::Status Engine::CompleteReductions() {
   // 0. The previous step's all-gathers that forward did not wait for: the update writes the
   //    parameters they fill, and the step reports how they went.
   ZS_RETURN_IF_ERROR(AwaitGathers(0, plan_.num_buckets(), /*on_host=*/true));
+  if (ShardsParameters()) ZS_RETURN_IF_ERROR(gather_pool_->AwaitAll(/*on_host=*/true));
   timer_.TakeGatherTimings(timings);
 
   // 1. Order every bucket's move into grads_ (and its statistics) after its reduction, then wait
@@ -694,7 +807,7 @@ absl::StatusOr<std::vector<int64_t>> Engine::AverageGradients() {
 }
 
 absl::Status Engine::RecomputeGradStats() {
-  const bool zero2 = config_.mode == EngineMode::kZero2;
+  const bool zero2 = ShardsGradients();
   for (int64_t b = 0; b < plan_.num_buckets(); ++b) {
     const sharding::BucketLayout& layout = plan_.buckets()[b];
     char* owned = zero2 ? grads_.as<char>() + OwnedOffset(b) * grad_size_
@@ -709,7 +822,7 @@ absl::Status Engine::RecomputeGradStats() {
 }
 
 absl::StatusOr<double> Engine::OwnedMaxAbs() {
-  const bool zero2 = config_.mode == EngineMode::kZero2;
+  const bool zero2 = ShardsGradients();
   std::vector<kernels::GradPiece> pieces;
   for (const sharding::OwnedPiece& owned : view_.pieces()) {
     for (const sharding::TensorFragment& fragment : view_.FragmentsOf(owned)) {
@@ -895,8 +1008,14 @@ absl::StatusOr<StepResult> Engine::Step(double local_loss) {
   // 4. Issue every bucket's parameter all-gather (ddp updated everything already) and return
   //    without waiting: the next forward waits for each bucket when it reads its tensors
   //    (Parameters()). The last bucket goes first, as forward reads the tensor list backwards.
-  const bool gathers = !result.skipped && config_.mode != EngineMode::kDdp;
+  //    zero3 issues none: the owned pieces are all it keeps. Its pool forgets what it gathered
+  //    (the values changed) and prefetches the next forward's first modules.
+  const bool gathers = !result.skipped && config_.mode != EngineMode::kDdp && !ShardsParameters();
   if (gathers) IssueGathers();
+  if (ShardsParameters()) {
+    ZS_RETURN_IF_ERROR(gather_pool_->EndStep());
+    gather_pool_->StartStep();
+  }
   const absl::Time done = absl::Now();
   if (gathers) result.timings.allgather_ms = Milliseconds(done - updated);
   result.timings.step_ms = Milliseconds(done - step_start);

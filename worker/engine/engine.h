@@ -25,6 +25,7 @@
 #include "worker/engine/bucket_pipeline.h"
 #include "worker/engine/counting_allocator.h"
 #include "worker/engine/device_ops.h"
+#include "worker/engine/gather_pool.h"
 #include "worker/engine/loss_scaler.h"
 #include "worker/engine/step_timings.h"
 #include "worker/workloads/workload.h"
@@ -195,10 +196,21 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // (Work::WaitOnComputeStream: a host backend waits here, on a device the compute stream
   // waits), and after no other. InvalidArgument for a tensor outside the plan; a failed
   // all-gather's error, after which the engine is unusable.
+  //
+  // zero3: the values are in the gather pool (GatherPool), held until ReleaseParameters(tensor)
+  // or the next Step(); the call gathers the tensor's module when it is not resident (a
+  // collective: every rank must make the same Parameters/ReleaseParameters calls in the same
+  // order) and prefetches the next modules of the recorded order. ResourceExhausted when every
+  // window of the pool holds a module some tensor still holds.
   absl::StatusOr<workloads::StoredParameters> Parameters(int64_t tensor) override;
+  // zero3: the tensor's values will not be read again until Parameters(tensor) is called again
+  // (FailedPrecondition for a tensor not held). Other modes keep every parameter: a no-op.
+  // InvalidArgument for a tensor outside the plan.
+  absl::Status ReleaseParameters(int64_t tensor) override;
 
   // Parameters(tensor) copied into host memory and widened to fp32 (exact), one tensor at a time
   // (e.g. to write them to a file). Waits on the host for the tensor's outstanding all-gathers.
+  // zero3: gathers and releases the tensor, so every rank must call it alike.
   absl::StatusOr<std::vector<float>> ParametersOnHost(int64_t tensor);
 
   // The base learning rate of the next Step()s' updates (each tensor's lr_scale multiplies it):
@@ -314,6 +326,10 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // Bytes by category, from the counting allocator (device memory for a GPU device).
   MemoryReport Memory() const { return allocator_.Report(); }
 
+  // zero3's gather pool (null in other modes): its windows, the buckets gathered so far and how
+  // often the order of a step departed from the recorded one.
+  const GatherPool* gather_pool() const { return gather_pool_.get(); }
+
   int64_t optimizer_step() const { return optimizer_step_; }
   // Tensor t's own step count: optimizer_step() less the steps it was skipped in.
   int64_t tensor_step(int64_t t) const { return tensor_steps_[t]; }
@@ -332,8 +348,14 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
 
   Engine(const sharding::ShardPlan& plan, sharding::RankView view, const EngineConfig& config,
          comm::Communicator* communicator);
-  // ResourceExhausted when the device is out of memory.
+  // ResourceExhausted when the device is out of memory or the allocation would pass
+  // config.memory_limit_bytes.
   absl::Status AllocateBuffers();
+  // `status` (an AllocateBuffers failure) with what this mode needs per rank in all, by category.
+  absl::Status ExplainAllocationFailure(absl::Status status) const;
+  // InitializeParameters for zero3: the owned pieces (and their masters) only.
+  absl::Status InitializeOwnedParameters(
+      absl::FunctionRef<absl::Status(int64_t tensor, absl::Span<float> out)> initial);
   void BuildPieces();
   // Cuts every owned fragment into statistics chunks (GradStatsChunkElements() each, from the
   // fragment's start) and puts the table and its partials in device memory.
@@ -342,6 +364,12 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // Whether parameters need a separate fp32 master (bf16/fp16 parameters); fp32 parameters are
   // updated in place.
   bool HasMaster() const;
+  // zero2 and zero3: gradients are kept as the owned pieces only (owned layout).
+  bool ShardsGradients() const {
+    return config_.mode == EngineMode::kZero2 || config_.mode == EngineMode::kZero3;
+  }
+  // zero3: the parameters too are kept as the owned pieces only (owned layout).
+  bool ShardsParameters() const { return config_.mode == EngineMode::kZero3; }
   // Whether gradient segments go through grad_staging_ (rounded to grad_dtype on the way).
   bool StagesGradients() const;
   int64_t LargestBucket() const;
@@ -356,7 +384,10 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
                                                                    int64_t end, bool wait);
   // Element offset, in the owned layout, of the owned piece of `bucket`.
   int64_t OwnedOffset(int64_t bucket) const { return owned_offsets_[bucket]; }
+  // The parameter at flat element `flat`, in plan layout. REQUIRES: !ShardsParameters().
   char* ParamsAt(int64_t flat) const;
+  // The parameter at element `element` of the owned layout. REQUIRES: ShardsParameters().
+  char* OwnedParamsAt(int64_t element) const;
   char* GradsAt(int64_t flat) const;  // ddp/zero1 only: the full-size gradient buffer
 
   // Waits for the outstanding all-gathers of buckets [first_bucket, first_bucket + num_buckets),
@@ -427,7 +458,8 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
 
   // Declared before the buffers, so it outlives them. Its blocks come from device_.
   CountingAllocator allocator_;
-  CountedBuffer params_;  // padded_elems of param_dtype, plan layout
+  // padded_elems of param_dtype in plan layout; zero3: owned_elems in owned layout.
+  CountedBuffer params_;
   // ddp/zero1: padded_elems of grad_dtype in plan layout; zero2: owned_elems in owned layout.
   CountedBuffer grads_;
   // Only for bf16/fp16 parameters (fp32 ones are their own master). ddp: padded_elems fp32 in
@@ -468,8 +500,11 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // (declared after them, so destroyed first: it waits for the reductions still in flight).
   StepTimer timer_;
   BucketPipeline pipeline_;
-  // The all-gather of each bucket (num_buckets, made at creation).
+  // The all-gather of each bucket (num_buckets, made at creation; zero1/zero2).
   std::vector<BucketGather> gathers_;
+  // zero3: the full parameters of the modules in use. Declared after the allocator, the step
+  // timer and the owned parameters it reads, so it is destroyed (waiting for its gathers) first.
+  std::unique_ptr<GatherPool> gather_pool_;
   // The next segment expected: tensor next_tensor_ (num_tensors() once all arrived) at element
   // next_element_; and the segment GradBuffer handed out, until GradWritten.
   int64_t next_tensor_ = 0;

@@ -52,10 +52,15 @@ void Engine::BuildSavedFragments() {
 char* Engine::StateAt(absl::string_view state, const sharding::TensorFragment& fragment,
                       const sharding::OwnedPiece* piece, int64_t element) const {
   const int64_t flat = fragment.flat_begin + (element - fragment.tensor_begin);
-  if (state == kParamState) return ParamsAt(flat);  // plan layout in every mode
-  // ddp keeps masters and state in plan layout; zero1/zero2 in the owned layout.
+  // ddp keeps masters and state in plan layout; zero1/zero2/zero3 in the owned layout.
   const int64_t index =
       piece == nullptr ? flat : OwnedOffset(piece->bucket) + flat - piece->flat_begin;
+  if (state == kParamState) {
+    // Plan layout in every mode but zero3, which keeps only the owned layout.
+    if (!ShardsParameters()) return ParamsAt(flat);
+    ZS_DCHECK(piece != nullptr) << "zero3 parameters are addressed by owned piece";
+    return OwnedParamsAt(index);
+  }
   if (state == kMasterState) return reinterpret_cast<char*>(master_.as<float>() + index);
   for (int k = 0; k < state_arrays_; ++k) {
     if (state == kernels::StateArrayName(config_.optimizer, k)) {
@@ -156,8 +161,10 @@ absl::Status Engine::RestoreState(const SavedScalars& scalars, StateReader read)
       }
     }
   }
-  // The arrays are about to be overwritten: no all-gather may still write into them.
+  // The arrays are about to be overwritten: no all-gather may still write into them (zero3: nor
+  // may a window keep values gathered from the old ones).
   ZS_RETURN_IF_ERROR(AwaitGathers(0, plan_.num_buckets(), /*on_host=*/true));
+  if (ShardsParameters()) ZS_RETURN_IF_ERROR(gather_pool_->EndStep());
   const bool ddp = config_.mode == EngineMode::kDdp;
   std::vector<char> host;  // a device's staging, one range at a time
   auto load = [&](const SavedFragment& range, char* destination) -> absl::Status {
@@ -192,8 +199,13 @@ absl::Status Engine::RestoreState(const SavedScalars& scalars, StateReader read)
     tensor_skipped_ever_ =
         absl::c_any_of(tensor_steps_, [this](int64_t step) { return step != optimizer_step_; });
   }
-  // Each rank loaded its own pieces of the parameters; the all-gathers give everyone the rest.
-  if (!ddp) IssueGathers();
+  // Each rank loaded its own pieces of the parameters; the all-gathers give everyone the rest
+  // (zero3: as forward asks for them, the first modules prefetched now).
+  if (ShardsParameters()) {
+    gather_pool_->StartStep();
+  } else if (!ddp) {
+    IssueGathers();
+  }
   return absl::OkStatus();
 }
 

@@ -283,9 +283,14 @@ RunResult CheckModes(int64_t world_size, EngineConfig config, double tolerance,
   const RunResult zero1 = RunEngines(world_size, config, infinity_step, world_size - 1);
   config.mode = EngineMode::kZero2;
   const RunResult zero2 = RunEngines(world_size, config, infinity_step, world_size - 1);
+  config.mode = EngineMode::kZero3;
+  const RunResult zero3 = RunEngines(world_size, config, infinity_step, world_size - 1);
   ExpectRanksAgree(ddp);
   ExpectRanksAgree(zero1);
   ExpectRanksAgree(zero2);
+  ExpectRanksAgree(zero3);
+  EXPECT_TRUE(BitwiseEqual(zero2.params_by_rank[0], zero3.params_by_rank[0])) << "zero2 vs zero3";
+  ExpectSameStepResults(zero2, zero3);
   EXPECT_TRUE(BitwiseEqual(ddp.params_by_rank[0], zero1.params_by_rank[0])) << "ddp vs zero1";
   EXPECT_TRUE(BitwiseEqual(ddp.params_by_rank[0], zero2.params_by_rank[0])) << "ddp vs zero2";
   ExpectSameStepResults(ddp, zero1);

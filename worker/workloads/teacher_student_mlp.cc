@@ -311,6 +311,10 @@ absl::StatusOr<double> TeacherStudentMlp::ForwardBackward(int64_t step, Paramete
     ZS_ASSIGN_OR_RETURN(student_biases_[l], CheckedMlpParameters(params, tensors_, BiasTensor(l)));
     float* out = activations_[l + 1].data();
     StudentLinearForward(l, activations_[l].data(), out);
+    // Done with the layer's parameters until its backward (a zero3 engine may reuse their
+    // buffer for the next layers).
+    ZS_RETURN_IF_ERROR(params.ReleaseParameters(BiasTensor(l) + 1));
+    ZS_RETURN_IF_ERROR(params.ReleaseParameters(BiasTensor(l)));
     if (l + 1 < num_layers_) ReluInPlace(out, local_batch_ * sizes[l + 1]);
   }
 
@@ -345,9 +349,13 @@ absl::StatusOr<double> TeacherStudentMlp::ForwardBackward(int64_t step, Paramete
     ZS_RETURN_IF_ERROR(WeightGradient(l, delta, sink));
 
     if (l == 0) break;
-    // delta_prev[j, i] = (sum_o delta[j, o] * weight[o, i]) * relu'(activation[j, i]).
+    // delta_prev[j, i] = (sum_o delta[j, o] * weight[o, i]) * relu'(activation[j, i]). The
+    // weight is asked for again: forward released it.
     float* previous = delta_[(num_layers_ - l) % 2].data();
+    ZS_ASSIGN_OR_RETURN(student_weights_[l],
+                        CheckedMlpParameters(params, tensors_, BiasTensor(l) + 1));
     StudentInputGradient(l, delta, previous);
+    ZS_RETURN_IF_ERROR(params.ReleaseParameters(BiasTensor(l) + 1));
     const float* activation = activations_[l].data();
     for (int64_t k = 0; k < local_batch_ * in_size; ++k) {
       if (!(activation[k] > 0.0f)) previous[k] = 0.0f;

@@ -109,8 +109,9 @@ double LeastSquaresWorkload::ExpectedLoss(
 absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step, ParameterSource& params,
                                                              GradientSink& sink) {
   const int64_t local_batch = global_batch_ / world_size_;
-  // fp32 parameters are read in place; bf16/fp16 ones are widened into widened_ (a test
-  // workload: small tensors, and the widening is exact).
+  // Every tensor is widened (exactly) into widened_ and released at once: the loss reads all of
+  // them together, and a zero3 engine holds only a few tensors' full values at a time (a test
+  // workload: small tensors).
   std::vector<absl::Span<const float>> values(tensors_.size());
   widened_.resize(tensors_.size());
   // Forward order, the tensor list backwards (the order an engine gathers them in).
@@ -121,12 +122,9 @@ absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step, Param
           absl::StrCat("params: tensor ", t, " has ", stored.size, " elements of dtype ",
                        static_cast<int>(stored.dtype), ", expected ", tensors_[t].num_elements));
     }
-    if (stored.dtype == numerics::DType::kFloat32) {
-      values[t] = absl::MakeConstSpan(static_cast<const float*>(stored.data), stored.size);
-      continue;
-    }
     widened_[t].resize(stored.size);
     WidenParameters(stored, 0, stored.size, widened_[t].data());
+    ZS_RETURN_IF_ERROR(params.ReleaseParameters(static_cast<int64_t>(t)));
     values[t] = widened_[t];
   }
   const double loss = LossAndGradients(
@@ -145,10 +143,10 @@ absl::StatusOr<double> LeastSquaresWorkload::ForwardBackward(int64_t step, Param
 int64_t LeastSquaresWorkload::BufferBytes() const {
   int64_t teacher_floats = 0;
   for (const std::vector<float>& teacher : teacher_) teacher_floats += teacher.capacity();
-  // The gradients ForwardBackward keeps (fp32), and LossAndGradients' fp64 sums and fp32
-  // features, each one element per model element.
+  // The gradients ForwardBackward keeps (fp32), the widened parameters (fp32), and
+  // LossAndGradients' fp64 sums and fp32 features, each one element per model element.
   const int64_t per_step =
-      total_elements_ * int64_t{sizeof(float) + sizeof(double) + sizeof(float)};
+      total_elements_ * int64_t{sizeof(float) + sizeof(float) + sizeof(double) + sizeof(float)};
   return teacher_floats * int64_t{sizeof(float)} + per_step;
 }
 

@@ -1,0 +1,154 @@
+// zero3's parameter gathers: a bounded pool of windows, each holding the full values of one
+// module's buckets (sharding/gather_windows.h) from the module's first use until its window is
+// needed for another, with prefetch of the next module in the order recorded on a previous step.
+#ifndef ZEROSHARD_WORKER_ENGINE_GATHER_POOL_H_
+#define ZEROSHARD_WORKER_ENGINE_GATHER_POOL_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "numerics/dtype.h"
+#include "sharding/gather_windows.h"
+#include "sharding/shard_planner.h"
+#include "worker/comm/communicator.h"
+#include "worker/engine/bucket_pipeline.h"
+#include "worker/engine/counting_allocator.h"
+#include "worker/engine/device_ops.h"
+#include "worker/engine/step_timings.h"
+
+namespace zeroshard::engine {
+
+// The gather pool of one zero3 rank.
+//
+// Acquire(tensor) makes the tensor's module resident in a window (gathering each of its buckets:
+// this rank's owned piece is copied into place and the bucket all-gathered in place), holds it
+// until Release(tensor), and returns where the tensor's full values are, ordered after their
+// gathers (Work::WaitOnComputeStream). A module no tensor holds stays resident until its window
+// is taken for another module (least recently used first), so a backward that follows its
+// forward at once finds it there.
+//
+// Prefetch: the modules acquired in one step, in order, are recorded; on later steps, each time
+// the order reaches a new module, the next modules in the recorded order are gathered into the
+// windows no held module occupies (never evicting a module needed sooner), and StartStep()
+// gathers the first ones as soon as a step ends. When a step's order departs from the record,
+// prefetch stops for that step and the step's order is recorded instead. Prefetch is only a
+// hint: Acquire always gathers what it lacks.
+//
+// Every decision (what to gather, where, what to evict) depends only on the sequence of
+// Acquire/Release/StartStep calls and never on timing, so ranks that make the same calls issue
+// the same collectives in the same order, as they must.
+//
+// Thread contract: not thread-safe; the engine's owner thread calls everything. The communicator
+// writes into the windows until each gather is waited for; the destructor waits for those still
+// outstanding.
+class GatherPool {
+ public:
+  struct Options {
+    numerics::DType param_dtype = numerics::DType::kFloat32;
+    int64_t windows = 2;  // >= 1
+    absl::Duration collective_timeout = absl::Minutes(5);
+  };
+  // Where this rank's owned piece of `bucket` lives (param_dtype, the bucket's piece_elems).
+  using OwnedPieceOf = std::function<const char*(int64_t bucket)>;
+
+  // `plan`, `device`, `communicator`, `timer` and `failure` must outlive the pool.
+  GatherPool(const sharding::ShardPlan& plan, int64_t rank, sharding::GatherWindows geometry,
+             const Options& options, OwnedPieceOf owned_piece, DeviceOps* device,
+             comm::Communicator* communicator, StepTimer* timer, FirstFailure* failure);
+  ~GatherPool();
+  GatherPool(const GatherPool&) = delete;
+  GatherPool& operator=(const GatherPool&) = delete;
+
+  // The windows' memory (MemoryCategory::kGatherPool). Call once, before anything else.
+  absl::Status Allocate(CountingAllocator& allocator);
+
+  // The tensor's full values in param_dtype, held until Release(tensor) (acquiring a held tensor
+  // again changes nothing). ResourceExhausted when every window holds a module some tensor still
+  // holds; a failed gather's error (then the engine is unusable).
+  absl::StatusOr<const char*> Acquire(int64_t tensor);
+  // FailedPrecondition when the tensor is not held.
+  absl::Status Release(int64_t tensor);
+  bool held(int64_t tensor) const { return tensor_held_[tensor] != 0; }
+
+  // Waits for every gather still in flight: on the host (`on_host`; their outcome is then known)
+  // or ordering the device after them. Fails with the first failure.
+  absl::Status AwaitAll(bool on_host);
+  // The owned pieces are about to change (an update, a restore): forgets every window's contents
+  // and every hold, after waiting on the host for the gathers in flight, and ends the step's
+  // order record (recording it when it is new or changed).
+  absl::Status EndStep();
+  // Gathers the first modules of the recorded order into the empty windows (the next forward's
+  // first layers), without waiting. Nothing before the first step was recorded.
+  void StartStep();
+
+  // How many steps' orders departed from the record (each was recorded anew).
+  int64_t order_changes() const { return order_changes_; }
+  // Buckets gathered since the pool was made (prefetched or not), and buckets copied from a
+  // neighbour's window instead (a bucket two modules share).
+  int64_t buckets_gathered() const { return buckets_gathered_; }
+  int64_t buckets_copied() const { return buckets_copied_; }
+  int64_t windows() const { return static_cast<int64_t>(windows_.size()); }
+  int64_t window_bytes() const { return window_bytes_; }
+
+ private:
+  struct Window {
+    CountedBuffer buffer;
+    int64_t module = -1;  // the module whose buckets it holds or receives; -1: none
+    int holds = 0;        // tensors of the module held
+    int64_t last_use = 0;
+    // The gather of each of the module's buckets (index: bucket - first_bucket), until waited.
+    std::vector<std::unique_ptr<comm::Work>> gathers;
+    std::vector<char> ordered;  // whether the device was ordered after gathers[i]
+  };
+
+  // The window holding `module`, or -1.
+  int WindowOf(int64_t module) const { return module_window_[module]; }
+  // A window for `module`: an empty one, else the least recently used one that no tensor holds
+  // and that is not in `protected_modules`; -1 when there is none.
+  int PickWindow(const std::vector<char>& protected_modules) const;
+  // Makes `module` resident in window `w` (waiting for what the window was receiving before,
+  // then issuing the module's bucket gathers).
+  absl::Status Fill(int w, int64_t module);
+  // A window other than `except` whose module's buckets include `bucket`, or -1.
+  int WindowHolding(int64_t bucket, int except) const;
+  // Waits for window `w`'s gathers of buckets [first, last] (on the host, or ordering the
+  // device), retiring those seen done.
+  absl::Status AwaitWindow(int w, int64_t first_bucket, int64_t last_bucket, bool on_host);
+  // Prefetches the modules that follow position `position` of the recorded order.
+  void Prefetch(size_t position);
+
+  const sharding::ShardPlan& plan_;
+  const int64_t rank_;
+  const sharding::GatherWindows geometry_;
+  const Options options_;
+  const OwnedPieceOf owned_piece_;
+  DeviceOps* const device_;
+  comm::Communicator* const communicator_;
+  StepTimer* const timer_;
+  FirstFailure* const failure_;
+  const int param_size_;
+  int64_t window_bytes_ = 0;
+
+  std::vector<Window> windows_;
+  std::vector<int> module_window_;  // per module: its window, or -1
+  std::vector<char> tensor_held_;   // per tensor: held (Acquire without Release)
+  int64_t use_clock_ = 0;           // counts Acquire calls: the windows' last_use
+  // The order record: modules in order of first acquisition within a step (a module acquired
+  // again after another is listed again). `recorded_` is the last recorded step's.
+  std::vector<int64_t> recorded_;
+  std::vector<int64_t> this_step_;
+  bool this_step_departed_ = false;
+  int64_t order_changes_ = 0;
+  int64_t buckets_gathered_ = 0;
+  int64_t buckets_copied_ = 0;
+  bool gathers_since_timings_ = false;
+};
+
+}  // namespace zeroshard::engine
+
+#endif  // ZEROSHARD_WORKER_ENGINE_GATHER_POOL_H_
