@@ -193,12 +193,22 @@ class ZeroShardSummaryTest(unittest.TestCase):
 
 class RoundPlanTest(unittest.TestCase):
     def test_odd_rounds_run_backwards(self):
-        plan = bench.round_plan(bench.VARIANTS, 3)
+        plan = bench.round_plan(bench.DEFAULT_VARIANTS, 3)
         forwards = [("torch", "torch_ddp"), ("torch", "torch_zero"),
                     ("zeroshard", ["ddp", "zero1", "zero2"])]
         backwards = [("zeroshard", ["zero2", "zero1", "ddp"]), ("torch", "torch_zero"),
                      ("torch", "torch_ddp")]
         self.assertEqual(plan, [forwards, backwards, forwards])
+
+    # Issue 38. Fails before the fix: there was no zeroshard_zero3 variant nor deep job.
+    def test_zero3_only_when_asked_for(self):
+        self.assertNotIn("zeroshard_zero3", bench.DEFAULT_VARIANTS)
+        self.assertEqual(bench.parse_args([]).variants, bench.DEFAULT_VARIANTS)
+        args = bench.parse_args(["--jobs=deep", "--variants=zeroshard_zero2,zeroshard_zero3"])
+        self.assertEqual(args.jobs, ["deep"])
+        self.assertEqual(bench.round_plan(args.variants, 2),
+                         [[("zeroshard", ["zero2", "zero3"])], [("zeroshard", ["zero3", "zero2"])]])
+        self.assertEqual(bench.JOBS["deep"]["layers"], [1024] + [2048] * 17 + [1024])
 
     def test_only_the_chosen_variants(self):
         self.assertEqual(bench.round_plan(["zeroshard_zero2", "torch_zero"], 1),
@@ -218,6 +228,15 @@ class TargetsTest(unittest.TestCase):
         self.assertEqual(ratios[("zeroshard_ddp", "torch_ddp")], (0.9, False))
         self.assertEqual(ratios[("zeroshard_zero2", "zeroshard_ddp")], (round(60 / 90, 3), True))
         self.assertEqual(len(ratios), 3)  # seed's target has no records here; nor the limit
+
+    # Issue 38: zero3 / zero2 on deep at most 1.20. Fails before the fix: no such target.
+    def test_zero3_against_zero2_on_deep(self):
+        records = [{"job": "deep", "variant": "zeroshard_zero2", "world_size": 2, "iter_ms": 100.0},
+                   {"job": "deep", "variant": "zeroshard_zero3", "world_size": 2, "iter_ms": 118.0}]
+        (line,) = bench.target_lines(records)
+        self.assertEqual(line["targets"], [{"variant": "zeroshard_zero3",
+                                            "reference": "zeroshard_zero2", "ratio": 1.18,
+                                            "limit": 1.20, "met": True}])
 
     def test_over_limit_is_a_target(self):
         records = [{"job": "medium", "variant": "zeroshard_zero2", "world_size": 2,

@@ -1,8 +1,12 @@
 // memory_bench: real worker processes (a fresh local cluster per run: coordinator and W workers
-// on loopback) training a preset (default `medium`) with AdamW in fp32, in ddp and zero2, at each
-// W. Prints one JSON line per (mode, W) with every rank's RSS before the job and peak RSS after,
-// and rank 0's counted memory by category; then one line per W with issue 10's targets. Run:
+// on loopback) training a preset (default `medium`) with AdamW in fp32, in each of --modes
+// (default ddp and zero2), at each W. Prints one JSON line per (mode, W) with every rank's RSS
+// before the job and peak RSS after, and rank 0's counted memory by category; then, per W, one
+// line with issue 10's targets (ddp against zero2) and one with issue 38's (zero2 against zero3).
+// Run:
 //   bazel run -c opt //tests/bench:memory_bench
+//   bazel run -c opt //tests/bench:memory_bench -- --preset=deep --modes=zero2,zero3
+//       --world_sizes=4   (issue 38's target on the deep preset)
 // (figures in docs/performance/memory.md).
 #include <algorithm>
 #include <cstdio>
@@ -20,16 +24,21 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "sharding/gather_windows.h"
 #include "sharding/model_catalog.h"
+#include "sharding/shard_planner.h"
 #include "tests/integration/memory_run.h"
 #include "zeroshard/v1/job.pb.h"
 
 ABSL_FLAG(std::string, preset, "medium", "the workload preset (sharding/model_catalog.cc)");
 ABSL_FLAG(std::string, world_sizes, "2,4", "comma-separated world sizes");
-ABSL_FLAG(std::string, modes, "ddp,zero2", "comma-separated modes (ddp, zero1, zero2)");
+ABSL_FLAG(std::string, modes, "ddp,zero2", "comma-separated modes (ddp, zero1, zero2, zero3)");
 ABSL_FLAG(int64_t, steps, 3, "training steps per job");
 ABSL_FLAG(int64_t, global_batch, 64, "samples per step over all ranks");
 ABSL_FLAG(int64_t, bucket_elems, 0, "the job's bucket_elems; 0 keeps the default");
+ABSL_FLAG(int, gather_pool_buckets, 0,
+          "zero3 jobs' gather_pool_buckets; 0 keeps the default (twice the most buckets one "
+          "module spans)");
 ABSL_FLAG(int, threads, 1, "each worker's --threads");
 
 namespace zeroshard::bench {
@@ -71,7 +80,29 @@ v1::JobSpec Spec(v1::Mode mode, int world_size) {
   spec.set_seed(0);
   if (absl::GetFlag(FLAGS_bucket_elems) > 0)
     spec.set_bucket_elems(absl::GetFlag(FLAGS_bucket_elems));
+  if (mode == v1::ZERO3 && absl::GetFlag(FLAGS_gather_pool_buckets) > 0)
+    spec.set_gather_pool_buckets(absl::GetFlag(FLAGS_gather_pool_buckets));
   return spec;
+}
+
+// zero3's gather pool in bytes of fp32 parameters, as the engine sizes it (worker/engine/
+// gather_pool.h): whole windows of the plan's largest module span, as many as the pool's buckets
+// (--gather_pool_buckets, or the default) hold. Exits on a plan error (bad flags).
+int64_t GatherPoolBytes(const std::vector<sharding::TensorSpec>& tensors, int world_size,
+                        int64_t bucket_elems) {
+  sharding::ShardPlanOptions options;
+  if (bucket_elems > 0) options.bucket_elems = bucket_elems;
+  absl::StatusOr<sharding::ShardPlan> plan =
+      sharding::ShardPlan::Create(tensors, world_size, options);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "memory_bench: %s\n", plan.status().ToString().c_str());
+    std::exit(2);
+  }
+  const sharding::GatherWindows windows = sharding::GatherWindowsFor(*plan);
+  const int64_t pool_buckets = absl::GetFlag(FLAGS_gather_pool_buckets) > 0
+                                   ? absl::GetFlag(FLAGS_gather_pool_buckets)
+                                   : sharding::DefaultGatherPoolBuckets(*plan);
+  return sharding::GatherPoolWindows(windows, pool_buckets) * windows.window_elems * int64_t{4};
 }
 
 std::string JsonList(const std::vector<WorkerMemory>& ranks,
@@ -173,12 +204,31 @@ int Main(int argc, char** argv) {
       }
       figures[mode] = PrintRun(*run, mode, world_size, params);
     }
+    const double w = world_size;
+    // Issue 38's target: zero3 saves at least 0.8 x 4 Psi (1 - 1/W) of fp32 parameters against
+    // zero2, less the gather pool it holds instead.
+    if (figures.count(v1::ZERO2) && figures.count(v1::ZERO3)) {
+      const RunFigures& zero2 = figures[v1::ZERO2];
+      const RunFigures& zero3 = figures[v1::ZERO3];
+      const int64_t pool_bytes = GatherPoolBytes(*tensors, world_size, zero3.bucket_elems);
+      const double target = 0.8 * 4.0 * params * (1.0 - 1.0 / w) - pool_bytes;
+      const int64_t savings = zero2.max_vmhwm_bytes - zero3.max_vmhwm_bytes;
+      const bool met = savings >= target;
+      all_met &= met;
+      std::printf(
+          "{\"bench\":\"memory_targets_zero3\",\"world_size\":%d,\"params\":%lld,"
+          "\"vmhwm_zero2_minus_zero3_bytes\":%lld,\"gather_pool_bytes\":%lld,"
+          "\"savings_target_bytes\":%.0f,\"savings_met\":%s,\"counted_over_growth_min\":%.4f}\n",
+          world_size, static_cast<long long>(params), static_cast<long long>(savings),
+          static_cast<long long>(pool_bytes), target, met ? "true" : "false",
+          zero3.min_counted_over_growth);
+      std::fflush(stdout);
+    }
     // Issue 10's targets: zero2 saves 0.9 x (12 Psi (1 - 1/W) - pool) of peak RSS against ddp,
     // its bucket pool stays within 2 buckets, and the count explains 90% of each rank's growth.
     if (!figures.count(v1::DDP) || !figures.count(v1::ZERO2)) continue;
     const RunFigures& ddp = figures[v1::DDP];
     const RunFigures& zero2 = figures[v1::ZERO2];
-    const double w = world_size;
     const int64_t pool_limit = 2 * zero2.bucket_elems * int64_t{4};
     const double savings_target = 0.9 * (12.0 * params * (1.0 - 1.0 / w) - pool_limit);
     const int64_t savings = ddp.max_vmhwm_bytes - zero2.max_vmhwm_bytes;
