@@ -290,6 +290,10 @@ absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, Para
     ZS_ASSIGN_OR_RETURN(biases[l], CheckedMlpParameters(params, tensors_, BiasTensor(l)));
     ZS_RETURN_IF_ERROR(LinearForward(activations_[l], weights[l], biases[l], sizes[l], sizes[l + 1],
                                      /*relu=*/l + 1 < num_layers_, activations_[l + 1]));
+    // Done with the layer's parameters until its backward: a zero3 engine may gather the next
+    // layers into their buffer, ordered after the kernels queued so far.
+    ZS_RETURN_IF_ERROR(params.ReleaseParameters(BiasTensor(l) + 1));
+    ZS_RETURN_IF_ERROR(params.ReleaseParameters(BiasTensor(l)));
   }
 
   // MSE over the micro-batch and the outputs; dLoss/dOutput = 2 (output - target) / count, times
@@ -325,7 +329,10 @@ absl::StatusOr<double> CudaTeacherStudentMlp::ForwardBackward(int64_t step, Para
     if (l == 0) break;
     // p = d W, then ReLU's derivative.
     float* previous = delta_[(num_layers_ - l) % 2];
+    // Forward released the weight: asked for again (zero3 gathers it anew).
+    ZS_ASSIGN_OR_RETURN(weights[l], CheckedMlpParameters(params, tensors_, BiasTensor(l) + 1));
     ZS_RETURN_IF_ERROR(InputGradient(delta, weights[l], in_size, out_size, previous));
+    ZS_RETURN_IF_ERROR(params.ReleaseParameters(BiasTensor(l) + 1));
     ZS_RETURN_IF_ERROR(common::CudaStatus(
         cuda_internal::LaunchReluBackward(previous, activations_[l], local_batch_ * in_size,
                                           AsStream(stream_)),
