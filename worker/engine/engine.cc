@@ -13,6 +13,8 @@
 #include "common/dcheck.h"
 #include "common/status_macros.h"
 #include "sharding/gather_windows.h"
+#include "sharding/rank_memory.h"
+#include "sharding/zero_formula.h"
 #include "worker/engine/element_convert.h"
 
 namespace zeroshard::engine {
@@ -266,10 +268,26 @@ absl::Status Engine::AllocateBuffers() {
 
 absl::Status Engine::ExplainAllocationFailure(absl::Status status) const {
   if (status.code() != absl::StatusCode::kResourceExhausted) return status;
-  const MemoryReport held = allocator_.Report();
+  // What the mode needs in all, from the arithmetic the coordinator checks submissions with.
+  static constexpr sharding::ZeroStage kStages[] = {
+      sharding::ZeroStage::kDdp, sharding::ZeroStage::kZero1, sharding::ZeroStage::kZero2,
+      sharding::ZeroStage::kZero3};
+  sharding::RankMemoryOptions options;
+  options.mode = kStages[static_cast<int>(config_.mode)];
+  options.param_dtype = config_.param_dtype;
+  options.grad_dtype = config_.grad_dtype;
+  options.reduce_dtype = config_.reduce_dtype;
+  options.state_arrays_per_param = state_arrays_;
+  options.bucket_pool_size = config_.bucket_pool_size;
+  options.gather_pool_buckets = config_.gather_pool_buckets;
+  options.grad_stats_chunk_elements = device_->GradStatsChunkElements();
+  const absl::StatusOr<sharding::RankMemoryBytes> need =
+      sharding::RankMemoryNeed(plan_, rank_, options);
+  if (!need.ok()) return status;
   return absl::ResourceExhaustedError(
       absl::StrCat(status.message(), "; ", EngineModeName(config_.mode), " at W=", world_size_,
-                   " had allocated ", held.total(), " bytes by then (", held.ToString(), ")"));
+                   " needs ", sharding::FormatMiB(need->total), " (", need->total,
+                   " bytes) per rank in all: ", need->Breakdown()));
 }
 
 int64_t Engine::LargestBucket() const {

@@ -17,8 +17,10 @@
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu_optimizer.h"
+#include "sharding/model_catalog.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/in_memory_store.h"
+#include "worker/comm/testing/identity_communicator.h"
 #include "worker/comm/testing/rank_threads.h"
 #include "worker/engine/element_convert.h"
 #include "worker/workloads/testing/least_squares_workload.h"
@@ -581,6 +583,53 @@ TEST(EngineTest, RanksWithDifferentGroupValuesFailTheStepTogether) {
 }
 
 // Segments end at bucket boundaries: a tensor spanning buckets is handed over in several.
+// --memory_limit_bytes between zero3's need and zero2's: zero2's engine is refused with the
+// limit, what it asked for and what the mode needs in all; zero3's is made within the limit.
+// Fails without the limit (both made) or without the figures in the message.
+TEST(EngineTest, AMemoryLimitBetweenTheModesRefusesZero2AndAdmitsZero3) {
+  // Seven 64 x 64 layers at W = 4: zero3 saves 3/4 of the parameters, more than its pool of two
+  // layers' buckets. Creating an engine runs no collective: rank 0 of an identity communicator.
+  constexpr int64_t kWorldSize = 4;
+  absl::StatusOr<std::vector<sharding::TensorSpec>> tensors =
+      sharding::TensorsForLayerSizes({64, 64, 64, 64, 64, 64, 64, 64});
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  sharding::ShardPlanOptions plan_options;
+  plan_options.bucket_elems = sharding::kMinBucketElems;
+  absl::StatusOr<sharding::ShardPlan> plan =
+      sharding::ShardPlan::Create(*tensors, kWorldSize, plan_options);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  comm::testing::IdentityCommunicator communicator(/*rank=*/0, kWorldSize);
+  EngineConfig config = AdamConfig();
+  auto total_of = [&](EngineMode mode) -> int64_t {
+    config.mode = mode;
+    config.memory_limit_bytes = 0;
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        Engine::Create(*plan, 0, config, &communicator);
+    EXPECT_TRUE(engine.ok()) << engine.status();
+    return engine.ok() ? (*engine)->Memory().total() : 0;
+  };
+  const int64_t zero2_bytes = total_of(EngineMode::kZero2);
+  const int64_t zero3_bytes = total_of(EngineMode::kZero3);
+  ASSERT_LT(zero3_bytes, zero2_bytes);
+  const int64_t limit = (zero2_bytes + zero3_bytes) / 2;
+  config.memory_limit_bytes = limit;
+  config.mode = EngineMode::kZero2;
+  absl::StatusOr<std::unique_ptr<Engine>> refused = Engine::Create(*plan, 0, config, &communicator);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(
+      absl::StrContains(refused.status().message(), absl::StrCat("--memory_limit_bytes=", limit)))
+      << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "zero2 at W=4 needs "))
+      << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), absl::StrCat(zero2_bytes, " bytes")))
+      << refused.status();
+  config.mode = EngineMode::kZero3;
+  absl::StatusOr<std::unique_ptr<Engine>> admitted =
+      Engine::Create(*plan, 0, config, &communicator);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_LE((*admitted)->Memory().peak_total_bytes, limit);
+}
+
 TEST(EngineTest, SegmentsFollowTheBuckets) {
   const sharding::ShardPlan plan = TestPlan(1);
   comm::GlooCommunicatorOptions options;
