@@ -32,6 +32,7 @@ GatherPool::GatherPool(const sharding::ShardPlan& plan, int64_t rank,
 
 GatherPool::~GatherPool() {
   // The communicator may still write into a window until its gather is done.
+  for (std::unique_ptr<comm::Work>& work : evicted_) work->Wait().IgnoreError();
   for (Window& window : windows_) {
     for (std::unique_ptr<comm::Work>& work : window.gathers) {
       if (work != nullptr) work->Wait().IgnoreError();
@@ -67,6 +68,11 @@ absl::Status GatherPool::Fill(int w, int64_t module) {
     const sharding::ModuleRange& old = geometry_.modules[window.module];
     ZS_RETURN_IF_ERROR(AwaitWindow(w, old.first_bucket, old.last_bucket, /*on_host=*/false));
     module_window_[window.module] = -1;
+    // On a device the stream is ordered after them but they may still run: their outcome is
+    // checked once the step ends (EndStep), as every gather's is.
+    for (std::unique_ptr<comm::Work>& work : window.gathers) {
+      if (work != nullptr) evicted_.push_back(std::move(work));
+    }
   }
   const sharding::ModuleRange& range = geometry_.modules[module];
   window.module = module;
@@ -221,6 +227,14 @@ void GatherPool::Prefetch(size_t position) {
 
 absl::Status GatherPool::AwaitAll(bool on_host) {
   absl::Status first_failure;
+  if (on_host) {
+    for (std::unique_ptr<comm::Work>& work : evicted_) {
+      const absl::Status status = work->Wait();
+      timer_->GatherFinished(work->RunTime());
+      if (!status.ok() && first_failure.ok()) first_failure = failure_->Record(status);
+    }
+    evicted_.clear();
+  }
   for (int w = 0; w < static_cast<int>(windows_.size()); ++w) {
     if (windows_[w].module < 0) continue;
     const sharding::ModuleRange& range = geometry_.modules[windows_[w].module];

@@ -135,6 +135,9 @@ class GatherPool {
   int64_t window_bytes_ = 0;
 
   std::vector<Window> windows_;
+  // Gathers of windows taken for another module before the host saw their outcome (a device
+  // backend), until AwaitAll waits for them on the host.
+  std::vector<std::unique_ptr<comm::Work>> evicted_;
   std::vector<int> module_window_;  // per module: its window, or -1
   std::vector<char> tensor_held_;   // per tensor: held (Acquire without Release)
   int64_t use_clock_ = 0;           // counts Acquire calls: the windows' last_use
