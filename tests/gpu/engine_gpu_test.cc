@@ -480,7 +480,10 @@ int Main() {
     CheckMlpGradients(**device, {96, 512, 256, 40}, DType::kFloat16, 5e-4, GradientCheck::kNormWise,
                       0.03);
   }
-  for (EngineMode mode : {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2}) {
+  // zero3 on the device: gathers on the communicator's stream into the pool's windows, the
+  // compute stream ordered after them by events (Work::WaitOnComputeStream), never the host.
+  for (EngineMode mode :
+       {EngineMode::kDdp, EngineMode::kZero1, EngineMode::kZero2, EngineMode::kZero3}) {
     EngineConfig config;
     config.mode = mode;
     config.optimizer.kind = kernels::OptimizerKind::kAdamW;
