@@ -12,6 +12,7 @@
 #include "coordinator/page_token.h"
 #include "coordinator/request_validation.h"
 #include "jobspec/job_plan.h"
+#include "sharding/shard_planner.h"
 
 namespace zeroshard::coordinator {
 namespace {
@@ -100,8 +101,16 @@ absl::StatusOr<v1::ShardPlan> GetShardPlan(JobManager& manager,
   ZS_ASSIGN_OR_RETURN(v1::ShardPlan plan, manager.GetShardPlan(request));
   // The spec never changes: the formula is the plan's job's at the plan's W.
   ZS_ASSIGN_OR_RETURN(const v1::Job job, manager.GetJob(request.job_id()));
-  *plan.mutable_model_state_formula() =
-      jobspec::ModelStateFormulaForJob(job.spec(), plan.world_size(), plan.model_elems());
+  int64_t gather_pool_bytes = 0;
+  if (job.spec().mode() == v1::ZERO3) {
+    // The pool depends on module spans, which this rank's view does not carry: replan (cheap
+    // next to the model, and the same plan: the spec and W are the generation's).
+    ZS_ASSIGN_OR_RETURN(const sharding::ShardPlan full,
+                        jobspec::PlanForJob(job.spec(), plan.world_size()));
+    gather_pool_bytes = jobspec::GatherPoolBytesForJob(job.spec(), full);
+  }
+  *plan.mutable_model_state_formula() = jobspec::ModelStateFormulaForJob(
+      job.spec(), plan.world_size(), plan.model_elems(), gather_pool_bytes);
   return plan;
 }
 

@@ -127,8 +127,9 @@ absl::Status CheckMemory(const v1::MemoryBreakdown& memory) {
   ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.memory.workload_bytes", memory.workload_bytes()));
   ZS_RETURN_IF_ERROR(
       CheckNonNegative("metrics.memory.kernel_tables_bytes", memory.kernel_tables_bytes()));
-  return CheckNonNegative("metrics.memory.checkpoint_staging_bytes",
-                          memory.checkpoint_staging_bytes());
+  ZS_RETURN_IF_ERROR(CheckNonNegative("metrics.memory.checkpoint_staging_bytes",
+                                      memory.checkpoint_staging_bytes()));
+  return CheckNonNegative("metrics.memory.gather_pool_bytes", memory.gather_pool_bytes());
 }
 
 // At most kMaxReportedBuckets entries, each finite and >= 0; errors name the entry

@@ -806,6 +806,11 @@ INSTANTIATE_TEST_SUITE_P(
             "NegativeTotalBytes",
             [](Progress& r) { r.mutable_metrics()->mutable_memory()->set_total_bytes(-1); },
             "metrics.memory.total_bytes", "must be >= 0"),
+        // Fails before the fix: gather_pool_bytes did not exist and was not checked.
+        BadProgress(
+            "NegativeGatherPoolBytes",
+            [](Progress& r) { r.mutable_metrics()->mutable_memory()->set_gather_pool_bytes(-3); },
+            "metrics.memory.gather_pool_bytes", "-3 must be >= 0"),
         BadProgress(
             "NegativeWorkloadBytes",
             [](Progress& r) { r.mutable_metrics()->mutable_memory()->set_workload_bytes(-4); },

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "sharding/gather_windows.h"
 #include "sharding/model_catalog.h"
 #include "sharding/zero_formula.h"
 
@@ -103,7 +104,21 @@ absl::StatusOr<sharding::ShardPlan> PlanForJob(const v1::JobSpec& spec, int64_t 
   ZS_ASSIGN_OR_RETURN(std::vector<sharding::TensorSpec> tensors, TensorsForJob(spec));
   sharding::ShardPlanOptions options;
   options.bucket_elems = spec.bucket_elems();
-  return sharding::ShardPlan::Create(std::move(tensors), world_size, options);
+  ZS_ASSIGN_OR_RETURN(sharding::ShardPlan plan,
+                      sharding::ShardPlan::Create(std::move(tensors), world_size, options));
+  // A pool must hold at least one module's buckets at once, or that module could never be
+  // gathered whole. Validation cannot say so: the span needs the plan.
+  if (spec.mode() == v1::ZERO3 && spec.has_gather_pool_buckets()) {
+    const int64_t most = sharding::GatherWindowsFor(plan).max_span_buckets;
+    if (spec.gather_pool_buckets() < most) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gather_pool_buckets: ", spec.gather_pool_buckets(),
+          " is below the most buckets one module spans (", most, " at bucket_elems ",
+          plan.bucket_elems(), " and W = ", world_size,
+          "); a module's buckets must fit the pool at once (unset: twice that, ", 2 * most, ")"));
+    }
+  }
+  return plan;
 }
 
 absl::StatusOr<v1::ShardPlan> PlanToProto(const sharding::ShardPlan& plan, int64_t rank,
@@ -208,8 +223,17 @@ sharding::ZeroStage StageOf(v1::Mode mode) {
 
 }  // namespace
 
+int64_t GatherPoolBytesForJob(const v1::JobSpec& spec, const sharding::ShardPlan& plan) {
+  if (spec.mode() != v1::ZERO3) return 0;
+  const sharding::GatherWindows windows = sharding::GatherWindowsFor(plan);
+  const int64_t buckets = spec.has_gather_pool_buckets() ? spec.gather_pool_buckets()
+                                                         : sharding::DefaultGatherPoolBuckets(plan);
+  return sharding::GatherPoolWindows(windows, buckets) * windows.window_elems *
+         DTypeBytes(spec.precision().param_dtype(), 4);
+}
+
 v1::ModelStateFormula ModelStateFormulaForJob(const v1::JobSpec& spec, int64_t world_size,
-                                              int64_t parameters) {
+                                              int64_t parameters, int64_t gather_pool_bytes) {
   sharding::ZeroFormulaInputs inputs;
   inputs.stage = StageOf(spec.mode());
   inputs.world_size = world_size;
@@ -227,6 +251,7 @@ v1::ModelStateFormula ModelStateFormulaForJob(const v1::JobSpec& spec, int64_t w
   formula.set_grads_bytes(bytes.grads);
   formula.set_master_bytes(bytes.master);
   formula.set_optimizer_state_bytes(bytes.optimizer_state);
+  if (spec.mode() == v1::ZERO3) formula.set_gather_pool_bytes(gather_pool_bytes);
   return formula;
 }
 

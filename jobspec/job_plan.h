@@ -35,7 +35,9 @@ std::vector<int> GroupIndexOfEachTensor(const v1::JobSpec& spec,
 // one element). `spec` has its defaults applied.
 absl::StatusOr<std::vector<sharding::TensorSpec>> TensorsForJob(const v1::JobSpec& spec);
 
-// The plan of `spec` (defaults applied) at `world_size` ranks.
+// The plan of `spec` (defaults applied) at `world_size` ranks. A zero3 spec whose
+// gather_pool_buckets is below the most buckets one module spans in that plan is refused
+// (INVALID_ARGUMENT naming gather_pool_buckets and both numbers).
 absl::StatusOr<sharding::ShardPlan> PlanForJob(const v1::JobSpec& spec, int64_t world_size);
 
 // The API view of `plan` for `rank`: counts and hash always, its pieces with fragments, and the
@@ -43,12 +45,18 @@ absl::StatusOr<sharding::ShardPlan> PlanForJob(const v1::JobSpec& spec, int64_t 
 absl::StatusOr<v1::ShardPlan> PlanToProto(const sharding::ShardPlan& plan, int64_t rank,
                                           bool include_layout);
 
+// zero3's gather pool in bytes for `spec` (defaults applied) on `plan`: the windows its
+// gather_pool_buckets hold (unset: sharding::DefaultGatherPoolBuckets), each the largest module's
+// span, in the parameter dtype (sharding/gather_windows.h). 0 for other modes.
+int64_t GatherPoolBytesForJob(const v1::JobSpec& spec, const sharding::ShardPlan& plan);
+
 // The ZeRO formula's model-state bytes per rank (sharding/zero_formula.h) for `spec`'s mode,
 // precision and optimizer at `world_size` ranks and `parameters` (Ψ) parameters: what
 // GetShardPlan serves as ShardPlan.model_state_formula. Unset fields count as their defaults
-// (DDP, FLOAT32 parameters, gradients in the parameters' dtype).
+// (DDP, FLOAT32 parameters, gradients in the parameters' dtype). zero3 adds its gather pool,
+// `gather_pool_bytes` (GatherPoolBytesForJob), which other modes ignore.
 v1::ModelStateFormula ModelStateFormulaForJob(const v1::JobSpec& spec, int64_t world_size,
-                                              int64_t parameters);
+                                              int64_t parameters, int64_t gather_pool_bytes = 0);
 
 }  // namespace zeroshard::jobspec
 

@@ -1,13 +1,15 @@
-// Tests for the spec -> plan bridge: the seed model's plan and its API view, and an attached
-// model's tensors taken from its spec.
+// Tests for the spec -> plan bridge: the seed model's plan and its API view, an attached
+// model's tensors taken from its spec, and zero3's gather pool (its lower bound and its bytes).
 #include "jobspec/job_plan.h"
 
 #include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "jobspec/job_spec_defaults.h"
+#include "sharding/gather_windows.h"
 
 namespace zeroshard::jobspec {
 namespace {
@@ -279,6 +281,68 @@ TEST(JobPlanTest, ModelStateFormulaFollowsTheSpecsModePrecisionAndOptimizer) {
   sgd.mutable_optimizer()->set_momentum(0.9);
   sgd.set_mode(v1::ZERO1);
   EXPECT_EQ(ModelStateFormulaForJob(sgd, 2, 10).optimizer_state_bytes(), 20);
+}
+
+// Two 64x64 layers at the smallest bucket: each module's 4096 + 64 elements span several buckets.
+v1::JobSpec Zero3Spec() {
+  v1::JobSpec spec;
+  spec.mutable_workload()->add_layer_sizes(64);
+  spec.mutable_workload()->add_layer_sizes(64);
+  spec.mutable_workload()->add_layer_sizes(64);
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  spec.set_mode(v1::ZERO3);
+  spec.set_bucket_elems(1024);
+  return WithDefaults(spec);
+}
+
+// Fails before the fix: PlanForJob planned any pool, so a zero3 job whose pool cannot hold one
+// module's buckets was accepted at submission.
+TEST(JobPlanTest, Zero3PoolBelowTheLargestModuleSpanIsRefusedNamingBothNumbers) {
+  v1::JobSpec spec = Zero3Spec();
+  absl::StatusOr<sharding::ShardPlan> plan = PlanForJob(spec, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int64_t most = sharding::GatherWindowsFor(*plan).max_span_buckets;
+  ASSERT_GT(most, 1);
+  spec.set_gather_pool_buckets(static_cast<int32_t>(most - 1));
+  plan = PlanForJob(spec, 2);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(
+      plan.status().message(),
+      absl::StrCat("gather_pool_buckets: ", most - 1,
+                   " is below the most buckets one module spans (", most, " at bucket_elems ")))
+      << plan.status();
+  spec.set_gather_pool_buckets(static_cast<int32_t>(most));
+  EXPECT_TRUE(PlanForJob(spec, 2).ok());
+  // Other modes never have a pool (validation refuses the field for them).
+  spec.set_mode(v1::ZERO2);
+  spec.set_gather_pool_buckets(1);
+  EXPECT_TRUE(PlanForJob(spec, 2).ok());
+}
+
+// Fails before the fix: the formula had no pool, so zero3's figure left out its gather buffers.
+TEST(JobPlanTest, Zero3FormulaShardsTheParametersAndAddsThePool) {
+  v1::JobSpec spec = Zero3Spec();
+  absl::StatusOr<sharding::ShardPlan> plan = PlanForJob(spec, 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const sharding::GatherWindows windows = sharding::GatherWindowsFor(*plan);
+  // Unset: twice the largest span, which is two windows of the largest module's span.
+  const int64_t pool = GatherPoolBytesForJob(spec, *plan);
+  EXPECT_EQ(pool, 2 * windows.window_elems * 4);
+  spec.set_gather_pool_buckets(static_cast<int32_t>(3 * windows.max_span_buckets));
+  EXPECT_EQ(GatherPoolBytesForJob(spec, *plan), 3 * windows.window_elems * 4);
+  spec.mutable_precision()->set_param_dtype(v1::BFLOAT16);
+  EXPECT_EQ(GatherPoolBytesForJob(spec, *plan), 3 * windows.window_elems * 2);
+  spec.mutable_precision()->set_param_dtype(v1::FLOAT32);
+
+  const v1::ModelStateFormula zero3 = ModelStateFormulaForJob(spec, 4, 1000, pool);
+  EXPECT_EQ(zero3.params_bytes(), 1000);  // 4000 over W = 4
+  EXPECT_EQ(zero3.grads_bytes(), 1000);
+  EXPECT_EQ(zero3.optimizer_state_bytes(), 2000);
+  EXPECT_EQ(zero3.gather_pool_bytes(), pool);
+  spec.set_mode(v1::ZERO2);
+  spec.clear_gather_pool_buckets();
+  EXPECT_EQ(GatherPoolBytesForJob(spec, *plan), 0);
+  EXPECT_EQ(ModelStateFormulaForJob(spec, 4, 1000, pool).gather_pool_bytes(), 0);
 }
 
 }  // namespace

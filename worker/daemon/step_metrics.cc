@@ -66,6 +66,7 @@ v1::StepMetrics MetricsFor(const engine::StepResult& result, int64_t steps_done,
   memory.set_optimizer_state_bytes(result.memory.of(MemoryCategory::kOptimizerState));
   memory.set_bucket_bytes(result.memory.of(MemoryCategory::kBuckets));
   memory.set_comm_scratch_bytes(result.memory.of(MemoryCategory::kCommScratch));
+  memory.set_gather_pool_bytes(result.memory.of(MemoryCategory::kGatherPool));
   memory.set_comm_staging_bytes(outside.comm_staging_bytes);
   memory.set_workload_bytes(outside.workload_bytes);
   memory.set_kernel_tables_bytes(outside.kernel_tables_bytes);
