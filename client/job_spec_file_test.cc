@@ -36,6 +36,18 @@ min_workers: 4
   EXPECT_EQ(from_yaml->mode(), v1::DDP);
 }
 
+// Fails before the fix: gather_pool_buckets was no JobSpec field (an unknown field is an error).
+TEST(JobSpecFileTest, Zero3AndItsGatherPoolFromJsonAndYaml) {
+  auto from_json = ParseJobSpec(R"({"name": "z3", "mode": "ZERO3", "gather_pool_buckets": 6})");
+  ASSERT_TRUE(from_json.ok()) << from_json.status();
+  auto from_yaml = ParseJobSpec("name: z3\nmode: ZERO3\ngather_pool_buckets: 6\n");
+  ASSERT_TRUE(from_yaml.ok()) << from_yaml.status();
+  EXPECT_EQ(from_json->SerializeAsString(), from_yaml->SerializeAsString());
+  EXPECT_EQ(from_yaml->mode(), v1::ZERO3);
+  EXPECT_TRUE(from_yaml->has_gather_pool_buckets());
+  EXPECT_EQ(from_yaml->gather_pool_buckets(), 6);
+}
+
 TEST(JobSpecFileTest, YamlListsAndQuotes) {
   auto spec = ParseJobSpec("name: \"a\\\"b\"\nworkload:\n  layer_sizes: [10, 32, 10]\n");
   ASSERT_TRUE(spec.ok()) << spec.status();

@@ -87,7 +87,7 @@ ABSL_FLAG(std::optional<std::string>, no_decay, std::nullopt,
           "submit: comma-separated tensor-name patterns (e.g. '*.bias') that take weight decay 0: "
           "a parameter group ahead of the spec file's groups (the first match wins).");
 ABSL_FLAG(std::optional<double>, momentum, std::nullopt, "submit: SGD momentum.");
-ABSL_FLAG(std::optional<std::string>, mode, std::nullopt, "submit: ddp, zero1 or zero2.");
+ABSL_FLAG(std::optional<std::string>, mode, std::nullopt, "submit: ddp, zero1, zero2 or zero3.");
 ABSL_FLAG(std::optional<int>, workers, std::nullopt,
           "submit: run on exactly this many workers (sets min and max).");
 ABSL_FLAG(std::optional<int>, min_workers, std::nullopt, "submit: fewest workers.");
@@ -98,6 +98,8 @@ ABSL_FLAG(std::optional<int64_t>, dataset_size, std::nullopt, "submit: synthetic
 ABSL_FLAG(std::optional<int64_t>, seed, std::nullopt, "submit: data and init seed.");
 ABSL_FLAG(std::optional<double>, clip_grad_norm, std::nullopt, "submit: gradient clipping.");
 ABSL_FLAG(std::optional<int64_t>, bucket_elems, std::nullopt, "submit: bucket size, elements.");
+ABSL_FLAG(std::optional<int32_t>, gather_pool_buckets, std::nullopt,
+          "submit: zero3's gather pool, in buckets (default: twice the most one module spans).");
 ABSL_FLAG(std::optional<int64_t>, checkpoint_every, std::nullopt,
           "submit: checkpoint every this many steps (checkpoint.every_steps; 0: only the final "
           "one).");
@@ -306,6 +308,7 @@ absl::StatusOr<v1::JobSpec> SpecFromArgs(const std::vector<char*>& args) {
   if (auto v = absl::GetFlag(FLAGS_seed)) spec.set_seed(static_cast<uint64_t>(*v));
   if (auto v = absl::GetFlag(FLAGS_clip_grad_norm)) spec.set_clip_grad_norm(*v);
   if (auto v = absl::GetFlag(FLAGS_bucket_elems)) spec.set_bucket_elems(*v);
+  if (auto v = absl::GetFlag(FLAGS_gather_pool_buckets)) spec.set_gather_pool_buckets(*v);
   if (auto v = absl::GetFlag(FLAGS_checkpoint_every)) {
     spec.mutable_checkpoint()->set_every_steps(*v);
   }

@@ -6,10 +6,11 @@
 
 Trains the same model (the catalog preset), on the same data and initial weights (the generator of
 docs/workloads.md, through tools/reference/workload_reference.py) with the same AdamW
-hyperparameters, five ways at each W: ZeroShard ddp, zero1 and zero2 (built-in workload, a real
-local cluster from deploy/local/cluster.py) and torch DDP + torch.optim.AdamW and DDP +
-ZeroRedundancyOptimizer on gloo (the torch of --torch_python, Debian's by default). Then it times
-the AdamW kernels (tests/bench:optimizer_bench against tests/bench/torch_adamw.py, alternating).
+hyperparameters, six ways at each W: ZeroShard ddp, zero1, zero2 and zero3 (--zeroshard_modes;
+built-in workload, a real local cluster from deploy/local/cluster.py) and torch DDP +
+torch.optim.AdamW and DDP + ZeroRedundancyOptimizer on gloo (the torch of --torch_python, Debian's
+by default). Then it times the AdamW kernels (tests/bench:optimizer_bench against
+tests/bench/torch_adamw.py, alternating).
 Every measurement goes to <out dir>/raw/*.json; the markdown and the PNG plots are made from those
 files only. The whole run holds --lock (the shared benchmark lock) when that file exists.
 
@@ -49,7 +50,8 @@ BUILD_TARGETS = e2e.BUILD_TARGETS + ["//tests/bench:optimizer_bench"]
 PRESETS = {"seed": [10, 64, 10], "medium": [1024, 4096, 4096, 1024]}
 DEFAULT_STEPS = {"seed": 40, "medium": 10}
 TORCH_VARIANTS = ["torch_ddp", "torch_zero"]
-ZEROSHARD_MODES = ["ddp", "zero1", "zero2"]
+# The ZeroShard modes --zeroshard_modes picks from (all by default), in this order.
+ZEROSHARD_MODES = ["ddp", "zero1", "zero2", "zero3"]
 VARIANTS = TORCH_VARIANTS + [f"zeroshard_{mode}" for mode in ZEROSHARD_MODES]
 # The reference every variant's final parameters are compared with.
 REFERENCE_VARIANT = "torch_ddp"
@@ -90,8 +92,10 @@ def formula_bytes(variant, run):
     the sharded ones divided by W) as the coordinator served them with the variant's plan."""
     name = FORMULA_OF_TORCH_VARIANT.get(variant["variant"], variant["variant"])
     formula = next(v for v in run["variants"] if v["variant"] == name)["model_state_formula"]
+    # gather_pool_bytes: zero3's pool, absent (0) in other modes.
     return int(sum(float(formula.get(key, 0.0)) for key in (
-        "params_bytes", "grads_bytes", "master_bytes", "optimizer_state_bytes")))
+        "params_bytes", "grads_bytes", "master_bytes", "optimizer_state_bytes",
+        "gather_pool_bytes")))
 
 
 # --- the torch side (runs under --torch_python) ------------------------------------------------
@@ -320,7 +324,7 @@ def run_zeroshard(args, preset, world_size, scratch):
     command = [sys.executable, CLUSTER_SCRIPT, f"--workers={world_size}",
                f"--bin_dir={args.bin_dir}", f"--log_dir={log_dir}", "--worker_threads=1", "--",
                sys.executable, os.path.abspath(__file__), "zeroshard-client",
-               f"--preset={preset}", f"--modes={','.join(ZEROSHARD_MODES)}",
+               f"--preset={preset}", f"--modes={','.join(args.zeroshard_modes)}",
                f"--world_size={world_size}", f"--steps={args.steps_for[preset]}",
                f"--warmup={args.warmup}", f"--results={results}",
                f"--params_prefix={os.path.join(scratch, 'zeroshard_')}"]
@@ -368,7 +372,7 @@ def run_training(args, preset, world_size):
         for variant in TORCH_VARIANTS:
             say(f"{preset} W={world_size} {variant} (load {load_before[0]})")
             variants.append(run_torch_variant(args, preset, world_size, variant, scratch))
-        say(f"{preset} W={world_size} zeroshard {','.join(ZEROSHARD_MODES)}")
+        say(f"{preset} W={world_size} zeroshard {','.join(args.zeroshard_modes)}")
         variants += run_zeroshard(args, preset, world_size, scratch)
         attached = []
         if args.attached:
@@ -537,10 +541,12 @@ def plot_all(runs, kernels, out_dir):
     import matplotlib.pyplot as plt
 
     colors = {"torch_ddp": "#d62728", "torch_zero": "#ff7f0e", "zeroshard_ddp": "#1f77b4",
-              "zeroshard_zero1": "#2ca02c", "zeroshard_zero2": "#9467bd"}
+              "zeroshard_zero1": "#2ca02c", "zeroshard_zero2": "#9467bd",
+              "zeroshard_zero3": "#8c564b"}
     # The curves lie on top of each other: dashes keep each one visible.
     styles = {"torch_ddp": "-", "torch_zero": (0, (6, 3)), "zeroshard_ddp": (0, (3, 3)),
-              "zeroshard_zero1": (0, (1, 2)), "zeroshard_zero2": (0, (6, 2, 1, 2))}
+              "zeroshard_zero1": (0, (1, 2)), "zeroshard_zero2": (0, (6, 2, 1, 2)),
+              "zeroshard_zero3": (0, (2, 1))}
     columns = len(runs)
 
     figure, axes = plt.subplots(1, columns, figsize=(4.2 * columns, 3.4), squeeze=False)
@@ -690,11 +696,12 @@ def write_report(raw_dir, out_path):
         "(torch) or rank 0's StepMetrics (ZeroShard). Memory: peak RSS (VmHWM) of each rank's "
         "process (the torch rank, or the ZeroShard worker), the categories torch's tensors or "
         "the worker's MemoryBreakdown count, and the ZeRO formula for fp32 AdamW "
-        "(4Ψ parameters + 4Ψ gradients + 8Ψ optimizer state, divided by W where sharded; "
+        "(4Ψ parameters + 4Ψ gradients + 8Ψ optimizer state, divided by W where sharded, "
+        "plus zero3's gather pool; "
         "torch's ZeroRedundancyOptimizer shards the state only). max |Δparam| is the largest "
         "difference of the final parameters from torch DDP's. The variants of one (preset, W) "
         "run one after another in one round (torch DDP, torch ZeRO, ZeroShard ddp, zero1, "
-        "zero2, then the attached trainers), so a load that changes during the run falls "
+        "zero2, zero3, then the attached trainers), so a load that changes during the run falls "
         "unevenly on them: compare within a column and read the load averages.",
         "",
         "## Training",
@@ -775,6 +782,8 @@ def parse_args(argv):
     parser.add_argument("--steps", type=int, default=None,
                         help="measured iterations per variant (default: seed 40, medium 10)")
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--zeroshard_modes", default=",".join(ZEROSHARD_MODES),
+                        help="the ZeroShard modes to run, comma-separated (default: all)")
     parser.add_argument("--out", default=os.path.join(REPO_ROOT, "report", "report.md"))
     parser.add_argument("--torch_python", default=e2e.DEBIAN_PYTHON)
     parser.add_argument("--bin_dir", default=None,
@@ -799,6 +808,11 @@ def parse_args(argv):
             parser.error(f"--presets: unknown preset '{preset}'")
     if any(w < 2 for w in args.world_sizes):
         parser.error("--world_sizes: at least 2")
+    args.zeroshard_modes = [m for m in args.zeroshard_modes.split(",") if m]
+    for mode in args.zeroshard_modes:
+        if mode not in ZEROSHARD_MODES:
+            parser.error(f"--zeroshard_modes: unknown mode '{mode}'; known: "
+                         f"{', '.join(ZEROSHARD_MODES)}")
     if args.warmup < 1 or (args.steps is not None and args.steps < 1):
         parser.error("--warmup and --steps: at least 1")
     args.steps_for = {p: args.steps or DEFAULT_STEPS[p] for p in PRESETS}

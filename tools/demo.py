@@ -2,9 +2,9 @@
 """The DDP vs ZeRO demo: runs the document's job on a running ZeroShard cluster and compares.
 
 Runs one job per (optimizer, mode) -- by default SGD lr 0.01 (the document's) and AdamW
-(docs/workloads.md's recommended demo config), each in `ddp` and in `zero2` mode -- through the
-`zeroshard` CLI, then prints side-by-side tables: loss at the first and last step, the largest
-|parameter difference| between ddp and zero2 of the same optimizer (each job's final state
+(docs/workloads.md's recommended demo config), each in `ddp`, `zero2` and `zero3` mode -- through
+the `zeroshard` CLI, then prints side-by-side tables: loss at the first and last step, the largest
+|parameter difference| from ddp of each other mode of the same optimizer (each job's final state
 through `zeroshard export`; 0 expected, docs/design.md "Bitwise"; a failed export is an
 error), the optimizer-state bytes per worker the engine measured against the ZeRO formula, the
 median iteration time (forward + backward + step) and engine step time, every memory category
@@ -73,7 +73,7 @@ def format_bytes(n):
 
 def parse_args():
     parser = argparse.ArgumentParser(
-        description="Runs the document's job in ddp and zero2 mode and compares them."
+        description="Runs the document's job in ddp, zero2 and zero3 mode and compares them."
     )
     parser.add_argument("--coordinator", default=os.environ.get("ZEROSHARD_COORDINATOR"))
     parser.add_argument(
@@ -95,7 +95,8 @@ def parse_args():
     parser.add_argument("--dataset_size", type=int, default=1024)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--optimizers", default="sgd,adamw", help="comma-separated")
-    parser.add_argument("--modes", default="ddp,zero2", help="comma-separated; the first is the reference")
+    parser.add_argument("--modes", default="ddp,zero2,zero3",
+                        help="comma-separated ddp, zero1, zero2, zero3; the first is the reference")
     parser.add_argument("--sgd_lr", type=float, default=LR["sgd"], help="the document's 0.01")
     parser.add_argument(
         "--adamw_lr", type=float, default=LR["adamw"],
@@ -365,6 +366,7 @@ MEMORY_COLUMNS = [
     ("opt state", "optimizer_state_bytes"),
     ("buckets", "bucket_bytes"),
     ("comm scratch", "comm_scratch_bytes"),
+    ("gather pool", "gather_pool_bytes"),
     ("comm staging", "comm_staging_bytes"),
     ("workload", "workload_bytes"),
     ("kernel tables", "kernel_tables_bytes"),

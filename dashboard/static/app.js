@@ -17,6 +17,7 @@
     ["optimizerStateBytes", "optimizer state"],
     ["bucketBytes", "buckets"],
     ["commScratchBytes", "comm scratch"],
+    ["gatherPoolBytes", "gather pool (zero3)"],
     ["commStagingBytes", "comm staging"],
     ["workloadBytes", "workload"],
     ["kernelTablesBytes", "kernel tables"],
@@ -241,8 +242,9 @@
 
   // The ZeRO paper's per-rank model-state bytes (docs/design.md, README's "ZeRO formula"), as the
   // plan serves them (ShardPlan.modelStateFormula, computed by the coordinator): the parameters in
-  // full, the gradients sharded from zero2, fp32 master copies (non-fp32 parameters only) and K
-  // fp32 optimizer-state copies sharded from zero1, all over W. Null without a plan.
+  // full (sharded in zero3), the gradients sharded from zero2, fp32 master copies (non-fp32
+  // parameters only) and K fp32 optimizer-state copies sharded from zero1, all over W; zero3 adds
+  // its gather pool. Null without a plan.
   function zeroFormula(job, plan) {
     const f = plan && plan.modelStateFormula;
     if (!f || !num(f.parameters)) return null;
@@ -250,17 +252,21 @@
     const w = Math.max(1, num(plan.worldSize) || worldSize(job));
     const shardsState = mode !== "DDP";
     const shardsGrads = mode === "ZERO2" || mode === "ZERO3";
+    const shardsParams = mode === "ZERO3";
     const parts = {
       paramsBytes: num(f.paramsBytes),
       gradsBytes: num(f.gradsBytes),
       masterBytes: num(f.masterBytes),
       optimizerStateBytes: num(f.optimizerStateBytes),
+      gatherPoolBytes: num(f.gatherPoolBytes),
     };
     const k = num(f.optimizerStateCopies);
-    const total = parts.paramsBytes + parts.gradsBytes + parts.masterBytes + parts.optimizerStateBytes;
-    const text = "\u03a8\u00b7(" + num(f.paramBytes) + " + " + num(f.gradBytes) + (shardsGrads ? "/W" : "") +
-      (parts.masterBytes ? " + 4" + (shardsState ? "/W" : "") : "") + " + " + k + "\u00b74" +
-      (shardsState ? "/W" : "") + ")";
+    const total = parts.paramsBytes + parts.gradsBytes + parts.masterBytes + parts.optimizerStateBytes +
+      parts.gatherPoolBytes;
+    const text = "\u03a8\u00b7(" + num(f.paramBytes) + (shardsParams ? "/W" : "") + " + " + num(f.gradBytes) +
+      (shardsGrads ? "/W" : "") + (parts.masterBytes ? " + 4" + (shardsState ? "/W" : "") : "") + " + " + k +
+      "\u00b74" + (shardsState ? "/W" : "") + ")" +
+      (shardsParams ? " + pool (" + C.formatBytes(parts.gatherPoolBytes) + ")" : "");
     return { total: Math.round(total), parts: parts, text: text, w: w, k: k, psi: num(f.parameters) };
   }
 
@@ -290,7 +296,9 @@
     });
   }
 
-  const MODEL_STATE_CATEGORIES = new Set(["paramsBytes", "gradsBytes", "masterBytes", "optimizerStateBytes"]);
+  // zero3's gather pool holds the parameters in use, so the formula counts it with the model states.
+  const MODEL_STATE_CATEGORIES = new Set(["paramsBytes", "gradsBytes", "masterBytes", "optimizerStateBytes",
+    "gatherPoolBytes"]);
 
   // The same bars cut to the categories the ZeRO formula counts, so that the formula marker is
   // legible beside buffers (communication staging) that can dwarf a small model.
@@ -322,7 +330,7 @@
 
   function memoryLegend(container) {
     C.legend(container, MEMORY_CATEGORIES.map(([, label], i) => ({ label: label, color: C.color(i) }))
-      .concat([{ label: "ZeRO formula (params + grads + master + optimizer state)", color: "#000", dashed: true }]));
+      .concat([{ label: "ZeRO formula (params + grads + master + optimizer state, + gather pool in zero3)", color: "#000", dashed: true }]));
   }
 
   // ---- pages -------------------------------------------------------------------------------

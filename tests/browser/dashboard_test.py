@@ -360,7 +360,8 @@ class DashboardTest(unittest.TestCase):
 def formula_total(plan):
     """The ZeRO formula's bytes per rank the plan carries (ShardPlan.model_state_formula)."""
     f = plan.model_state_formula
-    total = f.params_bytes + f.grads_bytes + f.master_bytes + f.optimizer_state_bytes
+    total = (f.params_bytes + f.grads_bytes + f.master_bytes + f.optimizer_state_bytes
+             + f.gather_pool_bytes)  # the pool: zero3 only
     assert total > 0 and total == int(total), total  # whole bytes for the seed model at W = 2
     return int(total)
 
