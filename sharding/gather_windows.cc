@@ -22,11 +22,14 @@ GatherWindows GatherWindowsFor(const ShardPlan& plan) {
     const int64_t last_bucket = placement.first_bucket + placement.num_buckets - 1;
     auto [it, inserted] = module_index.try_emplace(module, windows.modules.size());
     if (inserted) {
-      windows.modules.push_back({module, placement.first_bucket, last_bucket, 0, 0});
+      windows.modules.push_back({module, placement.first_bucket, last_bucket, 0, 0,
+                                 placement.flat_offset, placement.flat_end()});
     } else {
       ModuleRange& range = windows.modules[it->second];
       range.first_bucket = std::min(range.first_bucket, placement.first_bucket);
       range.last_bucket = std::max(range.last_bucket, last_bucket);
+      range.tensors_begin = std::min(range.tensors_begin, placement.flat_offset);
+      range.tensors_end = std::max(range.tensors_end, placement.flat_end());
     }
     windows.tensor_module.push_back(it->second);
   }

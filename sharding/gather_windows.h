@@ -25,6 +25,10 @@ struct ModuleRange {
   int64_t last_bucket = 0;
   int64_t flat_begin = 0;
   int64_t flat_end = 0;
+  // The part of [flat_begin, flat_end) the module's own tensors cover (the rest of its first and
+  // last buckets belongs to neighbours or padding).
+  int64_t tensors_begin = 0;
+  int64_t tensors_end = 0;
   int64_t span_buckets() const { return last_bucket - first_bucket + 1; }
   int64_t span_elems() const { return flat_end - flat_begin; }
 };

@@ -38,6 +38,10 @@ TEST(GatherWindowsTest, ModulesSpanTheBucketsTheirTensorsOverlap) {
     EXPECT_LE(module.flat_begin, placement.flat_offset) << t;
     EXPECT_GE(module.flat_end, placement.flat_end()) << t;
     EXPECT_LE(module.span_elems(), windows.window_elems) << t;
+    EXPECT_LE(module.flat_begin, module.tensors_begin) << t;
+    EXPECT_LE(module.tensors_begin, placement.flat_offset) << t;
+    EXPECT_GE(module.tensors_end, placement.flat_end()) << t;
+    EXPECT_LE(module.tensors_end, module.flat_end) << t;
   }
   // Module "2" covers [0, 3200) of the flat layout: buckets 0 and 1. Module "0" starts in
   // bucket 1 (shared) and ends in bucket 4.

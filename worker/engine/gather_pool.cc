@@ -1,6 +1,7 @@
 // zero3's gather pool (gather_pool.h).
 #include "worker/engine/gather_pool.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -81,6 +82,7 @@ absl::Status GatherPool::Fill(int w, int64_t module) {
   window.gathers.clear();
   window.gathers.resize(range.span_buckets());
   window.ordered.assign(range.span_buckets(), 0);
+  window.whole.assign(range.span_buckets(), 0);
   if (!gathers_since_timings_) {
     timer_->GathersIssued();
     gathers_since_timings_ = true;
@@ -93,15 +95,17 @@ absl::Status GatherPool::Fill(int w, int64_t module) {
     char* const bucket =
         window.buffer.as<char>() + (layout.flat_begin - range.flat_begin) * param_size_;
     // A bucket two modules share (their boundary) is copied from the neighbour's window when
-    // that one holds it, rather than gathered twice.
+    // that one holds it, rather than gathered twice; only the part this module's tensors cover.
     const int source = WindowHolding(b, w);
     if (source >= 0) {
       const sharding::ModuleRange& neighbour = geometry_.modules[windows_[source].module];
+      const int64_t begin = std::max(layout.flat_begin, range.tensors_begin);
+      const int64_t end = std::min(layout.flat_end(), range.tensors_end);
       ZS_RETURN_IF_ERROR(AwaitWindow(source, b, b, /*on_host=*/false));
       ZS_RETURN_IF_ERROR(failure_->Record(device_->ConvertElements(
-          windows_[source].buffer.as<char>() +
-              (layout.flat_begin - neighbour.flat_begin) * param_size_,
-          options_.param_dtype, bucket, options_.param_dtype, layout.padded_elems)));
+          windows_[source].buffer.as<char>() + (begin - neighbour.flat_begin) * param_size_,
+          options_.param_dtype, window.buffer.as<char>() + (begin - range.flat_begin) * param_size_,
+          options_.param_dtype, end - begin)));
       ++buckets_copied_;
       continue;
     }
@@ -111,6 +115,7 @@ absl::Status GatherPool::Fill(int w, int64_t module) {
         options_.param_dtype, layout.piece_elems)));
     window.gathers[b - range.first_bucket] =
         communicator_->AllGatherInPlace(bucket, layout.piece_elems, type, collective);
+    window.whole[b - range.first_bucket] = 1;
     ++buckets_gathered_;
   }
   return absl::OkStatus();
@@ -120,7 +125,10 @@ int GatherPool::WindowHolding(int64_t bucket, int except) const {
   for (int w = 0; w < static_cast<int>(windows_.size()); ++w) {
     if (w == except || windows_[w].module < 0) continue;
     const sharding::ModuleRange& range = geometry_.modules[windows_[w].module];
-    if (bucket >= range.first_bucket && bucket <= range.last_bucket) return w;
+    if (bucket >= range.first_bucket && bucket <= range.last_bucket &&
+        windows_[w].whole[bucket - range.first_bucket]) {
+      return w;
+    }
   }
   return -1;
 }
@@ -251,6 +259,7 @@ absl::Status GatherPool::EndStep() {
     window.holds = 0;
     window.gathers.clear();
     window.ordered.clear();
+    window.whole.clear();
   }
   std::fill(module_window_.begin(), module_window_.end(), -1);
   std::fill(tensor_held_.begin(), tensor_held_.end(), 0);

@@ -104,6 +104,9 @@ class GatherPool {
     // The gather of each of the module's buckets (index: bucket - first_bucket), until waited.
     std::vector<std::unique_ptr<comm::Work>> gathers;
     std::vector<char> ordered;  // whether the device was ordered after gathers[i]
+    // Whether bucket i is whole here (gathered), or only the part the module's tensors cover
+    // (copied from a neighbour): only whole buckets are copied on to other windows.
+    std::vector<char> whole;
   };
 
   // The window holding `module`, or -1.
