@@ -38,6 +38,7 @@
 #include "gtest/gtest.h"
 #include "http/http_test_client.h"
 #include "jobspec/job_plan.h"
+#include "sharding/shard_planner.h"
 #include "zeroshard/v1/coordinator.grpc.pb.h"
 
 namespace zeroshard::coordinator {
@@ -848,6 +849,58 @@ TEST_F(CoordinatorServiceTest, UnparseableStreamingRequestsAreInvalidArgumentWit
     while (queue.Next(&tag, &ok)) {
     }
   }
+}
+
+// Fails before the fix: ZERO3 was refused at submission, and the plan's formula had no pool.
+TEST_F(CoordinatorServiceTest, Zero3JobsPlanShardsTheParametersAndCarriesThePool) {
+  StartServer();
+  const std::string workers[] = {Register("zero3-a"), Register("zero3-b")};
+  v1::JobSpec spec = Spec("zero3", 2);
+  spec.mutable_workload()->clear_preset();
+  for (int size : {64, 64, 64}) spec.mutable_workload()->add_layer_sizes(size);
+  spec.set_mode(v1::ZERO3);
+  spec.set_bucket_elems(1024);
+
+  // A pool that cannot hold one module's buckets is refused at submission, naming both numbers.
+  v1::JobSpec too_small = spec;
+  too_small.set_gather_pool_buckets(1);
+  {
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = too_small;
+    v1::Job refused;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->SubmitJob(&context, request, &refused);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_TRUE(
+        absl::StrContains(status.error_message(),
+                          "gather_pool_buckets: 1 is below the most buckets one module spans"))
+        << status.error_message();
+  }
+
+  const v1::Job submitted = Submit(spec);
+  ASSERT_FALSE(submitted.id().empty());
+  for (const std::string& worker : workers) {
+    v1::HeartbeatResponse response;
+    ASSERT_TRUE(Heartbeat(worker, &response).ok());
+  }
+  const v1::Job job = GetJob(submitted.id());
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.message();
+  v1::GetShardPlanRequest plan_request;
+  plan_request.set_job_id(job.id());
+  v1::ShardPlan plan;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->GetShardPlan(&context, plan_request, &plan);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  const v1::ModelStateFormula& formula = plan.model_state_formula();
+  EXPECT_EQ(formula.params_bytes(), 4.0 * plan.model_elems() / 2);  // sharded over W = 2
+  absl::StatusOr<sharding::ShardPlan> full = jobspec::PlanForJob(job.spec(), 2);
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_GT(formula.gather_pool_bytes(), 0);
+  EXPECT_EQ(formula.gather_pool_bytes(), jobspec::GatherPoolBytesForJob(job.spec(), *full));
 }
 
 TEST_F(CoordinatorServiceTest, ALongPresetIsRefusedNamingItInAShortMessage) {
