@@ -548,16 +548,21 @@ int Run(std::vector<char*> args) {
     }
     absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client.ListWorkers(state);
     if (!workers.ok()) return Fail(workers.status());
-    std::cout << absl::StrFormat("%-14s %-14s %-12s %-5s %-6s %-12s %-11s %s\n", "ID", "NAME",
-                                 "HOST", "KIND", "STATE", "JOB", "RANK", "ATTACH_SOCKET");
+    std::cout << absl::StrFormat("%-14s %-14s %-12s %-5s %-6s %-12s %-11s %-12s %s\n", "ID", "NAME",
+                                 "HOST", "KIND", "STATE", "JOB", "RANK", "MEMORY_LIMIT",
+                                 "ATTACH_SOCKET");
     for (const v1::WorkerInfo& worker : *workers) {
       const bool running = worker.assignment().kind() == v1::ASSIGNMENT_RUN;
       std::cout << absl::StrFormat(
-          "%-14s %-14s %-12s %-5s %-6s %-12s %-11s %s\n", worker.id(), worker.name(), worker.host(),
-          v1::DeviceKind_Name(worker.device_kind()), v1::WorkerState_Name(worker.state()),
-          running ? worker.assignment().job_id() : "-",
+          "%-14s %-14s %-12s %-5s %-6s %-12s %-11s %-12s %s\n", worker.id(), worker.name(),
+          worker.host(), v1::DeviceKind_Name(worker.device_kind()),
+          v1::WorkerState_Name(worker.state()), running ? worker.assignment().job_id() : "-",
           running ? absl::StrCat(worker.assignment().rank(), "/", worker.assignment().world_size())
                   : "-",
+          // --memory_limit_bytes, in MiB; "-" for none.
+          worker.memory_limit_bytes() == 0
+              ? std::string("-")
+              : absl::StrFormat("%.1fMiB", worker.memory_limit_bytes() / 1048576.0),
           worker.attach_socket().empty() ? "-" : worker.attach_socket());
     }
     return 0;

@@ -18,9 +18,11 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/job_state_table.h"
+#include "coordinator/memory_admission.h"
 #include "coordinator/recovery_rules.h"
 #include "coordinator/scheduler.h"
 #include "google/protobuf/util/time_util.h"
+#include "jobspec/job_memory.h"
 #include "jobspec/job_plan.h"
 #include "jobspec/job_spec_defaults.h"
 #include "jobspec/job_spec_validation.h"
@@ -489,6 +491,9 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
   // The plan must exist for every allowed world size; check the smallest (the catalog and the
   // planner's own limits).
   ZS_RETURN_IF_ERROR(jobspec::PlanForJob(spec, spec.min_workers()).status());
+  // A job the idle workers' --memory_limit_bytes cannot hold is refused now, with the figures,
+  // rather than failing on every worker it is given.
+  ZS_RETURN_IF_ERROR(CheckJobFitsMemoryLimits(spec, workers_.IdleWorkers(spec.device_kind())));
   ZS_RETURN_IF_ERROR(CheckCheckpointDirLocked(submitted, spec, submitter, may_name_any_job));
   if (!spec.run_key().empty()) {
     const auto taken = jobs_by_run_key_.find(std::make_pair(submitter, spec.run_key()));
@@ -1538,12 +1543,21 @@ void JobManager::ScheduleLocked() {
         continue;
       }
       job.pinned_worker_ids = *std::move(pinned);
-    } else if (record.regroup.has_value()) {
-      bool noticed = false;
-      job.regrouping = StillRegroupingLocked(record, &noticed);
-      if (noticed) changed.push_back(&record);
-      // The scheduler ignores those that are not free.
-      job.preferred_worker_ids = record.regroup->members;
+    } else {
+      // The scheduler asks only when a free worker has a limit; the record outlives the pass.
+      job.memory_need_bytes = [&spec](int64_t world_size) -> int64_t {
+        absl::StatusOr<sharding::RankMemoryBytes> need =
+            jobspec::JobMemoryNeed(spec, spec.mode(), world_size);
+        // A job that cannot be planned fails where the placement plans it.
+        return need.ok() ? need->total : 0;
+      };
+      if (record.regroup.has_value()) {
+        bool noticed = false;
+        job.regrouping = StillRegroupingLocked(record, &noticed);
+        if (noticed) changed.push_back(&record);
+        // The scheduler ignores those that are not free.
+        job.preferred_worker_ids = record.regroup->members;
+      }
     }
     pending.push_back(std::move(job));
   }
@@ -1552,7 +1566,7 @@ void JobManager::ScheduleLocked() {
   if (!pending.empty()) {
     for (v1::DeviceKind kind : {v1::CPU, v1::CUDA}) {
       for (const v1::WorkerInfo* worker : workers_.IdleWorkers(kind)) {
-        free_workers.push_back({worker->id(), worker->host(), kind});
+        free_workers.push_back({worker->id(), worker->host(), kind, worker->memory_limit_bytes()});
       }
     }
     for (const v1::WorkerInfo* worker : workers_.List(v1::WORKER_STATE_UNSPECIFIED)) {

@@ -254,6 +254,8 @@ absl::Status ValidateRegisterWorkerRequest(const v1::RegisterWorkerRequest& requ
                                           request.device_kind(), {v1::CPU, v1::CUDA}));
   ZS_RETURN_IF_ERROR(jobspec::CheckIntInRange("device_memory_bytes", request.device_memory_bytes(),
                                               0, kMaxDeviceMemoryBytes));
+  ZS_RETURN_IF_ERROR(jobspec::CheckIntInRange("memory_limit_bytes", request.memory_limit_bytes(), 0,
+                                              kMaxMemoryLimitBytes));
   ZS_RETURN_IF_ERROR(CheckLabels(request.labels()));
   if (!request.previous_worker_id().empty()) {
     ZS_RETURN_IF_ERROR(CheckWorkerId("previous_worker_id", request.previous_worker_id()));

@@ -16,6 +16,8 @@ namespace zeroshard::coordinator {
 // Bounds that coordinator.proto's comments document.
 inline constexpr size_t kMaxHostLength = 253;
 inline constexpr int64_t kMaxDeviceMemoryBytes = int64_t{1} << 50;
+// RegisterWorkerRequest.memory_limit_bytes (a worker's --memory_limit_bytes) is at most this.
+inline constexpr int64_t kMaxMemoryLimitBytes = int64_t{1} << 50;
 inline constexpr int kMaxWorkerLabels = 32;
 inline constexpr size_t kMaxLabelKeyLength = 63;
 inline constexpr size_t kMaxLabelValueBytes = 256;

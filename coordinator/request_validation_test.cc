@@ -447,6 +447,14 @@ INSTANTIATE_TEST_SUITE_P(
             "HugeDeviceMemory",
             [](Register& r) { r.set_device_memory_bytes((int64_t{1} << 50) + 1); },
             "device_memory_bytes", "out of range"),
+        // Fails before the fix: memory_limit_bytes did not exist.
+        BadRegister(
+            "NegativeMemoryLimit", [](Register& r) { r.set_memory_limit_bytes(-1); },
+            "memory_limit_bytes", "-1 is out of range [0, 1125899906842624]"),
+        BadRegister(
+            "HugeMemoryLimit",
+            [](Register& r) { r.set_memory_limit_bytes((int64_t{1} << 50) + 1); },
+            "memory_limit_bytes", "out of range"),
         BadRegister(
             "TooManyLabels",
             [](Register& r) {

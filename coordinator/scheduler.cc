@@ -66,22 +66,37 @@ class WorkerPool {
     taken_[index] = true;
     --available_;
   }
-  // `count` workers not taken yet: those at the `preferred` indices first, then the first others
-  // in order. Returned in pool order: a subsequence of host-grouped workers is still
-  // host-grouped, so each job's ranks keep a host's workers contiguous.
-  std::vector<std::string> TakeFirst(int64_t count, std::vector<size_t> preferred = {}) {
+  // Workers not taken yet whose memory limit is none or at least `need_bytes`.
+  int64_t AvailableFitting(int64_t need_bytes) const {
+    int64_t fitting = 0;
+    for (size_t index = 0; index < workers_.size(); ++index) {
+      if (!taken_[index] && Fits(index, need_bytes)) ++fitting;
+    }
+    return fitting;
+  }
+  bool AnyLimit() const {
+    return absl::c_any_of(workers_,
+                          [](const FreeWorker* worker) { return worker->memory_limit_bytes > 0; });
+  }
+
+  // `count` workers not taken yet whose limit fits `need_bytes`: those at the `preferred`
+  // indices first, then the first others in order. Returned in pool order: a subsequence of
+  // host-grouped workers is still host-grouped, so each job's ranks keep a host's workers
+  // contiguous.
+  std::vector<std::string> TakeFirst(int64_t count, std::vector<size_t> preferred = {},
+                                     int64_t need_bytes = 0) {
     std::vector<size_t> chosen;
     chosen.reserve(count);
     std::sort(preferred.begin(), preferred.end());
     preferred.erase(std::unique(preferred.begin(), preferred.end()), preferred.end());
     for (size_t index : preferred) {
       if (static_cast<int64_t>(chosen.size()) == count) break;
-      if (!taken_[index]) chosen.push_back(index);
+      if (!taken_[index] && Fits(index, need_bytes)) chosen.push_back(index);
     }
     const size_t preferred_chosen = chosen.size();
     for (size_t index = first_untaken_;
          static_cast<int64_t>(chosen.size()) < count && index < workers_.size(); ++index) {
-      if (taken_[index] ||
+      if (taken_[index] || !Fits(index, need_bytes) ||
           std::binary_search(chosen.begin(), chosen.begin() + preferred_chosen, index)) {
         continue;
       }
@@ -103,6 +118,11 @@ class WorkerPool {
   bool reserved() const { return reserved_; }
 
  private:
+  bool Fits(size_t index, int64_t need_bytes) const {
+    const int64_t limit = workers_[index]->memory_limit_bytes;
+    return limit == 0 || limit >= need_bytes;
+  }
+
   std::vector<const FreeWorker*> workers_;
   std::vector<bool> taken_;
   int64_t available_ = 0;
@@ -183,12 +203,27 @@ ScheduleResult Schedule(const std::vector<PendingJob>& pending,
       }
       continue;
     }
-    const int64_t world_size = ChooseWorldSize(job, pool.available());
+    int64_t world_size = ChooseWorldSize(job, pool.available());
     if (world_size == 0) {
       if (waited_too_long) pool.Reserve();
       continue;
     }
-    placements.push_back({job.job_id, pool.TakeFirst(world_size, std::move(preferred))});
+    // Workers whose memory limit is below the need at W are left out. Fewer workers give a
+    // smaller W and a larger need, so W shrinks until enough fit or none does (W strictly
+    // decreases: the loop ends). A job no worker's limit admits waits without a reservation:
+    // holding the kind's workers would not make them larger.
+    int64_t need_bytes = 0;
+    if (job.memory_need_bytes && pool.AnyLimit()) {
+      while (world_size != 0) {
+        need_bytes = job.memory_need_bytes(world_size);
+        const int64_t fitting = pool.AvailableFitting(need_bytes);
+        if (fitting >= world_size) break;
+        world_size = ChooseWorldSize(job, fitting);
+      }
+      if (world_size == 0) continue;
+    }
+    placements.push_back(
+        {job.job_id, pool.TakeFirst(world_size, std::move(preferred), need_bytes)});
   }
   return result;
 }

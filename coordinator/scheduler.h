@@ -8,6 +8,7 @@
 #define ZEROSHARD_COORDINATOR_SCHEDULER_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -42,12 +43,19 @@ struct PendingJob {
   // free preferred workers are held for it (no job after it gets them). Not used for a pinned
   // job.
   bool regrouping = false;
+  // Bytes one rank of this job needs at a world size (jobspec::JobMemoryNeed), compared with the
+  // workers' memory_limit_bytes: a worker whose limit is below the need at the chosen W is not
+  // given the job (it starts on fewer workers, or waits). Null: no need is checked (e.g. attached
+  // jobs). Called only when some free worker of the job's kind has a limit.
+  std::function<int64_t(int64_t world_size)> memory_need_bytes;
 };
 
 struct FreeWorker {
   std::string worker_id;
   std::string host;
   v1::DeviceKind device_kind = v1::CPU;
+  // The worker's --memory_limit_bytes; 0: none.
+  int64_t memory_limit_bytes = 0;
 };
 
 struct Placement {

@@ -441,5 +441,38 @@ TEST(PinnedWorkerIdsTest, EachRankGetsItsNamedLiveWorkerOrWaits) {
             "device_kind is CPU");
 }
 
+// Fails before the fix: the scheduler ignored the workers' memory limits and placed a job on
+// workers its engine could not fit in.
+TEST(SchedulerTest, WorkersWhoseMemoryLimitIsBelowTheNeedAreLeftOut) {
+  // Need per rank: 1000 bytes / W (a sharded job).
+  PendingJob job = Job("a", 1, 4, 4);
+  job.memory_need_bytes = [](int64_t world_size) { return 1000 / world_size; };
+  std::vector<FreeWorker> free = Workers(4);
+  free[1].memory_limit_bytes = 200;  // fits neither W = 4 (250) nor less
+  free[2].memory_limit_bytes = 400;  // fits W = 4 and W = 3, not W = 2 (500)
+  // W = 4 needs 250: three workers fit (w0 without a limit, w2, w3); W = 3 does not divide 4; W = 2
+  // needs 500: w0 and w3 fit.
+  std::vector<Placement> placements = Placements({job}, free);
+  ASSERT_EQ(placements.size(), 1u);
+  std::vector<std::string> ids = placements[0].worker_ids;
+  std::sort(ids.begin(), ids.end());
+  EXPECT_EQ(ids, (std::vector<std::string>{"w0", "w3"}));
+  // No worker fits any W: the job waits (no reservation), and a later job that fits starts.
+  for (FreeWorker& worker : free) worker.memory_limit_bytes = 100;
+  PendingJob small = Job("b", 1, 1, 1);
+  placements = Placements({job, small}, free);
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].job_id, "b");
+  // Without limits, the need is not asked for.
+  PendingJob unasked = Job("c", 1, 4, 4);
+  unasked.memory_need_bytes = [](int64_t) -> int64_t {
+    ADD_FAILURE() << "asked without limits";
+    return 0;
+  };
+  placements = Placements({unasked}, Workers(4));
+  ASSERT_EQ(placements.size(), 1u);
+  EXPECT_EQ(placements[0].worker_ids.size(), 4u);
+}
+
 }  // namespace
 }  // namespace zeroshard::coordinator

@@ -60,6 +60,7 @@ v1::WorkerInfo& WorkerRegistry::Add(int64_t number, const v1::RegisterWorkerRequ
   info.set_host(request.host());
   info.set_device_kind(request.device_kind());
   info.set_device_memory_bytes(request.device_memory_bytes());
+  info.set_memory_limit_bytes(request.memory_limit_bytes());
   *info.mutable_labels() = request.labels();
   info.set_attach_socket(request.attach_socket());
   info.set_state(v1::IDLE);

@@ -148,6 +148,20 @@ TEST(WorkerRegistryTest, AttachSocketIsStoredOnEveryRegistration) {
   EXPECT_EQ(registry.Register(Request("b"), kStart).attach_socket(), "");
 }
 
+// Fails before the fix: WorkerInfo had no memory_limit_bytes, so the coordinator could not compare
+// a job's need with the worker's --memory_limit_bytes.
+TEST(WorkerRegistryTest, MemoryLimitIsStoredOnEveryRegistration) {
+  WorkerRegistry registry({absl::Seconds(1), 3});
+  v1::RegisterWorkerRequest request = Request("a");
+  request.set_memory_limit_bytes(int64_t{300} << 20);
+  const std::string first = registry.Register(request, kStart).id();
+  EXPECT_EQ(registry.Find(first)->memory_limit_bytes(), int64_t{300} << 20);
+  request.set_memory_limit_bytes(0);
+  absl::StatusOr<v1::WorkerInfo*> adopted = registry.RegisterAs(request, "worker-000042", kStart);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  EXPECT_EQ((*adopted)->memory_limit_bytes(), 0);
+}
+
 TEST(WorkerRegistryTest, LiveWorkersByNameTakesTheNewestLiveIdOfEachName) {
   WorkerRegistry registry({absl::Seconds(1), 3});
   const std::string old_a = registry.Register(Request("a"), kStart).id();

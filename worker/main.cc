@@ -89,6 +89,12 @@ ABSL_FLAG(std::string, checkpoint_root, "",
 // defaults are the measured best on the machine of those figures.
 ABSL_FLAG(int, bucket_pool_size, zeroshard::engine::EngineConfig().bucket_pool_size,
           "Reduce buffers zero2 keeps in flight (each one bucket).");
+ABSL_FLAG(int64_t, memory_limit_bytes, 0,
+          "The most bytes this worker's engine may hold at once (its counting allocator: "
+          "parameters, gradients, master weights, optimizer state, bucket and gather buffers, "
+          "scratch). An allocation past it fails the run with RESOURCE_EXHAUSTED naming the "
+          "figures; the coordinator refuses, at submission, a job whose mode needs more per rank "
+          "than the smallest limit among the idle workers. 0: no limit. At most 2^50.");
 ABSL_FLAG(int64_t, gloo_segment_bytes, zeroshard::comm::GlooCommunicatorOptions().segment_bytes,
           "Pipeline segment of the Gloo rings, bytes.");
 ABSL_FLAG(int, gloo_staging_segments, zeroshard::comm::GlooCommunicatorOptions().staging_segments,
@@ -188,6 +194,15 @@ int main(int argc, char** argv) {
     ZS_LOG(ERROR) << "--bucket_pool_size must be at least 1";
     return 2;
   }
+  // The allocator checks the same range (CountingAllocator::SetLimit); checked here so that a
+  // bad value stops the worker at start, not its first run.
+  const int64_t memory_limit_bytes = absl::GetFlag(FLAGS_memory_limit_bytes);
+  if (memory_limit_bytes < 0 || memory_limit_bytes > zeroshard::engine::kMaxMemoryLimitBytes) {
+    ZS_LOG(ERROR) << "--memory_limit_bytes=" << memory_limit_bytes << ": must be in [0, "
+                  << zeroshard::engine::kMaxMemoryLimitBytes << "] (0: no limit)";
+    return 2;
+  }
+  options.memory_limit_bytes = memory_limit_bytes;
   absl::StatusOr<zeroshard::worker::ThreadPinning> pinning =
       zeroshard::worker::ParseThreadPinning(absl::GetFlag(FLAGS_thread_pinning));
   if (!pinning.ok()) {
@@ -251,6 +266,7 @@ int main(int argc, char** argv) {
         run_options.cuda_device = cuda_device;
         run_options.checkpoint_root = absl::GetFlag(FLAGS_checkpoint_root);
         run_options.bucket_pool_size = absl::GetFlag(FLAGS_bucket_pool_size);
+        run_options.memory_limit_bytes = memory_limit_bytes;
         run_options.gloo = gloo;
         run_options.pinning = *pinning;
         run_options.attach_listen_fd = attach_listener != nullptr ? attach_listener->fd() : -1;

@@ -398,6 +398,7 @@ absl::StatusOr<std::unique_ptr<EngineTrainingRun::RunParts>> EngineTrainingRun::
   if (parts->attached) parts->config.tensor_groups = TensorGroupsForPlan(spec, parts->plan);
   parts->config.device = parts->device.get();
   parts->config.bucket_pool_size = options_.bucket_pool_size;
+  parts->config.memory_limit_bytes = options_.memory_limit_bytes;
   ZS_ASSIGN_OR_RETURN(parts->engine, engine::Engine::Create(parts->plan, parts->rank, parts->config,
                                                             parts->communicator.get()));
   return parts;

@@ -49,6 +49,8 @@ struct EngineTrainingRunOptions {
   std::string checkpoint_root;
   // engine::EngineConfig::bucket_pool_size (the reduce buffers zero2 keeps in flight).
   int bucket_pool_size = engine::EngineConfig().bucket_pool_size;
+  // engine::EngineConfig::memory_limit_bytes (the worker's --memory_limit_bytes; 0: none).
+  int64_t memory_limit_bytes = 0;
   // The CPU communicator's tuning: its segment_bytes, staging_segments, lanes, thread_nice,
   // transport, host and shm sizes are used; rank, world size, store, hostname (listen_host) and
   // thread_cpus (from `pinning`) are the run's.

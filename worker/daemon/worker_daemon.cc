@@ -65,6 +65,7 @@ absl::StatusOr<bool> WorkerDaemon::Register() {
   request.set_host(options_.host);
   request.set_device_kind(options_.device_kind);
   request.set_device_memory_bytes(options_.device_memory_bytes);
+  request.set_memory_limit_bytes(options_.memory_limit_bytes);
   request.set_attach_socket(options_.attach_socket);
   for (const auto& [key, value] : options_.labels) (*request.mutable_labels())[key] = value;
   request.set_previous_worker_id(worker_id());

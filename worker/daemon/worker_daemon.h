@@ -33,6 +33,9 @@ struct WorkerDaemonOptions {
   std::string host;
   v1::DeviceKind device_kind = v1::CPU;
   int64_t device_memory_bytes = 0;
+  // The worker's --memory_limit_bytes (0: none), told to the coordinator at registration so that
+  // it refuses and does not place jobs that need more per rank.
+  int64_t memory_limit_bytes = 0;
   std::map<std::string, std::string> labels;
   // Used until the coordinator's RegisterWorker reply says otherwise (it always does).
   absl::Duration heartbeat_period = absl::Seconds(1);

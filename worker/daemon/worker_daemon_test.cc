@@ -145,6 +145,7 @@ class WorkerDaemonTest : public ::testing::Test {
     // Calls wait this long for a coordinator that is down, then fail.
     options.rpc_timeout = absl::Milliseconds(500);
     options.unregistered_unhealthy_after = unregistered_unhealthy_after;
+    options.memory_limit_bytes = memory_limit_bytes_;
     // Reconnect quickly after a coordinator restart, as zeroshard-worker does.
     grpc::ChannelArguments channel_args;
     channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
@@ -185,6 +186,8 @@ class WorkerDaemonTest : public ::testing::Test {
   static constexpr char kWorkerToken[] = "worker-token-0123456789";
   // The coordinator authenticates callers (a token file) and the daemon holds a worker token.
   bool with_tokens_ = false;
+  // The daemons' --memory_limit_bytes.
+  int64_t memory_limit_bytes_ = 0;
   std::unique_ptr<coordinator::CoordinatorServer> server_;
   absl::Mutex mu_;
   std::vector<v1::Assignment> started_ ABSL_GUARDED_BY(mu_);
@@ -220,6 +223,37 @@ TEST_F(WorkerDaemonTest, RegistersOnceCoordinatorComesUpThenRunsAndAbortsOnCance
   thread.join();
   EXPECT_EQ(aborted_.load(), 2);  // stopping aborts the running one
   EXPECT_TRUE(Eventually([&] { return manager->ListWorkers(v1::LEFT).size() == 1; }));
+}
+
+// Fails before the fix: workers did not report a memory limit, and SubmitJob accepted a job its
+// idle workers could not hold. With the real coordinator over loopback: the limit reaches
+// ListWorkers, a job above it is refused with the figures, and one below it runs.
+TEST_F(WorkerDaemonTest, TheMemoryLimitIsRegisteredAndJobsAboveItAreRefusedAtSubmission) {
+  memory_limit_bytes_ = int64_t{64} << 20;
+  const int port = common::PickFreeLoopbackPortOrDie();
+  StartCoordinator(port);
+  std::unique_ptr<WorkerDaemon> daemon = MakeDaemon(port);
+  std::thread thread([&] { EXPECT_TRUE(daemon->Run().ok()); });
+  coordinator::JobManager* manager = server_->manager();
+  ASSERT_TRUE(Eventually([&] { return manager->ListWorkers(v1::IDLE).size() == 1; }));
+  EXPECT_EQ(manager->ListWorkers(v1::IDLE)[0].memory_limit_bytes(), int64_t{64} << 20);
+  // The deep preset under AdamW needs far more than 64 MiB per rank at W = 1.
+  v1::JobSpec large = Spec();
+  large.mutable_workload()->set_preset("deep");
+  large.mutable_optimizer()->set_kind(v1::ADAMW);
+  large.set_mode(v1::ZERO2);
+  const absl::Status refused = manager->SubmitJob(large).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  EXPECT_NE(refused.message().find("spec.mode: ZERO2 needs"), absl::string_view::npos) << refused;
+  EXPECT_NE(refused.message().find("more than worker w's --memory_limit_bytes=64.0 MiB"),
+            absl::string_view::npos)
+      << refused;
+  // The seed model fits: it is accepted and placed on the worker.
+  auto job = manager->SubmitJob(Spec());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(Eventually([&] { return Started() == 1; }));
+  daemon->Stop();
+  thread.join();
 }
 
 TEST_F(WorkerDaemonTest, ARunThatFailsIsReportedAtOnceNotAtTheNextHeartbeat) {
