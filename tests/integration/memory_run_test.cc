@@ -55,8 +55,9 @@ TEST_P(MemoryAccountingTest, CountedCategoriesExplainTheWorkersPeakRssGrowth) {
   EXPECT_GT(memory.comm_staging_bytes(), 0);
   EXPECT_EQ(counted, memory.params_bytes() + memory.grads_bytes() + memory.master_bytes() +
                          memory.optimizer_state_bytes() + memory.bucket_bytes() +
-                         memory.comm_scratch_bytes() + memory.comm_staging_bytes() +
-                         memory.workload_bytes() + memory.kernel_tables_bytes());
+                         memory.comm_scratch_bytes() + memory.gather_pool_bytes() +
+                         memory.comm_staging_bytes() + memory.workload_bytes() +
+                         memory.kernel_tables_bytes());
 
   // Rank 0's own figures: its peak growth since the run started.
   const int64_t reported_growth = progress.vmhwm_bytes() - progress.vmrss_at_start_bytes();
