@@ -71,6 +71,11 @@ JOBS = {
     "medium": {"layers": [1024, 4096, 4096, 1024], "world_size": 2, "steps": 20},
     # 18 Linear layers (16 of 2048 x 2048): zero3's job (issue 38).
     "deep": {"layers": [1024] + [2048] * 17 + [1024], "world_size": 2, "steps": 20},
+    # deep with buckets of 2,098,176 elements: the output layer is one bucket and each
+    # 2048 x 2048 layer exactly two, so no two modules share a bucket (zero3 then copies no
+    # boundary bucket between gather windows). Both zero2 and zero3 run with it.
+    "deep-aligned": {"layers": [1024] + [2048] * 17 + [1024], "world_size": 2, "steps": 20,
+                     "preset": "deep", "bucket_elems": 2098176},
 }
 VARIANTS = ["torch_ddp", "torch_zero", "zeroshard_ddp", "zeroshard_zero1", "zeroshard_zero2",
             "zeroshard_zero3"]
@@ -95,6 +100,7 @@ TARGETS = [
     ("seed", "zeroshard_zero2", "torch_ddp", 0.8),
     # Issue 38: zero3's second gather, before backward, is prefetched under compute.
     ("deep", "zeroshard_zero3", "zeroshard_zero2", 1.20),
+    ("deep-aligned", "zeroshard_zero3", "zeroshard_zero2", 1.20),
 ]
 
 
@@ -554,8 +560,11 @@ def summarize_zeroshard(job, mode, world_size, runs, warmup, torch_version):
 
 def submit_job(cli, coordinator, name, job, mode, workers, steps):
     """Submits one ZeroShard job of `workers` ranks (PER_RANK_BATCH samples each); its id."""
+    spec = JOBS[job]
+    bucket = [f"--bucket_elems={spec['bucket_elems']}"] if "bucket_elems" in spec else []
     submitted = subprocess.run(
-        [cli, coordinator, "submit", f"--name={name}", f"--preset={job}", "--optimizer=adamw",
+        [cli, coordinator, "submit", f"--name={name}", f"--preset={spec.get('preset', job)}",
+         *bucket, "--optimizer=adamw",
          f"--lr={LR}", f"--mode={mode}", f"--workers={workers}", f"--steps={steps}",
          f"--global_batch={PER_RANK_BATCH * workers}", f"--dataset_size={DATASET_SIZE}",
          f"--seed={SEED}", "--output=json"],
