@@ -15,8 +15,8 @@ WORKSPACE = os.path.join(os.environ.get("TEST_SRCDIR", ""), os.environ.get("TEST
 OUT_DIR = os.path.join(os.environ.get("TEST_TMPDIR", "/tmp"), "report")
 STEPS = 5
 WARMUP = 1
-# zero3's row runs once the engine implements it (issue 38): add "zero3" here then.
-ZEROSHARD_MODES = ["ddp", "zero1", "zero2"]
+# zero3 runs too (issue 38): its row adds the plan's gather pool to the formula column.
+ZEROSHARD_MODES = ["ddp", "zero1", "zero2", "zero3"]
 VARIANTS = ["torch_ddp", "torch_zero"] + [f"zeroshard_{mode}" for mode in ZEROSHARD_MODES]
 PLOTS = ["loss.png", "memory.png", "iteration.png", "kernels.png"]
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
