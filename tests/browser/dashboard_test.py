@@ -206,7 +206,8 @@ class DashboardTest(unittest.TestCase):
             cls.client = zeroshard.Client(cls.cluster.address)
             cls.base_url = "http://127.0.0.1:%d/" % cls.cluster.metrics_port
             cls.finished = {}
-            for mode in ("ZERO2", "DDP"):
+            # ZERO3 exercises the gather pool's memory category and the formula's third mode.
+            for mode in ("ZERO2", "DDP", "ZERO3"):
                 job = cls.client.submit(spec("dash-" + mode.lower(), mode, SEED_STEPS))
                 wait_until(lambda: cls.client.get(job.id).state in ENDED, JOB_TIMEOUT_S, job.id + " to end")
                 cls.finished[mode] = cls.client.get(job.id)
@@ -310,6 +311,34 @@ class DashboardTest(unittest.TestCase):
                 self.assertTrue(markers)
                 self.assertEqual({int(float(m["data-formula-bytes"])) for m in markers},
                                  {formula_total(plan)})
+                self.check_gather_pool(mode, job, plan)
+
+    def check_gather_pool(self, mode, job, plan):
+        """zero3's gather pool: a bar on every rank, counted within the plan's pool, and the
+        formula marker names the pool; the other modes have none. Fails before the dashboard knew
+        zero3 (no gatherPoolBytes category, a formula without the pool)."""
+        pool_bytes = plan.model_state_formula.gather_pool_bytes
+        bars = self.browser.attributes('[data-chart="memory"] [data-category="gatherPoolBytes"]',
+                                       "data-rank", "data-bytes")
+        self.assertEqual(sorted(int(b["data-rank"]) for b in bars), list(range(WORKERS)))
+        # The formula marker's tooltip (its SVG <title>) spells the formula.
+        formula_text = self.browser.devtools.evaluate(
+            "[...document.querySelectorAll('[data-formula-bytes]')].map(e => e.textContent).join(' ')")
+        for bar, metrics in zip(sorted(bars, key=lambda b: int(b["data-rank"])), job.rank_progress):
+            shown = int(float(bar["data-bytes"]))
+            self.assertEqual(shown, metrics.memory.gather_pool_bytes)
+            if mode == "ZERO3":
+                # The pool never exceeds its bound (sharding::GatherPoolBytes, the plan's figure).
+                self.assertGreater(shown, 0)
+                self.assertLessEqual(shown, pool_bytes)
+            else:
+                self.assertEqual(shown, 0)
+        if mode == "ZERO3":
+            self.assertGreater(pool_bytes, 0)
+            self.assertIn("pool (", formula_text)
+        else:
+            self.assertEqual(pool_bytes, 0)
+            self.assertNotIn("pool (", formula_text)
 
     def test_live_job_shard_map_then_events(self):
         job = self.client.get(self.live.id)
@@ -343,7 +372,7 @@ class DashboardTest(unittest.TestCase):
         self.assertIn("CHECKPOINT_COMMITTED", shown_types)
 
     def test_compare_overlays_jobs(self):
-        ids = [self.finished["DDP"].id, self.finished["ZERO2"].id]
+        ids = [self.finished["DDP"].id, self.finished["ZERO2"].id, self.finished["ZERO3"].id]
         self.load("#/compare?jobs=" + ",".join(ids), "compare", "compare.png")
         points = self.browser.attributes('[data-chart="loss"] [data-point]', "data-point")
         self.assertEqual(len(points), sum(len(progress_steps(self.client, i)) for i in ids))
