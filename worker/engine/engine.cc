@@ -514,27 +514,44 @@ absl::Status Engine::InitializeParameters(
 absl::Status Engine::InitializeOwnedParameters(
     absl::FunctionRef<absl::Status(int64_t tensor, absl::Span<float> out)> initial) {
   // Each rank keeps only its owned fragments (and their fp32 masters for bf16/fp16), one tensor's
-  // values on the host at a time.
+  // values on the host at a time. On the host they are staged in a gather window when one is
+  // large enough (fp32: a window holds any module), so that the staging is counted memory and no
+  // tensor-sized peak appears beside the counted total.
   absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();
   size_t piece_index = 0;
   const sharding::TensorFragment* fragment = view_.fragments().data();
   const sharding::TensorFragment* fragments_end = fragment + view_.fragments().size();
+  const absl::Span<char> window = gather_pool_->IdleWindow();
   std::vector<float> values;
-  std::vector<char> converted;
+  std::vector<char> converted;  // a device's fragment in param_dtype
   for (int64_t t = 0; t < plan_.num_tensors(); ++t) {
     // A tensor this rank owns no part of is still generated: `initial` may count on every
     // tensor being asked for, in order.
-    values.assign(plan_.placement(t).num_elements, 0.0f);
-    ZS_RETURN_IF_ERROR(initial(t, absl::MakeSpan(values)));
+    const int64_t elements = plan_.placement(t).num_elements;
+    absl::Span<float> staged;
+    if (device_->host_memory() &&
+        elements * int64_t{sizeof(float)} <= static_cast<int64_t>(window.size())) {
+      staged = absl::MakeSpan(reinterpret_cast<float*>(window.data()), elements);
+      std::fill(staged.begin(), staged.end(), 0.0f);
+    } else {
+      values.assign(elements, 0.0f);
+      staged = absl::MakeSpan(values);
+    }
+    ZS_RETURN_IF_ERROR(initial(t, staged));
     for (; fragment != fragments_end && fragment->tensor == t; ++fragment) {
       while (fragment->flat_begin >= pieces[piece_index].flat_end) ++piece_index;
       const sharding::OwnedPiece& piece = pieces[piece_index];
       const int64_t element = OwnedOffset(piece.bucket) + fragment->flat_begin - piece.flat_begin;
-      const float* source = values.data() + fragment->tensor_begin;
+      const float* source = staged.data() + fragment->tensor_begin;
       const int64_t count = fragment->size();
       if (HasMaster()) {
         ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyFromHost(
             master_.as<float>() + element, source, count * int64_t{sizeof(float)})));
+      }
+      if (device_->host_memory()) {
+        ConvertElements(source, DType::kFloat32, OwnedParamsAt(element), config_.param_dtype,
+                        count);
+        continue;
       }
       converted.resize(count * param_size_);
       ConvertElements(source, DType::kFloat32, converted.data(), config_.param_dtype, count);

@@ -12,6 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "common/dcheck.h"
 #include "numerics/dtype.h"
 #include "sharding/gather_windows.h"
 #include "sharding/shard_planner.h"
@@ -85,6 +87,13 @@ class GatherPool {
   // Gathers the first modules of the recorded order into the empty windows (the next forward's
   // first layers), without waiting. Nothing before the first step was recorded.
   void StartStep();
+
+  // The first window's memory, for staging while no module is resident (between EndStep and
+  // the next Acquire or StartStep): initial values go through it instead of uncounted memory.
+  absl::Span<char> IdleWindow() {
+    ZS_DCHECK(windows_[0].module < 0) << "window 0 holds module " << windows_[0].module;
+    return absl::MakeSpan(windows_[0].buffer.as<char>(), window_bytes_);
+  }
 
   // How many steps' orders departed from the record (each was recorded anew).
   int64_t order_changes() const { return order_changes_; }
