@@ -170,7 +170,8 @@ TEST(JobSpecDefaultsTest, DocumentedDefaultsAreApplied) {
   EXPECT_EQ(checked_elsewhere,
             (std::set<std::string>{"PrecisionSpec.grad_dtype", "PrecisionSpec.initial_loss_scale",
                                    "PrecisionSpec.dynamic_loss_scale", "CheckpointPolicy.dir",
-                                   "JobSpec.precision", "JobSpec.checkpoint"}));
+                                   "JobSpec.precision", "JobSpec.checkpoint",
+                                   "JobSpec.gather_pool_buckets"}));
 }
 
 TEST(JobSpecDefaultsTest, ConditionalDefaults) {
@@ -189,6 +190,11 @@ TEST(JobSpecDefaultsTest, ConditionalDefaults) {
   EXPECT_EQ(plain.precision().grad_dtype(), v1::FLOAT32);
   EXPECT_EQ(plain.precision().initial_loss_scale(), 1.0);
   EXPECT_FALSE(plain.precision().dynamic_loss_scale());
+  // zero3's pool depends on the plan (twice the most buckets one module spans): left unset for
+  // the engine, which sizes it from the plan of each generation's W.
+  JobSpec zero3;
+  zero3.set_mode(v1::ZERO3);
+  EXPECT_FALSE(WithDefaults(zero3, "job-000003").has_gather_pool_buckets());
 }
 
 TEST(JobSpecDefaultsTest, ExplicitValuesAreKept) {

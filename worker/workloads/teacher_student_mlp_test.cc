@@ -352,15 +352,17 @@ TEST(TeacherStudentMlpTest, GradientsArriveInCatalogOrderWithTheirSizes) {
 }
 
 // Forward asks for each layer's tensors when the layer runs, in forward order (the tensor list
-// backwards: weight, then bias), each once, so that an engine still gathering the parameters is
-// waited for layer by layer; a failure to provide them ends the step before any gradient.
+// backwards: weight, then bias), so that an engine still gathering the parameters is waited for
+// layer by layer; backward asks again for the weights its input gradients read (layers 2 and 1:
+// tensors 1 and 3), since forward released them (zero3); a failure to provide them ends the step
+// before any gradient.
 TEST(TeacherStudentMlpTest, ParametersAreAskedForLayerByLayerInForwardOrder) {
   std::unique_ptr<TeacherStudentMlp> workload = MakeWorkload(Options({3, 5, 4, 2}, 8, 2, 1));
   ASSERT_NE(workload, nullptr);
   VectorParameterSource params(InitialTensors(*workload));
   RecordingSink sink(workload->tensors());
   ASSERT_TRUE(workload->ForwardBackward(0, params, sink).ok());
-  EXPECT_EQ(params.asked(), (std::vector<int64_t>{5, 4, 3, 2, 1, 0}));
+  EXPECT_EQ(params.asked(), (std::vector<int64_t>{5, 4, 3, 2, 1, 0, 1, 3}));
 
   class FailingSource : public ParameterSource {
    public:
