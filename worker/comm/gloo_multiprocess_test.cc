@@ -230,7 +230,11 @@ TEST(GlooMultiprocessMixedTest, SharedMemoryPeerKilledMidTransferFailsTheSurvivo
   ASSERT_FALSE(killed.status.ok()) << "the gather survived its peer's kill";
   EXPECT_LT(killed.after_kill, absl::Seconds(3)) << killed.status;
   EXPECT_EQ((*communicator)->LostPeers(), std::vector<int>{1}) << killed.status;
-  EXPECT_NE(killed.status.message().find("rank 1"), std::string::npos) << killed.status;
+  // The error names the killed rank, or rank 2 leaving: rank 2 (a TCP peer of both) may hear of
+  // rank 1's death first and leave before rank 0's own watch reports it (seen about 1 run in 8).
+  EXPECT_TRUE(killed.status.message().find("rank 1") != std::string::npos ||
+              killed.status.message().find("peer rank 2 left the group") != std::string::npos)
+      << killed.status;
   ExpectNoSharedMemoryLeft(store);
   communicator->reset();
   ASSERT_NE(WaitForExit(peers[0], absl::Now() + absl::Seconds(10)), -1);
