@@ -48,6 +48,19 @@ TEST(JobSpecFileTest, Zero3AndItsGatherPoolFromJsonAndYaml) {
   EXPECT_EQ(from_yaml->gather_pool_buckets(), 6);
 }
 
+// Fails before the fix (issue 38): resume_from was no JobSpec field.
+TEST(JobSpecFileTest, ResumeFromFromJsonAndYaml) {
+  auto from_json = ParseJobSpec(
+      R"({"name": "z3", "mode": "ZERO3", "resume_from": {"job_id": "job-000007", "step": 40}})");
+  ASSERT_TRUE(from_json.ok()) << from_json.status();
+  auto from_yaml =
+      ParseJobSpec("name: z3\nmode: ZERO3\nresume_from:\n  job_id: job-000007\n  step: 40\n");
+  ASSERT_TRUE(from_yaml.ok()) << from_yaml.status();
+  EXPECT_EQ(from_json->SerializeAsString(), from_yaml->SerializeAsString());
+  EXPECT_EQ(from_yaml->resume_from().job_id(), "job-000007");
+  EXPECT_EQ(from_yaml->resume_from().step(), 40);
+}
+
 TEST(JobSpecFileTest, YamlListsAndQuotes) {
   auto spec = ParseJobSpec("name: \"a\\\"b\"\nworkload:\n  layer_sizes: [10, 32, 10]\n");
   ASSERT_TRUE(spec.ok()) << spec.status();

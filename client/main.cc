@@ -100,6 +100,9 @@ ABSL_FLAG(std::optional<double>, clip_grad_norm, std::nullopt, "submit: gradient
 ABSL_FLAG(std::optional<int64_t>, bucket_elems, std::nullopt, "submit: bucket size, elements.");
 ABSL_FLAG(std::optional<int32_t>, gather_pool_buckets, std::nullopt,
           "submit: zero3's gather pool, in buckets (default: twice the most one module spans).");
+ABSL_FLAG(std::optional<std::string>, resume_from, std::nullopt,
+          "submit: start from a committed checkpoint of an ended job: JOB (its latest) or "
+          "JOB@STEP; the job may have had another mode or world size (resume_from).");
 ABSL_FLAG(std::optional<int64_t>, checkpoint_every, std::nullopt,
           "submit: checkpoint every this many steps (checkpoint.every_steps; 0: only the final "
           "one).");
@@ -309,6 +312,18 @@ absl::StatusOr<v1::JobSpec> SpecFromArgs(const std::vector<char*>& args) {
   if (auto v = absl::GetFlag(FLAGS_clip_grad_norm)) spec.set_clip_grad_norm(*v);
   if (auto v = absl::GetFlag(FLAGS_bucket_elems)) spec.set_bucket_elems(*v);
   if (auto v = absl::GetFlag(FLAGS_gather_pool_buckets)) spec.set_gather_pool_buckets(*v);
+  if (auto v = absl::GetFlag(FLAGS_resume_from)) {
+    const std::vector<std::string> parts = absl::StrSplit(*v, absl::MaxSplits('@', 1));
+    spec.mutable_resume_from()->set_job_id(parts[0]);
+    if (parts.size() == 2) {
+      int64_t step = 0;
+      if (!absl::SimpleAtoi(parts[1], &step)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--resume_from: \"", *v, "\" is not JOB or JOB@STEP (STEP a whole number)"));
+      }
+      spec.mutable_resume_from()->set_step(step);
+    }
+  }
   if (auto v = absl::GetFlag(FLAGS_checkpoint_every)) {
     spec.mutable_checkpoint()->set_every_steps(*v);
   }

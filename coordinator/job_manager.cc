@@ -21,6 +21,7 @@
 #include "coordinator/memory_admission.h"
 #include "coordinator/recovery_rules.h"
 #include "coordinator/scheduler.h"
+#include "google/protobuf/util/message_differencer.h"
 #include "google/protobuf/util/time_util.h"
 #include "jobspec/job_memory.h"
 #include "jobspec/job_plan.h"
@@ -67,6 +68,14 @@ absl::Time FromTimestamp(const google::protobuf::Timestamp& t) {
 
 bool IsFinal(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+// The checkpoint the job's next generation starts from: its latest committed one, else the
+// other job's that spec.resume_from named; null to start from step 0.
+const v1::CheckpointRecord* ResumePointOf(const v1::Job& job) {
+  if (job.has_latest_checkpoint()) return &job.latest_checkpoint();
+  if (job.has_resumed_from()) return &job.resumed_from();
+  return nullptr;
 }
 
 bool IsPending(v1::JobState state) { return state == v1::PENDING || state == v1::RECOVERING; }
@@ -474,6 +483,13 @@ Page<v1::WorkerInfo> JobManager::ListWorkersPage(v1::WorkerState state, const Pa
 
 absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
                                               const std::string& submitter, bool may_name_any_job) {
+  // Another job's checkpoint is found on the volume before the lock is taken.
+  std::optional<v1::CheckpointRecord> resumed_from;
+  if (submitted.has_resume_from()) {
+    const v1::JobSpec provisional = jobspec::WithDefaults(submitted, FormatJobId(0));
+    ZS_RETURN_IF_ERROR(jobspec::ValidateJobSpec(provisional));
+    ZS_ASSIGN_OR_RETURN(resumed_from, ResolveResumeFrom(provisional, submitter, may_name_any_job));
+  }
   absl::MutexLock lock(&mu_);
   if (!submitter.empty()) {
     auto pending = pending_jobs_by_submitter_.find(submitter);
@@ -511,6 +527,7 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
   record.pending_since = clock_->Now();
   record.submitter = submitter;
   record.job.set_submitter(submitter);
+  if (resumed_from.has_value()) *record.job.mutable_resumed_from() = *std::move(resumed_from);
   v1::JobEvent submitted_event;
   submitted_event.set_job_id(id);
   submitted_event.set_sequence(1);
@@ -534,6 +551,62 @@ absl::StatusOr<v1::Job> JobManager::SubmitJob(const v1::JobSpec& submitted,
   ZS_LOG(INFO) << "job " << id << " submitted";
   ScheduleLocked();
   return jobs_[id].job;
+}
+
+absl::StatusOr<v1::CheckpointRecord> JobManager::ResolveResumeFrom(const v1::JobSpec& spec,
+                                                                   const std::string& submitter,
+                                                                   bool may_name_any_job) {
+  const v1::ResumeFrom& from = spec.resume_from();
+  absl::StatusOr<v1::Job> found = GetJob(from.job_id());
+  if (!found.ok()) {
+    return absl::NotFoundError(absl::StrCat("resume_from.job_id: there is no job \"",
+                                            common::EscapeForLog(from.job_id()), "\""));
+  }
+  const v1::Job& source = *found;
+  if (!may_name_any_job && source.submitter() != submitter) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "resume_from.job_id: ", source.id(),
+        " is another submitter's job; only its submitter or an admin may resume from it"));
+  }
+  if (!IsFinal(source.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "resume_from.job_id: ", source.id(), " is ", v1::JobState_Name(source.state()),
+        "; resume from a job that has ended (a running job prunes its older checkpoints)"));
+  }
+  if (!google::protobuf::util::MessageDifferencer::Equals(source.spec().workload(),
+                                                          spec.workload())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("workload: ", source.id(), " (resume_from) trains another model: {",
+                     source.spec().workload().ShortDebugString(), "}, this job {",
+                     spec.workload().ShortDebugString(), "}"));
+  }
+  if (source.spec().optimizer().kind() != spec.optimizer().kind()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("optimizer.kind: ", source.id(), " (resume_from) holds ",
+                     v1::OptimizerKind_Name(source.spec().optimizer().kind()),
+                     " state, this job uses ", v1::OptimizerKind_Name(spec.optimizer().kind())));
+  }
+  if (source.spec().precision().param_dtype() != spec.precision().param_dtype()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("precision.param_dtype: ", source.id(), " (resume_from) stores ",
+                     v1::DType_Name(source.spec().precision().param_dtype()),
+                     " parameters, this job ", v1::DType_Name(spec.precision().param_dtype())));
+  }
+  absl::StatusOr<CommittedCheckpointSource> committed = committer_.FindCommitted(
+      source, from.has_step() ? std::optional<int64_t>(from.step()) : std::nullopt);
+  if (!committed.ok()) {
+    // Its messages name "step" or "job_id": here they are resume_from's.
+    return absl::Status(committed.status().code(),
+                        absl::StrCat("resume_from.", committed.status().message()));
+  }
+  if (spec.steps() <= committed->record.step()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "steps: ", spec.steps(), " is not above step ", committed->record.step(), " of ",
+        source.id(), "'s checkpoint (resume_from), so nothing would be trained"));
+  }
+  v1::CheckpointRecord record = committed->record;
+  record.set_job_id(source.id());
+  return record;
 }
 
 absl::Status JobManager::CheckCheckpointDirLocked(const v1::JobSpec& submitted,
@@ -1202,10 +1275,11 @@ absl::Status JobManager::StartGenerationLocked(JobRecord& record,
   assignment.set_world_size(static_cast<int32_t>(world_size));
   assignment.set_plan_layout_hash(plan.layout_hash());
   *assignment.mutable_spec() = job.spec();
-  // A generation after the first resumes from the latest committed checkpoint, if any.
-  if (job.has_latest_checkpoint()) {
-    *assignment.mutable_resume_from() = job.latest_checkpoint();
-    assignment.set_start_step(job.latest_checkpoint().step());
+  // A generation after the first resumes from the latest committed checkpoint, if any; until
+  // the job has one, from the other job's that spec.resume_from named.
+  if (const v1::CheckpointRecord* from = ResumePointOf(job); from != nullptr) {
+    *assignment.mutable_resume_from() = *from;
+    assignment.set_start_step(from->step());
   }
   record.run_assignment = assignment;
   record.run_assignment_unsaved = true;
@@ -1375,9 +1449,9 @@ absl::Status JobManager::HandleLostWorkerLocked(const std::string& worker_id,
   ZS_RETURN_IF_ERROR(EndGenerationLocked(
       record, retry ? v1::RECOVERING : v1::FAILED,
       absl::StrCat("generation ", record.job.generation(), " ended: worker ", worker_id, " ", why,
-                   retry ? (record.job.has_latest_checkpoint()
+                   retry ? (ResumePointOf(record.job) != nullptr
                                 ? absl::StrCat("; resuming from the checkpoint at step ",
-                                               record.job.latest_checkpoint().step())
+                                               ResumePointOf(record.job)->step())
                                 : std::string("; restarting from step 0"))
                          : absl::StrCat("; no attempts left (max_attempts ",
                                         record.job.spec().max_attempts(), ")"))));

@@ -251,6 +251,8 @@ class JobManager {
   // (in-process callers), not limited. INVALID_ARGUMENT ("checkpoint.dir: ...") when the spec's
   // checkpoint directory is, lies inside, or contains another job's (CheckpointDirClaims); the
   // message names that job only when `may_name_any_job` (an admin) or it has the same submitter.
+  // With spec.resume_from, the named job's checkpoint is resolved now (ResolveResumeFrom) and
+  // kept as job.resumed_from.
   absl::StatusOr<v1::Job> SubmitJob(const v1::JobSpec& spec, const std::string& submitter = "",
                                     bool may_name_any_job = true);
   absl::StatusOr<v1::Job> GetJob(const std::string& job_id);
@@ -503,6 +505,16 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // At the end of a generation: a NOTICE with the count of its dropped worker notices, if any.
   void CloseWorkerNoticesLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SubmitJob with spec.resume_from (`spec` validated, defaults applied): the other job's committed
+  // checkpoint, read on the volume (so called without mu_). NOT_FOUND for no such job or step,
+  // PERMISSION_DENIED for another submitter's job (unless `may_name_any_job`),
+  // FAILED_PRECONDITION for a job that has not ended or trains another model, optimizer or
+  // param_dtype, INVALID_ARGUMENT for `steps` not above the checkpoint's step; each names the
+  // field.
+  absl::StatusOr<v1::CheckpointRecord> ResolveResumeFrom(const v1::JobSpec& spec,
+                                                         const std::string& submitter,
+                                                         bool may_name_any_job)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // SubmitJob: INVALID_ARGUMENT when `spec`'s checkpoint directory (defaults applied; `submitted`
   // as the caller sent it) names a job id it was not given by default, or meets another job's
   // claim (see SubmitJob).

@@ -1134,6 +1134,79 @@ TEST_F(JobManagerTest, TheNextGenerationResumesFromTheLatestCheckpoint) {
   EXPECT_EQ(second.resume_from().world_size(), 2);
 }
 
+// Issue 38, row 6: JobSpec.resume_from starts a job (of any mode) from another job's committed
+// checkpoint until it commits one of its own; everything that would not load, or load something
+// else, is refused at submission naming the field. Fails before the fix: no such field.
+TEST_F(JobManagerTest, ResumeFromStartsAJobFromAnotherJobsCheckpoint) {
+  const std::string a = Register("a");
+  v1::JobSpec source_spec = SeedSpec(1);
+  source_spec.mutable_checkpoint()->set_every_steps(5);
+  auto source = manager_->SubmitJob(source_spec, "alice", /*may_name_any_job=*/false);
+  ASSERT_TRUE(source.ok()) << source.status();
+  const v1::Job running = *manager_->GetJob(source->id());
+  ASSERT_TRUE(manager_->CommitCheckpoint(WrittenCommit(running, 0, 5)).ok());
+
+  v1::JobSpec spec = SeedSpec(1);
+  spec.set_mode(v1::ZERO3);
+  spec.mutable_resume_from()->set_job_id(source->id());
+  auto refuse = [&](const v1::JobSpec& refused_spec, const std::string& submitter,
+                    absl::StatusCode code, absl::string_view starts) {
+    const absl::Status refused =
+        manager_->SubmitJob(refused_spec, submitter, /*may_name_any_job=*/false).status();
+    EXPECT_EQ(refused.code(), code) << refused;
+    EXPECT_TRUE(absl::StartsWith(refused.message(), starts)) << refused;
+  };
+  // Running: it still prunes its checkpoints.
+  refuse(spec, "alice", absl::StatusCode::kFailedPrecondition, "resume_from.job_id: ");
+  ASSERT_TRUE(Finish(running, 0).ok());
+  ASSERT_EQ(manager_->GetJob(source->id())->state(), v1::SUCCEEDED);
+
+  v1::JobSpec no_job = spec;
+  no_job.mutable_resume_from()->set_job_id("job-000099");
+  refuse(no_job, "alice", absl::StatusCode::kNotFound, "resume_from.job_id: ");
+  refuse(spec, "mallory", absl::StatusCode::kPermissionDenied, "resume_from.job_id: ");
+  v1::JobSpec other_model = spec;
+  other_model.mutable_workload()->set_preset("medium");
+  refuse(other_model, "alice", absl::StatusCode::kFailedPrecondition, "workload: ");
+  v1::JobSpec other_optimizer = spec;
+  other_optimizer.mutable_optimizer()->set_kind(v1::ADAMW);
+  refuse(other_optimizer, "alice", absl::StatusCode::kFailedPrecondition, "optimizer.kind: ");
+  v1::JobSpec other_dtype = spec;
+  other_dtype.mutable_precision()->set_param_dtype(v1::BFLOAT16);
+  other_dtype.mutable_precision()->set_master_dtype(v1::FLOAT32);
+  refuse(other_dtype, "alice", absl::StatusCode::kFailedPrecondition, "precision.param_dtype: ");
+  v1::JobSpec no_step = spec;
+  no_step.mutable_resume_from()->set_step(4);
+  refuse(no_step, "alice", absl::StatusCode::kNotFound, "resume_from.step: ");
+  v1::JobSpec too_few_steps = spec;
+  too_few_steps.set_steps(5);
+  refuse(too_few_steps, "alice", absl::StatusCode::kInvalidArgument, "steps: ");
+  v1::JobSpec step_zero = spec;
+  step_zero.mutable_resume_from()->set_step(0);
+  refuse(step_zero, "alice", absl::StatusCode::kInvalidArgument, "resume_from.step: ");
+  EXPECT_EQ(manager_->ListJobs(v1::JOB_STATE_UNSPECIFIED, PageRequest{}).items.size(), 1u)
+      << "a refused job was created";
+
+  // The latest committed checkpoint by default; an admin may name anyone's job.
+  auto job = manager_->SubmitJob(spec, "root", /*may_name_any_job=*/true);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->resumed_from().job_id(), source->id());
+  EXPECT_EQ(job->resumed_from().step(), 5);
+  EXPECT_EQ(job->resumed_from().manifest_path(),
+            absl::StrCat(source->id(), "/step-000000000005/manifest.json"));
+  const v1::Assignment first = Beat(a);
+  ASSERT_EQ(first.kind(), v1::ASSIGNMENT_RUN);
+  EXPECT_EQ(first.job_id(), job->id());
+  EXPECT_EQ(first.start_step(), 5);
+  EXPECT_EQ(first.resume_from().job_id(), source->id());
+  EXPECT_EQ(first.resume_from().manifest_path(), job->resumed_from().manifest_path());
+  // Once it commits its own, a recovery resumes from that.
+  const v1::Job resumed = *manager_->GetJob(job->id());
+  ASSERT_TRUE(manager_->CommitCheckpoint(WrittenCommit(resumed, 0, 7)).ok());
+  EXPECT_EQ(manager_->GetJob(job->id())->latest_checkpoint().step(), 7);
+  EXPECT_TRUE(manager_->GetJob(job->id())->latest_checkpoint().job_id().empty());
+}
+
 TEST_F(JobManagerTest, AGenerationResumedAtTheLastStepFinishesWithoutAStepOfItsOwn) {
   v1::JobSpec spec = SeedSpec(1);
   spec.set_max_workers(2);

@@ -287,6 +287,23 @@ absl::Status ValidateMode(v1::Mode mode, bool attached) {
   return absl::OkStatus();
 }
 
+// resume_from's form; the coordinator resolves the job and its checkpoint (JobManager::SubmitJob).
+absl::Status ValidateResumeFrom(const JobSpec& spec) {
+  if (!spec.has_resume_from()) return absl::OkStatus();
+  if (spec.workload().has_attached()) {
+    return absl::InvalidArgumentError(
+        "resume_from: not for attached models; their trainers load a checkpoint themselves "
+        "(ShardedOptimizer.load_state_dict)");
+  }
+  const v1::ResumeFrom& from = spec.resume_from();
+  if (from.job_id().empty()) return absl::InvalidArgumentError("resume_from.job_id: required");
+  ZS_RETURN_IF_ERROR(jobspec::CheckName("resume_from.job_id", from.job_id()));
+  if (from.has_step()) {
+    ZS_RETURN_IF_ERROR(CheckIntInRange("resume_from.step", from.step(), 1, kMaxSteps));
+  }
+  return absl::OkStatus();
+}
+
 // gather_pool_buckets sizes zero3's gather pool; no other mode has one. Its lower bound, the most
 // buckets one module spans, needs the plan: PlanForJob checks it.
 absl::Status ValidateGatherPoolBuckets(const JobSpec& spec) {
@@ -491,6 +508,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   }
   ZS_RETURN_IF_ERROR(ValidateCheckpointPolicy(spec.checkpoint()));
   ZS_RETURN_IF_ERROR(CheckIntInRange("max_attempts", spec.max_attempts(), 1, kMaxAttempts));
+  ZS_RETURN_IF_ERROR(ValidateResumeFrom(spec));
   return ValidateGatherPoolBuckets(spec);
 }
 

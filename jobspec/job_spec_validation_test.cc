@@ -86,6 +86,12 @@ INSTANTIATE_TEST_SUITE_P(
                     s.set_mode(v1::ZERO3);
                     s.set_gather_pool_buckets(65536);
                   }},
+        // Fails before the fix (issue 38): resume_from did not exist.
+        ValidCase{"ResumeFrom",
+                  [](JobSpec& s) {
+                    s.mutable_resume_from()->set_job_id("job-000001");
+                    s.mutable_resume_from()->set_step(1000000000);
+                  }},
         ValidCase{"DatasetSizeEdges",
                   [](JobSpec& s) { s.mutable_workload()->set_dataset_size(int64_t{1} << 40); }},
         ValidCase{"LrTen", [](JobSpec& s) { s.mutable_optimizer()->set_lr(10); }},
@@ -400,6 +406,14 @@ INSTANTIATE_TEST_SUITE_P(
                       s.set_gather_pool_buckets(4);
                     },
                     "gather_pool_buckets", "only applies to mode ZERO3; leave it unset for ZERO2"},
+        InvalidCase{"ResumeFromNoJob", [](JobSpec& s) { s.mutable_resume_from()->set_step(5); },
+                    "resume_from.job_id", "required"},
+        InvalidCase{"ResumeFromStepZero",
+                    [](JobSpec& s) {
+                      s.mutable_resume_from()->set_job_id("job-000001");
+                      s.mutable_resume_from()->set_step(0);
+                    },
+                    "resume_from.step", "0 is out of range [1, 1000000000]"},
         InvalidCase{"GatherPoolBucketsOnDdp",
                     [](JobSpec& s) {
                       s.set_mode(v1::DDP);
@@ -637,6 +651,16 @@ void SetShape(JobSpec& s, int t, std::vector<int64_t> shape) {
   if (t == attached.tensors_size()) attached.add_tensors()->set_name(absl::StrCat("extra.", t));
   attached.mutable_tensors(t)->clear_shape();
   for (int64_t dim : shape) attached.mutable_tensors(t)->add_shape(dim);
+}
+
+// Fails before the fix (issue 38): resume_from did not exist. An attached trainer loads states
+// itself.
+TEST(ValidateAttachedSpecTest, ResumeFromIsRefused) {
+  JobSpec spec = AttachedSpec();
+  spec.mutable_resume_from()->set_job_id("job-000001");
+  const absl::Status status = ValidateWithDefaults(spec);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_TRUE(absl::StartsWith(status.message(), "resume_from: not for attached models")) << status;
 }
 
 TEST(ValidateAttachedSpecTest, AttachedSpecIsValid) {

@@ -462,13 +462,135 @@ INSTANTIATE_TEST_SUITE_P(SomePairs, ReshardMatrixZero3Test,
                                                std::get<1>(info.param));
                          });
 
+// Issue 38, row 6, job level: a job with JobSpec.resume_from starts from another, ended job's
+// checkpoint C, whatever that job's mode and W were, and runs the steps after C. Same W: its end
+// equals the uninterrupted run bitwise (zero2 and zero3 end bitwise alike, below); another W: as
+// a recovery onto W' does (the cells above). Fails before the fix: no JobSpec field named another
+// job's checkpoint, so nothing resumed across modes.
+struct ModeChange {
+  v1::Mode from_mode;
+  int from;
+  v1::Mode to_mode;
+  int to;
+};
+
+class ResumeFromTest : public ::testing::TestWithParam<ModeChange> {};
+
+TEST_P(ResumeFromTest, ResumesAnotherJobsCheckpointInAnotherModeAndWorldSize) {
+  const ModeChange change = GetParam();
+  absl::StatusOr<const ReferenceRun*> reference_from = ReferenceAt(change.from_mode, change.from);
+  ASSERT_TRUE(reference_from.ok()) << reference_from.status();
+  absl::StatusOr<const ReferenceRun*> reference_to = ReferenceAt(change.to_mode, change.to);
+  ASSERT_TRUE(reference_to.ok()) << reference_to.status();
+
+  LocalCluster cluster(FastHeartbeats());
+  LogTailsOnFailure log_tails(cluster);
+  absl::Status started = cluster.Start(std::max(change.from, change.to));
+  ASSERT_TRUE(started.ok()) << started;
+  v1::JobSpec source_spec = MatrixSpec("source", change.from_mode);
+  source_spec.set_min_workers(change.from);
+  source_spec.set_max_workers(change.from);
+  absl::StatusOr<v1::Job> source = cluster.client().SubmitJob(source_spec);
+  ASSERT_TRUE(source.ok()) << source.status();
+
+  // A job still running is no source: it prunes its checkpoints.
+  v1::JobSpec spec = MatrixSpec("resumed", change.to_mode);
+  spec.set_min_workers(change.to);
+  spec.set_max_workers(change.to);
+  spec.mutable_resume_from()->set_job_id(source->id());
+  spec.mutable_resume_from()->set_step(kResumeStep);
+  absl::StatusOr<v1::Job> early = cluster.client().SubmitJob(spec);
+  ASSERT_FALSE(early.ok());
+  EXPECT_TRUE(absl::StrContains(early.status().message(), "resume_from.job_id")) << early.status();
+
+  absl::StatusOr<v1::Job> source_ended = WaitUntilEnded(cluster, source->id());
+  ASSERT_TRUE(source_ended.ok()) << source_ended.status();
+  ASSERT_EQ(source_ended->state(), v1::SUCCEEDED) << source_ended->message();
+
+  // Another model is refused at submission, naming the field.
+  v1::JobSpec other_model = spec;
+  other_model.mutable_workload()->set_layer_sizes(1, 256);
+  absl::StatusOr<v1::Job> refused = cluster.client().SubmitJob(other_model);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "workload: ")) << refused.status();
+
+  absl::StatusOr<v1::Job> submitted = cluster.client().SubmitJob(spec);
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  EXPECT_EQ(submitted->resumed_from().job_id(), source->id());
+  EXPECT_EQ(submitted->resumed_from().step(), kResumeStep);
+  EXPECT_EQ(submitted->resumed_from().world_size(), change.from);
+  absl::StatusOr<v1::Job> ended = WaitUntilEnded(cluster, submitted->id());
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  ASSERT_EQ(ended->state(), v1::SUCCEEDED) << ended->message();
+  ASSERT_EQ(ended->generation(), 1);
+  ASSERT_EQ(ended->worker_ids_size(), change.to);
+  EXPECT_EQ((ended->progress().memory().gather_pool_bytes() > 0), change.to_mode == v1::ZERO3);
+  // It ran exactly the steps after C.
+  std::vector<int64_t> steps;
+  absl::StatusOr<std::vector<v1::JobEvent>> events = cluster.JobEvents(submitted->id());
+  ASSERT_TRUE(events.ok()) << events.status();
+  for (const v1::JobEvent& event : *events) {
+    if (event.type() == v1::PROGRESS) steps.push_back(event.progress().step());
+  }
+  ASSERT_FALSE(steps.empty());
+  EXPECT_EQ(steps.front(), kResumeStep + 1);
+  EXPECT_EQ(steps.size(), static_cast<size_t>(kSteps - kResumeStep));
+  EXPECT_EQ(steps.back(), kSteps);
+
+  absl::StatusOr<std::vector<NamedTensor>> final_params =
+      ExportParameters(cluster, ended->id(), std::nullopt);
+  ASSERT_TRUE(final_params.ok()) << final_params.status();
+  // The source's checkpoint is untouched: C still exports as the uninterrupted run's.
+  absl::StatusOr<std::vector<NamedTensor>> source_at_c =
+      ExportParameters(cluster, source->id(), kResumeStep);
+  ASSERT_TRUE(source_at_c.ok()) << source_at_c.status();
+  EXPECT_TRUE(BitwiseEqual((*reference_from)->params_at_resume_step, *source_at_c));
+  DeleteCheckpoints(cluster, *ended);
+  DeleteCheckpoints(cluster, *source_ended);
+  ASSERT_TRUE(SameNamesAndSizes((*reference_to)->final_params, *final_params));
+  const Difference versus_from =
+      MaxRelativeDifference((*reference_from)->final_params, *final_params);
+  const Difference versus_to = MaxRelativeDifference((*reference_to)->final_params, *final_params);
+  const Difference versus_to_at_resume_step = MaxRelativeDifference(
+      (*reference_to)->params_at_resume_step, (*reference_from)->params_at_resume_step);
+  std::fprintf(stderr,
+               "resume_from %s W %d -> %s W %d: against the uninterrupted run at W' %.3g (%s; %.3g "
+               "at C), at W %.3g (%s)\n",
+               v1::Mode_Name(change.from_mode).c_str(), change.from,
+               v1::Mode_Name(change.to_mode).c_str(), change.to, versus_to.relative,
+               versus_to.tensor.c_str(), versus_to_at_resume_step.relative, versus_from.relative,
+               versus_from.tensor.c_str());
+  if (change.from == change.to) {
+    EXPECT_TRUE(BitwiseEqual((*reference_to)->final_params, *final_params))
+        << "max relative difference " << versus_to.relative << " in " << versus_to.tensor;
+  } else {
+    EXPECT_LE(versus_from.relative, kTolerance) << versus_from.tensor;
+    EXPECT_LE(versus_to.relative, versus_to_at_resume_step.relative + kTolerance)
+        << versus_to.tensor;
+  }
+  absl::Status stopped = cluster.StopAll();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
+INSTANTIATE_TEST_SUITE_P(BothWays, ResumeFromTest,
+                         ::testing::Values(ModeChange{v1::ZERO2, 2, v1::ZERO3, 2},
+                                           ModeChange{v1::ZERO3, 2, v1::ZERO2, 2},
+                                           ModeChange{v1::ZERO2, 2, v1::ZERO3, 3},
+                                           ModeChange{v1::ZERO3, 3, v1::ZERO2, 2}),
+                         [](const ::testing::TestParamInfo<ModeChange>& info) {
+                           return absl::StrCat(
+                               v1::Mode_Name(info.param.from_mode), "W", info.param.from, "to",
+                               v1::Mode_Name(info.param.to_mode), "W", info.param.to);
+                         });
+
 // Issue 38, rows 2 and 6: at the same W a zero3 job's `zeroshard export` (at C and at the end)
 // equals the zero2 job's bit for bit, and so does its checkpoint at C: every state of every
 // tensor, the layout hash and the optimizer step. A checkpoint does not record the mode that wrote
 // it, so with this, a resume across zero2 and zero3 loads exactly what a resume in one mode loads
-// (the cells above resume zero3 at another W; AllPairs resumes zero2). A JobSpec names one mode
-// and a job resumes only from its own checkpoints, so no API resumes a zero2 job's checkpoint in
-// zero3 directly. Fails before the fix: mode ZERO3 was refused at submission.
+// (the cells above resume zero3 at another W; AllPairs resumes zero2; ResumeFromTest resumes one
+// mode's checkpoint in the other through JobSpec.resume_from). Fails before the fix: mode ZERO3 was
+// refused at submission.
 class Zero3EqualsZero2Test : public ::testing::TestWithParam<int> {};
 
 TEST_P(Zero3EqualsZero2Test, ExportAndCheckpointAreBitwiseEqual) {

@@ -609,6 +609,19 @@ absl::StatusOr<int64_t> EngineTrainingRun::Resume(RunParts& parts) {
   load.job_dir = spec.checkpoint().dir();
   load.job_id = assignment_.job_id();
   load.max_step = assignment_.resume_from().step();
+  // Until the job commits a checkpoint of its own it starts from the one of another job that
+  // JobSpec.resume_from named (the coordinator checked that job's model and ownership): that one
+  // checkpoint only, from that job's directory, whatever its mode and world size were.
+  const v1::CheckpointRecord& from = assignment_.resume_from();
+  if (!from.job_id().empty() && from.job_id() != assignment_.job_id()) {
+    load.job_dir = std::filesystem::path(from.manifest_path())
+                       .parent_path()
+                       .parent_path()
+                       .lexically_normal()
+                       .generic_string();
+    load.job_id = from.job_id();
+    load.min_step = load.max_step;
+  }
   load.rank = static_cast<int32_t>(parts.rank);
   load.world_size = static_cast<int32_t>(parts.world_size);
   load.optimizer = spec.optimizer().kind();
