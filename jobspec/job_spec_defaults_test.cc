@@ -80,6 +80,7 @@ Message* SubMessage(JobSpec& spec, const std::string& name) {
   if (name == "OptimizerSpec") return spec.mutable_optimizer();
   if (name == "PrecisionSpec") return spec.mutable_precision();
   if (name == "CheckpointPolicy") return spec.mutable_checkpoint();
+  if (name == "ResumeFrom") return spec.mutable_resume_from();
   ADD_FAILURE() << "no JobSpec path to message " << name;
   return &spec;
 }
@@ -171,7 +172,7 @@ TEST(JobSpecDefaultsTest, DocumentedDefaultsAreApplied) {
             (std::set<std::string>{"PrecisionSpec.grad_dtype", "PrecisionSpec.initial_loss_scale",
                                    "PrecisionSpec.dynamic_loss_scale", "CheckpointPolicy.dir",
                                    "JobSpec.precision", "JobSpec.checkpoint",
-                                   "JobSpec.gather_pool_buckets"}));
+                                   "JobSpec.gather_pool_buckets", "ResumeFrom.step"}));
 }
 
 TEST(JobSpecDefaultsTest, ConditionalDefaults) {
@@ -195,6 +196,11 @@ TEST(JobSpecDefaultsTest, ConditionalDefaults) {
   JobSpec zero3;
   zero3.set_mode(v1::ZERO3);
   EXPECT_FALSE(WithDefaults(zero3, "job-000003").has_gather_pool_buckets());
+  // resume_from.step's default is the other job's latest committed checkpoint: the coordinator
+  // resolves it at submission (JobManager), so defaults leave it unset.
+  JobSpec resumed;
+  resumed.mutable_resume_from()->set_job_id("job-000001");
+  EXPECT_FALSE(WithDefaults(resumed, "job-000004").resume_from().has_step());
 }
 
 TEST(JobSpecDefaultsTest, ExplicitValuesAreKept) {
