@@ -36,7 +36,8 @@ struct ModuleRange {
 // The gather geometry of one plan. A pool of `windows` windows, each `window_elems` elements of
 // the parameter dtype, holds the full values of up to `windows` modules at once: a module's
 // buckets lie in one window exactly as in the flat layout, so its tensors are contiguous there.
-// Adjacent modules may share a boundary bucket; each window then gathers its own copy.
+// The windows form one arena; adjacent modules that share a boundary bucket can lie in it side
+// by side at the same shift, so that the shared bucket is one piece of memory (GatherPool).
 struct GatherWindows {
   std::vector<int64_t> tensor_module;  // per plan tensor: an index into `modules`
   std::vector<ModuleRange> modules;    // in order of each module's first tensor
