@@ -269,8 +269,11 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
                                       const ShareInitialParameters& share) {
   const sharding::ShardPlan& plan = engine.plan();
   engine_ = &engine;
-  zero2_ = engine.config().mode == engine::EngineMode::kZero2;
-  gathers_issued_ = engine.config().mode != engine::EngineMode::kDdp;
+  const engine::EngineMode mode = engine.config().mode;
+  zero3_ = mode == engine::EngineMode::kZero3;
+  by_segment_ = mode == engine::EngineMode::kZero2 || zero3_;
+  // zero3's step ends without an all-gather: the trainer gathers each module when it runs it.
+  gathers_issued_ = mode == engine::EngineMode::kZero1 || mode == engine::EngineMode::kZero2;
   num_tensors_ = static_cast<int32_t>(plan.num_tensors());
   tensor_elements_.assign(num_tensors_, 0);
   full_gradients_.assign(num_tensors_, nullptr);
@@ -301,16 +304,20 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
     layout.set_name(spec.name);
     for (int64_t dim : spec.shape) layout.add_shape(dim);
     layout.set_elements(spec.num_elements);
-    ZS_ASSIGN_OR_RETURN(const workloads::StoredParameters params, engine.Parameters(t));
-    const std::optional<SharedBlock> param_block = backing_->Find(params.data);
-    if (!param_block.has_value()) {
-      return Fail(absl::InternalError("the engine's parameters are not in shared memory"));
-    }
-    layout.set_param_block(param_block->id);
-    mappable_blocks_.insert(param_block->id);
-    layout.set_param_offset(static_cast<const char*>(params.data) - param_block->data);
     layout.set_grad_block(-1);
-    if (zero2_) {
+    if (zero3_) {
+      layout.set_param_block(-1);  // no full parameters between uses: see `gather`
+    } else {
+      ZS_ASSIGN_OR_RETURN(const workloads::StoredParameters params, engine.Parameters(t));
+      const std::optional<SharedBlock> param_block = backing_->Find(params.data);
+      if (!param_block.has_value()) {
+        return Fail(absl::InternalError("the engine's parameters are not in shared memory"));
+      }
+      layout.set_param_block(param_block->id);
+      mappable_blocks_.insert(param_block->id);
+      layout.set_param_offset(static_cast<const char*>(params.data) - param_block->data);
+    }
+    if (by_segment_) {
       for (int64_t begin = 0; begin < spec.num_elements;) {
         begin = engine.GradSegmentEnd(t, begin);
         layout.add_segment_ends(begin);
@@ -327,11 +334,34 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
       layout.set_grad_offset(reinterpret_cast<char*>(gradient) - grad_block->data);
     }
   }
+  if (zero3_) {
+    const std::optional<SharedBlock> pool = engine.gather_pool() == nullptr
+                                                ? std::nullopt
+                                                : backing_->Find(engine.gather_pool()->arena());
+    if (!pool.has_value()) {
+      return Fail(absl::InternalError("the engine's gather pool is not in shared memory"));
+    }
+    gather_pool_block_ = pool->id;
+    mappable_blocks_.insert(pool->id);
+    welcome.set_gather_pool_block(pool->id);
+    welcome.set_gather_pool_bytes(engine.gather_pool()->windows() *
+                                  engine.gather_pool()->window_bytes());
+  }
   // A resumed generation's parameters were loaded on the device: in place before the trainer
   // reads them.
   if (absl::Status waited = WaitForDevice(); !waited.ok()) return Fail(waited);
   ZS_RETURN_IF_ERROR(Reply(response));
   if (!needs_initial_parameters) return absl::OkStatus();
+  if (zero3_) {
+    // No rank holds a full copy: the engine stages one tensor at a time in its gather pool, the
+    // trainer writes it there, rank 0's values reach every rank, and each keeps its owned
+    // pieces.
+    ZS_RETURN_IF_ERROR(engine.InitializeParameters([&](int64_t tensor, absl::Span<float> out) {
+      return ReceiveInitialTensor(static_cast<int32_t>(tensor), out, share);
+    }));
+    initialized_parameters_ = true;
+    return absl::OkStatus();
+  }
   // The trainer maps the parameters and writes its model's values; then says so.
   while (true) {
     ZS_RETURN_IF_ERROR(ReadRequest());
@@ -394,6 +424,101 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
     }
   }
   return Ack();
+}
+
+absl::StatusOr<v1::AttachRequest> AttachedTrainer::ReadSkippingMapBlock() {
+  while (true) {
+    ZS_RETURN_IF_ERROR(ReadRequest());
+    v1::AttachRequest request = *std::move(pending_);
+    pending_.reset();
+    if (!request.has_map_block()) return request;
+    if (absl::Status mapped = MapBlock(request.map_block()); !mapped.ok()) return Fail(mapped);
+  }
+}
+
+absl::Status AttachedTrainer::ReceiveInitialTensor(int32_t tensor, absl::Span<float> out,
+                                                   const ShareInitialParameters& share) {
+  const std::string& name = engine_->plan().tensors()[tensor].name;
+  ZS_ASSIGN_OR_RETURN(const v1::AttachRequest asked, ReadSkippingMapBlock());
+  if (!asked.has_initial_tensor() || asked.initial_tensor().tensor() != tensor) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "initial_tensor: the trainer must send each tensor's initial values in plan order; "
+        "expected tensor ",
+        tensor, " (", name, ")",
+        asked.has_initial_tensor() ? absl::StrCat(", got ", asked.initial_tensor().tensor())
+                                   : "")));
+  }
+  const std::optional<SharedBlock> block = backing_->Find(out.data());
+  if (!block.has_value()) {
+    return Fail(absl::InternalError(
+        absl::StrCat("tensor ", name, ": the initial values' staging is not in shared memory")));
+  }
+  mappable_blocks_.insert(block->id);
+  v1::AttachResponse response;
+  response.mutable_place()->set_block(block->id);
+  response.mutable_place()->set_offset(reinterpret_cast<char*>(out.data()) - block->data);
+  ZS_RETURN_IF_ERROR(Reply(response));
+  ZS_ASSIGN_OR_RETURN(const v1::AttachRequest written, ReadSkippingMapBlock());
+  if (!written.has_initial_parameters()) {
+    return Fail(absl::FailedPreconditionError(absl::StrCat(
+        "initial_parameters: expected after initial_tensor ", tensor, " (", name, ")")));
+  }
+  if (share) {
+    if (absl::Status shared = share(out.data(), static_cast<int64_t>(out.size())); !shared.ok()) {
+      return Fail(absl::Status(shared.code(), absl::StrCat("rank 0's initial values of ", name,
+                                                           " to every rank: ", shared.message())));
+    }
+  }
+  for (const float value : out) {
+    if (!std::isfinite(value)) {
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("parameter ", name, ": its initial values hold NaN or Inf")));
+    }
+  }
+  return Ack();
+}
+
+absl::Status AttachedTrainer::Gather(const v1::GatherParameters& request) {
+  if (!zero3_) {
+    return Fail(absl::FailedPreconditionError(
+        "gather: only zero3 gathers parameters (the others keep them whole)"));
+  }
+  v1::AttachResponse response;
+  v1::ParametersGathered& gathered = *response.mutable_gathered();
+  for (const int32_t tensor : request.tensors()) {
+    if (tensor < 0 || tensor >= num_tensors_) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("gather.tensors: no tensor ", tensor,
+                                                          " (the plan has ", num_tensors_, ")")));
+    }
+  }
+  for (const int32_t tensor : request.tensors()) {
+    absl::StatusOr<workloads::StoredParameters> params = engine_->Parameters(tensor);
+    if (!params.ok()) return Fail(params.status());
+    const std::optional<SharedBlock> block = backing_->Find(params->data);
+    if (!block.has_value() || block->id != gather_pool_block_) {
+      return Fail(absl::InternalError("a gathered tensor is not in the gather pool's block"));
+    }
+    gathered.add_offsets(static_cast<const char*>(params->data) - block->data);
+  }
+  // On a device the gathers were ordered on its stream: done before the trainer reads.
+  if (absl::Status waited = WaitForDevice(); !waited.ok()) return Fail(waited);
+  return Reply(response);
+}
+
+absl::Status AttachedTrainer::Release(const v1::ReleaseParameters& request) {
+  if (!zero3_) {
+    return Fail(absl::FailedPreconditionError("release: only zero3 gathers parameters"));
+  }
+  for (const int32_t tensor : request.tensors()) {
+    if (tensor < 0 || tensor >= num_tensors_) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat("release.tensors: no tensor ", tensor,
+                                                          " (the plan has ", num_tensors_, ")")));
+    }
+    if (absl::Status released = engine_->ReleaseParameters(tensor); !released.ok()) {
+      return Fail(released);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status AttachedTrainer::InitialParameters(int64_t tensor, absl::Span<float> out) const {
@@ -461,11 +586,18 @@ absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
   // step's first request. A state request reads or writes the engine's memory, so every
   // all-gather is waited for first.
   while (pending_->has_save_state() || pending_->has_load_state() ||
-         pending_->has_wait_parameters()) {
+         pending_->has_wait_parameters() || pending_->has_gather() || pending_->has_release() ||
+         pending_->has_map_block()) {
     const v1::AttachRequest request = *std::move(pending_);
     pending_.reset();
     if (request.has_wait_parameters()) {
       ZS_RETURN_IF_ERROR(WaitParameters(request.wait_parameters()));
+    } else if (request.has_gather()) {
+      ZS_RETURN_IF_ERROR(Gather(request.gather()));
+    } else if (request.has_release()) {
+      ZS_RETURN_IF_ERROR(Release(request.release()));
+    } else if (request.has_map_block()) {
+      if (absl::Status mapped = MapBlock(request.map_block()); !mapped.ok()) return Fail(mapped);
     } else {
       if (absl::Status waited = WaitForAllGathers(); !waited.ok()) return Fail(waited);
       if (absl::Status agreed =
@@ -552,7 +684,7 @@ absl::Status AttachedTrainer::HandOverReady(workloads::GradientSink& sink) {
 }
 
 absl::Status AttachedTrainer::HandOverRest(workloads::GradientSink& sink, const char* what) {
-  if (!zero2_) {
+  if (!by_segment_) {
     // Tensors never marked ready take their buffer as it is (zeros, or what accumulated).
     for (; next_tensor_ < num_tensors_; ++next_tensor_)
       ZS_RETURN_IF_ERROR(HandOver(sink, next_tensor_));
@@ -569,7 +701,9 @@ absl::Status AttachedTrainer::HandOverRest(workloads::GradientSink& sink, const 
 absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
                                                         workloads::ParameterSource& params,
                                                         workloads::GradientSink& sink) {
-  (void)params;  // the trainer reads the shared parameters, gathered before the last answer
+  // The trainer reads the shared parameters, gathered before the last answer (zero3: gathered
+  // through engine_, the same engine, at each `gather`).
+  (void)params;
   ready_.assign(num_tensors_, false);
   next_tensor_ = 0;
   open_segment_.reset();
@@ -585,6 +719,15 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
     pending_.reset();
     if (request.request_case() == v1::AttachRequest::kWaitParameters) {
       ZS_RETURN_IF_ERROR(WaitParameters(request.wait_parameters()));
+      continue;
+    }
+    // zero3: forward and backward gather and release each module as it runs.
+    if (request.request_case() == v1::AttachRequest::kGather) {
+      ZS_RETURN_IF_ERROR(Gather(request.gather()));
+      continue;
+    }
+    if (request.request_case() == v1::AttachRequest::kRelease) {
+      ZS_RETURN_IF_ERROR(Release(request.release()));
       continue;
     }
     // Every other request of the step hands gradients over or reads them (or ends the step):
@@ -607,7 +750,7 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
       case v1::AttachRequest::kClipGradNorm:
       case v1::AttachRequest::kStep:
         // zero2 hands every tensor over by segment first (agreed there).
-        if (!zero2_) agreed = AgreeOnHandOver();
+        if (!by_segment_) agreed = AgreeOnHandOver();
         if (agreed.ok()) {
           agreed = AgreeOn(request.has_step()             ? TrainerCall::kStep
                            : request.has_clip_grad_norm() ? TrainerCall::kClipGradNorm
@@ -624,7 +767,7 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
         served = MapBlock(request.map_block());
         break;
       case v1::AttachRequest::kReady:
-        if (zero2_) {
+        if (by_segment_) {
           served = absl::FailedPreconditionError("ready: zero2 hands gradients over by segment");
           break;
         }
@@ -639,7 +782,7 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
         break;
       case v1::AttachRequest::kSegment: {
         const v1::GradientSegment& segment = request.segment();
-        if (!zero2_ || open_segment_.has_value() || segment.tensor() < 0 ||
+        if (!by_segment_ || open_segment_.has_value() || segment.tensor() < 0 ||
             segment.tensor() >= num_tensors_) {
           served = absl::FailedPreconditionError(
               absl::StrCat("segment: tensor ", segment.tensor(), " [", segment.begin(), ", ",
@@ -697,7 +840,7 @@ absl::StatusOr<double> AttachedTrainer::ForwardBackward(int64_t step,
         break;
       }
       case v1::AttachRequest::kMicroBatchDone:
-        if (!zero2_) {
+        if (!by_segment_) {
           served = absl::FailedPreconditionError(
               "micro_batch_done: ddp/zero1 accumulate in the shared gradient buffer");
           break;
@@ -813,7 +956,11 @@ absl::Status AttachedTrainer::StepApplied(const workloads::StepOutcome& outcome,
   // module's tensors (wait_parameters) while the later buckets are still being gathered.
   const bool pending = overlap_requested_ && gathers_issued_;
   outstanding_gathers_ = &params;
-  if (!pending) {
+  if (zero3_) {
+    // Nothing is gathered after a zero3 step; the update is on the owned pieces only, which the
+    // trainer never reads (each gather waits for the device).
+    outstanding_gathers_ = nullptr;
+  } else if (!pending) {
     if (absl::Status waited = WaitForAllGathers(); !waited.ok()) return Fail(waited);
   }
   v1::AttachResponse response;

@@ -82,6 +82,10 @@ using AttachedCallHook = std::function<absl::Status(TrainerCall call, int64_t mi
 //               all-gathers, or, when the trainer asked for the overlap
 //               (StepRequest.overlap_all_gather) in zero1/zero2, as soon as Engine::Step issued
 //               them (step_result.parameters_pending).
+//   zero3:      no full parameters: the trainer's module hooks send gather (answered with where
+//               each tensor's full values are in the gather pool's block, once gathered) and
+//               release, between steps and during forward and backward; gradients go by segment
+//               as in zero2; step_result follows the update (nothing is all-gathered after it).
 //   overlap:    until the next step's gradients, the trainer's wait_parameters (from its
 //               modules' forward pre-hooks) is answered once the named tensors' all-gathers
 //               are done (ParameterSource::Parameters for each, then the device): a forward
@@ -115,8 +119,11 @@ class AttachedTrainer final : public workloads::Workload {
   // rank differently still trains one model) and copies them, and only then answers the
   // trainer, whose parameters become views of that buffer. A resumed generation (no
   // initial parameters) keeps the checkpoint's values and never calls `share`.
+  // zero3 keeps no full copy: there Welcome initializes the engine's parameters itself, tensor by
+  // tensor (attach.proto, initial_tensor), and initialized_parameters() says so.
   absl::Status Welcome(engine::Engine& engine, int64_t start_step, bool needs_initial_parameters,
                        const ShareInitialParameters& share);
+  bool initialized_parameters() const { return initialized_parameters_; }
   // Ends a wait for the trainer (Accept, or a request) with CANCELLED.
   void Abort();
   // Serves save_state / load_state from now on (without them, they are refused).
@@ -158,6 +165,15 @@ class AttachedTrainer final : public workloads::Workload {
   // Waits until the device has done everything queued on the engine's memory (CUDA workers),
   // before the trainer is told it may read or write the blocks.
   absl::Status WaitForDevice();
+  // The next request that is not map_block (each map_block is served on the way).
+  absl::StatusOr<v1::AttachRequest> ReadSkippingMapBlock();
+  // zero3's first generation: one tensor's initial values, written by the trainer into `out`
+  // (the engine's staging, in its gather pool), then rank 0's made every rank's by `share`.
+  absl::Status ReceiveInitialTensor(int32_t tensor, absl::Span<float> out,
+                                    const ShareInitialParameters& share);
+  // zero3: serves gather (answered with where each tensor is, once gathered) and release.
+  absl::Status Gather(const v1::GatherParameters& request);
+  absl::Status Release(const v1::ReleaseParameters& request);
   // Serves wait_parameters: answers once the named tensors' all-gathers are done.
   absl::Status WaitParameters(const v1::WaitParameters& request);
   // Waits for every all-gather still outstanding since a step_result that did not wait for
@@ -188,7 +204,14 @@ class AttachedTrainer final : public workloads::Workload {
   // requests on the reduced gradients (average_gradients, clip_grad_norm) and the step's
   // tensors without a gradient go to it.
   engine::Engine* engine_ = nullptr;
-  bool zero2_ = false;
+  // zero2 and zero3 hand gradients over by segment into bucket buffers; zero3 keeps no full
+  // parameters (the trainer gathers and releases each module, in the engine's gather pool,
+  // block gather_pool_block_).
+  bool by_segment_ = false;
+  bool zero3_ = false;
+  int32_t gather_pool_block_ = -1;
+  // zero3: Welcome initialized the engine's parameters itself (one tensor at a time).
+  bool initialized_parameters_ = false;
   int32_t num_tensors_ = 0;
   std::vector<int64_t> tensor_elements_;
   std::vector<float*> full_gradients_;  // ddp/zero1: each tensor's gradient view

@@ -22,9 +22,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
+#include "worker/attach/testing/abstract_listener.h"
 
 namespace zeroshard::attach {
 namespace {
+
+using testing::Listener;
 
 constexpr char kBusId[] = "0000:3B:00.0";
 
@@ -66,40 +69,6 @@ class NoGradients final : public workloads::GradientSink {
   absl::Status GradWritten(int64_t, int64_t, int64_t) override {
     return absl::InternalError("not used");
   }
-};
-
-// A listening unix socket in the abstract namespace (no file, no path length to mind).
-class Listener {
- public:
-  explicit Listener(const std::string& name) {
-    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    address_.sun_family = AF_UNIX;
-    std::memcpy(address_.sun_path + 1, name.data(), name.size());
-    length_ = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-    bound_ =
-        ::bind(fd_, reinterpret_cast<sockaddr*>(&address_), length_) == 0 && ::listen(fd_, 4) == 0;
-  }
-  ~Listener() { ::close(fd_); }
-  bool bound() const { return bound_; }
-  int fd() const { return fd_; }
-
-  // A trainer's connection, or null; `fd_out` (if given) gets its descriptor, which the socket
-  // owns.
-  std::unique_ptr<FrameSocket> Connect(int* fd_out = nullptr) const {
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (::connect(fd, reinterpret_cast<const sockaddr*>(&address_), length_) != 0) {
-      ::close(fd);
-      return nullptr;
-    }
-    if (fd_out != nullptr) *fd_out = fd;
-    return std::make_unique<FrameSocket>(fd);
-  }
-
- private:
-  int fd_ = -1;
-  sockaddr_un address_{};
-  socklen_t length_ = 0;
-  bool bound_ = false;
 };
 
 AttachedTrainerOptions OptionsFor(const Listener& listener) {

@@ -594,6 +594,8 @@ absl::StatusOr<int64_t> EngineTrainingRun::Resume(RunParts& parts) {
                 ->Wait();
           }));
     }
+    // zero3's trainer wrote them one tensor at a time into the engine already (Welcome).
+    if (parts.trainer != nullptr && parts.trainer->initialized_parameters()) return first_step;
     ZS_RETURN_IF_ERROR(engine.InitializeParameters([&](int64_t tensor, absl::Span<float> out) {
       return parts.workload->InitialParameters(tensor, out);
     }));
