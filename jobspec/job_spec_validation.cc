@@ -274,17 +274,9 @@ absl::Status ValidateOptimizer(const OptimizerSpec& opt) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateMode(v1::Mode mode, bool attached) {
-  ZS_RETURN_IF_ERROR(CheckEnumIn("mode", *v1::Mode_descriptor(), mode,
-                                 {v1::DDP, v1::ZERO1, v1::ZERO2, v1::ZERO3}));
-  // Attached trainers hold their parameters in torch modules: freeing and gathering them is
-  // the attached zero3 work (issue 39), not the engine's.
-  if (attached && mode == v1::ZERO3) {
-    return absl::InvalidArgumentError(
-        "mode: ZERO3 is not available for attached models yet (attached zero3 is not built); "
-        "allowed for attached models: DDP, ZERO1, ZERO2");
-  }
-  return absl::OkStatus();
+absl::Status ValidateMode(v1::Mode mode) {
+  return CheckEnumIn("mode", *v1::Mode_descriptor(), mode,
+                     {v1::DDP, v1::ZERO1, v1::ZERO2, v1::ZERO3});
 }
 
 // resume_from's form; the coordinator resolves the job and its checkpoint (JobManager::SubmitJob).
@@ -475,7 +467,7 @@ absl::Status ValidateJobSpec(const JobSpec& spec) {
   if (!spec.run_key().empty()) ZS_RETURN_IF_ERROR(jobspec::CheckName("run_key", spec.run_key()));
   ZS_RETURN_IF_ERROR(ValidateWorkload(spec.workload()));
   ZS_RETURN_IF_ERROR(ValidateOptimizer(spec.optimizer()));
-  ZS_RETURN_IF_ERROR(ValidateMode(spec.mode(), attached));
+  ZS_RETURN_IF_ERROR(ValidateMode(spec.mode()));
   ZS_RETURN_IF_ERROR(ValidatePrecision(spec.precision(), attached));
   ZS_RETURN_IF_ERROR(ValidateParamGroups(spec));
   ZS_RETURN_IF_ERROR(CheckDoubleInRange("clip_grad_norm", spec.clip_grad_norm(), 0, Bound::kClosed,

@@ -682,6 +682,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         ValidCase{"ScalarTensor", [](JobSpec& s) { SetShape(s, 2, {}); }},
         ValidCase{"OneTensor", [](JobSpec& s) { Attached(s).mutable_tensors()->RemoveLast(); }},
+        // Fails before issue 39: attached zero3 was refused as not built.
+        ValidCase{"Zero3", [](JobSpec& s) { s.set_mode(v1::ZERO3); }},
         ValidCase{"MostTensors",
                   [](JobSpec& s) {
                     Attached(s).clear_tensors();
@@ -933,9 +935,6 @@ INSTANTIATE_TEST_SUITE_P(
                     "unset, got 128"},
         InvalidCase{"ZeroGlobalBatch", [](JobSpec& s) { s.set_global_batch(0); }, "global_batch",
                     "leave it unset, got 0"},
-        // Attached zero3 (issue 39) is not built: the engine's zero3 keeps the parameters.
-        InvalidCase{"Zero3", [](JobSpec& s) { s.set_mode(v1::ZERO3); }, "mode",
-                    "mode: ZERO3 is not available for attached models yet"},
         InvalidCase{"ZeroAttempts", [](JobSpec& s) { s.set_max_attempts(0); }, "max_attempts",
                     "0 is out of range [1, 100]"}),
     [](const ::testing::TestParamInfo<InvalidCase>& info) { return info.param.name; });

@@ -110,6 +110,7 @@ class Attachment:
         self.plan = None
         self.param_views = None
         self.grad_views = None
+        self.pool_block = None  # zero3: the gather pool's block
         self.hand_over = None
         self.state_dicts = None
         self.built_at = _caller_location()
@@ -278,6 +279,9 @@ class Attachment:
                              f"{len(plan.params)}: the ranks' models differ")
         self.layouts = list(welcome.tensors)
         self.plan = plan
+        if welcome.mode == "zero3":
+            self._attach_sharded(plan, welcome, from_backward)
+            return
         self._map_views(plan, welcome, from_backward)
         if welcome.needs_initial_parameters:
             self.synchronize()
@@ -296,16 +300,53 @@ class Attachment:
                                               self.layouts, self.grad_views, self.view,
                                               self.synchronize)
 
-    def _map_views(self, plan, welcome, from_backward):
-        """param_views and grad_views (None for a tensor without a shared gradient) of the
-        worker's blocks; the initial parameters written when the job needs them."""
-        self.param_views = []
-        self.grad_views = []
+    def _attach_sharded(self, plan, welcome, from_backward):
+        """zero3: no parameter block; the initial values go to the worker one tensor at a time
+        (each rank keeps only its owned pieces of rank 0's), and the gather pool's block is
+        where each module's full values are read from (_torch_zero3.ShardedParameters)."""
+        self._check_layouts(plan)
+        if from_backward:
+            raise RuntimeError(
+                "zero3: this backward ran on the model's own parameters, but its forward did not "
+                "go through the model (the ShardedOptimizer attaches at the model's first eager "
+                "forward, where zero3 installs the hooks that gather each module); call the "
+                "model itself, or read opt.start_step before the first forward")
+        if welcome.needs_initial_parameters:
+            for t, p in enumerate(plan.params):
+                request = attach_pb2.AttachRequest()
+                request.initial_tensor.tensor = t
+                response, _ = self.connection.call(request)
+                place = self.view(response.place.block, response.place.offset, p.numel(),
+                                  p.shape)
+                place.copy_(p.detach())
+                self.synchronize()
+                written = attach_pb2.AttachRequest()
+                written.initial_parameters.SetInParent()
+                self.connection.call(written)
+        self.pool_block = welcome.gather_pool_block
+        self.param_views = None
+        self.grad_views = [None] * len(plan.params)
+        self.hand_over = GradientHandOver("zero3", plan, self.connection, self.layouts,
+                                          self.grad_views, self.view, self.synchronize)
+
+    def pool_view(self, offset, elements, shape):
+        """zero3: a tensor over the gather pool's block (valid until its release)."""
+        return self.view(self.pool_block, offset, elements, shape)
+
+    def _check_layouts(self, plan):
         for name, p, layout in zip(plan.names, plan.params, self.layouts):
             if layout.name != name or list(layout.shape) != list(p.shape):
                 raise ValueError(f"parameter {name}: shape {list(p.shape)}, but the job's tensor "
                                  f"is {layout.name} of shape {list(layout.shape)} (the ranks' "
                                  "models differ)")
+
+    def _map_views(self, plan, welcome, from_backward):
+        """param_views and grad_views (None for a tensor without a shared gradient) of the
+        worker's blocks; the initial parameters written when the job needs them."""
+        self._check_layouts(plan)
+        self.param_views = []
+        self.grad_views = []
+        for name, p, layout in zip(plan.names, plan.params, self.layouts):
             view = self.view(layout.param_block, layout.param_offset, layout.elements, p.shape)
             if welcome.needs_initial_parameters:
                 view.copy_(p.detach())
@@ -369,6 +410,8 @@ class Attachment:
 
     def check_parameters(self):
         """ValueError naming a parameter whose data the script replaced since the attach."""
+        if self.param_views is None:
+            return  # zero3: the parameters are the model's own storage, refilled at each gather
         for name, p, view in zip(self.plan.names, self.plan.params, self.param_views):
             if p.data_ptr() != view.data_ptr():
                 raise ValueError(f"parameter {name}: its data was replaced after the "

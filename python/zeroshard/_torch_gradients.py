@@ -48,7 +48,7 @@ class HandedOverGradient(torch.Tensor):
                 f"mode={self.mode})")
 
     def refusal(self, what):
-        where = ("zero2 reduces it into the owning rank's shard" if self.mode == "zero2" else
+        where = ("zero2 reduces it into the owning rank's shard" if self.mode in ("zero2", "zero3") else
                  "zero1 reduces it in the worker, which keeps only its shard")
         return RuntimeError(
             f"parameter {self.parameter_name}: its gradient was handed over to the ZeroShard "
@@ -292,7 +292,7 @@ class GradientHandOver:
     def on_gradient(self, p, no_sync):
         """Parameter p's gradient of this backward accumulated. `no_sync`: inside
         opt.no_sync() (ddp/zero1 keep it in the shared buffer until step())."""
-        if self._mode == "zero2":
+        if self._mode in ("zero2", "zero3"):
             self._on_gradient_zero2(p)
             return
         t = self._index[id(p)]
@@ -332,7 +332,7 @@ class GradientHandOver:
         if self._ready[t]:
             # ddp/zero1 hand a step's gradients over once: a second reducing backward before
             # step() (gradient accumulation ported from DDP without its no_sync) lands here too.
-            accumulation = ("" if self._mode == "zero2" else
+            accumulation = ("" if self._mode in ("zero2", "zero3") else
                             f"; or a second backward before step() in mode {self._mode!r}: "
                             "for gradient accumulation run every micro-step but the last inside "
                             "`with opt.no_sync():` (DDP's no_sync, nanoGPT's "
@@ -474,7 +474,7 @@ class GradientHandOver:
         unseen, or every tensor when no backward ran this step. ddp after the averaging: a .grad
         the script replaced (not changed in place) is copied into the shared buffer. Otherwise
         (ddp/zero1) each tensor's gradient into the shared buffer."""
-        if self._mode == "zero2":
+        if self._mode in ("zero2", "zero3"):
             begun = self._next > 0 or self._next_segment > 0 or any(self._ready)
             if begun or self._micro_batches == 0:
                 self._ready = [True] * len(self._params)

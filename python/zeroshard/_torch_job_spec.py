@@ -21,7 +21,8 @@ OPTIMIZERS = {
     "adagrad": job_pb2.ADAGRAD,
     "lion": job_pb2.LION,
 }
-MODES = {"ddp": job_pb2.DDP, "zero1": job_pb2.ZERO1, "zero2": job_pb2.ZERO2}
+MODES = {"ddp": job_pb2.DDP, "zero1": job_pb2.ZERO1, "zero2": job_pb2.ZERO2,
+         "zero3": job_pb2.ZERO3}
 # The numeric hyperparameters each optimizer reads from its param groups at every step, as
 # torch.optim does (besides lr and weight_decay): scripts and schedulers may change them.
 GROUP_KEYS = {"sgd": ("momentum", "dampening"), "adam": ("betas", "eps"),

@@ -42,6 +42,7 @@ from zeroshard._torch_gradients import (OPTIMIZER_SET_TO_NONE, HandedOverGradien
                                         hook_model, hook_parameter, remove_hooks,
                                         torch_zero_grad, unhook_model)
 from zeroshard._torch_parameters import ParameterWaits
+from zeroshard._torch_zero3 import ShardedParameters
 
 __all__ = ["init", "rank", "world_size", "ShardedOptimizer", "HandedOverGradient", "save",
            "finish", "WorkerLost", "AttachError", "WrongWorker"]
@@ -137,7 +138,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
 
     optimizer: "sgd", "adam", "adamw", "adagrad" or "lion" (torch.optim's semantics).
     mode: "zero2" (default: gradients reduce-scattered bucket by bucket as backward produces
-      them, only the owned shard kept), "zero1" or "ddp" (full gradients all-reduced, full state).
+      them, only the owned shard kept), "zero1" or "ddp" (full gradients all-reduced, full state),
+      or "zero3" (as zero2, and the parameters too are sharded: between uses each parameter's
+      storage is empty; each module's are gathered before its forward and again before its
+      backward, and freed after; read them whole inside `with opt.full_parameters():`, and after
+      zt.finish the model holds the last values again).
     param_groups: optional list of {"params": [...], "lr": ..., "weight_decay": ...} for
       subsets of the model's parameters; the rest form the default group (lr, weight_decay).
     clip_grad_norm: global-norm clipping across all shards in every step (as calling
@@ -228,6 +233,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._overlap_all_gather = bool(overlap_all_gather)
         # Made at the attach (the module hooks need the plan).
         self._parameter_waits = None
+        self._sharded = None  # zero3's ShardedParameters
         # id(p) -> its gradient hooks' handles (and torch 1.13's AccumulateGrad node, kept alive).
         self._hooks = {}
         for _, p in named:
@@ -276,6 +282,10 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._parameter_waits is None and self._attachment.attached:
             self._parameter_waits = ParameterWaits(self._model, self._attachment.plan,
                                                    self._attachment.connection)
+            if self._settings.mode == "zero3":
+                self._sharded = ShardedParameters(self._model, self._attachment.plan,
+                                                  self._attachment.connection,
+                                                  self._attachment.pool_view)
 
     def _plan_job(self):
         """The plan and job spec of the groups as they are now (Attachment.ensure's)."""
@@ -291,6 +301,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         self._ensure_attached()
         if self._parameter_waits is not None:
             self._parameter_waits.before_root()
+        if self._sharded is not None:
+            self._sharded.before_root()
         self._clear_handed_over()
 
     def wait_for_parameters(self):
@@ -300,6 +312,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         module's weight)."""
         if self._parameter_waits is not None and not self._attachment.finished:
             self._parameter_waits.wait_all()
+
+    def full_parameters(self):
+        """A context manager inside which every parameter holds its full values, as FSDP's
+        summon_full_params. zero3: gathered a module at a time on entry and freed at exit
+        (collective: every rank enters it at the same point); a write inside raises at exit (not
+        sent back to the owners yet). Other modes: the parameters are always whole (the pending
+        all-gathers are waited for)."""
+        if self._sharded is None:
+            self.wait_for_parameters()
+            return contextlib.nullcontext()
+        return self._sharded.full_parameters()
 
     def _hook_gradients(self, p):
         self._hooks[id(p)] = hook_parameter(p, self._before_accumulation, self._on_gradient)
@@ -348,6 +371,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
             # The forward did not attach (it did not go through the model): attach now.
             self._ensure_attached(from_backward=True)
         self._attachment.hand_over.on_gradient(p, self._no_sync)
+        if self._sharded is not None:
+            self._sharded.on_gradient(self._attachment.plan.index[id(p)])
 
     def _tensors_without_gradient(self):
         """Plan indices of the tensors that have no gradient (torch.optim skips them): what
@@ -518,6 +543,9 @@ class ShardedOptimizer(torch.optim.Optimizer):
         """`failure`: why the script ends (an uncaught exception), which fails the run."""
         if self._attachment.finished:
             return
+        if self._sharded is not None and self._attachment.attached and failure is None:
+            # The model stays the user's: plain torch with the last values.
+            self._sharded.keep_all()
         self._detach_from_model()
         # The worker waits for every all-gather before it answers finish: afterwards the
         # parameters (still the shared views) hold the last step's values.
@@ -531,6 +559,8 @@ class ShardedOptimizer(torch.optim.Optimizer):
         unhook_model(self._model, self, self._forward_hook)
         if self._parameter_waits is not None:
             self._parameter_waits.remove()
+        if self._sharded is not None:
+            self._sharded.remove()
         for handles in self._hooks.values():
             remove_hooks(handles)
         self._hooks = {}
@@ -572,6 +602,12 @@ def save(model, path):
     under each name: safetensors has no aliasing), so that a strict load_state_dict of a plain
     torch model takes the file; the other ranks do nothing. Every rank holds the full parameters
     after step() (their all-gathers waited for here)."""
+    for optimizer in _optimizers:
+        sharded = optimizer._sharded
+        if sharded is not None and not sharded.all_materialized():
+            raise RuntimeError(
+                "zt.save: in zero3 the parameters are gathered only while used; call it inside "
+                "`with opt.full_parameters():` on every rank, or after zt.finish(opt)")
     if init().rank != 0:
         return
     for optimizer in _optimizers:

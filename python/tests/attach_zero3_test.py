@@ -1,0 +1,41 @@
+"""zero3 for attached trainers (issue 39) on a real local cluster of 2 workers
+(attach_zero3_script.py says what it trains): zero3 equals zero2 bit for bit, step by step and in
+the parameters afterwards, and after loading a sharded state_dict() of step 3; no parameter holds storage between steps; the Parameter objects stay
+the model's; a write inside opt.full_parameters() is refused naming the parameter. The trainers
+run under $ZEROSHARD_TRAINER_PYTHON when set (CI: the torch 2.x venv)."""
+
+import json
+import os
+import unittest
+
+from cluster_support import launch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+class AttachZero3Test(unittest.TestCase):
+
+    def test_zero3_equals_zero2_bitwise_and_holds_no_parameters_between_steps(self):
+        status, out = launch(2, os.path.join(HERE, "attach_zero3_script.py"))
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        for line in lines:
+            print(json.dumps(line))
+        self.assertEqual(sorted(line["rank"] for line in lines), [0, 1], out)
+        for line in lines:
+            self.assertTrue(line["losses_equal"], line)
+            self.assertTrue(line["inside_equal"], line)
+            self.assertTrue(line["after_equal"], line)
+            self.assertTrue(line["reloaded_equal"] and line["reloaded_is_earlier"], line)
+            self.assertEqual(set(line["zero3_held_between_steps"]), {0}, line)
+            self.assertTrue(all(held > 0 for held in line["zero2_held_between_steps"]), line)
+            self.assertTrue(line["same_objects"] and line["still_tied"], line)
+            self.assertTrue(line["trained"], line)
+            self.assertIn("blocks.1.mix.bias", line["write_refused"])
+            self.assertIn("full_parameters()", line["write_refused"])
+            self.assertIn("model.state_dict()", line["state_dict_refused"])
+            self.assertIn("full_parameters()", line["state_dict_refused"])
+        self.assertEqual(status, 0, out)
+
+
+if __name__ == "__main__":
+    unittest.main()
