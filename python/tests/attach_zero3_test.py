@@ -1,8 +1,9 @@
 """zero3 for attached trainers (issue 39) on a real local cluster of 2 workers
-(attach_zero3_script.py says what it trains): zero3 equals zero2 bit for bit, step by step and in
-the parameters afterwards, and after loading a sharded state_dict() of step 3; no parameter holds storage between steps; the Parameter objects stay
-the model's; a write inside opt.full_parameters() is refused naming the parameter. The trainers
-run under $ZEROSHARD_TRAINER_PYTHON when set (CI: the torch 2.x venv)."""
+(attach_zero3_script.py says what it trains): zero3 equals zero2 bit for bit, step by step, in the
+parameters afterwards and after loading a sharded state_dict() of step 3; no parameter holds
+storage between steps; the Parameter objects stay the model's; a write inside
+opt.full_parameters() reaches the owners, and training goes on from it bitwise as in zero2. The
+trainers run under $ZEROSHARD_TRAINER_PYTHON when set (CI: the torch 2.x venv)."""
 
 import json
 import os
@@ -30,8 +31,7 @@ class AttachZero3Test(unittest.TestCase):
             self.assertTrue(all(held > 0 for held in line["zero2_held_between_steps"]), line)
             self.assertTrue(line["same_objects"] and line["still_tied"], line)
             self.assertTrue(line["trained"], line)
-            self.assertIn("blocks.1.mix.bias", line["write_refused"])
-            self.assertIn("full_parameters()", line["write_refused"])
+            self.assertEqual(line["write_kept"], [True, True], line)
             self.assertIn("model.state_dict()", line["state_dict_refused"])
             self.assertIn("full_parameters()", line["state_dict_refused"])
         self.assertEqual(status, 0, out)

@@ -169,15 +169,18 @@ class ShardedParameters:
         """Every tensor of `tensors` holds its full values (gathered where none did) until
         release(tensors)."""
         needed = [t for t in tensors if self._held[t] == 0]
-        # In forward order (the reverse of plan order), a worker module at a time: the pool holds
-        # one module while it is copied out.
-        groups = collections.OrderedDict()
-        for t in sorted(needed, reverse=True):
-            groups.setdefault(self._module_of[t], []).append(t)
-        for group in groups.values():
+        for group in self._groups(needed).values():
             self._gather_into_storage(group)
         for t in tensors:
             self._held[t] += 1
+
+    def _groups(self, tensors):
+        """`tensors` by worker module, in forward order (the reverse of plan order): the pool
+        holds one module at a time while it is copied."""
+        groups = collections.OrderedDict()
+        for t in sorted(tensors, reverse=True):
+            groups.setdefault(self._module_of[t], []).append(t)
+        return groups
 
     def _gather_into_storage(self, tensors):
         request = attach_pb2.AttachRequest()
@@ -255,24 +258,42 @@ class ShardedParameters:
     # ---- Reading them whole ----
 
     @contextlib.contextmanager
-    def full_parameters(self):
-        """Every parameter holds its full values inside (gathered a module at a time). Writes are
-        refused at exit (RuntimeError naming the parameter): they are not sent back to the
-        owners in this version."""
+    def full_parameters(self, writeback=True):
+        """Every parameter holds its full values inside (gathered a module at a time). At exit,
+        with `writeback`, the values that changed go back to the owners: each worker module is
+        gathered again, the tensors that differ from it are written into the pool and the worker
+        keeps its owned pieces of them (write_parameters); every rank must write the same values,
+        as with FSDP's summon_full_params. Without it, writes are dropped."""
         everything = list(range(len(self._plan.params)))
         self.materialize(everything)
-        versions = [p._version for p in self._plan.params]
         try:
             yield
+            if writeback:
+                self._write_back(everything)
         finally:
-            changed = [name for name, p, version in
-                       zip(self._plan.names, self._plan.params, versions) if p._version != version]
             self.release(everything)
+
+    def _write_back(self, tensors):
+        for group in self._groups(tensors).values():
+            request = attach_pb2.AttachRequest()
+            request.gather.tensors.extend(group)
+            response, _ = self._connection.call(request)
+            self.gathers += 1
+            changed = []
+            with torch.no_grad():
+                for t, offset in zip(group, response.gathered.offsets):
+                    p = self._plan.params[t]
+                    pooled = self._pool_view(offset, p.numel(), p.shape)
+                    if not torch.equal(pooled, p.data):
+                        pooled.copy_(p.data)
+                        changed.append(t)
             if changed:
-                raise RuntimeError(
-                    f"parameter {changed[0]}: written inside opt.full_parameters(), but zero3 does "
-                    "not send writes back to the owning ranks yet: the write is lost. Load new "
-                    "values with opt.load_state_dict(), or use mode='zero2'")
+                write = attach_pb2.AttachRequest()
+                write.write_parameters.tensors.extend(changed)
+                self._connection.call(write)
+            release = attach_pb2.AttachRequest()
+            release.release.tensors.extend(group)
+            self._connection.send(release)
 
     def all_materialized(self):
         return all(is_materialized(p) for p in self._plan.params)

@@ -313,16 +313,17 @@ class ShardedOptimizer(torch.optim.Optimizer):
         if self._parameter_waits is not None and not self._attachment.finished:
             self._parameter_waits.wait_all()
 
-    def full_parameters(self):
+    def full_parameters(self, writeback=True):
         """A context manager inside which every parameter holds its full values, as FSDP's
         summon_full_params. zero3: gathered a module at a time on entry and freed at exit
-        (collective: every rank enters it at the same point); a write inside raises at exit (not
-        sent back to the owners yet). Other modes: the parameters are always whole (the pending
-        all-gathers are waited for)."""
+        (collective: every rank enters and leaves it at the same point); with `writeback`, the
+        values written inside go back to the owning ranks at exit (write the same values on
+        every rank: each keeps only its own pieces). Other modes: the parameters are always
+        whole and writes land in place (the pending all-gathers are waited for)."""
         if self._sharded is None:
             self.wait_for_parameters()
             return contextlib.nullcontext()
-        return self._sharded.full_parameters()
+        return self._sharded.full_parameters(writeback)
 
     def _hook_gradients(self, p):
         self._hooks[id(p)] = hook_parameter(p, self._before_accumulation, self._on_gradient)

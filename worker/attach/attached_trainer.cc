@@ -521,6 +521,25 @@ absl::Status AttachedTrainer::Release(const v1::ReleaseParameters& request) {
   return absl::OkStatus();
 }
 
+absl::Status AttachedTrainer::WriteBack(const v1::WriteParameters& request) {
+  if (!zero3_) {
+    return Fail(absl::FailedPreconditionError(
+        "write_parameters: only zero3 (in the other modes the trainer writes the parameters in "
+        "place)"));
+  }
+  for (const int32_t tensor : request.tensors()) {
+    if (tensor < 0 || tensor >= num_tensors_) {
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
+          "write_parameters.tensors: no tensor ", tensor, " (the plan has ", num_tensors_, ")")));
+    }
+    if (absl::Status written = engine_->WriteHeldParameters(tensor); !written.ok()) {
+      return Fail(
+          absl::Status(written.code(), absl::StrCat("write_parameters: ", written.message())));
+    }
+  }
+  return Ack();
+}
+
 absl::Status AttachedTrainer::InitialParameters(int64_t tensor, absl::Span<float> out) const {
   if (tensor < 0 || tensor >= static_cast<int64_t>(initial_.size()) ||
       out.size() != initial_[tensor].size()) {
@@ -587,7 +606,7 @@ absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
   // all-gather is waited for first.
   while (pending_->has_save_state() || pending_->has_load_state() ||
          pending_->has_wait_parameters() || pending_->has_gather() || pending_->has_release() ||
-         pending_->has_map_block()) {
+         pending_->has_write_parameters() || pending_->has_map_block()) {
     const v1::AttachRequest request = *std::move(pending_);
     pending_.reset();
     if (request.has_wait_parameters()) {
@@ -596,6 +615,8 @@ absl::StatusOr<bool> AttachedTrainer::AwaitNextStep() {
       ZS_RETURN_IF_ERROR(Gather(request.gather()));
     } else if (request.has_release()) {
       ZS_RETURN_IF_ERROR(Release(request.release()));
+    } else if (request.has_write_parameters()) {
+      ZS_RETURN_IF_ERROR(WriteBack(request.write_parameters()));
     } else if (request.has_map_block()) {
       if (absl::Status mapped = MapBlock(request.map_block()); !mapped.ok()) return Fail(mapped);
     } else {

@@ -174,6 +174,8 @@ class AttachedTrainer final : public workloads::Workload {
   // zero3: serves gather (answered with where each tensor is, once gathered) and release.
   absl::Status Gather(const v1::GatherParameters& request);
   absl::Status Release(const v1::ReleaseParameters& request);
+  // zero3, between steps: the held tensors' values in the pool become the owned pieces.
+  absl::Status WriteBack(const v1::WriteParameters& request);
   // Serves wait_parameters: answers once the named tensors' all-gathers are done.
   absl::Status WaitParameters(const v1::WaitParameters& request);
   // Waits for every all-gather still outstanding since a step_result that did not wait for

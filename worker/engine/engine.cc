@@ -589,6 +589,52 @@ absl::Status Engine::ReleaseParameters(int64_t tensor) {
   return gather_pool_->Release(tensor);
 }
 
+absl::Status Engine::WriteHeldParameters(int64_t tensor) {
+  ZS_RETURN_IF_ERROR(failure_.status());
+  if (tensor < 0 || tensor >= plan_.num_tensors()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor: ", tensor, " is not in [0, ", plan_.num_tensors(), ")"));
+  }
+  const std::string& name = plan_.tensors()[tensor].name;
+  if (!ShardsParameters()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor ", name, ": only zero3 writes gathered parameters back"));
+  }
+  if (StepInProgress()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor ", name, ": parameters are written back between steps only"));
+  }
+  ZS_ASSIGN_OR_RETURN(const char* const values, gather_pool_->HeldValues(tensor));
+  absl::Span<const sharding::OwnedPiece> pieces = view_.pieces();
+  size_t piece_index = 0;
+  std::vector<char> staged;  // a device's fragment on the host
+  for (const sharding::TensorFragment& fragment : view_.fragments()) {
+    if (fragment.tensor != tensor) continue;
+    while (fragment.flat_begin >= pieces[piece_index].flat_end) ++piece_index;
+    const sharding::OwnedPiece& piece = pieces[piece_index];
+    const int64_t element = OwnedOffset(piece.bucket) + fragment.flat_begin - piece.flat_begin;
+    const int64_t count = fragment.size();
+    const char* source = values + fragment.tensor_begin * param_size_;
+    if (!device_->host_memory()) {
+      staged.resize(count * param_size_);
+      ZS_RETURN_IF_ERROR(
+          RecordFailure(device_->CopyToHost(staged.data(), source, count * param_size_)));
+      ZS_RETURN_IF_ERROR(RecordFailure(
+          device_->CopyFromHost(OwnedParamsAt(element), staged.data(), count * param_size_)));
+      source = staged.data();
+    } else {
+      std::memcpy(OwnedParamsAt(element), source, count * param_size_);
+    }
+    if (HasMaster()) {
+      std::vector<float> master(count);
+      ConvertElements(source, config_.param_dtype, master.data(), DType::kFloat32, count);
+      ZS_RETURN_IF_ERROR(RecordFailure(device_->CopyFromHost(
+          master_.as<float>() + element, master.data(), count * int64_t{sizeof(float)})));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<float>> Engine::ParametersOnHost(int64_t tensor) {
   const bool held_before = ShardsParameters() && tensor >= 0 && tensor < plan_.num_tensors() &&
                            gather_pool_->held(tensor);

@@ -207,6 +207,12 @@ class Engine : public workloads::GradientSink, public workloads::ParameterSource
   // (FailedPrecondition for a tensor not held). Other modes keep every parameter: a no-op.
   // InvalidArgument for a tensor outside the plan.
   absl::Status ReleaseParameters(int64_t tensor) override;
+  // zero3, between steps: the held tensor's full values, as the caller wrote them where
+  // Parameters(tensor) pointed, become this rank's owned pieces of it (and their fp32 masters).
+  // Each rank writes its own pieces only: every rank writes the same values (an attached
+  // trainer's opt.full_parameters() writes). FailedPrecondition in another mode, during a step,
+  // or for a tensor not held.
+  absl::Status WriteHeldParameters(int64_t tensor);
 
   // Parameters(tensor) copied into host memory and widened to fp32 (exact), one tensor at a time
   // (e.g. to write them to a file). Waits on the host for the tensor's outstanding all-gathers.

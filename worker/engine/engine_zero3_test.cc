@@ -34,6 +34,7 @@
 #include "worker/comm/in_memory_store.h"
 #include "worker/comm/testing/identity_communicator.h"
 #include "worker/comm/testing/rank_threads.h"
+#include "worker/engine/element_convert.h"
 #include "worker/engine/engine.h"
 #include "worker/workloads/teacher_student_mlp.h"
 #include "worker/workloads/testing/least_squares_workload.h"
@@ -934,6 +935,78 @@ TEST(Zero3ErrorsTest, ReleaseParametersCodes) {
   EXPECT_TRUE(zero2->ReleaseParameters(0).ok());
   EXPECT_EQ(zero2->ReleaseParameters(plan.num_tensors()).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// The value an attached trainer's opt.full_parameters() writes into element i of tensor t
+// (exact in bf16 too).
+float WrittenValue(int64_t t, size_t i) {
+  return 0.25f * static_cast<float>(t + 1) + 0.125f * static_cast<float>(i % 8);
+}
+
+// zero3's write-back (an attached trainer's opt.full_parameters() writes): every rank writes the
+// same values where Parameters(t) pointed, WriteHeldParameters(t) keeps its owned pieces of
+// them, and a gather afterwards reads them on every rank, in fp32 and in bf16 (fp32 masters).
+// Fails when a rank writes other pieces than its own, or misses some of its own (a gather then
+// reads the initial 1.0 there).
+TEST(Zero3WriteBackTest, WrittenValuesBecomeTheOwnersPiecesOnEveryRank) {
+  for (const Precision precision : {Precision::kFp32, Precision::kBf16}) {
+    SCOPED_TRACE(precision == Precision::kFp32 ? "fp32" : "bf16");
+    constexpr int64_t kRanks = 2;
+    const std::vector<sharding::TensorSpec> tensors = LayerTensors(LayerSizes());
+    const sharding::ShardPlan plan = PlanFor(tensors, kRanks);
+    comm::InMemoryStore store;
+    std::vector<std::vector<std::vector<float>>> read(kRanks);
+    const absl::Status status =
+        RunOnRankThreads(static_cast<int>(kRanks), [&](int rank) -> absl::Status {
+          ZS_ASSIGN_OR_RETURN(std::unique_ptr<comm::GlooCommunicator> communicator,
+                              Connect(rank, kRanks, &store, Transport::kTcp));
+          EngineConfig config = ConfigFor(kernels::OptimizerKind::kAdamW, precision);
+          config.mode = EngineMode::kZero3;
+          ZS_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                              Engine::Create(plan, rank, config, communicator.get()));
+          ZS_RETURN_IF_ERROR(engine->InitializeParameters([](int64_t, absl::Span<float> out) {
+            std::fill(out.begin(), out.end(), 1.0f);
+            return absl::OkStatus();
+          }));
+          const DType dtype = config.param_dtype;
+          for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+            ZS_ASSIGN_OR_RETURN(const workloads::StoredParameters stored, engine->Parameters(t));
+            std::vector<float> values(stored.size);
+            for (size_t i = 0; i < values.size(); ++i) values[i] = WrittenValue(t, i);
+            ConvertElements(values.data(), DType::kFloat32,
+                            const_cast<void*>(static_cast<const void*>(stored.data)), dtype,
+                            stored.size);
+            ZS_RETURN_IF_ERROR(engine->WriteHeldParameters(t));
+            ZS_RETURN_IF_ERROR(engine->ReleaseParameters(t));
+          }
+          const absl::Status not_held = engine->WriteHeldParameters(0);
+          if (!absl::IsFailedPrecondition(not_held) ||
+              !absl::StrContains(not_held.message(), tensors[0].name)) {
+            return absl::InternalError(absl::StrCat("not held: ", not_held.ToString()));
+          }
+          for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+            ZS_ASSIGN_OR_RETURN(std::vector<float> values, engine->ParametersOnHost(t));
+            read[rank].push_back(std::move(values));
+          }
+          return absl::OkStatus();
+        });
+    ASSERT_TRUE(status.ok()) << status;
+    for (int64_t rank = 0; rank < kRanks; ++rank) {
+      ASSERT_EQ(read[rank].size(), static_cast<size_t>(plan.num_tensors()));
+      for (int64_t t = 0; t < plan.num_tensors(); ++t) {
+        for (size_t i = 0; i < read[rank][t].size(); ++i) {
+          ASSERT_EQ(read[rank][t][i], WrittenValue(t, i))
+              << "rank " << rank << " " << tensors[t].name << "[" << i << "]";
+        }
+      }
+    }
+  }
+  comm::testing::IdentityCommunicator communicator;
+  std::unique_ptr<Engine> zero2 =
+      OneRankEngine(PlanFor(LayerTensors(LayerSizes()), 1), EngineMode::kZero2, &communicator);
+  ASSERT_NE(zero2, nullptr);
+  ASSERT_TRUE(zero2->Parameters(0).ok());
+  EXPECT_TRUE(absl::IsFailedPrecondition(zero2->WriteHeldParameters(0)));
 }
 
 // ---- 6. Checkpoints across zero2 and zero3 and across W ----

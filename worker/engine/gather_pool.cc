@@ -299,6 +299,20 @@ absl::StatusOr<const char*> GatherPool::Acquire(int64_t tensor) {
   return arena_.as<char>() + ArenaOffset(module, placement.flat_offset) * param_size_;
 }
 
+absl::StatusOr<char*> GatherPool::HeldValues(int64_t tensor) {
+  ZS_RETURN_IF_ERROR(failure_->status());
+  if (!tensor_held_[tensor]) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor ", plan_.tensors()[tensor].name, " is not held (gather it first)"));
+  }
+  const int64_t module = geometry_.tensor_module[tensor];
+  const sharding::TensorPlacement& placement = plan_.placement(tensor);
+  ZS_RETURN_IF_ERROR(AwaitModule(module, placement.first_bucket,
+                                 placement.first_bucket + placement.num_buckets - 1,
+                                 /*on_host=*/true));
+  return arena_.as<char>() + ArenaOffset(module, placement.flat_offset) * param_size_;
+}
+
 absl::Status GatherPool::Release(int64_t tensor) {
   if (!tensor_held_[tensor]) {
     return absl::FailedPreconditionError(

@@ -84,6 +84,9 @@ class GatherPool {
   absl::StatusOr<const char*> Acquire(int64_t tensor);
   // FailedPrecondition when the tensor is not held.
   absl::Status Release(int64_t tensor);
+  // Where a held tensor's full values are, its gathers waited for on the host; neither recorded
+  // in the order nor counted as a use. FailedPrecondition when the tensor is not held.
+  absl::StatusOr<char*> HeldValues(int64_t tensor);
   bool held(int64_t tensor) const { return tensor_held_[tensor] != 0; }
 
   // Waits for every gather still in flight: on the host (`on_host`; their outcome is then known)
