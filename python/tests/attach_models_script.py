@@ -320,7 +320,7 @@ class GPTTask:
     name = "gpt"
     kind = "adamw"
     torch_class = torch.optim.AdamW
-    modes = ("zero2",)
+    modes = ("zero2", "zero3")
     strict = False  # AdamW: STRICT for EARLY_STEPS, then the measured spread
     LR, MIN_LR, WARMUP = 1e-3, 1e-4, 3
     hyper = {"lr": LR, "betas": (0.9, 0.95)}
@@ -362,7 +362,7 @@ class LSTMTask:
     name = "lstm"
     kind = "sgd"
     torch_class = torch.optim.SGD
-    modes = ("zero2", "ddp")
+    modes = ("zero2", "ddp", "zero3")
     strict = True
     hyper = {"lr": 5.0}
     # The example clips at 0.25, which this small model's gradients (norm 0.13 to 0.2) never reach:
@@ -417,7 +417,7 @@ class TransformerTask:
     name = "transformer"
     kind = "adamw"
     torch_class = torch.optim.AdamW
-    modes = ("zero2", "zero1")
+    modes = ("zero2", "zero1", "zero3")
     strict = False
     hyper = {"lr": 2e-3}
     CLIP = None
@@ -451,6 +451,15 @@ TASKS = [GPTTask(), LSTMTask(), TransformerTask()]
 
 
 # ---- Training and comparing ----
+
+def read_parameters(model, optimizer):
+    """parameters(model), inside opt.full_parameters() for a ShardedOptimizer (zero3 keeps no
+    values between uses; the other modes read them in place)."""
+    if isinstance(optimizer, zt.ShardedOptimizer):
+        with optimizer.full_parameters():
+            return parameters(model)
+    return parameters(model)
+
 
 def parameters(model):
     """The parameters, copied, by name. nn.MultiheadAttention's in_proj_bias is split into its
@@ -502,7 +511,7 @@ def train(task, model, forward, optimizer, clip, rank, world, first=0, last=STEP
             norm = optimizer.last_step.grad_norm  # the constructor's clip_grad_norm
         optimizer.zero_grad()
         losses.append(loss.item())
-        snapshots.append(parameters(model))
+        snapshots.append(read_parameters(model, optimizer))
         norms.append(None if norm is None else float(norm))
         after_step(step + 1)
     return losses, snapshots, norms
@@ -561,7 +570,7 @@ def zeroshard_run(task, mode, rank, world, save_dir=None):
             with open(os.path.join(save_dir, f"{task.name}-{mode}.pickle"), "wb") as f:
                 pickle.dump(dict(sharded, manifest=os.path.join(copy, "manifest.json")), f)
         optimizer.load_state_dict(sharded)
-        result["restored"] = parameters(model)
+        result["restored"] = read_parameters(model, optimizer)
         replayed_losses, replayed, _ = train(task, model, model, optimizer, clip, rank, world,
                                              first=SAVE_AT)
         result["replayed_losses"] = global_losses(replayed_losses, world)

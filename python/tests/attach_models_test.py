@@ -121,7 +121,7 @@ class RealModelsTest(unittest.TestCase):
         constructor's clip_grad_norm=1.0 (torch: clip_grad_norm_ on the DDP model), which acts in
         every step. The Linear layers have no bias (nanoGPT's bias=False; see the module
         docstring for GPT-2's biases)."""
-        for line in self.check_model("gpt", ["zero2"]):
+        for line in self.check_model("gpt", ["zero2", "zero3"]):
             self.assertTrue(line["clipped_in_every_step"], line)
             self.assertGreater(line["parameters"], 150_000)
 
@@ -131,7 +131,7 @@ class RealModelsTest(unittest.TestCase):
         (lr 5) with the user's clipping at 0.1, acting in every step:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 0.1) in ddp mode (.grad holds the
         averaged gradient, as DDP's), opt.clip_grad_norm_(0.1) in zero2. 1e-6 throughout."""
-        for line in self.check_model("lstm", ["zero2", "ddp"]):
+        for line in self.check_model("lstm", ["zero2", "ddp", "zero3"]):
             self.assertTrue(line["clipped_in_every_step"], line)
             self.assertLessEqual(line["worst_relative"], STRICT, line)
 
@@ -143,7 +143,7 @@ class RealModelsTest(unittest.TestCase):
         their initial values after every step (as torch.optim does: it skips a parameter whose
         .grad is None), in zero2 and zero1 and after the W = 3 resume, and the consolidated
         state holds no entry for them, as torch's AdamW holds none."""
-        for line in self.check_model("transformer", ["zero2", "zero1"]):
+        for line in self.check_model("transformer", ["zero2", "zero1", "zero3"]):
             self.assertEqual(line["unused_tensors"], 38, line)
             self.assertTrue(line["unused_untouched"], line)
             self.assertTrue(line["state_indices_like_torch"], line)

@@ -1,9 +1,11 @@
 """zero3 for zeroshard.torch.ShardedOptimizer(mode="zero3"): the trainer keeps no full
 parameters between uses (docs/pytorch.md, "zero3").
 
-Each parameter keeps its Parameter object and its own storage, as FSDP2 does; between uses the
-storage is resized to 0 bytes (autograd's references, views saved for backward included, stay
-valid: they point at the same storage, which is refilled before it is read again). Before a
+Each parameter keeps its Parameter object; its full values live in a tensor of its own whose
+storage is resized to 0 bytes between uses, as FSDP2 does (views autograd saved for backward
+stay valid: they point at that storage, refilled before it is read again), and between uses the
+Parameter's data is an empty tensor, so that a read outside a use sees no values (not freed
+memory). Before a
 module runs, its parameters are gathered: the worker all-gathers their buckets into its gather
 pool (shared memory), this process copies each tensor out into its own storage and releases the
 pool's place at once, so that the pool holds a module only while it is copied. The worker
@@ -57,9 +59,8 @@ def allocate_storage(p):
         storage.resize_(size)
 
 
-def is_materialized(p):
-    storage, unit_bytes = _storage(p.data)
-    return storage.size() == p.numel() * unit_bytes
+def _empty_like(full):
+    return torch.empty(0, dtype=full.dtype, device=full.device)
 
 
 class _Unit:
@@ -133,10 +134,17 @@ class ShardedParameters:
         self.gathers = 0  # gather requests sent (tests, benchmarks)
         self._root_unit = None
         self._modules = []
+        # Each parameter's full values live in a tensor of its own (self._full[t]) whose storage
+        # is resized, never replaced, so that views autograd saved in forward see the values
+        # refilled before backward. Between uses the Parameter's data is an empty tensor (shape
+        # [0]), so that a read outside a use sees no values instead of freed memory.
+        self._full = []
         with torch.no_grad():
             for p in plan.params:
-                p.data = torch.empty(p.shape, dtype=p.dtype, device=p.device)
-                free_storage(p)
+                full = torch.empty(p.shape, dtype=p.dtype, device=p.device)
+                free_storage(full)
+                self._full.append(full)
+                p.data = _empty_like(full)
         for module, (before_forward, _) in module_tensors(model, plan).items():
             if not before_forward and module is not model:
                 continue
@@ -189,9 +197,10 @@ class ShardedParameters:
         self.gathers += 1
         with torch.no_grad():
             for t, offset in zip(tensors, response.gathered.offsets):
-                p = self._plan.params[t]
-                allocate_storage(p)
-                p.data.copy_(self._pool_view(offset, p.numel(), p.shape))
+                full = self._full[t]
+                allocate_storage(full)
+                full.copy_(self._pool_view(offset, full.numel(), full.shape))
+                self._plan.params[t].data = full
         release = attach_pb2.AttachRequest()
         release.release.tensors.extend(tensors)
         self._connection.send(release)
@@ -200,7 +209,8 @@ class ShardedParameters:
         for t in tensors:
             self._held[t] -= 1
             if self._held[t] == 0:
-                free_storage(self._plan.params[t])
+                self._plan.params[t].data = _empty_like(self._full[t])
+                free_storage(self._full[t])
 
     # ---- Forward and backward ----
 
@@ -282,10 +292,10 @@ class ShardedParameters:
             changed = []
             with torch.no_grad():
                 for t, offset in zip(group, response.gathered.offsets):
-                    p = self._plan.params[t]
-                    pooled = self._pool_view(offset, p.numel(), p.shape)
-                    if not torch.equal(pooled, p.data):
-                        pooled.copy_(p.data)
+                    full = self._full[t]
+                    pooled = self._pool_view(offset, full.numel(), full.shape)
+                    if not torch.equal(pooled, full):
+                        pooled.copy_(full)
                         changed.append(t)
             if changed:
                 write = attach_pb2.AttachRequest()
@@ -296,7 +306,7 @@ class ShardedParameters:
             self._connection.send(release)
 
     def all_materialized(self):
-        return all(is_materialized(p) for p in self._plan.params)
+        return all(held > 0 for held in self._held)
 
     def keep_all(self):
         """The model becomes plain torch with the last values (zt.finish): every parameter is
