@@ -45,6 +45,7 @@ a tensor's difference is relative to its largest value, a loss's to torch's loss
   W = 3 run under the W = 3 spread. It cannot be bitwise: its first 8 steps summed two ranks'
   gradients, the other run's three. At the same W it is bitwise: after the W = 2 save, a load and
   a replay of the last 4 steps give the same parameters and losses to the bit.
+Each model also runs in zero3 (issue 39: parameters gathered per module), with the same checks.
 """
 
 import json

@@ -324,6 +324,12 @@ class JobPlan:
         self.device = device
         self.index = {id(p): t for t, p in enumerate(self.params)}
         self.spec_groups = spec_groups
+        # The shapes as planned: zero3 replaces a parameter's data by an empty tensor between
+        # uses, so whatever reads a shape after the attach reads it here.
+        self.shapes = [p.shape for p in self.params]
+
+    def shape_of(self, p):
+        return self.shapes[self.index[id(p)]]
 
 
 def plan_job(settings, model, param_groups, default_group):

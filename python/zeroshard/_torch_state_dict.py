@@ -157,7 +157,7 @@ class OptimizerState:
             # Never updated, with an optimizer that makes its state before the first step
             # (Adagrad): torch's initial state.
             return {key: value if not torch.is_tensor(value) or key == "step"
-                    else torch.full(p.shape, float(value.reshape(-1)[0]))
+                    else torch.full(self._plan.shape_of(p), float(value.reshape(-1)[0]))
                     for key, value in initial.items()}
         if not (step > 0 and template):
             return None
@@ -173,7 +173,7 @@ class OptimizerState:
                 if key not in full:
                     raise RuntimeError(f"state_dict: the checkpoint {manifest} holds no {key} "
                                        "state")
-                entry[key] = full[key][name].view(p.shape).clone()
+                entry[key] = full[key][name].view(self._plan.shape_of(p)).clone()
         return entry
 
     # ---- load_state_dict ----
@@ -282,8 +282,8 @@ class OptimizerState:
             raise ValueError(f"manifest: the checkpoint {manifest} holds {len(header.tensors)} "
                              f"tensors, this model {len(plan.params)} (another model)")
         for name, p, saved in zip(plan.names, plan.params, header.tensors):
-            if saved.name != name or list(saved.shape) != list(p.shape):
-                raise ValueError(f"parameter {name}: shape {list(p.shape)}, but the checkpoint "
+            if saved.name != name or list(saved.shape) != list(self._plan.shape_of(p)):
+                raise ValueError(f"parameter {name}: shape {list(self._plan.shape_of(p))}, but the checkpoint "
                                  f"{manifest} has {saved.name} of shape {list(saved.shape)} "
                                  "(another model)")
         if header.optimizer != OPTIMIZERS[self._settings.kind]:
@@ -343,7 +343,7 @@ class OptimizerState:
                 # Never updated (torch.optim skipped it every step): its own step is 0, and its
                 # first update initialises its state.
                 for key in arrays_needed:
-                    arrays[f"{key}/{name}"] = torch.zeros(p.numel())
+                    arrays[f"{key}/{name}"] = torch.zeros(self._plan.shape_of(p).numel())
                 steps[name] = 0
                 continue
             for key in arrays_needed:
@@ -351,9 +351,9 @@ class OptimizerState:
                 if not torch.is_tensor(value):
                     raise ValueError(f"state[{index}] (parameter {name}): no {key} tensor "
                                      f"({kind} needs {arrays_needed})")
-                if value.numel() != p.numel():
+                if value.numel() != self._plan.shape_of(p).numel():
                     raise ValueError(f"state[{index}] (parameter {name}): {key} has shape "
-                                     f"{list(value.shape)}, the parameter {list(p.shape)}")
+                                     f"{list(value.shape)}, the parameter {list(self._plan.shape_of(p))}")
                 arrays[f"{key}/{name}"] = value.detach().to("cpu", torch.float32)
             if "step" in template:
                 if "step" not in entry:
