@@ -47,14 +47,14 @@ def _storage(tensor):
     return tensor.storage(), 1
 
 
-def free_storage(p):
-    storage, _ = _storage(p.data)
+def free_storage(tensor):
+    storage, _ = _storage(tensor)
     storage.resize_(0)
 
 
-def allocate_storage(p):
-    storage, unit_bytes = _storage(p.data)
-    size = p.numel() * unit_bytes
+def allocate_storage(tensor):
+    storage, unit_bytes = _storage(tensor)
+    size = tensor.numel() * unit_bytes
     if storage.size() != size:
         storage.resize_(size)
 
@@ -131,7 +131,6 @@ class ShardedParameters:
         self._handles = []
         self._backward_units = []
         self._end_queued = False
-        self.gathers = 0  # gather requests sent (tests, benchmarks)
         self._root_unit = None
         self._modules = []
         # Each parameter's full values live in a tensor of its own (self._full[t]) whose storage
@@ -190,20 +189,29 @@ class ShardedParameters:
             groups.setdefault(self._module_of[t], []).append(t)
         return groups
 
-    def _gather_into_storage(self, tensors):
+    @contextlib.contextmanager
+    def _pooled(self, tensors):
+        """Gathers `tensors` (one worker module) and yields [(t, its view in the pool)], held in
+        the pool until the block ends."""
         request = attach_pb2.AttachRequest()
         request.gather.tensors.extend(tensors)
         response, _ = self._connection.call(request)
-        self.gathers += 1
-        with torch.no_grad():
-            for t, offset in zip(tensors, response.gathered.offsets):
+        try:
+            with torch.no_grad():
+                yield [(t, self._pool_view(offset, self._full[t].numel(), self._full[t].shape))
+                       for t, offset in zip(tensors, response.gathered.offsets)]
+        finally:
+            release = attach_pb2.AttachRequest()
+            release.release.tensors.extend(tensors)
+            self._connection.send(release)
+
+    def _gather_into_storage(self, tensors):
+        with self._pooled(tensors) as pooled:
+            for t, view in pooled:
                 full = self._full[t]
                 allocate_storage(full)
-                full.copy_(self._pool_view(offset, full.numel(), full.shape))
+                full.copy_(view)
                 self._plan.params[t].data = full
-        release = attach_pb2.AttachRequest()
-        release.release.tensors.extend(tensors)
-        self._connection.send(release)
 
     def release(self, tensors):
         for t in tensors:
@@ -285,25 +293,16 @@ class ShardedParameters:
 
     def _write_back(self, tensors):
         for group in self._groups(tensors).values():
-            request = attach_pb2.AttachRequest()
-            request.gather.tensors.extend(group)
-            response, _ = self._connection.call(request)
-            self.gathers += 1
-            changed = []
-            with torch.no_grad():
-                for t, offset in zip(group, response.gathered.offsets):
-                    full = self._full[t]
-                    pooled = self._pool_view(offset, full.numel(), full.shape)
-                    if not torch.equal(pooled, full):
-                        pooled.copy_(full)
+            with self._pooled(group) as pooled:
+                changed = []
+                for t, view in pooled:
+                    if not torch.equal(view, self._full[t]):
+                        view.copy_(self._full[t])
                         changed.append(t)
-            if changed:
-                write = attach_pb2.AttachRequest()
-                write.write_parameters.tensors.extend(changed)
-                self._connection.call(write)
-            release = attach_pb2.AttachRequest()
-            release.release.tensors.extend(group)
-            self._connection.send(release)
+                if changed:
+                    write = attach_pb2.AttachRequest()
+                    write.write_parameters.tensors.extend(changed)
+                    self._connection.call(write)
 
     def all_materialized(self):
         return all(held > 0 for held in self._held)

@@ -363,19 +363,10 @@ absl::Status AttachedTrainer::Welcome(engine::Engine& engine, int64_t start_step
     return absl::OkStatus();
   }
   // The trainer maps the parameters and writes its model's values; then says so.
-  while (true) {
-    ZS_RETURN_IF_ERROR(ReadRequest());
-    v1::AttachRequest request = *std::move(pending_);
-    pending_.reset();
-    if (request.has_map_block()) {
-      if (absl::Status mapped = MapBlock(request.map_block()); !mapped.ok()) return Fail(mapped);
-      continue;
-    }
-    if (!request.has_initial_parameters()) {
-      return Fail(absl::FailedPreconditionError(
-          "the trainer must send its initial parameters before its first step"));
-    }
-    break;
+  ZS_ASSIGN_OR_RETURN(const v1::AttachRequest written, ReadSkippingMapBlock());
+  if (!written.has_initial_parameters()) {
+    return Fail(absl::FailedPreconditionError(
+        "the trainer must send its initial parameters before its first step"));
   }
   // Every rank's trainer wrote its own model's values into the parameter block, which holds the
   // flat buffer: every tensor and the padding between them (zeros on every rank).
