@@ -7,8 +7,8 @@ opt.full_parameters() and again after zt.finish), and after loading the sharded 
 saved at step 3. Between steps no zero3 parameter holds storage
 (its bytes are 0), the Parameter objects are the model's own, and a write inside
 full_parameters() (the same on every rank) reaches the owners and training goes on from it,
-bitwise as in zero2, and model.state_dict() outside it is refused naming it (inside, it holds the
-values). Each rank prints one JSON line; the
+bitwise as in zero2, and model.state_dict() and a read of a parameter's values outside it are
+refused naming it (inside, it holds the values), while its shape answers as planned. Each rank prints one JSON line; the
 script exits 1 when a check fails.
 """
 
@@ -103,7 +103,18 @@ def train(mode, rank):
     with optimizer.full_parameters():
         inside = {name: p.detach().clone() for name, p in model.named_parameters()}
     state_dict_refused = ""
+    read_refused = ""
+    shapes_kept = True
     if mode == "zero3":
+        # Between uses a read of a parameter's values raises naming full_parameters(); its shape
+        # and the like answer as planned.
+        try:
+            model.blocks[0].mlp.up.weight.detach().clone()
+        except RuntimeError as e:
+            read_refused = str(e)
+        shapes_kept = all(p.shape == (with_values := inside[name]).shape and
+                          p.numel() == with_values.numel() and p.dim() == with_values.dim()
+                          for name, p in model.named_parameters())
         try:
             model.state_dict()
         except RuntimeError as e:
@@ -129,7 +140,8 @@ def train(mode, rank):
     same_objects = all(a is b for a, b in zip(parameters, model.parameters()))
     return {"losses": losses, "held_between_steps": held_between_steps, "inside": inside,
             "after": after, "reloaded": reloaded, "same_objects": same_objects, "write_kept": write_kept,
-            "state_dict_refused": state_dict_refused,
+            "state_dict_refused": state_dict_refused, "read_refused": read_refused,
+            "shapes_kept": shapes_kept,
             "still_tied": model.head.weight is model.embedding.weight}
 
 
@@ -157,6 +169,8 @@ def main():
         "still_tied": zero3["still_tied"],
         "write_kept": [zero2["write_kept"], zero3["write_kept"]],
         "state_dict_refused": zero3["state_dict_refused"],
+        "read_refused": zero3["read_refused"],
+        "shapes_kept": zero3["shapes_kept"],
         "trained": not torch.equal(zero3["after"]["embedding.weight"],
                                    Model().embedding.weight.detach()),
     }
@@ -165,7 +179,8 @@ def main():
                   all(b == 0 for b in line["zero3_held_between_steps"]) and
                   line["same_objects"] and line["still_tied"] and line["trained"] and
                   all(line["write_kept"]) and
-                  "full_parameters()" in line["state_dict_refused"])
+                  "full_parameters()" in line["state_dict_refused"] and
+                  "full_parameters()" in line["read_refused"] and line["shapes_kept"])
     print(json.dumps(line), flush=True)
     return 0 if line["ok"] else 1
 

@@ -1,11 +1,11 @@
 """zero3 for zeroshard.torch.ShardedOptimizer(mode="zero3"): the trainer keeps no full
 parameters between uses (docs/pytorch.md, "zero3").
 
-Each parameter keeps its Parameter object; its full values live in a tensor of its own whose
-storage is resized to 0 bytes between uses, as FSDP2 does (views autograd saved for backward
-stay valid: they point at that storage, refilled before it is read again), and between uses the
-Parameter's data is an empty tensor, so that a read outside a use sees no values (not freed
-memory). Before a
+Each parameter keeps its Parameter object and its own storage, resized to 0 bytes between uses,
+as FSDP2 does (views autograd saved for backward stay valid: they point at that storage, refilled
+before it is read again). Between uses the Parameter's class is ReleasedParameter (the same
+object), which answers its shape, gradient and the like and raises on any read of its values,
+naming opt.full_parameters(): torch does not check reads against the storage's size. Before a
 module runs, its parameters are gathered: the worker all-gathers their buckets into its gather
 pool (shared memory), this process copies each tensor out into its own storage and releases the
 pool's place at once, so that the pool holds a module only while it is copied. The worker
@@ -59,8 +59,44 @@ def allocate_storage(tensor):
         storage.resize_(size)
 
 
-def _empty_like(full):
-    return torch.empty(0, dtype=full.dtype, device=full.device)
+# What a released parameter answers (everything else raises): its metadata (shape and the like,
+# as planned) and what autograd, hooks and optimizers read and write (its gradient,
+# requires_grad), never its values.
+_ANSWERED = {"shape", "size", "numel", "nelement", "dim", "ndim", "ndimension", "dtype", "device", "layout", "requires_grad", "requires_grad_", "grad", "grad_fn",
+             "is_leaf", "is_cuda", "is_sparse", "is_quantized", "is_meta", "is_floating_point",
+             "is_complex", "element_size", "register_hook", "register_post_accumulate_grad_hook",
+             "_backward_hooks", "_post_accumulate_grad_hooks", "untyped_storage", "storage",
+             "data_ptr", "__hash__", "_version"}
+
+
+def _called(func):
+    """The name of what __torch_function__ got: a method's, or a property's (its getter or
+    setter is a method-wrapper of the getset_descriptor)."""
+    owner = getattr(func, "__self__", None)
+    if getattr(func, "__name__", "") in ("__get__", "__set__", "__delete__") and owner is not None:
+        return getattr(owner, "__name__", "")
+    return getattr(func, "__name__", "")
+
+
+class ReleasedParameter(torch.nn.Parameter):
+    """A zero3 parameter between uses: the same object as the user's Parameter (its __class__ is
+    swapped, so autograd's, optimizers' and the model's references stay valid), holding an empty
+    tensor of its full shape whose storage has 0 bytes. Reading its values raises an error naming
+    opt.full_parameters() (torch does not check a read against the storage's size: without the
+    error it would read freed memory); its shape and the like answer, and its gradient and
+    requires_grad work as a Parameter's."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = _called(func)
+        if name in _ANSWERED:
+            return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
+        raise RuntimeError(
+            f"zero3: this parameter holds no values outside its module's forward and backward "
+            f"({name} read it); read or write parameters inside `with opt.full_parameters():` "
+            f"(on every rank), or after zt.finish(opt)")
+
+
 
 
 class _Unit:
@@ -106,6 +142,11 @@ def _check_state_dict(module, state_dict, prefix, local_metadata):
 
 
 @ours
+def _check_state_dict_before(module, prefix, keep_vars):
+    _check_state_dict(module, None, prefix, None)
+
+
+@ours
 def _after_unit_forward(module, inputs, output):
     if compiling():
         return
@@ -133,17 +174,17 @@ class ShardedParameters:
         self._end_queued = False
         self._root_unit = None
         self._modules = []
-        # Each parameter's full values live in a tensor of its own (self._full[t]) whose storage
-        # is resized, never replaced, so that views autograd saved in forward see the values
-        # refilled before backward. Between uses the Parameter's data is an empty tensor (shape
-        # [0]), so that a read outside a use sees no values instead of freed memory.
+        # Each parameter's data is a tensor of its own (self._full[t]) whose storage is resized,
+        # never replaced, so that views autograd saved in forward see the values refilled before
+        # backward; between uses it has 0 bytes and the Parameter is a ReleasedParameter.
         self._full = []
         with torch.no_grad():
             for p in plan.params:
                 full = torch.empty(p.shape, dtype=p.dtype, device=p.device)
                 free_storage(full)
                 self._full.append(full)
-                p.data = _empty_like(full)
+                p.data = full
+                p.__class__ = ReleasedParameter
         for module, (before_forward, _) in module_tensors(model, plan).items():
             if not before_forward and module is not model:
                 continue
@@ -154,7 +195,12 @@ class ShardedParameters:
                 self._units_with[t].append(unit)
             if module is model:
                 self._root_unit = unit  # its pre-hook: before_root(), after the attach
+                # The post-hook catches state_dict(keep_vars=True); torch 2.x's pre-hook names
+                # state_dict() before the first parameter read raises.
                 self._handles.append(module._register_state_dict_hook(_check_state_dict))
+                if hasattr(module, "register_state_dict_pre_hook"):
+                    self._handles.append(module.register_state_dict_pre_hook(
+                        _check_state_dict_before))
             else:
                 self._handles.append(module.register_forward_pre_hook(_before_unit_forward))
             self._handles.append(module.register_forward_hook(_after_unit_forward))
@@ -211,13 +257,13 @@ class ShardedParameters:
                 full = self._full[t]
                 allocate_storage(full)
                 full.copy_(view)
-                self._plan.params[t].data = full
+                self._plan.params[t].__class__ = torch.nn.Parameter
 
     def release(self, tensors):
         for t in tensors:
             self._held[t] -= 1
             if self._held[t] == 0:
-                self._plan.params[t].data = _empty_like(self._full[t])
+                self._plan.params[t].__class__ = ReleasedParameter
                 free_storage(self._full[t])
 
     # ---- Forward and backward ----
