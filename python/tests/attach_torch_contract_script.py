@@ -1,8 +1,8 @@
 """torch.optim's contract around the optimizer (issue 26, items 3-5), run by `python3 -m
 zeroshard.launch --workers W` (W = 1, 2): what scripts do besides step() - add_param_group before
 the first step, torch.nn.utils.clip_grad_norm_ and opt.clip_grad_norm_, model.zero_grad(),
-zero_grad(set_to_none=True), parameters without gradients, step() without any - in zero1, zero2
-and ddp. Every case that trains compares with torch.optim's optimizer of the same
+zero_grad(set_to_none=True), parameters without gradients, step() without any - in zero1, zero2,
+ddp and zero3 (whose parameters are read inside opt.full_parameters()). Every case that trains compares with torch.optim's optimizer of the same
 kind in the same process, on every rank's batch (the mean over ranks of the ranks' mean losses:
 what the workers reduce); after the steps every parameter must agree with torch's within 1e-6 of
 its tensor's largest value. Rank 0 prints one JSON line per case and mode; the script exits 1
@@ -27,7 +27,7 @@ STEPS = 6
 BATCH = 8
 MICRO_BATCHES = 2
 TOLERANCE = 1e-6
-MODES = ("zero1", "zero2", "ddp")
+MODES = ("zero1", "zero2", "ddp", "zero3")
 
 
 def build_model():
@@ -67,7 +67,21 @@ def train(model, optimizer, rank, world, micro_batches=1, no_sync=None, zero_gra
         zero_grad()
         if after_zero_grad is not None:
             after_zero_grad(step)
-    return {name: p.detach().clone() for name, p in model.named_parameters()}
+    return values_of(model, optimizer)
+
+
+def reading(optimizer):
+    """Where the model's parameters can be read: zero3's hold values only inside
+    opt.full_parameters() (outside, a read raises naming it)."""
+    if isinstance(optimizer, zt.ShardedOptimizer):
+        return optimizer.full_parameters(writeback=False)
+    return contextlib.nullcontext()
+
+
+def values_of(model, optimizer):
+    """The model's parameters, cloned."""
+    with reading(optimizer):
+        return {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
 def worst_relative(ours, theirs):
@@ -216,7 +230,8 @@ def model_zero_grad(mode):
         # ddp: zeroed in place (the worker may still be reducing into it: values not checked).
         after_backward = all((p.grad is not None) == (mode == "ddp") for p in model.parameters())
         optimizer.step()
-        clone = copy.deepcopy(model)
+        with reading(optimizer):
+            clone = copy.deepcopy(model)
         clone(x).sum().backward()
         clone.zero_grad()
         clone_is_torchs = clone.zero_grad.__self__ is clone and all(
@@ -306,7 +321,7 @@ def train_branchy(model, optimizer, rank, world, steps, set_to_none, first_step=
             norms.append(float(clip()))
         optimizer.step()
         optimizer.zero_grad(set_to_none=set_to_none)
-    return {name: p.detach().clone() for name, p in model.named_parameters()}, norms
+    return values_of(model, optimizer), norms
 
 
 def steps_of(torch_state_dict):
@@ -401,13 +416,15 @@ def step_without_gradients(mode):
     model = Branchy()
     optimizer = zt.ShardedOptimizer(model, "adamw", mode=mode, **hyper)
     try:
-        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        before = values_of(model, optimizer)
         optimizer.step()
-        first_kept = all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+        first_kept = all(torch.equal(p, before[name])
+                         for name, p in values_of(model, optimizer).items())
         train_branchy(model, optimizer, rank, world, 2, True)
-        before = {name: p.detach().clone() for name, p in model.named_parameters()}
+        before = values_of(model, optimizer)
         optimizer.step()
-        later_kept = all(torch.equal(p, before[name]) for name, p in model.named_parameters())
+        later_kept = all(torch.equal(p, before[name])
+                         for name, p in values_of(model, optimizer).items())
         got, _ = train_branchy(model, optimizer, rank, world, 2, True, first_step=2)
     finally:
         zt.finish(optimizer)
@@ -472,7 +489,7 @@ CASES = [
     ("add_param_group_before_first_step", add_param_group_before_first_step, MODES),
     ("add_param_group_unfrozen", add_param_group_unfrozen, MODES),
     # ddp keeps values in .grad (the averaged gradient): torch's clip_grad_norm_ is not refused.
-    ("torch_clip_grad_norm_refused", torch_clip_grad_norm_refused, ("zero1", "zero2")),
+    ("torch_clip_grad_norm_refused", torch_clip_grad_norm_refused, ("zero1", "zero2", "zero3")),
     ("model_zero_grad", model_zero_grad, MODES),
     ("zero_grad_set_to_none", zero_grad_set_to_none, MODES),
     ("parameters_without_gradients", parameters_without_gradients, MODES),

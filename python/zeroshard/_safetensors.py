@@ -21,6 +21,7 @@ for scripts that import it from tools/ without the zeroshard package):
     model.load_state_dict(to_torch(tensors))                    # needs torch
 """
 
+import ctypes
 import json
 import os
 import struct
@@ -330,7 +331,13 @@ def write_f32(path, tensors, replace=False):
     with open(target, "wb") as out:
         out.write(struct.pack("<Q", len(encoded)))
         out.write(encoded)
-        for tensor in tensors.values():
-            out.write(tensor.numpy().tobytes())
+        for name, tensor in tensors.items():
+            if (str(tensor.dtype) != "torch.float32" or tensor.device.type != "cpu" or
+                    not tensor.is_contiguous()):
+                raise ValueError(f"{name}: a contiguous CPU float32 tensor expected")
+            # Read through its address, not numpy(): numpy() marks the storage not resizable
+            # for good, and zero3 frees a parameter's storage by resizing it.
+            if tensor.numel():
+                out.write(ctypes.string_at(tensor.data_ptr(), tensor.numel() * 4))
     if replace:
         os.replace(target, path)
