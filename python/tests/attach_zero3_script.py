@@ -4,7 +4,7 @@ layers, a Linear applied twice, a parameter registered on the model itself) trai
 AdamW with clipping in zero2 and then in zero3 from the same initial values. zero3 must equal
 zero2 bit for bit: every step's loss and the parameters afterwards (read inside
 opt.full_parameters() and again after zt.finish), and after loading the sharded state_dict()
-saved at step 3. Between steps no zero3 parameter holds storage
+saved at step 3 (zero3 also loads zero2's: the same values). Between steps no zero3 parameter holds storage
 (its bytes are 0), the Parameter objects are the model's own, and a write inside
 full_parameters() (the same on every rank) reaches the owners and training goes on from it,
 bitwise as in zero2, and model.state_dict() and a read of a parameter's values outside it are
@@ -77,7 +77,7 @@ def storage_bytes(p):
     return p.storage().size() * p.element_size()
 
 
-def train(mode, rank):
+def train(mode, rank, foreign=None):
     model = Model()
     parameters = list(model.parameters())
     optimizer = zt.ShardedOptimizer(model, "adamw", lr=1e-2, weight_decay=0.1, mode=mode,
@@ -135,10 +135,17 @@ def train(mode, rank):
     optimizer.load_state_dict(saved)
     with optimizer.full_parameters():
         reloaded = {name: p.detach().clone() for name, p in model.named_parameters()}
+    # Another mode's checkpoint (zero2's of step 3, in zero3): the same values.
+    reloaded_foreign = None
+    if foreign is not None:
+        optimizer.load_state_dict(foreign)
+        with optimizer.full_parameters():
+            reloaded_foreign = {name: p.detach().clone() for name, p in model.named_parameters()}
     zt.finish(optimizer)
     after = {name: p.detach().clone() for name, p in model.named_parameters()}
     same_objects = all(a is b for a, b in zip(parameters, model.parameters()))
     return {"losses": losses, "held_between_steps": held_between_steps, "inside": inside,
+            "saved": saved, "reloaded_foreign": reloaded_foreign,
             "after": after, "reloaded": reloaded, "same_objects": same_objects, "write_kept": write_kept,
             "state_dict_refused": state_dict_refused, "read_refused": read_refused,
             "shapes_kept": shapes_kept,
@@ -153,7 +160,7 @@ def main():
     zt.init()
     rank = zt.rank()
     zero2 = train("zero2", rank)
-    zero3 = train("zero3", rank)
+    zero3 = train("zero3", rank, foreign=zero2["saved"])
     line = {
         "rank": rank,
         "losses_equal": zero2["losses"] == zero3["losses"],
@@ -163,6 +170,7 @@ def main():
         "after_equal": bitwise_equal(zero2["after"], zero3["after"]),
         "reloaded_equal": bitwise_equal(zero2["reloaded"], zero3["reloaded"]),
         "reloaded_is_earlier": not bitwise_equal(zero3["reloaded"], zero3["inside"]),
+        "zero2_checkpoint_in_zero3": bitwise_equal(zero2["reloaded"], zero3["reloaded_foreign"]),
         "zero3_held_between_steps": zero3["held_between_steps"],
         "zero2_held_between_steps": zero2["held_between_steps"],
         "same_objects": zero3["same_objects"],
@@ -176,6 +184,7 @@ def main():
     }
     line["ok"] = (line["losses_equal"] and line["inside_equal"] and line["after_equal"] and
                   line["reloaded_equal"] and line["reloaded_is_earlier"] and
+                  line["zero2_checkpoint_in_zero3"] and
                   all(b == 0 for b in line["zero3_held_between_steps"]) and
                   line["same_objects"] and line["still_tied"] and line["trained"] and
                   all(line["write_kept"]) and

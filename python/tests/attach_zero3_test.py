@@ -1,6 +1,7 @@
-"""zero3 for attached trainers (issue 39) on a real local cluster of 2 workers
+"""zero3 for attached trainers (issue 39) on real local clusters of 2 workers and of 1
 (attach_zero3_script.py says what it trains): zero3 equals zero2 bit for bit, step by step, in the
-parameters afterwards and after loading a sharded state_dict() of step 3; no parameter holds
+parameters afterwards and after loading a sharded state_dict() of step 3 (its own, and zero2's);
+a read of a parameter's values between uses raises naming opt.full_parameters(); no parameter holds
 storage between steps; the Parameter objects stay the model's; a write inside
 opt.full_parameters() reaches the owners, and training goes on from it bitwise as in zero2. The
 trainers run under $ZEROSHARD_TRAINER_PYTHON when set (CI: the torch 2.x venv)."""
@@ -17,16 +18,23 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 class AttachZero3Test(unittest.TestCase):
 
     def test_zero3_equals_zero2_bitwise_and_holds_no_parameters_between_steps(self):
-        status, out = launch(2, os.path.join(HERE, "attach_zero3_script.py"))
+        self.check_world(2)
+
+    def test_one_worker(self):
+        self.check_world(1)
+
+    def check_world(self, world_size):
+        status, out = launch(world_size, os.path.join(HERE, "attach_zero3_script.py"))
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         for line in lines:
             print(json.dumps(line))
-        self.assertEqual(sorted(line["rank"] for line in lines), [0, 1], out)
+        self.assertEqual(sorted(line["rank"] for line in lines), list(range(world_size)), out)
         for line in lines:
             self.assertTrue(line["losses_equal"], line)
             self.assertTrue(line["inside_equal"], line)
             self.assertTrue(line["after_equal"], line)
             self.assertTrue(line["reloaded_equal"] and line["reloaded_is_earlier"], line)
+            self.assertTrue(line["zero2_checkpoint_in_zero3"], line)
             self.assertEqual(set(line["zero3_held_between_steps"]), {0}, line)
             self.assertTrue(all(held > 0 for held in line["zero2_held_between_steps"]), line)
             self.assertTrue(line["same_objects"] and line["still_tied"], line)
