@@ -1,12 +1,14 @@
 // Admission by memory (memory_admission.h).
 #include "coordinator/memory_admission.h"
 
+#include <algorithm>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "coordinator/scheduler.h"
 #include "jobspec/job_memory.h"
+#include "jobspec/job_spec_defaults.h"
 #include "sharding/rank_memory.h"
 
 namespace zeroshard::coordinator {
@@ -22,11 +24,16 @@ int64_t AdmissionWorldSize(const v1::JobSpec& spec, int64_t idle) {
 
 absl::Status CheckJobFitsMemoryLimits(const v1::JobSpec& spec,
                                       const std::vector<const v1::WorkerInfo*>& idle_workers) {
-  if (spec.workload().has_attached()) return absl::OkStatus();
+  // An attached job runs on the workers it names, and only there.
+  const auto& pinned = spec.workload().attached().workers();
   const v1::WorkerInfo* smallest = nullptr;
   int64_t idle = 0;
   for (const v1::WorkerInfo* worker : idle_workers) {
     if (worker->device_kind() != spec.device_kind()) continue;
+    if (spec.workload().has_attached() &&
+        std::find(pinned.begin(), pinned.end(), worker->name()) == pinned.end()) {
+      continue;
+    }
     ++idle;
     if (worker->memory_limit_bytes() > 0 &&
         (smallest == nullptr || worker->memory_limit_bytes() < smallest->memory_limit_bytes())) {
@@ -47,12 +54,18 @@ absl::Status CheckJobFitsMemoryLimits(const v1::JobSpec& spec,
                    need->Breakdown(), "), more than worker ", smallest->name(),
                    "'s --memory_limit_bytes=", sharding::FormatMiB(limit), " (", limit, " bytes)");
   // The other modes' totals, the ones that fit first: what the submitter can change to.
+  // A job at its mode's default bucket size is estimated in each other mode at that mode's
+  // (an attached zero3 job's default is smaller).
+  const bool default_buckets = spec.bucket_elems() == jobspec::DefaultBucketElems(spec);
   std::string fitting;
   std::string too_large;
   for (v1::Mode mode : {v1::ZERO3, v1::ZERO2, v1::ZERO1, v1::DDP}) {
     if (mode == spec.mode()) continue;
+    v1::JobSpec in_mode = spec;
+    in_mode.set_mode(mode);
+    if (default_buckets) in_mode.set_bucket_elems(jobspec::DefaultBucketElems(in_mode));
     absl::StatusOr<sharding::RankMemoryBytes> other =
-        jobspec::JobMemoryNeed(spec, mode, world_size);
+        jobspec::JobMemoryNeed(in_mode, mode, world_size);
     if (!other.ok()) continue;
     std::string& list = other->total <= limit ? fitting : too_large;
     absl::StrAppend(&list, list.empty() ? "" : ", ", v1::Mode_Name(mode), " would need ",

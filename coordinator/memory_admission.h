@@ -18,11 +18,11 @@ namespace zeroshard::coordinator {
 // with too few idle workers for any, the smallest such W. 0 when no W divides global_batch.
 int64_t AdmissionWorldSize(const v1::JobSpec& spec, int64_t idle);
 
-// OK, or RESOURCE_EXHAUSTED when `spec` (a built-in workload, defaults applied, validated) needs
+// OK, or RESOURCE_EXHAUSTED when `spec` (defaults applied, validated) needs
 // more per rank at AdmissionWorldSize than the smallest memory_limit_bytes among `idle_workers`
 // of its device kind that have one, e.g. "spec.mode: ZERO2 needs 412.0 MiB per rank at W=4
 // (params=..., ...), more than worker w3's --memory_limit_bytes=300.0 MiB; ZERO3 would need
-// 190.2 MiB". Attached jobs are not checked here (their workers' allocators refuse at run time).
+// 190.2 MiB". An attached job is checked against the workers it names (its W is their count).
 // Workers of other kinds, and workers without a limit, are ignored.
 absl::Status CheckJobFitsMemoryLimits(const v1::JobSpec& spec,
                                       const std::vector<const v1::WorkerInfo*>& idle_workers);

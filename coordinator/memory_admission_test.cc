@@ -74,6 +74,56 @@ TEST(MemoryAdmissionTest, RefusesAModeAboveTheSmallestLimitNamingTheFiguresAndTh
   EXPECT_TRUE(CheckJobFitsMemoryLimits(DeepJob(v1::ZERO3), Pointers(workers)).ok());
 }
 
+// An attached trainer's model (issue 39): 16 Linear(512, 512) layers, on the two workers it
+// names. Fails before the fix: attached jobs were not checked at submission (the worker's
+// allocator refused at run time, and the trainer saw its worker close the connection); or when
+// the check counts a worker the job does not run on; or when zero3's estimate ignores its own
+// default bucket (the model's elements / 32), which a zero2 spec's 4M-element default would make
+// a pool of twice the model: no fit.
+v1::JobSpec AttachedJob(v1::Mode mode) {
+  v1::JobSpec spec;
+  spec.set_name("attached");
+  v1::AttachedModel& model = *spec.mutable_workload()->mutable_attached();
+  for (int layer = 0; layer < 16; ++layer) {
+    v1::AttachedTensor& weight = *model.add_tensors();
+    weight.set_name("layers." + std::to_string(layer) + ".weight");
+    weight.add_shape(512);
+    weight.add_shape(512);
+  }
+  model.add_workers("a");
+  model.add_workers("b");
+  spec.mutable_optimizer()->set_kind(v1::ADAMW);
+  spec.set_mode(mode);
+  return jobspec::WithDefaults(spec, "job-000002");
+}
+
+TEST(MemoryAdmissionTest, AnAttachedJobIsCheckedAgainstTheWorkersItNames) {
+  const v1::JobSpec zero2_job = AttachedJob(v1::ZERO2);
+  const v1::JobSpec zero3_job = AttachedJob(v1::ZERO3);
+  ASSERT_LT(zero3_job.bucket_elems(), zero2_job.bucket_elems());
+  absl::StatusOr<sharding::RankMemoryBytes> zero2 = jobspec::JobMemoryNeed(zero2_job, v1::ZERO2, 2);
+  absl::StatusOr<sharding::RankMemoryBytes> zero3 = jobspec::JobMemoryNeed(zero3_job, v1::ZERO3, 2);
+  ASSERT_TRUE(zero2.ok() && zero3.ok());
+  ASSERT_LT(zero3->total, zero2->total);
+  const int64_t limit = (zero2->total + zero3->total) / 2;
+  // "c" has a limit nothing fits, but the job does not run there.
+  const std::vector<v1::WorkerInfo> workers = {Worker("a", limit), Worker("b", 0),
+                                               Worker("c", 1 << 20)};
+  const absl::Status refused = CheckJobFitsMemoryLimits(zero2_job, Pointers(workers));
+  ASSERT_EQ(refused.code(), absl::StatusCode::kResourceExhausted) << refused;
+  const std::string message(refused.message());
+  EXPECT_NE(message.find("spec.mode: ZERO2 needs " + sharding::FormatMiB(zero2->total) +
+                         " per rank at W=2"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("worker a's --memory_limit_bytes="), std::string::npos) << message;
+  EXPECT_NE(message.find("ZERO3 would need " + sharding::FormatMiB(zero3->total) + " (fits)"),
+            std::string::npos)
+      << message;
+  EXPECT_NE(message.find("(fits)"), std::string::npos) << message;
+  EXPECT_TRUE(CheckJobFitsMemoryLimits(zero3_job, Pointers(workers)).ok());
+}
+
 TEST(MemoryAdmissionTest, NoLimitOrOtherKindsLimitsAdmitEverything) {
   const std::vector<v1::WorkerInfo> unlimited = {Worker("a", 0), Worker("b", 0)};
   EXPECT_TRUE(CheckJobFitsMemoryLimits(DeepJob(v1::DDP), Pointers(unlimited)).ok());

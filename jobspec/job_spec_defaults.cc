@@ -1,6 +1,7 @@
 // JobSpec defaults (see job.proto for each field's documented default).
 #include "jobspec/job_spec_defaults.h"
 
+#include <algorithm>
 #include <string>
 
 namespace zeroshard::jobspec {
@@ -53,6 +54,21 @@ void ApplyPrecisionDefaults(PrecisionSpec& precision) {
 
 }  // namespace
 
+int64_t DefaultBucketElems(const JobSpec& spec) {
+  if (!spec.workload().has_attached() || spec.mode() != v1::ZERO3) {
+    return sharding::kDefaultBucketElems;
+  }
+  int64_t elements = 0;
+  for (const v1::AttachedTensor& tensor : spec.workload().attached().tensors()) {
+    int64_t count = 1;
+    for (const int64_t dimension : tensor.shape()) count *= dimension;
+    elements += count;
+  }
+  const int64_t per_bucket =
+      (elements + kAttachedZero3BucketsPerModel - 1) / kAttachedZero3BucketsPerModel;
+  return std::clamp(per_bucket, sharding::kMinBucketElems, sharding::kDefaultBucketElems);
+}
+
 JobSpec WithDefaults(JobSpec spec, const std::string& job_id) {
   // Attached trainers load their own data and decide when to stop, so an attached job gets no
   // dataset size, no global batch and no step count (0: none), and runs on its pinned workers.
@@ -65,7 +81,7 @@ JobSpec WithDefaults(JobSpec spec, const std::string& job_id) {
   if (spec.mode() == v1::MODE_UNSPECIFIED) spec.set_mode(v1::ZERO2);
   ApplyPrecisionDefaults(*spec.mutable_precision());
   if (!spec.has_clip_grad_norm()) spec.set_clip_grad_norm(0.0);
-  if (!spec.has_bucket_elems()) spec.set_bucket_elems(sharding::kDefaultBucketElems);
+  if (!spec.has_bucket_elems()) spec.set_bucket_elems(DefaultBucketElems(spec));
   if (!spec.has_min_workers()) spec.set_min_workers(attached ? pinned_workers : 1);
   if (!spec.has_max_workers()) {
     spec.set_max_workers(attached ? pinned_workers : spec.min_workers());

@@ -243,6 +243,28 @@ TEST(JobSpecDefaultsTest, AttachedJobsGetNoDataStepsOrBatchAndTheirPinnedWorkerC
                                                                  builtin_applied.precision()));
   EXPECT_EQ(applied.mode(), builtin_applied.mode());
   EXPECT_EQ(applied.bucket_elems(), builtin_applied.bucket_elems());
+  // In zero3 the bucket is the model's elements / 32, within [1024, 4194304]: w is a scalar (one
+  // element), so 1024; 40 tensors of 2^20 elements make 1310720; 200 of them, 4194304.
+  JobSpec zero3 = spec;
+  zero3.set_mode(v1::ZERO3);
+  EXPECT_EQ(WithDefaults(zero3).bucket_elems(), 1024);
+  for (int t = 0; t < 40; ++t) {
+    v1::AttachedTensor& tensor = *zero3.mutable_workload()->mutable_attached()->add_tensors();
+    tensor.set_name("t" + std::to_string(t));
+    tensor.add_shape(1024);
+    tensor.add_shape(1024);
+  }
+  EXPECT_EQ(WithDefaults(zero3).bucket_elems(), (40 * 1048576 + 1 + 31) / 32);
+  for (int t = 40; t < 200; ++t) {
+    v1::AttachedTensor& tensor = *zero3.mutable_workload()->mutable_attached()->add_tensors();
+    tensor.set_name("t" + std::to_string(t));
+    tensor.add_shape(1024);
+    tensor.add_shape(1024);
+  }
+  EXPECT_EQ(WithDefaults(zero3).bucket_elems(), 4194304);
+  // Set by the user, kept.
+  zero3.set_bucket_elems(2048);
+  EXPECT_EQ(WithDefaults(zero3).bucket_elems(), 2048);
   EXPECT_EQ(applied.checkpoint().dir(), "job-000003");
   EXPECT_EQ(applied.max_attempts(), builtin_applied.max_attempts());
   // Applying the defaults again changes nothing.

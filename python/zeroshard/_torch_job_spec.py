@@ -403,6 +403,7 @@ def _set_options(spec, options):
         spec.clip_grad_norm = float(options["clip_grad_norm"])
     if options["bucket_elems"] is not None:
         spec.bucket_elems = int(options["bucket_elems"])
+    # Unset: the coordinator's default (job.proto: zero3's depends on the model's size).
     spec.max_attempts = options["max_attempts"]
     if options["checkpoint_every"]:
         spec.checkpoint.every_steps = options["checkpoint_every"]

@@ -1,0 +1,100 @@
+"""A model that fits a worker's --memory_limit_bytes only in zero3 (issue 39), run by
+`python3 -m zeroshard.launch --workers 2 [--worker_flag=--memory_limit_bytes=N]` with the mode
+as its argument: a GPT-style stack (tied embedding and head, BLOCKS blocks) trains STEPS steps
+of AdamW. Rank 0 prints one JSON line: {"mode", "trained", "losses", "worker_counted_bytes"
+(what its worker's engine holds, the bytes --memory_limit_bytes bounds), "error" (the
+exception's text when the optimizer was refused)}, and before it a {"memory": ...} line: its
+worker's whole memory report.
+"""
+
+import json
+import sys
+import time
+
+import torch
+
+import zeroshard
+import zeroshard.torch as zt
+
+STEPS = 3
+VOCAB = 512
+WIDTH = 128
+BLOCKS = 8
+TOKENS = 16
+REPORT_TIMEOUT_S = 30.0
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(WIDTH)
+        self.up = torch.nn.Linear(WIDTH, 4 * WIDTH)
+        self.down = torch.nn.Linear(4 * WIDTH, WIDTH)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(5)
+        self.embedding = torch.nn.Embedding(VOCAB, WIDTH)
+        self.blocks = torch.nn.ModuleList([Block() for _ in range(BLOCKS)])
+        self.head = torch.nn.Linear(WIDTH, VOCAB, bias=False)
+        self.head.weight = self.embedding.weight
+
+    def forward(self, tokens):
+        x = self.embedding(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def counted_bytes(job_id):
+    """Rank 0's worker's engine memory (the categories its allocator counts) from the job's
+    progress."""
+    with zeroshard.Client() as client:
+        deadline = time.monotonic() + REPORT_TIMEOUT_S
+        while True:
+            memory = client.get(job_id, timeout=10).progress.memory
+            if memory.total_bytes > 0:
+                print(json.dumps({"memory": str(memory).replace("\n", "; ")}), flush=True)
+                return (memory.params_bytes + memory.grads_bytes + memory.master_bytes +
+                        memory.optimizer_state_bytes + memory.bucket_bytes +
+                        memory.comm_scratch_bytes + memory.gather_pool_bytes)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"job {job_id}: no memory report within {REPORT_TIMEOUT_S} s")
+            time.sleep(0.05)
+
+
+def main():
+    mode = sys.argv[1]
+    zt.init()
+    rank = zt.rank()
+    model = Model()
+    line = {"mode": mode, "rank": rank, "trained": False, "losses": []}
+    optimizer = zt.ShardedOptimizer(model, "adamw", lr=1e-3, mode=mode)
+    try:
+        for step in range(STEPS):
+            generator = torch.Generator().manual_seed(17 * step + rank)
+            tokens = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
+            targets = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
+            loss = torch.nn.functional.cross_entropy(model(tokens), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            line["losses"].append(loss.item())
+        if rank == 0:
+            line["worker_counted_bytes"] = counted_bytes(optimizer._job_id)
+        zt.finish(optimizer)
+        line["trained"] = True
+    except Exception as e:  # the refusal: reported, the script exits 0 (the test judges it)
+        line["error"] = f"{type(e).__name__}: {e}"
+    if rank == 0:
+        print(json.dumps(line), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
