@@ -66,7 +66,7 @@ int64_t DefaultBucketElems(const JobSpec& spec) {
   }
   const int64_t per_bucket =
       (elements + kAttachedZero3BucketsPerModel - 1) / kAttachedZero3BucketsPerModel;
-  return std::clamp(per_bucket, sharding::kMinBucketElems, sharding::kDefaultBucketElems);
+  return std::clamp(per_bucket, kAttachedZero3MinBucketElems, sharding::kDefaultBucketElems);
 }
 
 JobSpec WithDefaults(JobSpec spec, const std::string& job_id) {

@@ -24,10 +24,14 @@ inline constexpr double kDefaultLossScaleGrowthFactor = 2.0;
 // default bucket (4M elements) would hold a model of up to 4M elements whole, twice over in the
 // pool: more than zero2 keeps.
 inline constexpr int64_t kAttachedZero3BucketsPerModel = 32;
+// ... and at least this many elements (256 KiB of fp32): below it a bucket costs more in calls
+// than it saves, and tiny models stay in one bucket.
+inline constexpr int64_t kAttachedZero3MinBucketElems = 65536;
 
 // The bucket_elems `spec` gets when it sets none (its mode and workload set): the planner's
 // kDefaultBucketElems, but for an attached zero3 job its model's elements /
-// kAttachedZero3BucketsPerModel, at least kMinBucketElems and at most kDefaultBucketElems.
+// kAttachedZero3BucketsPerModel, at least kAttachedZero3MinBucketElems and at most
+// kDefaultBucketElems.
 int64_t DefaultBucketElems(const zeroshard::v1::JobSpec& spec);
 
 // Returns `spec` with every unset field that has a default set to it. Fields already set are

@@ -243,11 +243,11 @@ TEST(JobSpecDefaultsTest, AttachedJobsGetNoDataStepsOrBatchAndTheirPinnedWorkerC
                                                                  builtin_applied.precision()));
   EXPECT_EQ(applied.mode(), builtin_applied.mode());
   EXPECT_EQ(applied.bucket_elems(), builtin_applied.bucket_elems());
-  // In zero3 the bucket is the model's elements / 32, within [1024, 4194304]: w is a scalar (one
-  // element), so 1024; 40 tensors of 2^20 elements make 1310720; 200 of them, 4194304.
+  // In zero3 the bucket is the model's elements / 32, within [65536, 4194304]: w is a scalar (one
+  // element), so 65536; 40 tensors of 2^20 elements make 1310720; 200 of them, 4194304.
   JobSpec zero3 = spec;
   zero3.set_mode(v1::ZERO3);
-  EXPECT_EQ(WithDefaults(zero3).bucket_elems(), 1024);
+  EXPECT_EQ(WithDefaults(zero3).bucket_elems(), 65536);
   for (int t = 0; t < 40; ++t) {
     v1::AttachedTensor& tensor = *zero3.mutable_workload()->mutable_attached()->add_tensors();
     tensor.set_name("t" + std::to_string(t));
