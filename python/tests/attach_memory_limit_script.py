@@ -68,9 +68,43 @@ def counted_bytes(job_id):
             time.sleep(0.05)
 
 
+def compare():
+    """zero2 then zero3 from the same values, rank 1 slowed in every block's backward: the losses
+    must be bitwise equal. Run with the worker flag --bucket_pool_size=1, so that a gradient
+    hand-over waits for a bucket buffer often and at moments that differ between the ranks:
+    before zero3 handed over with waiting, where a reduce-scatter entered the worker's ordered
+    collectives among zero3's backward gathers depended on those moments, and the ranks paired
+    one rank's reduce-scatter with the other's all-gather (the same sizes: wrong values)."""
+    rank = zt.rank()
+    losses = {}
+    for mode in ("zero2", "zero3"):
+        model = Model()
+        if rank == 1:
+            for block in model.blocks:
+                block.register_full_backward_hook(lambda *_: time.sleep(0.002))
+        optimizer = zt.ShardedOptimizer(model, "adamw", lr=1e-3, mode=mode)
+        losses[mode] = []
+        for step in range(STEPS + 3):
+            generator = torch.Generator().manual_seed(17 * step + rank)
+            tokens = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
+            targets = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
+            loss = torch.nn.functional.cross_entropy(model(tokens), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses[mode].append(loss.item())
+        zt.finish(optimizer)
+    if rank == 0:
+        print(json.dumps({"mode": "compare", "losses": losses,
+                          "equal": losses["zero2"] == losses["zero3"]}), flush=True)
+    return 0
+
+
 def main():
     mode = sys.argv[1]
     zt.init()
+    if mode == "compare":
+        return compare()
     rank = zt.rank()
     model = Model()
     line = {"mode": mode, "rank": rank, "trained": False, "losses": []}

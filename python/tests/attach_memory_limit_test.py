@@ -16,8 +16,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SCRIPT = os.path.join(HERE, "attach_memory_limit_script.py")
 
 
-def run(mode, limit=None):
-    flags = [] if limit is None else [f"--worker_flag=--memory_limit_bytes={limit}"]
+def run(mode, limit=None, flags=()):
+    flags = list(flags) + ([] if limit is None else [f"--worker_flag=--memory_limit_bytes={limit}"])
     status, out = launch(2, SCRIPT, mode, launcher_args=flags)
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     for line in lines:
@@ -59,6 +59,15 @@ class AttachMemoryLimitTest(unittest.TestCase):
         self.assertEqual(len(lines), 1, out)
         self.assertTrue(lines[0]["trained"], lines[0])
         self.assertLessEqual(lines[0]["worker_counted_bytes"], limit)
+
+    def test_zero3_equals_zero2_with_a_slow_rank_and_one_bucket_buffer(self):
+        # The model spans 17 buckets in zero3 (its default bucket): modules span several, and
+        # backward's gathers run among the reduce-scatters.
+        status, out, lines = run("compare", flags=["--worker_flag=--bucket_pool_size=1"])
+        print(json.dumps(lines))
+        self.assertEqual(status, 0, out)
+        self.assertEqual(len(lines), 1, out)
+        self.assertTrue(lines[0]["equal"], lines[0])
 
 
 if __name__ == "__main__":

@@ -406,7 +406,11 @@ class GradientHandOver:
         if not self._end_of_backward_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             self._end_of_backward_queued = True
-        self._hand_over_zero2(wait=False)
+        # zero3 waits for a bucket buffer: its backward's gathers share the worker's ordered
+        # collectives with the reduce-scatters, so where a bucket's reduce-scatter is issued among
+        # the gathers must not depend on when a buffer came free, or the ranks would pair one
+        # rank's reduce-scatter with the other's all-gather (same sizes: silently wrong values).
+        self._hand_over_zero2(wait=self._mode == "zero3")
 
     @torch.no_grad()
     def _end_of_backward(self):
