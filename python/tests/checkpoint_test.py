@@ -22,7 +22,7 @@ from unittest import mock
 import torch
 
 from cluster_support import runfiles_workspace
-from zeroshard import _checkpoint
+from zeroshard import _checkpoint, _safetensors
 
 STEP_DIR = "step-000000000010"
 JOB_ID = "job-000007"
@@ -69,6 +69,47 @@ def edit_metadata(header, key, edit):
     value = json.loads(header["__metadata__"][key])
     edit(value)
     header["__metadata__"][key] = json.dumps(value, separators=(",", ":"))
+
+
+class FullStateWriterTest(unittest.TestCase):
+    """write_full_state: the arrays, then the deferred ones as produce() yields them (zero3's
+    parameters, a gathered module at a time), and the tensors' storages stay resizable (zero3
+    frees a parameter's storage by resizing it; numpy() would have pinned it)."""
+
+    def setUp(self):
+        self.directory = tempfile.mkdtemp()
+        self.path = os.path.join(self.directory, "full_state.safetensors")
+
+    def tearDown(self):
+        shutil.rmtree(self.directory)
+
+    def test_deferred_tensors_follow_the_arrays_in_the_order_produced(self):
+        arrays = {"exp_avg/w": torch.arange(6, dtype=torch.float32).reshape(2, 3)}
+        produced = []
+
+        def produce():
+            for values in ([1.5, 2.5], [7.0, 8.0, 9.0]):
+                produced.append(len(values))
+                yield torch.tensor(values)
+
+        _checkpoint.write_full_state(self.path, arrays, [("param/b", 2), ("param/w", 3)], produce)
+        tensors, _ = _safetensors.read_safetensors(self.path)
+        self.assertEqual(list(tensors), ["exp_avg/w", "param/b", "param/w"])
+        values = _safetensors.to_torch(tensors)
+        self.assertTrue(torch.equal(values["exp_avg/w"], torch.arange(6, dtype=torch.float32)))
+        self.assertTrue(torch.equal(values["param/b"], torch.tensor([1.5, 2.5])))
+        self.assertTrue(torch.equal(values["param/w"], torch.tensor([7.0, 8.0, 9.0])))
+        self.assertEqual(produced, [2, 3])
+        # The storage written from can still be freed by resizing.
+        arrays["exp_avg/w"].storage().resize_(0)
+
+    def test_a_deferred_tensor_of_another_size_is_refused_naming_it(self):
+        def produce():
+            yield torch.zeros(4)
+
+        with self.assertRaisesRegex(ValueError, "param/b: produce.. yielded no tensor of shape "
+                                    r"\[2\]"):
+            _checkpoint.write_full_state(self.path, {}, [("param/b", 2)], produce)
 
 
 class CheckpointReaderTest(unittest.TestCase):

@@ -621,8 +621,11 @@ def read_full_state(manifest_path, expected_job_id=None):
                 shard.read_into(index, target.numpy())
         return header, full
 
-def write_full_state(path, arrays):
+def write_full_state(path, arrays, deferred=(), produce=None):
     """Writes `arrays` ({name: float32 tensor}) as a safetensors file of 1-D F32 tensors, the
-    layout a worker's load_state reads (LoadState.full_state_file)."""
+    layout a worker's load_state reads (LoadState.full_state_file), then `deferred` ([(name,
+    elements)]) as `produce()` yields them (_safetensors.write_f32)."""
     _safetensors.write_f32(path, {name: t.detach().to(torch.float32).reshape(-1).contiguous()
-                                  for name, t in arrays.items()})
+                                  for name, t in arrays.items()},
+                           deferred=[(name, [elements]) for name, elements in deferred],
+                           produce=produce)

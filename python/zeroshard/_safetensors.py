@@ -23,6 +23,7 @@ for scripts that import it from tools/ without the zeroshard package):
 
 import ctypes
 import json
+import math
 import os
 import struct
 from typing import Dict, NamedTuple, Tuple
@@ -314,16 +315,36 @@ def to_torch(tensors: Dict[str, Tensor]):
     return state
 
 
-def write_f32(path, tensors, replace=False):
+def _contents(tensors, deferred, produce):
+    """(name, tensor) of `tensors`, then of `deferred` as `produce()` yields them."""
+    yield from tensors.items()
+    if not deferred:
+        return
+    values = produce()
+    try:
+        for name, shape in deferred:
+            tensor = next(values, None)
+            if tensor is None or tensor.numel() != math.prod(shape):
+                raise ValueError(f"{name}: produce() yielded no tensor of shape {list(shape)}")
+            yield name, tensor
+    finally:
+        values.close()
+
+
+def write_f32(path, tensors, replace=False, deferred=(), produce=None):
     """Writes `tensors` ({name: contiguous CPU float32 torch tensor}) as a safetensors file of F32
-    tensors of their shapes, in the dict's order. `replace`: written to `path`.tmp first and
-    renamed over `path`, so that a reader never sees a partial file."""
+    tensors of their shapes, in the dict's order, then `deferred` ([(name, shape)]), whose
+    tensors `produce()` yields in that order while the file is written (each one is written
+    before the next is asked for: zero3's parameters, one gathered module at a time). `replace`:
+    written to `path`.tmp first and renamed over `path`, so that a reader never sees a partial
+    file."""
     header = {}
     offset = 0
-    for name, tensor in tensors.items():
-        size = tensor.numel() * 4
-        header[name] = {"dtype": "F32", "shape": list(tensor.shape),
-                        "data_offsets": [offset, offset + size]}
+    shapes = [(name, list(tensor.shape)) for name, tensor in tensors.items()]
+    shapes += [(name, list(shape)) for name, shape in deferred]
+    for name, shape in shapes:
+        size = 4 * math.prod(shape)
+        header[name] = {"dtype": "F32", "shape": shape, "data_offsets": [offset, offset + size]}
         offset += size
     encoded = json.dumps(header, separators=(",", ":")).encode()
     encoded += b" " * (-len(encoded) % 8)
@@ -331,7 +352,7 @@ def write_f32(path, tensors, replace=False):
     with open(target, "wb") as out:
         out.write(struct.pack("<Q", len(encoded)))
         out.write(encoded)
-        for name, tensor in tensors.items():
+        for name, tensor in _contents(tensors, deferred, produce):
             if (str(tensor.dtype) != "torch.float32" or tensor.device.type != "cpu" or
                     not tensor.is_contiguous()):
                 raise ValueError(f"{name}: a contiguous CPU float32 tensor expected")

@@ -47,6 +47,9 @@ class OptimizerState:
         # The checkpoints this process's state_dict() calls named: manifest path -> commit time.
         # A load that retires one of them says so (a sharded dict naming it no longer loads).
         self._saved_checkpoints = {}
+        # zero3: ShardedParameters.parameter_stream, the parameters' values for a torch-format
+        # load (they are not in the trainer between uses); None: read them from the model.
+        self.parameter_stream = None
 
     # ---- torch.optim's format ----
 
@@ -378,8 +381,15 @@ class OptimizerState:
         # Each tensor's own step, sent only when one differs from the optimizer's.
         tensor_steps = [optimizer_step if steps.get(name) is None else steps[name]
                         for name in self._plan.names]
-        for name, p in zip(self._plan.names, self._plan.params):
-            arrays[f"param/{name}"] = p.detach()
+        deferred, produce = (), None
+        if self.parameter_stream is not None:
+            # zero3: the parameters, a gathered module at a time, straight into the file.
+            order, produce = self.parameter_stream()
+            deferred = [(f"param/{self._plan.names[t]}", self._plan.shape_of(
+                self._plan.params[t]).numel()) for t in order]
+        else:
+            for name, p in zip(self._plan.names, self._plan.params):
+                arrays[f"param/{name}"] = p.detach()
         request = attach_pb2.AttachRequest()
         request.load_state.optimizer_step = optimizer_step
         if counted:
@@ -387,18 +397,18 @@ class OptimizerState:
             request.load_state.step = max(counted)
         if any(step != optimizer_step for step in tensor_steps):
             request.load_state.tensor_steps.extend(tensor_steps)
-        response = self._send_full_state(request, arrays)
+        response = self._send_full_state(request, arrays, deferred, produce)
         if response.state_loaded.refused:
             raise ValueError(f"state: the workers refused it: {response.state_loaded.refused}")
         self._apply_groups(saved_groups)
 
-    def _send_full_state(self, request, arrays):
+    def _send_full_state(self, request, arrays, deferred=(), produce=None):
         """`request` (a load_state) with `arrays` in a full state file, passed to the worker
         open (it never opens a path a trainer names); the worker's response."""
         directory = tempfile.mkdtemp(prefix="zeroshard-state-")
         path = os.path.join(directory, "full_state.safetensors")
         try:
-            _checkpoint.write_full_state(path, arrays)
+            _checkpoint.write_full_state(path, arrays, deferred, produce)
             request.load_state.full_state_file = path
             state_fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:

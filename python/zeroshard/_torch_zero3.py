@@ -350,6 +350,21 @@ class ShardedParameters:
                     write.write_parameters.tensors.extend(changed)
                     self._connection.call(write)
 
+    def parameter_stream(self):
+        """(plan indices, produce): produce() yields each one's values, flat, in that order, a
+        worker module at a time from the gather pool (each valid until the next is asked for):
+        a torch-format load writes them to the workers' file without the trainer holding them
+        all."""
+        groups = list(self._groups(range(len(self._plan.params))).values())
+
+        def produce():
+            for group in groups:
+                with self._pooled(group) as pooled:
+                    for _, view in pooled:
+                        yield view.reshape(-1)
+
+        return [t for group in groups for t in group], produce
+
     def all_materialized(self):
         return all(held > 0 for held in self._held)
 

@@ -286,6 +286,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
                 self._sharded = ShardedParameters(self._model, self._attachment.plan,
                                                   self._attachment.connection,
                                                   self._attachment.pool_view)
+                self._attachment.state_dicts.parameter_stream = self._sharded.parameter_stream
 
     def _plan_job(self):
         """The plan and job spec of the groups as they are now (Attachment.ensure's)."""
@@ -536,12 +537,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
         model, optimizer or hyperparameters, a missing file); nothing changes then."""
         self._check_between_steps("load_state_dict")
         self.wait_for_parameters()
-        # A torch-format dict holds no parameters: the workers take them with its state from the
-        # trainer, so zero3 gathers them for the load (a module at a time, none written back).
-        torch_format = isinstance(state_dict, dict) and "zeroshard_checkpoint" not in state_dict
-        with (self.full_parameters(writeback=False) if torch_format
-              else contextlib.nullcontext()):
-            self._attachment.state_dicts.load(state_dict)
+        self._attachment.state_dicts.load(state_dict)
 
     # ---- The end ----
 
