@@ -206,6 +206,38 @@ def check_torch_format_load(checkpoint_root):
         zt.finish(optimizer)
 
 
+def check_zero3_export(cli, out_dir):
+    """zero3 (issue 39): `zeroshard export` of a finished zero3 job and zt.save inside
+    opt.full_parameters() load into plain torch with strict=True, holding the values read inside
+    full_parameters() at the end."""
+    model = build_model()
+    optimizer = zt.ShardedOptimizer(model, "adamw", lr=1e-2, mode="zero3",
+                                    checkpoint_every=EVERY, checkpoint_keep=20)
+    run_steps(model, optimizer, 0, EVERY)
+    with optimizer.full_parameters(writeback=False):
+        trained = parameters(model)
+        path = os.path.join(out_dir, "zero3_save.safetensors")
+        zt.save(model, path)
+    job_id = optimizer._job_id
+    if zt.rank() == 0:
+        loaded, details = strict_load(path, trained)
+        report("zero3_save_strict_load", loaded, **details)
+    zt.finish(optimizer)
+    if zt.rank() == 0:
+        deadline = time.monotonic() + 120
+        job = job_state(job_id)
+        while job.state not in (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED) and \
+                time.monotonic() < deadline:
+            time.sleep(0.1)
+            job = job_state(job_id)
+        path = os.path.join(out_dir, "zero3_final.safetensors")
+        code, said = export(cli, job_id, path)
+        loaded, details = strict_load(path, trained) if code == 0 else (False, {})
+        report("zero3_export_strict_load", job.state == job_pb2.SUCCEEDED and code == 0 and
+               loaded and f"step {EVERY} (final)" in said, said=said,
+               state=job_pb2.JobState.Name(job.state), **details)
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--cli", required=True, help="the zeroshard CLI binary")
@@ -303,6 +335,7 @@ def main():
                job.latest_checkpoint.step == LAST_STEP, progress=job.progress.step,
                latest_checkpoint=job.latest_checkpoint.step)
     check_torch_format_load(os.path.dirname(job_dir))
+    check_zero3_export(args.cli, out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)
     return 0 if all(results) else 1
 

@@ -3,7 +3,8 @@ attach_export_rewind_script.py's checks. A tied-weight LSTM trained with zerosha
 exported by the CLI (`zeroshard export JOB`, without --step: the latest committed checkpoint,
 naming its step) and by zt.save, and plain torch loads both with strict=True; after a
 load_state_dict() of step 30 at step 50 the job's step follows the model's, the replay's
-checkpoints are named by it, and every committed manifest is intact or marked superseded.
+checkpoints are named by it, and every committed manifest is intact or marked superseded. The
+same model in zero3: its export and zt.save (inside opt.full_parameters()) load strictly too.
 """
 
 import json
@@ -18,7 +19,8 @@ SCRIPT = os.path.join(HERE, "attach_export_rewind_script.py")
 CHECKS = ["export_latest_while_running", "progress_before_load", "step_follows_the_load",
           "replay_names_the_steps_again", "committed_manifests_intact",
           "superseded_state_dict_refused", "zt_save_strict_load", "export_final_strict_load",
-          "job_step_is_the_model_step", "torch_format_load_step", "torch_format_load_step"]
+          "job_step_is_the_model_step", "torch_format_load_step", "torch_format_load_step",
+          "zero3_save_strict_load", "zero3_export_strict_load"]
 
 
 class ExportRewindTest(unittest.TestCase):
