@@ -24,6 +24,9 @@ VOCAB = 32
 WIDTH = 16
 BATCH = 8
 BLOCKS = 2
+# The job's bucket_elems (argv[1]; None: the default, which holds this model in one bucket): with
+# 1024 every module shares buckets with its neighbours and the gather pool's arena slides.
+BUCKET_ELEMS = None
 
 
 class Mlp(torch.nn.Module):
@@ -81,7 +84,7 @@ def train(mode, rank, foreign=None):
     model = Model()
     parameters = list(model.parameters())
     optimizer = zt.ShardedOptimizer(model, "adamw", lr=1e-2, weight_decay=0.1, mode=mode,
-                                    clip_grad_norm=1.0)
+                                    clip_grad_norm=1.0, bucket_elems=BUCKET_ELEMS)
     losses = []
     held_between_steps = []
     saved = None
@@ -157,6 +160,9 @@ def bitwise_equal(a, b):
 
 
 def main():
+    global BUCKET_ELEMS
+    if len(sys.argv) > 1:
+        BUCKET_ELEMS = int(sys.argv[1])
     zt.init()
     rank = zt.rank()
     zero2 = train("zero2", rank)

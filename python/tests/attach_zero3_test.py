@@ -23,8 +23,15 @@ class AttachZero3Test(unittest.TestCase):
     def test_one_worker(self):
         self.check_world(1)
 
-    def check_world(self, world_size):
-        status, out = launch(world_size, os.path.join(HERE, "attach_zero3_script.py"))
+    def test_small_buckets(self):
+        # Fails before the fix: after a sharded load_state_dict the worker held every tensor,
+        # more than a gather pool of small buckets holds ("its 2 windows hold modules whose
+        # tensors are in use").
+        self.check_world(2, "1024")
+
+    def check_world(self, world_size, *script_args):
+        status, out = launch(world_size, os.path.join(HERE, "attach_zero3_script.py"),
+                             *script_args)
         lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
         for line in lines:
             print(json.dumps(line))

@@ -984,9 +984,13 @@ absl::StatusOr<v1::StateLoaded> EngineTrainingRun::LoadState(RunParts& parts, Lo
     loaded.set_refused(load.status.ToString());
     return loaded;
   }
-  // The trainer reads the parameters once the restore's all-gathers are in.
-  for (int64_t t = 0; t < parts.plan.num_tensors(); ++t) {
-    ZS_RETURN_IF_ERROR(parts.engine->Parameters(t).status());
+  // The trainer reads the parameters once the restore's all-gathers are in. zero3 has none: the
+  // trainer gathers each module when it uses it (holding every tensor here would fill the gather
+  // pool, whose windows hold a few modules).
+  if (parts.engine->config().mode != engine::EngineMode::kZero3) {
+    for (int64_t t = 0; t < parts.plan.num_tensors(); ++t) {
+      ZS_RETURN_IF_ERROR(parts.engine->Parameters(t).status());
+    }
   }
   const std::string& named =
       request.has_manifest() ? request.manifest() : request.full_state_file();
