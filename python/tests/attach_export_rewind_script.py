@@ -170,6 +170,17 @@ def job_state(job_id):
         return client.get(job_id)
 
 
+def wait_until_ended(job_id, timeout_s=120):
+    """The job once it ended (or as it is after `timeout_s`; the caller checks its state)."""
+    deadline = time.monotonic() + timeout_s
+    job = job_state(job_id)
+    while job.state not in (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED) and \
+            time.monotonic() < deadline:
+        time.sleep(0.1)
+        job = job_state(job_id)
+    return job
+
+
 def committed_steps(job_dir):
     """The steps of the job's committed checkpoints that are not superseded."""
     return sorted(int(json.loads(raw)["step"]) for path, raw in manifests(job_dir).items()
@@ -224,12 +235,7 @@ def check_zero3_export(cli, out_dir):
         report("zero3_save_strict_load", loaded, **details)
     zt.finish(optimizer)
     if zt.rank() == 0:
-        deadline = time.monotonic() + 120
-        job = job_state(job_id)
-        while job.state not in (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED) and \
-                time.monotonic() < deadline:
-            time.sleep(0.1)
-            job = job_state(job_id)
+        job = wait_until_ended(job_id)
         path = os.path.join(out_dir, "zero3_final.safetensors")
         code, said = export(cli, job_id, path)
         loaded, details = strict_load(path, trained) if code == 0 else (False, {})
@@ -319,12 +325,7 @@ def main():
     zt.finish(optimizer)
 
     if zt.rank() == 0:
-        deadline = time.monotonic() + 120
-        job = job_state(job_id)
-        while job.state not in (job_pb2.SUCCEEDED, job_pb2.FAILED, job_pb2.CANCELLED) and \
-                time.monotonic() < deadline:
-            time.sleep(0.1)
-            job = job_state(job_id)
+        job = wait_until_ended(job_id)
         path = os.path.join(out_dir, "final.safetensors")
         code, said = export(args.cli, job_id, path)
         loaded, details = strict_load(path, first_run) if code == 0 else (False, {})

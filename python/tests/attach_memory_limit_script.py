@@ -68,6 +68,18 @@ def counted_bytes(job_id):
             time.sleep(0.05)
 
 
+def train_step(model, optimizer, step, rank):
+    """One step on rank's batch of `step`: its loss."""
+    generator = torch.Generator().manual_seed(17 * step + rank)
+    tokens = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
+    targets = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
+    loss = torch.nn.functional.cross_entropy(model(tokens), targets)
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    return loss.item()
+
+
 def compare():
     """zero2 then zero3 from the same values, rank 1 slowed in every block's backward: the losses
     must be bitwise equal. Run with the worker flag --bucket_pool_size=1, so that a gradient
@@ -85,14 +97,7 @@ def compare():
         optimizer = zt.ShardedOptimizer(model, "adamw", lr=1e-3, mode=mode)
         losses[mode] = []
         for step in range(STEPS + 3):
-            generator = torch.Generator().manual_seed(17 * step + rank)
-            tokens = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
-            targets = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
-            loss = torch.nn.functional.cross_entropy(model(tokens), targets)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses[mode].append(loss.item())
+            losses[mode].append(train_step(model, optimizer, step, rank))
         zt.finish(optimizer)
     if rank == 0:
         print(json.dumps({"mode": "compare", "losses": losses,
@@ -111,14 +116,7 @@ def main():
     optimizer = zt.ShardedOptimizer(model, "adamw", lr=1e-3, mode=mode)
     try:
         for step in range(STEPS):
-            generator = torch.Generator().manual_seed(17 * step + rank)
-            tokens = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
-            targets = torch.randint(0, VOCAB, (TOKENS,), generator=generator)
-            loss = torch.nn.functional.cross_entropy(model(tokens), targets)
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            line["losses"].append(loss.item())
+            line["losses"].append(train_step(model, optimizer, step, rank))
         if rank == 0:
             line["worker_counted_bytes"] = counted_bytes(optimizer._job_id)
         zt.finish(optimizer)
